@@ -1,0 +1,104 @@
+package idem
+
+import (
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"time"
+)
+
+// State is where a record is in its life.
+type State uint8
+
+const (
+	// StateInFlight: one attempt holds the reservation and the upstream call
+	// may be running. Its lease says until when the holder vouches for it.
+	StateInFlight State = iota + 1
+	// StateCompleted: the upstream answered and the answer is stored.
+	StateCompleted
+	// StateUnknown: the effect may or may not have happened.
+	StateUnknown
+)
+
+func (s State) String() string {
+	switch s {
+	case StateInFlight:
+		return "in_flight"
+	case StateCompleted:
+		return "completed"
+	case StateUnknown:
+		return "unknown"
+	}
+	return "invalid"
+}
+
+// Fingerprint identifies an operation's request (see package fingerprint).
+type Fingerprint [sha256.Size]byte
+
+// Token names one reservation. It is random so that no attempt can forge
+// another's.
+type Token [16]byte
+
+// NewToken returns a fresh random token.
+func NewToken() Token {
+	var t Token
+	// crypto/rand.Read never returns an error on supported platforms.
+	_, _ = rand.Read(t[:])
+	return t
+}
+
+// String returns the token in hex, for logs and admin output.
+func (t Token) String() string { return hex.EncodeToString(t[:]) }
+
+// RecordID is the store-side name of a record: a hash of (policy, scope,
+// key). It is short, fixed in length and does not reveal the client's key.
+type RecordID string
+
+// RecordIDFor derives the record id for an operation key within a policy and
+// a scope. Each part is length-prefixed, so no two distinct triples collide
+// by concatenation ("a"+"bc" versus "ab"+"c").
+func RecordIDFor(policy, scope, key string) RecordID {
+	h := sha256.New()
+	var n [binary.MaxVarintLen64]byte
+	for _, part := range [...]string{policy, scope, key} {
+		h.Write(n[:binary.PutUvarint(n[:], uint64(len(part)))])
+		h.Write([]byte(part))
+	}
+	var sum [sha256.Size]byte
+	// 128 bits are ample against accidental collisions and keep keys short.
+	return RecordID(hex.EncodeToString(h.Sum(sum[:0])[:16]))
+}
+
+// Header is one response header as stored and replayed. Order and
+// duplicates are kept, so a replay is byte-identical.
+type Header struct {
+	Name  string
+	Value string
+}
+
+// Response is what a completed record stores.
+type Response struct {
+	Status  int
+	Headers []Header
+	// Body is the stored body. It is empty when BodyOmitted is set.
+	Body []byte
+	// BodyOmitted records that the upstream answered but the body was not
+	// kept: it exceeded the policy's limit or never arrived whole.
+	BodyOmitted bool
+}
+
+// Record is a stored record as Get returns it.
+type Record struct {
+	State       State
+	Fingerprint Fingerprint
+	Token       Token
+	// LeaseUntil is the end of an in-flight record's lease.
+	LeaseUntil time.Time
+	CreatedAt  time.Time
+	// Attempts counts the attempts of this operation that reached the
+	// store: 1 for the first, n for the n-th.
+	Attempts int
+	// Response is set for completed records.
+	Response *Response
+}

@@ -1,0 +1,108 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// ErrNotFound: no record exists under the id.
+var ErrNotFound = errors.New("idem: record not found")
+
+// ErrNotHolder: the token no longer holds the record (it was taken over,
+// completed, released or purged). The caller's transition was not applied.
+var ErrNotHolder = errors.New("idem: reservation not held by this token")
+
+// LeaseExpiry says what an expired lease means.
+type LeaseExpiry uint8
+
+const (
+	// LeaseExpiryUnknown turns an in-flight record whose lease passed into
+	// StateUnknown: its holder vanished and nobody knows if the effect
+	// happened. This is the safe default.
+	LeaseExpiryUnknown LeaseExpiry = iota
+	// LeaseExpiryReexecute lets the next attempt take the record over and
+	// run again. Only for operations the upstream can safely repeat.
+	LeaseExpiryReexecute
+)
+
+// Reservation asks a store to reserve a record for one attempt.
+type Reservation struct {
+	ID          RecordID
+	Fingerprint Fingerprint
+	Token       Token
+	// Lease bounds how long the reservation stands without renewal.
+	Lease time.Duration
+	// Retention bounds how long the record is kept at all.
+	Retention   time.Duration
+	LeaseExpiry LeaseExpiry
+}
+
+// Outcome is what a reservation attempt found.
+type Outcome uint8
+
+const (
+	// Reserved: the caller holds the record now and may run the operation.
+	Reserved Outcome = iota + 1
+	// Mismatch: the key is in use by a different request.
+	Mismatch
+	// InFlight: another attempt holds a live lease.
+	InFlight
+	// Completed: the operation finished; ReserveResult.Response holds it.
+	Completed
+	// Unknown: the operation's outcome is unknown.
+	Unknown
+)
+
+func (o Outcome) String() string {
+	switch o {
+	case Reserved:
+		return "reserved"
+	case Mismatch:
+		return "mismatch"
+	case InFlight:
+		return "in_flight"
+	case Completed:
+		return "completed"
+	case Unknown:
+		return "unknown"
+	}
+	return "invalid"
+}
+
+// ReserveResult is the answer to a Reservation.
+type ReserveResult struct {
+	Outcome Outcome
+	// Attempt is this attempt's number for the operation (1 for the first).
+	// It is zero for Mismatch, which is not an attempt of the operation.
+	Attempt int
+	// Response is set when Outcome is Completed.
+	Response *Response
+	// CreatedAt is when the record was first reserved (zero for Mismatch).
+	CreatedAt time.Time
+}
+
+// Store keeps idempotency records. Every method is atomic with respect to
+// the others on the same id. Errors other than ErrNotFound and ErrNotHolder
+// mean the store could not be asked (it is unreachable, slow or broken):
+// callers must then assume nothing about the record.
+type Store interface {
+	// Reserve creates the record for r.Token unless one exists, and reports
+	// what it found. Repeating a Reserve with the same token is harmless,
+	// so a call whose reply was lost may be retried.
+	Reserve(ctx context.Context, r Reservation) (ReserveResult, error)
+	// Renew extends an in-flight record's lease, from the store's clock.
+	Renew(ctx context.Context, id RecordID, tok Token, lease time.Duration) error
+	// Complete stores resp as the operation's result. It succeeds for the
+	// token's in-flight or unknown record, and again for its completed one.
+	Complete(ctx context.Context, id RecordID, tok Token, resp Response, retention time.Duration) error
+	// Release deletes the token's not-yet-completed record, so the next
+	// attempt runs the operation.
+	Release(ctx context.Context, id RecordID, tok Token) error
+	// MarkUnknown turns the token's in-flight record into StateUnknown.
+	MarkUnknown(ctx context.Context, id RecordID, tok Token, retention time.Duration) error
+	// Get reads a record without changing it.
+	Get(ctx context.Context, id RecordID) (Record, error)
+	// Ping reports whether the store answers.
+	Ping(ctx context.Context) error
+}

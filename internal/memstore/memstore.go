@@ -1,0 +1,212 @@
+// Package memstore is an idempotency store held in the server's memory.
+//
+// It is the zero-setup default: right for one replica, for development and
+// for tests. Its records die with the process and are not shared between
+// replicas, so a fleet of servers must use package redisstore instead.
+package memstore
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/idem-extproc/idem-extproc/internal/idem"
+)
+
+// Options configures a Store. The zero value is usable.
+type Options struct {
+	// Now is the store's clock; time.Now when nil. Tests inject one to
+	// move leases and retention without sleeping.
+	Now func() time.Time
+	// SweepEvery is how often expired records are dropped; one minute when
+	// zero. Expired records are invisible at once either way.
+	SweepEvery time.Duration
+}
+
+// Store implements idem.Store in memory.
+type Store struct {
+	now func() time.Time
+
+	mu      sync.Mutex
+	records map[idem.RecordID]*entry
+
+	stop chan struct{}
+	done chan struct{}
+}
+
+type entry struct {
+	rec     idem.Record
+	expires time.Time
+}
+
+var _ idem.Store = (*Store)(nil)
+
+// New returns an empty store with a background sweeper; Close stops it.
+func New(opts Options) *Store {
+	s := &Store{
+		now:     opts.Now,
+		records: make(map[idem.RecordID]*entry),
+		stop:    make(chan struct{}),
+		done:    make(chan struct{}),
+	}
+	if s.now == nil {
+		s.now = time.Now
+	}
+	every := opts.SweepEvery
+	if every <= 0 {
+		every = time.Minute
+	}
+	go s.sweep(every)
+	return s
+}
+
+// Close stops the sweeper. The store still answers afterwards.
+func (s *Store) Close() error {
+	select {
+	case <-s.stop:
+	default:
+		close(s.stop)
+	}
+	<-s.done
+	return nil
+}
+
+// Len returns the number of live records.
+func (s *Store) Len() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	n := 0
+	for _, e := range s.records {
+		if now.Before(e.expires) {
+			n++
+		}
+	}
+	return n
+}
+
+func (s *Store) sweep(every time.Duration) {
+	defer close(s.done)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+			s.mu.Lock()
+			now := s.now()
+			for id, e := range s.records {
+				if !now.Before(e.expires) {
+					delete(s.records, id)
+				}
+			}
+			s.mu.Unlock()
+		}
+	}
+}
+
+// current returns the live record under id, or nil. Callers hold s.mu.
+func (s *Store) current(id idem.RecordID, now time.Time) *idem.Record {
+	e, ok := s.records[id]
+	if !ok {
+		return nil
+	}
+	if !now.Before(e.expires) {
+		delete(s.records, id)
+		return nil
+	}
+	rec := e.rec
+	return &rec
+}
+
+// apply stores a transition's change. Callers hold s.mu.
+func (s *Store) apply(id idem.RecordID, now time.Time, c idem.Change) {
+	switch {
+	case c.Delete:
+		delete(s.records, id)
+	case c.Next != nil:
+		e, ok := s.records[id]
+		if !ok {
+			e = &entry{}
+			s.records[id] = e
+		}
+		e.rec = *c.Next
+		if c.TTL > 0 {
+			e.expires = now.Add(c.TTL)
+		}
+	}
+}
+
+// Reserve implements idem.Store.
+func (s *Store) Reserve(ctx context.Context, r idem.Reservation) (idem.ReserveResult, error) {
+	if err := ctx.Err(); err != nil {
+		return idem.ReserveResult{}, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	c, res := idem.ApplyReserve(s.current(r.ID, now), now, r)
+	s.apply(r.ID, now, c)
+	return res, nil
+}
+
+// Renew implements idem.Store.
+func (s *Store) Renew(ctx context.Context, id idem.RecordID, tok idem.Token, lease time.Duration) error {
+	return s.transition(ctx, id, func(cur *idem.Record, now time.Time) (idem.Change, error) {
+		return idem.ApplyRenew(cur, now, tok, lease)
+	})
+}
+
+// Complete implements idem.Store.
+func (s *Store) Complete(ctx context.Context, id idem.RecordID, tok idem.Token, resp idem.Response, retention time.Duration) error {
+	return s.transition(ctx, id, func(cur *idem.Record, _ time.Time) (idem.Change, error) {
+		return idem.ApplyComplete(cur, tok, resp, retention)
+	})
+}
+
+// Release implements idem.Store.
+func (s *Store) Release(ctx context.Context, id idem.RecordID, tok idem.Token) error {
+	return s.transition(ctx, id, func(cur *idem.Record, _ time.Time) (idem.Change, error) {
+		return idem.ApplyRelease(cur, tok)
+	})
+}
+
+// MarkUnknown implements idem.Store.
+func (s *Store) MarkUnknown(ctx context.Context, id idem.RecordID, tok idem.Token, retention time.Duration) error {
+	return s.transition(ctx, id, func(cur *idem.Record, _ time.Time) (idem.Change, error) {
+		return idem.ApplyMarkUnknown(cur, tok, retention)
+	})
+}
+
+// Get implements idem.Store.
+func (s *Store) Get(ctx context.Context, id idem.RecordID) (idem.Record, error) {
+	if err := ctx.Err(); err != nil {
+		return idem.Record{}, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	cur := s.current(id, s.now())
+	if cur == nil {
+		return idem.Record{}, idem.ErrNotFound
+	}
+	return *cur, nil
+}
+
+// Ping implements idem.Store; memory always answers.
+func (s *Store) Ping(ctx context.Context) error { return ctx.Err() }
+
+func (s *Store) transition(ctx context.Context, id idem.RecordID, f func(*idem.Record, time.Time) (idem.Change, error)) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	c, err := f(s.current(id, now), now)
+	if err != nil {
+		return err
+	}
+	s.apply(id, now, c)
+	return nil
+}

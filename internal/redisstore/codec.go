@@ -1,0 +1,76 @@
+package redisstore
+
+import (
+	"encoding/binary"
+	"errors"
+
+	"github.com/idem-extproc/idem-extproc/internal/idem"
+)
+
+var errCorrupt = errors.New("redisstore: corrupt stored headers")
+
+// encodeHeaders packs headers as uvarint count, then per header uvarint
+// name length, name, uvarint value length, value. It is binary-safe and far
+// smaller than JSON for the usual handful of headers.
+func encodeHeaders(hs []idem.Header) []byte {
+	n := binary.MaxVarintLen64
+	for _, h := range hs {
+		n += 2*binary.MaxVarintLen64 + len(h.Name) + len(h.Value)
+	}
+	b := make([]byte, 0, n)
+	b = binary.AppendUvarint(b, uint64(len(hs)))
+	for _, h := range hs {
+		b = binary.AppendUvarint(b, uint64(len(h.Name)))
+		b = append(b, h.Name...)
+		b = binary.AppendUvarint(b, uint64(len(h.Value)))
+		b = append(b, h.Value...)
+	}
+	return b
+}
+
+func decodeHeaders(b []byte) ([]idem.Header, error) {
+	if len(b) == 0 {
+		return nil, nil
+	}
+	count, b, err := uvarint(b)
+	if err != nil {
+		return nil, err
+	}
+	if count > uint64(len(b)) { // every header takes at least two bytes
+		return nil, errCorrupt
+	}
+	hs := make([]idem.Header, 0, count)
+	for range count {
+		var name, value string
+		if name, b, err = lenString(b); err != nil {
+			return nil, err
+		}
+		if value, b, err = lenString(b); err != nil {
+			return nil, err
+		}
+		hs = append(hs, idem.Header{Name: name, Value: value})
+	}
+	if len(b) != 0 {
+		return nil, errCorrupt
+	}
+	return hs, nil
+}
+
+func uvarint(b []byte) (uint64, []byte, error) {
+	v, n := binary.Uvarint(b)
+	if n <= 0 {
+		return 0, nil, errCorrupt
+	}
+	return v, b[n:], nil
+}
+
+func lenString(b []byte) (string, []byte, error) {
+	n, b, err := uvarint(b)
+	if err != nil {
+		return "", nil, err
+	}
+	if n > uint64(len(b)) {
+		return "", nil, errCorrupt
+	}
+	return string(b[:n]), b[n:], nil
+}

@@ -1,0 +1,24 @@
+-- mark_unknown: record that the caller's attempt ended with no known outcome.
+-- Mirrors idem.ApplyMarkUnknown.
+--
+-- KEYS[1]  record key
+-- ARGV[1]  attempt token
+-- ARGV[2]  retention, milliseconds
+--
+-- Returns 1 when marked (or already unknown), 0 when no record exists, -1
+-- when the token does not hold the record or it completed.
+
+local cur = redis.call('HMGET', KEYS[1], 's', 't')
+if not cur[1] then
+  return 0
+end
+if cur[2] ~= ARGV[1] or cur[1] == 'c' then
+  return -1
+end
+if cur[1] == 'u' then
+  return 1
+end
+redis.call('HSET', KEYS[1], 's', 'u')
+redis.call('HDEL', KEYS[1], 'l')
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return 1

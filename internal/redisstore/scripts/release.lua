@@ -1,0 +1,18 @@
+-- release: delete the caller's record so that a retry runs the operation.
+-- Mirrors idem.ApplyRelease: a completed record is never released.
+--
+-- KEYS[1]  record key
+-- ARGV[1]  attempt token
+--
+-- Returns 1 when deleted, 0 when no record exists, -1 when the token does
+-- not hold the record or it completed.
+
+local cur = redis.call('HMGET', KEYS[1], 's', 't')
+if not cur[1] then
+  return 0
+end
+if cur[2] ~= ARGV[1] or cur[1] == 'c' then
+  return -1
+end
+redis.call('DEL', KEYS[1])
+return 1

@@ -1,0 +1,62 @@
+-- reserve: claim a record for one attempt, or report what holds it.
+-- Mirrors idem.ApplyReserve; the store contract suite holds both to it.
+--
+-- KEYS[1]  record key
+-- ARGV[1]  request fingerprint (32 raw bytes)
+-- ARGV[2]  attempt token (16 raw bytes)
+-- ARGV[3]  lease, milliseconds
+-- ARGV[4]  retention, milliseconds
+-- ARGV[5]  on lease expiry: "u" (mark unknown) or "r" (re-execute)
+--
+-- Returns {outcome, attempt, created_ms} where outcome is one of
+-- "reserved", "mismatch", "in_flight", "unknown"; or, for a completed
+-- record, {"completed", attempt, created_ms, status, headers, body, omitted}.
+-- Lease expiry is judged by the server's TIME, never the caller's clock.
+--
+-- Record hash fields: s state (i in flight, c completed, u unknown),
+-- f fingerprint, t token, l lease end (ms), a attempts, c created (ms),
+-- and for completed records st status, h headers, b body, o body omitted.
+
+local key = KEYS[1]
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+local cur = redis.call('HMGET', key, 's', 'f', 't', 'l', 'a', 'c')
+local state = cur[1]
+if not state then
+  redis.call('HSET', key, 's', 'i', 'f', ARGV[1], 't', ARGV[2],
+    'l', now + tonumber(ARGV[3]), 'a', 1, 'c', now)
+  redis.call('PEXPIRE', key, ARGV[4])
+  return {'reserved', 1, now}
+end
+
+if cur[2] ~= ARGV[1] then
+  return {'mismatch', 0, 0}
+end
+local created = tonumber(cur[6])
+if state == 'i' and cur[3] == ARGV[2] then
+  -- The same attempt asking again: its first reply was lost.
+  return {'reserved', tonumber(cur[5]), created}
+end
+
+local attempt = redis.call('HINCRBY', key, 'a', 1)
+if state == 'c' then
+  local r = redis.call('HMGET', key, 'st', 'h', 'b', 'o')
+  return {'completed', attempt, created, r[1], r[2] or '', r[3] or '', r[4] or '0'}
+end
+if state == 'u' then
+  return {'unknown', attempt, created}
+end
+if now < tonumber(cur[4]) then
+  return {'in_flight', attempt, created}
+end
+if ARGV[5] == 'r' then
+  redis.call('HSET', key, 't', ARGV[2], 'l', now + tonumber(ARGV[3]))
+  redis.call('PEXPIRE', key, ARGV[4])
+  return {'reserved', attempt, created}
+end
+-- The holder stopped renewing its lease: the effect is unknown.
+redis.call('HSET', key, 's', 'u')
+redis.call('HDEL', key, 'l')
+redis.call('PEXPIRE', key, ARGV[4])
+return {'unknown', attempt, created}

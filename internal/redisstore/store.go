@@ -1,0 +1,281 @@
+// Package redisstore keeps idempotency records in Redis.
+//
+// Each record is one hash under prefix + "{" + record id + "}": a single
+// key, so every script touches one Cluster slot, and a hash of (policy,
+// scope, key), so client keys never appear in Redis. Every state change is
+// one Lua script (scripts/*.lua) run with EVALSHA; each mirrors the
+// transition rules of package idem and checks the attempt's token. Lease
+// expiry is judged by Redis TIME inside the scripts, so the servers' clocks
+// do not matter.
+package redisstore
+
+import (
+	"context"
+	_ "embed" // the Lua scripts
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idem-extproc/idem-extproc/internal/idem"
+)
+
+// The scripts, one file each; every file's header gives KEYS, ARGV and the
+// reply.
+var (
+	//go:embed scripts/reserve.lua
+	reserveLua string
+	//go:embed scripts/renew.lua
+	renewLua string
+	//go:embed scripts/complete.lua
+	completeLua string
+	//go:embed scripts/release.lua
+	releaseLua string
+	//go:embed scripts/mark_unknown.lua
+	markUnknownLua string
+)
+
+// scripts are built once per Store; redis.Script caches the SHA and falls
+// back from EVALSHA to EVAL when a restarted Redis has forgotten them.
+type scripts struct {
+	reserve, renew, complete, release, markUnknown *redis.Script
+}
+
+func loadScripts() scripts {
+	return scripts{
+		reserve:     redis.NewScript(reserveLua),
+		renew:       redis.NewScript(renewLua),
+		complete:    redis.NewScript(completeLua),
+		release:     redis.NewScript(releaseLua),
+		markUnknown: redis.NewScript(markUnknownLua),
+	}
+}
+
+// DefaultPrefix starts every key the store writes.
+const DefaultPrefix = "idem:"
+
+// DefaultCallTimeout bounds each Redis call when Options.CallTimeout is
+// zero. It sits well under Envoy's default 200 ms message_timeout, so a
+// slow or absent Redis is answered with a 503 problem before Envoy gives up.
+const DefaultCallTimeout = 100 * time.Millisecond
+
+// Options configures a Store.
+type Options struct {
+	// Prefix starts every key; DefaultPrefix when empty.
+	Prefix string
+	// CallTimeout bounds each call, on top of the caller's deadline.
+	CallTimeout time.Duration
+}
+
+// Store implements idem.Store on a go-redis UniversalClient: standalone,
+// Sentinel or Cluster.
+type Store struct {
+	rdb         redis.UniversalClient
+	prefix      string
+	callTimeout time.Duration
+	s           scripts
+}
+
+var _ idem.Store = (*Store)(nil)
+
+// New returns a Store using rdb. The caller keeps ownership of rdb.
+func New(rdb redis.UniversalClient, opts Options) *Store {
+	st := &Store{rdb: rdb, prefix: opts.Prefix, callTimeout: opts.CallTimeout, s: loadScripts()}
+	if st.prefix == "" {
+		st.prefix = DefaultPrefix
+	}
+	if st.callTimeout <= 0 {
+		st.callTimeout = DefaultCallTimeout
+	}
+	return st
+}
+
+// Key returns the Redis key of a record.
+func (s *Store) Key(id idem.RecordID) string { return s.prefix + "{" + string(id) + "}" }
+
+func (s *Store) bound(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, s.callTimeout)
+}
+
+// Reserve implements idem.Store.
+func (s *Store) Reserve(ctx context.Context, r idem.Reservation) (idem.ReserveResult, error) {
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	expiry := "u"
+	if r.LeaseExpiry == idem.LeaseExpiryReexecute {
+		expiry = "r"
+	}
+	v, err := s.s.reserve.Run(ctx, s.rdb, []string{s.Key(r.ID)},
+		r.Fingerprint[:], r.Token[:], r.Lease.Milliseconds(), r.Retention.Milliseconds(), expiry).Slice()
+	if err != nil {
+		return idem.ReserveResult{}, fmt.Errorf("redisstore: reserve: %w", err)
+	}
+	res, err := parseReserve(v)
+	if err != nil {
+		return idem.ReserveResult{}, fmt.Errorf("redisstore: reserve: %w", err)
+	}
+	return res, nil
+}
+
+func parseReserve(v []any) (idem.ReserveResult, error) {
+	if len(v) < 3 {
+		return idem.ReserveResult{}, fmt.Errorf("unexpected reply of %d elements", len(v))
+	}
+	outcome, _ := v[0].(string)
+	attempt, _ := v[1].(int64)
+	created, _ := v[2].(int64)
+	res := idem.ReserveResult{Attempt: int(attempt)}
+	if created > 0 {
+		res.CreatedAt = time.UnixMilli(created)
+	}
+	switch outcome {
+	case "reserved":
+		res.Outcome = idem.Reserved
+	case "mismatch":
+		res.Outcome = idem.Mismatch
+	case "in_flight":
+		res.Outcome = idem.InFlight
+	case "unknown":
+		res.Outcome = idem.Unknown
+	case "completed":
+		if len(v) != 7 {
+			return idem.ReserveResult{}, fmt.Errorf("completed reply of %d elements", len(v))
+		}
+		resp, err := parseResponse(v[3], v[4], v[5], v[6])
+		if err != nil {
+			return idem.ReserveResult{}, err
+		}
+		res.Outcome = idem.Completed
+		res.Response = resp
+	default:
+		return idem.ReserveResult{}, fmt.Errorf("unexpected outcome %q", outcome)
+	}
+	return res, nil
+}
+
+func parseResponse(status, headers, body, omitted any) (*idem.Response, error) {
+	st, err := strconv.Atoi(asString(status))
+	if err != nil {
+		return nil, fmt.Errorf("stored status: %w", err)
+	}
+	hs, err := decodeHeaders([]byte(asString(headers)))
+	if err != nil {
+		return nil, err
+	}
+	resp := &idem.Response{Status: st, Headers: hs, BodyOmitted: asString(omitted) == "1"}
+	if b := asString(body); b != "" {
+		resp.Body = []byte(b)
+	}
+	return resp, nil
+}
+
+func asString(v any) string {
+	s, _ := v.(string)
+	return s
+}
+
+// Renew implements idem.Store.
+func (s *Store) Renew(ctx context.Context, id idem.RecordID, tok idem.Token, lease time.Duration) error {
+	return s.transition(ctx, "renew", s.s.renew, id, tok[:], lease.Milliseconds())
+}
+
+// Complete implements idem.Store.
+func (s *Store) Complete(ctx context.Context, id idem.RecordID, tok idem.Token, resp idem.Response, retention time.Duration) error {
+	omitted := "0"
+	if resp.BodyOmitted {
+		omitted = "1"
+	}
+	return s.transition(ctx, "complete", s.s.complete, id, tok[:], retention.Milliseconds(),
+		resp.Status, encodeHeaders(resp.Headers), resp.Body, omitted)
+}
+
+// Release implements idem.Store.
+func (s *Store) Release(ctx context.Context, id idem.RecordID, tok idem.Token) error {
+	return s.transition(ctx, "release", s.s.release, id, tok[:])
+}
+
+// MarkUnknown implements idem.Store.
+func (s *Store) MarkUnknown(ctx context.Context, id idem.RecordID, tok idem.Token, retention time.Duration) error {
+	return s.transition(ctx, "mark_unknown", s.s.markUnknown, id, tok[:], retention.Milliseconds())
+}
+
+// transition runs a token-checked script whose reply is 1 (applied), 0 (no
+// record) or -1 (token does not hold the record).
+func (s *Store) transition(ctx context.Context, op string, sc *redis.Script, id idem.RecordID, args ...any) error {
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	n, err := sc.Run(ctx, s.rdb, []string{s.Key(id)}, args...).Int()
+	if err != nil {
+		return fmt.Errorf("redisstore: %s: %w", op, err)
+	}
+	switch n {
+	case 1:
+		return nil
+	case 0:
+		return fmt.Errorf("redisstore: %s: %w", op, idem.ErrNotFound)
+	default:
+		return fmt.Errorf("redisstore: %s: %w", op, idem.ErrNotHolder)
+	}
+}
+
+// Get implements idem.Store.
+func (s *Store) Get(ctx context.Context, id idem.RecordID) (idem.Record, error) {
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	m, err := s.rdb.HGetAll(ctx, s.Key(id)).Result()
+	if err != nil {
+		return idem.Record{}, fmt.Errorf("redisstore: get: %w", err)
+	}
+	if len(m) == 0 {
+		return idem.Record{}, fmt.Errorf("redisstore: get: %w", idem.ErrNotFound)
+	}
+	rec, err := parseRecord(m)
+	if err != nil {
+		return idem.Record{}, fmt.Errorf("redisstore: get: %w", err)
+	}
+	return rec, nil
+}
+
+func parseRecord(m map[string]string) (idem.Record, error) {
+	var rec idem.Record
+	switch m["s"] {
+	case "i":
+		rec.State = idem.StateInFlight
+	case "c":
+		rec.State = idem.StateCompleted
+	case "u":
+		rec.State = idem.StateUnknown
+	default:
+		return rec, fmt.Errorf("unexpected state %q", m["s"])
+	}
+	if copy(rec.Fingerprint[:], m["f"]) != len(rec.Fingerprint) || copy(rec.Token[:], m["t"]) != len(rec.Token) {
+		return rec, errors.New("short fingerprint or token")
+	}
+	if ms, err := strconv.ParseInt(m["l"], 10, 64); err == nil {
+		rec.LeaseUntil = time.UnixMilli(ms)
+	}
+	if ms, err := strconv.ParseInt(m["c"], 10, 64); err == nil {
+		rec.CreatedAt = time.UnixMilli(ms)
+	}
+	rec.Attempts, _ = strconv.Atoi(m["a"])
+	if rec.State == idem.StateCompleted {
+		resp, err := parseResponse(m["st"], m["h"], m["b"], m["o"])
+		if err != nil {
+			return rec, err
+		}
+		rec.Response = resp
+	}
+	return rec, nil
+}
+
+// Ping implements idem.Store.
+func (s *Store) Ping(ctx context.Context) error {
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	if err := s.rdb.Ping(ctx).Err(); err != nil {
+		return fmt.Errorf("redisstore: ping: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,252 @@
+// Package redistest starts real redis-server processes for tests, each on a
+// free loopback port with its own directory, and can kill and restart them
+// to inject faults.
+package redistest
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// InstallHint says how to get redis-server when it is missing.
+const InstallHint = "redis-server is required by the tests and was not found in PATH; " +
+	"install it with `sudo apt-get install redis-server` (Debian/Ubuntu), " +
+	"`brew install redis` (macOS) or set REDIS_SERVER to its path"
+
+// Binary returns the path of redis-server: $REDIS_SERVER or the PATH's.
+func Binary() (string, error) {
+	if p := os.Getenv("REDIS_SERVER"); p != "" {
+		return p, nil
+	}
+	p, err := exec.LookPath("redis-server")
+	if err != nil {
+		return "", errors.New(InstallHint)
+	}
+	return p, nil
+}
+
+// Options configures a Server.
+type Options struct {
+	// Persist turns on the append-only file with fsync on every write, so a
+	// killed and restarted server keeps its data.
+	Persist bool
+	// Args are extra redis-server arguments, e.g. "--requirepass", "x".
+	Args []string
+}
+
+// Server is one redis-server process.
+type Server struct {
+	t    testing.TB
+	bin  string
+	dir  string
+	port int
+	opts Options
+
+	mu  sync.Mutex
+	cmd *exec.Cmd
+}
+
+// Start runs a redis-server for the test and stops it at cleanup. A missing
+// redis-server fails the test with InstallHint: it never skips.
+func Start(t testing.TB, opts Options) *Server {
+	t.Helper()
+	bin, err := Binary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &Server{t: t, bin: bin, dir: t.TempDir(), opts: opts}
+	var lastErr error
+	for range 5 { // a free port can be taken between probe and bind
+		s.port, err = freePort()
+		if err != nil {
+			t.Fatalf("redistest: free port: %v", err)
+		}
+		if lastErr = s.start(); lastErr == nil {
+			t.Cleanup(s.Kill)
+			return s
+		}
+	}
+	t.Fatalf("redistest: %v", lastErr)
+	return nil
+}
+
+// Addr returns host:port.
+func (s *Server) Addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(s.port)) }
+
+// URL returns a redis:// URL for the server.
+func (s *Server) URL() string { return "redis://" + s.Addr() + "/0" }
+
+// Port returns the server's port.
+func (s *Server) Port() int { return s.port }
+
+// Dir is the server's working directory.
+func (s *Server) Dir() string { return s.dir }
+
+func (s *Server) start() error {
+	args := []string{
+		"--port", strconv.Itoa(s.port),
+		"--bind", "127.0.0.1",
+		"--dir", s.dir,
+		"--save", "",
+		"--daemonize", "no",
+		"--loglevel", "warning",
+		"--logfile", filepath.Join(s.dir, "redis.log"),
+	}
+	if s.opts.Persist {
+		args = append(args, "--appendonly", "yes", "--appendfsync", "always")
+	} else {
+		args = append(args, "--appendonly", "no")
+	}
+	args = append(args, s.opts.Args...)
+	cmd := exec.Command(s.bin, args...)
+	// The server must not outlive a test binary that crashes.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start %s: %w", s.bin, err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		select {
+		case err := <-exited:
+			return fmt.Errorf("redis-server exited during start (%v): %s", err, s.logTail())
+		default:
+		}
+		if s.ping() == nil {
+			s.mu.Lock()
+			s.cmd = cmd
+			s.mu.Unlock()
+			go func() { <-exited }() // keep reaping; the channel is buffered
+			return nil
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	_ = cmd.Process.Kill()
+	return fmt.Errorf("redis-server did not answer PING within 10s: %s", s.logTail())
+}
+
+func (s *Server) ping() error {
+	c, err := net.DialTimeout("tcp", s.Addr(), 200*time.Millisecond)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(time.Second))
+	if _, err := c.Write([]byte("PING\r\n")); err != nil {
+		return err
+	}
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		return err
+	}
+	// A password-protected server answers NOAUTH, which still proves it is up.
+	if !strings.HasPrefix(line, "+PONG") && !strings.HasPrefix(line, "-NOAUTH") {
+		return fmt.Errorf("unexpected PING reply %q", line)
+	}
+	return nil
+}
+
+func (s *Server) logTail() string {
+	b, _ := os.ReadFile(filepath.Join(s.dir, "redis.log"))
+	if len(b) > 2000 {
+		b = b[len(b)-2000:]
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// Kill stops the server at once with SIGKILL, as a crash would.
+func (s *Server) Kill() {
+	s.mu.Lock()
+	cmd := s.cmd
+	s.cmd = nil
+	s.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	_ = cmd.Process.Kill()
+	// Wait until the port is closed, so a test that kills and then calls
+	// sees the failure it meant to cause.
+	for range 500 {
+		c, err := net.DialTimeout("tcp", s.Addr(), 50*time.Millisecond)
+		if err != nil {
+			return
+		}
+		c.Close()
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// Restart starts a killed server again on the same port.
+func (s *Server) Restart() {
+	s.t.Helper()
+	var err error
+	for range 50 { // the kernel may hold the port briefly
+		if err = s.start(); err == nil {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	s.t.Fatalf("redistest: restart on port %d: %v", s.port, err)
+}
+
+// Client returns a go-redis client for direct inspection; it is closed at
+// cleanup.
+func (s *Server) Client() *redis.Client {
+	c := redis.NewClient(&redis.Options{Addr: s.Addr(), DisableIdentity: true})
+	s.t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// CommandCalls returns the server's total command count from INFO
+// commandstats, leaving out INFO itself (this method's own probe), so a
+// test can show that some action issued no command at all.
+func (s *Server) CommandCalls(ctx context.Context) (int64, error) {
+	c := redis.NewClient(&redis.Options{Addr: s.Addr(), DisableIdentity: true, Protocol: 2})
+	defer c.Close()
+	info, err := c.Info(ctx, "commandstats").Result()
+	if err != nil {
+		return 0, err
+	}
+	var total int64
+	for _, line := range strings.Split(info, "\n") {
+		line = strings.TrimSpace(line)
+		name, rest, ok := strings.Cut(line, ":")
+		if !ok || !strings.HasPrefix(name, "cmdstat_") {
+			continue
+		}
+		if name == "cmdstat_info" {
+			continue
+		}
+		for _, kv := range strings.Split(rest, ",") {
+			if v, ok := strings.CutPrefix(kv, "calls="); ok {
+				n, _ := strconv.ParseInt(v, 10, 64)
+				total += n
+			}
+		}
+	}
+	return total, nil
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}

@@ -1,0 +1,372 @@
+// Package storetest is the contract suite every idem.Store must pass. The
+// in-memory store and the Redis store (standalone, Sentinel, Cluster) all
+// run it, so they cannot drift apart.
+package storetest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idem-extproc/idem-extproc/internal/idem"
+)
+
+// NewStore returns a fresh, empty store for one subtest.
+type NewStore func(t *testing.T) idem.Store
+
+// Timing is how long the suite waits for leases and retention to pass.
+// Stores judge time by their own clock (Redis TIME), so the suite sleeps
+// rather than injecting a clock; the margins are wide so a loaded machine
+// does not make it flaky.
+const (
+	shortLease = 150 * time.Millisecond
+	pastLease  = 400 * time.Millisecond
+	longLease  = time.Minute
+	retention  = time.Hour
+)
+
+var (
+	fpA = idem.Fingerprint{1}
+	fpB = idem.Fingerprint{2}
+)
+
+func reservation(id idem.RecordID, fp idem.Fingerprint, tok idem.Token, lease time.Duration) idem.Reservation {
+	return idem.Reservation{ID: id, Fingerprint: fp, Token: tok, Lease: lease, Retention: retention}
+}
+
+var idSeq atomic.Int64
+
+func newID() idem.RecordID {
+	return idem.RecordIDFor("contract", "scope", fmt.Sprintf("key-%d-%d", time.Now().UnixNano(), idSeq.Add(1)))
+}
+
+// Run runs the contract suite against stores made by newStore.
+func Run(t *testing.T, newStore NewStore) {
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			tc.run(t, newStore(t))
+		})
+	}
+}
+
+type contractCase struct {
+	name string
+	run  func(t *testing.T, s idem.Store)
+}
+
+func ctx(t *testing.T) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	t.Cleanup(cancel)
+	return c
+}
+
+func mustReserve(t *testing.T, s idem.Store, r idem.Reservation, want idem.Outcome, wantAttempt int) idem.ReserveResult {
+	t.Helper()
+	res, err := s.Reserve(ctx(t), r)
+	if err != nil {
+		t.Fatalf("Reserve: %v", err)
+	}
+	if res.Outcome != want || res.Attempt != wantAttempt {
+		t.Fatalf("Reserve = %v attempt %d, want %v attempt %d", res.Outcome, res.Attempt, want, wantAttempt)
+	}
+	return res
+}
+
+func wantErr(t *testing.T, op string, err, want error) {
+	t.Helper()
+	if !errors.Is(err, want) {
+		t.Fatalf("%s: error %v, want %v", op, err, want)
+	}
+}
+
+func sampleResponse() idem.Response {
+	return idem.Response{
+		Status: 201,
+		Headers: []idem.Header{
+			{Name: "content-type", Value: "application/json"},
+			{Name: "x-dup", Value: "1"},
+			{Name: "x-dup", Value: "2"},
+			{Name: "x-empty", Value: ""},
+			{Name: "location", Value: "/orders/42"},
+		},
+		// Binary and NUL bytes must survive storage unchanged.
+		Body: []byte("{\"id\":42}\x00\xff\xfe binary tail"),
+	}
+}
+
+var cases = []contractCase{
+	{"first reserve wins and is attempt 1", func(t *testing.T, s idem.Store) {
+		id := newID()
+		res := mustReserve(t, s, reservation(id, fpA, idem.NewToken(), longLease), idem.Reserved, 1)
+		if res.CreatedAt.IsZero() {
+			t.Error("CreatedAt not set")
+		}
+		rec, err := s.Get(ctx(t), id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rec.State != idem.StateInFlight || rec.Fingerprint != fpA || rec.Attempts != 1 {
+			t.Fatalf("record = %+v", rec)
+		}
+		if !rec.LeaseUntil.After(time.Now().Add(longLease / 2)) {
+			t.Errorf("lease until %v, want about a minute ahead", rec.LeaseUntil)
+		}
+	}},
+	{"same token again is still reserved", func(t *testing.T, s idem.Store) {
+		id, tok := newID(), idem.NewToken()
+		mustReserve(t, s, reservation(id, fpA, tok, longLease), idem.Reserved, 1)
+		mustReserve(t, s, reservation(id, fpA, tok, longLease), idem.Reserved, 1)
+	}},
+	{"second attempt while in flight", func(t *testing.T, s idem.Store) {
+		id := newID()
+		mustReserve(t, s, reservation(id, fpA, idem.NewToken(), longLease), idem.Reserved, 1)
+		mustReserve(t, s, reservation(id, fpA, idem.NewToken(), longLease), idem.InFlight, 2)
+		mustReserve(t, s, reservation(id, fpA, idem.NewToken(), longLease), idem.InFlight, 3)
+	}},
+	{"different fingerprint is a mismatch in every state", func(t *testing.T, s idem.Store) {
+		id, tok := newID(), idem.NewToken()
+		mustReserve(t, s, reservation(id, fpA, tok, longLease), idem.Reserved, 1)
+		mustReserve(t, s, reservation(id, fpB, idem.NewToken(), longLease), idem.Mismatch, 0)
+		if err := s.Complete(ctx(t), id, tok, sampleResponse(), retention); err != nil {
+			t.Fatal(err)
+		}
+		res := mustReserve(t, s, reservation(id, fpB, idem.NewToken(), longLease), idem.Mismatch, 0)
+		if res.Response != nil {
+			t.Fatal("a mismatch must not carry the stored response")
+		}
+		rec, _ := s.Get(ctx(t), id)
+		if rec.Attempts != 1 {
+			t.Fatalf("attempts = %d: a mismatch is not an attempt of the operation", rec.Attempts)
+		}
+		id2, tok2 := newID(), idem.NewToken()
+		mustReserve(t, s, reservation(id2, fpA, tok2, longLease), idem.Reserved, 1)
+		if err := s.MarkUnknown(ctx(t), id2, tok2, retention); err != nil {
+			t.Fatal(err)
+		}
+		mustReserve(t, s, reservation(id2, fpB, idem.NewToken(), longLease), idem.Mismatch, 0)
+	}},
+	{"completed record replays byte for byte", func(t *testing.T, s idem.Store) {
+		id, tok := newID(), idem.NewToken()
+		mustReserve(t, s, reservation(id, fpA, tok, longLease), idem.Reserved, 1)
+		want := sampleResponse()
+		if err := s.Complete(ctx(t), id, tok, want, retention); err != nil {
+			t.Fatal(err)
+		}
+		for attempt := 2; attempt <= 3; attempt++ {
+			res := mustReserve(t, s, reservation(id, fpA, idem.NewToken(), longLease), idem.Completed, attempt)
+			assertResponse(t, res.Response, want)
+		}
+		rec, err := s.Get(ctx(t), id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rec.State != idem.StateCompleted || rec.Attempts != 3 {
+			t.Fatalf("record = %v, %d attempts", rec.State, rec.Attempts)
+		}
+		assertResponse(t, rec.Response, want)
+	}},
+	{"empty body and omitted body are kept apart", func(t *testing.T, s idem.Store) {
+		for _, want := range []idem.Response{
+			{Status: 204},
+			{Status: 200, Headers: []idem.Header{{Name: "content-type", Value: "text/plain"}}, BodyOmitted: true},
+		} {
+			id, tok := newID(), idem.NewToken()
+			mustReserve(t, s, reservation(id, fpA, tok, longLease), idem.Reserved, 1)
+			if err := s.Complete(ctx(t), id, tok, want, retention); err != nil {
+				t.Fatal(err)
+			}
+			res := mustReserve(t, s, reservation(id, fpA, idem.NewToken(), longLease), idem.Completed, 2)
+			assertResponse(t, res.Response, want)
+		}
+	}},
+	{"complete is token checked and repeatable", func(t *testing.T, s idem.Store) {
+		id, tok := newID(), idem.NewToken()
+		wantErr(t, "Complete of a missing record", s.Complete(ctx(t), id, tok, sampleResponse(), retention), idem.ErrNotFound)
+		mustReserve(t, s, reservation(id, fpA, tok, longLease), idem.Reserved, 1)
+		wantErr(t, "Complete by another token", s.Complete(ctx(t), id, idem.NewToken(), sampleResponse(), retention), idem.ErrNotHolder)
+		if err := s.Complete(ctx(t), id, tok, sampleResponse(), retention); err != nil {
+			t.Fatal(err)
+		}
+		other := idem.Response{Status: 500}
+		if err := s.Complete(ctx(t), id, tok, other, retention); err != nil {
+			t.Fatalf("repeated Complete: %v", err)
+		}
+		res := mustReserve(t, s, reservation(id, fpA, idem.NewToken(), longLease), idem.Completed, 2)
+		assertResponse(t, res.Response, sampleResponse()) // the first completion stands
+	}},
+	{"release frees the key for the next attempt", func(t *testing.T, s idem.Store) {
+		id, tok := newID(), idem.NewToken()
+		mustReserve(t, s, reservation(id, fpA, tok, longLease), idem.Reserved, 1)
+		wantErr(t, "Release by another token", s.Release(ctx(t), id, idem.NewToken()), idem.ErrNotHolder)
+		if err := s.Release(ctx(t), id, tok); err != nil {
+			t.Fatal(err)
+		}
+		wantErr(t, "Get after Release", getErr(t, s, id), idem.ErrNotFound)
+		wantErr(t, "second Release", s.Release(ctx(t), id, tok), idem.ErrNotFound)
+		mustReserve(t, s, reservation(id, fpB, idem.NewToken(), longLease), idem.Reserved, 1)
+	}},
+	{"a completed record is never released or marked unknown", func(t *testing.T, s idem.Store) {
+		id, tok := newID(), idem.NewToken()
+		mustReserve(t, s, reservation(id, fpA, tok, longLease), idem.Reserved, 1)
+		if err := s.Complete(ctx(t), id, tok, sampleResponse(), retention); err != nil {
+			t.Fatal(err)
+		}
+		wantErr(t, "Release", s.Release(ctx(t), id, tok), idem.ErrNotHolder)
+		wantErr(t, "MarkUnknown", s.MarkUnknown(ctx(t), id, tok, retention), idem.ErrNotHolder)
+		mustReserve(t, s, reservation(id, fpA, idem.NewToken(), longLease), idem.Completed, 2)
+	}},
+	{"mark unknown answers unknown to later attempts", func(t *testing.T, s idem.Store) {
+		id, tok := newID(), idem.NewToken()
+		mustReserve(t, s, reservation(id, fpA, tok, longLease), idem.Reserved, 1)
+		wantErr(t, "MarkUnknown by another token", s.MarkUnknown(ctx(t), id, idem.NewToken(), retention), idem.ErrNotHolder)
+		if err := s.MarkUnknown(ctx(t), id, tok, retention); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.MarkUnknown(ctx(t), id, tok, retention); err != nil {
+			t.Fatalf("repeated MarkUnknown: %v", err)
+		}
+		mustReserve(t, s, reservation(id, fpA, idem.NewToken(), longLease), idem.Unknown, 2)
+		wantErr(t, "Renew of an unknown record", s.Renew(ctx(t), id, tok, longLease), idem.ErrNotHolder)
+		// The attempt that held it may still report the answer it got.
+		if err := s.Complete(ctx(t), id, tok, sampleResponse(), retention); err != nil {
+			t.Fatal(err)
+		}
+		mustReserve(t, s, reservation(id, fpA, idem.NewToken(), longLease), idem.Completed, 3)
+	}},
+	{"an expired lease is not a free key", func(t *testing.T, s idem.Store) {
+		id, tok := newID(), idem.NewToken()
+		mustReserve(t, s, reservation(id, fpA, tok, shortLease), idem.Reserved, 1)
+		time.Sleep(pastLease)
+		mustReserve(t, s, reservation(id, fpA, idem.NewToken(), longLease), idem.Unknown, 2)
+		mustReserve(t, s, reservation(id, fpA, idem.NewToken(), longLease), idem.Unknown, 3)
+		rec, err := s.Get(ctx(t), id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rec.State != idem.StateUnknown {
+			t.Fatalf("state = %v, want unknown", rec.State)
+		}
+		// The original holder's late answer still completes it.
+		if err := s.Complete(ctx(t), id, tok, sampleResponse(), retention); err != nil {
+			t.Fatal(err)
+		}
+		mustReserve(t, s, reservation(id, fpA, idem.NewToken(), longLease), idem.Completed, 4)
+	}},
+	{"an expired lease can be taken over when the policy re-executes", func(t *testing.T, s idem.Store) {
+		id, old := newID(), idem.NewToken()
+		mustReserve(t, s, reservation(id, fpA, old, shortLease), idem.Reserved, 1)
+		time.Sleep(pastLease)
+		r := reservation(id, fpA, idem.NewToken(), longLease)
+		r.LeaseExpiry = idem.LeaseExpiryReexecute
+		mustReserve(t, s, r, idem.Reserved, 2)
+		wantErr(t, "Complete by the replaced token", s.Complete(ctx(t), id, old, sampleResponse(), retention), idem.ErrNotHolder)
+		wantErr(t, "Renew by the replaced token", s.Renew(ctx(t), id, old, longLease), idem.ErrNotHolder)
+		if err := s.Complete(ctx(t), id, r.Token, sampleResponse(), retention); err != nil {
+			t.Fatal(err)
+		}
+	}},
+	{"a live lease is not taken over even when the policy re-executes", func(t *testing.T, s idem.Store) {
+		id := newID()
+		mustReserve(t, s, reservation(id, fpA, idem.NewToken(), longLease), idem.Reserved, 1)
+		r := reservation(id, fpA, idem.NewToken(), longLease)
+		r.LeaseExpiry = idem.LeaseExpiryReexecute
+		mustReserve(t, s, r, idem.InFlight, 2)
+	}},
+	{"renew keeps a lease alive", func(t *testing.T, s idem.Store) {
+		id, tok := newID(), idem.NewToken()
+		wantErr(t, "Renew of a missing record", s.Renew(ctx(t), id, tok, longLease), idem.ErrNotFound)
+		mustReserve(t, s, reservation(id, fpA, tok, shortLease), idem.Reserved, 1)
+		wantErr(t, "Renew by another token", s.Renew(ctx(t), id, idem.NewToken(), longLease), idem.ErrNotHolder)
+		if err := s.Renew(ctx(t), id, tok, longLease); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(pastLease)
+		mustReserve(t, s, reservation(id, fpA, idem.NewToken(), longLease), idem.InFlight, 2)
+	}},
+	{"retention ends a record", func(t *testing.T, s idem.Store) {
+		id, tok := newID(), idem.NewToken()
+		r := reservation(id, fpA, tok, longLease)
+		mustReserve(t, s, r, idem.Reserved, 1)
+		if err := s.Complete(ctx(t), id, tok, sampleResponse(), 150*time.Millisecond); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(pastLease)
+		wantErr(t, "Get after retention", getErr(t, s, id), idem.ErrNotFound)
+		mustReserve(t, s, reservation(id, fpB, idem.NewToken(), longLease), idem.Reserved, 1)
+	}},
+	{"records are independent", func(t *testing.T, s idem.Store) {
+		a, b := newID(), newID()
+		tokA := idem.NewToken()
+		mustReserve(t, s, reservation(a, fpA, tokA, longLease), idem.Reserved, 1)
+		mustReserve(t, s, reservation(b, fpA, idem.NewToken(), longLease), idem.Reserved, 1)
+		wantErr(t, "Complete of b with a's token", s.Complete(ctx(t), b, tokA, sampleResponse(), retention), idem.ErrNotHolder)
+	}},
+	{"concurrent reservations have one winner", func(t *testing.T, s idem.Store) {
+		id := newID()
+		const n = 50
+		var wg sync.WaitGroup
+		var reserved, inFlight atomic.Int32
+		errs := make(chan error, n)
+		for range n {
+			wg.Go(func() {
+				res, err := s.Reserve(ctx(t), reservation(id, fpA, idem.NewToken(), longLease))
+				switch {
+				case err != nil:
+					errs <- err
+				case res.Outcome == idem.Reserved:
+					reserved.Add(1)
+				case res.Outcome == idem.InFlight:
+					inFlight.Add(1)
+				default:
+					errs <- fmt.Errorf("outcome %v", res.Outcome)
+				}
+			})
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Error(err)
+		}
+		if reserved.Load() != 1 || inFlight.Load() != n-1 {
+			t.Fatalf("reserved %d, in flight %d; want 1 and %d", reserved.Load(), inFlight.Load(), n-1)
+		}
+		rec, _ := s.Get(ctx(t), id)
+		if rec.Attempts != n {
+			t.Fatalf("attempts = %d, want %d", rec.Attempts, n)
+		}
+	}},
+	{"ping answers", func(t *testing.T, s idem.Store) {
+		if err := s.Ping(ctx(t)); err != nil {
+			t.Fatal(err)
+		}
+	}},
+}
+
+func getErr(t *testing.T, s idem.Store, id idem.RecordID) error {
+	_, err := s.Get(ctx(t), id)
+	return err
+}
+
+func assertResponse(t *testing.T, got *idem.Response, want idem.Response) {
+	t.Helper()
+	if got == nil {
+		t.Fatal("no response")
+	}
+	if got.Status != want.Status || got.BodyOmitted != want.BodyOmitted || string(got.Body) != string(want.Body) {
+		t.Fatalf("response = %d %q omitted=%v, want %d %q omitted=%v",
+			got.Status, got.Body, got.BodyOmitted, want.Status, want.Body, want.BodyOmitted)
+	}
+	if len(got.Headers) != len(want.Headers) {
+		t.Fatalf("headers = %v, want %v", got.Headers, want.Headers)
+	}
+	for i := range want.Headers {
+		if got.Headers[i] != want.Headers[i] {
+			t.Fatalf("header %d = %v, want %v", i, got.Headers[i], want.Headers[i])
+		}
+	}
+}
