@@ -1,0 +1,236 @@
+// Package daemon runs idem-extproc: it opens the store, serves ext_proc and
+// gRPC health on one port and /healthz and /readyz on another, and drains
+// open streams on shutdown.
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/idem-extproc/idem-extproc/internal/extproc"
+	"github.com/idem-extproc/idem-extproc/internal/idem"
+	"github.com/idem-extproc/idem-extproc/internal/memstore"
+	"github.com/idem-extproc/idem-extproc/internal/policy"
+	"github.com/idem-extproc/idem-extproc/internal/redisstore"
+)
+
+// Daemon is a running server.
+type Daemon struct {
+	cfg      Config
+	log      *slog.Logger
+	store    idem.Store
+	closers  []func() error
+	grpc     *grpc.Server
+	health   *health.Server
+	admin    *http.Server
+	lis      net.Listener
+	adminLis net.Listener
+	draining atomic.Bool
+	errc     chan error
+}
+
+// NewLogger builds the daemon's logger from its configuration.
+func NewLogger(cfg Config, w io.Writer) *slog.Logger {
+	opts := &slog.HandlerOptions{Level: cfg.LogLevel}
+	if cfg.LogFormat == "text" {
+		return slog.New(slog.NewTextHandler(w, opts))
+	}
+	return slog.New(slog.NewJSONHandler(w, opts))
+}
+
+// Start opens the store and the listeners and starts serving.
+func Start(cfg Config, log *slog.Logger) (*Daemon, error) {
+	d := &Daemon{cfg: cfg, log: log, errc: make(chan error, 2)}
+	if err := d.openStore(); err != nil {
+		return nil, err
+	}
+	var err error
+	if d.lis, err = net.Listen("tcp", cfg.Listen); err != nil {
+		d.closeStore()
+		return nil, fmt.Errorf("--listen %s: %w", cfg.Listen, err)
+	}
+	if cfg.AdminListen != "" {
+		if d.adminLis, err = net.Listen("tcp", cfg.AdminListen); err != nil {
+			d.lis.Close()
+			d.closeStore()
+			return nil, fmt.Errorf("--admin-listen %s: %w", cfg.AdminListen, err)
+		}
+	}
+
+	policies := policy.DefaultSet()
+	srv := extproc.New(extproc.Config{
+		Store:        d.store,
+		Policies:     func() *policy.Set { return policies },
+		Logger:       log,
+		StoreTimeout: cfg.StoreTimeout,
+	})
+	d.grpc = grpc.NewServer()
+	extprocv3.RegisterExternalProcessorServer(d.grpc, srv)
+	d.health = health.NewServer()
+	healthpb.RegisterHealthServer(d.grpc, d.health)
+	go func() { d.errc <- d.grpc.Serve(d.lis) }()
+
+	if d.adminLis != nil {
+		d.admin = &http.Server{Handler: d.adminHandler(), ReadHeaderTimeout: 5 * time.Second}
+		go func() {
+			if err := d.admin.Serve(d.adminLis); !errors.Is(err, http.ErrServerClosed) {
+				d.errc <- err
+			}
+		}()
+	}
+	log.Info("idem-extproc serving", slog.String("listen", d.lis.Addr().String()),
+		slog.String("admin_listen", d.AdminAddr()), slog.String("store", d.storeName()))
+	return d, nil
+}
+
+func (d *Daemon) openStore() error {
+	if d.cfg.RedisURL == "" {
+		d.log.Warn("no --redis-url: using the in-memory store; records live in this process only, " +
+			"so run exactly one replica and expect them to vanish on restart")
+		ms := memstore.New(memstore.Options{})
+		d.store = ms
+		d.closers = append(d.closers, ms.Close)
+		return nil
+	}
+	rdb, err := redisstore.NewClient(d.cfg.RedisURL, d.cfg.StoreTimeout)
+	if err != nil {
+		return fmt.Errorf("--redis-url: %w", err)
+	}
+	d.store = redisstore.New(rdb, redisstore.Options{CallTimeout: d.cfg.StoreTimeout})
+	d.closers = append(d.closers, rdb.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if err := d.store.Ping(ctx); err != nil {
+		// Not fatal: Redis may come up later; /readyz tells until then.
+		d.log.Warn("redis does not answer yet; not ready until it does", slog.String("error", err.Error()))
+	}
+	return nil
+}
+
+func (d *Daemon) storeName() string {
+	if d.cfg.RedisURL == "" {
+		return "memory"
+	}
+	return "redis"
+}
+
+func (d *Daemon) closeStore() {
+	for _, c := range d.closers {
+		_ = c()
+	}
+}
+
+// Addr returns the ext_proc listener's address.
+func (d *Daemon) Addr() string { return d.lis.Addr().String() }
+
+// AdminAddr returns the admin listener's address, or "".
+func (d *Daemon) AdminAddr() string {
+	if d.adminLis == nil {
+		return ""
+	}
+	return d.adminLis.Addr().String()
+}
+
+// Store returns the daemon's store.
+func (d *Daemon) Store() idem.Store { return d.store }
+
+func (d *Daemon) adminHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = io.WriteString(w, "ok\n")
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		if d.draining.Load() {
+			http.Error(w, "draining", http.StatusServiceUnavailable)
+			return
+		}
+		ctx, cancel := context.WithTimeout(r.Context(), time.Second)
+		defer cancel()
+		if err := d.store.Ping(ctx); err != nil {
+			http.Error(w, "store unavailable: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = io.WriteString(w, "ok\n")
+	})
+	return mux
+}
+
+// Wait serves until ctx ends, then shuts down: readiness turns false, new
+// streams are refused, open streams get up to DrainTimeout to finish (their
+// completions are still written), and the store is closed.
+func (d *Daemon) Wait(ctx context.Context) error {
+	var serveErr error
+	select {
+	case <-ctx.Done():
+	case serveErr = <-d.errc:
+	}
+	d.Shutdown()
+	if serveErr != nil && !errors.Is(serveErr, grpc.ErrServerStopped) {
+		return serveErr
+	}
+	return nil
+}
+
+// Shutdown drains and stops the daemon.
+func (d *Daemon) Shutdown() {
+	if d.draining.Swap(true) {
+		return
+	}
+	d.log.Info("shutting down: draining open streams", slog.String("drain_timeout", d.cfg.DrainTimeout.String()))
+	d.health.Shutdown()
+	done := make(chan struct{})
+	go func() {
+		d.grpc.GracefulStop()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(d.cfg.DrainTimeout):
+		d.log.Warn("drain timeout passed; closing the remaining streams")
+		d.grpc.Stop()
+		<-done
+	}
+	if d.admin != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_ = d.admin.Shutdown(ctx)
+		cancel()
+	}
+	d.closeStore()
+	d.log.Info("stopped")
+}
+
+// Main runs the daemon with command-line args until ctx ends, and returns
+// the process exit code.
+func Main(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) int {
+	cfg, err := ParseConfig(args, getenv, stderr)
+	if errors.Is(err, ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "idem-extproc: configuration error:\n%v\n", err)
+		return 2
+	}
+	log := NewLogger(cfg, stderr)
+	d, err := Start(cfg, log)
+	if err != nil {
+		log.Error("startup failed", slog.String("error", err.Error()))
+		return 1
+	}
+	if err := d.Wait(ctx); err != nil {
+		log.Error("server failed", slog.String("error", err.Error()))
+		return 1
+	}
+	return 0
+}

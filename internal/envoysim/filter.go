@@ -1,0 +1,802 @@
+package envoysim
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
+)
+
+// Envoy's defaults (ext_proc config.h, the connection manager's buffer).
+const (
+	DefaultMessageTimeout = 200 * time.Millisecond
+	DefaultBufferLimit    = 1 << 20
+)
+
+// Options covers what Envoy takes from outside the filter's proto.
+type Options struct {
+	// BufferLimit is the per-request buffer limit; DefaultBufferLimit when 0.
+	BufferLimit int
+	// ChunkSize splits a STREAMED body into data chunks of this size as they
+	// would arrive from the network. Zero means the whole body arrived
+	// before the headers reply, which Envoy sends as a single message.
+	ChunkSize int
+	// SkipLocalReplies selects Envoy 1.34-1.36, which does not pass its own
+	// local replies (upstream timeout, reset) through the response phases.
+	SkipLocalReplies bool
+}
+
+// Filter is one configured ext_proc filter talking to one server.
+type Filter struct {
+	cfg    *extprocfilterv3.ExternalProcessor
+	opts   Options
+	client extprocv3.ExternalProcessorClient
+}
+
+// NewFilter returns a filter with the given configuration, calling the
+// ext_proc server on cc.
+func NewFilter(cc grpc.ClientConnInterface, cfg *extprocfilterv3.ExternalProcessor, opts Options) *Filter {
+	if opts.BufferLimit <= 0 {
+		opts.BufferLimit = DefaultBufferLimit
+	}
+	return &Filter{cfg: cfg, opts: opts, client: extprocv3.NewExternalProcessorClient(cc)}
+}
+
+// RecommendedConfig is the filter configuration DESIGN §7 recommends:
+// headers SEND, bodies BUFFERED, trailers SKIP, mode override allowed,
+// failing closed, with the response attributes the server needs.
+func RecommendedConfig() *extprocfilterv3.ExternalProcessor {
+	return &extprocfilterv3.ExternalProcessor{
+		ProcessingMode: &extprocfilterv3.ProcessingMode{
+			RequestHeaderMode:   extprocfilterv3.ProcessingMode_SEND,
+			ResponseHeaderMode:  extprocfilterv3.ProcessingMode_SEND,
+			RequestBodyMode:     extprocfilterv3.ProcessingMode_BUFFERED,
+			ResponseBodyMode:    extprocfilterv3.ProcessingMode_BUFFERED,
+			RequestTrailerMode:  extprocfilterv3.ProcessingMode_SKIP,
+			ResponseTrailerMode: extprocfilterv3.ProcessingMode_SKIP,
+		},
+		AllowModeOverride:  true,
+		FailureModeAllow:   false,
+		RequestAttributes:  []string{"xds.route_name"},
+		ResponseAttributes: []string{"response.code_details", "response.flags"},
+	}
+}
+
+// exchange is one HTTP request going through the filter.
+type exchange struct {
+	f    *Filter
+	req  *Request
+	res  *Result
+	mode *extprocfilterv3.ProcessingMode
+	side sideStream
+
+	// complete is Envoy's processing_complete_: nothing more is sent.
+	complete      bool
+	reqAttrsSent  bool
+	respAttrsSent bool
+	configSent    bool
+	respStatus    int
+	respDetails   string
+	respFlags     uint64
+	// reqHeaders is the request header map as the connection manager
+	// built it, x-request-id included.
+	reqHeaders []Header
+}
+
+// errClientGone ends an exchange whose downstream went away.
+var errClientGone = errors.New("downstream client went away")
+
+// ErrSpurious is a reply that does not answer the outstanding message:
+// the wrong type, or an empty ProcessingResponse.
+var ErrSpurious = errors.New("spurious message")
+
+// Do sends req through the filter and the upstream, and returns what the
+// downstream client receives along with a record of the conversation.
+func (f *Filter) Do(ctx context.Context, req *Request, up Upstream) *Result {
+	x := &exchange{f: f, req: req, res: &Result{}, mode: f.effectiveMode(req)}
+	x.reqHeaders = connectionManagerHeaders(req)
+	x.side.client = f.client
+	defer x.side.close()
+	resp, err := x.run(ctx, up)
+	if errors.Is(err, errClientGone) || ctx.Err() != nil {
+		return x.res
+	}
+	x.res.Response = resp
+	return x.res
+}
+
+func (f *Filter) effectiveMode(req *Request) *extprocfilterv3.ProcessingMode {
+	mode := proto.Clone(f.cfg.GetProcessingMode()).(*extprocfilterv3.ProcessingMode)
+	if mode == nil {
+		mode = &extprocfilterv3.ProcessingMode{}
+	}
+	if pr := req.PerRoute; pr != nil {
+		switch o := pr.GetOverride().(type) {
+		case *extprocfilterv3.ExtProcPerRoute_Disabled:
+			if o.Disabled {
+				mode.RequestHeaderMode = extprocfilterv3.ProcessingMode_SKIP
+				mode.ResponseHeaderMode = extprocfilterv3.ProcessingMode_SKIP
+				mode.RequestBodyMode = extprocfilterv3.ProcessingMode_NONE
+				mode.ResponseBodyMode = extprocfilterv3.ProcessingMode_NONE
+				mode.RequestTrailerMode = extprocfilterv3.ProcessingMode_SKIP
+				mode.ResponseTrailerMode = extprocfilterv3.ProcessingMode_SKIP
+			}
+		case *extprocfilterv3.ExtProcPerRoute_Overrides:
+			if pm := o.Overrides.GetProcessingMode(); pm != nil {
+				mode = proto.Clone(pm).(*extprocfilterv3.ProcessingMode)
+			}
+		}
+	}
+	return mode
+}
+
+func sendHeaders(m extprocfilterv3.ProcessingMode_HeaderSendMode) bool {
+	return m != extprocfilterv3.ProcessingMode_SKIP // DEFAULT means SEND for headers
+}
+
+func sendTrailers(m extprocfilterv3.ProcessingMode_HeaderSendMode) bool {
+	return m == extprocfilterv3.ProcessingMode_SEND // DEFAULT means SKIP for trailers
+}
+
+func (x *exchange) run(ctx context.Context, up Upstream) (*Response, error) {
+	req := x.req
+	headers := x.reqHeaders
+	body, trailers := req.Body, req.Trailers
+	hasBody := len(body) > 0
+
+	// Request headers.
+	if sendHeaders(x.mode.GetRequestHeaderMode()) && !x.complete {
+		pr := &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{
+			RequestHeaders: &extprocv3.HttpHeaders{Headers: toHeaderMap(headers), EndOfStream: !hasBody && len(trailers) == 0},
+		}}
+		reply, local, err := x.call(ctx, pr, PhaseRequestHeaders)
+		if err != nil {
+			return nil, err
+		}
+		if local != nil {
+			return local, nil
+		}
+		if reply != nil {
+			if headers, local = x.mutate(headers, reply.GetRequestHeaders().GetResponse()); local != nil {
+				return local, nil
+			}
+		}
+	}
+	if err := x.clientGoneAfter(PhaseRequestHeaders); err != nil {
+		return nil, err
+	}
+
+	// Request body.
+	if hasBody && !x.complete {
+		var local *Response
+		var err error
+		headers, body, local, err = x.requestBody(ctx, headers, body, len(trailers) > 0)
+		if err != nil || local != nil {
+			return local, err
+		}
+	}
+	if err := x.clientGoneAfter(PhaseRequestBody); err != nil {
+		return nil, err
+	}
+
+	// Request trailers.
+	if len(trailers) > 0 && sendTrailers(x.mode.GetRequestTrailerMode()) && !x.complete {
+		pr := &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestTrailers{
+			RequestTrailers: &extprocv3.HttpTrailers{Trailers: toHeaderMap(trailers)},
+		}}
+		_, local, err := x.call(ctx, pr, PhaseRequestTrailers)
+		if err != nil || local != nil {
+			return local, err
+		}
+	}
+	if err := x.clientGoneAfter(PhaseRequestTrailers); err != nil {
+		return nil, err
+	}
+
+	// The router.
+	upReq := &Request{
+		Method: get(headers, ":method"), Path: get(headers, ":path"), Authority: get(headers, ":authority"),
+		Scheme: get(headers, ":scheme"), Headers: withoutPseudo(headers), Body: body, Trailers: trailers,
+		RouteName: req.RouteName, Principal: req.Principal,
+	}
+	x.res.UpstreamCalled, x.res.UpstreamRequest = true, upReq
+	start := time.Now()
+	resp, err := up(ctx, upReq)
+	if err := x.clientGoneAfter(PhaseUpstream); err != nil {
+		return nil, err
+	}
+	if err != nil {
+		var uf *UpstreamFailure
+		if !errors.As(err, &uf) {
+			uf = &UpstreamFailure{503, "upstream_reset_before_response_started{connection_termination}",
+				FlagUpstreamConnTermination, "upstream connect error or disconnect/reset before headers. reset reason: connection termination"}
+		}
+		return x.localReply(ctx, uf)
+	}
+	resp.Headers = append(append([]Header(nil), resp.Headers...),
+		Header{"x-envoy-upstream-service-time", strconv.FormatInt(time.Since(start).Milliseconds(), 10)})
+	if resp.Details == "" {
+		resp.Details = "via_upstream"
+	}
+	return x.response(ctx, resp)
+}
+
+func (x *exchange) clientGoneAfter(p Phase) error {
+	if x.req.ResetAfter == p {
+		return errClientGone
+	}
+	return nil
+}
+
+// localReply is Envoy's sendLocalReply after a router failure: the reply
+// passes the response phases unless SkipLocalReplies (Envoy 1.34-1.36).
+func (x *exchange) localReply(ctx context.Context, uf *UpstreamFailure) (*Response, error) {
+	resp := &Response{
+		Status:  uf.Status,
+		Headers: []Header{{"content-length", strconv.Itoa(len(uf.Body))}, {"content-type", "text/plain"}},
+		Body:    []byte(uf.Body),
+		Details: uf.Details,
+		Flags:   uf.Flags,
+	}
+	if x.f.opts.SkipLocalReplies {
+		x.complete = true
+		return resp, nil
+	}
+	return x.response(ctx, resp)
+}
+
+func (x *exchange) response(ctx context.Context, resp *Response) (*Response, error) {
+	x.respStatus, x.respDetails, x.respFlags = resp.Status, resp.Details, resp.Flags
+	headers := append([]Header{{":status", strconv.Itoa(resp.Status)}}, resp.Headers...)
+	body, trailers := resp.Body, resp.Trailers
+	hasBody := len(body) > 0
+
+	if sendHeaders(x.mode.GetResponseHeaderMode()) && !x.complete {
+		pr := &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{
+			ResponseHeaders: &extprocv3.HttpHeaders{Headers: toHeaderMap(headers), EndOfStream: !hasBody && len(trailers) == 0},
+		}}
+		reply, local, err := x.call(ctx, pr, PhaseResponseHeaders)
+		if err != nil || local != nil {
+			return local, err
+		}
+		if reply != nil {
+			if headers, local = x.mutate(headers, reply.GetResponseHeaders().GetResponse()); local != nil {
+				return local, nil
+			}
+		}
+	}
+	if err := x.clientGoneAfter(PhaseResponseHeaders); err != nil {
+		return nil, err
+	}
+	if hasBody && !x.complete {
+		var local *Response
+		var err error
+		headers, body, local, err = x.responseBody(ctx, headers, body, len(trailers) > 0)
+		if err != nil || local != nil {
+			return local, err
+		}
+	}
+	if err := x.clientGoneAfter(PhaseResponseBody); err != nil {
+		return nil, err
+	}
+	if len(trailers) > 0 && sendTrailers(x.mode.GetResponseTrailerMode()) && !x.complete {
+		pr := &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseTrailers{
+			ResponseTrailers: &extprocv3.HttpTrailers{Trailers: toHeaderMap(trailers)},
+		}}
+		_, local, err := x.call(ctx, pr, PhaseResponseTrailers)
+		if err != nil || local != nil {
+			return local, err
+		}
+	}
+	out := &Response{Headers: withoutPseudo(headers), Body: body, Trailers: trailers, Details: resp.Details, Flags: resp.Flags}
+	out.Status, _ = strconv.Atoi(get(headers, ":status"))
+	return out, nil
+}
+
+// requestBody runs the request body phase in the mode in force.
+func (x *exchange) requestBody(ctx context.Context, headers []Header, body []byte, trailers bool) ([]Header, []byte, *Response, error) {
+	switch x.mode.GetRequestBodyMode() {
+	case extprocfilterv3.ProcessingMode_BUFFERED:
+		if len(body) > x.f.opts.BufferLimit {
+			local, err := x.localReply(ctx, &UpstreamFailure{413, "request_payload_too_large", 0, "Payload Too Large"})
+			return headers, body, local, err
+		}
+		return x.bufferedBody(ctx, headers, body, !trailers, PhaseRequestBody)
+	case extprocfilterv3.ProcessingMode_BUFFERED_PARTIAL:
+		part, eos := body, !trailers
+		if len(part) > x.f.opts.BufferLimit {
+			part, eos = part[:x.f.opts.BufferLimit], false
+		}
+		h, newPart, local, err := x.bufferedBody(ctx, headers, part, eos, PhaseRequestBody)
+		return h, append(newPart, body[len(part):]...), local, err
+	case extprocfilterv3.ProcessingMode_STREAMED:
+		return x.streamedBody(ctx, headers, body, trailers, PhaseRequestBody)
+	}
+	return headers, body, nil, nil
+}
+
+func (x *exchange) responseBody(ctx context.Context, headers []Header, body []byte, trailers bool) ([]Header, []byte, *Response, error) {
+	switch x.mode.GetResponseBodyMode() {
+	case extprocfilterv3.ProcessingMode_BUFFERED:
+		if len(body) > x.f.opts.BufferLimit {
+			x.complete = true
+			return headers, body, &Response{Status: 500, Body: []byte("Internal Server Error"), Details: "response_payload_too_large"}, nil
+		}
+		return x.bufferedBody(ctx, headers, body, !trailers, PhaseResponseBody)
+	case extprocfilterv3.ProcessingMode_BUFFERED_PARTIAL:
+		part, eos := body, !trailers
+		if len(part) > x.f.opts.BufferLimit {
+			part, eos = part[:x.f.opts.BufferLimit], false
+		}
+		h, newPart, local, err := x.bufferedBody(ctx, headers, part, eos, PhaseResponseBody)
+		return h, append(newPart, body[len(part):]...), local, err
+	case extprocfilterv3.ProcessingMode_STREAMED:
+		return x.streamedBody(ctx, headers, body, trailers, PhaseResponseBody)
+	}
+	return headers, body, nil, nil
+}
+
+func bodyRequest(phase Phase, chunk []byte, eos bool) *extprocv3.ProcessingRequest {
+	b := &extprocv3.HttpBody{Body: chunk, EndOfStream: eos}
+	if phase == PhaseRequestBody {
+		return &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: b}}
+	}
+	return &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseBody{ResponseBody: b}}
+}
+
+func bodyReply(phase Phase, r *extprocv3.ProcessingResponse) *extprocv3.CommonResponse {
+	if phase == PhaseRequestBody {
+		return r.GetRequestBody().GetResponse()
+	}
+	return r.GetResponseBody().GetResponse()
+}
+
+// bufferedBody sends the body as one message; the headers are still held,
+// so the body reply may mutate them too.
+func (x *exchange) bufferedBody(ctx context.Context, headers []Header, body []byte, eos bool, phase Phase) ([]Header, []byte, *Response, error) {
+	reply, local, err := x.call(ctx, bodyRequest(phase, body, eos), phase)
+	if err != nil || local != nil || reply == nil {
+		return headers, body, local, err
+	}
+	cr := bodyReply(phase, reply)
+	if headers, local = x.mutate(headers, cr); local != nil {
+		return headers, body, local, nil
+	}
+	return headers, mutateBody(body, cr.GetBodyMutation()), nil, nil
+}
+
+// streamedBody sends every chunk without waiting, then matches the replies
+// in order.
+func (x *exchange) streamedBody(ctx context.Context, headers []Header, body []byte, trailers bool, phase Phase) ([]Header, []byte, *Response, error) {
+	chunks := [][]byte{body}
+	if n := x.f.opts.ChunkSize; n > 0 {
+		chunks = chunks[:0]
+		for len(body) > n {
+			chunks = append(chunks, body[:n])
+			body = body[n:]
+		}
+		chunks = append(chunks, body)
+	}
+	sent := 0
+	for i, c := range chunks {
+		if x.complete {
+			break
+		}
+		if err := x.sendOnly(ctx, bodyRequest(phase, c, i == len(chunks)-1 && !trailers), phase); err != nil {
+			local, ferr := x.failure(ctx, err)
+			return headers, nil, local, ferr
+		}
+		sent++
+	}
+	var out []byte
+	for i := range sent {
+		reply, local, err := x.await(ctx, phase)
+		if err != nil || local != nil {
+			return headers, out, local, err
+		}
+		if reply == nil { // processing ended; the rest passes unprocessed
+			for _, c := range chunks[i:] {
+				out = append(out, c...)
+			}
+			return headers, out, nil, nil
+		}
+		out = append(out, mutateBody(chunks[i], bodyReply(phase, reply).GetBodyMutation())...)
+	}
+	return headers, out, nil, nil
+}
+
+func mutateBody(body []byte, m *extprocv3.BodyMutation) []byte {
+	switch v := m.GetMutation().(type) {
+	case *extprocv3.BodyMutation_Body:
+		return v.Body
+	case *extprocv3.BodyMutation_ClearBody:
+		if v.ClearBody {
+			return nil
+		}
+	}
+	return body
+}
+
+// mutate applies a CommonResponse's header mutation; a rejected mutation is
+// a processing error and fails closed like Envoy's handleErrorResponse.
+func (x *exchange) mutate(headers []Header, cr *extprocv3.CommonResponse) ([]Header, *Response) {
+	if cr.GetHeaderMutation() == nil {
+		return headers, nil
+	}
+	out, err := applyMutation(headers, cr.GetHeaderMutation(), x.f.cfg.GetMutationRules())
+	if err != nil {
+		x.res.ProcessingError = err
+		x.side.close()
+		x.complete = true
+		return headers, x.errorReply(x.statusOnError(), err.Error())
+	}
+	return out, nil
+}
+
+// call sends one message and waits for its reply. It returns the reply
+// (nil when processing ended and the request continues unprocessed), or
+// the local reply that replaces the response.
+func (x *exchange) call(ctx context.Context, pr *extprocv3.ProcessingRequest, phase Phase) (*extprocv3.ProcessingResponse, *Response, error) {
+	if err := x.sendOnly(ctx, pr, phase); err != nil {
+		local, ferr := x.failure(ctx, err)
+		return nil, local, ferr
+	}
+	return x.await(ctx, phase)
+}
+
+func (x *exchange) sendOnly(ctx context.Context, pr *extprocv3.ProcessingRequest, phase Phase) error {
+	if !x.side.opened {
+		x.res.StreamOpened = true
+		if err := x.side.open(ctx); err != nil {
+			return err
+		}
+	}
+	if !x.configSent {
+		x.configSent = true
+		pr.ProtocolConfig = &extprocv3.ProtocolConfiguration{
+			RequestBodyMode:                         x.mode.GetRequestBodyMode(),
+			ResponseBodyMode:                        x.mode.GetResponseBodyMode(),
+			SendBodyWithoutWaitingForHeaderResponse: x.f.cfg.GetSendBodyWithoutWaitingForHeaderResponse(),
+		}
+	}
+	pr.MetadataContext = x.metadataContext()
+	x.addAttributes(pr, phase)
+	m := Message{Phase: phase}
+	switch r := pr.GetRequest().(type) {
+	case *extprocv3.ProcessingRequest_RequestHeaders:
+		m.EndOfStream = r.RequestHeaders.GetEndOfStream()
+	case *extprocv3.ProcessingRequest_ResponseHeaders:
+		m.EndOfStream = r.ResponseHeaders.GetEndOfStream()
+	case *extprocv3.ProcessingRequest_RequestBody:
+		m.EndOfStream, m.BodyLen = r.RequestBody.GetEndOfStream(), len(r.RequestBody.GetBody())
+	case *extprocv3.ProcessingRequest_ResponseBody:
+		m.EndOfStream, m.BodyLen = r.ResponseBody.GetEndOfStream(), len(r.ResponseBody.GetBody())
+	case *extprocv3.ProcessingRequest_RequestTrailers, *extprocv3.ProcessingRequest_ResponseTrailers:
+		m.EndOfStream = true
+	}
+	x.res.Messages = append(x.res.Messages, m)
+	return x.side.send(pr)
+}
+
+// await reads the reply to the oldest outstanding message of phase.
+func (x *exchange) await(ctx context.Context, phase Phase) (*extprocv3.ProcessingResponse, *Response, error) {
+	idx := -1
+	for i := range x.res.Messages {
+		if x.res.Messages[i].Phase == phase && x.res.Messages[i].Reply == "" {
+			idx = i
+			break
+		}
+	}
+	if idx < 0 {
+		return nil, nil, fmt.Errorf("envoysim: no outstanding %s message", phase)
+	}
+	reply, err := x.side.recv(ctx, x.messageTimeout())
+	if ctx.Err() != nil {
+		return nil, nil, errClientGone
+	}
+	if err != nil {
+		x.res.Messages[idx].Reply = "error: " + err.Error()
+		local, ferr := x.failure(ctx, err)
+		return nil, local, ferr
+	}
+	if ir := reply.GetImmediateResponse(); ir != nil {
+		x.res.Messages[idx].Reply = "immediate_response"
+		x.side.close()
+		x.complete = true
+		return nil, x.immediate(ir), nil
+	}
+	if !replyMatches(reply, phase) {
+		err := fmt.Errorf("%w: %s reply to a %s message", ErrSpurious, replyKind(reply), phase)
+		x.res.Messages[idx].Reply = "spurious"
+		local, ferr := x.failure(ctx, err)
+		return nil, local, ferr
+	}
+	x.res.Messages[idx].Reply = "continue"
+	if mo := reply.GetModeOverride(); mo != nil && (phase == PhaseRequestHeaders || phase == PhaseResponseHeaders) {
+		if x.overrideAllowed() && x.applyOverride(mo) {
+			x.res.Messages[idx].Reply = "mode_override"
+		} else {
+			x.res.Messages[idx].Reply = "mode_override_ignored"
+		}
+	}
+	return reply, nil, nil
+}
+
+func (x *exchange) messageTimeout() time.Duration {
+	if d := x.f.cfg.GetMessageTimeout(); d != nil {
+		return d.AsDuration()
+	}
+	return DefaultMessageTimeout
+}
+
+func (x *exchange) statusOnError() int {
+	if c := int(x.f.cfg.GetStatusOnError().GetCode()); c >= 400 && c <= 599 {
+		return c
+	}
+	return 500
+}
+
+// failure handles a failed side stream: a server that closed with OK, or
+// failure_mode_allow, lets the request continue unprocessed; otherwise the
+// request fails closed (504 for a message timeout, status_on_error else).
+func (x *exchange) failure(ctx context.Context, err error) (*Response, error) {
+	if ctx.Err() != nil {
+		return nil, errClientGone
+	}
+	x.side.close()
+	x.complete = true
+	if errors.Is(err, errServerClosed) {
+		return nil, nil
+	}
+	x.res.ProcessingError = err
+	if x.f.cfg.GetFailureModeAllow() {
+		return nil, nil
+	}
+	if errors.Is(err, errMessageTimeout) {
+		return x.errorReply(504, "ext_proc_error_per-message_timeout_exceeded"), nil
+	}
+	if st, ok := status.FromError(err); ok && st.Code() != 0 && !errors.Is(err, ErrSpurious) {
+		return x.errorReply(x.statusOnError(), "ext_proc_error_gRPC_error_"+strconv.Itoa(int(st.Code()))), nil
+	}
+	return x.errorReply(x.statusOnError(), err.Error()), nil
+}
+
+func (x *exchange) errorReply(code int, details string) *Response {
+	return &Response{Status: code, Details: details}
+}
+
+// immediate builds the local reply for an immediate_response
+// (Filter::sendImmediateResponse).
+func (x *exchange) immediate(ir *extprocv3.ImmediateResponse) *Response {
+	code := int(ir.GetStatus().GetCode())
+	if code < 200 {
+		code = 200
+	}
+	headers := []Header{{":status", strconv.Itoa(code)}}
+	if len(ir.GetBody()) > 0 {
+		headers = append(headers, Header{"content-length", strconv.Itoa(len(ir.GetBody()))}, Header{"content-type", "text/plain"})
+	}
+	if m := ir.GetHeaders(); m != nil {
+		var err error
+		if headers, err = applyMutation(headers, m, x.f.cfg.GetMutationRules()); err != nil {
+			// Envoy logs and drops a bad mutation of a local reply.
+			x.res.ProcessingError = err
+		}
+	}
+	return &Response{Status: code, Headers: withoutPseudo(headers), Body: ir.GetBody(), Details: ir.GetDetails()}
+}
+
+func replyMatches(r *extprocv3.ProcessingResponse, phase Phase) bool {
+	switch phase {
+	case PhaseRequestHeaders:
+		return r.GetRequestHeaders() != nil
+	case PhaseRequestBody:
+		return r.GetRequestBody() != nil
+	case PhaseRequestTrailers:
+		return r.GetRequestTrailers() != nil
+	case PhaseResponseHeaders:
+		return r.GetResponseHeaders() != nil
+	case PhaseResponseBody:
+		return r.GetResponseBody() != nil
+	case PhaseResponseTrailers:
+		return r.GetResponseTrailers() != nil
+	}
+	return false
+}
+
+func replyKind(r *extprocv3.ProcessingResponse) string {
+	switch r.GetResponse().(type) {
+	case nil:
+		return "empty"
+	case *extprocv3.ProcessingResponse_RequestHeaders:
+		return "request_headers"
+	case *extprocv3.ProcessingResponse_RequestBody:
+		return "request_body"
+	case *extprocv3.ProcessingResponse_RequestTrailers:
+		return "request_trailers"
+	case *extprocv3.ProcessingResponse_ResponseHeaders:
+		return "response_headers"
+	case *extprocv3.ProcessingResponse_ResponseBody:
+		return "response_body"
+	case *extprocv3.ProcessingResponse_ResponseTrailers:
+		return "response_trailers"
+	}
+	return fmt.Sprintf("%T", r.GetResponse())
+}
+
+func (x *exchange) overrideAllowed() bool {
+	c := x.f.cfg
+	full := extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED
+	return c.GetAllowModeOverride() && !c.GetSendBodyWithoutWaitingForHeaderResponse() &&
+		c.GetProcessingMode().GetRequestBodyMode() != full && c.GetProcessingMode().GetResponseBodyMode() != full
+}
+
+// applyOverride merges an override into the filter-level mode as
+// effectiveModeOverride does, checks allowed_override_modes, and applies it
+// to both directions. It reports whether the override took effect.
+func (x *exchange) applyOverride(o *extprocfilterv3.ProcessingMode) bool {
+	base := x.f.cfg.GetProcessingMode()
+	m := proto.Clone(base).(*extprocfilterv3.ProcessingMode)
+	if m == nil {
+		m = &extprocfilterv3.ProcessingMode{}
+	}
+	if o.GetRequestHeaderMode() != extprocfilterv3.ProcessingMode_DEFAULT {
+		m.RequestHeaderMode = o.GetRequestHeaderMode()
+	}
+	if o.GetResponseHeaderMode() != extprocfilterv3.ProcessingMode_DEFAULT {
+		m.ResponseHeaderMode = o.GetResponseHeaderMode()
+	}
+	if o.GetRequestTrailerMode() != extprocfilterv3.ProcessingMode_DEFAULT {
+		m.RequestTrailerMode = o.GetRequestTrailerMode()
+	}
+	if o.GetResponseTrailerMode() != extprocfilterv3.ProcessingMode_DEFAULT {
+		m.ResponseTrailerMode = o.GetResponseTrailerMode()
+	}
+	m.RequestBodyMode = o.GetRequestBodyMode()
+	m.ResponseBodyMode = o.GetResponseBodyMode()
+	if allowed := x.f.cfg.GetAllowedOverrideModes(); len(allowed) > 0 {
+		ok := false
+		for _, a := range allowed {
+			ok = ok || (a.GetResponseHeaderMode() == m.GetResponseHeaderMode() &&
+				a.GetRequestBodyMode() == m.GetRequestBodyMode() && a.GetResponseBodyMode() == m.GetResponseBodyMode() &&
+				a.GetRequestTrailerMode() == m.GetRequestTrailerMode() && a.GetResponseTrailerMode() == m.GetResponseTrailerMode())
+		}
+		if !ok {
+			return false
+		}
+	}
+	x.mode = m
+	return true
+}
+
+func (x *exchange) metadataContext() *corev3.Metadata {
+	md := &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{}}
+	for _, ns := range x.f.cfg.GetMetadataOptions().GetForwardingNamespaces().GetUntyped() {
+		if s, ok := x.req.DynamicMetadata[ns]; ok {
+			md.FilterMetadata[ns] = s
+		}
+	}
+	return md
+}
+
+// addAttributes puts the configured attributes on the first message of
+// each direction (Filter::addAttributes).
+func (x *exchange) addAttributes(pr *extprocv3.ProcessingRequest, phase Phase) {
+	var names []string
+	var sent *bool
+	if phase <= PhaseRequestTrailers {
+		names, sent = x.f.cfg.GetRequestAttributes(), &x.reqAttrsSent
+	} else {
+		names, sent = x.f.cfg.GetResponseAttributes(), &x.respAttrsSent
+	}
+	if *sent || len(names) == 0 {
+		return
+	}
+	*sent = true
+	fields := map[string]*structpb.Value{}
+	for _, n := range names {
+		if v := x.attribute(n); v != nil {
+			fields[n] = v
+		}
+	}
+	pr.Attributes = map[string]*structpb.Struct{"envoy.filters.http.ext_proc": {Fields: fields}}
+}
+
+// attribute evaluates one CEL attribute name; unavailable ones are left out.
+func (x *exchange) attribute(name string) *structpb.Value {
+	r := x.req
+	str := func(s string) *structpb.Value {
+		if s == "" {
+			return nil
+		}
+		return structpb.NewStringValue(s)
+	}
+	switch name {
+	case "xds.route_name":
+		return str(r.RouteName)
+	case "source.principal":
+		return str(r.Principal)
+	case "request.method":
+		return str(r.Method)
+	case "request.path":
+		return str(r.Path)
+	case "request.host":
+		return str(r.Authority)
+	case "request.id":
+		return str(get(x.reqHeaders, "x-request-id"))
+	case "response.code":
+		if x.respStatus == 0 {
+			return nil
+		}
+		return structpb.NewNumberValue(float64(x.respStatus))
+	case "response.code_details":
+		return str(x.respDetails)
+	case "response.flags":
+		if x.respStatus == 0 {
+			return nil
+		}
+		return structpb.NewNumberValue(float64(x.respFlags))
+	}
+	return nil
+}
+
+// connectionManagerHeaders builds the request header map as the connection
+// manager hands it to the filter: pseudo-headers, the client's headers, then
+// x-forwarded-proto and a fresh x-request-id unless the client sent them.
+func connectionManagerHeaders(r *Request) []Header {
+	scheme := r.Scheme
+	if scheme == "" {
+		scheme = "http"
+	}
+	hs := make([]Header, 0, len(r.Headers)+6)
+	hs = append(hs, Header{":authority", r.Authority}, Header{":path", r.Path}, Header{":method", r.Method}, Header{":scheme", scheme})
+	hs = append(hs, r.Headers...)
+	if _, ok := Get(hs, "x-forwarded-proto"); !ok {
+		hs = append(hs, Header{"x-forwarded-proto", scheme})
+	}
+	if _, ok := Get(hs, "x-request-id"); !ok {
+		hs = append(hs, Header{"x-request-id", newRequestID()})
+	}
+	return hs
+}
+
+func newRequestID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:])
+}
+
+func toHeaderMap(hs []Header) *corev3.HeaderMap {
+	m := &corev3.HeaderMap{Headers: make([]*corev3.HeaderValue, 0, len(hs))}
+	for _, h := range hs {
+		m.Headers = append(m.Headers, &corev3.HeaderValue{Key: h.Name, RawValue: []byte(h.Value)})
+	}
+	return m
+}
+
+func get(hs []Header, name string) string {
+	v, _ := Get(hs, name)
+	return v
+}
+
+func withoutPseudo(hs []Header) []Header {
+	out := make([]Header, 0, len(hs))
+	for _, h := range hs {
+		if len(h.Name) == 0 || h.Name[0] != ':' {
+			out = append(out, h)
+		}
+	}
+	return out
+}

@@ -1,0 +1,81 @@
+package extproc
+
+import (
+	"strconv"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/idem-extproc/idem-extproc/internal/idem"
+)
+
+// attributesKey is the key under which Envoy's ext_proc filter puts the
+// attributes it was asked to send (ext_proc.cc, the filter's name).
+const attributesKey = "envoy.filters.http.ext_proc"
+
+// headerValue returns a header's value. Current Envoy sends raw_value bytes
+// and leaves value empty; older versions and other clients send value.
+func headerValue(h *corev3.HeaderValue) string {
+	if len(h.GetRawValue()) > 0 {
+		return string(h.GetRawValue())
+	}
+	return h.GetValue()
+}
+
+// headerList converts a HeaderMap, keeping order and repeated names. Envoy
+// already sends names in lower case.
+func headerList(m *corev3.HeaderMap) []idem.Header {
+	hs := m.GetHeaders()
+	out := make([]idem.Header, 0, len(hs))
+	for _, h := range hs {
+		out = append(out, idem.Header{Name: h.GetKey(), Value: headerValue(h)})
+	}
+	return out
+}
+
+// firstHeader returns the first value of name and whether it was present.
+func firstHeader(hs []idem.Header, name string) (string, bool) {
+	for _, h := range hs {
+		if h.Name == name {
+			return h.Value, true
+		}
+	}
+	return "", false
+}
+
+// attributes returns the attribute struct Envoy sent with a message: in
+// ProcessingRequest.attributes (current), or in the deprecated
+// HttpHeaders.attributes (older versions).
+func attributes(req *extprocv3.ProcessingRequest) *structpb.Struct {
+	if a := req.GetAttributes()[attributesKey]; a != nil {
+		return a
+	}
+	var hh *extprocv3.HttpHeaders
+	switch r := req.GetRequest().(type) {
+	case *extprocv3.ProcessingRequest_RequestHeaders:
+		hh = r.RequestHeaders
+	case *extprocv3.ProcessingRequest_ResponseHeaders:
+		hh = r.ResponseHeaders
+	}
+	return hh.GetAttributes()[attributesKey]
+}
+
+// attrString reads one attribute as a string. Envoy encodes CEL values as
+// protobuf Values: strings as strings, integers (response.flags is a bit
+// vector) as numbers.
+func attrString(a *structpb.Struct, name string) string {
+	v, ok := a.GetFields()[name]
+	if !ok {
+		return ""
+	}
+	switch k := v.GetKind().(type) {
+	case *structpb.Value_StringValue:
+		return k.StringValue
+	case *structpb.Value_NumberValue:
+		return strconv.FormatFloat(k.NumberValue, 'f', -1, 64)
+	case *structpb.Value_BoolValue:
+		return strconv.FormatBool(k.BoolValue)
+	}
+	return ""
+}

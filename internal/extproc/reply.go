@@ -1,0 +1,133 @@
+package extproc
+
+import (
+	"strconv"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	procmodev3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/idem-extproc/idem-extproc/internal/idem"
+	"github.com/idem-extproc/idem-extproc/internal/problem"
+)
+
+// ReplayedHeader marks an answer served from a stored record.
+const ReplayedHeader = "idempotent-replayed"
+
+// BodyOmittedHeader marks a replay whose original body was too large to
+// store: the operation completed, but its body cannot be repeated.
+const BodyOmittedHeader = "idempotent-body-omitted"
+
+// continueFor answers a message with CONTINUE and no changes, in the reply
+// type that matches the message (Envoy rejects any other as spurious).
+func continueFor(req *extprocv3.ProcessingRequest) *extprocv3.ProcessingResponse {
+	return continueWith(req, nil)
+}
+
+// continueWith answers with CONTINUE and, when mode is non-nil, a
+// processing-mode override. Envoy reads overrides only from replies to
+// headers messages.
+func continueWith(req *extprocv3.ProcessingRequest, mode *procmodev3.ProcessingMode) *extprocv3.ProcessingResponse {
+	resp := &extprocv3.ProcessingResponse{ModeOverride: mode}
+	switch req.GetRequest().(type) {
+	case *extprocv3.ProcessingRequest_RequestHeaders:
+		resp.Response = &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{}}
+	case *extprocv3.ProcessingRequest_ResponseHeaders:
+		resp.Response = &extprocv3.ProcessingResponse_ResponseHeaders{ResponseHeaders: &extprocv3.HeadersResponse{}}
+	case *extprocv3.ProcessingRequest_RequestBody:
+		resp.Response = &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{}}
+	case *extprocv3.ProcessingRequest_ResponseBody:
+		resp.Response = &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: &extprocv3.BodyResponse{}}
+	case *extprocv3.ProcessingRequest_RequestTrailers:
+		resp.Response = &extprocv3.ProcessingResponse_RequestTrailers{RequestTrailers: &extprocv3.TrailersResponse{}}
+	case *extprocv3.ProcessingRequest_ResponseTrailers:
+		resp.Response = &extprocv3.ProcessingResponse_ResponseTrailers{ResponseTrailers: &extprocv3.TrailersResponse{}}
+	}
+	return resp
+}
+
+// skipEverything is the override for a request the server has no further
+// interest in. Header modes must be SKIP explicitly, while body modes are
+// always copied from an override, so leaving them unset means NONE
+// (processor_state.cc, and EXTPROC-NOTES "mode_override").
+var skipEverything = &procmodev3.ProcessingMode{
+	RequestHeaderMode:   procmodev3.ProcessingMode_SKIP,
+	ResponseHeaderMode:  procmodev3.ProcessingMode_SKIP,
+	RequestBodyMode:     procmodev3.ProcessingMode_NONE,
+	ResponseBodyMode:    procmodev3.ProcessingMode_NONE,
+	RequestTrailerMode:  procmodev3.ProcessingMode_SKIP,
+	ResponseTrailerMode: procmodev3.ProcessingMode_SKIP,
+}
+
+// skipResponseBody is the override, at response headers, for a response
+// whose body will not be stored.
+var skipResponseBody = &procmodev3.ProcessingMode{
+	ResponseBodyMode:    procmodev3.ProcessingMode_NONE,
+	ResponseTrailerMode: procmodev3.ProcessingMode_SKIP,
+}
+
+// bufferResponseBody asks, at response headers, for the whole response body
+// when the filter is configured not to send it.
+var bufferResponseBody = &procmodev3.ProcessingMode{
+	ResponseBodyMode: procmodev3.ProcessingMode_BUFFERED,
+}
+
+// setHeader builds one header mutation. It sets raw_value only: Envoy
+// rejects a mutation that sets both value and raw_value, and reads raw_value
+// alone (MutationUtils::applyHeaderMutations in mutation_utils.cc). It says
+// "append" with the BoolValue field: ext_proc reads append_action only when
+// it is non-zero, so APPEND_IF_EXISTS_OR_ADD (zero) would fall back to
+// append=false and overwrite.
+func setHeader(name, value string, appendValue bool) *corev3.HeaderValueOption {
+	return &corev3.HeaderValueOption{
+		Header: &corev3.HeaderValue{Key: name, RawValue: []byte(value)},
+		//lint:ignore SA1019 ext_proc still reads the deprecated field (see above).
+		Append: wrapperspb.Bool(appendValue),
+	}
+}
+
+func immediate(status int, headers []*corev3.HeaderValueOption, body []byte, details string) *extprocv3.ProcessingResponse {
+	return &extprocv3.ProcessingResponse{
+		Response: &extprocv3.ProcessingResponse_ImmediateResponse{ImmediateResponse: &extprocv3.ImmediateResponse{
+			Status:  &typev3.HttpStatus{Code: typev3.StatusCode(status)},
+			Headers: &extprocv3.HeaderMutation{SetHeaders: headers},
+			Body:    body,
+			Details: details,
+		}},
+	}
+}
+
+// problemResponse answers with an RFC 9457 problem.
+func problemResponse(p *problem.Problem) *extprocv3.ProcessingResponse {
+	hs := []*corev3.HeaderValueOption{
+		setHeader("content-type", problem.ContentType, false),
+	}
+	if ra := p.RetryAfterHeader(); ra != "" {
+		hs = append(hs, setHeader("retry-after", ra, false))
+	}
+	// details becomes the response code details of Envoy's access log.
+	return immediate(p.Status, hs, p.Body(), "idempotency_"+p.Slug)
+}
+
+// replayResponse answers with a stored response. The first value of each
+// stored name overwrites what Envoy's local reply put there (its default
+// content-type); later values of the same name are appended, so repeated
+// headers come back in their stored order.
+func replayResponse(r *idem.Response) *extprocv3.ProcessingResponse {
+	hs := make([]*corev3.HeaderValueOption, 0, len(r.Headers)+2)
+	seen := make(map[string]bool, len(r.Headers))
+	for _, h := range r.Headers {
+		if r.BodyOmitted && h.Name == "content-type" {
+			continue // there is no body to describe
+		}
+		hs = append(hs, setHeader(h.Name, h.Value, seen[h.Name]))
+		seen[h.Name] = true
+	}
+	hs = append(hs, setHeader(ReplayedHeader, "true", false))
+	if r.BodyOmitted {
+		hs = append(hs, setHeader(BodyOmittedHeader, "true", false))
+	}
+	return immediate(r.Status, hs, r.Body, "idempotency_replay_"+strconv.Itoa(r.Status))
+}

@@ -1,0 +1,96 @@
+// Package extproc is the Envoy ext_proc gRPC server. It translates the
+// protocol's phases (request headers, request body, response headers,
+// response body, end of stream) into the idempotency decisions of package
+// idem, and those decisions back into ext_proc replies: CONTINUE, a
+// processing-mode override, or an immediate response.
+//
+// One gRPC stream carries one HTTP request; everything known about that
+// request lives in one processor value owned by its stream.
+package extproc
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"time"
+
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/idem-extproc/idem-extproc/internal/idem"
+	"github.com/idem-extproc/idem-extproc/internal/policy"
+)
+
+// DefaultStoreTimeout bounds one store call made while Envoy waits; it must
+// stay under Envoy's message_timeout (200 ms by default) so that a slow
+// store is answered with a 503 problem, not an Envoy timeout.
+const DefaultStoreTimeout = 100 * time.Millisecond
+
+// Config configures a Server.
+type Config struct {
+	Store idem.Store
+	// Policies returns the policies in force; it is called once per stream,
+	// so a reload applies to new streams and never to one in progress.
+	Policies func() *policy.Set
+	Logger   *slog.Logger
+	// StoreTimeout bounds each store call; DefaultStoreTimeout when zero.
+	StoreTimeout time.Duration
+	// FinishTimeout bounds the store call that settles a record after its
+	// stream ended; it runs while no one waits, so it may be longer. Five
+	// seconds when zero.
+	FinishTimeout time.Duration
+}
+
+// Server implements envoy.service.ext_proc.v3.ExternalProcessor.
+type Server struct {
+	extprocv3.UnimplementedExternalProcessorServer
+	cfg Config
+	log *slog.Logger
+}
+
+// New returns a Server.
+func New(cfg Config) *Server {
+	if cfg.StoreTimeout <= 0 {
+		cfg.StoreTimeout = DefaultStoreTimeout
+	}
+	if cfg.FinishTimeout <= 0 {
+		cfg.FinishTimeout = 5 * time.Second
+	}
+	if cfg.Policies == nil {
+		set := policy.DefaultSet()
+		cfg.Policies = func() *policy.Set { return set }
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Server{cfg: cfg, log: log}
+}
+
+// Process serves one ext_proc stream, that is one HTTP request.
+func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
+	ctx := stream.Context()
+	p := newProcessor(s, s.cfg.Policies())
+	defer p.finish()
+	for {
+		req, err := stream.Recv()
+		if err != nil {
+			// Envoy ends every stream with a half-close and a reset, so EOF
+			// and Canceled are the normal end, not failures.
+			if errors.Is(err, io.EOF) || status.Code(err) == codes.Canceled || errors.Is(err, context.Canceled) {
+				return nil
+			}
+			return err
+		}
+		resp, err := p.handle(ctx, req)
+		if err != nil {
+			s.log.LogAttrs(ctx, slog.LevelWarn, "ext_proc protocol error", p.logAttrs(slog.String("error", err.Error()))...)
+			return status.Error(codes.InvalidArgument, err.Error())
+		}
+		if err := stream.Send(resp); err != nil {
+			return err
+		}
+	}
+}

@@ -1,0 +1,238 @@
+// Package harness assembles end-to-end test environments: a real
+// redis-server (or the in-memory store), the idem-extproc ext_proc server on
+// a loopback port, an Envoy-faithful proxy in front (package envoysim) and
+// a counting upstream behind it. Tests then speak plain HTTP to the proxy.
+package harness
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"sync"
+	"testing"
+	"time"
+
+	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/idem-extproc/idem-extproc/internal/envoysim"
+	"github.com/idem-extproc/idem-extproc/internal/extproc"
+	"github.com/idem-extproc/idem-extproc/internal/idem"
+	"github.com/idem-extproc/idem-extproc/internal/memstore"
+	"github.com/idem-extproc/idem-extproc/internal/policy"
+	"github.com/idem-extproc/idem-extproc/internal/redisstore"
+	"github.com/idem-extproc/idem-extproc/internal/redistest"
+)
+
+// Options configures an Env. The zero value gives a real redis-server, the
+// default policy and the recommended filter configuration.
+type Options struct {
+	// Memory uses the in-memory store instead of Redis.
+	Memory bool
+	// Redis reuses a running server instead of starting one.
+	Redis *redistest.Server
+	// Policies replaces the default policy set.
+	Policies *policy.Set
+	// Filter replaces envoysim.RecommendedConfig().
+	Filter        *extprocfilterv3.ExternalProcessor
+	FilterOptions envoysim.Options
+	// StoreTimeout is the server's per-call store budget.
+	StoreTimeout time.Duration
+	// ResponseDelay and RouteTimeout shape the proxy (see envoysim.Proxy).
+	ResponseDelay time.Duration
+	RouteTimeout  time.Duration
+}
+
+// Env is a running environment.
+type Env struct {
+	t        testing.TB
+	opts     Options
+	Redis    *redistest.Server
+	Store    idem.Store
+	Upstream *Upstream
+	Filter   *envoysim.Filter
+	Proxy    *envoysim.Proxy
+	// URL is the proxy's base URL: send HTTP requests here.
+	URL    string
+	Client *http.Client
+
+	mu         sync.Mutex
+	serverAddr string
+	grpcServer *grpc.Server
+	results    []*envoysim.Result
+}
+
+// Start builds an Env and tears it down at cleanup.
+func Start(t testing.TB, opts Options) *Env {
+	t.Helper()
+	e := &Env{t: t, opts: opts}
+	switch {
+	case opts.Memory:
+		ms := memstore.New(memstore.Options{})
+		t.Cleanup(func() { _ = ms.Close() })
+		e.Store = ms
+	default:
+		e.Redis = opts.Redis
+		if e.Redis == nil {
+			e.Redis = redistest.Start(t, redistest.Options{})
+		}
+		rdb, err := redisstore.NewClient(e.Redis.URL(), opts.StoreTimeout)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = rdb.Close() })
+		e.Store = redisstore.New(rdb, redisstore.Options{CallTimeout: opts.StoreTimeout})
+	}
+
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.serverAddr = lis.Addr().String()
+	e.serve(lis)
+	t.Cleanup(func() {
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		e.grpcServer.Stop()
+	})
+
+	cc, err := grpc.NewClient(e.serverAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cc.Close() })
+	cfg := opts.Filter
+	if cfg == nil {
+		cfg = envoysim.RecommendedConfig()
+	}
+	e.Filter = envoysim.NewFilter(cc, cfg, opts.FilterOptions)
+
+	e.Upstream = NewUpstream()
+	t.Cleanup(e.Upstream.Close)
+	base, _ := url.Parse(e.Upstream.URL())
+	e.Proxy = &envoysim.Proxy{
+		Filter:        e.Filter,
+		Upstream:      envoysim.HTTPUpstream(http.DefaultClient, base, opts.RouteTimeout),
+		ResponseDelay: opts.ResponseDelay,
+		Observe: func(r *envoysim.Result) {
+			e.mu.Lock()
+			e.results = append(e.results, r)
+			e.mu.Unlock()
+		},
+	}
+	front := httptest.NewServer(e.Proxy)
+	t.Cleanup(front.Close)
+	e.URL = front.URL
+	e.Client = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256}}
+	t.Cleanup(e.Client.CloseIdleConnections)
+	return e
+}
+
+func (e *Env) serve(lis net.Listener) {
+	srv := extproc.New(extproc.Config{
+		Store:        e.Store,
+		Policies:     e.policies(),
+		StoreTimeout: e.opts.StoreTimeout,
+	})
+	gs := grpc.NewServer()
+	extprocv3.RegisterExternalProcessorServer(gs, srv)
+	e.mu.Lock()
+	e.grpcServer = gs
+	e.mu.Unlock()
+	go func() { _ = gs.Serve(lis) }()
+}
+
+func (e *Env) policies() func() *policy.Set {
+	set := e.opts.Policies
+	if set == nil {
+		set = policy.DefaultSet()
+	}
+	return func() *policy.Set { return set }
+}
+
+// ServerAddr is the ext_proc server's address.
+func (e *Env) ServerAddr() string { return e.serverAddr }
+
+// CrashServer stops the ext_proc server at once, cutting every open
+// stream, as a crashed process would.
+func (e *Env) CrashServer() {
+	e.mu.Lock()
+	gs := e.grpcServer
+	e.mu.Unlock()
+	gs.Stop()
+}
+
+// StartServer starts a fresh ext_proc server on the same address, sharing
+// the store (for Redis: a new process would see the same records).
+func (e *Env) StartServer() {
+	e.t.Helper()
+	var lis net.Listener
+	var err error
+	for range 50 {
+		if lis, err = net.Listen("tcp", e.serverAddr); err == nil {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err != nil {
+		e.t.Fatalf("restart ext_proc server on %s: %v", e.serverAddr, err)
+	}
+	e.serve(lis)
+}
+
+// Results returns the exchanges the proxy has run so far.
+func (e *Env) Results() []*envoysim.Result {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return append([]*envoysim.Result(nil), e.results...)
+}
+
+// Reply is a response read whole.
+type Reply struct {
+	Status int
+	Header http.Header
+	Body   string
+	Err    error
+}
+
+// Do sends an HTTP request to the proxy with optional headers (name, value
+// pairs) and a client timeout (0: none).
+func (e *Env) Do(method, path, body string, timeout time.Duration, headers ...string) Reply {
+	ctx := context.Background()
+	if timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, timeout)
+		defer cancel()
+	}
+	req, err := http.NewRequestWithContext(ctx, method, e.URL+path, bytes.NewReader([]byte(body)))
+	if err != nil {
+		return Reply{Err: err}
+	}
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Add(headers[i], headers[i+1])
+	}
+	resp, err := e.Client.Do(req)
+	if err != nil {
+		return Reply{Err: err}
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return Reply{Status: resp.StatusCode, Header: resp.Header, Body: string(b), Err: err}
+}
+
+// Post sends a POST with an Idempotency-Key (none when key is "").
+func (e *Env) Post(path, key, body string, headers ...string) Reply {
+	if key != "" {
+		headers = append(headers, "Idempotency-Key", key)
+	}
+	return e.Do(http.MethodPost, path, body, 0, headers...)
+}

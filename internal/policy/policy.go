@@ -1,0 +1,187 @@
+// Package policy says which requests are protected and how: the key's
+// rules, its scope, retention and lease, what is stored, and what to do
+// when the store fails.
+package policy
+
+import (
+	"strings"
+	"time"
+
+	"github.com/idem-extproc/idem-extproc/internal/fingerprint"
+	"github.com/idem-extproc/idem-extproc/internal/idem"
+)
+
+// ScopeSource names where a key's scope (its owner) comes from.
+type ScopeSource uint8
+
+const (
+	// ScopeAuthority scopes keys by the request's :authority (host), so two
+	// APIs behind one proxy never share a key space.
+	ScopeAuthority ScopeSource = iota
+	// ScopeNone puts every key of the policy in one space.
+	ScopeNone
+	// ScopeHeader takes the scope from a header set by a trusted earlier
+	// filter.
+	ScopeHeader
+	// ScopeMetadata takes it from Envoy dynamic metadata forwarded in
+	// metadata_context, e.g. jwt_authn's payload "sub".
+	ScopeMetadata
+	// ScopePrincipal takes it from the source.principal attribute (the
+	// peer's mTLS/SPIFFE identity).
+	ScopePrincipal
+)
+
+// Scope says how a policy scopes keys.
+type Scope struct {
+	Source ScopeSource
+	// Header is the header name for ScopeHeader (lower case).
+	Header string
+	// Namespace and Path locate the value for ScopeMetadata.
+	Namespace string
+	Path      []string
+}
+
+// FailureMode says what happens when the store cannot be asked.
+type FailureMode uint8
+
+const (
+	// FailClosed answers 503: never let a write through unprotected.
+	FailClosed FailureMode = iota
+	// FailOpen lets the request through unprotected, counted and logged.
+	FailOpen
+)
+
+// Policy is one set of rules.
+type Policy struct {
+	Name string
+	// Methods lists the protected methods (upper case).
+	Methods []string
+
+	// KeyHeader is the lower-case header carrying the key.
+	KeyHeader string
+	// KeyRequired makes a missing key a 400 instead of a pass-through.
+	KeyRequired  bool
+	MaxKeyLength int
+	Scope        Scope
+
+	Retention  time.Duration
+	Lease      time.Duration
+	RetryAfter time.Duration
+
+	// MaxRequestBody bounds the request body read for the fingerprint.
+	MaxRequestBody int
+	// MaxStoredBody bounds a stored response body; a larger response is
+	// recorded as completed without its body.
+	MaxStoredBody int
+
+	FailureMode FailureMode
+	// FingerprintHeaders are the request headers that take part in the
+	// fingerprint, normalised by fingerprint.Normalize.
+	FingerprintHeaders []string
+
+	ResponseRules []idem.ResponseRule
+	// OnStreamReset is what happens when the stream ends after the
+	// reservation and before any response: ActionUnknown or ActionRelease.
+	OnStreamReset idem.Action
+	LeaseExpiry   idem.LeaseExpiry
+
+	// StoredHeaderDeny lists response headers never stored or replayed, on
+	// top of the hop-by-hop ones (lower case).
+	StoredHeaderDeny []string
+}
+
+// Defaults of the default policy, DESIGN §1-§5.
+const (
+	DefaultRetention      = 24 * time.Hour
+	DefaultLease          = 30 * time.Second
+	DefaultRetryAfter     = time.Second
+	DefaultMaxBody        = 1 << 20
+	DefaultKeyHeader      = "idempotency-key"
+	DefaultPolicyName     = "default"
+	DefaultFingerprintHdr = "content-type"
+)
+
+// Default returns the policy used when no configuration is given: POST and
+// PATCH with an optional Idempotency-Key, scoped by :authority, kept 24 h,
+// a 30 s lease, 1 MiB bodies, failing closed.
+func Default() *Policy {
+	return &Policy{
+		Name:               DefaultPolicyName,
+		Methods:            []string{"POST", "PATCH"},
+		KeyHeader:          DefaultKeyHeader,
+		MaxKeyLength:       idem.MaxKeyLength,
+		Scope:              Scope{Source: ScopeAuthority},
+		Retention:          DefaultRetention,
+		Lease:              DefaultLease,
+		RetryAfter:         DefaultRetryAfter,
+		MaxRequestBody:     DefaultMaxBody,
+		MaxStoredBody:      DefaultMaxBody,
+		FailureMode:        FailClosed,
+		FingerprintHeaders: fingerprint.Normalize([]string{DefaultFingerprintHdr}),
+		ResponseRules:      idem.DefaultResponseRules(),
+		OnStreamReset:      idem.ActionUnknown,
+		LeaseExpiry:        idem.LeaseExpiryUnknown,
+	}
+}
+
+// Request is what policies match on.
+type Request struct {
+	Method    string
+	Authority string
+	Path      string
+	// RouteName is Envoy's xds.route_name attribute, when sent.
+	RouteName string
+}
+
+// Set is an ordered list of policies: the first that matches a request
+// applies. A request no policy matches is not protected.
+type Set struct {
+	Policies []*Policy
+}
+
+// DefaultSet holds only the default policy.
+func DefaultSet() *Set { return &Set{Policies: []*Policy{Default()}} }
+
+// Match returns the policy protecting r, or nil.
+func (s *Set) Match(r Request) *Policy {
+	for _, p := range s.Policies {
+		if p.matches(r) {
+			return p
+		}
+	}
+	return nil
+}
+
+func (p *Policy) matches(r Request) bool {
+	for _, m := range p.Methods {
+		if strings.EqualFold(m, r.Method) {
+			return true
+		}
+	}
+	return false
+}
+
+// hopByHop are never stored: they describe one connection, not the answer
+// (RFC 9110 §7.6.1), or are recomputed by whoever sends the replay.
+var hopByHop = map[string]bool{
+	"connection": true, "keep-alive": true, "transfer-encoding": true, "te": true,
+	"trailer": true, "upgrade": true, "proxy-connection": true,
+	"proxy-authenticate": true, "proxy-authorization": true,
+	// Envoy sets these itself on the replay, and Date must be fresh.
+	"content-length": true, "date": true,
+}
+
+// StoresHeader reports whether a response header is kept in a record.
+// name must be lower case.
+func (p *Policy) StoresHeader(name string) bool {
+	if hopByHop[name] || strings.HasPrefix(name, ":") || strings.HasPrefix(name, "proxy-") ||
+		strings.HasPrefix(name, "x-envoy-") { // Envoy's own, and immutable by ext_proc
+		return false
+	}
+	for _, d := range p.StoredHeaderDeny {
+		if d == name {
+			return false
+		}
+	}
+	return true
+}
