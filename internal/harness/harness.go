@@ -8,6 +8,7 @@ import (
 	"bytes"
 	"context"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -20,6 +21,8 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/idem-extproc/idem-extproc/internal/envoysim"
 	"github.com/idem-extproc/idem-extproc/internal/extproc"
@@ -42,12 +45,28 @@ type Options struct {
 	// Filter replaces envoysim.RecommendedConfig().
 	Filter        *extprocfilterv3.ExternalProcessor
 	FilterOptions envoysim.Options
-	// StoreTimeout is the server's per-call store budget.
+	// StoreTimeout is the server's per-call store budget. It defaults to a
+	// generous TestStoreTimeout, and the filter's message_timeout to
+	// TestMessageTimeout, so that a loaded CI machine running the race
+	// detector does not turn a correctness test into a latency test. Tests
+	// about deadlines set both explicitly.
 	StoreTimeout time.Duration
 	// ResponseDelay and RouteTimeout shape the proxy (see envoysim.Proxy).
 	ResponseDelay time.Duration
 	RouteTimeout  time.Duration
+	// Logger receives the server's logs; none when nil.
+	Logger *slog.Logger
+	// ExpectProcessingErrors allows exchanges in which Envoy would have
+	// seen an ext_proc failure (a crashed server, a timeout). Otherwise any
+	// such failure, a spurious reply above all, fails the test at cleanup.
+	ExpectProcessingErrors bool
 }
+
+// The harness's default deadlines (see Options.StoreTimeout).
+const (
+	TestStoreTimeout   = time.Second
+	TestMessageTimeout = 5 * time.Second
+)
 
 // Env is a running environment.
 type Env struct {
@@ -71,6 +90,9 @@ type Env struct {
 // Start builds an Env and tears it down at cleanup.
 func Start(t testing.TB, opts Options) *Env {
 	t.Helper()
+	if opts.StoreTimeout == 0 {
+		opts.StoreTimeout = TestStoreTimeout
+	}
 	e := &Env{t: t, opts: opts}
 	switch {
 	case opts.Memory:
@@ -111,6 +133,10 @@ func Start(t testing.TB, opts Options) *Env {
 	if cfg == nil {
 		cfg = envoysim.RecommendedConfig()
 	}
+	if cfg.GetMessageTimeout() == nil {
+		cfg = proto.Clone(cfg).(*extprocfilterv3.ExternalProcessor)
+		cfg.MessageTimeout = durationpb.New(TestMessageTimeout)
+	}
 	e.Filter = envoysim.NewFilter(cc, cfg, opts.FilterOptions)
 
 	e.Upstream = NewUpstream()
@@ -128,6 +154,15 @@ func Start(t testing.TB, opts Options) *Env {
 	}
 	front := httptest.NewServer(e.Proxy)
 	t.Cleanup(front.Close)
+	if !opts.ExpectProcessingErrors {
+		t.Cleanup(func() {
+			for _, r := range e.Results() {
+				if r.ProcessingError != nil {
+					t.Errorf("Envoy would have seen an ext_proc failure: %v", r)
+				}
+			}
+		})
+	}
 	e.URL = front.URL
 	e.Client = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256}}
 	t.Cleanup(e.Client.CloseIdleConnections)
@@ -139,6 +174,7 @@ func (e *Env) serve(lis net.Listener) {
 		Store:        e.Store,
 		Policies:     e.policies(),
 		StoreTimeout: e.opts.StoreTimeout,
+		Logger:       e.opts.Logger,
 	})
 	gs := grpc.NewServer()
 	extprocv3.RegisterExternalProcessorServer(gs, srv)
@@ -184,6 +220,15 @@ func (e *Env) StartServer() {
 		e.t.Fatalf("restart ext_proc server on %s: %v", e.serverAddr, err)
 	}
 	e.serve(lis)
+}
+
+// Exchange sends one request straight through the Envoy-faithful filter
+// and the upstream, with no HTTP client in front: for bytes a Go HTTP
+// client refuses to send but Envoy could still pass on.
+func (e *Env) Exchange(req *envoysim.Request) *envoysim.Result {
+	res := e.Filter.Do(context.Background(), req, e.Proxy.Upstream)
+	e.Proxy.Observe(res)
+	return res
 }
 
 // Results returns the exchanges the proxy has run so far.

@@ -58,6 +58,9 @@ type Server struct {
 
 	mu  sync.Mutex
 	cmd *exec.Cmd
+	// probe is the connection CommandCalls reads stats on; one connection,
+	// so that after the first call no handshake adds to the counts.
+	probe *redis.Client
 }
 
 // Start runs a redis-server for the test and stops it at cleanup. A missing
@@ -214,10 +217,16 @@ func (s *Server) Client() *redis.Client {
 
 // CommandCalls returns the server's total command count from INFO
 // commandstats, leaving out INFO itself (this method's own probe), so a
-// test can show that some action issued no command at all.
+// test can show that some action issued no command at all. Take a first
+// reading before the action: it opens the probe's connection.
 func (s *Server) CommandCalls(ctx context.Context) (int64, error) {
-	c := redis.NewClient(&redis.Options{Addr: s.Addr(), DisableIdentity: true, Protocol: 2})
-	defer c.Close()
+	s.mu.Lock()
+	if s.probe == nil {
+		s.probe = redis.NewClient(&redis.Options{Addr: s.Addr(), DisableIdentity: true, PoolSize: 1})
+		s.t.Cleanup(func() { _ = s.probe.Close() })
+	}
+	c := s.probe
+	s.mu.Unlock()
 	info, err := c.Info(ctx, "commandstats").Result()
 	if err != nil {
 		return 0, err
