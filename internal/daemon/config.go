@@ -56,28 +56,30 @@ func ParseConfig(args []string, getenv func(string) string, usage io.Writer) (Co
 	fs.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	fs.StringVar(&cfg.LogFormat, "log-format", "json", "log format: json or text")
 
-	var errs []error
-	fromEnv := map[string]string{}
-	fs.VisitAll(func(f *flag.Flag) {
-		env := EnvName(f.Name)
-		if v := getenv(env); v != "" {
-			if err := fs.Set(f.Name, v); err != nil {
-				errs = append(errs, fmt.Errorf("%s (flag --%s): %w", env, f.Name, err))
-			}
-			fromEnv[f.Name] = env
-		}
-	})
 	if err := fs.Parse(args); err != nil {
 		return cfg, err // the flag package already printed it with the usage
 	}
+	var errs []error
 	if fs.NArg() > 0 {
 		errs = append(errs, fmt.Errorf("unexpected arguments: %q", fs.Args()))
 	}
+	onCommandLine := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { onCommandLine[f.Name] = true })
+	fromEnv := map[string]string{}
+	fs.VisitAll(func(f *flag.Flag) {
+		env := EnvName(f.Name)
+		v := getenv(env)
+		if v == "" || onCommandLine[f.Name] {
+			return
+		}
+		fromEnv[f.Name] = env
+		if err := fs.Set(f.Name, v); err != nil {
+			errs = append(errs, fmt.Errorf("%s (flag --%s): %w", env, f.Name, err))
+		}
+	})
+	// where names a value's source in error messages.
 	where := func(name string) string {
-		// A value set on the command line overrides the environment.
-		set := false
-		fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
-		if env, ok := fromEnv[name]; ok && !set {
+		if env, ok := fromEnv[name]; ok {
 			return "--" + name + " (from " + env + ")"
 		}
 		return "--" + name

@@ -54,6 +54,9 @@ type Options struct {
 	// ResponseDelay and RouteTimeout shape the proxy (see envoysim.Proxy).
 	ResponseDelay time.Duration
 	RouteTimeout  time.Duration
+	// ServerAddr points the proxy at an ext_proc server already running
+	// (the built binary, say) instead of starting one in process.
+	ServerAddr string
 	// Logger receives the server's logs; none when nil.
 	Logger *slog.Logger
 	// ExpectProcessingErrors allows exchanges in which Envoy would have
@@ -112,17 +115,21 @@ func Start(t testing.TB, opts Options) *Env {
 		e.Store = redisstore.New(rdb, redisstore.Options{CallTimeout: opts.StoreTimeout})
 	}
 
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	if opts.ServerAddr != "" {
+		e.serverAddr = opts.ServerAddr
+	} else {
+		lis, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.serverAddr = lis.Addr().String()
+		e.serve(lis)
+		t.Cleanup(func() {
+			e.mu.Lock()
+			defer e.mu.Unlock()
+			e.grpcServer.Stop()
+		})
 	}
-	e.serverAddr = lis.Addr().String()
-	e.serve(lis)
-	t.Cleanup(func() {
-		e.mu.Lock()
-		defer e.mu.Unlock()
-		e.grpcServer.Stop()
-	})
 
 	cc, err := grpc.NewClient(e.serverAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {

@@ -1,0 +1,318 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/idem-extproc/idem-extproc/internal/harness"
+	"github.com/idem-extproc/idem-extproc/internal/idem"
+	"github.com/idem-extproc/idem-extproc/internal/redistest"
+)
+
+// These tests run the built binary, started with the documented flags, the
+// way the conformance run and an operator do.
+
+var (
+	buildOnce sync.Once
+	binPath   string
+	buildErr  error
+)
+
+func binary(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "idem-extproc-bin")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		binPath = filepath.Join(dir, "idem-extproc")
+		out, err := exec.Command("go", "build", "-o", binPath, ".").CombinedOutput()
+		if err != nil {
+			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return binPath
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binPath != "" {
+		os.RemoveAll(filepath.Dir(binPath))
+	}
+	os.Exit(code)
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+type process struct {
+	t      *testing.T
+	cmd    *exec.Cmd
+	stderr *lockedBuffer
+	listen string
+	admin  string
+	exited chan error
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// start runs the binary on the given addresses with extra flags and waits
+// until /healthz answers.
+func start(t *testing.T, listen, admin string, extra ...string) *process {
+	t.Helper()
+	args := append([]string{"--listen", listen, "--admin-listen", admin}, extra...)
+	p := &process{t: t, stderr: &lockedBuffer{}, listen: listen, admin: admin, exited: make(chan error, 1)}
+	p.cmd = exec.Command(binary(t), args...)
+	p.cmd.Stderr = p.stderr
+	p.cmd.Env = os.Environ()
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { p.exited <- p.cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = p.cmd.Process.Kill()
+		if t.Failed() {
+			t.Logf("server stderr:\n%s", p.stderr.String())
+		}
+	})
+	deadline := time.Now().Add(10 * time.Second)
+	for p.get("/healthz") != http.StatusOK {
+		select {
+		case err := <-p.exited:
+			t.Fatalf("server exited at start (%v):\n%s", err, p.stderr.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("server not healthy within 10s:\n%s", p.stderr.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return p
+}
+
+func (p *process) get(path string) int {
+	c := http.Client{Timeout: 2 * time.Second}
+	resp, err := c.Get("http://" + p.admin + path)
+	if err != nil {
+		return 0
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+func (p *process) wait(timeout time.Duration) (int, bool) {
+	select {
+	case err := <-p.exited:
+		if ee, ok := err.(*exec.ExitError); ok {
+			return ee.ExitCode(), true
+		}
+		return 0, true
+	case <-time.After(timeout):
+		return -1, false
+	}
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not reached within 10s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func recordState(t *testing.T, env *harness.Env, key string) idem.State {
+	t.Helper()
+	rec, err := env.Store.Get(context.Background(), idem.RecordIDFor("default", strings.TrimPrefix(env.URL, "http://"), key))
+	if err != nil {
+		return 0
+	}
+	return rec.State
+}
+
+// TestBinaryWithRedis starts the binary with exactly --listen,
+// --admin-listen and --redis-url and plays Envoy's side against it.
+func TestBinaryWithRedis(t *testing.T) {
+	redis := redistest.Start(t, redistest.Options{})
+	p := start(t, freeAddr(t), freeAddr(t), "--redis-url", redis.URL())
+	if code := p.get("/readyz"); code != http.StatusOK {
+		t.Fatalf("/readyz = %d with Redis up", code)
+	}
+	env := harness.Start(t, harness.Options{ServerAddr: p.listen, Redis: redis})
+
+	first := env.Post("/orders", "bin-1", `{"a":1}`)
+	if first.Status != http.StatusCreated {
+		t.Fatalf("first = %d %s", first.Status, first.Body)
+	}
+	replay := env.Post("/orders", "bin-1", `{"a":1}`)
+	if replay.Status != http.StatusCreated || replay.Body != first.Body || replay.Header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("replay = %d %s %v", replay.Status, replay.Body, replay.Header)
+	}
+	if r := env.Post("/orders", "bin-1", `{"a":2}`); r.Status != http.StatusUnprocessableEntity {
+		t.Fatalf("mismatch = %d %s", r.Status, r.Body)
+	}
+	if r := env.Post("/orders", `"`, `{}`); r.Status != http.StatusBadRequest {
+		t.Fatalf("malformed key = %d %s", r.Status, r.Body)
+	}
+	if r := env.Do(http.MethodGet, "/orders", "", 0, "Idempotency-Key", "bin-1"); r.Status != http.StatusOK {
+		t.Fatalf("GET = %d", r.Status)
+	}
+	if n := env.Upstream.CountKey("bin-1"); n != 2 { // the POST and the GET
+		t.Fatalf("effects = %d, want 2", n)
+	}
+
+	redis.Kill()
+	waitFor(t, "/readyz fails without Redis", func() bool { return p.get("/readyz") == http.StatusServiceUnavailable })
+	if code := p.get("/healthz"); code != http.StatusOK {
+		t.Fatalf("/healthz = %d: the process is alive", code)
+	}
+	if r := env.Post("/orders", "bin-2", `{}`); r.Status != http.StatusServiceUnavailable || r.Header.Get("Retry-After") == "" {
+		t.Fatalf("with Redis down = %d %v %s", r.Status, r.Header, r.Body)
+	}
+	redis.Restart()
+	waitFor(t, "/readyz recovers", func() bool { return p.get("/readyz") == http.StatusOK })
+	if r := env.Post("/orders", "bin-2", `{}`); r.Status != http.StatusCreated {
+		t.Fatalf("after Redis came back = %d %s", r.Status, r.Body)
+	}
+}
+
+// TestBinaryDefaultsToMemory: with no --redis-url the binary runs on the
+// in-memory store and says it is for one replica only.
+func TestBinaryDefaultsToMemory(t *testing.T) {
+	p := start(t, freeAddr(t), freeAddr(t))
+	if !strings.Contains(p.stderr.String(), "one replica") {
+		t.Fatalf("no single-replica warning in:\n%s", p.stderr.String())
+	}
+	env := harness.Start(t, harness.Options{ServerAddr: p.listen, Memory: true})
+	first := env.Post("/orders", "mem-1", `{}`)
+	again := env.Post("/orders", "mem-1", `{}`)
+	if first.Status != http.StatusCreated || again.Header.Get("Idempotent-Replayed") != "true" || env.Upstream.CountKey("mem-1") != 1 {
+		t.Fatalf("first %d, again %d %v, effects %d", first.Status, again.Status, again.Header, env.Upstream.CountKey("mem-1"))
+	}
+}
+
+// TestBinarySIGTERMDrains: SIGTERM while responses are in flight turns
+// readiness false, lets every open stream finish and store its response,
+// and exits 0.
+func TestBinarySIGTERMDrains(t *testing.T) {
+	redis := redistest.Start(t, redistest.Options{})
+	p := start(t, freeAddr(t), freeAddr(t), "--redis-url", redis.URL())
+	env := harness.Start(t, harness.Options{ServerAddr: p.listen, Redis: redis})
+	const n = 5
+	replies := make(chan harness.Reply, n)
+	for i := range n {
+		go func() {
+			replies <- env.Post("/orders", fmt.Sprintf("drain-%d", i), `{}`, "x-upstream-delay", "700ms")
+		}()
+	}
+	waitFor(t, "all reserved", func() bool {
+		keys, _ := redis.Client().Keys(context.Background(), "idem:*").Result()
+		return len(keys) == n
+	})
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "/readyz turns false while draining", func() bool { return p.get("/readyz") == http.StatusServiceUnavailable })
+	for range n {
+		if r := <-replies; r.Status != http.StatusCreated {
+			t.Fatalf("in-flight request answered %d %s", r.Status, r.Body)
+		}
+	}
+	code, exited := p.wait(10 * time.Second)
+	if !exited || code != 0 {
+		t.Fatalf("exit code %d (exited %v):\n%s", code, exited, p.stderr.String())
+	}
+	for i := range n {
+		if s := recordState(t, env, fmt.Sprintf("drain-%d", i)); s != idem.StateCompleted {
+			t.Fatalf("record %d is %v after the drain, want completed", i, s)
+		}
+	}
+}
+
+// TestBinarySIGKILLKeepsTheReservation: a server killed between the
+// reservation and the response leaves its record in Redis; the next server
+// process refuses the retry while the lease stands.
+func TestBinarySIGKILLKeepsTheReservation(t *testing.T) {
+	redis := redistest.Start(t, redistest.Options{})
+	listen, admin := freeAddr(t), freeAddr(t)
+	p := start(t, listen, admin, "--redis-url", redis.URL())
+	env := harness.Start(t, harness.Options{ServerAddr: listen, Redis: redis, ExpectProcessingErrors: true})
+	done := make(chan harness.Reply, 1)
+	go func() { done <- env.Post("/orders", "kill-1", `{}`, "x-upstream-delay", "500ms") }()
+	waitFor(t, "reserved", func() bool { return recordState(t, env, "kill-1") == idem.StateInFlight })
+	if err := p.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	p.wait(5 * time.Second)
+	if r := <-done; r.Status != http.StatusInternalServerError {
+		t.Fatalf("with the server gone Envoy fails closed, got %d", r.Status)
+	}
+	start(t, listen, admin, "--redis-url", redis.URL())
+	r := env.Post("/orders", "kill-1", `{}`)
+	if r.Status != http.StatusConflict || !strings.Contains(r.Body, "request-in-progress") {
+		t.Fatalf("retry = %d %s, want 409 request-in-progress", r.Status, r.Body)
+	}
+	if s := recordState(t, env, "kill-1"); s != idem.StateInFlight {
+		t.Fatalf("record %v, want in_flight until its lease ends", s)
+	}
+	if n := env.Upstream.CountKey("kill-1"); n != 1 {
+		t.Fatalf("effects = %d, want 1", n)
+	}
+}
+
+// TestBinaryConfigErrors: a configuration mistake stops the binary at once
+// with exit code 2 and names the field.
+func TestBinaryConfigErrors(t *testing.T) {
+	cmd := exec.Command(binary(t), "--redis-url", "localhost:6379")
+	cmd.Env = append(os.Environ(), "IDEM_STORE_TIMEOUT=soon")
+	out, err := cmd.CombinedOutput()
+	ee, ok := err.(*exec.ExitError)
+	if !ok || ee.ExitCode() != 2 {
+		t.Fatalf("exit %v, output %s", err, out)
+	}
+	for _, want := range []string{"--redis-url", "IDEM_STORE_TIMEOUT"} {
+		if !strings.Contains(string(out), want) {
+			t.Fatalf("output does not name %s:\n%s", want, out)
+		}
+	}
+}

@@ -1,0 +1,88 @@
+package daemon
+
+import (
+	"io"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+)
+
+func env(m map[string]string) func(string) string {
+	return func(k string) string { return m[k] }
+}
+
+func TestParseConfigDefaults(t *testing.T) {
+	cfg, err := ParseConfig(nil, env(nil), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Config{Listen: ":50051", AdminListen: ":8081", StoreTimeout: 100 * time.Millisecond,
+		DrainTimeout: 15 * time.Second, LogLevel: slog.LevelInfo, LogFormat: "json"}
+	if cfg != want {
+		t.Fatalf("defaults = %+v, want %+v", cfg, want)
+	}
+}
+
+func TestParseConfigSources(t *testing.T) {
+	e := env(map[string]string{
+		"IDEM_LISTEN":        "127.0.0.1:9000",
+		"IDEM_REDIS_URL":     "redis://from-env:6379/0",
+		"IDEM_ADMIN_LISTEN":  "127.0.0.1:9001",
+		"IDEM_STORE_TIMEOUT": "80ms",
+	})
+	cfg, err := ParseConfig([]string{"--redis-url", "redis://from-flag:6379/1", "--log-level", "debug"}, e, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Listen != "127.0.0.1:9000" || cfg.AdminListen != "127.0.0.1:9001" || cfg.StoreTimeout != 80*time.Millisecond {
+		t.Fatalf("environment not applied: %+v", cfg)
+	}
+	if cfg.RedisURL != "redis://from-flag:6379/1" {
+		t.Fatalf("a flag must win over the environment: %q", cfg.RedisURL)
+	}
+	if cfg.LogLevel != slog.LevelDebug {
+		t.Fatalf("log level %v", cfg.LogLevel)
+	}
+}
+
+func TestParseConfigErrorsNameTheField(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args []string
+		env  map[string]string
+		want []string
+	}{
+		{"bad duration in env", nil, map[string]string{"IDEM_STORE_TIMEOUT": "fast"}, []string{"IDEM_STORE_TIMEOUT", "--store-timeout"}},
+		{"zero store timeout", []string{"--store-timeout", "0s"}, nil, []string{"--store-timeout: must be positive"}},
+		{"bad log level from env", nil, map[string]string{"IDEM_LOG_LEVEL": "loud"}, []string{"--log-level (from IDEM_LOG_LEVEL)", "loud"}},
+		{"bad log format", []string{"--log-format", "xml"}, nil, []string{"--log-format", "xml"}},
+		{"bad redis scheme", []string{"--redis-url", "http://x"}, nil, []string{"--redis-url", "redis://"}},
+		{"empty listen", []string{"--listen", ""}, nil, []string{"--listen"}},
+		{"stray argument", []string{"serve"}, nil, []string{"unexpected arguments"}},
+		{"every mistake at once", []string{"--log-format", "xml", "--log-level", "loud"}, nil, []string{"--log-format", "--log-level"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := ParseConfig(tc.args, env(tc.env), io.Discard)
+			if err == nil {
+				t.Fatal("no error")
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Fatalf("error %q does not mention %q", err, w)
+				}
+			}
+		})
+	}
+}
+
+func TestMainConfigErrorExitsTwo(t *testing.T) {
+	var out strings.Builder
+	code := Main(t.Context(), []string{"--log-format", "xml"}, env(nil), &out)
+	if code != 2 || !strings.Contains(out.String(), "--log-format") {
+		t.Fatalf("exit %d, output %q", code, out.String())
+	}
+	if code := Main(t.Context(), []string{"--help"}, env(nil), io.Discard); code != 0 {
+		t.Fatalf("--help exits %d", code)
+	}
+}
