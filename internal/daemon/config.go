@@ -24,6 +24,9 @@ type Config struct {
 	StoreTimeout time.Duration
 	// DrainTimeout bounds how long open streams may run after SIGTERM.
 	DrainTimeout time.Duration
+	// MaxMessageSize bounds one ext_proc message. A BUFFERED body arrives
+	// as one message, so it must exceed Envoy's buffer limit.
+	MaxMessageSize int
 	LogLevel     slog.Level
 	// LogFormat is "json" or "text".
 	LogFormat string
@@ -53,6 +56,7 @@ func ParseConfig(args []string, getenv func(string) string, usage io.Writer) (Co
 	fs.StringVar(&cfg.RedisURL, "redis-url", "", "Redis URL, redis://[user:pass@]host:port/db or rediss://...; empty: in-memory store (one replica only)")
 	fs.DurationVar(&cfg.StoreTimeout, "store-timeout", 100*time.Millisecond, "budget of one store call; keep it under Envoy's message_timeout (200ms by default)")
 	fs.DurationVar(&cfg.DrainTimeout, "drain-timeout", 15*time.Second, "how long open streams may finish after SIGTERM/SIGINT")
+	fs.IntVar(&cfg.MaxMessageSize, "max-message-size", 32<<20, "largest ext_proc message accepted, in bytes; above Envoy's buffer limit, since a BUFFERED body is one message")
 	fs.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	fs.StringVar(&cfg.LogFormat, "log-format", "json", "log format: json or text")
 
@@ -95,6 +99,9 @@ func ParseConfig(args []string, getenv func(string) string, usage io.Writer) (Co
 	}
 	if cfg.StoreTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("%s: must be positive", where("store-timeout")))
+	}
+	if cfg.MaxMessageSize < 1<<20 {
+		errs = append(errs, fmt.Errorf("%s: %d is below 1 MiB, the smallest Envoy buffer", where("max-message-size"), cfg.MaxMessageSize))
 	}
 	if cfg.DrainTimeout < 0 {
 		errs = append(errs, fmt.Errorf("%s: must not be negative", where("drain-timeout")))

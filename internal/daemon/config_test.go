@@ -18,7 +18,7 @@ func TestParseConfigDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := Config{Listen: ":50051", AdminListen: ":8081", StoreTimeout: 100 * time.Millisecond,
-		DrainTimeout: 15 * time.Second, LogLevel: slog.LevelInfo, LogFormat: "json"}
+		DrainTimeout: 15 * time.Second, MaxMessageSize: 32 << 20, LogLevel: slog.LevelInfo, LogFormat: "json"}
 	if cfg != want {
 		t.Fatalf("defaults = %+v, want %+v", cfg, want)
 	}
@@ -58,6 +58,7 @@ func TestParseConfigErrorsNameTheField(t *testing.T) {
 		{"bad log level from env", nil, map[string]string{"IDEM_LOG_LEVEL": "loud"}, []string{"--log-level (from IDEM_LOG_LEVEL)", "loud"}},
 		{"bad log format", []string{"--log-format", "xml"}, nil, []string{"--log-format", "xml"}},
 		{"bad redis scheme", []string{"--redis-url", "http://x"}, nil, []string{"--redis-url", "redis://"}},
+		{"tiny message size", []string{"--max-message-size", "1000"}, nil, []string{"--max-message-size"}},
 		{"empty listen", []string{"--listen", ""}, nil, []string{"--listen"}},
 		{"stray argument", []string{"serve"}, nil, []string{"unexpected arguments"}},
 		{"every mistake at once", []string{"--log-format", "xml", "--log-level", "loud"}, nil, []string{"--log-format", "--log-level"}},

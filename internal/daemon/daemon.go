@@ -76,7 +76,7 @@ func Start(cfg Config, log *slog.Logger) (*Daemon, error) {
 		Logger:       log,
 		StoreTimeout: cfg.StoreTimeout,
 	})
-	d.grpc = grpc.NewServer()
+	d.grpc = grpc.NewServer(grpc.MaxRecvMsgSize(cfg.MaxMessageSize))
 	extprocv3.RegisterExternalProcessorServer(d.grpc, srv)
 	d.health = health.NewServer()
 	healthpb.RegisterHealthServer(d.grpc, d.health)

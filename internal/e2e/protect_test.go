@@ -269,6 +269,8 @@ func TestBodyModes(t *testing.T) {
 		{"buffered", extprocfilterv3.ProcessingMode_BUFFERED, extprocfilterv3.ProcessingMode_BUFFERED, 0, true},
 		{"streamed in one chunk", extprocfilterv3.ProcessingMode_STREAMED, extprocfilterv3.ProcessingMode_STREAMED, 0, true},
 		{"streamed in 4 KiB chunks", extprocfilterv3.ProcessingMode_STREAMED, extprocfilterv3.ProcessingMode_STREAMED, 4096, true},
+		{"streamed in 4 KiB chunks, override not allowed", extprocfilterv3.ProcessingMode_STREAMED, extprocfilterv3.ProcessingMode_STREAMED, 4096, false},
+		{"streamed in one chunk, override not allowed", extprocfilterv3.ProcessingMode_STREAMED, extprocfilterv3.ProcessingMode_STREAMED, 0, false},
 		{"buffered partial", extprocfilterv3.ProcessingMode_BUFFERED_PARTIAL, extprocfilterv3.ProcessingMode_BUFFERED_PARTIAL, 0, true},
 		{"bodies not sent, override allowed", extprocfilterv3.ProcessingMode_NONE, extprocfilterv3.ProcessingMode_NONE, 0, true},
 	} {
@@ -285,6 +287,14 @@ func TestBodyModes(t *testing.T) {
 			wantProblem(t, env.Post("/orders", "modes", body+" "), problem.KeyReused)
 			if n := env.Upstream.CountKey("modes"); n != 1 {
 				t.Fatalf("effects = %d, want 1", n)
+			}
+			// Where Envoy would forward parts of the request before the
+			// reservation, the server asks for the whole body first.
+			res := env.Results()[0]
+			asked := res.Messages[0].Reply == "mode_override"
+			wantAsk := tc.override && tc.reqMode != extprocfilterv3.ProcessingMode_BUFFERED && tc.reqMode != extprocfilterv3.ProcessingMode_BUFFERED_PARTIAL
+			if asked != wantAsk {
+				t.Fatalf("request headers answered %q: %v", res.Messages[0].Reply, res)
 			}
 		})
 	}

@@ -43,8 +43,11 @@ type processor struct {
 	policies *policy.Set
 	stage    stage
 
-	// Body modes as configured on Envoy's side (protocol_config).
+	// Body modes in force on Envoy's side, from protocol_config. Without
+	// one (Envoy before 1.30 did not send it) the recommended BUFFERED
+	// configuration is assumed and no override is asked for.
 	requestBodyMode, responseBodyMode procmodev3.ProcessingMode_BodySendMode
+	modesKnown                        bool
 
 	pol        *policy.Policy
 	method     string
@@ -106,6 +109,7 @@ func (p *processor) storeCtx(ctx context.Context) (context.Context, context.Canc
 func (p *processor) handle(ctx context.Context, req *extprocv3.ProcessingRequest) (*extprocv3.ProcessingResponse, error) {
 	if pc := req.GetProtocolConfig(); pc != nil {
 		p.requestBodyMode, p.responseBodyMode = pc.GetRequestBodyMode(), pc.GetResponseBodyMode()
+		p.modesKnown = true
 	}
 	switch r := req.GetRequest().(type) {
 	case *extprocv3.ProcessingRequest_RequestHeaders:
@@ -198,10 +202,20 @@ func (p *processor) onRequestHeaders(ctx context.Context, req *extprocv3.Process
 		return p.decide(ctx, req)
 	}
 	p.stage = stageRequestBody
-	if p.requestBodyMode == procmodev3.ProcessingMode_NONE {
-		// The filter is not configured to send the body, but the
-		// fingerprint needs it: ask for it. Body modes are always copied
-		// from an override, so the response body mode is stated too.
+	if !p.modesKnown {
+		p.requestBodyMode, p.responseBodyMode = procmodev3.ProcessingMode_BUFFERED, procmodev3.ProcessingMode_BUFFERED
+		return continueFor(req)
+	}
+	switch p.requestBodyMode {
+	case procmodev3.ProcessingMode_NONE, procmodev3.ProcessingMode_STREAMED:
+		// The fingerprint needs the whole body, and the upstream must see
+		// no part of the request before the reservation: in STREAMED mode
+		// Envoy would forward the headers and every answered chunk at once
+		// (processor_state.cc handleHeaderContinue). Ask for BUFFERED,
+		// which holds the headers until the body's reply. Body modes are
+		// always copied from an override, so the response's is restated.
+		// If Envoy does not honour overrides, the chunks are read as they
+		// come (onRequestBody).
 		return continueWith(req, &procmodev3.ProcessingMode{
 			RequestBodyMode:  procmodev3.ProcessingMode_BUFFERED,
 			ResponseBodyMode: p.wantedResponseBodyMode(),
