@@ -27,7 +27,7 @@ type Config struct {
 	// MaxMessageSize bounds one ext_proc message. A BUFFERED body arrives
 	// as one message, so it must exceed Envoy's buffer limit.
 	MaxMessageSize int
-	LogLevel     slog.Level
+	LogLevel       slog.Level
 	// LogFormat is "json" or "text".
 	LogFormat string
 }
