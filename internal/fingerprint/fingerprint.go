@@ -24,11 +24,16 @@ type Request struct {
 	// Headers holds the request's headers; names must be lower case.
 	Headers []idem.Header
 	Body    []byte
+	// JSON canonicalises the body first (CanonicalJSON); a body that is
+	// not canonicalisable is taken as raw bytes, under a different tag, so
+	// the two forms never collide.
+	JSON bool
 }
 
 // Compute returns the SHA-256 of an unambiguous encoding of the method,
 // the path, the values of the headers named in include (in that order of
-// names, each with its values in arrival order) and the body. Every field is
+// names, each with its values in arrival order) and the body (tagged raw
+// or canonical JSON). Every field is
 // length-prefixed, so no shifting of bytes between fields yields the same
 // digest. include must be sorted, lower-case and free of duplicates (see
 // Normalize).
@@ -54,8 +59,15 @@ func Compute(r Request, include []string) idem.Fingerprint {
 			}
 		}
 	}
-	w.uint(uint64(len(r.Body)))
-	h.Write(r.Body)
+	body, tag := r.Body, "raw"
+	if r.JSON {
+		if c, ok := CanonicalJSON(r.Body); ok {
+			body, tag = c, "json"
+		}
+	}
+	w.str(tag)
+	w.uint(uint64(len(body)))
+	h.Write(body)
 	var fp idem.Fingerprint
 	h.Sum(fp[:0])
 	return fp

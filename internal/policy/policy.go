@@ -54,8 +54,8 @@ const (
 // Policy is one set of rules.
 type Policy struct {
 	Name string
-	// Methods lists the protected methods (upper case).
-	Methods []string
+	// Match selects the requests the policy protects.
+	Match Match
 
 	// KeyHeader is the lower-case header carrying the key.
 	KeyHeader string
@@ -78,6 +78,9 @@ type Policy struct {
 	// FingerprintHeaders are the request headers that take part in the
 	// fingerprint, normalised by fingerprint.Normalize.
 	FingerprintHeaders []string
+	// FingerprintJSON canonicalises a JSON body before fingerprinting, so
+	// key order and insignificant whitespace do not make a retry differ.
+	FingerprintJSON bool
 
 	ResponseRules []idem.ResponseRule
 	// OnStreamReset is what happens when the stream ends after the
@@ -88,6 +91,11 @@ type Policy struct {
 	// StoredHeaderDeny lists response headers never stored or replayed, on
 	// top of the hop-by-hop ones (lower case).
 	StoredHeaderDeny []string
+
+	// WaitForInFlight, when positive, makes a duplicate that arrives while
+	// the first attempt runs wait up to this long for its answer and
+	// replay it, instead of answering 409 at once.
+	WaitForInFlight time.Duration
 }
 
 // Defaults of the default policy, DESIGN §1-§5.
@@ -107,7 +115,7 @@ const (
 func Default() *Policy {
 	return &Policy{
 		Name:               DefaultPolicyName,
-		Methods:            []string{"POST", "PATCH"},
+		Match:              Match{Methods: []string{"POST", "PATCH"}},
 		KeyHeader:          DefaultKeyHeader,
 		MaxKeyLength:       idem.MaxKeyLength,
 		Scope:              Scope{Source: ScopeAuthority},
@@ -122,43 +130,6 @@ func Default() *Policy {
 		OnStreamReset:      idem.ActionUnknown,
 		LeaseExpiry:        idem.LeaseExpiryUnknown,
 	}
-}
-
-// Request is what policies match on.
-type Request struct {
-	Method    string
-	Authority string
-	Path      string
-	// RouteName is Envoy's xds.route_name attribute, when sent.
-	RouteName string
-}
-
-// Set is an ordered list of policies: the first that matches a request
-// applies. A request no policy matches is not protected.
-type Set struct {
-	Policies []*Policy
-}
-
-// DefaultSet holds only the default policy.
-func DefaultSet() *Set { return &Set{Policies: []*Policy{Default()}} }
-
-// Match returns the policy protecting r, or nil.
-func (s *Set) Match(r Request) *Policy {
-	for _, p := range s.Policies {
-		if p.matches(r) {
-			return p
-		}
-	}
-	return nil
-}
-
-func (p *Policy) matches(r Request) bool {
-	for _, m := range p.Methods {
-		if strings.EqualFold(m, r.Method) {
-			return true
-		}
-	}
-	return false
 }
 
 // hopByHop are never stored: they describe one connection, not the answer
