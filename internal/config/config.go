@@ -1,0 +1,479 @@
+// Package config reads the policy configuration file: YAML, validated
+// strictly (an unknown field, a bad duration, an invalid regex or an
+// impossible combination is an error naming the file, line and field), and
+// turned into a policy.Set. Watcher reloads it on change.
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/idem-extproc/idem-extproc/internal/fingerprint"
+	"github.com/idem-extproc/idem-extproc/internal/idem"
+	"github.com/idem-extproc/idem-extproc/internal/policy"
+)
+
+// Load reads and validates the configuration file at path.
+func Load(path string) (*policy.Set, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	return Parse(path, data)
+}
+
+// Parse validates a configuration document; name is used in messages.
+func Parse(name string, data []byte) (*policy.Set, error) {
+	var doc document
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(&doc); err != nil && !errors.Is(err, io.EOF) { // EOF: an empty file
+		return nil, yamlError(name, err)
+	}
+	b := builder{file: name}
+	set := b.build(&doc)
+	if err := errors.Join(b.errs...); err != nil {
+		return nil, err
+	}
+	return set, nil
+}
+
+// linePrefix matches the "line N: " yaml.v3 starts its messages with.
+var linePrefix = regexp.MustCompile(`^(?:yaml: )?line (\d+): `)
+
+// yamlError rewrites yaml.v3's errors ("yaml: unmarshal errors:\n  line 7:
+// field x not found in type ...") as "file:7: unknown field x", one line
+// per problem.
+func yamlError(name string, err error) error {
+	msgs := []string{err.Error()}
+	var te *yaml.TypeError
+	if errors.As(err, &te) {
+		msgs = te.Errors
+	}
+	errs := make([]error, 0, len(msgs))
+	for _, m := range msgs {
+		m = strings.TrimSpace(m)
+		if i := strings.Index(m, " not found in type "); i >= 0 {
+			m = strings.Replace(m[:i], "field ", "unknown field ", 1)
+		}
+		if sm := linePrefix.FindStringSubmatch(m); sm != nil {
+			errs = append(errs, fmt.Errorf("%s:%s: %s", name, sm[1], m[len(sm[0]):]))
+			continue
+		}
+		errs = append(errs, fmt.Errorf("%s: %s", name, strings.TrimPrefix(m, "yaml: ")))
+	}
+	return errors.Join(errs...)
+}
+
+// builder turns a document into policies, collecting every mistake.
+type builder struct {
+	file string
+	errs []error
+}
+
+func (b *builder) errorf(line int, path, format string, args ...any) {
+	b.errs = append(b.errs, fmt.Errorf("%s:%d: %s: %s", b.file, line, path, fmt.Sprintf(format, args...)))
+}
+
+// Names become part of every record's id; keep them stable and plain.
+var namePattern = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
+
+func (b *builder) build(doc *document) *policy.Set {
+	base := policy.Default()
+	b.apply(base, &doc.Defaults, "defaults")
+	set := &policy.Set{}
+	seen := map[string]int{}
+	for i, np := range doc.Policies {
+		path := fmt.Sprintf("policies[%d]", i)
+		p := clone(base)
+		switch {
+		case !np.Name.Set:
+			b.errorf(firstLine(&np), path+".name", "missing; every policy needs a unique name")
+		case !namePattern.MatchString(np.Name.Value) || np.Name.Value == policy.DefaultPolicyName:
+			b.errorf(np.Name.Line, path+".name", "%q must be lower-case letters, digits, '.', '_' or '-' (at most 63) and not %q", np.Name.Value, policy.DefaultPolicyName)
+		default:
+			if prev, dup := seen[np.Name.Value]; dup {
+				b.errorf(np.Name.Line, path+".name", "%q is already the name of policies[%d]", np.Name.Value, prev)
+			}
+			seen[np.Name.Value] = i
+		}
+		p.Name = np.Name.Value
+		p.Match = b.match(&np.Match, path+".match", np.Name.Line)
+		if isEmptyMatch(&p.Match) {
+			b.errorf(np.Name.Line, path+".match", "empty; name at least one of route_names, hosts, methods or path (a policy that matches everything would protect reads too)")
+		}
+		b.apply(p, &np.settings, path)
+		b.check(p, &np.settings, &doc.Defaults, path, np.Name.Line)
+		set.Policies = append(set.Policies, p)
+	}
+	dp := &doc.DefaultPolicy
+	enabled := true
+	if dp.Enabled.Set {
+		v, err := strconv.ParseBool(dp.Enabled.Value)
+		if err != nil {
+			b.errorf(dp.Enabled.Line, "default_policy.enabled", "%q is not true or false", dp.Enabled.Value)
+		}
+		enabled = v
+	}
+	p := clone(base)
+	p.Name = policy.DefaultPolicyName
+	if m := b.match(&dp.Match, "default_policy.match", dp.Enabled.Line); !isEmptyMatch(&m) {
+		p.Match = m
+	}
+	b.apply(p, &dp.settings, "default_policy")
+	b.check(p, &dp.settings, &doc.Defaults, "default_policy", dp.Enabled.Line)
+	if enabled {
+		set.Policies = append(set.Policies, p)
+	}
+	return set
+}
+
+func firstLine(np *namedPolicy) int {
+	for _, l := range []int{np.Match.Methods.Line, np.Match.Hosts.Line, np.Match.RouteNames.Line, np.Match.Path.Prefix.Line, np.Retention.Line} {
+		if l > 0 {
+			return l
+		}
+	}
+	return 0
+}
+
+func clone(p *policy.Policy) *policy.Policy {
+	c := *p
+	c.FingerprintHeaders = slices.Clone(p.FingerprintHeaders)
+	c.ResponseRules = slices.Clone(p.ResponseRules)
+	c.StoredHeaderDeny = slices.Clone(p.StoredHeaderDeny)
+	return &c
+}
+
+func isEmptyMatch(m *policy.Match) bool {
+	return len(m.RouteNames) == 0 && len(m.Hosts) == 0 && len(m.Methods) == 0 &&
+		m.PathExact == "" && m.PathPrefix == "" && m.PathRegex == nil
+}
+
+// methodPattern is an RFC 9110 token, the form of a method.
+var methodPattern = regexp.MustCompile("^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+
+func (b *builder) match(m *match, path string, line int) policy.Match {
+	var out policy.Match
+	for i, v := range m.RouteNames.Items {
+		if v.Value == "" {
+			b.errorf(v.Line, fmt.Sprintf("%s.route_names[%d]", path, i), "empty")
+		}
+		out.RouteNames = append(out.RouteNames, v.Value)
+	}
+	for i, v := range m.Hosts.Items {
+		h := strings.ToLower(v.Value)
+		if h == "" || h == "*" || h == "*." || (strings.Contains(h, "*") && !strings.HasPrefix(h, "*.")) || strings.Count(h, "*") > 1 {
+			b.errorf(v.Line, fmt.Sprintf("%s.hosts[%d]", path, i), "%q is neither a host name nor a \"*.suffix\" wildcard", v.Value)
+		}
+		out.Hosts = append(out.Hosts, h)
+	}
+	for i, v := range m.Methods.Items {
+		if !methodPattern.MatchString(v.Value) {
+			b.errorf(v.Line, fmt.Sprintf("%s.methods[%d]", path, i), "%q is not an HTTP method", v.Value)
+		}
+		out.Methods = append(out.Methods, strings.ToUpper(v.Value))
+	}
+	pm := &m.Path
+	n := 0
+	for _, s := range []scalar{pm.Exact, pm.Prefix, pm.Regex} {
+		if s.Set {
+			n++
+		}
+	}
+	if n > 1 {
+		b.errorf(firstSet(pm.Exact, pm.Prefix, pm.Regex), path+".path", "set only one of exact, prefix and regex")
+	}
+	if pm.Exact.Set {
+		if !strings.HasPrefix(pm.Exact.Value, "/") {
+			b.errorf(pm.Exact.Line, path+".path.exact", "%q does not start with /", pm.Exact.Value)
+		}
+		out.PathExact = pm.Exact.Value
+	}
+	if pm.Prefix.Set {
+		if !strings.HasPrefix(pm.Prefix.Value, "/") {
+			b.errorf(pm.Prefix.Line, path+".path.prefix", "%q does not start with /", pm.Prefix.Value)
+		}
+		out.PathPrefix = pm.Prefix.Value
+	}
+	if pm.Regex.Set {
+		re, err := regexp.Compile(pm.Regex.Value)
+		if err != nil {
+			b.errorf(pm.Regex.Line, path+".path.regex", "invalid regular expression: %v", err)
+		}
+		out.PathRegex = re
+	}
+	return out
+}
+
+func firstSet(ss ...scalar) int {
+	for _, s := range ss {
+		if s.Set {
+			return s.Line
+		}
+	}
+	return 0
+}
+
+// apply sets on p every field s names, reporting malformed values.
+func (b *builder) apply(p *policy.Policy, s *settings, path string) {
+	if v := s.Key.Header; v.Set {
+		h := strings.ToLower(strings.TrimSpace(v.Value))
+		if !methodPattern.MatchString(h) { // a header name is a token too
+			b.errorf(v.Line, path+".key.header", "%q is not a header name", v.Value)
+		}
+		p.KeyHeader = h
+	}
+	if v := s.Key.Required; v.Set {
+		p.KeyRequired = b.boolean(v, path+".key.required")
+	}
+	if v := s.Key.MaxLength; v.Set {
+		n, err := strconv.Atoi(v.Value)
+		if err != nil || n < 1 || n > idem.MaxKeyLength {
+			b.errorf(v.Line, path+".key.max_length", "%q is not a length from 1 to %d", v.Value, idem.MaxKeyLength)
+		}
+		p.MaxKeyLength = n
+	}
+	b.scope(p, &s.Scope, path+".scope")
+	if v := s.Retention; v.Set {
+		p.Retention = b.duration(v, path+".retention", time.Second)
+	}
+	if v := s.Lease; v.Set {
+		p.Lease = b.duration(v, path+".lease", 100*time.Millisecond)
+	}
+	if v := s.RetryAfter; v.Set {
+		p.RetryAfter = b.duration(v, path+".retry_after", time.Second)
+	}
+	if v := s.WaitForInFlight; v.Set {
+		p.WaitForInFlight = b.duration(v, path+".wait_for_in_flight", 0)
+	}
+	if v := s.MaxRequestBody; v.Set {
+		p.MaxRequestBody = b.size(v, path+".max_request_body")
+	}
+	if v := s.MaxStoredBody; v.Set {
+		p.MaxStoredBody = b.size(v, path+".max_stored_body")
+	}
+	if v := s.StoreFailure; v.Set {
+		switch v.Value {
+		case "fail_closed":
+			p.FailureMode = policy.FailClosed
+		case "fail_open":
+			p.FailureMode = policy.FailOpen
+		default:
+			b.errorf(v.Line, path+".store_failure", "%q is not fail_closed or fail_open", v.Value)
+		}
+	}
+	if v := s.Fingerprint.Headers; v.Set {
+		names := make([]string, 0, len(v.Items))
+		for i, h := range v.Items {
+			if !methodPattern.MatchString(h.Value) || strings.HasPrefix(h.Value, ":") {
+				b.errorf(h.Line, fmt.Sprintf("%s.fingerprint.headers[%d]", path, i), "%q is not a header name", h.Value)
+			}
+			names = append(names, h.Value)
+		}
+		p.FingerprintHeaders = fingerprint.Normalize(names)
+	}
+	if v := s.Fingerprint.JSON; v.Set {
+		p.FingerprintJSON = b.boolean(v, path+".fingerprint.json")
+	}
+	if len(s.Responses) > 0 {
+		rules := make([]idem.ResponseRule, 0, len(s.Responses))
+		for i := range s.Responses {
+			rules = append(rules, b.responseRules(&s.Responses[i], fmt.Sprintf("%s.responses[%d]", path, i))...)
+		}
+		// The policy's rules come first; the defaults cover the rest.
+		p.ResponseRules = append(rules, idem.DefaultResponseRules()...)
+	}
+	if v := s.OnStreamReset; v.Set {
+		switch a, ok := idem.ParseAction(v.Value); {
+		case ok && (a == idem.ActionUnknown || a == idem.ActionRelease):
+			p.OnStreamReset = a
+		default:
+			b.errorf(v.Line, path+".on_stream_reset", "%q is not unknown or release (with no response there is nothing to store)", v.Value)
+		}
+	}
+	if v := s.OnLeaseExpiry; v.Set {
+		switch v.Value {
+		case "unknown":
+			p.LeaseExpiry = idem.LeaseExpiryUnknown
+		case "reexecute":
+			p.LeaseExpiry = idem.LeaseExpiryReexecute
+		default:
+			b.errorf(v.Line, path+".on_lease_expiry", "%q is not unknown or reexecute", v.Value)
+		}
+	}
+	if v := s.StoredHeaders.Deny; v.Set {
+		for i, h := range v.Items {
+			if !methodPattern.MatchString(h.Value) {
+				b.errorf(h.Line, fmt.Sprintf("%s.stored_headers.deny[%d]", path, i), "%q is not a header name", h.Value)
+			}
+			p.StoredHeaderDeny = append(p.StoredHeaderDeny, strings.ToLower(h.Value))
+		}
+	}
+}
+
+func (b *builder) scope(p *policy.Policy, s *scopeSettings, path string) {
+	if !s.From.Set {
+		if s.Header.Set || s.Metadata.Namespace.Set || s.Metadata.Path.Set {
+			b.errorf(firstSet(s.Header, s.Metadata.Namespace), path+".from", "missing; say where the scope comes from")
+		}
+		return
+	}
+	sc := policy.Scope{}
+	switch s.From.Value {
+	case "authority":
+		sc.Source = policy.ScopeAuthority
+	case "none":
+		sc.Source = policy.ScopeNone
+	case "principal":
+		sc.Source = policy.ScopePrincipal
+	case "header":
+		sc.Source = policy.ScopeHeader
+		if !s.Header.Set || !methodPattern.MatchString(s.Header.Value) {
+			b.errorf(s.From.Line, path+".header", "a header name is required with from: header")
+		}
+		sc.Header = strings.ToLower(s.Header.Value)
+	case "metadata":
+		sc.Source = policy.ScopeMetadata
+		if !s.Metadata.Namespace.Set || s.Metadata.Namespace.Value == "" || len(s.Metadata.Path.Items) == 0 {
+			b.errorf(s.From.Line, path+".metadata", "namespace and path are required with from: metadata")
+		}
+		sc.Namespace = s.Metadata.Namespace.Value
+		for _, seg := range s.Metadata.Path.Items {
+			sc.Path = append(sc.Path, seg.Value)
+		}
+	default:
+		b.errorf(s.From.Line, path+".from", "%q is not one of authority, none, header, metadata, principal", s.From.Value)
+	}
+	if sc.Source != policy.ScopeHeader && s.Header.Set {
+		b.errorf(s.Header.Line, path+".header", "only used with from: header")
+	}
+	if sc.Source != policy.ScopeMetadata && (s.Metadata.Namespace.Set || s.Metadata.Path.Set) {
+		b.errorf(firstSet(s.Metadata.Namespace, scalar{Line: s.Metadata.Path.Line, Set: s.Metadata.Path.Set}), path+".metadata", "only used with from: metadata")
+	}
+	p.Scope = sc
+}
+
+var origins = map[string][]idem.Origin{
+	"upstream":         {idem.OriginUpstream},
+	"envoy_not_sent":   {idem.OriginNotSent},
+	"envoy_maybe_sent": {idem.OriginMaybeSent},
+	"any":              {idem.OriginUpstream, idem.OriginNotSent, idem.OriginMaybeSent},
+}
+
+func (b *builder) responseRules(r *responseRule, path string) []idem.ResponseRule {
+	line := firstSet(r.Status, r.Origin, r.Action)
+	lo, hi := 100, 599
+	if r.Status.Set {
+		var ok bool
+		if lo, hi, ok = statusRange(r.Status.Value); !ok {
+			b.errorf(r.Status.Line, path+".status", "%q is not a status (503), a class (5xx) or a range (500-504)", r.Status.Value)
+		}
+	}
+	action, ok := idem.ParseAction(r.Action.Value)
+	if !ok {
+		b.errorf(line, path+".action", "%q is not store, release or unknown", r.Action.Value)
+	}
+	originName := "upstream"
+	if r.Origin.Set {
+		originName = r.Origin.Value
+	}
+	os, ok := origins[originName]
+	if !ok {
+		b.errorf(r.Origin.Line, path+".origin", "%q is not upstream, envoy_not_sent, envoy_maybe_sent or any", originName)
+	}
+	out := make([]idem.ResponseRule, 0, len(os))
+	for _, o := range os {
+		out = append(out, idem.ResponseRule{Origin: o, MinStatus: lo, MaxStatus: hi, Action: action})
+	}
+	return out
+}
+
+func statusRange(s string) (lo, hi int, ok bool) {
+	s = strings.ToLower(strings.TrimSpace(s))
+	if len(s) == 3 && strings.HasSuffix(s, "xx") && s[0] >= '1' && s[0] <= '5' {
+		c := int(s[0]-'0') * 100
+		return c, c + 99, true
+	}
+	a, bPart, isRange := strings.Cut(s, "-")
+	lo, err1 := strconv.Atoi(strings.TrimSpace(a))
+	hi = lo
+	var err2 error
+	if isRange {
+		hi, err2 = strconv.Atoi(strings.TrimSpace(bPart))
+	}
+	if err1 != nil || err2 != nil || lo < 100 || hi > 599 || lo > hi {
+		return 0, 0, false
+	}
+	return lo, hi, true
+}
+
+// check rejects combinations that cannot work, on the policy as built.
+func (b *builder) check(p *policy.Policy, s, defaults *settings, path string, line int) {
+	at := func(v ...scalar) int {
+		if l := firstSet(v...); l > 0 {
+			return l
+		}
+		return line
+	}
+	if p.Lease >= p.Retention {
+		// An in-flight record lives for the retention: a lease outliving it
+		// would free the key while the first attempt still runs.
+		b.errorf(at(s.Lease, s.Retention, defaults.Lease, defaults.Retention), path+".lease",
+			"%v must be shorter than retention %v", p.Lease, p.Retention)
+	}
+	if p.WaitForInFlight >= p.Retention {
+		b.errorf(at(s.WaitForInFlight, defaults.WaitForInFlight), path+".wait_for_in_flight",
+			"%v must be shorter than retention %v", p.WaitForInFlight, p.Retention)
+	}
+	if p.MaxRequestBody == 0 {
+		b.errorf(at(s.MaxRequestBody, defaults.MaxRequestBody), path+".max_request_body",
+			"must be positive: a request body must be read whole to be fingerprinted")
+	}
+}
+
+func (b *builder) boolean(v scalar, path string) bool {
+	x, err := strconv.ParseBool(v.Value)
+	if err != nil {
+		b.errorf(v.Line, path, "%q is not true or false", v.Value)
+	}
+	return x
+}
+
+func (b *builder) duration(v scalar, path string, min time.Duration) time.Duration {
+	d, err := time.ParseDuration(v.Value)
+	switch {
+	case err != nil:
+		b.errorf(v.Line, path, "%q is not a duration (such as 30s, 5m, 24h)", v.Value)
+	case d < min || d < 0:
+		b.errorf(v.Line, path, "%v is below the minimum %v", d, min)
+	}
+	return d
+}
+
+// size reads a byte count: a number, or a number with KiB, MiB or GiB.
+func (b *builder) size(v scalar, path string) int {
+	s := strings.TrimSpace(v.Value)
+	mult := 1
+	for suffix, m := range map[string]int{"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30} {
+		if n, ok := strings.CutSuffix(s, suffix); ok {
+			s, mult = strings.TrimSpace(n), m
+		}
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 0 || n > (1<<31)/mult {
+		b.errorf(v.Line, path, "%q is not a size (a byte count, or with KiB, MiB or GiB, up to 2GiB)", v.Value)
+		return 0
+	}
+	return n * mult
+}

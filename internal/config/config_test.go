@@ -1,0 +1,160 @@
+package config
+
+import (
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idem-extproc/idem-extproc/internal/idem"
+	"github.com/idem-extproc/idem-extproc/internal/policy"
+)
+
+const example = "../../examples/policies.yaml"
+
+func TestExampleConfigLoads(t *testing.T) {
+	set, err := Load(example)
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := []string{}
+	for _, p := range set.Policies {
+		names = append(names, p.Name)
+	}
+	if strings.Join(names, ",") != "payments,orders,internal,default" {
+		t.Fatalf("policies %v", names)
+	}
+	pay := set.Policies[0]
+	if !pay.KeyRequired || pay.MaxKeyLength != 64 || pay.Retention != 72*time.Hour || !pay.FingerprintJSON ||
+		pay.Scope.Source != policy.ScopeMetadata || pay.Scope.Namespace != "envoy.filters.http.jwt_authn" ||
+		strings.Join(pay.Scope.Path, ".") != "jwt_payload.sub" || pay.WaitForInFlight != 2*time.Second ||
+		strings.Join(pay.FingerprintHeaders, ",") != "content-type,x-api-version" || pay.Lease != 30*time.Second {
+		t.Fatalf("payments = %+v", pay)
+	}
+	if a := idem.DecideResponse(pay.ResponseRules, idem.OriginUpstream, 503); a != idem.ActionUnknown {
+		t.Fatalf("payments 503 -> %v, want unknown", a)
+	}
+	if a := idem.DecideResponse(pay.ResponseRules, idem.OriginUpstream, 429); a != idem.ActionRelease {
+		t.Fatalf("payments 429 -> %v, want the default release", a)
+	}
+	if !pay.Match.Matches(policy.Request{Method: "POST", Authority: "eu.pay.example.com:443", Path: "/v1/charges/abc"}) {
+		t.Fatal("payments should match a charge")
+	}
+	if set.Policies[1].FailureMode != policy.FailOpen || set.Policies[1].Scope.Header != "x-tenant-id" {
+		t.Fatalf("orders = %+v", set.Policies[1])
+	}
+	if set.Policies[2].LeaseExpiry != idem.LeaseExpiryReexecute || set.Policies[2].Scope.Source != policy.ScopePrincipal {
+		t.Fatalf("internal = %+v", set.Policies[2])
+	}
+	if d := set.Policies[3]; d.Name != "default" || d.KeyRequired || d.Scope.Source != policy.ScopeAuthority {
+		t.Fatalf("default = %+v", d)
+	}
+}
+
+func TestEmptyConfigIsTheDefault(t *testing.T) {
+	set, err := Parse("empty.yaml", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(set.Policies) != 1 || set.Policies[0].Name != "default" {
+		t.Fatalf("%+v", set.Policies)
+	}
+	got, want := *set.Policies[0], *policy.Default()
+	if got.Retention != want.Retention || got.Lease != want.Lease || strings.Join(got.Match.Methods, ",") != "POST,PATCH" {
+		t.Fatalf("%+v", got)
+	}
+}
+
+func TestDefaultsApplyToEveryPolicy(t *testing.T) {
+	set, err := Parse("c.yaml", []byte(`
+defaults:
+  retention: 1h
+  key: {required: true}
+policies:
+  - name: a
+    match: {methods: [POST]}
+    retention: 2h
+default_policy:
+  enabled: false
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(set.Policies) != 1 {
+		t.Fatalf("default_policy.enabled: false kept %d policies", len(set.Policies))
+	}
+	if p := set.Policies[0]; p.Retention != 2*time.Hour || !p.KeyRequired {
+		t.Fatalf("%+v", p)
+	}
+}
+
+// TestMistakesNameFileLineAndField: each kind of mistake stops the load with
+// a message naming the file, the line and the field.
+func TestMistakesNameFileLineAndField(t *testing.T) {
+	for _, tc := range []struct {
+		name, yaml string
+		want       []string
+	}{
+		{"unknown field", "policies:\n  - name: a\n    match: {methods: [POST]}\n    retentoin: 1h\n", []string{"bad.yaml:4:", `unknown field retentoin`}},
+		{"unknown nested field", "defaults:\n  key:\n    requierd: true\n", []string{"bad.yaml:3:", "unknown field requierd"}},
+		{"bad duration", "defaults:\n  lease: 30 seconds\n", []string{"bad.yaml:2:", "defaults.lease", `"30 seconds" is not a duration`}},
+		{"duration too small", "defaults:\n  retry_after: 10ms\n", []string{"bad.yaml:2:", "defaults.retry_after", "minimum"}},
+		{"bad regex", "policies:\n  - name: a\n    match:\n      path: {regex: '^/v1/(orders'}\n", []string{"bad.yaml:4:", "policies[0].match.path.regex", "invalid regular expression"}},
+		{"two path matchers", "policies:\n  - name: a\n    match:\n      path: {prefix: /a, exact: /a}\n", []string{"bad.yaml:4:", "policies[0].match.path", "only one"}},
+		{"lease outlives retention", "policies:\n  - name: a\n    match: {methods: [POST]}\n    retention: 10s\n    lease: 30s\n", []string{"bad.yaml:5:", "policies[0].lease", "shorter than retention"}},
+		{"lease from defaults outlives retention", "defaults:\n  lease: 2h\n  retention: 1h\n", []string{"bad.yaml:2:", "default_policy.lease"}},
+		{"header scope without header", "policies:\n  - name: a\n    match: {methods: [POST]}\n    scope: {from: header}\n", []string{"bad.yaml:4:", "policies[0].scope.header", "required"}},
+		{"metadata scope without path", "defaults:\n  scope:\n    from: metadata\n    metadata: {namespace: envoy.filters.http.jwt_authn}\n", []string{"bad.yaml:3:", "defaults.scope.metadata"}},
+		{"header given to another scope", "defaults:\n  scope: {from: principal, header: x-tenant}\n", []string{"bad.yaml:2:", "defaults.scope.header", "only used with from: header"}},
+		{"unknown scope", "defaults:\n  scope: {from: cookie}\n", []string{"bad.yaml:2:", "defaults.scope.from", `"cookie"`}},
+		{"missing name", "policies:\n  - match: {methods: [POST]}\n", []string{"bad.yaml:2:", "policies[0].name", "missing"}},
+		{"duplicate name", "policies:\n  - name: a\n    match: {methods: [POST]}\n  - name: a\n    match: {methods: [PUT]}\n", []string{"bad.yaml:4:", "policies[1].name", "already"}},
+		{"reserved name", "policies:\n  - name: default\n    match: {methods: [POST]}\n", []string{"bad.yaml:2:", "policies[0].name"}},
+		{"empty match", "policies:\n  - name: a\n", []string{"bad.yaml:2:", "policies[0].match", "empty"}},
+		{"bad host", "policies:\n  - name: a\n    match: {hosts: ['api.*.com']}\n", []string{"bad.yaml:3:", "policies[0].match.hosts[0]"}},
+		{"bad method", "policies:\n  - name: a\n    match: {methods: ['PO ST']}\n", []string{"bad.yaml:3:", "policies[0].match.methods[0]"}},
+		{"bad status", "defaults:\n  responses:\n    - {status: 6xx, action: store}\n", []string{"bad.yaml:3:", "defaults.responses[0].status"}},
+		{"bad action", "defaults:\n  responses:\n    - {status: 500, action: keep}\n", []string{"bad.yaml:3:", "defaults.responses[0].action"}},
+		{"bad origin", "defaults:\n  responses:\n    - {status: 500, origin: proxy, action: store}\n", []string{"bad.yaml:3:", "defaults.responses[0].origin"}},
+		{"store on stream reset", "defaults:\n  on_stream_reset: store\n", []string{"bad.yaml:2:", "defaults.on_stream_reset"}},
+		{"bad lease expiry", "defaults:\n  on_lease_expiry: retry\n", []string{"bad.yaml:2:", "defaults.on_lease_expiry"}},
+		{"bad failure mode", "defaults:\n  store_failure: open\n", []string{"bad.yaml:2:", "defaults.store_failure"}},
+		{"bad size", "defaults:\n  max_stored_body: 1MB\n", []string{"bad.yaml:2:", "defaults.max_stored_body"}},
+		{"zero request body", "defaults:\n  max_request_body: 0\n", []string{"bad.yaml:2:", "max_request_body", "positive"}},
+		{"key length over 255", "defaults:\n  key: {max_length: 300}\n", []string{"bad.yaml:2:", "defaults.key.max_length"}},
+		{"bad boolean", "defaults:\n  key: {required: yes please}\n", []string{"bad.yaml:2:", "defaults.key.required"}},
+		{"list where a value belongs", "defaults:\n  lease: [30s]\n", []string{"bad.yaml:2:", "single value"}},
+		{"not YAML", "defaults: [\n", []string{"bad.yaml"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Parse("bad.yaml", []byte(tc.yaml))
+			if err == nil {
+				t.Fatal("no error")
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Fatalf("error %q does not contain %q", err, w)
+				}
+			}
+		})
+	}
+}
+
+func TestAllMistakesReportedTogether(t *testing.T) {
+	_, err := Parse("bad.yaml", []byte("defaults:\n  lease: soon\n  retention: later\n  store_failure: maybe\n"))
+	if err == nil {
+		t.Fatal("no error")
+	}
+	for _, w := range []string{"defaults.lease", "defaults.retention", "defaults.store_failure"} {
+		if !strings.Contains(err.Error(), w) {
+			t.Fatalf("error %q lacks %s", err, w)
+		}
+	}
+}
+
+func TestLoadMissingFile(t *testing.T) {
+	_, err := Load(filepath.Join(t.TempDir(), "nope.yaml"))
+	if err == nil || !strings.Contains(err.Error(), "nope.yaml") {
+		t.Fatalf("error %v", err)
+	}
+}
