@@ -316,3 +316,106 @@ func TestBinaryConfigErrors(t *testing.T) {
 		}
 	}
 }
+
+func writeFile(t *testing.T, path, content string) {
+	t.Helper()
+	// Write then rename, as editors and Kubernetes do: the server never
+	// reads a half-written file.
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
+}
+
+const requireKeys = `
+policies:
+  - name: orders
+    match: {methods: [POST], path: {prefix: /orders}}
+    key: {required: %s}
+`
+
+// TestBinaryConfigReload: the policy file is reloaded on change and on
+// SIGHUP without dropping an open stream; a broken file is rejected and
+// the previous policies stay in force.
+func TestBinaryConfigReload(t *testing.T) {
+	redis := redistest.Start(t, redistest.Options{})
+	path := filepath.Join(t.TempDir(), "policies.yaml")
+	writeFile(t, path, fmt.Sprintf(requireKeys, "true"))
+	p := start(t, freeAddr(t), freeAddr(t), "--redis-url", redis.URL(), "--config", path)
+	env := harness.Start(t, harness.Options{ServerAddr: p.listen, Redis: redis})
+
+	if r := env.Post("/orders", "", `{}`); r.Status != http.StatusBadRequest || !strings.Contains(r.Body, "idempotency-key-missing") {
+		t.Fatalf("keyless POST under required keys = %d %s", r.Status, r.Body)
+	}
+	// A request in flight across the reload keeps its policy and finishes.
+	slow := make(chan harness.Reply, 1)
+	go func() { slow <- env.Post("/orders", "across-reload", `{}`, "x-upstream-delay", "800ms") }()
+	waitFor(t, "reserved", func() bool {
+		keys, _ := redis.Client().Keys(context.Background(), "idem:*").Result()
+		return len(keys) == 1
+	})
+
+	writeFile(t, path, fmt.Sprintf(requireKeys, "false"))
+	waitFor(t, "file change reloaded", func() bool { return env.Post("/orders", "", `{}`).Status == http.StatusCreated })
+	if r := <-slow; r.Status != http.StatusCreated {
+		t.Fatalf("request across the reload = %d %s", r.Status, r.Body)
+	}
+
+	writeFile(t, path, "policies:\n  - name: orders\n    match: {methods: [POST]}\n    lease: soon\n")
+	waitFor(t, "bad reload logged", func() bool { return strings.Contains(p.stderr.String(), "reload rejected") })
+	if !strings.Contains(p.stderr.String(), "policies[0].lease") {
+		t.Fatalf("the rejection does not name the field:\n%s", p.stderr.String())
+	}
+	if r := env.Post("/orders", "", `{}`); r.Status != http.StatusCreated {
+		t.Fatalf("after a bad reload the old policy must stay: %d %s", r.Status, r.Body)
+	}
+
+	// SIGHUP reloads too (here after the file changed back to required).
+	writeFile(t, path, fmt.Sprintf(requireKeys, "true"))
+	if err := p.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "SIGHUP reloaded", func() bool { return env.Post("/orders", "", `{}`).Status == http.StatusBadRequest })
+	if code := p.get("/healthz"); code != http.StatusOK {
+		t.Fatal("SIGHUP must not stop the server")
+	}
+}
+
+// TestBinaryCrashedReservationTurnsUnknown: a server killed between the
+// reservation and the response leaves a record that nobody renews; once
+// its lease ends it is unknown, never free.
+func TestBinaryCrashedReservationTurnsUnknown(t *testing.T) {
+	redis := redistest.Start(t, redistest.Options{})
+	path := filepath.Join(t.TempDir(), "policies.yaml")
+	writeFile(t, path, "defaults:\n  lease: 1s\n")
+	listen, admin := freeAddr(t), freeAddr(t)
+	p := start(t, listen, admin, "--redis-url", redis.URL(), "--config", path)
+	env := harness.Start(t, harness.Options{ServerAddr: listen, Redis: redis, ExpectProcessingErrors: true})
+	done := make(chan harness.Reply, 1)
+	go func() { done <- env.Post("/orders", "crash-1", `{}`, "x-upstream-delay", "300ms") }()
+	waitFor(t, "reserved", func() bool { return recordState(t, env, "crash-1") == idem.StateInFlight })
+	_ = p.cmd.Process.Kill()
+	<-done
+	start(t, listen, admin, "--redis-url", redis.URL(), "--config", path)
+	time.Sleep(1200 * time.Millisecond) // past the lease
+	r := env.Post("/orders", "crash-1", `{}`)
+	if r.Status != http.StatusConflict || !strings.Contains(r.Body, "outcome-unknown") {
+		t.Fatalf("retry after the lease = %d %s, want 409 outcome-unknown", r.Status, r.Body)
+	}
+	if n := env.Upstream.CountKey("crash-1"); n != 1 {
+		t.Fatalf("effects = %d, want 1", n)
+	}
+}
+
+func TestBinaryBadConfigFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "policies.yaml")
+	writeFile(t, path, "policies:\n  - name: a\n    match: {methods: [POST]}\n    retentoin: 1h\n")
+	out, err := exec.Command(binary(t), "--config", path).CombinedOutput()
+	ee, ok := err.(*exec.ExitError)
+	if !ok || ee.ExitCode() != 2 || !strings.Contains(string(out), path+":4: unknown field retentoin") {
+		t.Fatalf("exit %v, output %s", err, out)
+	}
+}

@@ -2,6 +2,8 @@ package daemon
 
 import (
 	"io"
+	"os"
+	"path/filepath"
 	"log/slog"
 	"strings"
 	"testing"
@@ -74,6 +76,18 @@ func TestParseConfigErrorsNameTheField(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+func TestMainBadConfigFileExitsTwo(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "policies.yaml")
+	if err := os.WriteFile(path, []byte("defaults:\n  lease: forever\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	code := Main(t.Context(), []string{"--config", path, "--listen", "127.0.0.1:0", "--admin-listen", ""}, env(nil), &out)
+	if code != 2 || !strings.Contains(out.String(), path+":2: defaults.lease") {
+		t.Fatalf("exit %d, output %q", code, out.String())
 	}
 }
 

@@ -11,7 +11,10 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
+	"os/signal"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
@@ -19,12 +22,15 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/idem-extproc/idem-extproc/internal/config"
 	"github.com/idem-extproc/idem-extproc/internal/extproc"
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/memstore"
-	"github.com/idem-extproc/idem-extproc/internal/policy"
 	"github.com/idem-extproc/idem-extproc/internal/redisstore"
 )
+
+// ErrConfig marks a startup failure caused by the configuration file.
+var ErrConfig = errors.New("configuration error")
 
 // Daemon is a running server.
 type Daemon struct {
@@ -37,8 +43,11 @@ type Daemon struct {
 	admin    *http.Server
 	lis      net.Listener
 	adminLis net.Listener
+	policies *config.Source
 	draining atomic.Bool
 	errc     chan error
+	// stopWatch ends the configuration watcher and the SIGHUP handler.
+	stopWatch context.CancelFunc
 }
 
 // NewLogger builds the daemon's logger from its configuration.
@@ -53,10 +62,13 @@ func NewLogger(cfg Config, w io.Writer) *slog.Logger {
 // Start opens the store and the listeners and starts serving.
 func Start(cfg Config, log *slog.Logger) (*Daemon, error) {
 	d := &Daemon{cfg: cfg, log: log, errc: make(chan error, 2)}
+	var err error
+	if d.policies, err = config.NewSource(cfg.ConfigFile, log); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
 	if err := d.openStore(); err != nil {
 		return nil, err
 	}
-	var err error
 	if d.lis, err = net.Listen("tcp", cfg.Listen); err != nil {
 		d.closeStore()
 		return nil, fmt.Errorf("--listen %s: %w", cfg.Listen, err)
@@ -69,10 +81,15 @@ func Start(cfg Config, log *slog.Logger) (*Daemon, error) {
 		}
 	}
 
-	policies := policy.DefaultSet()
+	watchCtx, stopWatch := context.WithCancel(context.Background())
+	d.stopWatch = stopWatch
+	if err := d.policies.Watch(watchCtx); err != nil {
+		log.Warn("configuration file not watched; reload with SIGHUP", slog.String("error", err.Error()))
+	}
+	d.reloadOnHangup(watchCtx)
 	srv := extproc.New(extproc.Config{
 		Store:        d.store,
-		Policies:     func() *policy.Set { return policies },
+		Policies:     d.policies.Current,
 		Logger:       log,
 		StoreTimeout: cfg.StoreTimeout,
 	})
@@ -91,7 +108,8 @@ func Start(cfg Config, log *slog.Logger) (*Daemon, error) {
 		}()
 	}
 	log.Info("idem-extproc serving", slog.String("listen", d.lis.Addr().String()),
-		slog.String("admin_listen", d.AdminAddr()), slog.String("store", d.storeName()))
+		slog.String("admin_listen", d.AdminAddr()), slog.String("store", d.storeName()),
+		slog.String("config", cfg.ConfigFile), slog.Int("policies", len(d.policies.Current().Policies)))
 	return d, nil
 }
 
@@ -108,8 +126,9 @@ func (d *Daemon) openStore() error {
 	if err != nil {
 		return fmt.Errorf("--redis-url: %w", err)
 	}
-	d.store = redisstore.New(rdb, redisstore.Options{CallTimeout: d.cfg.StoreTimeout})
-	d.closers = append(d.closers, rdb.Close)
+	st := redisstore.New(rdb, redisstore.Options{CallTimeout: d.cfg.StoreTimeout})
+	d.store = st
+	d.closers = append(d.closers, st.Close, rdb.Close)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	if err := d.store.Ping(ctx); err != nil {
@@ -131,6 +150,27 @@ func (d *Daemon) closeStore() {
 		_ = c()
 	}
 }
+
+// reloadOnHangup reloads the configuration on SIGHUP until ctx ends.
+func (d *Daemon) reloadOnHangup(ctx context.Context) {
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	go func() {
+		defer signal.Stop(hup)
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-hup:
+				d.log.Info("SIGHUP: reloading the configuration")
+				_ = d.policies.Reload()
+			}
+		}
+	}()
+}
+
+// Reload reads the configuration file again, as SIGHUP does.
+func (d *Daemon) Reload() error { return d.policies.Reload() }
 
 // Addr returns the ext_proc listener's address.
 func (d *Daemon) Addr() string { return d.lis.Addr().String() }
@@ -189,6 +229,7 @@ func (d *Daemon) Shutdown() {
 		return
 	}
 	d.log.Info("shutting down: draining open streams", slog.String("drain_timeout", d.cfg.DrainTimeout.String()))
+	d.stopWatch()
 	d.health.Shutdown()
 	done := make(chan struct{})
 	go func() {
@@ -224,6 +265,10 @@ func Main(ctx context.Context, args []string, getenv func(string) string, stderr
 	}
 	log := NewLogger(cfg, stderr)
 	d, err := Start(cfg, log)
+	if errors.Is(err, ErrConfig) {
+		fmt.Fprintf(stderr, "idem-extproc: %v\n", err)
+		return 2
+	}
 	if err != nil {
 		log.Error("startup failed", slog.String("error", err.Error()))
 		return 1

@@ -461,3 +461,37 @@ func TestClientGoneResetsTheStream(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+func TestOverrideMessageTimeout(t *testing.T) {
+	slowAfterOverride := func(st extprocv3.ExternalProcessor_ProcessServer) error {
+		m, err := st.Recv()
+		if err != nil {
+			return nil
+		}
+		_ = st.Send(&extprocv3.ProcessingResponse{OverrideMessageTimeout: durationpb.New(time.Second)})
+		time.Sleep(300 * time.Millisecond)
+		_ = st.Send(cont(m))
+		return continueAll(nil)(st)
+	}
+	for _, tc := range []struct {
+		name       string
+		max        time.Duration
+		wantStatus int
+	}{
+		{"honoured within max_message_timeout", 2 * time.Second, 201},
+		{"ignored without max_message_timeout", 0, 504},
+		{"ignored above max_message_timeout", 500 * time.Millisecond, 504},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := RecommendedConfig()
+			cfg.MessageTimeout = durationpb.New(100 * time.Millisecond)
+			if tc.max > 0 {
+				cfg.MaxMessageTimeout = durationpb.New(tc.max)
+			}
+			res := start(t, &scripted{script: slowAfterOverride}, cfg, Options{}).Do(context.Background(), post("x"), echoUpstream(201, "ok"))
+			if res.Response.Status != tc.wantStatus {
+				t.Fatalf("status %d, want %d: %v", res.Response.Status, tc.wantStatus, res)
+			}
+		})
+	}
+}

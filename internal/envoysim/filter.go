@@ -500,7 +500,19 @@ func (x *exchange) await(ctx context.Context, phase Phase) (*extprocv3.Processin
 	if idx < 0 {
 		return nil, nil, fmt.Errorf("envoysim: no outstanding %s message", phase)
 	}
-	reply, err := x.side.recv(ctx, x.messageTimeout())
+	deadline := time.Now().Add(x.messageTimeout())
+	extended := false
+	reply, err := x.side.recv(ctx, deadline)
+	for err == nil && reply.GetResponse() == nil && reply.GetOverrideMessageTimeout() != nil {
+		// A new timeout for the outstanding message, not its reply
+		// (onReceiveMessage checks it first; onNewTimeout honours it once,
+		// within 1 ms..max_message_timeout, which defaults to 0: never).
+		d := reply.GetOverrideMessageTimeout().AsDuration()
+		if max := x.f.cfg.GetMaxMessageTimeout().AsDuration(); !extended && d >= time.Millisecond && d <= max {
+			deadline, extended = time.Now().Add(d), true
+		}
+		reply, err = x.side.recv(ctx, deadline)
+	}
 	if ctx.Err() != nil {
 		return nil, nil, errClientGone
 	}

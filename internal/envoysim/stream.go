@@ -71,9 +71,9 @@ func (s *sideStream) send(req *extprocv3.ProcessingRequest) error {
 	return nil
 }
 
-// recv waits for the next reply, at most timeout.
-func (s *sideStream) recv(ctx context.Context, timeout time.Duration) (*extprocv3.ProcessingResponse, error) {
-	t := time.NewTimer(timeout)
+// recv waits for the next reply until deadline.
+func (s *sideStream) recv(ctx context.Context, deadline time.Time) (*extprocv3.ProcessingResponse, error) {
+	t := time.NewTimer(time.Until(deadline))
 	defer t.Stop()
 	select {
 	case r := <-s.replies:

@@ -65,10 +65,19 @@ func attributes(req *extprocv3.ProcessingRequest) *structpb.Struct {
 // protobuf Values: strings as strings, integers (response.flags is a bit
 // vector) as numbers.
 func attrString(a *structpb.Struct, name string) string {
-	v, ok := a.GetFields()[name]
-	if !ok {
-		return ""
+	return valueString(a.GetFields()[name])
+}
+
+// attrUint reads a numeric attribute such as response.flags; 0 if absent.
+func attrUint(a *structpb.Struct, name string) uint64 {
+	n := a.GetFields()[name].GetNumberValue()
+	if n <= 0 {
+		return 0
 	}
+	return uint64(n)
+}
+
+func valueString(v *structpb.Value) string {
 	switch k := v.GetKind().(type) {
 	case *structpb.Value_StringValue:
 		return k.StringValue

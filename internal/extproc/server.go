@@ -72,7 +72,7 @@ func New(cfg Config) *Server {
 // Process serves one ext_proc stream, that is one HTTP request.
 func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
 	ctx := stream.Context()
-	p := newProcessor(s, s.cfg.Policies())
+	p := newProcessor(s, s.cfg.Policies(), stream.Send)
 	defer p.finish()
 	for {
 		req, err := stream.Recv()

@@ -112,7 +112,9 @@ func Start(t testing.TB, opts Options) *Env {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = rdb.Close() })
-		e.Store = redisstore.New(rdb, redisstore.Options{CallTimeout: opts.StoreTimeout})
+		st := redisstore.New(rdb, redisstore.Options{CallTimeout: opts.StoreTimeout})
+		t.Cleanup(func() { _ = st.Close() })
+		e.Store = st
 	}
 
 	if opts.ServerAddr != "" {

@@ -80,21 +80,53 @@ var notSentDetails = []string{
 	"overload",
 }
 
+// Envoy's legacy response-flag bits, as the response.flags attribute
+// carries them (a CEL int: StreamInfo::legacyResponseFlags(), in the
+// CoreResponseFlag order of envoy/stream_info/stream_info.h).
+const (
+	FlagFailedLocalHealthCheck    uint64 = 1 << 0
+	FlagNoHealthyUpstream         uint64 = 1 << 1
+	FlagUpstreamRequestTimeout    uint64 = 1 << 2
+	FlagLocalReset                uint64 = 1 << 3
+	FlagUpstreamRemoteReset       uint64 = 1 << 4
+	FlagUpstreamConnectionFailure uint64 = 1 << 5
+	FlagUpstreamConnTermination   uint64 = 1 << 6
+	FlagUpstreamOverflow          uint64 = 1 << 7
+	FlagNoRouteFound              uint64 = 1 << 8
+	FlagNoClusterFound            uint64 = 1 << 24
+	FlagDropOverload              uint64 = 1 << 27
+)
+
+// notSentFlags are the flags Envoy sets only when the request never left
+// it.
+const notSentFlags = FlagFailedLocalHealthCheck | FlagNoHealthyUpstream | FlagUpstreamConnectionFailure |
+	FlagUpstreamOverflow | FlagNoRouteFound | FlagNoClusterFound | FlagDropOverload
+
 // ClassifyOrigin tells who made a response from the response.code_details
-// attribute Envoy sends when asked through response_attributes.
+// and response.flags attributes Envoy sends when asked through
+// response_attributes. The details decide when present; the flags are the
+// fallback.
 //
-// Without the attribute (Envoy not configured to send it) a response is
-// taken to be the upstream's: that is what it is in the common case, and
-// recent Envoy versions do not pass their own local replies through
-// ext_proc at all (see DESIGN §4).
-func ClassifyOrigin(codeDetails string) Origin {
-	if codeDetails == "" || codeDetails == "via_upstream" {
+// With neither (Envoy not configured to send them) a response is taken to
+// be the upstream's: that is what it is in the common case, and Envoy 1.34
+// to 1.36 do not pass their own local replies through ext_proc at all
+// (DESIGN §4). Configure both attributes so that Envoy's own timeouts are
+// told apart.
+func ClassifyOrigin(codeDetails string, flags uint64) Origin {
+	switch {
+	case codeDetails == "via_upstream":
 		return OriginUpstream
-	}
-	for _, d := range notSentDetails {
-		if strings.HasPrefix(codeDetails, d) {
-			return OriginNotSent
+	case codeDetails != "":
+		for _, d := range notSentDetails {
+			if strings.HasPrefix(codeDetails, d) {
+				return OriginNotSent
+			}
 		}
+		return OriginMaybeSent
+	case flags == 0:
+		return OriginUpstream
+	case flags&^notSentFlags == 0:
+		return OriginNotSent
 	}
 	return OriginMaybeSent
 }

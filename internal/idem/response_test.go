@@ -20,8 +20,28 @@ func TestClassifyOrigin(t *testing.T) {
 		"upstream_reset_after_response_started{remote_reset}":            OriginMaybeSent,
 		"something_new_in_a_later_envoy":                                 OriginMaybeSent,
 	} {
-		if got := ClassifyOrigin(details); got != want {
+		if got := ClassifyOrigin(details, 0); got != want {
 			t.Errorf("ClassifyOrigin(%q) = %v, want %v", details, got, want)
+		}
+	}
+}
+
+func TestClassifyOriginByFlags(t *testing.T) {
+	for _, tc := range []struct {
+		details string
+		flags   uint64
+		want    Origin
+	}{
+		{"", 0, OriginUpstream},
+		{"", FlagUpstreamConnectionFailure, OriginNotSent},
+		{"", FlagNoHealthyUpstream | FlagUpstreamOverflow, OriginNotSent},
+		{"", FlagUpstreamRequestTimeout, OriginMaybeSent},
+		{"", FlagUpstreamConnectionFailure | FlagUpstreamRemoteReset, OriginMaybeSent},
+		{"via_upstream", FlagUpstreamRequestTimeout, OriginUpstream}, // the details decide
+		{"response_timeout", 0, OriginMaybeSent},
+	} {
+		if got := ClassifyOrigin(tc.details, tc.flags); got != tc.want {
+			t.Errorf("ClassifyOrigin(%q, %#x) = %v, want %v", tc.details, tc.flags, got, tc.want)
 		}
 	}
 }

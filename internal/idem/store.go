@@ -106,3 +106,14 @@ type Store interface {
 	// Ping reports whether the store answers.
 	Ping(ctx context.Context) error
 }
+
+// Watcher is implemented by stores that can say when an in-flight record
+// settles, so that a duplicate can wait for the first attempt's answer
+// without polling the store.
+type Watcher interface {
+	// Watch returns a channel that is closed once id's record may have
+	// left StateInFlight (completed, released, marked unknown, taken over):
+	// at once if it already has. Wake-ups may be spurious; read the record
+	// again to know. stop releases the watch and must be called.
+	Watch(ctx context.Context, id RecordID) (changed <-chan struct{}, stop func(), err error)
+}

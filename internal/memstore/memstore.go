@@ -29,6 +29,8 @@ type Store struct {
 
 	mu      sync.Mutex
 	records map[idem.RecordID]*entry
+	// watchers wait for an in-flight record to settle.
+	watchers map[idem.RecordID][]chan struct{}
 
 	stop chan struct{}
 	done chan struct{}
@@ -39,13 +41,17 @@ type entry struct {
 	expires time.Time
 }
 
-var _ idem.Store = (*Store)(nil)
+var (
+	_ idem.Store   = (*Store)(nil)
+	_ idem.Watcher = (*Store)(nil)
+)
 
 // New returns an empty store with a background sweeper; Close stops it.
 func New(opts Options) *Store {
 	s := &Store{
 		now:     opts.Now,
-		records: make(map[idem.RecordID]*entry),
+		records:  make(map[idem.RecordID]*entry),
+		watchers: make(map[idem.RecordID][]chan struct{}),
 		stop:    make(chan struct{}),
 		done:    make(chan struct{}),
 	}
@@ -120,8 +126,15 @@ func (s *Store) current(id idem.RecordID, now time.Time) *idem.Record {
 	return &rec
 }
 
-// apply stores a transition's change. Callers hold s.mu.
+// apply stores a transition's change and wakes the record's watchers when
+// it leaves StateInFlight or changes hands. Callers hold s.mu.
 func (s *Store) apply(id idem.RecordID, now time.Time, c idem.Change) {
+	if c.Delete || (c.Next != nil && (c.Next.State != idem.StateInFlight || s.holderChanged(id, c.Next))) {
+		for _, w := range s.watchers[id] {
+			close(w)
+		}
+		delete(s.watchers, id)
+	}
 	switch {
 	case c.Delete:
 		delete(s.records, id)
@@ -136,6 +149,41 @@ func (s *Store) apply(id idem.RecordID, now time.Time, c idem.Change) {
 			e.expires = now.Add(c.TTL)
 		}
 	}
+}
+
+func (s *Store) holderChanged(id idem.RecordID, next *idem.Record) bool {
+	e, ok := s.records[id]
+	return ok && e.rec.Token != next.Token
+}
+
+// Watch implements idem.Watcher.
+func (s *Store) Watch(ctx context.Context, id idem.RecordID) (<-chan struct{}, func(), error) {
+	if err := ctx.Err(); err != nil {
+		return nil, nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ch := make(chan struct{})
+	if cur := s.current(id, s.now()); cur == nil || cur.State != idem.StateInFlight {
+		close(ch)
+		return ch, func() {}, nil
+	}
+	s.watchers[id] = append(s.watchers[id], ch)
+	stop := func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		ws := s.watchers[id]
+		for i, w := range ws {
+			if w == ch {
+				s.watchers[id] = append(ws[:i], ws[i+1:]...)
+				break
+			}
+		}
+		if len(s.watchers[id]) == 0 {
+			delete(s.watchers, id)
+		}
+	}
+	return ch, stop, nil
 }
 
 // Reserve implements idem.Store.

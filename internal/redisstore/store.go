@@ -40,7 +40,7 @@ var (
 // scripts are built once per Store; redis.Script caches the SHA and falls
 // back from EVALSHA to EVAL when a restarted Redis has forgotten them.
 type scripts struct {
-	reserve, renew, complete, release, markUnknown *redis.Script
+	reserve, renew, complete, release, markUnknown, watch *redis.Script
 }
 
 func loadScripts() scripts {
@@ -50,6 +50,7 @@ func loadScripts() scripts {
 		complete:    redis.NewScript(completeLua),
 		release:     redis.NewScript(releaseLua),
 		markUnknown: redis.NewScript(markUnknownLua),
+		watch:       redis.NewScript(watchLua),
 	}
 }
 
@@ -76,13 +77,14 @@ type Store struct {
 	prefix      string
 	callTimeout time.Duration
 	s           scripts
+	hub         *hub
 }
 
 var _ idem.Store = (*Store)(nil)
 
 // New returns a Store using rdb. The caller keeps ownership of rdb.
 func New(rdb redis.UniversalClient, opts Options) *Store {
-	st := &Store{rdb: rdb, prefix: opts.Prefix, callTimeout: opts.CallTimeout, s: loadScripts()}
+	st := &Store{rdb: rdb, prefix: opts.Prefix, callTimeout: opts.CallTimeout, s: loadScripts(), hub: newHub(rdb)}
 	if st.prefix == "" {
 		st.prefix = DefaultPrefix
 	}
@@ -91,6 +93,10 @@ func New(rdb redis.UniversalClient, opts Options) *Store {
 	}
 	return st
 }
+
+// Close ends the store's pub/sub connection, if Watch opened one. The
+// client passed to New stays open.
+func (s *Store) Close() error { return s.hub.close() }
 
 // Key returns the Redis key of a record.
 func (s *Store) Key(id idem.RecordID) string { return s.prefix + "{" + string(id) + "}" }

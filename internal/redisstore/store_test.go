@@ -17,6 +17,8 @@ func TestContractStandalone(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = rdb.Close() })
-		return redisstore.New(rdb, redisstore.Options{})
+		st := redisstore.New(rdb, redisstore.Options{})
+		t.Cleanup(func() { _ = st.Close() })
+		return st
 	})
 }

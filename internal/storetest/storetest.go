@@ -340,6 +340,87 @@ var cases = []contractCase{
 			t.Fatalf("attempts = %d, want %d", rec.Attempts, n)
 		}
 	}},
+	{"watch wakes when an in-flight record settles", func(t *testing.T, s idem.Store) {
+		w, ok := s.(idem.Watcher)
+		if !ok {
+			t.Fatal("every store must implement idem.Watcher")
+		}
+		settle := map[string]func(idem.Store, idem.RecordID, idem.Token) error{
+			"complete": func(s idem.Store, id idem.RecordID, tok idem.Token) error {
+				return s.Complete(ctx(t), id, tok, sampleResponse(), retention)
+			},
+			"release": func(s idem.Store, id idem.RecordID, tok idem.Token) error { return s.Release(ctx(t), id, tok) },
+			"mark unknown": func(s idem.Store, id idem.RecordID, tok idem.Token) error {
+				return s.MarkUnknown(ctx(t), id, tok, retention)
+			},
+		}
+		for name, f := range settle {
+			id, tok := newID(), idem.NewToken()
+			mustReserve(t, s, reservation(id, fpA, tok, longLease), idem.Reserved, 1)
+			changed, stop, err := w.Watch(ctx(t), id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case <-changed:
+				t.Fatalf("%s: woke before anything happened", name)
+			case <-time.After(50 * time.Millisecond):
+			}
+			// A renewal is not a settlement.
+			if err := s.Renew(ctx(t), id, tok, longLease); err != nil {
+				t.Fatal(err)
+			}
+			if err := f(s, id, tok); err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			select {
+			case <-changed:
+			case <-time.After(5 * time.Second):
+				t.Fatalf("%s: the watch did not wake", name)
+			}
+			stop()
+		}
+		// A record already settled, or absent, wakes at once.
+		id, tok := newID(), idem.NewToken()
+		mustReserve(t, s, reservation(id, fpA, tok, longLease), idem.Reserved, 1)
+		if err := s.Complete(ctx(t), id, tok, sampleResponse(), retention); err != nil {
+			t.Fatal(err)
+		}
+		for _, target := range []idem.RecordID{id, newID()} {
+			changed, stop, err := w.Watch(ctx(t), target)
+			if err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case <-changed:
+			case <-time.After(5 * time.Second):
+				t.Fatal("a settled or absent record must wake at once")
+			}
+			stop()
+		}
+		// Many watchers of one record all wake.
+		id, tok = newID(), idem.NewToken()
+		mustReserve(t, s, reservation(id, fpA, tok, longLease), idem.Reserved, 1)
+		var chans []<-chan struct{}
+		for range 10 {
+			changed, stop, err := w.Watch(ctx(t), id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer stop()
+			chans = append(chans, changed)
+		}
+		if err := s.Complete(ctx(t), id, tok, sampleResponse(), retention); err != nil {
+			t.Fatal(err)
+		}
+		for i, c := range chans {
+			select {
+			case <-c:
+			case <-time.After(5 * time.Second):
+				t.Fatalf("watcher %d did not wake", i)
+			}
+		}
+	}},
 	{"ping answers", func(t *testing.T, s idem.Store) {
 		if err := s.Ping(ctx(t)); err != nil {
 			t.Fatal(err)

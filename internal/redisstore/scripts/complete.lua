@@ -13,8 +13,10 @@
 --
 -- Returns 1 when stored (or already stored by this token), 0 when no record
 -- exists, -1 when the token does not hold the record.
+-- Publishes on the channel KEYS[1] when a duplicate waits (field w; see
+-- watch.lua).
 
-local cur = redis.call('HMGET', KEYS[1], 's', 't')
+local cur = redis.call('HMGET', KEYS[1], 's', 't', 'w')
 if not cur[1] then
   return 0
 end
@@ -27,4 +29,8 @@ end
 redis.call('HSET', KEYS[1], 's', 'c', 'st', ARGV[3], 'h', ARGV[4], 'b', ARGV[5], 'o', ARGV[6])
 redis.call('HDEL', KEYS[1], 'l')
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
+if cur[3] then
+  redis.call('HDEL', KEYS[1], 'w')
+  redis.call('PUBLISH', KEYS[1], 'c')
+end
 return 1

@@ -7,8 +7,9 @@
 --
 -- Returns 1 when marked (or already unknown), 0 when no record exists, -1
 -- when the token does not hold the record or it completed.
+-- Publishes on the channel KEYS[1] when a duplicate waits (see watch.lua).
 
-local cur = redis.call('HMGET', KEYS[1], 's', 't')
+local cur = redis.call('HMGET', KEYS[1], 's', 't', 'w')
 if not cur[1] then
   return 0
 end
@@ -19,6 +20,9 @@ if cur[1] == 'u' then
   return 1
 end
 redis.call('HSET', KEYS[1], 's', 'u')
-redis.call('HDEL', KEYS[1], 'l')
+redis.call('HDEL', KEYS[1], 'l', 'w')
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
+if cur[3] then
+  redis.call('PUBLISH', KEYS[1], 'u')
+end
 return 1

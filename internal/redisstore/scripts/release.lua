@@ -6,8 +6,9 @@
 --
 -- Returns 1 when deleted, 0 when no record exists, -1 when the token does
 -- not hold the record or it completed.
+-- Publishes on the channel KEYS[1] when a duplicate waits (see watch.lua).
 
-local cur = redis.call('HMGET', KEYS[1], 's', 't')
+local cur = redis.call('HMGET', KEYS[1], 's', 't', 'w')
 if not cur[1] then
   return 0
 end
@@ -15,4 +16,7 @@ if cur[2] ~= ARGV[1] or cur[1] == 'c' then
   return -1
 end
 redis.call('DEL', KEYS[1])
+if cur[3] then
+  redis.call('PUBLISH', KEYS[1], 'r')
+end
 return 1

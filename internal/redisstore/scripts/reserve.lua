@@ -15,13 +15,16 @@
 --
 -- Record hash fields: s state (i in flight, c completed, u unknown),
 -- f fingerprint, t token, l lease end (ms), a attempts, c created (ms),
+-- w set while a duplicate waits for the record to settle (watch.lua),
 -- and for completed records st status, h headers, b body, o body omitted.
+-- Turning a record unknown or taking it over publishes on KEYS[1] for
+-- those waiters.
 
 local key = KEYS[1]
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
-local cur = redis.call('HMGET', key, 's', 'f', 't', 'l', 'a', 'c')
+local cur = redis.call('HMGET', key, 's', 'f', 't', 'l', 'a', 'c', 'w')
 local state = cur[1]
 if not state then
   redis.call('HSET', key, 's', 'i', 'f', ARGV[1], 't', ARGV[2],
@@ -49,6 +52,10 @@ if state == 'u' then
 end
 if now < tonumber(cur[4]) then
   return {'in_flight', attempt, created}
+end
+if cur[7] then
+  redis.call('HDEL', key, 'w')
+  redis.call('PUBLISH', key, 'x')
 end
 if ARGV[5] == 'r' then
   redis.call('HSET', key, 't', ARGV[2], 'l', now + tonumber(ARGV[3]))

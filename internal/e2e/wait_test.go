@@ -1,0 +1,98 @@
+package e2e
+
+import (
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/idem-extproc/idem-extproc/internal/envoysim"
+	"github.com/idem-extproc/idem-extproc/internal/harness"
+	"github.com/idem-extproc/idem-extproc/internal/policy"
+	"github.com/idem-extproc/idem-extproc/internal/problem"
+)
+
+// waitingEnv runs a policy with wait_for_in_flight behind a filter whose
+// message_timeout is shorter than the wait: only the server's
+// override_message_timeout (within max_message_timeout) keeps Envoy from
+// answering 504 while a duplicate waits.
+func waitingEnv(t *testing.T, wait time.Duration, memory bool) *harness.Env {
+	p := policy.Default()
+	p.WaitForInFlight = wait
+	cfg := envoysim.RecommendedConfig()
+	cfg.MessageTimeout = durationpb.New(time.Second)
+	cfg.MaxMessageTimeout = durationpb.New(10 * time.Second)
+	return harness.Start(t, harness.Options{Memory: memory, Filter: cfg, Policies: &policy.Set{Policies: []*policy.Policy{p}}})
+}
+
+// TestWaitForInFlightReplays: 50 duplicates arriving while the first
+// attempt runs all wait for it and receive its replay; the operation runs
+// once.
+func TestWaitForInFlightReplays(t *testing.T) {
+	for _, memory := range []bool{false, true} {
+		name := "redis"
+		if memory {
+			name = "memory"
+		}
+		t.Run(name, func(t *testing.T) {
+			env := waitingEnv(t, 5*time.Second, memory)
+			first := make(chan harness.Reply, 1)
+			go func() { first <- env.Post("/orders", "wait-1", `{"w":1}`, "x-upstream-delay", "1500ms") }()
+			waitFor(t, func() bool { return env.Upstream.CountKey("wait-1") == 0 && len(env.Results()) == 0 && recordState(t, env, "wait-1") != 0 })
+			const n = 50
+			var wg sync.WaitGroup
+			replies := make([]harness.Reply, n)
+			for i := range n {
+				wg.Go(func() { replies[i] = env.Post("/orders", "wait-1", `{"w":1}`, "x-upstream-delay", "1500ms") })
+			}
+			wg.Wait()
+			orig := <-first
+			wantStatus(t, orig, http.StatusCreated)
+			for i, r := range replies {
+				if r.Status != http.StatusCreated || r.Header.Get("Idempotent-Replayed") != "true" || r.Body != orig.Body {
+					t.Fatalf("duplicate %d: %d %q replayed=%q", i, r.Status, r.Body, r.Header.Get("Idempotent-Replayed"))
+				}
+			}
+			if c := env.Upstream.CountKey("wait-1"); c != 1 {
+				t.Fatalf("effects = %d, want 1", c)
+			}
+		})
+	}
+}
+
+// TestWaitForInFlightIsBounded: past the bound the duplicate gets the 409.
+func TestWaitForInFlightIsBounded(t *testing.T) {
+	env := waitingEnv(t, 300*time.Millisecond, false)
+	first := make(chan harness.Reply, 1)
+	go func() { first <- env.Post("/orders", "wait-2", `{}`, "x-upstream-delay", "2s") }()
+	waitFor(t, func() bool { return recordState(t, env, "wait-2") != 0 })
+	start := time.Now()
+	r := env.Post("/orders", "wait-2", `{}`)
+	wantProblem(t, r, problem.InProgress)
+	if waited := time.Since(start); waited < 300*time.Millisecond {
+		t.Fatalf("answered after %v: the duplicate should have waited its bound", waited)
+	}
+	wantStatus(t, <-first, http.StatusCreated)
+}
+
+// TestWaitForInFlightAfterRelease: when the first attempt is released (the
+// upstream said 429), a waiting duplicate runs the operation itself.
+func TestWaitForInFlightAfterRelease(t *testing.T) {
+	env := waitingEnv(t, 5*time.Second, false)
+	first := make(chan harness.Reply, 1)
+	go func() { first <- env.Post("/orders", "wait-3", `{}`, "x-upstream-delay", "500ms", "x-upstream-status", "429") }()
+	waitFor(t, func() bool { return recordState(t, env, "wait-3") != 0 })
+	r := env.Post("/orders", "wait-3", `{}`)
+	wantStatus(t, r, http.StatusCreated)
+	if r.Header.Get("Idempotent-Replayed") != "" {
+		t.Fatal("a released operation must run again, not replay")
+	}
+	if got := (<-first).Status; got != http.StatusTooManyRequests {
+		t.Fatalf("first = %d", got)
+	}
+	if c := env.Upstream.CountKey("wait-3"); c != 2 {
+		t.Fatalf("effects = %d, want 2 (the 429 and the retry)", c)
+	}
+}

@@ -1,0 +1,166 @@
+package extproc
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/idem-extproc/idem-extproc/internal/fingerprint"
+	"github.com/idem-extproc/idem-extproc/internal/idem"
+	"github.com/idem-extproc/idem-extproc/internal/policy"
+	"github.com/idem-extproc/idem-extproc/internal/problem"
+)
+
+// decide fingerprints the complete request, reserves its key and answers:
+// CONTINUE for the first attempt, or an immediate response for any other.
+func (p *processor) decide(ctx context.Context, req *extprocv3.ProcessingRequest) *extprocv3.ProcessingResponse {
+	fp := fingerprint.Compute(fingerprint.Request{
+		Method:  p.method,
+		Path:    p.path,
+		Headers: p.reqHeaders,
+		Body:    p.reqBody,
+		JSON:    p.pol.FingerprintJSON,
+	}, p.pol.FingerprintHeaders)
+	p.reqBody, p.reqHeaders = nil, nil
+	p.tok = idem.NewToken()
+
+	res, err := p.reserve(ctx, fp)
+	if err != nil {
+		if p.pol.FailureMode == policy.FailOpen {
+			p.log().LogAttrs(ctx, slog.LevelWarn, "store unavailable; request passes unprotected (fail_open)",
+				p.logAttrs(slog.String("error", err.Error()))...)
+			return p.passThrough(req)
+		}
+		p.log().LogAttrs(ctx, slog.LevelError, "store unavailable; request refused (fail_closed)",
+			p.logAttrs(slog.String("error", err.Error()))...)
+		prob := problem.New(problem.StoreUnavailable, "the idempotency store cannot be reached; retry later")
+		prob.RetryAfter = p.pol.RetryAfter
+		return p.answer(problemResponse(prob))
+	}
+	p.attempt = res.Attempt
+	p.log().LogAttrs(ctx, slog.LevelInfo, "decision", p.logAttrs(slog.String("decision", res.Outcome.String()))...)
+	if res.Outcome == idem.InFlight && p.pol.WaitForInFlight > 0 {
+		if w, ok := p.srv.cfg.Store.(idem.Watcher); ok {
+			res = p.awaitFirst(ctx, w, fp, res)
+		}
+	}
+	return p.answerFor(req, res)
+}
+
+// answerFor turns a reservation's outcome into the reply.
+func (p *processor) answerFor(req *extprocv3.ProcessingRequest, res idem.ReserveResult) *extprocv3.ProcessingResponse {
+	switch res.Outcome {
+	case idem.Reserved:
+		p.reserved = true
+		p.stage = stageUpstream
+		p.renew = startRenewer(p.srv, p.id, p.tok, p.pol.Lease)
+		return continueFor(req)
+	case idem.Completed:
+		return p.answer(replayResponse(res.Response))
+	case idem.InFlight:
+		prob := problem.New(problem.InProgress, "an earlier request with this Idempotency-Key is still being processed; retry later")
+		prob.RetryAfter = p.pol.RetryAfter
+		return p.answer(problemResponse(prob))
+	case idem.Unknown:
+		return p.answer(problemResponse(problem.New(problem.OutcomeUnknown,
+			"an earlier request with this Idempotency-Key ended without a known outcome; "+
+				"check the resource's state before retrying with a new key")))
+	default: // idem.Mismatch
+		return p.answer(problemResponse(problem.New(problem.KeyReused,
+			"this Idempotency-Key was already used for a request with a different method, path, headers or body")))
+	}
+}
+
+// reject answers a request the server refuses before any store call.
+func (p *processor) reject(ctx context.Context, prob *problem.Problem) *extprocv3.ProcessingResponse {
+	p.log().LogAttrs(ctx, slog.LevelInfo, "rejected", p.logAttrs(slog.String("problem", prob.Slug))...)
+	return p.answer(problemResponse(prob))
+}
+
+// answer ends the request with the server's own response. Envoy sends no
+// further message for it.
+func (p *processor) answer(resp *extprocv3.ProcessingResponse) *extprocv3.ProcessingResponse {
+	p.stage = stagePassThrough
+	return resp
+}
+
+// passThrough lets an unprotected request go on and asks Envoy to skip
+// every later phase of it.
+func (p *processor) passThrough(req *extprocv3.ProcessingRequest) *extprocv3.ProcessingResponse {
+	p.stage = stagePassThrough
+	if _, ok := req.GetRequest().(*extprocv3.ProcessingRequest_RequestHeaders); ok {
+		return continueWith(req, skipEverything)
+	}
+	return continueFor(req)
+}
+
+func (p *processor) reserve(ctx context.Context, fp idem.Fingerprint) (idem.ReserveResult, error) {
+	sctx, cancel := p.storeCtx(ctx)
+	defer cancel()
+	return p.srv.cfg.Store.Reserve(sctx, idem.Reservation{
+		ID:          p.id,
+		Fingerprint: fp,
+		Token:       p.tok,
+		Lease:       p.pol.Lease,
+		Retention:   p.pol.Retention,
+		LeaseExpiry: p.pol.LeaseExpiry,
+	})
+}
+
+// awaitFirst lets a duplicate wait, up to the policy's wait_for_in_flight,
+// for the attempt that holds the record to settle, woken by the store
+// rather than polling it. It returns what the duplicate should be told:
+// the replay once the first attempt completed, a fresh reservation if it
+// was released, or the outcome found when the wait ends.
+func (p *processor) awaitFirst(ctx context.Context, w idem.Watcher, fp idem.Fingerprint, first idem.ReserveResult) idem.ReserveResult {
+	deadline := time.Now().Add(p.pol.WaitForInFlight)
+	// Envoy times each message out (message_timeout, 200 ms by default):
+	// ask for the wait plus two store calls. Envoy honours it only up to
+	// the filter's max_message_timeout.
+	if err := p.send(&extprocv3.ProcessingResponse{
+		OverrideMessageTimeout: durationpb.New(p.pol.WaitForInFlight + 2*p.srv.cfg.StoreTimeout),
+	}); err != nil {
+		return first
+	}
+	wctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	for {
+		changed, stop, err := w.Watch(wctx, p.id)
+		if err != nil {
+			return first
+		}
+		select {
+		case <-changed:
+		case <-wctx.Done():
+		}
+		stop()
+		sctx, scancel := p.storeCtx(ctx)
+		rec, err := p.srv.cfg.Store.Get(sctx, p.id)
+		scancel()
+		switch {
+		case errors.Is(err, idem.ErrNotFound):
+			// Released (the upstream asked for a retry): this attempt may
+			// run the operation now.
+			res, err := p.reserve(ctx, fp)
+			if err != nil {
+				return first
+			}
+			return res
+		case err != nil:
+			return first
+		case rec.Fingerprint != fp:
+			return idem.ReserveResult{Outcome: idem.Mismatch}
+		case rec.State == idem.StateCompleted:
+			return idem.ReserveResult{Outcome: idem.Completed, Attempt: first.Attempt, Response: rec.Response, CreatedAt: rec.CreatedAt}
+		case rec.State == idem.StateUnknown:
+			return idem.ReserveResult{Outcome: idem.Unknown, Attempt: first.Attempt, CreatedAt: rec.CreatedAt}
+		}
+		if wctx.Err() != nil {
+			return first // still in flight when the wait ran out: 409
+		}
+	}
+}

@@ -1,0 +1,150 @@
+package extproc
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"strconv"
+
+	procmodev3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+
+	"github.com/idem-extproc/idem-extproc/internal/idem"
+)
+
+func (p *processor) onResponseHeaders(ctx context.Context, req *extprocv3.ProcessingRequest, hh *extprocv3.HttpHeaders) *extprocv3.ProcessingResponse {
+	hs := headerList(hh.GetHeaders())
+	statusText, _ := firstHeader(hs, ":status")
+	status, err := strconv.Atoi(statusText)
+	if err != nil {
+		status = 0 // no rule covers 0: the outcome is unknown
+	}
+	attrs := attributes(req)
+	origin := idem.ClassifyOrigin(attrString(attrs, "response.code_details"), attrUint(attrs, "response.flags"))
+	action := idem.DecideResponse(p.pol.ResponseRules, origin, status)
+	p.log().LogAttrs(ctx, slog.LevelDebug, "response", p.logAttrs(
+		slog.Int("status", status), slog.String("origin", origin.String()), slog.String("action", action.String()))...)
+
+	switch action {
+	case idem.ActionRelease:
+		p.settle(ctx, idem.ActionRelease)
+		return continueWith(req, skipResponseBody)
+	case idem.ActionUnknown:
+		p.settle(ctx, idem.ActionUnknown)
+		return continueWith(req, skipResponseBody)
+	}
+	p.respStatus = status
+	for _, h := range hs {
+		if p.pol.StoresHeader(h.Name) {
+			p.respHeaders = append(p.respHeaders, h)
+		}
+	}
+	if hh.GetEndOfStream() {
+		p.complete(ctx)
+		return continueFor(req)
+	}
+	p.stage = stageResponseBody
+	if p.responseBodyMode == procmodev3.ProcessingMode_NONE {
+		return continueWith(req, bufferResponseBody)
+	}
+	return continueFor(req)
+}
+
+func (p *processor) onResponseBody(ctx context.Context, req *extprocv3.ProcessingRequest, body *extprocv3.HttpBody) *extprocv3.ProcessingResponse {
+	if !p.respTooLarge {
+		if len(p.respBody)+len(body.GetBody()) > p.pol.MaxStoredBody {
+			p.respTooLarge, p.respBody = true, nil
+		} else {
+			p.respBody = append(p.respBody, body.GetBody()...)
+		}
+	}
+	// In BUFFERED mode the body is whole even when trailers follow.
+	if body.GetEndOfStream() || p.responseBodyMode == procmodev3.ProcessingMode_BUFFERED {
+		p.complete(ctx)
+	}
+	return continueFor(req)
+}
+
+// complete stores the response. It runs before the reply that lets the
+// response go on, so a client that sees the response and retries at once
+// finds it stored.
+func (p *processor) complete(ctx context.Context) {
+	if !p.reserved {
+		return
+	}
+	resp := idem.Response{Status: p.respStatus, Headers: p.respHeaders, Body: p.respBody, BodyOmitted: p.respTooLarge}
+	p.finalize(ctx, "complete", func(ctx context.Context) error {
+		return p.srv.cfg.Store.Complete(ctx, p.id, p.tok, resp, p.pol.Retention)
+	}, slog.Int("status", p.respStatus), slog.Bool("body_omitted", p.respTooLarge))
+}
+
+// settle releases the record or marks it unknown.
+func (p *processor) settle(ctx context.Context, action idem.Action) {
+	if !p.reserved {
+		return
+	}
+	op := func(ctx context.Context) error {
+		return p.srv.cfg.Store.MarkUnknown(ctx, p.id, p.tok, p.pol.Retention)
+	}
+	if action == idem.ActionRelease {
+		op = func(ctx context.Context) error { return p.srv.cfg.Store.Release(ctx, p.id, p.tok) }
+	}
+	p.finalize(ctx, action.String(), op)
+}
+
+// finalize applies the attempt's last transition. It does not end with the
+// stream's context: Envoy resetting the stream must not cancel the write
+// that records what happened. If the store fails, the stream's end tries
+// once more with a longer budget; if that fails too, the unrenewed lease
+// still turns the record unknown: never a silent second execution.
+func (p *processor) finalize(ctx context.Context, op string, apply func(context.Context) error, attrs ...slog.Attr) {
+	p.stopRenewing()
+	p.reserved = false
+	p.stage = stagePassThrough
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.srv.cfg.StoreTimeout)
+	err := apply(sctx)
+	cancel()
+	attrs = append(attrs, slog.String("op", op))
+	if err != nil && !errors.Is(err, idem.ErrNotHolder) && !errors.Is(err, idem.ErrNotFound) {
+		p.retry = func(ctx context.Context) error { return apply(ctx) }
+		p.retryOp = op
+		p.log().LogAttrs(ctx, slog.LevelWarn, "record not settled; will retry when the stream ends",
+			p.logAttrs(append(attrs, slog.String("error", err.Error()))...)...)
+		return
+	}
+	p.log().LogAttrs(ctx, slog.LevelInfo, "settled", p.logAttrs(append(attrs, errAttr(err))...)...)
+}
+
+func errAttr(err error) slog.Attr {
+	if err == nil {
+		return slog.Attr{}
+	}
+	return slog.String("error", err.Error())
+}
+
+// finish runs when the stream ends, however it ends. A record still held
+// means the response never arrived whole: with response headers in hand the
+// upstream did answer, so the record completes without its body; with none
+// the outcome is unknown (or released, by policy).
+func (p *processor) finish() {
+	ctx, cancel := context.WithTimeout(context.Background(), p.srv.cfg.FinishTimeout)
+	defer cancel()
+	if p.retry != nil {
+		err := p.retry(ctx)
+		level, msg := slog.LevelInfo, "settled on retry"
+		if err != nil && !errors.Is(err, idem.ErrNotHolder) && !errors.Is(err, idem.ErrNotFound) {
+			level, msg = slog.LevelError, "record not settled; it turns unknown when its lease ends"
+		}
+		p.log().LogAttrs(ctx, level, msg, p.logAttrs(slog.String("op", p.retryOp), errAttr(err))...)
+		return
+	}
+	if !p.reserved {
+		return
+	}
+	if p.stage == stageResponseBody {
+		p.respTooLarge, p.respBody = true, nil
+		p.complete(ctx)
+		return
+	}
+	p.settle(ctx, p.pol.OnStreamReset)
+}

@@ -1,0 +1,169 @@
+package redisstore
+
+import (
+	"context"
+	_ "embed" // the watch script
+	"fmt"
+	"sync"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idem-extproc/idem-extproc/internal/idem"
+)
+
+//go:embed scripts/watch.lua
+var watchLua string
+
+var _ idem.Watcher = (*Store)(nil)
+
+// hub multiplexes every watch of a Store over one Redis pub/sub
+// connection: one channel per awaited record (named like its key), joined
+// while someone waits and left when the last waiter stops.
+type hub struct {
+	rdb redis.UniversalClient
+
+	mu        sync.Mutex
+	ps        *redis.PubSub
+	waiters   map[string][]chan struct{} // channel -> closed on a message
+	confirmed map[string]bool
+	confirmWt map[string][]chan struct{} // channel -> closed on subscription
+	done      chan struct{}
+}
+
+func newHub(rdb redis.UniversalClient) *hub {
+	return &hub{
+		rdb:       rdb,
+		waiters:   map[string][]chan struct{}{},
+		confirmed: map[string]bool{},
+		confirmWt: map[string][]chan struct{}{},
+	}
+}
+
+// join adds a waiter on channel and returns a channel closed once the
+// subscription is active.
+func (h *hub) join(ctx context.Context, channel string, w chan struct{}) (<-chan struct{}, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.ps == nil {
+		h.ps = h.rdb.Subscribe(context.WithoutCancel(ctx))
+		h.done = make(chan struct{})
+		go h.dispatch(h.ps.ChannelWithSubscriptions(), h.done)
+	}
+	h.waiters[channel] = append(h.waiters[channel], w)
+	active := make(chan struct{})
+	if h.confirmed[channel] {
+		close(active)
+		return active, nil
+	}
+	first := len(h.confirmWt[channel]) == 0 && len(h.waiters[channel]) == 1
+	h.confirmWt[channel] = append(h.confirmWt[channel], active)
+	if first {
+		if err := h.ps.Subscribe(ctx, channel); err != nil {
+			h.removeLocked(channel, w)
+			return nil, fmt.Errorf("redisstore: subscribe: %w", err)
+		}
+	}
+	return active, nil
+}
+
+// leave removes a waiter; the last one out unsubscribes.
+func (h *hub) leave(channel string, w chan struct{}) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.removeLocked(channel, w)
+}
+
+func (h *hub) removeLocked(channel string, w chan struct{}) {
+	ws := h.waiters[channel]
+	for i, x := range ws {
+		if x == w {
+			ws = append(ws[:i], ws[i+1:]...)
+			break
+		}
+	}
+	if len(ws) > 0 {
+		h.waiters[channel] = ws
+		return
+	}
+	delete(h.waiters, channel)
+	delete(h.confirmed, channel)
+	for _, c := range h.confirmWt[channel] {
+		close(c)
+	}
+	delete(h.confirmWt, channel)
+	// Best effort: a failed unsubscribe costs only stray messages, which
+	// dispatch drops.
+	_ = h.ps.Unsubscribe(context.Background(), channel)
+}
+
+func (h *hub) dispatch(msgs <-chan any, done chan struct{}) {
+	defer close(done)
+	for m := range msgs {
+		h.mu.Lock()
+		switch m := m.(type) {
+		case *redis.Subscription:
+			// Also sent again after go-redis reconnects and resubscribes.
+			if m.Kind == "subscribe" && len(h.waiters[m.Channel]) > 0 {
+				h.confirmed[m.Channel] = true
+				for _, c := range h.confirmWt[m.Channel] {
+					close(c)
+				}
+				delete(h.confirmWt, m.Channel)
+			}
+		case *redis.Message:
+			for _, w := range h.waiters[m.Channel] {
+				close(w)
+			}
+			// The waiters are woken; they stop their watch themselves.
+			h.waiters[m.Channel] = nil
+		}
+		h.mu.Unlock()
+	}
+}
+
+func (h *hub) close() error {
+	h.mu.Lock()
+	ps, done := h.ps, h.done
+	h.ps = nil
+	h.mu.Unlock()
+	if ps == nil {
+		return nil
+	}
+	err := ps.Close()
+	<-done
+	return err
+}
+
+// Watch implements idem.Watcher: it subscribes to the record's channel,
+// then marks the record as awaited (watch.lua), so the script that settles
+// it publishes. A record that is not in flight any more wakes at once.
+func (s *Store) Watch(ctx context.Context, id idem.RecordID) (<-chan struct{}, func(), error) {
+	key := s.Key(id)
+	w := make(chan struct{})
+	active, err := s.hub.join(ctx, key, w)
+	if err != nil {
+		return nil, nil, err
+	}
+	var once sync.Once
+	stop := func() { once.Do(func() { s.hub.leave(key, w) }) }
+	bctx, cancel := s.bound(ctx)
+	defer cancel()
+	select {
+	case <-active:
+	case <-bctx.Done():
+		stop()
+		return nil, nil, fmt.Errorf("redisstore: watch: subscription not confirmed: %w", bctx.Err())
+	}
+	state, err := s.s.watch.Run(bctx, s.rdb, []string{key}).Text()
+	if err != nil {
+		stop()
+		return nil, nil, fmt.Errorf("redisstore: watch: %w", err)
+	}
+	if state != "i" {
+		stop()
+		done := make(chan struct{})
+		close(done)
+		return done, func() {}, nil
+	}
+	return w, stop, nil
+}
