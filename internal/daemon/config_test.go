@@ -2,9 +2,9 @@ package daemon
 
 import (
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
-	"log/slog"
 	"strings"
 	"testing"
 	"time"

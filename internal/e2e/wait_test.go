@@ -40,7 +40,9 @@ func TestWaitForInFlightReplays(t *testing.T) {
 			env := waitingEnv(t, 5*time.Second, memory)
 			first := make(chan harness.Reply, 1)
 			go func() { first <- env.Post("/orders", "wait-1", `{"w":1}`, "x-upstream-delay", "1500ms") }()
-			waitFor(t, func() bool { return env.Upstream.CountKey("wait-1") == 0 && len(env.Results()) == 0 && recordState(t, env, "wait-1") != 0 })
+			waitFor(t, func() bool {
+				return env.Upstream.CountKey("wait-1") == 0 && len(env.Results()) == 0 && recordState(t, env, "wait-1") != 0
+			})
 			const n = 50
 			var wg sync.WaitGroup
 			replies := make([]harness.Reply, n)
@@ -82,7 +84,9 @@ func TestWaitForInFlightIsBounded(t *testing.T) {
 func TestWaitForInFlightAfterRelease(t *testing.T) {
 	env := waitingEnv(t, 5*time.Second, false)
 	first := make(chan harness.Reply, 1)
-	go func() { first <- env.Post("/orders", "wait-3", `{}`, "x-upstream-delay", "500ms", "x-upstream-status", "429") }()
+	go func() {
+		first <- env.Post("/orders", "wait-3", `{}`, "x-upstream-delay", "500ms", "x-upstream-status", "429")
+	}()
 	waitFor(t, func() bool { return recordState(t, env, "wait-3") != 0 })
 	r := env.Post("/orders", "wait-3", `{}`)
 	wantStatus(t, r, http.StatusCreated)

@@ -19,7 +19,8 @@ import (
 // Requests steer it with headers (which the proxy passes through):
 // x-upstream-delay (a Go duration to wait before the effect),
 // x-upstream-status (the status to answer, default 201 for writes, 200
-// else), x-upstream-size (pad the body to this many bytes).
+// else), x-upstream-size (pad the body to this many bytes),
+// x-upstream-set-cookie (answer with this Set-Cookie).
 type Upstream struct {
 	srv *httptest.Server
 
@@ -109,6 +110,9 @@ func (u *Upstream) serve(w http.ResponseWriter, r *http.Request) {
 	w.Header().Add("X-Effect", strconv.Itoa(seq))
 	w.Header().Add("X-Multi", "first")
 	w.Header().Add("X-Multi", "second")
+	if c := r.Header.Get("x-upstream-set-cookie"); c != "" {
+		w.Header().Set("Set-Cookie", c)
+	}
 	w.WriteHeader(status)
 	_, _ = w.Write(resp)
 }

@@ -49,11 +49,11 @@ var (
 // New returns an empty store with a background sweeper; Close stops it.
 func New(opts Options) *Store {
 	s := &Store{
-		now:     opts.Now,
+		now:      opts.Now,
 		records:  make(map[idem.RecordID]*entry),
 		watchers: make(map[idem.RecordID][]chan struct{}),
-		stop:    make(chan struct{}),
-		done:    make(chan struct{}),
+		stop:     make(chan struct{}),
+		done:     make(chan struct{}),
 	}
 	if s.now == nil {
 		s.now = time.Now
