@@ -212,6 +212,11 @@ func (x *exchange) run(ctx context.Context, up Upstream) (*Response, error) {
 	x.res.UpstreamCalled, x.res.UpstreamRequest = true, upReq
 	start := time.Now()
 	resp, err := up(ctx, upReq)
+	if ctx.Err() != nil {
+		// The downstream went away while the upstream worked: Envoy resets
+		// the whole stream, with no local reply to pass through the filter.
+		return nil, errClientGone
+	}
 	if err := x.clientGoneAfter(PhaseUpstream); err != nil {
 		return nil, err
 	}

@@ -54,6 +54,10 @@ type Options struct {
 	// ResponseDelay and RouteTimeout shape the proxy (see envoysim.Proxy).
 	ResponseDelay time.Duration
 	RouteTimeout  time.Duration
+	// Route and Decorate shape each request as Envoy's routing and earlier
+	// filters would (see envoysim.Proxy).
+	Route    func(r *http.Request) (string, *extprocfilterv3.ExtProcPerRoute)
+	Decorate func(r *http.Request, req *envoysim.Request)
 	// ServerAddr points the proxy at an ext_proc server already running
 	// (the built binary, say) instead of starting one in process.
 	ServerAddr string
@@ -155,6 +159,8 @@ func Start(t testing.TB, opts Options) *Env {
 		Filter:        e.Filter,
 		Upstream:      envoysim.HTTPUpstream(http.DefaultClient, base, opts.RouteTimeout),
 		ResponseDelay: opts.ResponseDelay,
+		Route:         opts.Route,
+		Decorate:      opts.Decorate,
 		Observe: func(r *envoysim.Result) {
 			e.mu.Lock()
 			e.results = append(e.results, r)
@@ -272,6 +278,10 @@ func (e *Env) Do(method, path, body string, timeout time.Duration, headers ...st
 		req.Header.Set("Content-Type", "application/json")
 	}
 	for i := 0; i+1 < len(headers); i += 2 {
+		if http.CanonicalHeaderKey(headers[i]) == "Host" {
+			req.Host = headers[i+1] // net/http sends Host from here only
+			continue
+		}
 		req.Header.Add(headers[i], headers[i+1])
 	}
 	resp, err := e.Client.Do(req)
