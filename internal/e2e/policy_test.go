@@ -372,3 +372,20 @@ func fingerprintOf(body, path string) idem.Fingerprint {
 		Body:    []byte(body),
 	}, []string{"content-type"})
 }
+
+// TestResponseRulesByOrigin: a rule may single out Envoy's own replies,
+// told apart by the response.code_details and response.flags attributes.
+func TestResponseRulesByOrigin(t *testing.T) {
+	env := harness.Start(t, harness.Options{RouteTimeout: 100 * time.Millisecond, Policies: policies(t, `
+defaults:
+  responses:
+    - {status: 504, origin: envoy_maybe_sent, action: release}
+`)})
+	// Envoy's own 504 (route timeout): released by the rule, so the retry
+	// runs; the upstream's own 504 is still stored.
+	wantStatus(t, env.Post("/orders", "envoy-504", `{}`, "x-upstream-delay", "300ms"), http.StatusGatewayTimeout)
+	wantStatus(t, env.Post("/orders", "envoy-504", `{}`), http.StatusCreated)
+	first := env.Post("/orders", "app-504", `{}`, "x-upstream-status", "504")
+	wantStatus(t, first, http.StatusGatewayTimeout)
+	wantReplayOf(t, env.Post("/orders", "app-504", `{}`), first)
+}
