@@ -51,7 +51,7 @@ func headers(eos bool, kv ...string) *extprocv3.HttpHeaders {
 func TestProtocolViolationsEndTheStream(t *testing.T) {
 	c := client(t)
 	for name, msgs := range map[string][]*extprocv3.ProcessingRequest{
-		"body before headers": {{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: []byte("x"), EndOfStream: true}}}},
+		"body before headers":     {{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: []byte("x"), EndOfStream: true}}}},
 		"trailers before headers": {{Request: &extprocv3.ProcessingRequest_RequestTrailers{RequestTrailers: &extprocv3.HttpTrailers{}}}},
 		"headers twice": {
 			{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: headers(false, ":method", "POST", ":path", "/", "idempotency-key", "k")}},
