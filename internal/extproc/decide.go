@@ -31,10 +31,12 @@ func (p *processor) decide(ctx context.Context, req *extprocv3.ProcessingRequest
 	res, err := p.reserve(ctx, fp)
 	if err != nil {
 		if p.pol.FailureMode == policy.FailOpen {
+			p.decided(DecisionFailOpen)
 			p.log().LogAttrs(ctx, slog.LevelWarn, "store unavailable; request passes unprotected (fail_open)",
 				p.logAttrs(slog.String("error", err.Error()))...)
 			return p.passThrough(req)
 		}
+		p.decided(DecisionStoreUnavailable)
 		p.log().LogAttrs(ctx, slog.LevelError, "store unavailable; request refused (fail_closed)",
 			p.logAttrs(slog.String("error", err.Error()))...)
 		prob := problem.New(problem.StoreUnavailable, "the idempotency store cannot be reached; retry later")
@@ -53,13 +55,17 @@ func (p *processor) decide(ctx context.Context, req *extprocv3.ProcessingRequest
 
 // answerFor turns a reservation's outcome into the reply.
 func (p *processor) answerFor(req *extprocv3.ProcessingRequest, res idem.ReserveResult) *extprocv3.ProcessingResponse {
+	p.decided(decisionFor(res.Outcome))
 	switch res.Outcome {
 	case idem.Reserved:
 		p.reserved = true
 		p.stage = stageUpstream
-		p.renew = startRenewer(p.srv, p.id, p.tok, p.pol.Lease)
+		p.renew = startRenewer(p.spanCtxOr(context.Background()), p.srv, p.id, p.tok, p.pol.Lease)
 		return continueFor(req)
 	case idem.Completed:
+		if !res.CreatedAt.IsZero() {
+			p.srv.obs.Replayed(p.pol.Name, time.Since(res.CreatedAt))
+		}
 		return p.answer(replayResponse(res.Response))
 	case idem.InFlight:
 		prob := problem.New(problem.InProgress, "an earlier request with this Idempotency-Key is still being processed; retry later")
@@ -75,8 +81,23 @@ func (p *processor) answerFor(req *extprocv3.ProcessingRequest, res idem.Reserve
 	}
 }
 
+func decisionFor(o idem.Outcome) Decision {
+	switch o {
+	case idem.Reserved:
+		return DecisionReserved
+	case idem.Completed:
+		return DecisionReplayed
+	case idem.InFlight:
+		return DecisionConflict
+	case idem.Unknown:
+		return DecisionUnknown
+	}
+	return DecisionMismatch
+}
+
 // reject answers a request the server refuses before any store call.
 func (p *processor) reject(ctx context.Context, prob *problem.Problem) *extprocv3.ProcessingResponse {
+	p.decided(DecisionRejected)
 	p.log().LogAttrs(ctx, slog.LevelInfo, "rejected", p.logAttrs(slog.String("problem", prob.Slug))...)
 	return p.answer(problemResponse(prob))
 }

@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"time"
 
 	procmodev3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/idem-extproc/idem-extproc/internal/idem"
@@ -63,6 +65,12 @@ type processor struct {
 	attempt  int
 	renew    *renewer
 
+	// span is the stream's span; spanCtx carries it for work done after
+	// the stream's own context ended.
+	span    trace.Span
+	spanCtx context.Context
+	started time.Time
+
 	respStatus   int
 	respHeaders  []idem.Header
 	respBody     []byte
@@ -70,12 +78,12 @@ type processor struct {
 
 	// retry is a final transition the store refused; the stream's end
 	// tries it once more.
-	retry   func(context.Context) error
-	retryOp string
+	retry         func(context.Context) error
+	retryDecision Decision
 }
 
 func newProcessor(s *Server, set *policy.Set, send func(*extprocv3.ProcessingResponse) error) *processor {
-	return &processor{srv: s, policies: set, send: send}
+	return &processor{srv: s, policies: set, send: send, started: time.Now()}
 }
 
 func (p *processor) log() *slog.Logger { return p.srv.log }
@@ -96,6 +104,7 @@ func (p *processor) logAttrs(extra ...slog.Attr) []slog.Attr {
 	if p.attempt > 0 {
 		attrs = append(attrs, slog.Int("attempt", p.attempt))
 	}
+	attrs = append(attrs, slog.Float64("latency_ms", float64(time.Since(p.started).Microseconds())/1000))
 	return append(attrs, extra...)
 }
 
@@ -178,6 +187,7 @@ func (p *processor) onRequestHeaders(ctx context.Context, req *extprocv3.Process
 		RouteName: attrString(attrs, "xds.route_name"),
 	})
 	if p.pol == nil {
+		p.decided(DecisionBypassed)
 		return p.passThrough(req)
 	}
 	rawKey, present := firstHeader(hs, p.pol.KeyHeader)
@@ -185,6 +195,7 @@ func (p *processor) onRequestHeaders(ctx context.Context, req *extprocv3.Process
 		if p.pol.KeyRequired {
 			return p.reject(ctx, problem.New(problem.KeyMissing, "this endpoint requires an Idempotency-Key header"))
 		}
+		p.decided(DecisionBypassed)
 		return p.passThrough(req)
 	}
 	key, err := idem.ParseKey(rawKey, p.pol.MaxKeyLength)

@@ -25,12 +25,15 @@ type renewer struct {
 	stopped bool
 }
 
-func startRenewer(s *Server, id idem.RecordID, tok idem.Token, lease time.Duration) *renewer {
+// startRenewer renews in the background; base carries the stream's span
+// (its cancellation is ignored: the renewer is stopped explicitly).
+func startRenewer(base context.Context, s *Server, id idem.RecordID, tok idem.Token, lease time.Duration) *renewer {
+	base = context.WithoutCancel(base)
 	r := &renewer{}
 	every := lease / 2
 	var tick func()
 	tick = func() {
-		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.StoreTimeout)
+		ctx, cancel := context.WithTimeout(base, s.cfg.StoreTimeout)
 		err := s.cfg.Store.Renew(ctx, id, tok, lease)
 		cancel()
 		next := every

@@ -73,7 +73,7 @@ func (p *processor) complete(ctx context.Context) {
 		return
 	}
 	resp := idem.Response{Status: p.respStatus, Headers: p.respHeaders, Body: p.respBody, BodyOmitted: p.respTooLarge}
-	p.finalize(ctx, "complete", func(ctx context.Context) error {
+	p.finalize(ctx, DecisionStored, func(ctx context.Context) error {
 		return p.srv.cfg.Store.Complete(ctx, p.id, p.tok, resp, p.pol.Retention)
 	}, slog.Int("status", p.respStatus), slog.Bool("body_omitted", p.respTooLarge))
 }
@@ -83,13 +83,13 @@ func (p *processor) settle(ctx context.Context, action idem.Action) {
 	if !p.reserved {
 		return
 	}
-	op := func(ctx context.Context) error {
+	d, op := DecisionMarkedUnknown, func(ctx context.Context) error {
 		return p.srv.cfg.Store.MarkUnknown(ctx, p.id, p.tok, p.pol.Retention)
 	}
 	if action == idem.ActionRelease {
-		op = func(ctx context.Context) error { return p.srv.cfg.Store.Release(ctx, p.id, p.tok) }
+		d, op = DecisionReleased, func(ctx context.Context) error { return p.srv.cfg.Store.Release(ctx, p.id, p.tok) }
 	}
-	p.finalize(ctx, action.String(), op)
+	p.finalize(ctx, d, op)
 }
 
 // finalize applies the attempt's last transition. It does not end with the
@@ -97,20 +97,22 @@ func (p *processor) settle(ctx context.Context, action idem.Action) {
 // that records what happened. If the store fails, the stream's end tries
 // once more with a longer budget; if that fails too, the unrenewed lease
 // still turns the record unknown: never a silent second execution.
-func (p *processor) finalize(ctx context.Context, op string, apply func(context.Context) error, attrs ...slog.Attr) {
+func (p *processor) finalize(ctx context.Context, d Decision, apply func(context.Context) error, attrs ...slog.Attr) {
 	p.stopRenewing()
 	p.reserved = false
 	p.stage = stagePassThrough
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.srv.cfg.StoreTimeout)
 	err := apply(sctx)
 	cancel()
-	attrs = append(attrs, slog.String("op", op))
+	attrs = append(attrs, slog.String("outcome", string(d)))
 	if err != nil && !errors.Is(err, idem.ErrNotHolder) && !errors.Is(err, idem.ErrNotFound) {
-		p.retry = func(ctx context.Context) error { return apply(ctx) }
-		p.retryOp = op
+		p.retry, p.retryDecision = apply, d
 		p.log().LogAttrs(ctx, slog.LevelWarn, "record not settled; will retry when the stream ends",
 			p.logAttrs(append(attrs, slog.String("error", err.Error()))...)...)
 		return
+	}
+	if err == nil {
+		p.decided(d)
 	}
 	p.log().LogAttrs(ctx, slog.LevelInfo, "settled", p.logAttrs(append(attrs, errAttr(err))...)...)
 }
@@ -127,15 +129,23 @@ func errAttr(err error) slog.Attr {
 // upstream did answer, so the record completes without its body; with none
 // the outcome is unknown (or released, by policy).
 func (p *processor) finish() {
-	ctx, cancel := context.WithTimeout(context.Background(), p.srv.cfg.FinishTimeout)
+	base := context.Background()
+	if p.spanCtx != nil {
+		base = p.spanCtx // for the spans, not the deadline
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(base), p.srv.cfg.FinishTimeout)
 	defer cancel()
 	if p.retry != nil {
 		err := p.retry(ctx)
 		level, msg := slog.LevelInfo, "settled on retry"
-		if err != nil && !errors.Is(err, idem.ErrNotHolder) && !errors.Is(err, idem.ErrNotFound) {
+		switch {
+		case err == nil:
+			p.decided(p.retryDecision)
+		case !errors.Is(err, idem.ErrNotHolder) && !errors.Is(err, idem.ErrNotFound):
 			level, msg = slog.LevelError, "record not settled; it turns unknown when its lease ends"
+			p.srv.obs.SettleFailed(p.pol.Name, string(p.retryDecision))
 		}
-		p.log().LogAttrs(ctx, level, msg, p.logAttrs(slog.String("op", p.retryOp), errAttr(err))...)
+		p.log().LogAttrs(ctx, level, msg, p.logAttrs(slog.String("outcome", string(p.retryDecision)), errAttr(err))...)
 		return
 	}
 	if !p.reserved {

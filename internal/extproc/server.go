@@ -16,6 +16,8 @@ import (
 	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -41,13 +43,19 @@ type Config struct {
 	// stream ended; it runs while no one waits, so it may be longer. Five
 	// seconds when zero.
 	FinishTimeout time.Duration
+	// Observer is told every decision; none when nil.
+	Observer Observer
+	// TracerProvider makes the spans of each stream; none when nil.
+	TracerProvider trace.TracerProvider
 }
 
 // Server implements envoy.service.ext_proc.v3.ExternalProcessor.
 type Server struct {
 	extprocv3.UnimplementedExternalProcessorServer
-	cfg Config
-	log *slog.Logger
+	cfg    Config
+	log    *slog.Logger
+	obs    Observer
+	tracer trace.Tracer
 }
 
 // New returns a Server.
@@ -66,14 +74,31 @@ func New(cfg Config) *Server {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Server{cfg: cfg, log: log}
+	s := &Server{cfg: cfg, log: log, obs: cfg.Observer}
+	if s.obs == nil {
+		s.obs = nopObserver{}
+	}
+	tp := cfg.TracerProvider
+	if tp == nil {
+		tp = noop.NewTracerProvider()
+	}
+	s.tracer = tp.Tracer("github.com/idem-extproc/idem-extproc/internal/extproc")
+	return s
 }
 
 // Process serves one ext_proc stream, that is one HTTP request.
 func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
 	ctx := stream.Context()
+	s.obs.StreamStarted()
+	defer s.obs.StreamEnded()
 	p := newProcessor(s, s.cfg.Policies(), stream.Send)
-	defer p.finish()
+	err := s.serve(ctx, stream, p)
+	p.finish()
+	p.endSpan(err)
+	return err
+}
+
+func (s *Server) serve(ctx context.Context, stream extprocv3.ExternalProcessor_ProcessServer, p *processor) error {
 	for {
 		req, err := stream.Recv()
 		if err != nil {
@@ -84,7 +109,9 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 			}
 			return err
 		}
-		resp, err := p.handle(ctx, req)
+		pctx, span := p.startPhase(ctx, req)
+		resp, err := p.handle(pctx, req)
+		span.End()
 		if err != nil {
 			s.log.LogAttrs(ctx, slog.LevelWarn, "ext_proc protocol error", p.logAttrs(slog.String("error", err.Error()))...)
 			return status.Error(codes.InvalidArgument, err.Error())

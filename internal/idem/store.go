@@ -117,3 +117,17 @@ type Watcher interface {
 	// again to know. stop releases the watch and must be called.
 	Watch(ctx context.Context, id RecordID) (changed <-chan struct{}, stop func(), err error)
 }
+
+// ErrNotUnknown: Resolve applies only to a record whose outcome is unknown.
+var ErrNotUnknown = errors.New("idem: record is not in state unknown")
+
+// Admin is implemented by stores that let an operator act on a record
+// outside any attempt's token, after checking the domain by hand.
+type Admin interface {
+	// Purge deletes the record, whatever its state.
+	Purge(ctx context.Context, id RecordID) error
+	// Resolve settles an unknown record: with resp nil it is released (the
+	// next attempt runs the operation), otherwise it completes with resp
+	// and is kept for retention.
+	Resolve(ctx context.Context, id RecordID, resp *Response, retention time.Duration) error
+}

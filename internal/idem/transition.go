@@ -131,3 +131,20 @@ func holds(cur *Record, tok Token) error {
 	}
 	return nil
 }
+
+// ApplyResolve settles an unknown record by an operator's word.
+func ApplyResolve(cur *Record, resp *Response, retention time.Duration) (Change, error) {
+	if cur == nil {
+		return Change{}, ErrNotFound
+	}
+	if cur.State != StateUnknown {
+		return Change{}, ErrNotUnknown
+	}
+	if resp == nil {
+		return Change{Delete: true}, nil
+	}
+	next := *cur
+	next.State = StateCompleted
+	next.Response = resp
+	return Change{Next: &next, TTL: retention}, nil
+}

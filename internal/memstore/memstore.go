@@ -44,6 +44,7 @@ type entry struct {
 var (
 	_ idem.Store   = (*Store)(nil)
 	_ idem.Watcher = (*Store)(nil)
+	_ idem.Admin   = (*Store)(nil)
 )
 
 // New returns an empty store with a background sweeper; Close stops it.
@@ -239,6 +240,23 @@ func (s *Store) Get(ctx context.Context, id idem.RecordID) (idem.Record, error) 
 		return idem.Record{}, idem.ErrNotFound
 	}
 	return *cur, nil
+}
+
+// Purge implements idem.Admin.
+func (s *Store) Purge(ctx context.Context, id idem.RecordID) error {
+	return s.transition(ctx, id, func(cur *idem.Record, _ time.Time) (idem.Change, error) {
+		if cur == nil {
+			return idem.Change{}, idem.ErrNotFound
+		}
+		return idem.Change{Delete: true}, nil
+	})
+}
+
+// Resolve implements idem.Admin.
+func (s *Store) Resolve(ctx context.Context, id idem.RecordID, resp *idem.Response, retention time.Duration) error {
+	return s.transition(ctx, id, func(cur *idem.Record, _ time.Time) (idem.Change, error) {
+		return idem.ApplyResolve(cur, resp, retention)
+	})
 }
 
 // Ping implements idem.Store; memory always answers.

@@ -41,6 +41,7 @@ var (
 // back from EVALSHA to EVAL when a restarted Redis has forgotten them.
 type scripts struct {
 	reserve, renew, complete, release, markUnknown, watch *redis.Script
+	purge, resolve                                        *redis.Script
 }
 
 func loadScripts() scripts {
@@ -51,6 +52,8 @@ func loadScripts() scripts {
 		release:     redis.NewScript(releaseLua),
 		markUnknown: redis.NewScript(markUnknownLua),
 		watch:       redis.NewScript(watchLua),
+		purge:       redis.NewScript(purgeLua),
+		resolve:     redis.NewScript(resolveLua),
 	}
 }
 

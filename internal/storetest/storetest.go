@@ -421,6 +421,45 @@ var cases = []contractCase{
 			}
 		}
 	}},
+	{"an operator purges and resolves records", func(t *testing.T, s idem.Store) {
+		a, ok := s.(idem.Admin)
+		if !ok {
+			t.Fatal("every store must implement idem.Admin")
+		}
+		// Purge works in any state.
+		id, tok := newID(), idem.NewToken()
+		mustReserve(t, s, reservation(id, fpA, tok, longLease), idem.Reserved, 1)
+		if err := a.Purge(ctx(t), id); err != nil {
+			t.Fatal(err)
+		}
+		wantErr(t, "Purge of a missing record", a.Purge(ctx(t), id), idem.ErrNotFound)
+		wantErr(t, "Complete after Purge", s.Complete(ctx(t), id, tok, sampleResponse(), retention), idem.ErrNotFound)
+		// Resolve applies to unknown records only.
+		id, tok = newID(), idem.NewToken()
+		mustReserve(t, s, reservation(id, fpA, tok, longLease), idem.Reserved, 1)
+		wantErr(t, "Resolve of an in-flight record", a.Resolve(ctx(t), id, nil, retention), idem.ErrNotUnknown)
+		wantErr(t, "Resolve of a missing record", a.Resolve(ctx(t), newID(), nil, retention), idem.ErrNotFound)
+		if err := s.MarkUnknown(ctx(t), id, tok, retention); err != nil {
+			t.Fatal(err)
+		}
+		want := sampleResponse()
+		if err := a.Resolve(ctx(t), id, &want, retention); err != nil {
+			t.Fatal(err)
+		}
+		res := mustReserve(t, s, reservation(id, fpA, idem.NewToken(), longLease), idem.Completed, 2)
+		assertResponse(t, res.Response, want)
+		wantErr(t, "Resolve of a completed record", a.Resolve(ctx(t), id, nil, retention), idem.ErrNotUnknown)
+		// Released by the operator: the next attempt runs.
+		id, tok = newID(), idem.NewToken()
+		mustReserve(t, s, reservation(id, fpA, tok, longLease), idem.Reserved, 1)
+		if err := s.MarkUnknown(ctx(t), id, tok, retention); err != nil {
+			t.Fatal(err)
+		}
+		if err := a.Resolve(ctx(t), id, nil, retention); err != nil {
+			t.Fatal(err)
+		}
+		mustReserve(t, s, reservation(id, fpA, idem.NewToken(), longLease), idem.Reserved, 1)
+	}},
 	{"ping answers", func(t *testing.T, s idem.Store) {
 		if err := s.Ping(ctx(t)); err != nil {
 			t.Fatal(err)

@@ -1,0 +1,57 @@
+package redisstore
+
+import (
+	"context"
+	_ "embed" // the admin scripts
+	"fmt"
+	"time"
+
+	"github.com/idem-extproc/idem-extproc/internal/idem"
+)
+
+var (
+	//go:embed scripts/purge.lua
+	purgeLua string
+	//go:embed scripts/resolve.lua
+	resolveLua string
+)
+
+var _ idem.Admin = (*Store)(nil)
+
+// Purge implements idem.Admin.
+func (s *Store) Purge(ctx context.Context, id idem.RecordID) error {
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	n, err := s.s.purge.Run(ctx, s.rdb, []string{s.Key(id)}).Int()
+	if err != nil {
+		return fmt.Errorf("redisstore: purge: %w", err)
+	}
+	if n == 0 {
+		return fmt.Errorf("redisstore: purge: %w", idem.ErrNotFound)
+	}
+	return nil
+}
+
+// Resolve implements idem.Admin.
+func (s *Store) Resolve(ctx context.Context, id idem.RecordID, resp *idem.Response, retention time.Duration) error {
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	args := []any{"release"}
+	if resp != nil {
+		omitted := "0"
+		if resp.BodyOmitted {
+			omitted = "1"
+		}
+		args = []any{"complete", retention.Milliseconds(), resp.Status, encodeHeaders(resp.Headers), resp.Body, omitted}
+	}
+	n, err := s.s.resolve.Run(ctx, s.rdb, []string{s.Key(id)}, args...).Int()
+	switch {
+	case err != nil:
+		return fmt.Errorf("redisstore: resolve: %w", err)
+	case n == 0:
+		return fmt.Errorf("redisstore: resolve: %w", idem.ErrNotFound)
+	case n < 0:
+		return fmt.Errorf("redisstore: resolve: %w", idem.ErrNotUnknown)
+	}
+	return nil
+}
