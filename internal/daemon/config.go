@@ -23,6 +23,9 @@ type Config struct {
 	// ConfigFile is the policy configuration (YAML); empty means the
 	// built-in default policy.
 	ConfigFile string
+	// AdminTokenFile holds the admin API's bearer token; empty turns the
+	// admin API off.
+	AdminTokenFile string
 	// StoreTimeout bounds each store call made while Envoy waits.
 	StoreTimeout time.Duration
 	// DrainTimeout bounds how long open streams may run after SIGTERM.
@@ -58,6 +61,7 @@ func ParseConfig(args []string, getenv func(string) string, usage io.Writer) (Co
 	fs.StringVar(&cfg.AdminListen, "admin-listen", ":8081", "HTTP address for /healthz and /readyz")
 	fs.StringVar(&cfg.RedisURL, "redis-url", "", "Redis URL, redis://[user:pass@]host:port/db or rediss://...; empty: in-memory store (one replica only)")
 	fs.StringVar(&cfg.ConfigFile, "config", "", "policy configuration file (YAML, see examples/policies.yaml); reloaded on change and on SIGHUP; empty: the built-in default policy")
+	fs.StringVar(&cfg.AdminTokenFile, "admin-token-file", "", "file holding the bearer token of the admin API on --admin-listen; empty: the admin API is off")
 	fs.DurationVar(&cfg.StoreTimeout, "store-timeout", 100*time.Millisecond, "budget of one store call; keep it under Envoy's message_timeout (200ms by default)")
 	fs.DurationVar(&cfg.DrainTimeout, "drain-timeout", 15*time.Second, "how long open streams may finish after SIGTERM/SIGINT")
 	fs.IntVar(&cfg.MaxMessageSize, "max-message-size", 32<<20, "largest ext_proc message accepted, in bytes; above Envoy's buffer limit, since a BUFFERED body is one message")

@@ -1,6 +1,7 @@
 // Package daemon runs idem-extproc: it opens the store, serves ext_proc and
-// gRPC health on one port and /healthz and /readyz on another, and drains
-// open streams on shutdown.
+// gRPC health on one port and /healthz, /readyz, /metrics and the admin API
+// on another, reloads the configuration, and drains open streams on
+// shutdown.
 package daemon
 
 import (
@@ -22,10 +23,12 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/idem-extproc/idem-extproc/internal/admin"
 	"github.com/idem-extproc/idem-extproc/internal/config"
 	"github.com/idem-extproc/idem-extproc/internal/extproc"
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/memstore"
+	"github.com/idem-extproc/idem-extproc/internal/observe"
 	"github.com/idem-extproc/idem-extproc/internal/redisstore"
 )
 
@@ -44,10 +47,14 @@ type Daemon struct {
 	lis      net.Listener
 	adminLis net.Listener
 	policies *config.Source
+	metrics  *observe.Metrics
 	draining atomic.Bool
 	errc     chan error
-	// stopWatch ends the configuration watcher and the SIGHUP handler.
+	// stopWatch ends the configuration watcher, the SIGHUP handler and the
+	// health checker.
 	stopWatch context.CancelFunc
+	// shutdownTracing flushes spans on the way out.
+	shutdownTracing func(context.Context) error
 }
 
 // NewLogger builds the daemon's logger from its configuration.
@@ -59,16 +66,27 @@ func NewLogger(cfg Config, w io.Writer) *slog.Logger {
 	return slog.New(slog.NewJSONHandler(w, opts))
 }
 
-// Start opens the store and the listeners and starts serving.
-func Start(cfg Config, log *slog.Logger) (*Daemon, error) {
-	d := &Daemon{cfg: cfg, log: log, errc: make(chan error, 2)}
+// Start opens the store and the listeners and starts serving. getenv
+// supplies the OTEL_* variables for tracing (os.Getenv in production).
+func Start(cfg Config, log *slog.Logger, getenv func(string) string) (*Daemon, error) {
+	d := &Daemon{cfg: cfg, log: log, errc: make(chan error, 2), metrics: observe.NewMetrics()}
 	var err error
 	if d.policies, err = config.NewSource(cfg.ConfigFile, log); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
+	d.policies.OnReload = d.metrics.ConfigReloaded
+	tp, shutdownTracing, err := observe.NewTracerProvider(context.Background(), getenv)
+	if err != nil {
+		return nil, fmt.Errorf("tracing: %w", err)
+	}
+	d.shutdownTracing = shutdownTracing
+	if observe.TracingEnabled(getenv) {
+		log.Info("tracing: exporting spans over OTLP as the OTEL_* environment says")
+	}
 	if err := d.openStore(); err != nil {
 		return nil, err
 	}
+	d.store = observe.InstrumentStore(d.store, d.metrics, tp)
 	if d.lis, err = net.Listen("tcp", cfg.Listen); err != nil {
 		d.closeStore()
 		return nil, fmt.Errorf("--listen %s: %w", cfg.Listen, err)
@@ -88,15 +106,18 @@ func Start(cfg Config, log *slog.Logger) (*Daemon, error) {
 	}
 	d.reloadOnHangup(watchCtx)
 	srv := extproc.New(extproc.Config{
-		Store:        d.store,
-		Policies:     d.policies.Current,
-		Logger:       log,
-		StoreTimeout: cfg.StoreTimeout,
+		Store:          d.store,
+		Policies:       d.policies.Current,
+		Logger:         log,
+		StoreTimeout:   cfg.StoreTimeout,
+		Observer:       d.metrics,
+		TracerProvider: tp,
 	})
 	d.grpc = grpc.NewServer(grpc.MaxRecvMsgSize(cfg.MaxMessageSize))
 	extprocv3.RegisterExternalProcessorServer(d.grpc, srv)
 	d.health = health.NewServer()
 	healthpb.RegisterHealthServer(d.grpc, d.health)
+	d.checkHealth(watchCtx)
 	go func() { d.errc <- d.grpc.Serve(d.lis) }()
 
 	if d.adminLis != nil {
@@ -151,6 +172,43 @@ func (d *Daemon) closeStore() {
 	}
 }
 
+// HealthCheckInterval is how often the gRPC health status follows the
+// store.
+const HealthCheckInterval = 2 * time.Second
+
+// checkHealth keeps the standard gRPC health service (which Envoy's gRPC
+// health checks ask) in step with the store until ctx ends: SERVING while
+// the store answers, NOT_SERVING otherwise.
+func (d *Daemon) checkHealth(ctx context.Context) {
+	set := func() {
+		st := healthpb.HealthCheckResponse_SERVING
+		pctx, cancel := context.WithTimeout(ctx, time.Second)
+		if err := d.store.Ping(pctx); err != nil {
+			st = healthpb.HealthCheckResponse_NOT_SERVING
+		}
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		for _, svc := range []string{"", extprocv3.ExternalProcessor_ServiceDesc.ServiceName} {
+			d.health.SetServingStatus(svc, st)
+		}
+	}
+	set()
+	go func() {
+		t := time.NewTicker(HealthCheckInterval)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				set()
+			}
+		}
+	}()
+}
+
 // reloadOnHangup reloads the configuration on SIGHUP until ctx ends.
 func (d *Daemon) reloadOnHangup(ctx context.Context) {
 	hup := make(chan os.Signal, 1)
@@ -183,11 +241,26 @@ func (d *Daemon) AdminAddr() string {
 	return d.adminLis.Addr().String()
 }
 
+// Metrics returns the daemon's metrics.
+func (d *Daemon) Metrics() *observe.Metrics { return d.metrics }
+
 // Store returns the daemon's store.
 func (d *Daemon) Store() idem.Store { return d.store }
 
 func (d *Daemon) adminHandler() http.Handler {
 	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", d.metrics.Handler())
+	if d.cfg.AdminTokenFile != "" {
+		st, ok := d.store.(admin.Store)
+		if !ok {
+			d.log.Error("admin API off: the store has no admin operations")
+		} else {
+			mux.Handle(admin.Prefix, admin.Handler(admin.Config{
+				Store: st, Policies: d.policies.Current, TokenFile: d.cfg.AdminTokenFile,
+				Logger: d.log, OnAction: d.metrics.AdminAction,
+			}))
+		}
+	}
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		_, _ = io.WriteString(w, "ok\n")
 	})
@@ -249,6 +322,9 @@ func (d *Daemon) Shutdown() {
 		cancel()
 	}
 	d.closeStore()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	_ = d.shutdownTracing(ctx)
+	cancel()
 	d.log.Info("stopped")
 }
 
@@ -264,7 +340,7 @@ func Main(ctx context.Context, args []string, getenv func(string) string, stderr
 		return 2
 	}
 	log := NewLogger(cfg, stderr)
-	d, err := Start(cfg, log)
+	d, err := Start(cfg, log, getenv)
 	if errors.Is(err, ErrConfig) {
 		fmt.Fprintf(stderr, "idem-extproc: %v\n", err)
 		return 2

@@ -19,6 +19,7 @@ import (
 
 	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/proto"
@@ -38,6 +39,9 @@ import (
 type Options struct {
 	// Memory uses the in-memory store instead of Redis.
 	Memory bool
+	// WrapStore, when set, wraps the store the server uses (to instrument
+	// it, say); Env.Store stays the bare store.
+	WrapStore func(idem.Store) idem.Store
 	// Redis reuses a running server instead of starting one.
 	Redis *redistest.Server
 	// Policies replaces the default policy set.
@@ -61,6 +65,9 @@ type Options struct {
 	// ServerAddr points the proxy at an ext_proc server already running
 	// (the built binary, say) instead of starting one in process.
 	ServerAddr string
+	// Observer and TracerProvider are handed to the server.
+	Observer       extproc.Observer
+	TracerProvider trace.TracerProvider
 	// Logger receives the server's logs; none when nil.
 	Logger *slog.Logger
 	// ExpectProcessingErrors allows exchanges in which Envoy would have
@@ -186,10 +193,12 @@ func Start(t testing.TB, opts Options) *Env {
 
 func (e *Env) serve(lis net.Listener) {
 	srv := extproc.New(extproc.Config{
-		Store:        e.Store,
-		Policies:     e.policies(),
-		StoreTimeout: e.opts.StoreTimeout,
-		Logger:       e.opts.Logger,
+		Store:          e.Store,
+		Policies:       e.policies(),
+		StoreTimeout:   e.opts.StoreTimeout,
+		Logger:         e.opts.Logger,
+		Observer:       e.opts.Observer,
+		TracerProvider: e.opts.TracerProvider,
 	})
 	gs := grpc.NewServer()
 	extprocv3.RegisterExternalProcessorServer(gs, srv)

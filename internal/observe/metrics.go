@@ -1,0 +1,147 @@
+// Package observe makes idem-extproc observable: Prometheus metrics for
+// every decision and store call, an instrumented store that also traces
+// each call, and the OpenTelemetry tracer provider configured from the
+// standard OTEL_* environment variables.
+package observe
+
+import (
+	"net/http"
+	"runtime"
+	"runtime/debug"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/idem-extproc/idem-extproc/internal/extproc"
+)
+
+// Namespace prefixes every metric name.
+const Namespace = "idem_extproc"
+
+// Metrics holds the server's Prometheus metrics in a registry of its own
+// (no global state: tests build as many as they like).
+type Metrics struct {
+	reg            *prometheus.Registry
+	decisions      *prometheus.CounterVec
+	storeCalls     *prometheus.HistogramVec
+	openStreams    prometheus.Gauge
+	replayAge      *prometheus.HistogramVec
+	settleFailures *prometheus.CounterVec
+	reloads        *prometheus.CounterVec
+	adminActions   *prometheus.CounterVec
+}
+
+var _ extproc.Observer = (*Metrics)(nil)
+
+// NewMetrics registers the metrics, the Go runtime and process collectors
+// and build information.
+func NewMetrics() *Metrics {
+	m := &Metrics{
+		reg: prometheus.NewRegistry(),
+		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Name: "decisions_total",
+			Help: "Decisions by policy and outcome: bypassed, rejected, reserved, replayed, conflict, mismatch, unknown, " +
+				"store_unavailable, fail_open at the request; stored, released, marked_unknown at the response.",
+		}, []string{"policy", "decision"}),
+		storeCalls: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: Namespace, Name: "store_call_duration_seconds",
+			Help:    "Duration of store calls by operation and result (ok, not_found, not_holder, not_unknown, timeout, error).",
+			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1},
+		}, []string{"op", "result"}),
+		openStreams: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: Namespace, Name: "open_streams",
+			Help: "ext_proc streams (HTTP requests) in progress.",
+		}),
+		replayAge: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: Namespace, Name: "replay_record_age_seconds",
+			Help:    "Age of the record a replay was served from.",
+			Buckets: []float64{.1, 1, 10, 60, 600, 3600, 6 * 3600, 24 * 3600, 7 * 24 * 3600},
+		}, []string{"policy"}),
+		settleFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Name: "settle_failures_total",
+			Help: "Responses or stream ends that could not be recorded even after a retry; their records turn unknown when the lease ends.",
+		}, []string{"policy", "decision"}),
+		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Name: "config_reloads_total",
+			Help: "Configuration reloads by result (ok, rejected).",
+		}, []string{"result"}),
+		adminActions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Name: "admin_actions_total",
+			Help: "Admin API actions by action and result.",
+		}, []string{"action", "result"}),
+	}
+	build := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: Namespace, Name: "build_info",
+		Help: "Build information; the value is always 1.",
+	}, []string{"version", "revision", "goversion"})
+	version, revision := buildVersion()
+	build.WithLabelValues(version, revision, runtime.Version()).Set(1)
+	m.reg.MustRegister(m.decisions, m.storeCalls, m.openStreams, m.replayAge, m.settleFailures, m.reloads, m.adminActions, build,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+func buildVersion() (version, revision string) {
+	version, revision = "unknown", "unknown"
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		version = bi.Main.Version
+		for _, s := range bi.Settings {
+			if s.Key == "vcs.revision" {
+				revision = s.Value
+			}
+		}
+	}
+	return version, revision
+}
+
+// Registry returns the registry, for tests and extra collectors.
+func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
+
+// Handler serves the metrics in the Prometheus exposition format.
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg})
+}
+
+func policyLabel(p string) string {
+	if p == "" {
+		return "none"
+	}
+	return p
+}
+
+// StreamStarted implements extproc.Observer.
+func (m *Metrics) StreamStarted() { m.openStreams.Inc() }
+
+// StreamEnded implements extproc.Observer.
+func (m *Metrics) StreamEnded() { m.openStreams.Dec() }
+
+// Decided implements extproc.Observer.
+func (m *Metrics) Decided(policy string, d extproc.Decision) {
+	m.decisions.WithLabelValues(policyLabel(policy), string(d)).Inc()
+}
+
+// Replayed implements extproc.Observer.
+func (m *Metrics) Replayed(policy string, age time.Duration) {
+	m.replayAge.WithLabelValues(policyLabel(policy)).Observe(age.Seconds())
+}
+
+// SettleFailed implements extproc.Observer.
+func (m *Metrics) SettleFailed(policy, decision string) {
+	m.settleFailures.WithLabelValues(policyLabel(policy), decision).Inc()
+}
+
+// ConfigReloaded counts a reload of the configuration file.
+func (m *Metrics) ConfigReloaded(err error) {
+	result := "ok"
+	if err != nil {
+		result = "rejected"
+	}
+	m.reloads.WithLabelValues(result).Inc()
+}
+
+// AdminAction counts an admin API action.
+func (m *Metrics) AdminAction(action, result string) {
+	m.adminActions.WithLabelValues(action, result).Inc()
+}
