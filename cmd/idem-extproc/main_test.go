@@ -419,3 +419,36 @@ func TestBinaryBadConfigFile(t *testing.T) {
 		t.Fatalf("exit %v, output %s", err, out)
 	}
 }
+
+// TestBinaryAdminCLI: `idem-extproc admin` reads and purges records through
+// a running server's admin API.
+func TestBinaryAdminCLI(t *testing.T) {
+	redis := redistest.Start(t, redistest.Options{})
+	tokenFile := filepath.Join(t.TempDir(), "token")
+	writeFile(t, tokenFile, "cli-token\n")
+	p := start(t, freeAddr(t), freeAddr(t), "--redis-url", redis.URL(), "--admin-token-file", tokenFile)
+	env := harness.Start(t, harness.Options{ServerAddr: p.listen, Redis: redis})
+	env.Post("/orders", "cli-1", `{}`)
+	scope := strings.TrimPrefix(env.URL, "http://")
+	admin := func(args ...string) (string, error) {
+		cmd := exec.Command(binary(t), append([]string{"admin"}, args...)...)
+		cmd.Env = append(os.Environ(), "IDEM_ADMIN_ADDR=http://"+p.admin, "IDEM_ADMIN_TOKEN_FILE="+tokenFile)
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	out, err := admin("get", "--policy", "default", "--scope", scope, "--key", "cli-1")
+	if err != nil || !strings.Contains(out, `"state":"completed"`) {
+		t.Fatalf("admin get: %v\n%s", err, out)
+	}
+	if out, err := admin("purge", "--policy", "default", "--scope", scope, "--key", "cli-1"); err != nil || !strings.Contains(out, "purged") {
+		t.Fatalf("admin purge: %v\n%s", err, out)
+	}
+	if out, err := admin("get", "--policy", "default", "--scope", scope, "--key", "cli-1"); err == nil {
+		t.Fatalf("admin get after purge should fail:\n%s", out)
+	}
+	bad := filepath.Join(t.TempDir(), "bad")
+	writeFile(t, bad, "wrong")
+	if out, err := admin("get", "--token-file", bad, "--policy", "default", "--scope", scope, "--key", "cli-1"); err == nil || !strings.Contains(out, "bearer token") {
+		t.Fatalf("a wrong token must be refused:\n%s", out)
+	}
+}

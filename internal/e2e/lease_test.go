@@ -73,7 +73,7 @@ func TestAttemptsAreTraceable(t *testing.T) {
 		if m["msg"] != "decision" {
 			continue
 		}
-		if m["key_hash"] == "" || m["scope"] == "" || m["policy"] != "default" {
+		if m["key_hash"] == "" || m["scope"] == "" || m["policy"] != "default" || m["latency_ms"] == nil {
 			t.Fatalf("decision line lacks fields: %s", line)
 		}
 		if want := "req-" + string(rune('0'+len(attempts)+1)); m["request_id"] != want {

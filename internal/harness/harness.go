@@ -192,8 +192,12 @@ func Start(t testing.TB, opts Options) *Env {
 }
 
 func (e *Env) serve(lis net.Listener) {
+	st := e.Store
+	if e.opts.WrapStore != nil {
+		st = e.opts.WrapStore(st)
+	}
 	srv := extproc.New(extproc.Config{
-		Store:          e.Store,
+		Store:          st,
 		Policies:       e.policies(),
 		StoreTimeout:   e.opts.StoreTimeout,
 		Logger:         e.opts.Logger,

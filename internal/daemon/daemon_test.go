@@ -1,0 +1,348 @@
+package daemon_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/idem-extproc/idem-extproc/internal/admin"
+	"github.com/idem-extproc/idem-extproc/internal/daemon"
+	"github.com/idem-extproc/idem-extproc/internal/harness"
+	"github.com/idem-extproc/idem-extproc/internal/redistest"
+)
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+type running struct {
+	d     *daemon.Daemon
+	env   *harness.Env
+	redis *redistest.Server
+	logs  *syncBuffer
+	token string
+}
+
+// run starts the daemon in process with a real Redis and an admin token,
+// and an Envoy-faithful proxy in front of it.
+func run(t *testing.T, extra ...string) *running {
+	t.Helper()
+	redis := redistest.Start(t, redistest.Options{})
+	token := "s3cret-admin-token"
+	tokenFile := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(tokenFile, []byte(token+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	args := append([]string{"--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0",
+		"--redis-url", redis.URL(), "--admin-token-file", tokenFile}, extra...)
+	cfg, err := daemon.ParseConfig(args, func(string) string { return "" }, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &syncBuffer{}
+	d, err := daemon.Start(cfg, slog.New(slog.NewJSONHandler(logs, nil)), func(string) string { return "" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(d.Shutdown)
+	env := harness.Start(t, harness.Options{ServerAddr: d.Addr(), Redis: redis})
+	return &running{d: d, env: env, redis: redis, logs: logs, token: token}
+}
+
+func (r *running) adminDo(t *testing.T, method, path, token string, body any) (int, map[string]any) {
+	t.Helper()
+	var rd io.Reader
+	if body != nil {
+		b, _ := json.Marshal(body)
+		rd = bytes.NewReader(b)
+	}
+	req, _ := http.NewRequest(method, "http://"+r.d.AdminAddr()+path, rd)
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var m map[string]any
+	_ = json.NewDecoder(resp.Body).Decode(&m)
+	return resp.StatusCode, m
+}
+
+func scrape(t *testing.T, d *daemon.Daemon) string {
+	t.Helper()
+	resp, err := http.Get("http://" + d.AdminAddr() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
+}
+
+// metricValue returns the value of the sample whose line starts with
+// prefix (name and labels), or "" when absent.
+func metricValue(exposition, prefix string) string {
+	for _, line := range strings.Split(exposition, "\n") {
+		if rest, ok := strings.CutPrefix(line, prefix+" "); ok {
+			return rest
+		}
+	}
+	return ""
+}
+
+// TestMetricsFollowDecisions: the counters move as decisions are made.
+func TestMetricsFollowDecisions(t *testing.T) {
+	r := run(t)
+	r.env.Post("/orders", "m-1", `{}`)
+	r.env.Post("/orders", "m-1", `{}`)
+	r.env.Post("/orders", "m-1", `{"other":1}`)
+	r.env.Post("/orders", "", `{}`)
+	r.env.Post("/orders", `"`, `{}`)
+	m := scrape(t, r.d)
+	for prefix, want := range map[string]string{
+		`idem_extproc_decisions_total{decision="reserved",policy="default"}`:        "1",
+		`idem_extproc_decisions_total{decision="stored",policy="default"}`:          "1",
+		`idem_extproc_decisions_total{decision="replayed",policy="default"}`:        "1",
+		`idem_extproc_decisions_total{decision="mismatch",policy="default"}`:        "1",
+		`idem_extproc_decisions_total{decision="bypassed",policy="default"}`:        "1",
+		`idem_extproc_decisions_total{decision="rejected",policy="default"}`:        "1",
+		`idem_extproc_store_call_duration_seconds_count{op="reserve",result="ok"}`:  "3",
+		`idem_extproc_store_call_duration_seconds_count{op="complete",result="ok"}`: "1",
+		`idem_extproc_replay_record_age_seconds_count{policy="default"}`:            "1",
+		`idem_extproc_open_streams`: "0",
+	} {
+		if got := metricValue(m, prefix); got != want {
+			t.Errorf("%s = %q, want %s", prefix, got, want)
+		}
+	}
+	if !strings.Contains(m, "idem_extproc_build_info{") || !strings.Contains(m, "go_goroutines") {
+		t.Error("build info or runtime metrics missing")
+	}
+	// A request in flight shows as an open stream.
+	done := make(chan harness.Reply)
+	go func() { done <- r.env.Post("/orders", "m-2", `{}`, "x-upstream-delay", "500ms") }()
+	deadline := time.Now().Add(5 * time.Second)
+	for metricValue(scrape(t, r.d), "idem_extproc_open_streams") != "1" {
+		if time.Now().After(deadline) {
+			t.Fatal("open_streams never reached 1")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	<-done
+	// Redis down: the 503 is counted and the store error is timed.
+	r.redis.Kill()
+	r.env.Post("/orders", "m-3", `{}`)
+	m = scrape(t, r.d)
+	if metricValue(m, `idem_extproc_decisions_total{decision="store_unavailable",policy="default"}`) != "1" {
+		t.Error("store_unavailable not counted")
+	}
+	if !strings.Contains(m, `idem_extproc_store_call_duration_seconds_count{op="reserve",result="error"}`) &&
+		!strings.Contains(m, `idem_extproc_store_call_duration_seconds_count{op="reserve",result="timeout"}`) {
+		t.Error("the failed reserve is not timed")
+	}
+}
+
+func TestConfigReloadMetric(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "p.yaml")
+	if err := os.WriteFile(path, []byte("defaults: {retention: 1h}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r := run(t, "--config", path)
+	if err := os.WriteFile(path, []byte("defaults: {retention: 2h}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.d.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte("defaults: {retention: never}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.d.Reload(); err == nil {
+		t.Fatal("a bad file must be rejected")
+	}
+	m := scrape(t, r.d)
+	ok, rejected := metricValue(m, `idem_extproc_config_reloads_total{result="ok"}`), metricValue(m, `idem_extproc_config_reloads_total{result="rejected"}`)
+	// The file watcher may have reloaded too: at least one of each.
+	if ok == "" || ok == "0" || rejected == "" || rejected == "0" {
+		t.Fatalf("reloads ok=%q rejected=%q", ok, rejected)
+	}
+}
+
+// TestHealth: the gRPC health service on the ext_proc port and /readyz
+// follow the store; /healthz only says the process is alive.
+func TestHealth(t *testing.T) {
+	r := run(t)
+	cc, err := grpc.NewClient(r.d.Addr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	hc := healthpb.NewHealthClient(cc)
+	status := func(svc string) healthpb.HealthCheckResponse_ServingStatus {
+		resp, err := hc.Check(context.Background(), &healthpb.HealthCheckRequest{Service: svc})
+		if err != nil {
+			return healthpb.HealthCheckResponse_UNKNOWN
+		}
+		return resp.GetStatus()
+	}
+	get := func(path string) int {
+		resp, err := http.Get("http://" + r.d.AdminAddr() + path)
+		if err != nil {
+			return 0
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	for _, svc := range []string{"", "envoy.service.ext_proc.v3.ExternalProcessor"} {
+		if s := status(svc); s != healthpb.HealthCheckResponse_SERVING {
+			t.Fatalf("health(%q) = %v", svc, s)
+		}
+	}
+	if get("/readyz") != 200 || get("/healthz") != 200 {
+		t.Fatal("not ready with Redis up")
+	}
+	r.redis.Kill()
+	waitUntil(t, func() bool { return status("") == healthpb.HealthCheckResponse_NOT_SERVING })
+	if get("/readyz") != 503 || get("/healthz") != 200 {
+		t.Fatal("readiness must follow the store, liveness must not")
+	}
+	r.redis.Restart()
+	waitUntil(t, func() bool { return status("") == healthpb.HealthCheckResponse_SERVING })
+	if get("/readyz") != 200 {
+		t.Fatal("not ready again after Redis came back")
+	}
+	// Shutting down: not serving and not ready first.
+	go r.d.Shutdown()
+	waitUntil(t, func() bool { return status("") != healthpb.HealthCheckResponse_SERVING })
+}
+
+func waitUntil(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not reached within 10s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestAdminAPI: refused without the token; lookup, purge and resolving an
+// unknown record work, and each action is logged.
+func TestAdminAPI(t *testing.T) {
+	r := run(t)
+	scope := strings.TrimPrefix(r.env.URL, "http://")
+	q := "?policy=default&scope=" + scope + "&key="
+
+	for _, token := range []string{"", "wrong"} {
+		if code, _ := r.adminDo(t, http.MethodGet, admin.Prefix+"records"+q+"k", token, nil); code != http.StatusUnauthorized {
+			t.Fatalf("token %q: %d, want 401", token, code)
+		}
+	}
+	if code, _ := r.adminDo(t, http.MethodGet, admin.Prefix+"records"+q+"absent", r.token, nil); code != http.StatusNotFound {
+		t.Fatalf("absent record: %d", code)
+	}
+
+	first := r.env.Post("/orders", "adm-1", `{"a":1}`)
+	code, rec := r.adminDo(t, http.MethodGet, admin.Prefix+"records"+q+"adm-1", r.token, nil)
+	if code != 200 || rec["state"] != "completed" || rec["attempts"] != float64(1) {
+		t.Fatalf("lookup: %d %v", code, rec)
+	}
+	resp := rec["response"].(map[string]any)
+	if resp["status"] != float64(201) || resp["body_bytes"] != float64(len(first.Body)) {
+		t.Fatalf("lookup response view: %v", resp)
+	}
+	// By the key_hash of the logs too.
+	if code, byID := r.adminDo(t, http.MethodGet, admin.Prefix+"records?id="+rec["id"].(string), r.token, nil); code != 200 || byID["state"] != "completed" {
+		t.Fatalf("lookup by id: %d %v", code, byID)
+	}
+	// Purge: the key is free; the next attempt runs.
+	if code, _ := r.adminDo(t, http.MethodDelete, admin.Prefix+"records"+q+"adm-1", r.token, nil); code != 200 {
+		t.Fatalf("purge: %d", code)
+	}
+	if again := r.env.Post("/orders", "adm-1", `{"a":1}`); again.Header.Get("Idempotent-Replayed") != "" {
+		t.Fatal("after a purge the operation runs again")
+	}
+
+	// An unknown record: the client went away while the upstream worked.
+	r.env.Do(http.MethodPost, "/orders", `{"u":1}`, 100*time.Millisecond, "Idempotency-Key", "adm-2", "x-upstream-delay", "300ms")
+	waitUntil(t, func() bool {
+		_, m := r.adminDo(t, http.MethodGet, admin.Prefix+"records"+q+"adm-2", r.token, nil)
+		return m["state"] == "unknown"
+	})
+	if code, _ := r.adminDo(t, http.MethodPost, admin.Prefix+"records/resolve"+q+"adm-1", r.token, map[string]any{"action": "release"}); code != http.StatusConflict {
+		t.Fatalf("resolving a completed record: %d, want 409", code)
+	}
+	// The operator checked the domain: the order exists; store its answer.
+	waitUntil(t, func() bool { return r.env.Upstream.CountKey("adm-2") == 1 })
+	code, _ = r.adminDo(t, http.MethodPost, admin.Prefix+"records/resolve"+q+"adm-2", r.token, map[string]any{
+		"action": "complete", "status": 201, "headers": [][2]string{{"Content-Type", "application/json"}}, "body": `{"order":"checked-by-hand"}`,
+	})
+	if code != 200 {
+		t.Fatalf("resolve complete: %d", code)
+	}
+	replay := r.env.Post("/orders", "adm-2", `{"u":1}`)
+	if replay.Status != 201 || replay.Body != `{"order":"checked-by-hand"}` || replay.Header.Get("Content-Type") != "application/json" {
+		t.Fatalf("replay after resolve: %d %q %v", replay.Status, replay.Body, replay.Header)
+	}
+	if n := r.env.Upstream.CountKey("adm-2"); n != 1 {
+		t.Fatalf("effects = %d, want 1", n)
+	}
+	for _, action := range []string{`"action":"lookup"`, `"action":"purge"`, `"action":"resolve_complete"`} {
+		if !strings.Contains(r.logs.String(), action) {
+			t.Errorf("no log line for %s", action)
+		}
+	}
+	if !strings.Contains(scrape(t, r.d), `idem_extproc_admin_actions_total{action="purge",result="ok"} 1`) {
+		t.Error("admin action not counted")
+	}
+}
+
+// TestAdminOffWithoutToken: no token file, no admin API.
+func TestAdminOffWithoutToken(t *testing.T) {
+	cfg, err := daemon.ParseConfig([]string{"--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"}, func(string) string { return "" }, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := daemon.Start(cfg, slog.New(slog.DiscardHandler), func(string) string { return "" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Shutdown()
+	resp, err := http.Get("http://" + d.AdminAddr() + admin.Prefix + "records?id=00000000000000000000000000000000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNotFound {
+		t.Fatalf("admin API answered %d without a token configured", resp.StatusCode)
+	}
+}
