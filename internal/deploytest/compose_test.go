@@ -77,9 +77,8 @@ func strictUnmarshalJSON(j []byte, v any) error {
 	return errors.Join(strict...)
 }
 
-// daemonFlags lists the idem-extproc flags, read from its usage text.
-func daemonFlags(t testing.TB) []string {
-	t.Helper()
+// daemonFlagNames lists the idem-extproc flags, read from its usage text.
+func daemonFlagNames() ([]string, error) {
 	var usage bytes.Buffer
 	_, _ = daemon.ParseConfig([]string{"-h"}, func(string) string { return "" }, &usage)
 	var names []string
@@ -87,9 +86,9 @@ func daemonFlags(t testing.TB) []string {
 		names = append(names, m[1])
 	}
 	if len(names) < 5 {
-		t.Fatalf("could not read the flags from the usage text:\n%s", usage.String())
+		return nil, fmt.Errorf("could not read the flags from the usage text:\n%s", usage.String())
 	}
-	return names
+	return names, nil
 }
 
 // parseServerConfig runs the daemon's own configuration parser on the
@@ -121,9 +120,13 @@ func portOf(addr string) (int, error) {
 // flags (through the daemon's own parser), the mounted Envoy configuration
 // (through checkEnvoyConfig) and that every address in it is a Compose
 // service on the port that service listens on.
-func checkCompose(data []byte, readRepoFile func(string) ([]byte, error), flags []string) error {
+func checkCompose(data []byte, readRepoFile func(string) ([]byte, error)) error {
+	flags, err := daemonFlagNames()
+	if err != nil {
+		return err
+	}
 	var cf composeFile
-	if err := strictUnmarshal(data, &cf); err != nil {
+	if err = strictUnmarshal(data, &cf); err != nil {
 		return fmt.Errorf("docker-compose.yml: %w", err)
 	}
 	var errs []error
@@ -244,7 +247,7 @@ func checkCompose(data []byte, readRepoFile func(string) ([]byte, error), flags 
 
 func TestCompose(t *testing.T) {
 	read := func(p string) ([]byte, error) { return os.ReadFile(filepath.Join(repoRoot, p)) }
-	if err := checkCompose(readFile(t, filepath.Join(repoRoot, "docker-compose.yml")), read, daemonFlags(t)); err != nil {
+	if err := checkCompose(readFile(t, filepath.Join(repoRoot, "docker-compose.yml")), read); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -81,6 +81,14 @@ func validateEnvoyTree(m proto.Message, path string) error {
 	} else {
 		errs = append(errs, fmt.Errorf("%s: %T has no ValidateAll", path, m))
 	}
+	errs = append(errs, validateAnys(m, path))
+	return errors.Join(errs...)
+}
+
+// validateAnys resolves and validates what every Any inside m holds, but
+// not m itself: for partial messages such as an Istio MERGE patch.
+func validateAnys(m proto.Message, path string) error {
+	var errs []error
 	walkAnys(m.ProtoReflect(), path, func(p string, a *anypb.Any) {
 		inner, err := unpackAny(a)
 		if err != nil {
