@@ -14,7 +14,8 @@ import (
 	"testing"
 
 	egv1a1 "github.com/envoyproxy/gateway/api/v1alpha1"
-	"github.com/golang/protobuf/jsonpb" //nolint:staticcheck // Istio's own decoder; see decodeIstio
+	//lint:ignore SA1019 the deprecated jsonpb is the decoder Istio's own types use; see decodeIstio.
+	"github.com/golang/protobuf/jsonpb"
 	"google.golang.org/protobuf/runtime/protoiface"
 	istionetv1 "istio.io/client-go/pkg/apis/networking/v1"
 	istionetv1a3 "istio.io/client-go/pkg/apis/networking/v1alpha3"
