@@ -1,0 +1,405 @@
+package deploytest
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	jwtv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/jwt_authn/v3"
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	upstreamhttpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/idem-extproc/idem-extproc/internal/envoysim"
+	"github.com/idem-extproc/idem-extproc/internal/policy"
+)
+
+// recommendedClientTimeout is the client timeout docs/deployment.md asks
+// for. Every protected route must be able to finish inside it, so that
+// Envoy, not a client that gave up, sees how each attempt ended.
+const recommendedClientTimeout = 15 * time.Second
+
+// Names the configurations must use.
+const (
+	routerFilterName     = "envoy.filters.http.router"
+	jwtFilterName        = "envoy.filters.http.jwt_authn"
+	httpProtocolOptsName = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+)
+
+// readOnlyMethods may have the filter disabled; any other method may write.
+var (
+	readOnlyMethods = []string{"GET", "HEAD", "OPTIONS"}
+	httpMethods     = []string{"GET", "HEAD", "OPTIONS", "POST", "PUT", "PATCH", "DELETE", "TRACE", "CONNECT"}
+)
+
+// repoRoot is the repository's top directory.
+const repoRoot = "../.."
+
+// envoyConfigFiles lists every Envoy configuration shipped under envoy/.
+func envoyConfigFiles(t *testing.T) []string {
+	t.Helper()
+	var files []string
+	for _, pat := range []string{"*.yaml", "*.yml"} {
+		m, err := filepath.Glob(filepath.Join(repoRoot, "envoy", pat))
+		if err != nil {
+			t.Fatal(err)
+		}
+		files = append(files, m...)
+	}
+	slices.Sort(files)
+	if len(files) == 0 {
+		t.Fatal("no Envoy configurations under envoy/")
+	}
+	return files
+}
+
+func readFile(t *testing.T, path string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// TestEnvoyConfigs decodes every envoy/*.yaml strictly into a Bootstrap,
+// validates it and every typed_config inside it, and checks the ext_proc
+// filter, its cluster and the routes against what the server needs.
+func TestEnvoyConfigs(t *testing.T) {
+	for _, path := range envoyConfigFiles(t) {
+		t.Run(filepath.Base(path), func(t *testing.T) {
+			if _, err := checkEnvoyConfig(readFile(t, path)); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// envoyConfig is a checked bootstrap and the parts the tests look at.
+type envoyConfig struct {
+	bootstrap *bootstrapv3.Bootstrap
+	clusters  map[string]*clusterv3.Cluster
+	hcms      []*protectedHCM
+}
+
+// protectedHCM is an HTTP connection manager with the ext_proc filter.
+type protectedHCM struct {
+	hcm     *hcmv3.HttpConnectionManager
+	extProc *extprocv3.ExternalProcessor
+	filters []string
+}
+
+// checkEnvoyConfig decodes one Envoy bootstrap file strictly and reports
+// every problem found in it.
+func checkEnvoyConfig(data []byte) (*envoyConfig, error) {
+	b := &bootstrapv3.Bootstrap{}
+	if err := decodeEnvoyYAML(data, b); err != nil {
+		return nil, err
+	}
+	cfg := &envoyConfig{bootstrap: b, clusters: map[string]*clusterv3.Cluster{}}
+	var errs []error
+	for _, c := range b.GetStaticResources().GetClusters() {
+		cfg.clusters[c.GetName()] = c
+	}
+	for _, l := range b.GetStaticResources().GetListeners() {
+		for _, fc := range l.GetFilterChains() {
+			for _, f := range fc.GetFilters() {
+				hcm, err := typedConfig[*hcmv3.HttpConnectionManager](f.GetTypedConfig())
+				if err != nil {
+					continue // not an HTTP connection manager
+				}
+				p, err := checkHCM(cfg, hcm)
+				if err != nil {
+					errs = append(errs, fmt.Errorf("listener %s: %w", l.GetName(), err))
+				}
+				if p != nil {
+					cfg.hcms = append(cfg.hcms, p)
+				}
+			}
+		}
+		if lim := l.GetPerConnectionBufferLimitBytes(); lim != nil && int(lim.GetValue()) < policy.DefaultMaxBody {
+			errs = append(errs, fmt.Errorf("listener %s: per_connection_buffer_limit_bytes %d is below the policy's %d-byte bodies",
+				l.GetName(), lim.GetValue(), policy.DefaultMaxBody))
+		}
+	}
+	if len(cfg.hcms) == 0 {
+		errs = append(errs, errors.New("no HTTP connection manager with the ext_proc filter"))
+	}
+	return cfg, errors.Join(errs...)
+}
+
+// checkHCM checks the filter chain, the ext_proc filter, its cluster and
+// the routes of one connection manager.
+func checkHCM(cfg *envoyConfig, hcm *hcmv3.HttpConnectionManager) (*protectedHCM, error) {
+	var errs []error
+	fail := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	p := &protectedHCM{hcm: hcm}
+	var jwt *jwtv3.JwtAuthentication
+	for _, f := range hcm.GetHttpFilters() {
+		p.filters = append(p.filters, f.GetName())
+		switch f.GetName() {
+		case extProcFilterName:
+			ep, err := typedConfig[*extprocv3.ExternalProcessor](f.GetTypedConfig())
+			if err != nil {
+				fail("%s: %v", f.GetName(), err)
+				continue
+			}
+			p.extProc = ep
+		case jwtFilterName:
+			j, err := typedConfig[*jwtv3.JwtAuthentication](f.GetTypedConfig())
+			if err != nil {
+				fail("%s: %v", f.GetName(), err)
+				continue
+			}
+			jwt = j
+		}
+	}
+	if p.extProc == nil {
+		return nil, nil
+	}
+	if err := checkExtProc(p.extProc); err != nil {
+		fail("ext_proc filter: %w", err)
+	}
+	if n := len(p.filters); p.filters[n-1] != routerFilterName {
+		fail("the last HTTP filter is %s, want %s", p.filters[n-1], routerFilterName)
+	}
+	if i := slices.Index(p.filters, jwtFilterName); i > slices.Index(p.filters, extProcFilterName) {
+		fail("jwt_authn runs after ext_proc: the server would see unverified principals")
+	}
+	if slices.Contains(p.extProc.GetMetadataOptions().GetForwardingNamespaces().GetUntyped(), jwtFilterName) {
+		if jwt == nil {
+			fail("ext_proc forwards %s metadata but there is no jwt_authn filter", jwtFilterName)
+		}
+		for name, prov := range jwt.GetProviders() {
+			if prov.GetPayloadInMetadata() == "" {
+				fail("jwt provider %s sets no payload_in_metadata: nothing to forward", name)
+			}
+		}
+	}
+	if err := checkExtProcCluster(cfg.clusters[extProcCluster(p.extProc)], extProcCluster(p.extProc)); err != nil {
+		errs = append(errs, err)
+	}
+	if jwt != nil {
+		for name, prov := range jwt.GetProviders() {
+			if c := prov.GetRemoteJwks().GetHttpUri().GetCluster(); c != "" && cfg.clusters[c] == nil {
+				fail("jwt provider %s fetches keys from undefined cluster %q", name, c)
+			}
+		}
+	}
+	if err := checkRoutes(cfg, hcm.GetRouteConfig(), p.extProc); err != nil {
+		errs = append(errs, err)
+	}
+	return p, errors.Join(errs...)
+}
+
+// checkExtProcCluster checks the cluster the ext_proc filter calls: gRPC
+// needs HTTP/2, and a protected request must not wait on a dead server.
+func checkExtProcCluster(c *clusterv3.Cluster, name string) error {
+	if c == nil {
+		return fmt.Errorf("ext_proc cluster %q is not defined", name)
+	}
+	var errs []error
+	fail := func(format string, args ...any) {
+		errs = append(errs, fmt.Errorf("ext_proc cluster %s: "+format, append([]any{name}, args...)...))
+	}
+	opts, ok := c.GetTypedExtensionProtocolOptions()[httpProtocolOptsName]
+	if !ok {
+		fail("no typed_extension_protocol_options[%s]: Envoy would speak HTTP/1.1 to a gRPC server", httpProtocolOptsName)
+	} else if hpo, err := typedConfig[*upstreamhttpv3.HttpProtocolOptions](opts); err != nil {
+		fail("%v", err)
+	} else if hpo.GetExplicitHttpConfig().GetHttp2ProtocolOptions() == nil {
+		fail("protocol options do not select HTTP/2 explicitly (explicit_http_config.http2_protocol_options)")
+	}
+	if ct := c.GetConnectTimeout(); ct == nil || ct.AsDuration() > time.Second {
+		fail("connect_timeout %v: set it, at most 1s, so a dead server fails fast", ct.AsDuration())
+	}
+	grpcHC := false
+	for _, hc := range c.GetHealthChecks() {
+		grpcHC = grpcHC || hc.GetGrpcHealthCheck() != nil
+	}
+	if !grpcHC {
+		fail("no gRPC health check: the server serves grpc.health.v1 on its ext_proc port")
+	}
+	th := c.GetCircuitBreakers().GetThresholds()
+	if len(th) == 0 || th[0].GetMaxRequests() == nil {
+		fail("no circuit breaker max_requests: one ext_proc stream is one request, size it explicitly")
+	}
+	return errors.Join(errs...)
+}
+
+// checkRoutes applies the route rules of docs/deployment.md: read-only
+// routes disable the filter, and only they; protected routes have an
+// explicit timeout that, with the ext_proc phases, fits inside the
+// recommended client timeout; no Envoy retries on protected routes.
+func checkRoutes(cfg *envoyConfig, rc *routev3.RouteConfiguration, ep *extprocv3.ExternalProcessor) error {
+	if rc == nil {
+		return errors.New("no static route_config: the route rules cannot be checked")
+	}
+	var errs []error
+	fail := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	disabledSomewhere := false
+	for _, vh := range rc.GetVirtualHosts() {
+		if vh.GetRetryPolicy() != nil {
+			fail("virtual host %s: retry_policy would re-send writes past the ext_proc filter", vh.GetName())
+		}
+		for _, r := range vh.GetRoutes() {
+			name := vh.GetName() + "/" + r.GetName()
+			if r.GetName() == "" {
+				fail("route %d of %s has no name: the policy matches on xds.route_name", slices.Index(vh.GetRoutes(), r), vh.GetName())
+			}
+			disabled, err := extProcDisabled(r.GetTypedPerFilterConfig())
+			if err != nil {
+				fail("route %s: %v", name, err)
+			}
+			methods, err := routeMethods(r)
+			if err != nil {
+				fail("route %s: %v", name, err)
+			}
+			if c := r.GetRoute().GetCluster(); c != "" && cfg.clusters[c] == nil {
+				fail("route %s: undefined cluster %q", name, c)
+			}
+			if disabled {
+				disabledSomewhere = true
+				for _, m := range methods {
+					if !slices.Contains(readOnlyMethods, m) {
+						fail("route %s disables ext_proc but matches %s, which may write", name, m)
+					}
+				}
+				continue
+			}
+			if r.GetRoute().GetRetryPolicy() != nil {
+				fail("route %s: retry_policy would re-send writes past the ext_proc filter", name)
+			}
+			to := r.GetRoute().GetTimeout()
+			if to == nil || to.AsDuration() <= 0 {
+				fail("route %s: set an explicit, finite route timeout (the route-timeout rule)", name)
+				continue
+			}
+			life := maxProtectedLifetime(to.AsDuration(), ep)
+			if life >= recommendedClientTimeout {
+				fail("route %s: timeout %v plus four message_timeouts is %v, not under the %v client timeout",
+					name, to.AsDuration(), life, recommendedClientTimeout)
+			}
+			if gt := ep.GetGrpcService().GetTimeout(); gt != nil && gt.AsDuration() < life {
+				fail("route %s: grpc_service.timeout %v is shorter than a protected request may live (%v)",
+					name, gt.AsDuration(), life)
+			}
+		}
+	}
+	if !disabledSomewhere {
+		fail("no route disables the ext_proc filter: read-only routes should (ExtProcPerRoute.disabled)")
+	}
+	return errors.Join(errs...)
+}
+
+// extProcDisabled reads a route's ExtProcPerRoute. Only "disabled: true"
+// is used in our files; an override would need checkExtProc of its own.
+func extProcDisabled(per map[string]*anypb.Any) (bool, error) {
+	a, ok := per[extProcFilterName]
+	if !ok {
+		return false, nil
+	}
+	pr, err := typedConfig[*extprocv3.ExtProcPerRoute](a)
+	if err != nil {
+		return false, err
+	}
+	if pr.GetOverrides() != nil {
+		return false, errors.New("ExtProcPerRoute.overrides is not checked by these tests; use disabled or nothing")
+	}
+	return pr.GetDisabled(), nil
+}
+
+// routeMethods lists the methods a route can match, from its :method
+// header matchers.
+func routeMethods(r *routev3.Route) ([]string, error) {
+	methods := slices.Clone(httpMethods)
+	for _, h := range r.GetMatch().GetHeaders() {
+		if h.GetName() != ":method" {
+			continue
+		}
+		var keep []string
+		for _, m := range methods {
+			ok, err := headerMatches(h, m)
+			if err != nil {
+				return nil, err
+			}
+			if ok {
+				keep = append(keep, m)
+			}
+		}
+		methods = keep
+	}
+	return methods, nil
+}
+
+// headerMatches evaluates the header matchers our files use.
+func headerMatches(h *routev3.HeaderMatcher, v string) (bool, error) {
+	var ok bool
+	switch {
+	case h.GetStringMatch() != nil:
+		sm := h.GetStringMatch()
+		s := v
+		if sm.GetIgnoreCase() {
+			s = strings.ToLower(s)
+		}
+		lower := func(x string) string {
+			if sm.GetIgnoreCase() {
+				return strings.ToLower(x)
+			}
+			return x
+		}
+		switch {
+		case sm.GetSafeRegex() != nil:
+			re, err := regexp.Compile(sm.GetSafeRegex().GetRegex())
+			if err != nil {
+				return false, fmt.Errorf("header %s: %w", h.GetName(), err)
+			}
+			loc := re.FindStringIndex(v) // Envoy's safe_regex must match the whole value
+			ok = loc != nil && loc[0] == 0 && loc[1] == len(v)
+		case sm.GetExact() != "":
+			ok = s == lower(sm.GetExact())
+		case sm.GetPrefix() != "":
+			ok = strings.HasPrefix(s, lower(sm.GetPrefix()))
+		default:
+			return false, fmt.Errorf("header %s: string matcher %v is not evaluated by these tests", h.GetName(), sm)
+		}
+	default:
+		return false, fmt.Errorf("header %s: matcher %v is not evaluated by these tests", h.GetName(), h)
+	}
+	return ok != h.GetInvertMatch(), nil
+}
+
+// TestEnvoyFilterMatchesRecommendedConfig keeps the shipped filter in step
+// with envoysim.RecommendedConfig, the configuration the end-to-end tests
+// run: same modes, override and failure settings, and attributes.
+func TestEnvoyFilterMatchesRecommendedConfig(t *testing.T) {
+	want := envoysim.RecommendedConfig()
+	for _, path := range envoyConfigFiles(t) {
+		cfg, err := checkEnvoyConfig(readFile(t, path))
+		if err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		for _, p := range cfg.hcms {
+			got := proto.Clone(want).(*extprocv3.ExternalProcessor)
+			got.ProcessingMode = p.extProc.GetProcessingMode()
+			got.AllowModeOverride = p.extProc.GetAllowModeOverride()
+			got.FailureModeAllow = p.extProc.GetFailureModeAllow()
+			got.RequestAttributes = p.extProc.GetRequestAttributes()
+			got.ResponseAttributes = p.extProc.GetResponseAttributes()
+			if !proto.Equal(got, want) {
+				t.Errorf("%s: the filter differs from envoysim.RecommendedConfig():\n got %v\nwant %v", path, got, want)
+			}
+		}
+	}
+}

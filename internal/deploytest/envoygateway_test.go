@@ -1,0 +1,282 @@
+package deploytest
+
+import (
+	"errors"
+	"fmt"
+	"regexp"
+	"slices"
+	"time"
+
+	egv1a1 "github.com/envoyproxy/gateway/api/v1alpha1"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/protobuf/types/known/durationpb"
+	corev1 "k8s.io/api/core/v1"
+	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
+	gwv1beta1 "sigs.k8s.io/gateway-api/apis/v1beta1"
+)
+
+// egAttributeRE is the pattern Envoy Gateway's CRD puts on attributes
+// (api/v1alpha1/ext_proc_types.go); the Go type does not enforce it.
+var egAttributeRE = regexp.MustCompile(`^(connection\.|source\.|destination\.|request\.|response\.|upstream\.|xds\.route_)[a-z_1-9]*$`)
+
+// egServiceTimeout is the grpc_service timeout Envoy Gateway sets on every
+// ext_proc filter it makes (internal/xds/translator/utils.go).
+const egServiceTimeout = 10 * time.Second
+
+// extProcFromEnvoyGateway builds the ext_proc filter configuration Envoy
+// Gateway makes of an ExtProc, following its translator as of v1.9
+// (internal/gatewayapi/envoyextensionpolicy.go, which turns the policy into
+// its IR, and internal/xds/translator/extproc.go, which turns that into the
+// filter): a present request or response section means that direction's
+// headers are sent, its body mode is the one named (none when unnamed),
+// trailers are skipped unless a body is FullDuplexStreamed, attributes are
+// copied per direction. The result is validated as any Envoy config is.
+func extProcFromEnvoyGateway(ep *egv1a1.ExtProc, cluster string) (*extprocv3.ExternalProcessor, error) {
+	pm := &extprocv3.ProcessingMode{
+		RequestHeaderMode:   extprocv3.ProcessingMode_SKIP,
+		ResponseHeaderMode:  extprocv3.ProcessingMode_SKIP,
+		RequestBodyMode:     extprocv3.ProcessingMode_NONE,
+		ResponseBodyMode:    extprocv3.ProcessingMode_NONE,
+		RequestTrailerMode:  extprocv3.ProcessingMode_SKIP,
+		ResponseTrailerMode: extprocv3.ProcessingMode_SKIP,
+	}
+	c := &extprocv3.ExternalProcessor{
+		GrpcService: &corev3.GrpcService{
+			TargetSpecifier: &corev3.GrpcService_EnvoyGrpc_{EnvoyGrpc: &corev3.GrpcService_EnvoyGrpc{ClusterName: cluster}},
+			Timeout:         durationpb.New(egServiceTimeout),
+		},
+		ProcessingMode: pm,
+	}
+	var errs []error
+	body := func(m *egv1a1.ExtProcBodyProcessingMode) (extprocv3.ProcessingMode_BodySendMode, bool) {
+		if m == nil {
+			return extprocv3.ProcessingMode_NONE, false
+		}
+		switch *m {
+		case egv1a1.BufferedExtProcBodyProcessingMode:
+			return extprocv3.ProcessingMode_BUFFERED, false
+		case egv1a1.BufferedPartialExtBodyHeaderProcessingMode:
+			return extprocv3.ProcessingMode_BUFFERED_PARTIAL, false
+		case egv1a1.StreamedExtProcBodyProcessingMode:
+			return extprocv3.ProcessingMode_STREAMED, false
+		case egv1a1.FullDuplexStreamedExtBodyProcessingMode:
+			return extprocv3.ProcessingMode_FULL_DUPLEX_STREAMED, true
+		}
+		errs = append(errs, fmt.Errorf("body %q is not one of the CRD's modes", *m))
+		return extprocv3.ProcessingMode_NONE, false
+	}
+	if mode := ep.ProcessingMode; mode != nil {
+		if r := mode.Request; r != nil {
+			pm.RequestHeaderMode = extprocv3.ProcessingMode_SEND
+			var trailers bool
+			if pm.RequestBodyMode, trailers = body(r.Body); trailers {
+				pm.RequestTrailerMode = extprocv3.ProcessingMode_SEND
+			}
+			c.RequestAttributes = r.Attributes
+		}
+		if r := mode.Response; r != nil {
+			pm.ResponseHeaderMode = extprocv3.ProcessingMode_SEND
+			var trailers bool
+			if pm.ResponseBodyMode, trailers = body(r.Body); trailers {
+				pm.ResponseTrailerMode = extprocv3.ProcessingMode_SEND
+			}
+			c.ResponseAttributes = r.Attributes
+		}
+		c.AllowModeOverride = mode.AllowModeOverride
+	}
+	for _, a := range append(slices.Clone(c.RequestAttributes), c.ResponseAttributes...) {
+		if !egAttributeRE.MatchString(a) {
+			errs = append(errs, fmt.Errorf("attribute %q does not match the CRD's pattern", a))
+		}
+	}
+	if ep.FailOpen != nil {
+		c.FailureModeAllow = *ep.FailOpen
+	}
+	if ep.ShadowMode != nil {
+		c.ObservabilityMode = *ep.ShadowMode
+	}
+	if ep.MessageTimeout != nil {
+		d, err := time.ParseDuration(string(*ep.MessageTimeout))
+		if err != nil {
+			errs = append(errs, fmt.Errorf("messageTimeout: %w", err))
+		}
+		c.MessageTimeout = durationpb.New(d)
+	}
+	if md := ep.Metadata; md != nil {
+		c.MetadataOptions = &extprocv3.MetadataOptions{}
+		if md.AccessibleNamespaces != nil {
+			c.MetadataOptions.ForwardingNamespaces = &extprocv3.MetadataOptions_MetadataNamespaces{Untyped: md.AccessibleNamespaces}
+		}
+		if md.WritableNamespaces != nil {
+			c.MetadataOptions.ReceivingNamespaces = &extprocv3.MetadataOptions_MetadataNamespaces{Untyped: md.WritableNamespaces}
+		}
+	}
+	if ep.StatusOnError != nil {
+		c.StatusOnError = &typev3.HttpStatus{Code: typev3.StatusCode(*ep.StatusOnError)}
+	}
+	if err := validateEnvoyTree(c, "ExternalProcessor"); err != nil {
+		errs = append(errs, err)
+	}
+	return c, errors.Join(errs...)
+}
+
+// checkEnvoyGatewayObjects checks the EnvoyExtensionPolicies of a build:
+// the filter they make passes checkExtProc; the backend is the server's
+// gRPC Service, reachable through a ReferenceGrant, with health checks,
+// circuit breakers and a connect timeout; the routes they target have the
+// timeout rule, and every route they leave out is read-only.
+func checkEnvoyGatewayObjects(objs []k8sObject) error {
+	policies := objectsOf[egv1a1.EnvoyExtensionPolicy](objs)
+	if len(policies) == 0 {
+		return nil
+	}
+	srv, err := findServer(objs)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	fail := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	targeted := map[string]*extprocv3.ExternalProcessor{} // namespace/name of HTTPRoute -> filter
+	for _, p := range policies {
+		where := "EnvoyExtensionPolicy " + p.Namespace + "/" + p.Name
+		if len(p.Spec.ExtProc) != 1 {
+			fail("%s: want one extProc, got %d", where, len(p.Spec.ExtProc))
+			continue
+		}
+		ep := &p.Spec.ExtProc[0]
+		filter, err := extProcFromEnvoyGateway(ep, "envoyextensionpolicy/"+p.Namespace+"/"+p.Name+"/extproc/0")
+		if err != nil {
+			fail("%s: %v", where, err)
+		}
+		if err := checkExtProc(filter); err != nil {
+			fail("%s: ext_proc filter: %v", where, err)
+		}
+		if mt := messageTimeout(filter); srv.cfg.StoreTimeout+messageTimeoutMargin > mt {
+			fail("%s: the server's --store-timeout %v leaves less than %v under messageTimeout %v",
+				where, srv.cfg.StoreTimeout, messageTimeoutMargin, mt)
+		}
+		if err := checkEGBackend(objs, p, ep); err != nil {
+			fail("%s: %v", where, err)
+		}
+		if p.Spec.TargetRef != nil || len(p.Spec.TargetSelectors) > 0 || len(p.Spec.TargetRefs) == 0 {
+			fail("%s: name the routes in targetRefs (targetRef and targetSelectors are not checked here)", where)
+		}
+		for _, ref := range p.Spec.TargetRefs {
+			if ref.Group != gwv1.GroupName || ref.Kind != "HTTPRoute" {
+				fail("%s: targets %s %s; these tests check HTTPRoute targets", where, ref.Kind, ref.Name)
+				continue
+			}
+			if objectNamed[gwv1.HTTPRoute](objs, p.Namespace, string(ref.Name)) == nil {
+				fail("%s: targets HTTPRoute %s, which is not in the build", where, ref.Name)
+			}
+			targeted[p.Namespace+"/"+string(ref.Name)] = filter
+		}
+	}
+	for _, r := range objectsOf[gwv1.HTTPRoute](objs) {
+		filter := targeted[r.Namespace+"/"+r.Name]
+		for i, rule := range r.Spec.Rules {
+			where := fmt.Sprintf("HTTPRoute %s/%s rule %d", r.Namespace, r.Name, i)
+			if filter == nil {
+				for _, m := range gatewayRuleMethods(rule) {
+					if !slices.Contains(readOnlyMethods, m) {
+						fail("%s matches %s, which may write, and no EnvoyExtensionPolicy protects it", where, m)
+					}
+				}
+				continue
+			}
+			if rule.Timeouts == nil || rule.Timeouts.Request == nil {
+				fail("%s: set timeouts.request (the route-timeout rule)", where)
+				continue
+			}
+			d, err := time.ParseDuration(string(*rule.Timeouts.Request))
+			if err != nil || d <= 0 {
+				fail("%s: timeouts.request %q must be a finite duration", where, *rule.Timeouts.Request)
+			} else if life := maxProtectedLifetime(d, filter); life >= recommendedClientTimeout {
+				fail("%s: timeout plus four message_timeouts is %v, not under the %v client timeout", where, life, recommendedClientTimeout)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// checkEGBackend checks where and how an ExtProc calls the server.
+func checkEGBackend(objs []k8sObject, p *egv1a1.EnvoyExtensionPolicy, ep *egv1a1.ExtProc) error {
+	if ep.BackendRef != nil || len(ep.BackendRefs) != 1 {
+		return errors.New("want exactly one entry in backendRefs")
+	}
+	ref := ep.BackendRefs[0].BackendObjectReference
+	if (ref.Group != nil && *ref.Group != "") || (ref.Kind != nil && *ref.Kind != "Service") || ref.Port == nil {
+		return errors.New("backendRefs[0] must be a core Service with a port")
+	}
+	ns := p.Namespace
+	if ref.Namespace != nil {
+		ns = string(*ref.Namespace)
+	}
+	var errs []error
+	svc := objectNamed[corev1.Service](objs, ns, string(ref.Name))
+	if svc == nil {
+		errs = append(errs, fmt.Errorf("backend Service %s/%s is not in the build", ns, ref.Name))
+	} else if !slices.ContainsFunc(svc.Spec.Ports, func(sp corev1.ServicePort) bool {
+		return sp.Port == int32(*ref.Port) && sp.AppProtocol != nil && *sp.AppProtocol == "grpc"
+	}) {
+		errs = append(errs, fmt.Errorf("Service %s has no port %d with appProtocol grpc", svc.Name, *ref.Port))
+	}
+	if ns != p.Namespace && !referenceGranted(objs, p.Namespace, ns, string(ref.Name)) {
+		errs = append(errs, fmt.Errorf("no ReferenceGrant in %s lets EnvoyExtensionPolicies of %s use Service %s", ns, p.Namespace, ref.Name))
+	}
+	bs := ep.BackendSettings
+	if bs == nil {
+		return errors.Join(append(errs, errors.New("set backendSettings: health check, circuit breaker, connect timeout"))...)
+	}
+	if bs.HealthCheck == nil || bs.HealthCheck.Active == nil || bs.HealthCheck.Active.Type != egv1a1.ActiveHealthCheckerTypeGRPC {
+		errs = append(errs, errors.New("backendSettings.healthCheck.active must be of type GRPC (the server serves grpc.health.v1)"))
+	}
+	if bs.CircuitBreaker == nil || bs.CircuitBreaker.MaxParallelRequests == nil {
+		errs = append(errs, errors.New("backendSettings.circuitBreaker.maxParallelRequests: one ext_proc stream is one request, size it explicitly"))
+	}
+	if bs.Timeout == nil || bs.Timeout.TCP == nil || bs.Timeout.TCP.ConnectTimeout == nil {
+		errs = append(errs, errors.New("backendSettings.timeout.tcp.connectTimeout: set it, at most 1s"))
+	} else if d, err := time.ParseDuration(string(*bs.Timeout.TCP.ConnectTimeout)); err != nil || d > time.Second {
+		errs = append(errs, fmt.Errorf("connectTimeout %s: at most 1s, so a dead server fails fast", *bs.Timeout.TCP.ConnectTimeout))
+	}
+	return errors.Join(errs...)
+}
+
+// referenceGranted reports whether a ReferenceGrant in toNS lets
+// EnvoyExtensionPolicies in fromNS refer to the Service name.
+func referenceGranted(objs []k8sObject, fromNS, toNS, name string) bool {
+	for _, g := range objectsOf[gwv1beta1.ReferenceGrant](objs) {
+		if g.Namespace != toNS {
+			continue
+		}
+		from := slices.ContainsFunc(g.Spec.From, func(f gwv1beta1.ReferenceGrantFrom) bool {
+			return f.Group == egv1a1.GroupName && f.Kind == egv1a1.KindEnvoyExtensionPolicy && string(f.Namespace) == fromNS
+		})
+		to := slices.ContainsFunc(g.Spec.To, func(t gwv1beta1.ReferenceGrantTo) bool {
+			return t.Group == "" && t.Kind == "Service" && (t.Name == nil || string(*t.Name) == name)
+		})
+		if from && to {
+			return true
+		}
+	}
+	return false
+}
+
+// gatewayRuleMethods lists the methods an HTTPRoute rule matches.
+func gatewayRuleMethods(rule gwv1.HTTPRouteRule) []string {
+	if len(rule.Matches) == 0 {
+		return httpMethods
+	}
+	var out []string
+	for _, m := range rule.Matches {
+		if m.Method == nil {
+			return httpMethods
+		}
+		if !slices.Contains(out, string(*m.Method)) {
+			out = append(out, string(*m.Method))
+		}
+	}
+	return out
+}

@@ -1,0 +1,256 @@
+package deploytest
+
+import (
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// mutation changes a copy of one deployment file: the first occurrence of
+// from becomes to. want is a word the error must contain (the misspelt
+// field, or what a broken setting breaks), so that a test fails for the
+// planted reason and not another.
+type mutation struct {
+	file     string // path from the repository root
+	from, to string
+	want     string
+}
+
+// misspellings plants one misspelt field in a copy of every deployment
+// file (two in some): each must make its check fail. Misspellings inside
+// embedded configurations (the ext_proc filter in an Istio patch), in
+// JSON patches, and in letter case only are among them.
+var misspellings = []mutation{
+	{file: "envoy/envoy.yaml", from: "allow_mode_override:", to: "allow_mode_overide:"},
+	{file: "envoy/envoy.yaml", from: "    disabled: true", to: "    disable: true"},
+	{file: "envoy/envoy-jwt.yaml", from: "payload_in_metadata:", to: "payload_in_metdata:"},
+	{file: "docker-compose.yml", from: "depends_on:", to: "depend_on:"},
+	{file: "Dockerfile", from: "EXPOSE 50051", to: "EXPOZE 50051"},
+	{file: "k8s/base/kustomization.yaml", from: "configMapGenerator:", to: "configMapGenerater:"},
+	{file: "k8s/base/namespace.yaml", from: "  name: idem-extproc", to: "  name: idem-extproc\n  labelz: {a: b}"},
+	{file: "k8s/base/serviceaccount.yaml", from: "automountServiceAccountToken:", to: "automountServiceAcountToken:"},
+	{file: "k8s/base/policy.yaml", from: "retention:", to: "retension:"},
+	{file: "k8s/base/deployment.yaml", from: "readinessProbe:", to: "readinessProbz:"},
+	{file: "k8s/base/deployment.yaml", from: "readOnlyRootFilesystem:", to: "readonlyRootFilesystem:"},
+	{file: "k8s/base/service.yaml", from: "appProtocol:", to: "appProtocl:"},
+	{file: "k8s/base/pdb.yaml", from: "maxUnavailable:", to: "maxUnavailible:"},
+	{file: "k8s/base/hpa.yaml", from: "minReplicas:", to: "minReplicaz:"},
+	{file: "k8s/base/networkpolicy.yaml", from: "policyTypes:", to: "policyType:"},
+	{file: "k8s/components/dev-redis/kustomization.yaml", from: "secretGenerator:", to: "secretGenerater:"},
+	{file: "k8s/components/dev-redis/statefulset.yaml", from: "volumeClaimTemplates:", to: "volumeClaimTemplate:"},
+	{file: "k8s/components/dev-redis/service.yaml", from: "targetPort:", to: "targetport:"},
+	{file: "k8s/components/dev-redis/networkpolicy.yaml", from: "  podSelector:", to: "  podselector:"},
+	{file: "k8s/overlays/dev/kustomization.yaml", from: "components:", to: "component:"},
+	{file: "k8s/overlays/istio/kustomization.yaml", from: "patches:", to: "patchs:"},
+	{file: "k8s/overlays/istio/networkpolicy-gateway.yaml", from: "namespaceSelector:", to: "namespaceSelecter:"},
+	{file: "k8s/overlays/istio/envoyfilter-gateway.yaml", from: "workloadSelector:", to: "workloadSelecter:"},
+	{file: "k8s/overlays/istio/envoyfilter-gateway.yaml", from: "allow_mode_override:", to: "allow_mode_overide:"},
+	{file: "k8s/overlays/istio/envoyfilter-sidecar.yaml", from: "subFilter:", to: "subfilter:"},
+	{file: "k8s/overlays/istio/destinationrule.yaml", from: "http2MaxRequests:", to: "http2MaxRequest:"},
+	{file: "k8s/overlays/istio/orders-gateway.yaml", from: "servers:", to: "server:"},
+	{file: "k8s/overlays/istio/orders-virtualservice.yaml", from: "retries:", to: "retrys:"},
+	{file: "k8s/overlays/envoy-gateway/kustomization.yaml", from: "resources:", to: "resource:"},
+	{file: "k8s/overlays/envoy-gateway/networkpolicy-proxies.yaml", from: "podSelector:", to: "podSelecter:"},
+	{file: "k8s/overlays/envoy-gateway/envoyextensionpolicy.yaml", from: "allowModeOverride:", to: "allowModeOveride:"},
+	{file: "k8s/overlays/envoy-gateway/envoyextensionpolicy.yaml", from: "messageTimeout:", to: "messagetimeout:"},
+	{file: "k8s/overlays/envoy-gateway/referencegrant.yaml", from: "    namespace: orders", to: "    namespce: orders"},
+	{file: "k8s/overlays/envoy-gateway/orders-httproutes.yaml", from: "timeouts:", to: "timeout:"},
+}
+
+// TestMisspeltFieldFails plants each misspelling in a copy of its file and
+// runs the file's check on the copy: every one must fail, naming the field.
+func TestMisspeltFieldFails(t *testing.T) {
+	for _, m := range misspellings {
+		if m.want == "" {
+			m.want = strings.TrimSpace(strings.Split(strings.TrimSpace(m.to[strings.LastIndex(m.to, "\n")+1:]), ":")[0])
+			m.want = strings.Fields(m.want)[0]
+		}
+		t.Run(m.file+"/"+m.want, func(t *testing.T) {
+			t.Parallel()
+			expectMutationFails(t, m)
+		})
+	}
+}
+
+// TestEveryDeploymentFileHasAMisspellingCase keeps the table above
+// complete: a new deployment file needs a case of its own.
+func TestEveryDeploymentFileHasAMisspellingCase(t *testing.T) {
+	covered := map[string]bool{}
+	for _, m := range misspellings {
+		covered[m.file] = true
+	}
+	for _, f := range deploymentFiles(t) {
+		if !covered[f] {
+			t.Errorf("%s has no case in misspellings", f)
+		}
+	}
+}
+
+// deploymentFiles lists every file the deployment tests cover, by path
+// from the repository root.
+func deploymentFiles(t *testing.T) []string {
+	t.Helper()
+	files := []string{"Dockerfile", "docker-compose.yml"}
+	for _, dir := range []string{"envoy", k8sDir} {
+		err := filepath.WalkDir(filepath.Join(repoRoot, dir), func(p string, d fs.DirEntry, err error) error {
+			if err != nil || d.IsDir() {
+				return err
+			}
+			rel, err := filepath.Rel(repoRoot, p)
+			files = append(files, filepath.ToSlash(rel))
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	slices.Sort(files)
+	return files
+}
+
+// expectMutationFails applies m to a copy of its file and runs the check
+// that covers that file on the copy; the check must fail with m.want in
+// its error.
+func expectMutationFails(t *testing.T, m mutation) {
+	t.Helper()
+	orig := readFile(t, filepath.Join(repoRoot, m.file))
+	changed, ok := replaceOutsideComments(string(orig), m.from, m.to)
+	if !ok {
+		t.Fatalf("%q does not occur in %s outside comments", m.from, m.file)
+	}
+	err := checkChangedFile(t, m.file, []byte(changed))
+	if err == nil {
+		t.Fatalf("%s with %q: the check passed", m.file, m.to)
+	}
+	if !strings.Contains(err.Error(), m.want) {
+		t.Fatalf("%s with %q: failed, but not naming %q:\n%v", m.file, m.to, m.want, err)
+	}
+	t.Logf("failed as it should: %v", err)
+}
+
+// replaceOutsideComments replaces the first occurrence of from that is
+// not on a comment line.
+func replaceOutsideComments(s, from, to string) (string, bool) {
+	for off := 0; ; {
+		i := strings.Index(s[off:], from)
+		if i < 0 {
+			return s, false
+		}
+		i += off
+		lineStart := strings.LastIndex(s[:i], "\n") + 1
+		if !strings.HasPrefix(strings.TrimSpace(s[lineStart:i+len(from)]), "#") {
+			return s[:i] + to + s[i+len(from):], true
+		}
+		off = i + len(from)
+	}
+}
+
+// checkChangedFile runs the check that covers file, with data in place of
+// the file's content.
+func checkChangedFile(t *testing.T, file string, data []byte) error {
+	t.Helper()
+	readRepo := func(p string) ([]byte, error) {
+		if path.Clean(p) == file {
+			return data, nil
+		}
+		return os.ReadFile(filepath.Join(repoRoot, p))
+	}
+	switch {
+	case strings.HasPrefix(file, "envoy/"):
+		_, err := checkEnvoyConfig(data)
+		if err == nil && file == "envoy/envoy.yaml" { // the compose file mounts it
+			err = checkCompose(must(readRepo("docker-compose.yml")), readRepo)
+		}
+		return err
+	case file == "docker-compose.yml":
+		return checkCompose(data, readRepo)
+	case file == "Dockerfile":
+		_, err := checkDockerfile(data)
+		return err
+	case strings.HasPrefix(file, k8sDir+"/"):
+		fsys := loadTree(t, k8sDir)
+		if err := fsys.WriteFile("/"+file, data); err != nil {
+			t.Fatal(err)
+		}
+		// The first build that includes the file and fails is enough.
+		for _, dir := range kustomizationsWith(t, file) {
+			if err := checkKustomization(fsys, dir); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	t.Fatalf("no check covers %s", file)
+	return nil
+}
+
+// kustomizationsWith lists the kustomizations whose build includes file:
+// an overlay's own files are in that overlay only, a component's in the
+// overlays (which may use it), the base's in everything.
+func kustomizationsWith(t *testing.T, file string) []string {
+	t.Helper()
+	all := kustomizations(t)
+	parts := strings.Split(file, "/")
+	switch parts[1] {
+	case "overlays":
+		return []string{path.Join(k8sDir, "overlays", parts[2])}
+	case "components":
+		return slices.DeleteFunc(all, func(d string) bool { return !strings.HasPrefix(d, k8sDir+"/overlays/") })
+	}
+	return all
+}
+
+func must(b []byte, err error) []byte {
+	if err != nil {
+		panic(err)
+	}
+	return b
+}
+
+// brokenSettings plant well-formed but wrong settings: the checks of what
+// the server needs (not only the decoders) must catch each.
+var brokenSettings = []mutation{
+	{file: "envoy/envoy.yaml", from: "failure_mode_allow: false", to: "failure_mode_allow: true", want: "failure_mode_allow"},
+	{file: "envoy/envoy.yaml", from: "message_timeout: 0.3s", to: "message_timeout: 0.15s", want: "message_timeout"},
+	{file: "envoy/envoy.yaml", from: "response_body_mode: BUFFERED", to: "response_body_mode: STREAMED", want: "response_body_mode"},
+	{file: "envoy/envoy.yaml", from: "- response.flags", to: "- response.code", want: "response.flags"},
+	{file: "envoy/envoy.yaml", from: "- xds.route_name", to: "- request.path", want: "xds.route_name"},
+	{file: "envoy/envoy.yaml", from: "GET|HEAD|OPTIONS", to: "GET|HEAD|OPTIONS|POST", want: "POST"},
+	{file: "envoy/envoy.yaml", from: "http2_protocol_options:\n            connection_keepalive:\n              interval: 30s\n              timeout: 5s",
+		to: "http_protocol_options: {}", want: "HTTP/2"},
+	{file: "envoy/envoy.yaml", from: "timeout: 10s\n          http_filters", to: "timeout: 20s\n          http_filters", want: "client timeout"},
+	{file: "envoy/envoy.yaml", from: "port_value: 50051", to: "port_value: 50052", want: "listens on 50051"},
+	{file: "envoy/envoy-jwt.yaml", from: "          - name: envoy.filters.http.jwt_authn", to: "          - name: envoy.filters.http.jwt_authn_off", want: "jwt_authn"},
+	{file: "docker-compose.yml", from: "IDEM_STORE_TIMEOUT: 100ms", to: "IDEM_STORE_TIMEOUT: 250ms", want: "store-timeout"},
+	{file: "docker-compose.yml", from: "IDEM_LOG_LEVEL:", to: "IDEM_LOGLEVEL:", want: "IDEM_LOGLEVEL"},
+	{file: "Dockerfile", from: "-trimpath", to: "", want: "trimpath"},
+	{file: "Dockerfile", from: "EXPOSE 50051 8081", to: "EXPOSE 50051 8081\nHEALTHCHECK CMD [\"/x\"]", want: "HEALTHCHECK"},
+	{file: "k8s/base/kustomization.yaml", from: "IDEM_STORE_TIMEOUT=100ms", to: "IDEM_STORE_TIMEOUT=250ms", want: "store-timeout"},
+	{file: "k8s/base/policy.yaml", from: "lease: 30s", to: "lease: 48h", want: "shorter than retention"},
+	{file: "k8s/base/deployment.yaml", from: "path: /readyz", to: "path: /healthz", want: "readiness"},
+	{file: "k8s/base/deployment.yaml", from: "runAsNonRoot: true", to: "runAsNonRoot: false", want: "runAsNonRoot"},
+	{file: "k8s/base/service.yaml", from: "appProtocol: grpc", to: "appProtocol: http", want: "appProtocol grpc"},
+	{file: "k8s/components/dev-redis/statefulset.yaml", from: "- noeviction", to: "- allkeys-lru", want: "noeviction"},
+	{file: "k8s/overlays/istio/orders-virtualservice.yaml", from: "attempts: 0", to: "attempts: 2", want: "retries"},
+	{file: "k8s/overlays/istio/envoyfilter-gateway.yaml", from: "idem-extproc.idem-extproc.svc", to: "idem.idem-extproc.svc", want: "no Service"},
+	{file: "k8s/overlays/istio/envoyfilter-gateway.yaml", from: "name: orders-read", to: "name: orders-write", want: "may write"},
+	{file: "k8s/overlays/envoy-gateway/envoyextensionpolicy.yaml", from: "body: Buffered", to: "body: Streamed", want: "request_body_mode"},
+	{file: "k8s/overlays/envoy-gateway/envoyextensionpolicy.yaml", from: "body: Buffered", to: "body: Bufered", want: "Bufered"},
+	{file: "k8s/overlays/envoy-gateway/envoyextensionpolicy.yaml", from: "name: orders-write", to: "name: orders-read", want: "no EnvoyExtensionPolicy protects it"},
+	{file: "k8s/overlays/envoy-gateway/referencegrant.yaml", from: "namespace: orders", to: "namespace: shop", want: "ReferenceGrant"},
+}
+
+// TestBrokenSettingFails plants each broken setting in a copy of its file:
+// the check must fail for that reason.
+func TestBrokenSettingFails(t *testing.T) {
+	for _, m := range brokenSettings {
+		t.Run(m.file+"/"+m.want, func(t *testing.T) {
+			t.Parallel()
+			expectMutationFails(t, m)
+		})
+	}
+}
