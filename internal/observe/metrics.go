@@ -132,6 +132,11 @@ func (m *Metrics) SettleFailed(policy, decision string) {
 	m.settleFailures.WithLabelValues(policyLabel(policy), decision).Inc()
 }
 
+// ObserveStoreCall times one store call.
+func (m *Metrics) ObserveStoreCall(op, result string, d time.Duration) {
+	m.storeCalls.WithLabelValues(op, result).Observe(d.Seconds())
+}
+
 // ConfigReloaded counts a reload of the configuration file.
 func (m *Metrics) ConfigReloaded(err error) {
 	result := "ok"

@@ -59,7 +59,7 @@ func (s *Store) call(ctx context.Context, op string, f func(context.Context) err
 	start := time.Now()
 	err := f(ctx)
 	r := result(err)
-	s.m.storeCalls.WithLabelValues(op, r).Observe(time.Since(start).Seconds())
+	s.m.ObserveStoreCall(op, r, time.Since(start))
 	span.SetAttributes(attribute.String("idem.store.result", r))
 	if r == "timeout" || r == "error" {
 		span.SetStatus(codes.Error, err.Error())

@@ -1,0 +1,97 @@
+package observe_test
+
+import (
+	"os"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/idem-extproc/idem-extproc/internal/extproc"
+	"github.com/idem-extproc/idem-extproc/internal/observe"
+)
+
+// exercised returns a Metrics in which every metric has a sample, and the
+// names the registry exposes (with histogram suffixes).
+func exercised(t *testing.T) (*observe.Metrics, []string) {
+	m := observe.NewMetrics()
+	m.StreamStarted()
+	m.Decided("p", extproc.DecisionReserved)
+	m.Replayed("p", time.Second)
+	m.SettleFailed("p", "stored")
+	m.ConfigReloaded(nil)
+	m.AdminAction("purge", "ok")
+	m.ObserveStoreCall("reserve", "ok", time.Millisecond)
+	fams, err := m.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, f := range fams {
+		n := f.GetName()
+		names = append(names, n)
+		if f.GetType().String() == "HISTOGRAM" {
+			names = append(names, n+"_bucket", n+"_sum", n+"_count")
+		}
+	}
+	return m, names
+}
+
+// TestAlertRulesNameRealMetrics keeps observability/prometheus-rules.yaml
+// in step with the metrics the server exposes.
+func TestAlertRulesNameRealMetrics(t *testing.T) {
+	_, names := exercised(t)
+	b, err := os.ReadFile("../../observability/prometheus-rules.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		Groups []struct {
+			Name  string `json:"name"`
+			Rules []struct {
+				Alert       string            `json:"alert"`
+				Expr        string            `json:"expr"`
+				For         string            `json:"for"`
+				Labels      map[string]string `json:"labels"`
+				Annotations map[string]string `json:"annotations"`
+			} `json:"rules"`
+		} `json:"groups"`
+	}
+	if err := yaml.UnmarshalStrict(b, &doc); err != nil {
+		t.Fatal(err)
+	}
+	metric := regexp.MustCompile(`idem_extproc_[a-z_]+`)
+	n := 0
+	for _, g := range doc.Groups {
+		for _, r := range g.Rules {
+			for _, name := range metric.FindAllString(r.Expr, -1) {
+				n++
+				if !slices.Contains(names, name) {
+					t.Errorf("alert %s uses %s, which the server does not expose", r.Alert, name)
+				}
+			}
+		}
+	}
+	if n == 0 {
+		t.Fatal("no metric found in the rules")
+	}
+}
+
+// TestMetricsAreDocumented: every metric the server exposes has a row in
+// docs/observability.md.
+func TestMetricsAreDocumented(t *testing.T) {
+	_, names := exercised(t)
+	doc, err := os.ReadFile("../../docs/observability.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range names {
+		if strings.HasPrefix(n, observe.Namespace+"_") && !strings.HasSuffix(n, "_bucket") && !strings.HasSuffix(n, "_sum") &&
+			!strings.HasSuffix(n, "_count") && !strings.Contains(string(doc), "`"+n+"`") {
+			t.Errorf("%s is not documented in docs/observability.md", n)
+		}
+	}
+}
