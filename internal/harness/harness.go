@@ -78,7 +78,7 @@ type Options struct {
 
 // The harness's default deadlines (see Options.StoreTimeout).
 const (
-	TestStoreTimeout   = time.Second
+	TestStoreTimeout   = 3 * time.Second
 	TestMessageTimeout = 5 * time.Second
 )
 

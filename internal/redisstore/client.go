@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"fmt"
+	"runtime"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -29,6 +30,10 @@ func NewClient(rawURL string, callTimeout time.Duration) (redis.UniversalClient,
 	opts.MinRetryBackoff = 2 * time.Millisecond
 	opts.MaxRetryBackoff = 10 * time.Millisecond
 	opts.PoolTimeout = callTimeout
+	// Each open stream makes at most one call at a time; a pool smaller
+	// than the concurrent streams makes them queue for a connection
+	// inside their budget.
+	opts.PoolSize = max(opts.PoolSize, 64, 10*runtime.GOMAXPROCS(0))
 	// CLIENT SETINFO on every new connection is noise in INFO commandstats
 	// and buys nothing here.
 	opts.DisableIdentity = true
