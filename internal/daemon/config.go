@@ -26,6 +26,10 @@ type Config struct {
 	// AdminTokenFile holds the admin API's bearer token; empty turns the
 	// admin API off.
 	AdminTokenFile string
+	// TLS of the ext_proc listener: certificate, key, and for mutual TLS a
+	// client CA and the client identities allowed.
+	TLSCertFile, TLSKeyFile, TLSClientCAFile string
+	TLSAllowedSANs                           []string
 	// StoreTimeout bounds each store call made while Envoy waits.
 	StoreTimeout time.Duration
 	// DrainTimeout bounds how long open streams may run after SIGTERM.
@@ -62,6 +66,11 @@ func ParseConfig(args []string, getenv func(string) string, usage io.Writer) (Co
 	fs.StringVar(&cfg.RedisURL, "redis-url", "", "Redis URL, redis://[user:pass@]host:port/db or rediss://...; empty: in-memory store (one replica only)")
 	fs.StringVar(&cfg.ConfigFile, "config", "", "policy configuration file (YAML, see examples/policies.yaml); reloaded on change and on SIGHUP; empty: the built-in default policy")
 	fs.StringVar(&cfg.AdminTokenFile, "admin-token-file", "", "file holding the bearer token of the admin API on --admin-listen; empty: the admin API is off")
+	fs.StringVar(&cfg.TLSCertFile, "tls-cert-file", "", "PEM certificate (chain) of the ext_proc listener; with --tls-key-file turns TLS on; reloaded when the file changes")
+	fs.StringVar(&cfg.TLSKeyFile, "tls-key-file", "", "PEM private key of the ext_proc listener")
+	fs.StringVar(&cfg.TLSClientCAFile, "tls-client-ca-file", "", "PEM CA bundle: require Envoy's client certificate signed by it (mutual TLS)")
+	var allowedSANs string
+	fs.StringVar(&allowedSANs, "tls-allowed-sans", "", "comma-separated client identities admitted (URI SANs such as spiffe://cluster.local/ns/istio-system/sa/gateway, or DNS names); empty: any client certificate the CA signed")
 	fs.DurationVar(&cfg.StoreTimeout, "store-timeout", 100*time.Millisecond, "budget of one store call; keep it under Envoy's message_timeout (200ms by default)")
 	fs.DurationVar(&cfg.DrainTimeout, "drain-timeout", 15*time.Second, "how long open streams may finish after SIGTERM/SIGINT")
 	fs.IntVar(&cfg.MaxMessageSize, "max-message-size", 32<<20, "largest ext_proc message accepted, in bytes; above Envoy's buffer limit, since a BUFFERED body is one message")
@@ -107,6 +116,20 @@ func ParseConfig(args []string, getenv func(string) string, usage io.Writer) (Co
 	}
 	if cfg.StoreTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("%s: must be positive", where("store-timeout")))
+	}
+	for _, san := range strings.Split(allowedSANs, ",") {
+		if san = strings.TrimSpace(san); san != "" {
+			cfg.TLSAllowedSANs = append(cfg.TLSAllowedSANs, san)
+		}
+	}
+	if (cfg.TLSCertFile == "") != (cfg.TLSKeyFile == "") {
+		errs = append(errs, fmt.Errorf("%s and %s: set both or neither", where("tls-cert-file"), where("tls-key-file")))
+	}
+	if cfg.TLSClientCAFile != "" && cfg.TLSCertFile == "" {
+		errs = append(errs, fmt.Errorf("%s: mutual TLS needs --tls-cert-file and --tls-key-file", where("tls-client-ca-file")))
+	}
+	if len(cfg.TLSAllowedSANs) > 0 && cfg.TLSClientCAFile == "" {
+		errs = append(errs, fmt.Errorf("%s: needs --tls-client-ca-file to verify client certificates", where("tls-allowed-sans")))
 	}
 	if cfg.MaxMessageSize < 1<<20 {
 		errs = append(errs, fmt.Errorf("%s: %d is below 1 MiB, the smallest Envoy buffer", where("max-message-size"), cfg.MaxMessageSize))

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"io"
+	"reflect"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -21,7 +22,7 @@ func TestParseConfigDefaults(t *testing.T) {
 	}
 	want := Config{Listen: ":50051", AdminListen: ":8081", StoreTimeout: 100 * time.Millisecond,
 		DrainTimeout: 15 * time.Second, MaxMessageSize: 32 << 20, LogLevel: slog.LevelInfo, LogFormat: "json"}
-	if cfg != want {
+	if !reflect.DeepEqual(cfg, want) {
 		t.Fatalf("defaults = %+v, want %+v", cfg, want)
 	}
 }
@@ -61,6 +62,9 @@ func TestParseConfigErrorsNameTheField(t *testing.T) {
 		{"bad log format", []string{"--log-format", "xml"}, nil, []string{"--log-format", "xml"}},
 		{"bad redis scheme", []string{"--redis-url", "http://x"}, nil, []string{"--redis-url", "redis://"}},
 		{"tiny message size", []string{"--max-message-size", "1000"}, nil, []string{"--max-message-size"}},
+		{"cert without key", []string{"--tls-cert-file", "c.pem"}, nil, []string{"--tls-cert-file", "--tls-key-file"}},
+		{"client CA without cert", []string{"--tls-client-ca-file", "ca.pem"}, nil, []string{"--tls-client-ca-file"}},
+		{"SANs without client CA", []string{"--tls-cert-file", "c", "--tls-key-file", "k", "--tls-allowed-sans", "spiffe://x"}, nil, []string{"--tls-allowed-sans"}},
 		{"empty listen", []string{"--listen", ""}, nil, []string{"--listen"}},
 		{"stray argument", []string{"serve"}, nil, []string{"unexpected arguments"}},
 		{"every mistake at once", []string{"--log-format", "xml", "--log-level", "loud"}, nil, []string{"--log-format", "--log-level"}},

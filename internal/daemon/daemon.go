@@ -20,6 +20,7 @@ import (
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
@@ -30,6 +31,7 @@ import (
 	"github.com/idem-extproc/idem-extproc/internal/memstore"
 	"github.com/idem-extproc/idem-extproc/internal/observe"
 	"github.com/idem-extproc/idem-extproc/internal/redisstore"
+	"github.com/idem-extproc/idem-extproc/internal/tlsfiles"
 )
 
 // ErrConfig marks a startup failure caused by the configuration file.
@@ -113,7 +115,20 @@ func Start(cfg Config, log *slog.Logger, getenv func(string) string) (*Daemon, e
 		Observer:       d.metrics,
 		TracerProvider: tp,
 	})
-	d.grpc = grpc.NewServer(grpc.MaxRecvMsgSize(cfg.MaxMessageSize))
+	gopts := []grpc.ServerOption{grpc.MaxRecvMsgSize(cfg.MaxMessageSize)}
+	if cfg.TLSCertFile != "" {
+		ts, err := tlsfiles.NewServer(tlsfiles.Files{
+			Cert: cfg.TLSCertFile, Key: cfg.TLSKeyFile, ClientCA: cfg.TLSClientCAFile, AllowedSANs: cfg.TLSAllowedSANs,
+		}, log)
+		if err != nil {
+			stopWatch()
+			d.lis.Close()
+			d.closeStore()
+			return nil, err
+		}
+		gopts = append(gopts, grpc.Creds(credentials.NewTLS(ts.Config())))
+	}
+	d.grpc = grpc.NewServer(gopts...)
 	extprocv3.RegisterExternalProcessorServer(d.grpc, srv)
 	d.health = health.NewServer()
 	healthpb.RegisterHealthServer(d.grpc, d.health)
