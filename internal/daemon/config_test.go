@@ -2,10 +2,10 @@ package daemon
 
 import (
 	"io"
-	"reflect"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
