@@ -40,6 +40,11 @@ type Config struct {
 	OnAction func(action, result string)
 	// Now is the clock for ages; time.Now when nil.
 	Now func() time.Time
+	// Sealer, when set, seals responses supplied to resolve for policies
+	// with encrypt (and whenever the policy is not named).
+	Sealer interface {
+		Seal(id idem.RecordID, r idem.Response) (idem.Response, error)
+	}
 }
 
 // Prefix is where the API is mounted.
@@ -152,6 +157,8 @@ type responseView struct {
 	Headers     int  `json:"headers"`
 	BodyBytes   int  `json:"body_bytes"`
 	BodyOmitted bool `json:"body_omitted"`
+	// Sealed: headers and body are encrypted; body_bytes is the envelope.
+	Sealed bool `json:"sealed"`
 }
 
 func (a *api) get(w http.ResponseWriter, r *http.Request) {
@@ -174,7 +181,8 @@ func (a *api) get(w http.ResponseWriter, r *http.Request) {
 		v.LeaseUntil = &rec.LeaseUntil
 	}
 	if resp := rec.Response; resp != nil {
-		v.Response = &responseView{Status: resp.Status, Headers: len(resp.Headers), BodyBytes: len(resp.Body), BodyOmitted: resp.BodyOmitted}
+		v.Response = &responseView{Status: resp.Status, Headers: len(resp.Headers), BodyBytes: len(resp.Body),
+			BodyOmitted: resp.BodyOmitted, Sealed: resp.Sealed}
 	}
 	writeJSON(w, http.StatusOK, v)
 }
@@ -244,6 +252,14 @@ func (a *api) resolve(w http.ResponseWriter, r *http.Request) {
 	default:
 		writeError(w, http.StatusBadRequest, `action must be "release" or "complete"`)
 		return
+	}
+	if resp != nil && a.cfg.Sealer != nil && (t.policy == nil || t.policy.Encrypt) {
+		sealed, err := a.cfg.Sealer.Seal(t.id, *resp)
+		if err != nil {
+			writeError(w, http.StatusInternalServerError, "seal: "+err.Error())
+			return
+		}
+		resp = &sealed
 	}
 	err = a.cfg.Store.Resolve(r.Context(), t.id, resp, retention)
 	a.log(r, "resolve_"+req.Action, t.id, err)

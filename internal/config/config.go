@@ -283,6 +283,9 @@ func (b *builder) apply(p *policy.Policy, s *settings, path string) {
 		}
 		p.FingerprintHeaders = fingerprint.Normalize(names)
 	}
+	if v := s.Encrypt; v.Set {
+		p.Encrypt = b.boolean(v, path+".encrypt")
+	}
 	if v := s.Fingerprint.JSON; v.Set {
 		p.FingerprintJSON = b.boolean(v, path+".fingerprint.json")
 	}

@@ -32,12 +32,16 @@ type Source struct {
 	// OnReload, when set before Watch, is told the outcome of every reload
 	// that found the file changed.
 	OnReload func(err error)
+	// check, when set, vets a parsed set against the server's own setup
+	// (a policy asking for encryption needs a key ring).
+	check func(*policy.Set) error
 }
 
 // NewSource loads path, or the default policy when path is empty. The
-// first load must succeed: a server never starts on a broken file.
-func NewSource(path string, log *slog.Logger) (*Source, error) {
-	s := &Source{path: path, log: log}
+// first load must succeed: a server never starts on a broken file. check,
+// when not nil, must accept every set loaded, at start and on reload.
+func NewSource(path string, log *slog.Logger, check func(*policy.Set) error) (*Source, error) {
+	s := &Source{path: path, log: log, check: check}
 	if path == "" {
 		s.cur.Store(policy.DefaultSet())
 		return s, nil
@@ -46,13 +50,23 @@ func NewSource(path string, log *slog.Logger) (*Source, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--config: %w", err)
 	}
-	set, err := Parse(path, data)
+	set, err := s.parse(data)
 	if err != nil {
 		return nil, err
 	}
 	s.cur.Store(set)
 	s.sum = sha256.Sum256(data)
 	return s, nil
+}
+
+func (s *Source) parse(data []byte) (*policy.Set, error) {
+	set, err := Parse(s.path, data)
+	if err == nil && s.check != nil {
+		if err = s.check(set); err != nil {
+			err = fmt.Errorf("%s: %w", s.path, err)
+		}
+	}
+	return set, err
 }
 
 // Current returns the policies in force.
@@ -76,7 +90,7 @@ func (s *Source) Reload() error {
 			return nil // touched, not changed
 		}
 		var set *policy.Set
-		if set, err = Parse(s.path, data); err == nil {
+		if set, err = s.parse(data); err == nil {
 			s.cur.Store(set)
 			s.sum = sum
 			s.log.Info("configuration reloaded", slog.String("config", s.path), slog.Int("policies", len(set.Policies)))

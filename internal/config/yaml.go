@@ -117,6 +117,7 @@ type settings struct {
 	OnLeaseExpiry   scalar           `yaml:"on_lease_expiry"`
 	StoredHeaders   storedHeadersCfg `yaml:"stored_headers"`
 	WaitForInFlight scalar           `yaml:"wait_for_in_flight"`
+	Encrypt         scalar           `yaml:"encrypt"`
 }
 
 type keySettings struct {

@@ -26,6 +26,9 @@ type Config struct {
 	// AdminTokenFile holds the admin API's bearer token; empty turns the
 	// admin API off.
 	AdminTokenFile string
+	// EncryptionKeysFile is the key ring sealing stored responses for
+	// policies with encrypt: true (package seal).
+	EncryptionKeysFile string
 	// TLS of the ext_proc listener: certificate, key, and for mutual TLS a
 	// client CA and the client identities allowed.
 	TLSCertFile, TLSKeyFile, TLSClientCAFile string
@@ -66,6 +69,7 @@ func ParseConfig(args []string, getenv func(string) string, usage io.Writer) (Co
 	fs.StringVar(&cfg.RedisURL, "redis-url", "", "Redis URL, redis://[user:pass@]host:port/db or rediss://...; empty: in-memory store (one replica only)")
 	fs.StringVar(&cfg.ConfigFile, "config", "", "policy configuration file (YAML, see examples/policies.yaml); reloaded on change and on SIGHUP; empty: the built-in default policy")
 	fs.StringVar(&cfg.AdminTokenFile, "admin-token-file", "", "file holding the bearer token of the admin API on --admin-listen; empty: the admin API is off")
+	fs.StringVar(&cfg.EncryptionKeysFile, "encryption-keys-file", "", "key ring for policies with encrypt: true: lines of \"<key id> <base64 32 bytes>\", the first seals; reread when it changes")
 	fs.StringVar(&cfg.TLSCertFile, "tls-cert-file", "", "PEM certificate (chain) of the ext_proc listener; with --tls-key-file turns TLS on; reloaded when the file changes")
 	fs.StringVar(&cfg.TLSKeyFile, "tls-key-file", "", "PEM private key of the ext_proc listener")
 	fs.StringVar(&cfg.TLSClientCAFile, "tls-client-ca-file", "", "PEM CA bundle: require Envoy's client certificate signed by it (mutual TLS)")

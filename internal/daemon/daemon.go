@@ -30,7 +30,9 @@ import (
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/memstore"
 	"github.com/idem-extproc/idem-extproc/internal/observe"
+	"github.com/idem-extproc/idem-extproc/internal/policy"
 	"github.com/idem-extproc/idem-extproc/internal/redisstore"
+	"github.com/idem-extproc/idem-extproc/internal/seal"
 	"github.com/idem-extproc/idem-extproc/internal/tlsfiles"
 )
 
@@ -50,6 +52,7 @@ type Daemon struct {
 	adminLis net.Listener
 	policies *config.Source
 	metrics  *observe.Metrics
+	sealer   extproc.Sealer
 	draining atomic.Bool
 	errc     chan error
 	// stopWatch ends the configuration watcher, the SIGHUP handler and the
@@ -73,10 +76,25 @@ func NewLogger(cfg Config, w io.Writer) *slog.Logger {
 func Start(cfg Config, log *slog.Logger, getenv func(string) string) (*Daemon, error) {
 	d := &Daemon{cfg: cfg, log: log, errc: make(chan error, 2), metrics: observe.NewMetrics()}
 	var err error
-	if d.policies, err = config.NewSource(cfg.ConfigFile, log); err != nil {
+	var ring *seal.Ring
+	if cfg.EncryptionKeysFile != "" {
+		if ring, err = seal.LoadRing(cfg.EncryptionKeysFile, log); err != nil {
+			return nil, fmt.Errorf("--encryption-keys-file: %w", err)
+		}
+	}
+	needsRing := func(set *policy.Set) error {
+		for _, p := range set.Policies {
+			if p.Encrypt && ring == nil {
+				return fmt.Errorf("policy %q has encrypt: true but the server has no --encryption-keys-file", p.Name)
+			}
+		}
+		return nil
+	}
+	if d.policies, err = config.NewSource(cfg.ConfigFile, log, needsRing); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	d.policies.OnReload = d.metrics.ConfigReloaded
+	d.sealer = sealerOrNil(ring)
 	tp, shutdownTracing, err := observe.NewTracerProvider(context.Background(), getenv)
 	if err != nil {
 		return nil, fmt.Errorf("tracing: %w", err)
@@ -114,6 +132,7 @@ func Start(cfg Config, log *slog.Logger, getenv func(string) string) (*Daemon, e
 		StoreTimeout:   cfg.StoreTimeout,
 		Observer:       d.metrics,
 		TracerProvider: tp,
+		Sealer:         sealerOrNil(ring),
 	})
 	gopts := []grpc.ServerOption{grpc.MaxRecvMsgSize(cfg.MaxMessageSize)}
 	if cfg.TLSCertFile != "" {
@@ -185,6 +204,14 @@ func (d *Daemon) closeStore() {
 	for _, c := range d.closers {
 		_ = c()
 	}
+}
+
+// sealerOrNil keeps a nil *seal.Ring from becoming a non-nil interface.
+func sealerOrNil(r *seal.Ring) extproc.Sealer {
+	if r == nil {
+		return nil
+	}
+	return r
 }
 
 // HealthCheckInterval is how often the gRPC health status follows the
@@ -272,7 +299,7 @@ func (d *Daemon) adminHandler() http.Handler {
 		} else {
 			mux.Handle(admin.Prefix, admin.Handler(admin.Config{
 				Store: st, Policies: d.policies.Current, TokenFile: d.cfg.AdminTokenFile,
-				Logger: d.log, OnAction: d.metrics.AdminAction,
+				Logger: d.log, OnAction: d.metrics.AdminAction, Sealer: d.sealer,
 			}))
 		}
 	}

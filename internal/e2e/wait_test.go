@@ -23,7 +23,7 @@ func waitingEnv(t *testing.T, wait time.Duration, memory bool) *harness.Env {
 	p.WaitForInFlight = wait
 	cfg := envoysim.RecommendedConfig()
 	cfg.MessageTimeout = durationpb.New(time.Second)
-	cfg.MaxMessageTimeout = durationpb.New(10 * time.Second)
+	cfg.MaxMessageTimeout = durationpb.New(30 * time.Second) // above the wait plus two store budgets
 	return harness.Start(t, harness.Options{Memory: memory, Filter: cfg, Policies: &policy.Set{Policies: []*policy.Policy{p}}})
 }
 

@@ -28,6 +28,12 @@ func (p *processor) decide(ctx context.Context, req *extprocv3.ProcessingRequest
 	p.reqBody, p.reqHeaders = nil, nil
 	p.tok = idem.NewToken()
 
+	if p.pol.Encrypt && p.srv.cfg.Sealer == nil {
+		// The response could not be stored as the policy demands: refuse
+		// before anything runs. (The daemon refuses such a configuration;
+		// this guards other embeddings.)
+		return p.storeProblem(ctx, errors.New("policy asks for encryption and the server has no key ring"))
+	}
 	res, err := p.reserve(ctx, fp)
 	if err != nil {
 		if p.pol.FailureMode == policy.FailOpen {
@@ -36,12 +42,7 @@ func (p *processor) decide(ctx context.Context, req *extprocv3.ProcessingRequest
 				p.logAttrs(slog.String("error", err.Error()))...)
 			return p.passThrough(req)
 		}
-		p.decided(DecisionStoreUnavailable)
-		p.log().LogAttrs(ctx, slog.LevelError, "store unavailable; request refused (fail_closed)",
-			p.logAttrs(slog.String("error", err.Error()))...)
-		prob := problem.New(problem.StoreUnavailable, "the idempotency store cannot be reached; retry later")
-		prob.RetryAfter = p.pol.RetryAfter
-		return p.answer(problemResponse(prob))
+		return p.storeProblem(ctx, err)
 	}
 	p.attempt = res.Attempt
 	p.log().LogAttrs(ctx, slog.LevelInfo, "decision", p.logAttrs(slog.String("decision", res.Outcome.String()))...)
@@ -50,7 +51,34 @@ func (p *processor) decide(ctx context.Context, req *extprocv3.ProcessingRequest
 			res = p.awaitFirst(ctx, w, fp, res)
 		}
 	}
+	if res.Outcome == idem.Completed && res.Response.Sealed {
+		opened, err := p.open(*res.Response)
+		if err != nil {
+			// A stored response that does not open (tampered, or its key
+			// left the ring) is never replayed, and the key is not free.
+			return p.storeProblem(ctx, err)
+		}
+		res.Response = &opened
+	}
 	return p.answerFor(req, res)
+}
+
+// storeProblem answers 503 when the store cannot be used: unreachable, or
+// holding a response that fails its integrity check.
+func (p *processor) storeProblem(ctx context.Context, err error) *extprocv3.ProcessingResponse {
+	p.decided(DecisionStoreUnavailable)
+	p.log().LogAttrs(ctx, slog.LevelError, "store unavailable; request refused (fail_closed)",
+		p.logAttrs(slog.String("error", err.Error()))...)
+	prob := problem.New(problem.StoreUnavailable, "the idempotency store cannot be used; retry later")
+	prob.RetryAfter = p.pol.RetryAfter
+	return p.answer(problemResponse(prob))
+}
+
+func (p *processor) open(r idem.Response) (idem.Response, error) {
+	if p.srv.cfg.Sealer == nil {
+		return idem.Response{}, errors.New("a stored response is sealed and the server has no key ring")
+	}
+	return p.srv.cfg.Sealer.Open(p.id, r)
 }
 
 // answerFor turns a reservation's outcome into the reply.

@@ -73,6 +73,16 @@ func (p *processor) complete(ctx context.Context) {
 		return
 	}
 	resp := idem.Response{Status: p.respStatus, Headers: p.respHeaders, Body: p.respBody, BodyOmitted: p.respTooLarge}
+	if p.pol.Encrypt {
+		sealed, err := p.srv.cfg.Sealer.Seal(p.id, resp)
+		if err != nil {
+			// Never store in the clear what the policy says to seal.
+			p.log().LogAttrs(ctx, slog.LevelError, "response not sealed; marking the outcome unknown", p.logAttrs(slog.String("error", err.Error()))...)
+			p.settle(ctx, idem.ActionUnknown)
+			return
+		}
+		resp = sealed
+	}
 	p.finalize(ctx, DecisionStored, func(ctx context.Context) error {
 		return p.srv.cfg.Store.Complete(ctx, p.id, p.tok, resp, p.pol.Retention)
 	}, slog.Int("status", p.respStatus), slog.Bool("body_omitted", p.respTooLarge))

@@ -47,6 +47,15 @@ type Config struct {
 	Observer Observer
 	// TracerProvider makes the spans of each stream; none when nil.
 	TracerProvider trace.TracerProvider
+	// Sealer encrypts the responses of policies with Encrypt set; such a
+	// policy fails closed without one.
+	Sealer Sealer
+}
+
+// Sealer encrypts stored responses at rest (package seal implements it).
+type Sealer interface {
+	Seal(id idem.RecordID, r idem.Response) (idem.Response, error)
+	Open(id idem.RecordID, r idem.Response) (idem.Response, error)
 }
 
 // Server implements envoy.service.ext_proc.v3.ExternalProcessor.

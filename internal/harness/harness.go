@@ -65,6 +65,8 @@ type Options struct {
 	// ServerAddr points the proxy at an ext_proc server already running
 	// (the built binary, say) instead of starting one in process.
 	ServerAddr string
+	// Sealer encrypts responses for policies with Encrypt.
+	Sealer extproc.Sealer
 	// Observer and TracerProvider are handed to the server.
 	Observer       extproc.Observer
 	TracerProvider trace.TracerProvider
@@ -203,6 +205,7 @@ func (e *Env) serve(lis net.Listener) {
 		Logger:         e.opts.Logger,
 		Observer:       e.opts.Observer,
 		TracerProvider: e.opts.TracerProvider,
+		Sealer:         e.opts.Sealer,
 	})
 	gs := grpc.NewServer()
 	extprocv3.RegisterExternalProcessorServer(gs, srv)

@@ -86,6 +86,9 @@ type Response struct {
 	// BodyOmitted records that the upstream answered but the body was not
 	// kept: it exceeded the policy's limit or never arrived whole.
 	BodyOmitted bool
+	// Sealed says Body holds the headers and body encrypted together (see
+	// package seal) and Headers is empty. Status stays readable.
+	Sealed bool
 }
 
 // Record is a stored record as Get returns it.

@@ -92,6 +92,11 @@ type Policy struct {
 	// top of the hop-by-hop ones (lower case).
 	StoredHeaderDeny []string
 
+	// Encrypt seals stored responses (headers and body) with the server's
+	// key ring (package seal), so a copy of the store reveals only
+	// statuses.
+	Encrypt bool
+
 	// WaitForInFlight, when positive, makes a duplicate that arrives while
 	// the first attempt runs wait up to this long for its answer and
 	// replay it, instead of answering 409 at once.

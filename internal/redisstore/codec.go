@@ -3,6 +3,7 @@ package redisstore
 import (
 	"encoding/binary"
 	"errors"
+	"strconv"
 
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 )
@@ -73,4 +74,27 @@ func lenString(b []byte) (string, []byte, error) {
 		return "", nil, errCorrupt
 	}
 	return string(b[:n]), b[n:], nil
+}
+
+// Response flags, stored in the record's "o" field.
+const (
+	flagBodyOmitted = 1 << iota
+	flagSealed
+)
+
+func encodeFlags(r *idem.Response) string {
+	f := 0
+	if r.BodyOmitted {
+		f |= flagBodyOmitted
+	}
+	if r.Sealed {
+		f |= flagSealed
+	}
+	return strconv.Itoa(f)
+}
+
+func decodeFlags(s string, r *idem.Response) {
+	f, _ := strconv.Atoi(s)
+	r.BodyOmitted = f&flagBodyOmitted != 0
+	r.Sealed = f&flagSealed != 0
 }

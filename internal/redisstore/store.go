@@ -173,7 +173,8 @@ func parseResponse(status, headers, body, omitted any) (*idem.Response, error) {
 	if err != nil {
 		return nil, err
 	}
-	resp := &idem.Response{Status: st, Headers: hs, BodyOmitted: asString(omitted) == "1"}
+	resp := &idem.Response{Status: st, Headers: hs}
+	decodeFlags(asString(omitted), resp)
 	if b := asString(body); b != "" {
 		resp.Body = []byte(b)
 	}
@@ -192,12 +193,8 @@ func (s *Store) Renew(ctx context.Context, id idem.RecordID, tok idem.Token, lea
 
 // Complete implements idem.Store.
 func (s *Store) Complete(ctx context.Context, id idem.RecordID, tok idem.Token, resp idem.Response, retention time.Duration) error {
-	omitted := "0"
-	if resp.BodyOmitted {
-		omitted = "1"
-	}
 	return s.transition(ctx, "complete", s.s.complete, id, tok[:], retention.Milliseconds(),
-		resp.Status, encodeHeaders(resp.Headers), resp.Body, omitted)
+		resp.Status, encodeHeaders(resp.Headers), resp.Body, encodeFlags(&resp))
 }
 
 // Release implements idem.Store.

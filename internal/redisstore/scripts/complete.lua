@@ -9,7 +9,7 @@
 -- ARGV[3]  response status
 -- ARGV[4]  encoded response headers
 -- ARGV[5]  response body
--- ARGV[6]  "1" when the body was not kept, else "0"
+-- ARGV[6]  response flags: 1 body not kept, 2 sealed (package seal), or both
 --
 -- Returns 1 when stored (or already stored by this token), 0 when no record
 -- exists, -1 when the token does not hold the record.

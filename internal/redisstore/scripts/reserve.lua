@@ -16,7 +16,7 @@
 -- Record hash fields: s state (i in flight, c completed, u unknown),
 -- f fingerprint, t token, l lease end (ms), a attempts, c created (ms),
 -- w set while a duplicate waits for the record to settle (watch.lua),
--- and for completed records st status, h headers, b body, o body omitted.
+-- and for completed records st status, h headers, b body, o response flags.
 -- Turning a record unknown or taking it over publishes on KEYS[1] for
 -- those waiters.
 

@@ -7,7 +7,7 @@
 -- ARGV[3]  response status (complete)
 -- ARGV[4]  encoded response headers (complete)
 -- ARGV[5]  response body (complete)
--- ARGV[6]  "1" when the body is not kept, else "0" (complete)
+-- ARGV[6]  response flags, as for complete.lua (complete)
 --
 -- Returns 1 when resolved, 0 when no record exists, -1 when the record is
 -- not unknown.
