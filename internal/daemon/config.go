@@ -37,6 +37,8 @@ type Config struct {
 	StoreTimeout time.Duration
 	// DrainTimeout bounds how long open streams may run after SIGTERM.
 	DrainTimeout time.Duration
+	// MemoryMaxRecords bounds the in-memory store.
+	MemoryMaxRecords int
 	// MaxMessageSize bounds one ext_proc message. A BUFFERED body arrives
 	// as one message, so it must exceed Envoy's buffer limit.
 	MaxMessageSize int
@@ -77,6 +79,7 @@ func ParseConfig(args []string, getenv func(string) string, usage io.Writer) (Co
 	fs.StringVar(&allowedSANs, "tls-allowed-sans", "", "comma-separated client identities admitted (URI SANs such as spiffe://cluster.local/ns/istio-system/sa/gateway, or DNS names); empty: any client certificate the CA signed")
 	fs.DurationVar(&cfg.StoreTimeout, "store-timeout", 100*time.Millisecond, "budget of one store call; keep it under Envoy's message_timeout (200ms by default)")
 	fs.DurationVar(&cfg.DrainTimeout, "drain-timeout", 15*time.Second, "how long open streams may finish after SIGTERM/SIGINT")
+	fs.IntVar(&cfg.MemoryMaxRecords, "memory-max-records", 1_000_000, "in-memory store only: most records held; past it new keys are refused with 503 (or pass under fail_open), so a flood of keys cannot exhaust memory")
 	fs.IntVar(&cfg.MaxMessageSize, "max-message-size", 32<<20, "largest ext_proc message accepted, in bytes; above Envoy's buffer limit, since a BUFFERED body is one message")
 	fs.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	fs.StringVar(&cfg.LogFormat, "log-format", "json", "log format: json or text")
@@ -134,6 +137,9 @@ func ParseConfig(args []string, getenv func(string) string, usage io.Writer) (Co
 	}
 	if len(cfg.TLSAllowedSANs) > 0 && cfg.TLSClientCAFile == "" {
 		errs = append(errs, fmt.Errorf("%s: needs --tls-client-ca-file to verify client certificates", where("tls-allowed-sans")))
+	}
+	if cfg.MemoryMaxRecords < 1 {
+		errs = append(errs, fmt.Errorf("%s: must be positive", where("memory-max-records")))
 	}
 	if cfg.MaxMessageSize < 1<<20 {
 		errs = append(errs, fmt.Errorf("%s: %d is below 1 MiB, the smallest Envoy buffer", where("max-message-size"), cfg.MaxMessageSize))

@@ -172,7 +172,7 @@ func (d *Daemon) openStore() error {
 	if d.cfg.RedisURL == "" {
 		d.log.Warn("no --redis-url: using the in-memory store; records live in this process only, " +
 			"so run exactly one replica and expect them to vanish on restart")
-		ms := memstore.New(memstore.Options{})
+		ms := memstore.New(memstore.Options{MaxRecords: d.cfg.MemoryMaxRecords})
 		d.store = ms
 		d.closers = append(d.closers, ms.Close)
 		return nil

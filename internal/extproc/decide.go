@@ -94,7 +94,7 @@ func (p *processor) answerFor(req *extprocv3.ProcessingRequest, res idem.Reserve
 		if !res.CreatedAt.IsZero() {
 			p.srv.obs.Replayed(p.pol.Name, time.Since(res.CreatedAt))
 		}
-		return p.answer(replayResponse(res.Response))
+		return p.answer(replayResponse(res.Response, p.pol.StoresHeader))
 	case idem.InFlight:
 		prob := problem.New(problem.InProgress, "an earlier request with this Idempotency-Key is still being processed; retry later")
 		prob.RetryAfter = p.pol.RetryAfter

@@ -2,6 +2,7 @@ package extproc
 
 import (
 	"strconv"
+	"strings"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	procmodev3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
@@ -114,13 +115,19 @@ func problemResponse(p *problem.Problem) *extprocv3.ProcessingResponse {
 // replayResponse answers with a stored response. The first value of each
 // stored name overwrites what Envoy's local reply put there (its default
 // content-type); later values of the same name are appended, so repeated
-// headers come back in their stored order.
-func replayResponse(r *idem.Response) *extprocv3.ProcessingResponse {
+// headers come back in their stored order. keep filters the stored headers
+// again at replay time, and no header that could split or smuggle a
+// response (a bad name, CR, LF or NUL in a value) is ever replayed, even
+// from a record altered in the store.
+func replayResponse(r *idem.Response, keep func(name string) bool) *extprocv3.ProcessingResponse {
 	hs := make([]*corev3.HeaderValueOption, 0, len(r.Headers)+2)
 	seen := make(map[string]bool, len(r.Headers))
 	for _, h := range r.Headers {
 		if r.BodyOmitted && h.Name == "content-type" {
 			continue // there is no body to describe
+		}
+		if !safeHeader(h.Name, h.Value) || !keep(h.Name) || h.Name == ReplayedHeader || h.Name == BodyOmittedHeader {
+			continue
 		}
 		hs = append(hs, setHeader(h.Name, h.Value, seen[h.Name]))
 		seen[h.Name] = true
@@ -130,4 +137,19 @@ func replayResponse(r *idem.Response) *extprocv3.ProcessingResponse {
 		hs = append(hs, setHeader(BodyOmittedHeader, "true", false))
 	}
 	return immediate(r.Status, hs, r.Body, "idempotency_replay_"+strconv.Itoa(r.Status))
+}
+
+// safeHeader reports whether a header can be sent as it is: a lower-case
+// RFC 9110 token for a name, and a value without CR, LF or NUL.
+func safeHeader(name, value string) bool {
+	if name == "" {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
+			return false
+		}
+	}
+	return !strings.ContainsAny(value, "\r\n\x00")
 }

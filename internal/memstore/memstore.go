@@ -7,6 +7,7 @@ package memstore
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
 
@@ -21,11 +22,24 @@ type Options struct {
 	// SweepEvery is how often expired records are dropped; one minute when
 	// zero. Expired records are invisible at once either way.
 	SweepEvery time.Duration
+	// MaxRecords bounds the records held, so a flood of distinct keys
+	// cannot exhaust the process's memory; a new reservation past it fails
+	// with ErrFull (the server then answers 503, or passes the request
+	// through under fail_open). Zero means DefaultMaxRecords.
+	MaxRecords int
 }
+
+// DefaultMaxRecords is the record limit when Options.MaxRecords is zero.
+const DefaultMaxRecords = 1_000_000
+
+// ErrFull: the store holds MaxRecords live records.
+var ErrFull = errors.New("memstore: record limit reached")
 
 // Store implements idem.Store in memory.
 type Store struct {
-	now func() time.Time
+	now        func() time.Time
+	maxRecords int
+	lastSweep  time.Time // of an inline sweep, under mu
 
 	mu      sync.Mutex
 	records map[idem.RecordID]*entry
@@ -58,6 +72,10 @@ func New(opts Options) *Store {
 	}
 	if s.now == nil {
 		s.now = time.Now
+	}
+	s.maxRecords = opts.MaxRecords
+	if s.maxRecords <= 0 {
+		s.maxRecords = DefaultMaxRecords
 	}
 	every := opts.SweepEvery
 	if every <= 0 {
@@ -102,13 +120,16 @@ func (s *Store) sweep(every time.Duration) {
 			return
 		case <-t.C:
 			s.mu.Lock()
-			now := s.now()
-			for id, e := range s.records {
-				if !now.Before(e.expires) {
-					delete(s.records, id)
-				}
-			}
+			s.sweepLocked(s.now())
 			s.mu.Unlock()
+		}
+	}
+}
+
+func (s *Store) sweepLocked(now time.Time) {
+	for id, e := range s.records {
+		if !now.Before(e.expires) {
+			delete(s.records, id)
 		}
 	}
 }
@@ -195,7 +216,19 @@ func (s *Store) Reserve(ctx context.Context, r idem.Reservation) (idem.ReserveRe
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.now()
-	c, res := idem.ApplyReserve(s.current(r.ID, now), now, r)
+	cur := s.current(r.ID, now)
+	if cur == nil && len(s.records) >= s.maxRecords {
+		// Expired records may be holding the room; look at most once a
+		// second, so a flood does not turn every call into a full scan.
+		if now.Sub(s.lastSweep) >= time.Second {
+			s.lastSweep = now
+			s.sweepLocked(now)
+		}
+		if len(s.records) >= s.maxRecords {
+			return idem.ReserveResult{}, ErrFull
+		}
+	}
+	c, res := idem.ApplyReserve(cur, now, r)
 	s.apply(r.ID, now, c)
 	return res, nil
 }

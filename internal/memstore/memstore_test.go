@@ -1,7 +1,11 @@
 package memstore_test
 
 import (
+	"context"
+	"errors"
+	"fmt"
 	"testing"
+	"time"
 
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/memstore"
@@ -14,4 +18,36 @@ func TestContract(t *testing.T) {
 		t.Cleanup(func() { _ = s.Close() })
 		return s
 	})
+}
+
+func TestMaxRecords(t *testing.T) {
+	now := time.Unix(1_000_000, 0)
+	s := memstore.New(memstore.Options{MaxRecords: 3, Now: func() time.Time { return now }})
+	t.Cleanup(func() { _ = s.Close() })
+	ctx := context.Background()
+	reserve := func(key string, retention time.Duration) error {
+		_, err := s.Reserve(ctx, idem.Reservation{ID: idem.RecordIDFor("p", "s", key), Token: idem.NewToken(),
+			Lease: time.Second, Retention: retention})
+		return err
+	}
+	for i := range 3 {
+		if err := reserve(fmt.Sprint(i), time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := reserve("one too many", time.Minute); !errors.Is(err, memstore.ErrFull) {
+		t.Fatalf("error %v, want ErrFull", err)
+	}
+	// An existing record is still answered when full.
+	if err := reserve("0", time.Minute); err != nil {
+		t.Fatalf("a known key must still be answered: %v", err)
+	}
+	// Once records expire, there is room again.
+	now = now.Add(2 * time.Minute)
+	if err := reserve("after expiry", time.Minute); err != nil {
+		t.Fatalf("after expiry: %v", err)
+	}
+	if n := s.Len(); n != 1 {
+		t.Fatalf("live records %d, want 1", n)
+	}
 }
