@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/idem-extproc/idem-extproc/internal/config"
 	"github.com/idem-extproc/idem-extproc/internal/grpcxds"
 )
 
@@ -170,4 +171,112 @@ func TestStoreDownIsUnavailable(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	wantOK(t, resp, err, "order-2")
+}
+
+// TestInvalidKeyIsInvalidArgument: a malformed key is refused
+// INVALID_ARGUMENT before any store call or upstream contact.
+func TestInvalidKeyIsInvalidArgument(t *testing.T) {
+	env := grpcxds.Start(t, grpcxds.Options{})
+	_, err := call(t, env, strings.Repeat("k", 300), "book")
+	wantCode(t, err, codes.InvalidArgument, "idempotency-key-invalid")
+	if c := env.Upstream.Calls(); c != 0 {
+		t.Fatalf("the refused call reached the upstream (%d calls)", c)
+	}
+}
+
+// TestUpstreamErrorsAreRecorded: an upstream that fails a call answered it:
+// the failure is stored and its retry replayed, with the status when the
+// upstream sent one in grpc-status-details-bin (grpc-go forwards no
+// grpc-status), else as UNKNOWN. RESOURCE_EXHAUSTED, like HTTP 429, asks
+// for a retry: the record is released and the retry executes.
+func TestUpstreamErrorsAreRecorded(t *testing.T) {
+	env := grpcxds.Start(t, grpcxds.Options{})
+	failing := func(code codes.Code) *testgrpc.SimpleRequest {
+		return &testgrpc.SimpleRequest{
+			Payload:        &testgrpc.Payload{Body: []byte("book")},
+			ResponseStatus: &testgrpc.EchoStatus{Code: int32(code), Message: "no stock"},
+		}
+	}
+	_, err := callWith(env, failing(codes.FailedPrecondition), "k-fail")
+	wantCode(t, err, codes.FailedPrecondition, "no stock")
+	_, err = callWith(env, failing(codes.FailedPrecondition), "k-fail")
+	wantCode(t, err, codes.AlreadyExists, "operation already completed with status UNKNOWN")
+	if n := env.Upstream.CountKey("k-fail"); n != 1 {
+		t.Fatalf("executions = %d, want 1", n)
+	}
+
+	detailed := failing(codes.InvalidArgument)
+	detailed.Payload.Body = []byte("details")
+	_, err = callWith(env, detailed, "k-detailed", "x-upstream-details", "true")
+	wantCode(t, err, codes.InvalidArgument, "no stock")
+	_, err = callWith(env, detailed, "k-detailed", "x-upstream-details", "true")
+	wantCode(t, err, codes.AlreadyExists, "operation already completed with status INVALID_ARGUMENT: no stock")
+
+	busy := failing(codes.ResourceExhausted)
+	_, err = callWith(env, busy, "k-busy", "x-upstream-details", "true")
+	wantCode(t, err, codes.ResourceExhausted, "no stock")
+	resp, err := call(t, env, "k-busy", "book")
+	if err != nil || env.Upstream.CountKey("k-busy") != 2 {
+		t.Fatalf("the retry after RESOURCE_EXHAUSTED: %v, %v; executions %d, want 2", resp, err, env.Upstream.CountKey("k-busy"))
+	}
+}
+
+// TestClientStreamBeyondTheWindow: a client stream larger than grpc-go's
+// 64 KiB ext_proc flow-control window is held whole, executes once, and
+// its retry is replayed.
+func TestClientStreamBeyondTheWindow(t *testing.T) {
+	env := grpcxds.Start(t, grpcxds.Options{})
+	send := func() (*testgrpc.StreamingInputCallResponse, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		ctx = metadata.AppendToOutgoingContext(ctx, "idempotency-key", "k-stream")
+		st, err := env.Client.StreamingInputCall(ctx, grpc.WaitForReady(true))
+		if err != nil {
+			return nil, err
+		}
+		chunk := strings.Repeat("x", 16<<10)
+		for range 10 {
+			if err := st.Send(&testgrpc.StreamingInputCallRequest{Payload: &testgrpc.Payload{Body: []byte(chunk)}}); err != nil {
+				break // the status comes from CloseAndRecv
+			}
+		}
+		return st.CloseAndRecv()
+	}
+	resp, err := send()
+	if err != nil || resp.GetAggregatedPayloadSize() != 160<<10 {
+		t.Fatalf("first stream: %v, %v", resp, err)
+	}
+	_, err = send()
+	wantCode(t, err, codes.AlreadyExists, "status OK")
+	if n := env.Upstream.CountKey("k-stream"); n != 1 {
+		t.Fatalf("executions = %d, want 1", n)
+	}
+}
+
+// TestPoliciesMatchGRPCMethods: with no pseudo-headers, policies match on
+// the request.path and request.host attributes: a policy for one service's
+// methods (path prefix /grpc.testing.TestService/, host orders) requires a
+// key there, while default_policy is off.
+func TestPoliciesMatchGRPCMethods(t *testing.T) {
+	set, err := config.Parse("policies.yaml", []byte(`
+policies:
+  - name: orders
+    match:
+      hosts: [orders]
+      methods: [POST]
+      path: {prefix: /grpc.testing.TestService/}
+    key: {required: true}
+default_policy:
+  enabled: false
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := grpcxds.Start(t, grpcxds.Options{Policies: set})
+	_, err = call(t, env, "", "book")
+	wantCode(t, err, codes.InvalidArgument, "idempotency-key-missing")
+	resp, err := call(t, env, "k-policy", "book")
+	wantOK(t, resp, err, "order-1")
+	_, err = call(t, env, "k-policy", "book")
+	wantCode(t, err, codes.AlreadyExists, "status OK")
 }

@@ -2,6 +2,7 @@ package grpcxds
 
 import (
 	"context"
+	"io"
 	"net"
 	"strconv"
 	"sync"
@@ -25,7 +26,8 @@ const UnaryMethod = "/grpc.testing.TestService/UnaryCall"
 // order. Calls steer it through their metadata and request:
 // x-upstream-delay (a Go duration to wait before the effect) and the
 // request's response_status (answer with that status instead of a
-// message, after the effect).
+// message, after the effect; with x-upstream-details set, the status
+// carries a detail, so it travels in grpc-status-details-bin too).
 type Upstream struct {
 	testgrpc.UnimplementedTestServiceServer
 	// Addr is the server's loopback address.
@@ -74,7 +76,12 @@ func (u *Upstream) UnaryCall(ctx context.Context, req *testgrpc.SimpleRequest) (
 	u.effects = append(u.effects, Effect{Seq: seq, Key: first(md, "idempotency-key"), Body: string(req.GetPayload().GetBody())})
 	u.mu.Unlock()
 	if st := req.GetResponseStatus(); st != nil && st.GetCode() != 0 {
-		return nil, status.Error(codes.Code(st.GetCode()), st.GetMessage())
+		s := status.New(codes.Code(st.GetCode()), st.GetMessage())
+		if first(md, "x-upstream-details") != "" {
+			// Any detail makes grpc-go send grpc-status-details-bin.
+			s, _ = s.WithDetails(&testgrpc.EchoStatus{Code: st.GetCode()})
+		}
+		return nil, s.Err()
 	}
 	return &testgrpc.SimpleResponse{Payload: &testgrpc.Payload{Body: []byte("order-" + strconv.Itoa(seq))}}, nil
 }
@@ -101,6 +108,29 @@ func (c callCounter) HandleRPC(_ context.Context, s stats.RPCStats) {
 		c.u.calls++
 		c.u.mu.Unlock()
 	}
+}
+
+// StreamingInputCall executes a client-streaming call once all its
+// messages arrived: it records one effect whose body is the number of
+// payload bytes received, and answers that number.
+func (u *Upstream) StreamingInputCall(stream testgrpc.TestService_StreamingInputCallServer) error {
+	md, _ := metadata.FromIncomingContext(stream.Context())
+	total := 0
+	for {
+		req, err := stream.Recv()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return err
+		}
+		total += len(req.GetPayload().GetBody())
+	}
+	u.mu.Lock()
+	seq := len(u.effects) + 1
+	u.effects = append(u.effects, Effect{Seq: seq, Key: first(md, "idempotency-key"), Body: strconv.Itoa(total)})
+	u.mu.Unlock()
+	return stream.SendAndClose(&testgrpc.StreamingInputCallResponse{AggregatedPayloadSize: int32(total)})
 }
 
 // Effects returns a copy of the effect log.
