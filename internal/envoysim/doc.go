@@ -78,6 +78,22 @@
 //   - Closing is a half-close followed at once by a reset
 //     (filters/common/ext_proc grpc_stream.cc ProcessorStreamImpl::close;
 //     test OnlyRequestHeadersResetOnServerMessage).
+//   - FULL_DUPLEX_STREAMED: headers, every body chunk and the trailers are
+//     sent as they arrive, without waiting for replies (ext_proc.cc onData,
+//     handleDataStreamedModeBase: "If the current state is HeadersCallback,
+//     stays in that state"; onTrailers); no per-message timer
+//     (processor_state.cc onStartProcessorCall); the original body is
+//     drained and only the server's streamed_response bodies go on, in any
+//     number of body replies, end_of_stream ending the body
+//     (handleDuplexStreamedBodyResponse); a plain body mutation, or a body
+//     reply before the headers reply, is spurious (handleStreamedBodyCallback,
+//     isValidBodyCallbackState); a trailers reply is valid at any time
+//     (isValidTrailersCallbackState). See duplex.go.
+//   - A local reply to a gRPC request (content-type application/grpc) is a
+//     trailers-only response: :status 200, grpc-status from the immediate
+//     response's grpc_status or the HTTP code (httpToGrpcStatus), the body
+//     as the percent-encoded grpc-message (http/utility.cc
+//     Utility::sendLocalReply). See grpc.go.
 //   - Envoy's own local replies (upstream timeout or reset) go through the
 //     response phases again since envoy PR #41769 (1.37); 1.34-1.36 skipped
 //     them (runtime skip_ext_proc_on_local_reply). Options.SkipLocalReplies

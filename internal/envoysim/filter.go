@@ -154,8 +154,19 @@ func (x *exchange) run(ctx context.Context, up Upstream) (*Response, error) {
 	body, trailers := req.Body, req.Trailers
 	hasBody := len(body) > 0
 
+	// FULL_DUPLEX_STREAMED: headers, body and trailers in one exchange.
+	duplexReq := fullDuplex(x.mode.GetRequestBodyMode()) && !x.complete
+	if duplexReq {
+		var local *Response
+		var err error
+		headers, body, trailers, local, err = x.duplex(ctx, true, headers, body, trailers)
+		if err != nil || local != nil {
+			return local, err
+		}
+	}
+
 	// Request headers.
-	if sendHeaders(x.mode.GetRequestHeaderMode()) && !x.complete {
+	if !duplexReq && sendHeaders(x.mode.GetRequestHeaderMode()) && !x.complete {
 		pr := &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{
 			RequestHeaders: &extprocv3.HttpHeaders{Headers: toHeaderMap(headers), EndOfStream: !hasBody && len(trailers) == 0},
 		}}
@@ -177,7 +188,7 @@ func (x *exchange) run(ctx context.Context, up Upstream) (*Response, error) {
 	}
 
 	// Request body.
-	if hasBody && !x.complete {
+	if !duplexReq && hasBody && !x.complete {
 		var local *Response
 		var err error
 		headers, body, local, err = x.requestBody(ctx, headers, body, len(trailers) > 0)
@@ -190,7 +201,7 @@ func (x *exchange) run(ctx context.Context, up Upstream) (*Response, error) {
 	}
 
 	// Request trailers.
-	if len(trailers) > 0 && sendTrailers(x.mode.GetRequestTrailerMode()) && !x.complete {
+	if !duplexReq && len(trailers) > 0 && sendTrailers(x.mode.GetRequestTrailerMode()) && !x.complete {
 		pr := &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestTrailers{
 			RequestTrailers: &extprocv3.HttpTrailers{Trailers: toHeaderMap(trailers)},
 		}}
@@ -253,6 +264,10 @@ func (x *exchange) localReply(ctx context.Context, uf *UpstreamFailure) (*Respon
 		Details: uf.Details,
 		Flags:   uf.Flags,
 	}
+	if x.isGRPC() {
+		resp = grpcLocalReply(uf.Status, nil, []byte(uf.Body), nil, uf.Details)
+		resp.Flags = uf.Flags
+	}
 	if x.f.opts.SkipLocalReplies {
 		x.complete = true
 		return resp, nil
@@ -266,7 +281,16 @@ func (x *exchange) response(ctx context.Context, resp *Response) (*Response, err
 	body, trailers := resp.Body, resp.Trailers
 	hasBody := len(body) > 0
 
-	if sendHeaders(x.mode.GetResponseHeaderMode()) && !x.complete {
+	duplexResp := fullDuplex(x.mode.GetResponseBodyMode()) && !x.complete
+	if duplexResp {
+		var local *Response
+		var err error
+		headers, body, trailers, local, err = x.duplex(ctx, false, headers, body, trailers)
+		if err != nil || local != nil {
+			return local, err
+		}
+	}
+	if !duplexResp && sendHeaders(x.mode.GetResponseHeaderMode()) && !x.complete {
 		pr := &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{
 			ResponseHeaders: &extprocv3.HttpHeaders{Headers: toHeaderMap(headers), EndOfStream: !hasBody && len(trailers) == 0},
 		}}
@@ -283,7 +307,7 @@ func (x *exchange) response(ctx context.Context, resp *Response) (*Response, err
 	if err := x.clientGoneAfter(PhaseResponseHeaders); err != nil {
 		return nil, err
 	}
-	if hasBody && !x.complete {
+	if !duplexResp && hasBody && !x.complete {
 		var local *Response
 		var err error
 		headers, body, local, err = x.responseBody(ctx, headers, body, len(trailers) > 0)
@@ -294,7 +318,7 @@ func (x *exchange) response(ctx context.Context, resp *Response) (*Response, err
 	if err := x.clientGoneAfter(PhaseResponseBody); err != nil {
 		return nil, err
 	}
-	if len(trailers) > 0 && sendTrailers(x.mode.GetResponseTrailerMode()) && !x.complete {
+	if !duplexResp && len(trailers) > 0 && sendTrailers(x.mode.GetResponseTrailerMode()) && !x.complete {
 		pr := &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseTrailers{
 			ResponseTrailers: &extprocv3.HttpTrailers{Trailers: toHeaderMap(trailers)},
 		}}
@@ -589,6 +613,9 @@ func (x *exchange) failure(ctx context.Context, err error) (*Response, error) {
 }
 
 func (x *exchange) errorReply(code int, details string) *Response {
+	if x.isGRPC() {
+		return grpcLocalReply(code, nil, nil, nil, details)
+	}
 	return &Response{Status: code, Details: details}
 }
 
@@ -598,6 +625,21 @@ func (x *exchange) immediate(ir *extprocv3.ImmediateResponse) *Response {
 	code := int(ir.GetStatus().GetCode())
 	if code < 200 {
 		code = 200
+	}
+	if x.isGRPC() {
+		headers := []Header{{":status", strconv.Itoa(code)}}
+		if m := ir.GetHeaders(); m != nil {
+			var err error
+			if headers, err = applyMutation(headers, m, x.f.cfg.GetMutationRules()); err != nil {
+				x.res.ProcessingError = err
+			}
+		}
+		var gs *uint32
+		if g := ir.GetGrpcStatus(); g != nil {
+			v := g.GetStatus()
+			gs = &v
+		}
+		return grpcLocalReply(code, withoutPseudo(headers), ir.GetBody(), gs, ir.GetDetails())
 	}
 	headers := []Header{{":status", strconv.Itoa(code)}}
 	if len(ir.GetBody()) > 0 {

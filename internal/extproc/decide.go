@@ -71,7 +71,7 @@ func (p *processor) storeProblem(ctx context.Context, err error) *extprocv3.Proc
 		p.logAttrs(slog.String("error", err.Error()))...)
 	prob := problem.New(problem.StoreUnavailable, "the idempotency store cannot be used; retry later")
 	prob.RetryAfter = p.pol.RetryAfter
-	return p.answer(problemResponse(prob))
+	return p.answer(p.problemReply(prob))
 }
 
 func (p *processor) open(r idem.Response) (idem.Response, error) {
@@ -89,22 +89,22 @@ func (p *processor) answerFor(req *extprocv3.ProcessingRequest, res idem.Reserve
 		p.reserved = true
 		p.stage = stageUpstream
 		p.renew = startRenewer(p.spanCtxOr(context.Background()), p.srv, p.id, p.tok, p.pol.Lease)
-		return continueFor(req)
+		return p.cont(req)
 	case idem.Completed:
 		if !res.CreatedAt.IsZero() {
 			p.srv.obs.Replayed(p.pol.Name, time.Since(res.CreatedAt))
 		}
-		return p.answer(replayResponse(res.Response, p.pol.StoresHeader))
+		return p.answer(p.replayReply(res.Response))
 	case idem.InFlight:
 		prob := problem.New(problem.InProgress, "an earlier request with this Idempotency-Key is still being processed; retry later")
 		prob.RetryAfter = p.pol.RetryAfter
-		return p.answer(problemResponse(prob))
+		return p.answer(p.problemReply(prob))
 	case idem.Unknown:
-		return p.answer(problemResponse(problem.New(problem.OutcomeUnknown,
+		return p.answer(p.problemReply(problem.New(problem.OutcomeUnknown,
 			"an earlier request with this Idempotency-Key ended without a known outcome; "+
 				"check the resource's state before retrying with a new key")))
 	default: // idem.Mismatch
-		return p.answer(problemResponse(problem.New(problem.KeyReused,
+		return p.answer(p.problemReply(problem.New(problem.KeyReused,
 			"this Idempotency-Key was already used for a request with a different method, path, headers or body")))
 	}
 }
@@ -127,13 +127,14 @@ func decisionFor(o idem.Outcome) Decision {
 func (p *processor) reject(ctx context.Context, prob *problem.Problem) *extprocv3.ProcessingResponse {
 	p.decided(DecisionRejected)
 	p.log().LogAttrs(ctx, slog.LevelInfo, "rejected", p.logAttrs(slog.String("problem", prob.Slug))...)
-	return p.answer(problemResponse(prob))
+	return p.answer(p.problemReply(prob))
 }
 
 // answer ends the request with the server's own response. Envoy sends no
 // further message for it.
 func (p *processor) answer(resp *extprocv3.ProcessingResponse) *extprocv3.ProcessingResponse {
 	p.stage = stagePassThrough
+	p.rpc.held = nil // the request never goes on
 	return resp
 }
 
@@ -141,10 +142,10 @@ func (p *processor) answer(resp *extprocv3.ProcessingResponse) *extprocv3.Proces
 // every later phase of it.
 func (p *processor) passThrough(req *extprocv3.ProcessingRequest) *extprocv3.ProcessingResponse {
 	p.stage = stagePassThrough
-	if _, ok := req.GetRequest().(*extprocv3.ProcessingRequest_RequestHeaders); ok {
+	if _, ok := req.GetRequest().(*extprocv3.ProcessingRequest_RequestHeaders); ok && len(p.rpc.held) == 0 {
 		return continueWith(req, skipEverything)
 	}
-	return continueFor(req)
+	return p.cont(req)
 }
 
 func (p *processor) reserve(ctx context.Context, fp idem.Fingerprint) (idem.ReserveResult, error) {
@@ -169,11 +170,15 @@ func (p *processor) awaitFirst(ctx context.Context, w idem.Watcher, fp idem.Fing
 	deadline := time.Now().Add(p.pol.WaitForInFlight)
 	// Envoy times each message out (message_timeout, 200 ms by default):
 	// ask for the wait plus two store calls. Envoy honours it only up to
-	// the filter's max_message_timeout.
-	if err := p.send(&extprocv3.ProcessingResponse{
-		OverrideMessageTimeout: durationpb.New(p.pol.WaitForInFlight + 2*p.srv.cfg.StoreTimeout),
-	}); err != nil {
-		return first
+	// the filter's max_message_timeout. There is no timer in the echo
+	// modes, and grpc-go takes any first reply but the headers' as an
+	// error.
+	if !p.rpc.proxyless && !echoes(p.requestBodyMode) {
+		if err := p.send(&extprocv3.ProcessingResponse{
+			OverrideMessageTimeout: durationpb.New(p.pol.WaitForInFlight + 2*p.srv.cfg.StoreTimeout),
+		}); err != nil {
+			return first
+		}
 	}
 	wctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()

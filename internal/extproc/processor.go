@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"time"
 
 	procmodev3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
@@ -76,6 +75,8 @@ type processor struct {
 	respBody     []byte
 	respTooLarge bool
 
+	rpc rpcState
+
 	// retry is a final transition the store refused; the stream's end
 	// tries it once more.
 	retry         func(context.Context) error
@@ -114,8 +115,11 @@ func (p *processor) storeCtx(ctx context.Context) (context.Context, context.Canc
 
 // handle answers one message. An error is a protocol violation; the stream
 // then ends with a gRPC error, which Envoy turns into its status_on_error
-// (fail closed).
+// (fail closed). A nil reply means none is due yet (see rpcState).
 func (p *processor) handle(ctx context.Context, req *extprocv3.ProcessingRequest) (*extprocv3.ProcessingResponse, error) {
+	if req.GetRequest() == nil && req.GetClientWindowUpdate() != nil {
+		return nil, nil // grpc-go's flow control acknowledging what it was sent back
+	}
 	if pc := req.GetProtocolConfig(); pc != nil {
 		p.requestBodyMode, p.responseBodyMode = pc.GetRequestBodyMode(), pc.GetResponseBodyMode()
 		p.modesKnown = true
@@ -133,7 +137,7 @@ func (p *processor) handle(ctx context.Context, req *extprocv3.ProcessingRequest
 		case stageRequestBody:
 			return p.onRequestBody(ctx, req, r.RequestBody), nil
 		}
-		return continueFor(req), nil
+		return p.cont(req), nil
 	case *extprocv3.ProcessingRequest_RequestTrailers:
 		switch p.stage {
 		case stageRequestHeaders:
@@ -161,24 +165,19 @@ func (p *processor) handle(ctx context.Context, req *extprocv3.ProcessingRequest
 		if p.stage == stageResponseBody {
 			return p.onResponseBody(ctx, req, r.ResponseBody), nil
 		}
-		return continueFor(req), nil
+		return p.cont(req), nil
 	case *extprocv3.ProcessingRequest_ResponseTrailers:
-		if p.stage == stageResponseBody {
-			p.complete(ctx)
-		}
-		return continueFor(req), nil
+		return p.onResponseTrailers(ctx, req, r.ResponseTrailers), nil
 	}
 	return nil, fmt.Errorf("unsupported ext_proc message %T", req.GetRequest())
 }
 
 func (p *processor) onRequestHeaders(ctx context.Context, req *extprocv3.ProcessingRequest, hh *extprocv3.HttpHeaders) *extprocv3.ProcessingResponse {
 	hs := headerList(hh.GetHeaders())
-	method, _ := firstHeader(hs, ":method")
-	p.path, _ = firstHeader(hs, ":path")
-	authority, _ := firstHeader(hs, ":authority")
+	attrs := attributes(req)
+	method, authority := p.requestTarget(req, hs, attrs)
 	p.requestID, _ = firstHeader(hs, "x-request-id")
 	p.method = method
-	attrs := attributes(req)
 
 	p.pol = p.policies.Match(policy.Request{
 		Method:    method,
@@ -213,6 +212,9 @@ func (p *processor) onRequestHeaders(ctx context.Context, req *extprocv3.Process
 		return p.decide(ctx, req)
 	}
 	p.stage = stageRequestBody
+	if resp, ok := p.awaitRequestBody(ctx, req); ok {
+		return resp
+	}
 	if !p.modesKnown {
 		p.requestBodyMode, p.responseBodyMode = procmodev3.ProcessingMode_BUFFERED, procmodev3.ProcessingMode_BUFFERED
 		return continueFor(req)
@@ -278,9 +280,11 @@ func metadataString(req *extprocv3.ProcessingRequest, ns string, path []string) 
 }
 
 func (p *processor) onRequestBody(ctx context.Context, req *extprocv3.ProcessingRequest, body *extprocv3.HttpBody) *extprocv3.ProcessingResponse {
+	if echoes(p.requestBodyMode) {
+		return p.onStreamedRequestBody(ctx, req, body)
+	}
 	if len(p.reqBody)+len(body.GetBody()) > p.pol.MaxRequestBody {
-		return p.reject(ctx, problem.New(problem.BodyTooLarge,
-			"the request body exceeds "+strconv.Itoa(p.pol.MaxRequestBody)+" bytes"))
+		return p.reject(ctx, bodyTooLarge(p.pol.MaxRequestBody))
 	}
 	p.reqBody = append(p.reqBody, body.GetBody()...)
 	switch {

@@ -14,6 +14,9 @@ import (
 
 func (p *processor) onResponseHeaders(ctx context.Context, req *extprocv3.ProcessingRequest, hh *extprocv3.HttpHeaders) *extprocv3.ProcessingResponse {
 	hs := headerList(hh.GetHeaders())
+	if ct, _ := firstHeader(hs, "content-type"); p.rpc.proxyless || (p.rpc.call && isGRPCContentType(ct)) {
+		return p.onRPCResponseHeaders(ctx, req, hh, hs)
+	}
 	statusText, _ := firstHeader(hs, ":status")
 	status, err := strconv.Atoi(statusText)
 	if err != nil {
@@ -51,6 +54,18 @@ func (p *processor) onResponseHeaders(ctx context.Context, req *extprocv3.Proces
 }
 
 func (p *processor) onResponseBody(ctx context.Context, req *extprocv3.ProcessingRequest, body *extprocv3.HttpBody) *extprocv3.ProcessingResponse {
+	if echoes(p.responseBodyMode) {
+		return p.onStreamedResponseBody(ctx, req, body)
+	}
+	if p.rpc.response {
+		// A gRPC response's status comes in the trailers.
+		p.rpc.messages++
+		p.storeResponseBytes(body)
+		if body.GetEndOfStream() {
+			p.finishRPC(ctx, nil)
+		}
+		return continueFor(req)
+	}
 	if !p.respTooLarge {
 		if len(p.respBody)+len(body.GetBody()) > p.pol.MaxStoredBody {
 			p.respTooLarge, p.respBody = true, nil

@@ -125,6 +125,9 @@ func (s *Server) serve(ctx context.Context, stream extprocv3.ExternalProcessor_P
 			s.log.LogAttrs(ctx, slog.LevelWarn, "ext_proc protocol error", p.logAttrs(slog.String("error", err.Error()))...)
 			return status.Error(codes.InvalidArgument, err.Error())
 		}
+		if resp == nil {
+			continue // withheld until a later message (see rpcState)
+		}
 		if err := stream.Send(resp); err != nil {
 			return err
 		}

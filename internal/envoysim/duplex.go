@@ -1,0 +1,184 @@
+package envoysim
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+)
+
+// duplexWait bounds the wait for a reply in FULL_DUPLEX_STREAMED mode.
+// Envoy has no per-message timer there (processor_state.cc
+// onStartProcessorCall skips it); this only keeps a broken test from
+// hanging.
+const duplexWait = 30 * time.Second
+
+func fullDuplex(m extprocfilterv3.ProcessingMode_BodySendMode) bool {
+	return m == extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED
+}
+
+// duplex runs one direction (request or response) whose body mode is
+// FULL_DUPLEX_STREAMED, as Envoy does:
+//
+//   - The headers, every body chunk and the trailers are sent as they
+//     arrive, without waiting for any reply: data arriving while the headers
+//     reply is pending is sent on anyway, and the state stays
+//     HeadersCallback (ext_proc.cc onData, handleDataStreamedModeBase);
+//     trailers are sent at once, even with replies outstanding (onTrailers).
+//   - Envoy drains the original body: what goes on is only what the server
+//     sends back as body_mutation.streamed_response, in any number of body
+//     replies; one with end_of_stream ends the body (processor_state.cc
+//     handleDuplexStreamedBodyResponse). A plain body mutation is spurious
+//     here (handleStreamedBodyCallback), as is a body reply before the
+//     headers reply (handleBodyResponse, isValidBodyCallbackState).
+//   - A trailers reply is valid at any time (isValidTrailersCallbackState)
+//     and, when trailers were sent, is what ends the direction.
+//   - No per-message timeout; mode_override is never honoured with this
+//     mode configured (onReceiveMessage).
+func (x *exchange) duplex(ctx context.Context, request bool, headers []Header, body []byte, trailers []Header) ([]Header, []byte, []Header, *Response, error) {
+	hp, bp, tp := PhaseRequestHeaders, PhaseRequestBody, PhaseRequestTrailers
+	headerMode, trailerMode := x.mode.GetRequestHeaderMode(), x.mode.GetRequestTrailerMode()
+	if !request {
+		hp, bp, tp = PhaseResponseHeaders, PhaseResponseBody, PhaseResponseTrailers
+		headerMode, trailerMode = x.mode.GetResponseHeaderMode(), x.mode.GetResponseTrailerMode()
+	}
+	hasBody := len(body) > 0
+	sentHeaders := sendHeaders(headerMode)
+	sentTrailers := len(trailers) > 0 && sendTrailers(trailerMode)
+	fail := func(err error) ([]Header, []byte, []Header, *Response, error) {
+		local, ferr := x.failure(ctx, err)
+		return headers, nil, trailers, local, ferr
+	}
+
+	if sentHeaders {
+		hh := &extprocv3.HttpHeaders{Headers: toHeaderMap(headers), EndOfStream: !hasBody && len(trailers) == 0}
+		pr := &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: hh}}
+		if !request {
+			pr.Request = &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: hh}
+		}
+		if err := x.sendOnly(ctx, pr, hp); err != nil {
+			return fail(err)
+		}
+	}
+	if hasBody {
+		chunks := x.chunks(body)
+		for i, c := range chunks {
+			if err := x.sendOnly(ctx, bodyRequest(bp, c, i == len(chunks)-1 && len(trailers) == 0), bp); err != nil {
+				return fail(err)
+			}
+		}
+	}
+	if sentTrailers {
+		ht := &extprocv3.HttpTrailers{Trailers: toHeaderMap(trailers)}
+		pr := &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestTrailers{RequestTrailers: ht}}
+		if !request {
+			pr.Request = &extprocv3.ProcessingRequest_ResponseTrailers{ResponseTrailers: ht}
+		}
+		if err := x.sendOnly(ctx, pr, tp); err != nil {
+			return fail(err)
+		}
+	}
+
+	var out []byte
+	gotHeaders, bodyDone, trailersDone := !sentHeaders, !hasBody, !sentTrailers
+	for !gotHeaders || !bodyDone || !trailersDone {
+		reply, err := x.side.recv(ctx, time.Now().Add(duplexWait))
+		if ctx.Err() != nil {
+			return headers, nil, trailers, nil, errClientGone
+		}
+		if err != nil {
+			x.markAll("error: " + err.Error())
+			return fail(err)
+		}
+		if reply.GetResponse() == nil && reply.GetOverrideMessageTimeout() != nil {
+			continue // no timer to override in this mode
+		}
+		if ir := reply.GetImmediateResponse(); ir != nil {
+			x.markAll("immediate_response")
+			x.side.close()
+			x.complete = true
+			return headers, nil, trailers, x.immediate(ir), nil
+		}
+		switch {
+		case !gotHeaders:
+			if !replyMatches(reply, hp) {
+				x.markAll("spurious")
+				return fail(fmt.Errorf("%w: %s reply while the %s reply is pending", ErrSpurious, replyKind(reply), hp))
+			}
+			x.mark(hp, "continue")
+			cr := reply.GetRequestHeaders().GetResponse()
+			if !request {
+				cr = reply.GetResponseHeaders().GetResponse()
+			}
+			var local *Response
+			if headers, local = x.mutate(headers, cr); local != nil {
+				return headers, nil, trailers, local, nil
+			}
+			gotHeaders = true
+		case replyMatches(reply, bp):
+			sr := bodyReply(bp, reply).GetBodyMutation().GetStreamedResponse()
+			if sr == nil {
+				x.markAll("spurious")
+				return fail(fmt.Errorf("%w: a body reply without streamed_response in FULL_DUPLEX_STREAMED", ErrSpurious))
+			}
+			out = append(out, sr.GetBody()...)
+			if sr.GetEndOfStream() {
+				x.mark(bp, "streamed")
+				bodyDone = true
+			}
+		case sentTrailers && replyMatches(reply, tp):
+			x.mark(bp, "streamed")
+			x.mark(tp, "continue")
+			if m := reply.GetRequestTrailers().GetHeaderMutation(); request && m != nil {
+				trailers, err = applyMutation(trailers, m, x.f.cfg.GetMutationRules())
+			} else if m := reply.GetResponseTrailers().GetHeaderMutation(); !request && m != nil {
+				trailers, err = applyMutation(trailers, m, x.f.cfg.GetMutationRules())
+			}
+			if err != nil {
+				x.res.ProcessingError = err
+				x.side.close()
+				x.complete = true
+				return headers, nil, trailers, x.errorReply(x.statusOnError(), err.Error()), nil
+			}
+			bodyDone, trailersDone = true, true
+		default:
+			x.markAll("spurious")
+			return fail(fmt.Errorf("%w: %s reply in FULL_DUPLEX_STREAMED %s", ErrSpurious, replyKind(reply), hp))
+		}
+	}
+	return headers, out, trailers, nil, nil
+}
+
+// chunks splits a body as it would arrive from the network (Options.ChunkSize).
+func (x *exchange) chunks(body []byte) [][]byte {
+	n := x.f.opts.ChunkSize
+	if n <= 0 {
+		return [][]byte{body}
+	}
+	var out [][]byte
+	for len(body) > n {
+		out = append(out, body[:n])
+		body = body[n:]
+	}
+	return append(out, body)
+}
+
+// mark records reply as the answer to every outstanding message of phase.
+func (x *exchange) mark(phase Phase, reply string) {
+	for i := range x.res.Messages {
+		if m := &x.res.Messages[i]; m.Phase == phase && m.Reply == "" {
+			m.Reply = reply
+		}
+	}
+}
+
+// markAll records reply for every outstanding message.
+func (x *exchange) markAll(reply string) {
+	for i := range x.res.Messages {
+		if m := &x.res.Messages[i]; m.Reply == "" {
+			m.Reply = reply
+		}
+	}
+}
