@@ -39,6 +39,10 @@ import (
 type Options struct {
 	// Memory uses the in-memory store instead of Redis.
 	Memory bool
+	// MemoryMaxRecords bounds the in-memory store (memstore.Options).
+	MemoryMaxRecords int
+	// RedisArgs are extra redis-server arguments for the Redis it starts.
+	RedisArgs []string
 	// WrapStore, when set, wraps the store the server uses (to instrument
 	// it, say); Env.Store stays the bare store.
 	WrapStore func(idem.Store) idem.Store
@@ -112,13 +116,13 @@ func Start(t testing.TB, opts Options) *Env {
 	e := &Env{t: t, opts: opts}
 	switch {
 	case opts.Memory:
-		ms := memstore.New(memstore.Options{})
+		ms := memstore.New(memstore.Options{MaxRecords: opts.MemoryMaxRecords})
 		t.Cleanup(func() { _ = ms.Close() })
 		e.Store = ms
 	default:
 		e.Redis = opts.Redis
 		if e.Redis == nil {
-			e.Redis = redistest.Start(t, redistest.Options{})
+			e.Redis = redistest.Start(t, redistest.Options{Args: opts.RedisArgs})
 		}
 		rdb, err := redisstore.NewClient(e.Redis.URL(), opts.StoreTimeout)
 		if err != nil {

@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -35,13 +36,15 @@ var (
 	releaseLua string
 	//go:embed scripts/mark_unknown.lua
 	markUnknownLua string
+	//go:embed scripts/peek.lua
+	peekLua string
 )
 
 // scripts are built once per Store; redis.Script caches the SHA and falls
 // back from EVALSHA to EVAL when a restarted Redis has forgotten them.
 type scripts struct {
-	reserve, renew, complete, release, markUnknown, watch *redis.Script
-	purge, resolve                                        *redis.Script
+	reserve, renew, complete, release, markUnknown, watch, peek *redis.Script
+	purge, resolve                                              *redis.Script
 }
 
 func loadScripts() scripts {
@@ -52,6 +55,7 @@ func loadScripts() scripts {
 		release:     redis.NewScript(releaseLua),
 		markUnknown: redis.NewScript(markUnknownLua),
 		watch:       redis.NewScript(watchLua),
+		peek:        redis.NewScript(peekLua),
 		purge:       redis.NewScript(purgeLua),
 		resolve:     redis.NewScript(resolveLua),
 	}
@@ -118,6 +122,14 @@ func (s *Store) Reserve(ctx context.Context, r idem.Reservation) (idem.ReserveRe
 	}
 	v, err := s.s.reserve.Run(ctx, s.rdb, []string{s.Key(r.ID)},
 		r.Fingerprint[:], r.Token[:], r.Lease.Milliseconds(), r.Retention.Milliseconds(), expiry).Slice()
+	if err != nil && isOOM(err) {
+		// Redis is full and refuses writes: answer a known operation all
+		// the same (replay, 409, 422); only a new key is refused.
+		pv, perr := s.s.peek.Run(ctx, s.rdb, []string{s.Key(r.ID)}, r.Fingerprint[:]).Slice()
+		if perr == nil && len(pv) > 0 && pv[0] != "absent" {
+			v, err = pv, nil
+		}
+	}
 	if err != nil {
 		return idem.ReserveResult{}, fmt.Errorf("redisstore: reserve: %w", err)
 	}
@@ -126,6 +138,11 @@ func (s *Store) Reserve(ctx context.Context, r idem.Reservation) (idem.ReserveRe
 		return idem.ReserveResult{}, fmt.Errorf("redisstore: reserve: %w", err)
 	}
 	return res, nil
+}
+
+// isOOM reports Redis refusing a write at maxmemory under noeviction.
+func isOOM(err error) bool {
+	return strings.HasPrefix(err.Error(), "OOM ")
 }
 
 func parseReserve(v []any) (idem.ReserveResult, error) {
