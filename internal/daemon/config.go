@@ -148,7 +148,7 @@ func ParseConfig(args []string, getenv func(string) string, usage io.Writer) (Co
 		errs = append(errs, fmt.Errorf("%s: must not be negative", where("drain-timeout")))
 	}
 	if cfg.RedisURL != "" && !strings.HasPrefix(cfg.RedisURL, "redis://") && !strings.HasPrefix(cfg.RedisURL, "rediss://") {
-		errs = append(errs, fmt.Errorf("%s: want redis://[user:pass@]host:port/db or rediss://...", where("redis-url")))
+		errs = append(errs, fmt.Errorf("%s: want redis://[user:pass@]host:port/db or rediss://…", where("redis-url")))
 	}
 	return cfg, errors.Join(errs...)
 }

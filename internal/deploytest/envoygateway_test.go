@@ -160,6 +160,7 @@ func checkEnvoyGatewayObjects(objs []k8sObject) error {
 		if err := checkEGBackend(objs, p, ep); err != nil {
 			fail("%s: %v", where, err)
 		}
+		//lint:ignore SA1019 the deprecated field must stay unset: it is what is checked.
 		if p.Spec.TargetRef != nil || len(p.Spec.TargetSelectors) > 0 || len(p.Spec.TargetRefs) == 0 {
 			fail("%s: name the routes in targetRefs (targetRef and targetSelectors are not checked here)", where)
 		}
@@ -203,6 +204,7 @@ func checkEnvoyGatewayObjects(objs []k8sObject) error {
 
 // checkEGBackend checks where and how an ExtProc calls the server.
 func checkEGBackend(objs []k8sObject, p *egv1a1.EnvoyExtensionPolicy, ep *egv1a1.ExtProc) error {
+	//lint:ignore SA1019 the deprecated field must stay unset: it is what is checked.
 	if ep.BackendRef != nil || len(ep.BackendRefs) != 1 {
 		return errors.New("want exactly one entry in backendRefs")
 	}

@@ -86,6 +86,7 @@ func applyMutation(hs []Header, m *extprocv3.HeaderMutation, rules *mutationrule
 			continue
 		}
 		_, exists := Get(hs, name)
+		//lint:ignore SA1019 Envoy's ext_proc still reads the deprecated append field.
 		appendValue := sh.GetAppend().GetValue()
 		switch sh.GetAppendAction() {
 		case 0: // APPEND_IF_EXISTS_OR_ADD: ext_proc falls back to "append"

@@ -58,6 +58,7 @@ func attributes(req *extprocv3.ProcessingRequest) *structpb.Struct {
 	case *extprocv3.ProcessingRequest_ResponseHeaders:
 		hh = r.ResponseHeaders
 	}
+	//lint:ignore SA1019 older Envoys sent attributes here; still read for them.
 	return hh.GetAttributes()[attributesKey]
 }
 

@@ -31,8 +31,8 @@ func startRenewer(base context.Context, s *Server, id idem.RecordID, tok idem.To
 	base = context.WithoutCancel(base)
 	r := &renewer{}
 	every := lease / 2
-	var tick func()
-	tick = func() {
+	tick := func() {
+
 		ctx, cancel := context.WithTimeout(base, s.cfg.StoreTimeout)
 		err := s.cfg.Store.Renew(ctx, id, tok, lease)
 		cancel()

@@ -67,7 +67,7 @@ func TestTracesFollowTheRequest(t *testing.T) {
 	childOf("store.complete", "ext_proc response_body")
 	attrs := map[string]string{}
 	for _, kv := range stream.Attributes() {
-		attrs[string(kv.Key)] = kv.Value.Emit()
+		attrs[string(kv.Key)] = kv.Value.String()
 	}
 	if attrs["idem.policy"] != "default" || attrs["idem.decision"] != "stored" || attrs["idem.attempt"] != "1" || attrs["idem.key_hash"] == "" {
 		t.Fatalf("stream span attributes %v", attrs)
