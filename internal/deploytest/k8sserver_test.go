@@ -364,10 +364,42 @@ func checkPolicyConfigMap(objs []k8sObject, pod *corev1.PodTemplateSpec, cfg dae
 	if want := path.Join(mountPath, policyKey); cfg.ConfigFile != want {
 		return fmt.Errorf("--config is %q, want the mounted %s", cfg.ConfigFile, want)
 	}
-	if _, err := config.Parse("ConfigMap "+cm.Name+" "+policyKey, []byte(cm.Data[policyKey])); err != nil {
+	set, err := config.Parse("ConfigMap "+cm.Name+" "+policyKey, []byte(cm.Data[policyKey]))
+	if err != nil {
 		return err
 	}
+	// A policy that encrypts needs the key ring, from a mounted Secret.
+	for _, p := range set.Policies {
+		if !p.Encrypt {
+			continue
+		}
+		if cfg.EncryptionKeysFile == "" {
+			return fmt.Errorf("policy %q has encrypt: true but --encryption-keys-file is not set: the server would refuse to start", p.Name)
+		}
+		if !secretMounted(pod, cfg.EncryptionKeysFile) {
+			return fmt.Errorf("--encryption-keys-file %s is not inside a mounted Secret", cfg.EncryptionKeysFile)
+		}
+		break
+	}
 	return nil
+}
+
+// secretMounted reports whether file lies in a Secret volume's mount.
+func secretMounted(pod *corev1.PodTemplateSpec, file string) bool {
+	secretVols := map[string]bool{}
+	for _, v := range pod.Spec.Volumes {
+		if v.Secret != nil {
+			secretVols[v.Name] = true
+		}
+	}
+	for _, c := range pod.Spec.Containers {
+		for _, m := range c.VolumeMounts {
+			if secretVols[m.Name] && strings.HasPrefix(file, strings.TrimSuffix(m.MountPath, "/")+"/") {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // checkRedisInBuild: when the build brings its own Redis (the dev
