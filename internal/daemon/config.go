@@ -8,6 +8,8 @@ import (
 	"log/slog"
 	"strings"
 	"time"
+
+	"github.com/idem-extproc/idem-extproc/internal/redisstore"
 )
 
 // Config is the daemon's configuration: flags, each also settable by an
@@ -53,7 +55,7 @@ func ParseConfig(args []string, getenv func(string) string, usage io.Writer) (Co
 	fs.SetOutput(usage)
 	fs.StringVar(&cfg.Listen, "listen", ":50051", "gRPC ext_proc listen address")
 	fs.StringVar(&cfg.AdminListen, "admin-listen", ":8081", "HTTP address for /healthz and /readyz")
-	fs.StringVar(&cfg.RedisURL, "redis-url", "", "Redis URL, redis://[user:pass@]host:port/db or rediss://...; empty: in-memory store (one replica only)")
+	fs.StringVar(&cfg.RedisURL, "redis-url", "", "Redis URL: redis://[user:pass@]host:port/db, redis+sentinel://host:port,…/master[/db], redis+cluster://host:port,… (rediss… for TLS); empty: in-memory store (one replica only)")
 	fs.DurationVar(&cfg.StoreTimeout, "store-timeout", 100*time.Millisecond, "budget of one store call; keep it under Envoy's message_timeout (200ms by default)")
 	fs.DurationVar(&cfg.DrainTimeout, "drain-timeout", 15*time.Second, "how long open streams may finish after SIGTERM/SIGINT")
 	fs.IntVar(&cfg.MaxMessageSize, "max-message-size", 32<<20, "largest ext_proc message accepted, in bytes; above Envoy's buffer limit, since a BUFFERED body is one message")
@@ -106,8 +108,10 @@ func ParseConfig(args []string, getenv func(string) string, usage io.Writer) (Co
 	if cfg.DrainTimeout < 0 {
 		errs = append(errs, fmt.Errorf("%s: must not be negative", where("drain-timeout")))
 	}
-	if cfg.RedisURL != "" && !strings.HasPrefix(cfg.RedisURL, "redis://") && !strings.HasPrefix(cfg.RedisURL, "rediss://") {
-		errs = append(errs, fmt.Errorf("%s: want redis://[user:pass@]host:port/db or rediss://...", where("redis-url")))
+	if cfg.RedisURL != "" {
+		if _, err := redisstore.ParseURL(cfg.RedisURL); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", where("redis-url"), err))
+		}
 	}
 	return cfg, errors.Join(errs...)
 }
