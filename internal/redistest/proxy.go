@@ -65,7 +65,9 @@ func (p *LinkProxy) SetTarget(addr string) {
 }
 
 // SetTargetPort forwards to 127.0.0.1:port.
-func (p *LinkProxy) SetTargetPort(port int) { p.SetTarget(net.JoinHostPort("127.0.0.1", strconv.Itoa(port))) }
+func (p *LinkProxy) SetTargetPort(port int) {
+	p.SetTarget(net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+}
 
 // Freeze holds back, from now on, everything the server sends on
 // replication links.
