@@ -297,14 +297,17 @@ func (p *processor) decide(ctx context.Context, req *extprocv3.ProcessingRequest
 	p.reqBody, p.reqHeaders = nil, nil
 	p.tok = idem.NewToken()
 
+	waitReplicas, waitTimeout := p.pol.WaitReplicas()
 	sctx, cancel := p.storeCtx(ctx)
 	res, err := p.srv.cfg.Store.Reserve(sctx, idem.Reservation{
-		ID:          p.id,
-		Fingerprint: fp,
-		Token:       p.tok,
-		Lease:       p.pol.Lease,
-		Retention:   p.pol.Retention,
-		LeaseExpiry: p.pol.LeaseExpiry,
+		ID:           p.id,
+		Fingerprint:  fp,
+		Token:        p.tok,
+		Lease:        p.pol.Lease,
+		Retention:    p.pol.Retention,
+		LeaseExpiry:  p.pol.LeaseExpiry,
+		WaitReplicas: waitReplicas,
+		WaitTimeout:  waitTimeout,
 	})
 	cancel()
 	if err != nil {

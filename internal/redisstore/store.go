@@ -107,8 +107,11 @@ func (s *Store) Reserve(ctx context.Context, r idem.Reservation) (idem.ReserveRe
 	if r.LeaseExpiry == idem.LeaseExpiryReexecute {
 		expiry = "r"
 	}
-	v, err := s.s.reserve.Run(ctx, s.rdb, []string{s.Key(r.ID)},
-		r.Fingerprint[:], r.Token[:], r.Lease.Milliseconds(), r.Retention.Milliseconds(), expiry).Slice()
+	args := []any{r.Fingerprint[:], r.Token[:], r.Lease.Milliseconds(), r.Retention.Milliseconds(), expiry}
+	if r.WaitReplicas > 0 {
+		return s.reserveDurable(ctx, r, args)
+	}
+	v, err := s.s.reserve.Run(ctx, s.rdb, []string{s.Key(r.ID)}, args...).Slice()
 	if err != nil {
 		return idem.ReserveResult{}, fmt.Errorf("redisstore: reserve: %w", err)
 	}
