@@ -40,6 +40,12 @@ type Options struct {
 	Memory bool
 	// Redis reuses a running server instead of starting one.
 	Redis *redistest.Server
+	// RedisURL uses Redis at a URL of any form redisstore.NewClient
+	// accepts (standalone, Sentinel, Cluster) instead of starting a
+	// server; Env.Redis is then nil.
+	RedisURL string
+	// Store uses this store as it is; Env.Redis is then nil.
+	Store idem.Store
 	// Policies replaces the default policy set.
 	Policies *policy.Set
 	// Filter replaces envoysim.RecommendedConfig().
@@ -98,6 +104,15 @@ func Start(t testing.TB, opts Options) *Env {
 	}
 	e := &Env{t: t, opts: opts}
 	switch {
+	case opts.Store != nil:
+		e.Store = opts.Store
+	case opts.RedisURL != "":
+		rdb, err := redisstore.NewClient(opts.RedisURL, opts.StoreTimeout)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = rdb.Close() })
+		e.Store = redisstore.New(rdb, redisstore.Options{CallTimeout: opts.StoreTimeout})
 	case opts.Memory:
 		ms := memstore.New(memstore.Options{})
 		t.Cleanup(func() { _ = ms.Close() })

@@ -60,6 +60,26 @@ func TestCluster(t *testing.T) {
 		replica.Thaw()
 		wantNotDurableAndReleased(t, s, r2, err)
 	})
+	t.Run("calls stay within budget with a primary hung", func(t *testing.T) {
+		const budget = 150 * time.Millisecond
+		s := newStore(t, c.URL(), budget)
+		// Hang every node, so whichever slot the record lands on is hung
+		// (briefly: well under the node timeout, no failover starts).
+		hang := func() {
+			for _, n := range c.Nodes {
+				n.Freeze()
+			}
+		}
+		resume := func() {
+			for _, n := range c.Nodes {
+				n.Thaw()
+			}
+		}
+		wantWithinBudget(t, s, budget, hang, resume)
+		if err := c.WaitHealthy(ctx); err != nil {
+			t.Fatal(err)
+		}
+	})
 	t.Run("scripts survive a failover and a flushed script cache", func(t *testing.T) {
 		s := newStore(t, c.URL(), time.Second)
 		r := durableReservation()
@@ -110,6 +130,13 @@ func TestSentinel(t *testing.T) {
 		_, err := s.Reserve(ctx, r2)
 		replica.Thaw()
 		wantNotDurableAndReleased(t, s, r2, err)
+	})
+	t.Run("calls stay within budget with the primary hung", func(t *testing.T) {
+		const budget = 150 * time.Millisecond
+		s := newStore(t, g.URL(), budget)
+		m := g.Master(ctx)
+		wantWithinBudget(t, s, budget, m.Freeze, m.Thaw)
+		g.WaitSynced(ctx)
 	})
 	t.Run("scripts survive a failover", func(t *testing.T) {
 		s := newStore(t, g.URL(), time.Second)
