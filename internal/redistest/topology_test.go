@@ -39,31 +39,3 @@ func TestClusterFailsOver(t *testing.T) {
 	t.Logf("rejoin in %v", time.Since(start))
 }
 
-// TestSentinelFailsOver builds a Sentinel group with passwords and fails it
-// over twice: SENTINEL FAILOVER, then a kill.
-func TestSentinelFailsOver(t *testing.T) {
-	start := time.Now()
-	g := StartSentinel(t, SentinelOptions{Password: "data-pw", SentinelPassword: "sentinel-pw"})
-	t.Logf("sentinel group up in %v", time.Since(start))
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	m := g.Master(ctx)
-	if m != g.Data[0] {
-		t.Fatal("the first data node should be primary")
-	}
-	start = time.Now()
-	m2 := g.Failover(ctx)
-	t.Logf("SENTINEL FAILOVER in %v", time.Since(start))
-	start = time.Now()
-	g.WaitSynced(ctx)
-	t.Logf("old primary in sync as replica in %v", time.Since(start))
-	start = time.Now()
-	m3 := g.KillMaster(ctx)
-	t.Logf("failover after kill in %v", time.Since(start))
-	if m3 != m || m2 == m {
-		t.Fatal("unexpected primaries")
-	}
-	start = time.Now()
-	g.Rejoin(ctx, m2)
-	t.Logf("rejoin in %v", time.Since(start))
-}
