@@ -38,4 +38,3 @@ func TestClusterFailsOver(t *testing.T) {
 	c.Rejoin(ctx, m2)
 	t.Logf("rejoin in %v", time.Since(start))
 }
-
