@@ -224,6 +224,15 @@ func hostPort(a, defPort string) (string, error) {
 	if host == "" {
 		return "", fmt.Errorf("redis url: address %q has no host", a)
 	}
+	if strings.Contains(host, ":") {
+		if net.ParseIP(host) == nil {
+			return "", fmt.Errorf("redis url: address %q: %q is not an IPv6 address", a, host)
+		}
+	} else if strings.IndexFunc(host, func(r rune) bool {
+		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '-' || r == '_')
+	}) >= 0 {
+		return "", fmt.Errorf("redis url: address %q: %q is not a host name or IP address", a, host)
+	}
 	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
 		return "", fmt.Errorf("redis url: address %q: port %q is not a number from 1 to 65535", a, port)
 	}
