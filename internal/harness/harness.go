@@ -20,6 +20,7 @@ import (
 	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -146,7 +147,14 @@ func Start(t testing.TB, opts Options) *Env {
 		})
 	}
 
-	cc, err := grpc.NewClient(e.serverAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	// Reconnect within tens of milliseconds after CrashServer/StartServer,
+	// as Envoy's cluster would once its health check passes, instead of
+	// grpc-go's default one-second backoff.
+	cc, err := grpc.NewClient(e.serverAddr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 20 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 200 * time.Millisecond},
+			MinConnectTimeout: time.Second,
+		}))
 	if err != nil {
 		t.Fatal(err)
 	}
