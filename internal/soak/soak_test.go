@@ -33,7 +33,7 @@ var (
 // first answer or a replay.
 type answer struct {
 	scope, key, status, body, location, effect string
-	replay                                    bool
+	replay                                     bool
 	// bodyOmitted marks a replay of a response whose body was never
 	// stored whole (the stream ended inside it): it repeats status and
 	// headers, and says so.
@@ -42,7 +42,7 @@ type answer struct {
 
 type counts struct {
 	requests, fresh, replays, omitted, inProgress, unknown, mismatch, unavailable, proxyErrors, resets, slow atomic.Int64
-	redisRestarts, serverRestarts                                                                  atomic.Int64
+	redisRestarts, serverRestarts                                                                            atomic.Int64
 }
 
 // TestSoak is the chaos soak at CI size; -soak.duration, -soak.clients,
