@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
 )
 
 // NewClient opens one go-redis UniversalClient for a URL of any accepted
@@ -42,6 +43,7 @@ func NewClient(rawURL string, callTimeout time.Duration) (redis.UniversalClient,
 		// CLIENT SETINFO on every new connection is noise in INFO
 		// commandstats and buys nothing here.
 		simple.DisableIdentity = true
+		simple.MaintNotificationsConfig = noMaintNotifications()
 		return redis.NewClient(simple), nil
 	}
 	multi.ContextTimeoutEnabled = true
@@ -55,7 +57,18 @@ func NewClient(rawURL string, callTimeout time.Duration) (redis.UniversalClient,
 	multi.MaxRedirects = 3
 	multi.PoolTimeout = callTimeout
 	multi.DisableIdentity = true
+	multi.MaintNotificationsConfig = noMaintNotifications()
 	return redis.NewUniversalClient(multi), nil
+}
+
+// noMaintNotifications turns off go-redis's maintenance notifications (a
+// Redis Enterprise feature this store does not use). Left on "auto", the
+// first connection of each client writes the mode back into the options
+// that every redis.Conn of that client shares under its own lock: a data
+// race between the connections a durable reservation takes (go-redis
+// v9.23 redis.go initConn).
+func noMaintNotifications() *maintnotifications.Config {
+	return &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
 }
 
 // The retry policy NewClient applies to every topology.
