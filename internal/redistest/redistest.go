@@ -1,6 +1,8 @@
 // Package redistest starts real redis-server processes for tests, each on a
-// free loopback port with its own directory, and can kill and restart them
-// to inject faults.
+// free loopback port with its own directory, and can kill, hang and restart
+// them to inject faults. StartCluster and StartSentinel build a Redis
+// Cluster and a Sentinel group from such processes and fail them over;
+// LinkProxy freezes a replica's replication stream.
 package redistest
 
 import (
