@@ -58,6 +58,18 @@ func NewClient(rawURL string, callTimeout time.Duration) (redis.UniversalClient,
 	multi.PoolTimeout = callTimeout
 	multi.DisableIdentity = true
 	multi.MaintNotificationsConfig = noMaintNotifications()
+	if multi.IsClusterMode {
+		co := multi.Cluster()
+		// go-redis's routing policies need the server's COMMAND table,
+		// which it fetches on a client's first command with a five-second
+		// context of its own, ignoring the caller's budget, and with every
+		// other caller queued behind it. The store needs none of it: each
+		// of its commands names one key (a hash-tagged record), routed by
+		// slot, and the one keyless command, WAIT, goes to the key's
+		// primary by hand (durable.go).
+		co.DisableRoutingPolicies = true
+		return redis.NewClusterClient(co), nil
+	}
 	return redis.NewUniversalClient(multi), nil
 }
 

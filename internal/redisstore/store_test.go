@@ -60,6 +60,20 @@ func TestCluster(t *testing.T) {
 		replica.Thaw()
 		wantNotDurableAndReleased(t, s, r2, err)
 	})
+	t.Run("a new client's first call stays within budget", func(t *testing.T) {
+		// A cold cluster client loads the slot map first; that too must
+		// fit the caller's budget (go-redis's COMMAND-table fetch, which
+		// would not, is turned off: see NewClient).
+		const budget = 100 * time.Millisecond
+		for range 5 {
+			s := newStore(t, c.URL(), budget)
+			start := time.Now()
+			_, _ = s.Reserve(context.Background(), durableReservation(func(r *idem.Reservation) { r.WaitReplicas = 0 }))
+			if took := time.Since(start); took > budget+budgetSlack {
+				t.Fatalf("first Reserve took %v, budget %v", took, budget)
+			}
+		}
+	})
 	t.Run("calls stay within budget with a primary hung", func(t *testing.T) {
 		const budget = 150 * time.Millisecond
 		s := newStore(t, c.URL(), budget)
