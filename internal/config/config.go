@@ -283,6 +283,26 @@ func (b *builder) apply(p *policy.Policy, s *settings, path string) {
 		}
 		p.FingerprintHeaders = fingerprint.Normalize(names)
 	}
+	if v := s.Durability; v.Set {
+		switch v.Value {
+		case "async":
+			p.Durability = policy.DurabilityAsync
+		case "replicated":
+			p.Durability = policy.DurabilityReplicated
+		default:
+			b.errorf(v.Line, path+".durability", "%q is not async or replicated", v.Value)
+		}
+	}
+	if v := s.DurabilityReps; v.Set {
+		n, err := strconv.Atoi(v.Value)
+		if err != nil || n < 1 || n > 16 {
+			b.errorf(v.Line, path+".durability_replicas", "%q is not a replica count from 1 to 16", v.Value)
+		}
+		p.DurabilityReplicas = n
+	}
+	if v := s.DurabilityWait; v.Set {
+		p.DurabilityTimeout = b.duration(v, path+".durability_timeout", time.Millisecond)
+	}
 	if v := s.Encrypt; v.Set {
 		p.Encrypt = b.boolean(v, path+".encrypt")
 	}
@@ -438,6 +458,15 @@ func (b *builder) check(p *policy.Policy, s, defaults *settings, path string, li
 	if p.WaitForInFlight >= p.Retention {
 		b.errorf(at(s.WaitForInFlight, defaults.WaitForInFlight), path+".wait_for_in_flight",
 			"%v must be shorter than retention %v", p.WaitForInFlight, p.Retention)
+	}
+	if p.Durability == policy.DurabilityReplicated {
+		if _, wait := p.WaitReplicas(); wait >= time.Second {
+			b.errorf(at(s.DurabilityWait, defaults.DurabilityWait), path+".durability_timeout",
+				"%v leaves no room under Envoy's message_timeout: the reservation waits for it while Envoy waits", wait)
+		}
+	} else if s.DurabilityReps.Set || s.DurabilityWait.Set || defaults.DurabilityReps.Set || defaults.DurabilityWait.Set {
+		b.errorf(at(s.DurabilityReps, s.DurabilityWait, defaults.DurabilityReps, defaults.DurabilityWait), path+".durability",
+			"durability_replicas and durability_timeout need durability: replicated")
 	}
 	if p.MaxRequestBody == 0 {
 		b.errorf(at(s.MaxRequestBody, defaults.MaxRequestBody), path+".max_request_body",

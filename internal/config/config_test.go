@@ -31,6 +31,9 @@ func TestExampleConfigLoads(t *testing.T) {
 		strings.Join(pay.FingerprintHeaders, ",") != "content-type,x-api-version" || pay.Lease != 30*time.Second {
 		t.Fatalf("payments = %+v", pay)
 	}
+	if n, d := pay.WaitReplicas(); n != 1 || d != policy.DefaultDurabilityTimeout {
+		t.Fatalf("payments durability = %d replicas, %v", n, d)
+	}
 	if a := idem.DecideResponse(pay.ResponseRules, idem.OriginUpstream, 503); a != idem.ActionUnknown {
 		t.Fatalf("payments 503 -> %v, want unknown", a)
 	}
@@ -124,6 +127,9 @@ func TestMistakesNameFileLineAndField(t *testing.T) {
 		{"key length over 255", "defaults:\n  key: {max_length: 300}\n", []string{"bad.yaml:2:", "defaults.key.max_length"}},
 		{"bad boolean", "defaults:\n  key: {required: yes please}\n", []string{"bad.yaml:2:", "defaults.key.required"}},
 		{"list where a value belongs", "defaults:\n  lease: [30s]\n", []string{"bad.yaml:2:", "single value"}},
+		{"bad durability", "defaults:\n  durability: quorum\n", []string{"bad.yaml:2:", "defaults.durability"}},
+		{"durability replicas without replicated", "defaults:\n  durability_replicas: 2\n", []string{"bad.yaml:2:", ".durability", "need durability: replicated"}},
+		{"durability wait too long", "defaults:\n  durability: replicated\n  durability_timeout: 2s\n", []string{"bad.yaml:3:", "durability_timeout"}},
 		{"not YAML", "defaults: [\n", []string{"bad.yaml"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -118,6 +118,9 @@ type settings struct {
 	StoredHeaders   storedHeadersCfg `yaml:"stored_headers"`
 	WaitForInFlight scalar           `yaml:"wait_for_in_flight"`
 	Encrypt         scalar           `yaml:"encrypt"`
+	Durability      scalar           `yaml:"durability"`
+	DurabilityReps  scalar           `yaml:"durability_replicas"`
+	DurabilityWait  scalar           `yaml:"durability_timeout"`
 }
 
 type keySettings struct {

@@ -8,6 +8,8 @@ import (
 	"log/slog"
 	"strings"
 	"time"
+
+	"github.com/idem-extproc/idem-extproc/internal/redisstore"
 )
 
 // Config is the daemon's configuration: flags, each also settable by an
@@ -68,7 +70,7 @@ func ParseConfig(args []string, getenv func(string) string, usage io.Writer) (Co
 	fs.SetOutput(usage)
 	fs.StringVar(&cfg.Listen, "listen", ":50051", "gRPC ext_proc listen address")
 	fs.StringVar(&cfg.AdminListen, "admin-listen", ":8081", "HTTP address for /healthz and /readyz")
-	fs.StringVar(&cfg.RedisURL, "redis-url", "", "Redis URL, redis://[user:pass@]host:port/db or rediss://...; empty: in-memory store (one replica only)")
+	fs.StringVar(&cfg.RedisURL, "redis-url", "", "Redis URL: redis://[user:pass@]host:port/db, redis+sentinel://host:port,…/master[/db], redis+cluster://host:port,… (rediss… for TLS); empty: in-memory store (one replica only)")
 	fs.StringVar(&cfg.ConfigFile, "config", "", "policy configuration file (YAML, see examples/policies.yaml); reloaded on change and on SIGHUP; empty: the built-in default policy")
 	fs.StringVar(&cfg.AdminTokenFile, "admin-token-file", "", "file holding the bearer token of the admin API on --admin-listen; empty: the admin API is off")
 	fs.StringVar(&cfg.EncryptionKeysFile, "encryption-keys-file", "", "key ring for policies with encrypt: true: lines of \"<key id> <base64 32 bytes>\", the first seals; reread when it changes")
@@ -147,8 +149,10 @@ func ParseConfig(args []string, getenv func(string) string, usage io.Writer) (Co
 	if cfg.DrainTimeout < 0 {
 		errs = append(errs, fmt.Errorf("%s: must not be negative", where("drain-timeout")))
 	}
-	if cfg.RedisURL != "" && !strings.HasPrefix(cfg.RedisURL, "redis://") && !strings.HasPrefix(cfg.RedisURL, "rediss://") {
-		errs = append(errs, fmt.Errorf("%s: want redis://[user:pass@]host:port/db or rediss://…", where("redis-url")))
+	if cfg.RedisURL != "" {
+		if _, err := redisstore.ParseURL(cfg.RedisURL); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", where("redis-url"), err))
+		}
 	}
 	return cfg, errors.Join(errs...)
 }

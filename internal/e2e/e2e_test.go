@@ -76,8 +76,17 @@ func wantReplayOf(t *testing.T, r, first harness.Reply) {
 // TestArticleOutcomes plays the four outcomes of the source article for one
 // operation key: first success, response lost after the write, the same
 // request again, and a different request under the same key.
-func TestArticleOutcomes(t *testing.T) {
-	env := harness.Start(t, harness.Options{ResponseDelay: 300 * time.Millisecond})
+func TestArticleOutcomes(t *testing.T) { articleOutcomes(t, standalone) }
+
+// backend starts an Env on one kind of store, so the same scenarios run on
+// standalone Redis, Sentinel and Cluster (topology_test.go).
+type backend func(t *testing.T, opts harness.Options) *harness.Env
+
+// standalone starts its own redis-server.
+func standalone(t *testing.T, opts harness.Options) *harness.Env { return harness.Start(t, opts) }
+
+func articleOutcomes(t *testing.T, start backend) {
+	env := start(t, harness.Options{ResponseDelay: 300 * time.Millisecond})
 	const key = "order-42"
 	body := `{"item":"book","amount":100}`
 
@@ -132,19 +141,21 @@ func waitFor(t *testing.T, cond func() bool) {
 // TestConcurrentAttemptsExecuteOnce sends 100 attempts of one operation at
 // once: exactly one reaches the upstream; every other is told it is in
 // progress (409) or, once the first finished, gets its replay.
-func TestConcurrentAttemptsExecuteOnce(t *testing.T) {
-	env := harness.Start(t, harness.Options{})
+func TestConcurrentAttemptsExecuteOnce(t *testing.T) { concurrentAttempts(t, standalone) }
+
+func concurrentAttempts(t *testing.T, start backend) {
+	env := start(t, harness.Options{})
 	const n = 100
 	var wg sync.WaitGroup
 	replies := make([]harness.Reply, n)
-	start := make(chan struct{})
+	gate := make(chan struct{})
 	for i := range n {
 		wg.Go(func() {
-			<-start
+			<-gate
 			replies[i] = env.Post("/orders", "concurrent-1", `{"n":1}`, "x-upstream-delay", "300ms")
 		})
 	}
-	close(start)
+	close(gate)
 	wg.Wait()
 	if got := env.Upstream.CountKey("concurrent-1"); got != 1 {
 		t.Fatalf("upstream executed the operation %d times, want 1", got)
@@ -202,8 +213,10 @@ func reservedCount(t *testing.T, env *harness.Env) int {
 // TestStreamResetAfterReservation: the client goes away while the upstream
 // works; Envoy resets the ext_proc stream. The record turns unknown, so the
 // retry gets 409 outcome-unknown, and the upstream count stays 1.
-func TestStreamResetAfterReservation(t *testing.T) {
-	env := harness.Start(t, harness.Options{})
+func TestStreamResetAfterReservation(t *testing.T) { streamReset(t, standalone) }
+
+func streamReset(t *testing.T, start backend) {
+	env := start(t, harness.Options{})
 	r := env.Do(http.MethodPost, "/orders", `{"x":1}`, 100*time.Millisecond,
 		"Idempotency-Key", "reset-1", "x-upstream-delay", "300ms")
 	if r.Err == nil {

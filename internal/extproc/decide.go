@@ -151,13 +151,16 @@ func (p *processor) passThrough(req *extprocv3.ProcessingRequest) *extprocv3.Pro
 func (p *processor) reserve(ctx context.Context, fp idem.Fingerprint) (idem.ReserveResult, error) {
 	sctx, cancel := p.storeCtx(ctx)
 	defer cancel()
+	waitReplicas, waitTimeout := p.pol.WaitReplicas()
 	return p.srv.cfg.Store.Reserve(sctx, idem.Reservation{
-		ID:          p.id,
-		Fingerprint: fp,
-		Token:       p.tok,
-		Lease:       p.pol.Lease,
-		Retention:   p.pol.Retention,
-		LeaseExpiry: p.pol.LeaseExpiry,
+		ID:           p.id,
+		Fingerprint:  fp,
+		Token:        p.tok,
+		Lease:        p.pol.Lease,
+		Retention:    p.pol.Retention,
+		LeaseExpiry:  p.pol.LeaseExpiry,
+		WaitReplicas: waitReplicas,
+		WaitTimeout:  waitTimeout,
 	})
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"strconv"
+	"time"
 
 	procmodev3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
@@ -119,9 +120,9 @@ func (p *processor) settle(ctx context.Context, action idem.Action) {
 
 // finalize applies the attempt's last transition. It does not end with the
 // stream's context: Envoy resetting the stream must not cancel the write
-// that records what happened. If the store fails, the stream's end tries
-// once more with a longer budget; if that fails too, the unrenewed lease
-// still turns the record unknown: never a silent second execution.
+// that records what happened. If the store fails, the stream's end keeps
+// trying (finish, within FinishTimeout); if that fails too, the unrenewed
+// lease still turns the record unknown: never a silent second execution.
 func (p *processor) finalize(ctx context.Context, d Decision, apply func(context.Context) error, attrs ...slog.Attr) {
 	p.stopRenewing()
 	p.reserved = false
@@ -149,6 +150,25 @@ func errAttr(err error) slog.Attr {
 	return slog.String("error", err.Error())
 }
 
+// retryUntil applies op until it succeeds, the store gives a definite
+// answer (the record moved on), or ctx ends; each call keeps the store's
+// own per-call budget, so this outlasts a short outage of the store.
+func retryUntil(ctx context.Context, op func(context.Context) error) error {
+	backoff := 25 * time.Millisecond
+	for {
+		err := op(ctx)
+		if err == nil || errors.Is(err, idem.ErrNotHolder) || errors.Is(err, idem.ErrNotFound) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, time.Second)
+	}
+}
+
 // finish runs when the stream ends, however it ends. A record still held
 // means the response never arrived whole: with response headers in hand the
 // upstream did answer, so the record completes without its body; with none
@@ -161,7 +181,7 @@ func (p *processor) finish() {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(base), p.srv.cfg.FinishTimeout)
 	defer cancel()
 	if p.retry != nil {
-		err := p.retry(ctx)
+		err := retryUntil(ctx, p.retry)
 		level, msg := slog.LevelInfo, "settled on retry"
 		switch {
 		case err == nil:

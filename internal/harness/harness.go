@@ -21,6 +21,7 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -48,6 +49,12 @@ type Options struct {
 	WrapStore func(idem.Store) idem.Store
 	// Redis reuses a running server instead of starting one.
 	Redis *redistest.Server
+	// RedisURL uses Redis at a URL of any form redisstore.NewClient
+	// accepts (standalone, Sentinel, Cluster) instead of starting a
+	// server; Env.Redis is then nil.
+	RedisURL string
+	// Store uses this store as it is; Env.Redis is then nil.
+	Store idem.Store
 	// Policies replaces the default policy set.
 	Policies *policy.Set
 	// Filter replaces envoysim.RecommendedConfig().
@@ -115,6 +122,15 @@ func Start(t testing.TB, opts Options) *Env {
 	}
 	e := &Env{t: t, opts: opts}
 	switch {
+	case opts.Store != nil:
+		e.Store = opts.Store
+	case opts.RedisURL != "":
+		rdb, err := redisstore.NewClient(opts.RedisURL, opts.StoreTimeout)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = rdb.Close() })
+		e.Store = redisstore.New(rdb, redisstore.Options{CallTimeout: opts.StoreTimeout})
 	case opts.Memory:
 		ms := memstore.New(memstore.Options{MaxRecords: opts.MemoryMaxRecords})
 		t.Cleanup(func() { _ = ms.Close() })
@@ -150,7 +166,14 @@ func Start(t testing.TB, opts Options) *Env {
 		})
 	}
 
-	cc, err := grpc.NewClient(e.serverAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	// Reconnect within tens of milliseconds after CrashServer/StartServer,
+	// as Envoy's cluster would once its health check passes, instead of
+	// grpc-go's default one-second backoff.
+	cc, err := grpc.NewClient(e.serverAddr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 20 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 200 * time.Millisecond},
+			MinConnectTimeout: time.Second,
+		}))
 	if err != nil {
 		t.Fatal(err)
 	}

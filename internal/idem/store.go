@@ -13,6 +13,13 @@ var ErrNotFound = errors.New("idem: record not found")
 // completed, released or purged). The caller's transition was not applied.
 var ErrNotHolder = errors.New("idem: reservation not held by this token")
 
+// ErrNotDurable: the store made the reservation but could not confirm it
+// reached the replicas the Reservation asked for (WaitReplicas), so a
+// failover could lose it. The store has released it again (or tried to);
+// the caller must treat the call like a store failure and never let the
+// request through as protected.
+var ErrNotDurable = errors.New("idem: reservation not confirmed by enough replicas")
+
 // LeaseExpiry says what an expired lease means.
 type LeaseExpiry uint8
 
@@ -36,6 +43,12 @@ type Reservation struct {
 	// Retention bounds how long the record is kept at all.
 	Retention   time.Duration
 	LeaseExpiry LeaseExpiry
+	// WaitReplicas, when positive, makes a store with replicas confirm a
+	// new reservation on that many of them, within WaitTimeout, before
+	// reporting Reserved; otherwise Reserve fails with ErrNotDurable. A
+	// store without replicas of its own (in memory) ignores it.
+	WaitReplicas int
+	WaitTimeout  time.Duration
 }
 
 // Outcome is what a reservation attempt found.

@@ -51,6 +51,37 @@ const (
 	FailOpen
 )
 
+// Durability says when a reservation counts as made.
+type Durability uint8
+
+const (
+	// DurabilityAsync: the reservation counts once the Redis primary has
+	// it. Redis replicates asynchronously, so a failover right after can
+	// lose it and let a retry run the operation a second time.
+	DurabilityAsync Durability = iota
+	// DurabilityReplicated: the request goes upstream only after
+	// DurabilityReplicas replicas confirmed the reservation (Redis WAIT)
+	// within DurabilityTimeout. If they do not, the reservation is released
+	// and the request is answered like a store failure (503 when failing
+	// closed). It costs about one replication round trip per reservation.
+	DurabilityReplicated
+)
+
+func (d Durability) String() string {
+	if d == DurabilityReplicated {
+		return "replicated"
+	}
+	return "async"
+}
+
+// Defaults of DurabilityReplicated.
+const (
+	DefaultDurabilityReplicas = 1
+	// DefaultDurabilityTimeout leaves room for the reservation itself
+	// within the default 100 ms store budget.
+	DefaultDurabilityTimeout = 50 * time.Millisecond
+)
+
 // Policy is one set of rules.
 type Policy struct {
 	Name string
@@ -75,6 +106,13 @@ type Policy struct {
 	MaxStoredBody int
 
 	FailureMode FailureMode
+	// Durability says whether a reservation must reach replicas before
+	// the request goes upstream (config: durability: replicated), with
+	// DurabilityReplicas (default 1) and DurabilityTimeout (default 50 ms,
+	// keep it under the store budget) for DurabilityReplicated.
+	Durability         Durability
+	DurabilityReplicas int
+	DurabilityTimeout  time.Duration
 	// FingerprintHeaders are the request headers that take part in the
 	// fingerprint, normalised by fingerprint.Normalize.
 	FingerprintHeaders []string
@@ -135,6 +173,22 @@ func Default() *Policy {
 		OnStreamReset:      idem.ActionUnknown,
 		LeaseExpiry:        idem.LeaseExpiryUnknown,
 	}
+}
+
+// WaitReplicas returns how many replicas must confirm a reservation, and
+// how long to wait for them: none for DurabilityAsync.
+func (p *Policy) WaitReplicas() (int, time.Duration) {
+	if p.Durability != DurabilityReplicated {
+		return 0, 0
+	}
+	n, d := p.DurabilityReplicas, p.DurabilityTimeout
+	if n <= 0 {
+		n = DefaultDurabilityReplicas
+	}
+	if d <= 0 {
+		d = DefaultDurabilityTimeout
+	}
+	return n, d
 }
 
 // hopByHop are never stored: they describe one connection, not the answer

@@ -120,8 +120,11 @@ func (s *Store) Reserve(ctx context.Context, r idem.Reservation) (idem.ReserveRe
 	if r.LeaseExpiry == idem.LeaseExpiryReexecute {
 		expiry = "r"
 	}
-	v, err := s.s.reserve.Run(ctx, s.rdb, []string{s.Key(r.ID)},
-		r.Fingerprint[:], r.Token[:], r.Lease.Milliseconds(), r.Retention.Milliseconds(), expiry).Slice()
+	args := []any{r.Fingerprint[:], r.Token[:], r.Lease.Milliseconds(), r.Retention.Milliseconds(), expiry}
+	if r.WaitReplicas > 0 {
+		return s.reserveDurable(ctx, r, args)
+	}
+	v, err := s.s.reserve.Run(ctx, s.rdb, []string{s.Key(r.ID)}, args...).Slice()
 	if err != nil && isOOM(err) {
 		// Redis is full and refuses writes: answer a known operation all
 		// the same (replay, 409, 422); only a new key is refused.

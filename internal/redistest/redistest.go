@@ -1,6 +1,8 @@
 // Package redistest starts real redis-server processes for tests, each on a
-// free loopback port with its own directory, and can kill and restart them
-// to inject faults.
+// free loopback port with its own directory, and can kill, hang and restart
+// them to inject faults. StartCluster and StartSentinel build a Redis
+// Cluster and a Sentinel group from such processes and fail them over;
+// LinkProxy freezes a replica's replication stream.
 package redistest
 
 import (
@@ -44,8 +46,19 @@ type Options struct {
 	// Persist turns on the append-only file with fsync on every write, so a
 	// killed and restarted server keeps its data.
 	Persist bool
-	// Args are extra redis-server arguments, e.g. "--requirepass", "x".
+	// Args are extra redis-server arguments, e.g. "--maxmemory", "1mb".
 	Args []string
+	// Password sets requirepass and masterauth; the helpers' own clients
+	// authenticate with it.
+	Password string
+	// Config is written to redis.conf in the server's directory and named
+	// first on the command line: Sentinel needs a file it can rewrite.
+	Config string
+	// Sentinel starts the process in Sentinel mode.
+	Sentinel bool
+	// Cluster enables cluster mode, with nodes.conf in the server's
+	// directory and a second free port for the cluster bus.
+	Cluster bool
 }
 
 // Server is one redis-server process.
@@ -54,13 +67,16 @@ type Server struct {
 	bin  string
 	dir  string
 	port int
-	opts Options
+	// busPort is the cluster bus port (Options.Cluster).
+	busPort int
+	opts    Options
 
 	mu  sync.Mutex
 	cmd *exec.Cmd
 	// probe is the connection CommandCalls reads stats on; one connection,
 	// so that after the first call no handshake adds to the counts.
 	probe *redis.Client
+	admin *redis.Client
 }
 
 // Start runs a redis-server for the test and stops it at cleanup. A missing
@@ -75,6 +91,9 @@ func Start(t testing.TB, opts Options) *Server {
 	var lastErr error
 	for range 5 { // a free port can be taken between probe and bind
 		s.port, err = freePort()
+		if err == nil && opts.Cluster {
+			s.busPort, err = freePort()
+		}
 		if err != nil {
 			t.Fatalf("redistest: free port: %v", err)
 		}
@@ -96,11 +115,29 @@ func (s *Server) URL() string { return "redis://" + s.Addr() + "/0" }
 // Port returns the server's port.
 func (s *Server) Port() int { return s.port }
 
+// BusPort returns the cluster bus port (zero outside cluster mode).
+func (s *Server) BusPort() int { return s.busPort }
+
 // Dir is the server's working directory.
 func (s *Server) Dir() string { return s.dir }
 
 func (s *Server) start() error {
-	args := []string{
+	var args []string
+	if s.opts.Config != "" {
+		conf := filepath.Join(s.dir, "redis.conf")
+		// Sentinel rewrites its file; write it once, keep its changes
+		// across restarts.
+		if _, err := os.Stat(conf); err != nil {
+			if err := os.WriteFile(conf, []byte(s.opts.Config), 0o600); err != nil {
+				return err
+			}
+		}
+		args = append(args, conf)
+	}
+	if s.opts.Sentinel {
+		args = append(args, "--sentinel")
+	}
+	args = append(args,
 		"--port", strconv.Itoa(s.port),
 		"--bind", "127.0.0.1",
 		"--dir", s.dir,
@@ -108,6 +145,13 @@ func (s *Server) start() error {
 		"--daemonize", "no",
 		"--loglevel", "warning",
 		"--logfile", filepath.Join(s.dir, "redis.log"),
+	)
+	if s.opts.Password != "" {
+		args = append(args, "--requirepass", s.opts.Password, "--masterauth", s.opts.Password)
+	}
+	if s.opts.Cluster {
+		args = append(args, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+			"--cluster-port", strconv.Itoa(s.busPort))
 	}
 	if s.opts.Persist {
 		args = append(args, "--appendonly", "yes", "--appendfsync", "always")
@@ -210,9 +254,60 @@ func (s *Server) Restart() {
 // Client returns a go-redis client for direct inspection; it is closed at
 // cleanup.
 func (s *Server) Client() *redis.Client {
-	c := redis.NewClient(&redis.Options{Addr: s.Addr(), DisableIdentity: true})
+	c := redis.NewClient(&redis.Options{Addr: s.Addr(), Password: s.opts.Password, DisableIdentity: true})
 	s.t.Cleanup(func() { _ = c.Close() })
 	return c
+}
+
+// Do runs one command on the server through a connection kept for the
+// helpers' own administration (CLUSTER, SENTINEL, INFO, ROLE).
+func (s *Server) Do(ctx context.Context, args ...any) *redis.Cmd {
+	s.mu.Lock()
+	if s.admin == nil {
+		s.admin = redis.NewClient(&redis.Options{Addr: s.Addr(), Password: s.opts.Password, DisableIdentity: true,
+			PoolSize: 2, MaxRetries: -1, DialTimeout: time.Second, ReadTimeout: 5 * time.Second})
+		s.t.Cleanup(func() { _ = s.admin.Close() })
+	}
+	c := s.admin
+	s.mu.Unlock()
+	return c.Do(ctx, args...)
+}
+
+// Info returns one field of INFO section, "" when absent or unreachable.
+func (s *Server) Info(ctx context.Context, section, field string) string {
+	text, err := s.Do(ctx, "INFO", section).Text()
+	if err != nil {
+		return ""
+	}
+	for _, line := range strings.Split(text, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), field+":"); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+// Running reports whether the process is up (not killed).
+func (s *Server) Running() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cmd != nil
+}
+
+// Freeze stops the process (SIGSTOP): it keeps its connections and
+// accepts new ones, but answers nothing, as a hung server would. Thaw
+// resumes it.
+func (s *Server) Freeze() { s.signal(syscall.SIGSTOP) }
+
+// Thaw resumes a frozen server (SIGCONT).
+func (s *Server) Thaw() { s.signal(syscall.SIGCONT) }
+
+func (s *Server) signal(sig syscall.Signal) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd != nil {
+		_ = s.cmd.Process.Signal(sig)
+	}
 }
 
 // CommandCalls returns the server's total command count from INFO
@@ -222,7 +317,7 @@ func (s *Server) Client() *redis.Client {
 func (s *Server) CommandCalls(ctx context.Context) (int64, error) {
 	s.mu.Lock()
 	if s.probe == nil {
-		s.probe = redis.NewClient(&redis.Options{Addr: s.Addr(), DisableIdentity: true, PoolSize: 1})
+		s.probe = redis.NewClient(&redis.Options{Addr: s.Addr(), Password: s.opts.Password, DisableIdentity: true, PoolSize: 1})
 		s.t.Cleanup(func() { _ = s.probe.Close() })
 	}
 	c := s.probe

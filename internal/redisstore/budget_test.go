@@ -1,0 +1,70 @@
+package redisstore_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/idem-extproc/idem-extproc/internal/idem"
+	"github.com/idem-extproc/idem-extproc/internal/redisstore"
+	"github.com/idem-extproc/idem-extproc/internal/redistest"
+)
+
+// budgetSlack is what the test allows past the budget for the scheduler
+// of a loaded CI machine running the race detector; far less than the
+// budget itself, so a retry past the deadline would still be caught.
+const budgetSlack = 60 * time.Millisecond
+
+// wantWithinBudget calls every store method while Redis (or the key's
+// primary) hangs, and checks that each fails within the per-call budget:
+// no call, retries and redirections included, outlives it.
+func wantWithinBudget(t *testing.T, s *redisstore.Store, budget time.Duration, hang, resume func()) {
+	t.Helper()
+	r := durableReservation()
+	r.WaitReplicas = 0
+	if _, err := s.Reserve(context.Background(), r); err != nil {
+		t.Fatal(err)
+	}
+	durable := durableReservation(withID(r.ID))
+	calls := []struct {
+		name string
+		call func(ctx context.Context) error
+	}{
+		{"reserve", func(ctx context.Context) error { _, err := s.Reserve(ctx, r); return err }},
+		{"reserve durable", func(ctx context.Context) error { _, err := s.Reserve(ctx, durable); return err }},
+		{"renew", func(ctx context.Context) error { return s.Renew(ctx, r.ID, r.Token, time.Minute) }},
+		{"complete", func(ctx context.Context) error {
+			return s.Complete(ctx, r.ID, r.Token, idem.Response{Status: 200}, time.Hour)
+		}},
+		{"mark unknown", func(ctx context.Context) error { return s.MarkUnknown(ctx, r.ID, r.Token, time.Hour) }},
+		{"release", func(ctx context.Context) error { return s.Release(ctx, r.ID, r.Token) }},
+		{"get", func(ctx context.Context) error { _, err := s.Get(ctx, r.ID); return err }},
+		{"ping", func(ctx context.Context) error { return s.Ping(ctx) }},
+	}
+	hang()
+	defer resume()
+	for _, c := range calls {
+		// The caller's context has no deadline: the store's budget must
+		// bound the call on its own.
+		start := time.Now()
+		err := c.call(context.Background())
+		took := time.Since(start)
+		if err == nil {
+			t.Errorf("%s succeeded against a hung Redis", c.name)
+		}
+		if took > budget+budgetSlack {
+			t.Errorf("%s took %v, budget %v", c.name, took, budget)
+		}
+	}
+}
+
+// TestCallsStayWithinBudget: with Redis hung (SIGSTOP: connections are
+// accepted, nothing answers), every call gives up within its budget.
+func TestCallsStayWithinBudget(t *testing.T) {
+	srv := redistest.Start(t, redistest.Options{})
+	const budget = 150 * time.Millisecond
+	s := newStore(t, srv.URL(), budget)
+	wantWithinBudget(t, s, budget, srv.Freeze, srv.Thaw)
+	// And it recovers by itself.
+	waitFor(t, func() bool { return s.Ping(context.Background()) == nil })
+}

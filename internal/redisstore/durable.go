@@ -1,0 +1,134 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idem-extproc/idem-extproc/internal/idem"
+)
+
+// waitMargin is kept free of WAIT at the end of the call budget, for the
+// reply to come back.
+const waitMargin = 5 * time.Millisecond
+
+// reserveDurable reserves and, when the record is newly held, waits with
+// WAIT until r.WaitReplicas replicas confirmed it.
+//
+// WAIT counts the replicas that acknowledged the writes of the connection
+// it is sent on, so it must follow the script on the same connection of
+// the primary that holds the key. Neither a pool nor a ClusterClient gives
+// that: a cluster sends the keyless WAIT to every shard (its request
+// policy), each on a connection that wrote nothing. So the store takes one
+// connection of the key's primary (MasterForKey on a cluster, the client
+// itself otherwise) for both commands.
+//
+// If the replicas do not confirm in time, the reservation is released in
+// the background (token-checked, so it can only remove this attempt's own
+// record) and the call fails with idem.ErrNotDurable; the request was not
+// let through, so releasing it is safe. If the release fails too, the
+// record's lease ends and it turns unknown: never a second execution.
+func (s *Store) reserveDurable(ctx context.Context, r idem.Reservation, args []any) (idem.ReserveResult, error) {
+	key := s.Key(r.ID)
+	var (
+		conn *redis.Conn
+		v    []any
+		err  error
+	)
+	for attempt := 0; ; attempt++ {
+		conn, err = s.connFor(ctx, key)
+		if err == nil {
+			v, err = s.s.reserve.Run(ctx, conn, []string{key}, args...).Slice()
+			if err == nil {
+				break
+			}
+			_ = conn.Close()
+		}
+		// A failover moved the slot or the primary: the client's view of
+		// the topology is stale. Refresh it and try again, within budget;
+		// repeating a reservation with the same token is harmless.
+		if attempt >= 2 || !topologyChanged(err) || ctx.Err() != nil {
+			return idem.ReserveResult{}, fmt.Errorf("redisstore: reserve: %w", err)
+		}
+		if cc, ok := s.rdb.(*redis.ClusterClient); ok {
+			cc.ReloadState(ctx)
+		}
+		select {
+		case <-ctx.Done():
+			return idem.ReserveResult{}, fmt.Errorf("redisstore: reserve: %w", ctx.Err())
+		case <-time.After(time.Duration(attempt+1) * 5 * time.Millisecond):
+		}
+	}
+	defer conn.Close()
+	res, err := parseReserve(v)
+	if err != nil {
+		return idem.ReserveResult{}, fmt.Errorf("redisstore: reserve: %w", err)
+	}
+	if res.Outcome != idem.Reserved {
+		return res, nil // nothing new was written that a request depends on
+	}
+	wait := r.WaitTimeout
+	if dl, ok := ctx.Deadline(); ok {
+		wait = min(wait, time.Until(dl)-waitMargin)
+	}
+	var acked int64
+	if wait >= time.Millisecond { // WAIT 0 would wait forever
+		acked, err = conn.Wait(ctx, r.WaitReplicas, wait.Truncate(time.Millisecond)).Result()
+	} else {
+		err = errors.New("no time left in the store budget for WAIT")
+	}
+	if err == nil && acked >= int64(r.WaitReplicas) {
+		return res, nil
+	}
+	go s.releaseNotDurable(r.ID, r.Token)
+	if err != nil {
+		return idem.ReserveResult{}, fmt.Errorf("redisstore: reserve: %w: WAIT: %v", idem.ErrNotDurable, err)
+	}
+	return idem.ReserveResult{}, fmt.Errorf("redisstore: reserve: %w: %d of %d replicas within %v",
+		idem.ErrNotDurable, acked, r.WaitReplicas, wait)
+}
+
+// releaseNotDurable removes a reservation whose replicas did not confirm
+// it, with a budget of its own: nobody waits for it.
+func (s *Store) releaseNotDurable(id idem.RecordID, tok idem.Token) {
+	ctx, cancel := context.WithTimeout(context.Background(), s.callTimeout)
+	defer cancel()
+	_ = s.Release(ctx, id, tok)
+}
+
+// connFor returns one connection to the primary that holds key.
+func (s *Store) connFor(ctx context.Context, key string) (*redis.Conn, error) {
+	switch c := s.rdb.(type) {
+	case *redis.ClusterClient:
+		node, err := c.MasterForKey(ctx, key)
+		if err != nil {
+			return nil, err
+		}
+		return node.Conn(), nil
+	case *redis.Client: // standalone, or Sentinel's failover client
+		return c.Conn(), nil
+	}
+	return nil, fmt.Errorf("durability replicated needs a standalone, Sentinel or Cluster client, not %T", s.rdb)
+}
+
+// topologyChanged reports errors after which the key's primary may be
+// elsewhere now: a redirection, a demoted or loading node, or a connection
+// that broke.
+func topologyChanged(err error) bool {
+	if err == nil {
+		return false
+	}
+	for _, p := range []string{"MOVED ", "ASK ", "READONLY ", "LOADING ", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN"} {
+		if strings.HasPrefix(err.Error(), p) {
+			return true
+		}
+	}
+	var ne net.Error
+	return errors.Is(err, io.EOF) || errors.As(err, &ne) && !ne.Timeout()
+}

@@ -1,0 +1,240 @@
+package redisstore
+
+import (
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Topology names how Redis is deployed.
+type Topology uint8
+
+const (
+	// Standalone is one Redis server (redis://, rediss://).
+	Standalone Topology = iota + 1
+	// Sentinel is a primary with replicas watched by Redis Sentinel
+	// (redis+sentinel://, rediss+sentinel://).
+	Sentinel
+	// Cluster is Redis Cluster (redis+cluster://, rediss+cluster://).
+	Cluster
+)
+
+func (t Topology) String() string {
+	switch t {
+	case Standalone:
+		return "standalone"
+	case Sentinel:
+		return "sentinel"
+	case Cluster:
+		return "cluster"
+	}
+	return "invalid"
+}
+
+// URLForms lists the accepted URL forms, for error messages and help.
+const URLForms = "redis://[user:pass@]host:port[/db], rediss://…, " +
+	"redis+sentinel://[user:pass@]host:port[,host:port…]/master[/db][?sentinel_username=…&sentinel_password=…], rediss+sentinel://…, " +
+	"redis+cluster://[user:pass@]host:port[,host:port…], rediss+cluster://…"
+
+// Default ports when a Sentinel or Cluster address omits one.
+const (
+	defaultSentinelPort = "26379"
+	defaultRedisPort    = "6379"
+)
+
+// ParseURL checks a Redis URL of any accepted form (see URLForms) and
+// reports its topology. Every error starts with "redis url:" and names the
+// problem; none repeats a password.
+func ParseURL(raw string) (Topology, error) {
+	top, _, _, err := parseURL(raw)
+	return top, err
+}
+
+// parseURL reads a URL into the options of one go-redis client: standalone
+// URLs are go-redis's own (redis.ParseURL, its query options included),
+// returned as *redis.Options; the Sentinel and Cluster forms are this
+// package's, returned as *redis.UniversalOptions, because go-redis's
+// ParseFailoverURL and ParseClusterURL share the redis:// scheme with a
+// standalone URL and cannot be told apart from one.
+func parseURL(raw string) (Topology, *redis.Options, *redis.UniversalOptions, error) {
+	scheme, rest, ok := strings.Cut(raw, "://")
+	if !ok {
+		return 0, nil, nil, fmt.Errorf("redis url: no scheme; want one of %s", URLForms)
+	}
+	switch scheme {
+	case "redis", "rediss":
+		o, err := redis.ParseURL(raw)
+		if err != nil {
+			return 0, nil, nil, fmt.Errorf("redis url: %w", redactErr(err, raw))
+		}
+		return Standalone, o, nil, nil
+	case "redis+sentinel", "rediss+sentinel":
+		top, o, err := parseMulti(Sentinel, scheme, rest)
+		return top, nil, o, err
+	case "redis+cluster", "rediss+cluster":
+		top, o, err := parseMulti(Cluster, scheme, rest)
+		return top, nil, o, err
+	}
+	return 0, nil, nil, fmt.Errorf("redis url: scheme %q is not one of redis, rediss, redis+sentinel, rediss+sentinel, redis+cluster, rediss+cluster; want one of %s", scheme, URLForms)
+}
+
+// redactErr drops a URL's password from a go-redis error, which may quote
+// the URL it could not parse. The password is found by hand: the URL may
+// be too broken for net/url.
+func redactErr(err error, raw string) error {
+	_, rest, _ := strings.Cut(raw, "://")
+	authority, _, _ := strings.Cut(rest, "/")
+	at := strings.LastIndex(authority, "@")
+	if at < 0 {
+		return err
+	}
+	_, pass, ok := strings.Cut(authority[:at], ":")
+	if !ok || pass == "" {
+		return err
+	}
+	msg := strings.ReplaceAll(err.Error(), pass, "xxxxx")
+	if u, uerr := url.PathUnescape(pass); uerr == nil && u != "" {
+		msg = strings.ReplaceAll(msg, u, "xxxxx")
+	}
+	return errors.New(msg)
+}
+
+// parseMulti reads the Sentinel and Cluster forms: a comma-separated list
+// of addresses, credentials for the data nodes in the user info, and for
+// Sentinel the master name and database in the path and the Sentinels' own
+// credentials in the query.
+func parseMulti(top Topology, scheme, rest string) (Topology, *redis.UniversalOptions, error) {
+	form := "redis+cluster://[user:pass@]host:port[,host:port…]"
+	defPort := defaultRedisPort
+	if top == Sentinel {
+		form = "redis+sentinel://[user:pass@]host:port[,host:port…]/master[/db]"
+		defPort = defaultSentinelPort
+	}
+	rest, fragment, _ := strings.Cut(rest, "#")
+	if fragment != "" {
+		return 0, nil, fmt.Errorf("redis url: unexpected fragment #%s; want %s", fragment, form)
+	}
+	rest, rawQuery, _ := strings.Cut(rest, "?")
+	authority, path, _ := strings.Cut(rest, "/")
+	o := &redis.UniversalOptions{}
+	if at := strings.LastIndex(authority, "@"); at >= 0 {
+		user, pass, hasPass := strings.Cut(authority[:at], ":")
+		var err error
+		if o.Username, err = url.PathUnescape(user); err != nil {
+			return 0, nil, fmt.Errorf("redis url: bad escape in the user name")
+		}
+		if hasPass {
+			if o.Password, err = url.PathUnescape(pass); err != nil {
+				return 0, nil, fmt.Errorf("redis url: bad escape in the password")
+			}
+		}
+		authority = authority[at+1:]
+	}
+	if authority == "" {
+		return 0, nil, fmt.Errorf("redis url: no address; want %s", form)
+	}
+	for _, a := range strings.Split(authority, ",") {
+		addr, err := hostPort(a, defPort)
+		if err != nil {
+			return 0, nil, err
+		}
+		o.Addrs = append(o.Addrs, addr)
+	}
+
+	segs := strings.Split(strings.TrimSuffix(path, "/"), "/")
+	if path == "" {
+		segs = nil
+	}
+	switch top {
+	case Sentinel:
+		if len(segs) == 0 || segs[0] == "" {
+			return 0, nil, fmt.Errorf("redis url: missing master name; want %s", form)
+		}
+		name, err := url.PathUnescape(segs[0])
+		if err != nil {
+			return 0, nil, fmt.Errorf("redis url: bad escape in the master name %q", segs[0])
+		}
+		o.MasterName = name
+		if len(segs) > 2 {
+			return 0, nil, fmt.Errorf("redis url: path /%s has more than master and db; want %s", path, form)
+		}
+		if len(segs) == 2 {
+			db, err := strconv.Atoi(segs[1])
+			if err != nil || db < 0 {
+				return 0, nil, fmt.Errorf("redis url: database %q is not a non-negative number", segs[1])
+			}
+			o.DB = db
+		}
+	case Cluster:
+		o.IsClusterMode = true
+		if len(segs) > 1 || (len(segs) == 1 && segs[0] != "0") {
+			return 0, nil, fmt.Errorf("redis url: Redis Cluster has only database 0, the path /%s selects another; want %s", path, form)
+		}
+	}
+
+	q, err := url.ParseQuery(rawQuery)
+	if err != nil {
+		return 0, nil, fmt.Errorf("redis url: bad query: %v", err)
+	}
+	allowed := []string{}
+	if top == Sentinel {
+		allowed = []string{"sentinel_username", "sentinel_password"}
+		o.SentinelUsername = q.Get("sentinel_username")
+		o.SentinelPassword = q.Get("sentinel_password")
+	}
+	for name := range q {
+		if !slices.Contains(allowed, name) {
+			accepts := "no parameters"
+			if len(allowed) > 0 {
+				accepts = strings.Join(allowed, ", ")
+			}
+			return 0, nil, fmt.Errorf("redis url: unknown parameter %q (%s accepts %s)", name, scheme, accepts)
+		}
+	}
+	if strings.HasPrefix(scheme, "rediss") {
+		// No ServerName: crypto/tls takes it from each address dialled, and
+		// a Sentinel's or Cluster's nodes each have their own.
+		o.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12}
+	}
+	return top, o, nil
+}
+
+// hostPort checks one host[:port] of an address list.
+func hostPort(a, defPort string) (string, error) {
+	if a == "" {
+		return "", errors.New("redis url: empty address in the list (two commas, or a trailing one)")
+	}
+	host, port := a, defPort
+	if strings.HasPrefix(a, "[") || strings.Count(a, ":") == 1 {
+		var err error
+		if host, port, err = net.SplitHostPort(a); err != nil {
+			if !strings.Contains(err.Error(), "missing port") {
+				return "", fmt.Errorf("redis url: address %q: %v", a, err)
+			}
+			host, port = strings.Trim(a, "[]"), defPort
+		}
+	}
+	if host == "" {
+		return "", fmt.Errorf("redis url: address %q has no host", a)
+	}
+	if strings.Contains(host, ":") {
+		if net.ParseIP(host) == nil {
+			return "", fmt.Errorf("redis url: address %q: %q is not an IPv6 address", a, host)
+		}
+	} else if strings.IndexFunc(host, func(r rune) bool {
+		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '-' || r == '_')
+	}) >= 0 {
+		return "", fmt.Errorf("redis url: address %q: %q is not a host name or IP address", a, host)
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		return "", fmt.Errorf("redis url: address %q: port %q is not a number from 1 to 65535", a, port)
+	}
+	return net.JoinHostPort(host, port), nil
+}

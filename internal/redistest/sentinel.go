@@ -1,0 +1,262 @@
+package redistest
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// SentinelOptions configures a SentinelGroup.
+type SentinelOptions struct {
+	// MasterName is the monitored name ("mymaster" when empty).
+	MasterName string
+	// Password protects the data nodes (requirepass, masterauth; the
+	// Sentinels use it as auth-pass).
+	Password string
+	// SentinelPassword protects the Sentinels themselves.
+	SentinelPassword string
+	// Persist turns on the append-only file on the data nodes.
+	Persist bool
+	// ProxyReplication makes the replica reach its primary through a
+	// LinkProxy, so the test can freeze replication.
+	ProxyReplication bool
+}
+
+// SentinelGroup is a primary, one replica and three Sentinels (quorum 2),
+// all redis-server processes on loopback ports.
+type SentinelGroup struct {
+	t    testing.TB
+	opts SentinelOptions
+	// Data holds the two data nodes; which is primary changes with
+	// failovers (see Master).
+	Data      []*Server
+	Sentinels []*Server
+	Proxy     *LinkProxy
+}
+
+// StartSentinel starts the group and waits until the replica is in sync
+// and every Sentinel knows the replica and the two other Sentinels, so a
+// failover can be agreed at once. Everything stops at cleanup.
+func StartSentinel(t testing.TB, opts SentinelOptions) *SentinelGroup {
+	t.Helper()
+	if opts.MasterName == "" {
+		opts.MasterName = "mymaster"
+	}
+	g := &SentinelGroup{t: t, opts: opts}
+	// A replica's first sync starts at once, not after the default 5 s.
+	noDelay := []string{"--repl-diskless-sync-delay", "0"}
+	master := Start(t, Options{Persist: opts.Persist, Password: opts.Password, Args: noDelay})
+	upstream := master.Port()
+	if opts.ProxyReplication {
+		g.Proxy = NewLinkProxy(t)
+		g.Proxy.SetTargetPort(master.Port())
+		upstream = g.Proxy.Port()
+	}
+	replica := Start(t, Options{Persist: opts.Persist, Password: opts.Password,
+		Args: append(noDelay, "--replicaof", "127.0.0.1", strconv.Itoa(upstream))})
+	g.Data = []*Server{master, replica}
+
+	conf := fmt.Sprintf("sentinel monitor %[1]s 127.0.0.1 %[2]d 2\n"+
+		"sentinel down-after-milliseconds %[1]s 1000\n"+
+		// Long enough that Sentinel never "fixes" a proxied replica's
+		// primary address during a test, short enough not to matter.
+		"sentinel failover-timeout %[1]s 60000\n"+
+		"sentinel parallel-syncs %[1]s 1\n", opts.MasterName, master.Port())
+	if opts.Password != "" {
+		conf += fmt.Sprintf("sentinel auth-pass %s %s\n", opts.MasterName, opts.Password)
+	}
+	if opts.SentinelPassword != "" {
+		conf += fmt.Sprintf("requirepass %s\nsentinel sentinel-pass %s\n", opts.SentinelPassword, opts.SentinelPassword)
+	}
+	for range 3 {
+		g.Sentinels = append(g.Sentinels, Start(t, Options{Config: conf, Sentinel: true, Password: opts.SentinelPassword}))
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := g.waitSynced(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := waitFor(ctx, "every Sentinel knows the replica and the others", func() bool {
+		for _, s := range g.Sentinels {
+			m, err := g.sentinelMaster(ctx, s)
+			if err != nil || m["num-slaves"] != "1" || m["num-other-sentinels"] != "2" {
+				return false
+			}
+		}
+		return true
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return g
+}
+
+// Password returns the data nodes' password.
+func (g *SentinelGroup) Password() string { return g.opts.Password }
+
+// URL returns the redis+sentinel:// URL of the group.
+func (g *SentinelGroup) URL() string {
+	addrs := make([]string, 0, len(g.Sentinels))
+	for _, s := range g.Sentinels {
+		addrs = append(addrs, s.Addr())
+	}
+	u := "redis+sentinel://"
+	if g.opts.Password != "" {
+		u += ":" + url.PathEscape(g.opts.Password) + "@"
+	}
+	u += strings.Join(addrs, ",") + "/" + g.opts.MasterName
+	if g.opts.SentinelPassword != "" {
+		u += "?sentinel_password=" + url.QueryEscape(g.opts.SentinelPassword)
+	}
+	return u
+}
+
+func (g *SentinelGroup) sentinelMaster(ctx context.Context, s *Server) (map[string]string, error) {
+	v, err := s.Do(ctx, "SENTINEL", "MASTER", g.opts.MasterName).Result()
+	if err != nil {
+		return nil, err
+	}
+	m := map[string]string{}
+	switch r := v.(type) {
+	case []any:
+		for i := 0; i+1 < len(r); i += 2 {
+			m[fmt.Sprint(r[i])] = fmt.Sprint(r[i+1])
+		}
+	case map[any]any:
+		for k, v := range r {
+			m[fmt.Sprint(k)] = fmt.Sprint(v)
+		}
+	}
+	return m, nil
+}
+
+// Master returns the data node every running Sentinel names as primary,
+// or nil while they disagree or none answers.
+func (g *SentinelGroup) Master(ctx context.Context) *Server {
+	var port string
+	for _, s := range g.Sentinels {
+		if !s.Running() {
+			continue
+		}
+		addr, err := s.Do(ctx, "SENTINEL", "GET-MASTER-ADDR-BY-NAME", g.opts.MasterName).StringSlice()
+		if err != nil || len(addr) != 2 {
+			return nil
+		}
+		if port != "" && addr[1] != port {
+			return nil
+		}
+		port = addr[1]
+	}
+	for _, d := range g.Data {
+		if strconv.Itoa(d.Port()) == port {
+			return d
+		}
+	}
+	return nil
+}
+
+// Other returns the data node that is not s.
+func (g *SentinelGroup) Other(s *Server) *Server {
+	if g.Data[0] == s {
+		return g.Data[1]
+	}
+	return g.Data[0]
+}
+
+// waitSynced waits until the primary has its replica online and in sync.
+func (g *SentinelGroup) waitSynced(ctx context.Context) error {
+	return waitFor(ctx, "replica in sync", func() bool {
+		m := g.Master(ctx)
+		if m == nil {
+			m = g.Data[0]
+		}
+		r := g.Other(m)
+		return m.Running() && r.Running() && m.Info(ctx, "replication", "role") == "master" &&
+			m.Info(ctx, "replication", "connected_slaves") == "1" &&
+			r.Info(ctx, "replication", "master_link_status") == "up"
+	})
+}
+
+// Failover asks a Sentinel to fail the primary over (SENTINEL FAILOVER,
+// which needs no agreement) and waits until every Sentinel names the
+// former replica, which then answers as primary. It returns the new
+// primary.
+func (g *SentinelGroup) Failover(ctx context.Context) *Server {
+	g.t.Helper()
+	old := g.Master(ctx)
+	if old == nil {
+		g.t.Fatal("redistest: no agreed primary before the failover")
+	}
+	if err := g.Sentinels[0].Do(ctx, "SENTINEL", "FAILOVER", g.opts.MasterName).Err(); err != nil {
+		g.t.Fatalf("redistest: SENTINEL FAILOVER: %v", err)
+	}
+	return g.waitNewMaster(ctx, old)
+}
+
+// KillMaster kills the primary's process and waits until the Sentinels
+// agreed it is down and promoted the replica. It returns the new primary;
+// the old one stays down until Rejoin.
+func (g *SentinelGroup) KillMaster(ctx context.Context) *Server {
+	g.t.Helper()
+	old := g.Master(ctx)
+	if old == nil {
+		g.t.Fatal("redistest: no agreed primary before the kill")
+	}
+	old.Kill()
+	if g.Proxy != nil {
+		g.Proxy.Cut()
+	}
+	return g.waitNewMaster(ctx, old)
+}
+
+func (g *SentinelGroup) waitNewMaster(ctx context.Context, old *Server) *Server {
+	g.t.Helper()
+	next := g.Other(old)
+	if err := waitFor(ctx, "Sentinels promote the replica", func() bool {
+		return g.Master(ctx) == next && next.Info(ctx, "replication", "role") == "master"
+	}); err != nil {
+		g.t.Fatal(err)
+	}
+	return next
+}
+
+// Rejoin restarts a killed data node as a replica of the current primary
+// and waits until it is in sync. It sends REPLICAOF itself, as an operator
+// would: Sentinel converts a returning old primary too, but only after
+// watching it for ten seconds or more.
+func (g *SentinelGroup) Rejoin(ctx context.Context, s *Server) {
+	g.t.Helper()
+	m := g.Master(ctx)
+	if m == nil || m == s {
+		g.t.Fatal("redistest: no other primary to rejoin")
+	}
+	s.Restart()
+	if err := s.Do(ctx, "REPLICAOF", "127.0.0.1", m.Port()).Err(); err != nil {
+		g.t.Fatalf("redistest: REPLICAOF: %v", err)
+	}
+	if err := g.waitSynced(ctx); err != nil {
+		g.t.Fatal(err)
+	}
+}
+
+// WaitSynced waits until the current primary has its replica in sync. A
+// former primary that still thinks it is one is sent REPLICAOF right away:
+// Sentinel does the same, but only when its next INFO poll (every 10 s)
+// notices.
+func (g *SentinelGroup) WaitSynced(ctx context.Context) {
+	g.t.Helper()
+	if m := g.Master(ctx); m != nil {
+		if o := g.Other(m); o.Running() && o.Info(ctx, "replication", "role") == "master" {
+			if err := o.Do(ctx, "REPLICAOF", "127.0.0.1", m.Port()).Err(); err != nil {
+				g.t.Fatalf("redistest: REPLICAOF: %v", err)
+			}
+		}
+	}
+	if err := g.waitSynced(ctx); err != nil {
+		g.t.Fatal(err)
+	}
+}
