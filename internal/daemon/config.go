@@ -28,6 +28,8 @@ type Config struct {
 	// AdminTokenFile holds the admin API's bearer token; empty turns the
 	// admin API off.
 	AdminTokenFile string
+	// RedisSecurity holds Redis credentials and TLS material from files.
+	RedisSecurity redisstore.Security
 	// EncryptionKeysFile is the key ring sealing stored responses for
 	// policies with encrypt: true (package seal).
 	EncryptionKeysFile string
@@ -71,6 +73,10 @@ func ParseConfig(args []string, getenv func(string) string, usage io.Writer) (Co
 	fs.StringVar(&cfg.Listen, "listen", ":50051", "gRPC ext_proc listen address")
 	fs.StringVar(&cfg.AdminListen, "admin-listen", ":8081", "HTTP address for /healthz and /readyz")
 	fs.StringVar(&cfg.RedisURL, "redis-url", "", "Redis URL: redis://[user:pass@]host:port/db, redis+sentinel://host:port,…/master[/db], redis+cluster://host:port,… (rediss… for TLS); empty: in-memory store (one replica only)")
+	fs.StringVar(&cfg.RedisSecurity.PasswordFile, "redis-password-file", "", "file holding the Redis password (of the URL's user, e.g. an ACL user); read on every new connection, so rotation needs no restart")
+	fs.StringVar(&cfg.RedisSecurity.CAFile, "redis-ca-file", "", "PEM CA bundle that signs the Redis servers' certificates (rediss URLs); empty: the system roots")
+	fs.StringVar(&cfg.RedisSecurity.CertFile, "redis-cert-file", "", "PEM client certificate for Redis servers that require one; reread when it changes")
+	fs.StringVar(&cfg.RedisSecurity.KeyFile, "redis-key-file", "", "PEM key of --redis-cert-file")
 	fs.StringVar(&cfg.ConfigFile, "config", "", "policy configuration file (YAML, see examples/policies.yaml); reloaded on change and on SIGHUP; empty: the built-in default policy")
 	fs.StringVar(&cfg.AdminTokenFile, "admin-token-file", "", "file holding the bearer token of the admin API on --admin-listen; empty: the admin API is off")
 	fs.StringVar(&cfg.EncryptionKeysFile, "encryption-keys-file", "", "key ring for policies with encrypt: true: lines of \"<key id> <base64 32 bytes>\", the first seals; reread when it changes")
@@ -152,7 +158,11 @@ func ParseConfig(args []string, getenv func(string) string, usage io.Writer) (Co
 	if cfg.RedisURL != "" {
 		if _, err := redisstore.ParseURL(cfg.RedisURL); err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", where("redis-url"), err))
+		} else if err := cfg.RedisSecurity.Validate(cfg.RedisURL); err != nil {
+			errs = append(errs, fmt.Errorf("--redis-password-file, --redis-ca-file, --redis-cert-file, --redis-key-file: %w", err))
 		}
+	} else if cfg.RedisSecurity != (redisstore.Security{}) {
+		errs = append(errs, fmt.Errorf("--redis-password-file, --redis-ca-file, --redis-cert-file, --redis-key-file: need --redis-url"))
 	}
 	return cfg, errors.Join(errs...)
 }

@@ -65,6 +65,8 @@ func TestParseConfigErrorsNameTheField(t *testing.T) {
 		{"cert without key", []string{"--tls-cert-file", "c.pem"}, nil, []string{"--tls-cert-file", "--tls-key-file"}},
 		{"client CA without cert", []string{"--tls-client-ca-file", "ca.pem"}, nil, []string{"--tls-client-ca-file"}},
 		{"SANs without client CA", []string{"--tls-cert-file", "c", "--tls-key-file", "k", "--tls-allowed-sans", "spiffe://x"}, nil, []string{"--tls-allowed-sans"}},
+		{"Redis CA with a plain URL", []string{"--redis-url", "redis://h:6379", "--redis-ca-file", "ca.pem"}, nil, []string{"--redis-ca-file", "TLS URL"}},
+		{"Redis password file without Redis", []string{"--redis-password-file", "pw"}, nil, []string{"--redis-password-file", "need --redis-url"}},
 		{"empty listen", []string{"--listen", ""}, nil, []string{"--listen"}},
 		{"stray argument", []string{"serve"}, nil, []string{"unexpected arguments"}},
 		{"every mistake at once", []string{"--log-format", "xml", "--log-level", "loud"}, nil, []string{"--log-format", "--log-level"}},

@@ -177,7 +177,7 @@ func (d *Daemon) openStore() error {
 		d.closers = append(d.closers, ms.Close)
 		return nil
 	}
-	rdb, err := redisstore.NewClient(d.cfg.RedisURL, d.cfg.StoreTimeout)
+	rdb, err := redisstore.NewSecureClient(d.cfg.RedisURL, d.cfg.StoreTimeout, d.cfg.RedisSecurity)
 	if err != nil {
 		return fmt.Errorf("--redis-url: %w", err)
 	}

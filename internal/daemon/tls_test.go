@@ -6,6 +6,10 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -15,6 +19,8 @@ import (
 
 	"github.com/idem-extproc/idem-extproc/internal/certtest"
 	"github.com/idem-extproc/idem-extproc/internal/daemon"
+	"github.com/idem-extproc/idem-extproc/internal/harness"
+	"github.com/idem-extproc/idem-extproc/internal/redistest"
 )
 
 // TestMutualTLS: the ext_proc listener admits only clients with a
@@ -84,5 +90,50 @@ func TestMutualTLS(t *testing.T) {
 			t.Fatalf("still serving %s (was %s), want the rotated %s", got, before, rotated.Serial)
 		}
 		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// TestRedisOverTLSWithACLUser: the server reaches a Redis that requires
+// TLS client certificates and an ACL user, with every secret in a file.
+func TestRedisOverTLSWithACLUser(t *testing.T) {
+	ca := certtest.NewCA(t, "redis")
+	server := ca.Issue(certtest.Options{CommonName: "redis", IPs: []net.IP{net.ParseIP("127.0.0.1")}})
+	client := ca.Issue(certtest.Options{CommonName: "idem-extproc"})
+	redis := redistest.Start(t, redistest.Options{TLS: &redistest.TLS{
+		CertFile: server.CertFile, KeyFile: server.KeyFile, CAFile: ca.CertFile, AuthClients: true}})
+	ctx := context.Background()
+	if err := redis.Do(ctx, "ACL", "SETUSER", "idem", "on", ">p4ss", "~idem:*", "&idem:*", "+@all", "-@admin", "-@dangerous").Err(); err != nil {
+		t.Fatal(err)
+	}
+	pw := filepath.Join(t.TempDir(), "redis-password")
+	if err := os.WriteFile(pw, []byte("p4ss\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	url := strings.Replace(redis.TLSURL(), "rediss://", "rediss://idem@", 1)
+	cfg, err := daemon.ParseConfig([]string{"--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0",
+		"--redis-url", url, "--redis-password-file", pw, "--redis-ca-file", ca.CertFile,
+		"--redis-cert-file", client.CertFile, "--redis-key-file", client.KeyFile}, func(string) string { return "" }, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := daemon.Start(cfg, slog.New(slog.DiscardHandler), func(string) string { return "" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(d.Shutdown)
+	resp, err := http.Get("http://" + d.AdminAddr() + "/readyz")
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("not ready over TLS: %v %v", resp, err)
+	}
+	resp.Body.Close()
+	env := harness.Start(t, harness.Options{ServerAddr: d.Addr(), Memory: true})
+	first := env.Post("/orders", "tls-1", `{}`)
+	again := env.Post("/orders", "tls-1", `{}`)
+	if first.Status != http.StatusCreated || again.Header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("first %d, again %d %v", first.Status, again.Status, again.Header)
+	}
+	keys, err := redis.Do(ctx, "KEYS", "idem:*").StringSlice()
+	if err != nil || len(keys) != 1 {
+		t.Fatalf("records in the TLS Redis: %v %v", keys, err)
 	}
 }

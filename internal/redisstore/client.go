@@ -1,6 +1,7 @@
 package redisstore
 
 import (
+	"fmt"
 	"runtime"
 	"time"
 
@@ -24,12 +25,43 @@ import (
 //   - Cluster redirections (MOVED, ASK) are followed at most three times,
 //     also within the deadline.
 func NewClient(rawURL string, callTimeout time.Duration) (redis.UniversalClient, error) {
+	return NewSecureClient(rawURL, callTimeout, Security{})
+}
+
+// NewSecureClient is NewClient with credentials and TLS material read from
+// files (see Security).
+func NewSecureClient(rawURL string, callTimeout time.Duration, sec Security) (redis.UniversalClient, error) {
 	_, simple, multi, err := parseURL(rawURL)
 	if err != nil {
 		return nil, err
 	}
 	if callTimeout <= 0 {
 		callTimeout = DefaultCallTimeout
+	}
+	if sec.any() {
+		tlsURL := (simple != nil && simple.TLSConfig != nil) || (multi != nil && multi.TLSConfig != nil)
+		if err := sec.check(tlsURL); err != nil {
+			return nil, fmt.Errorf("redis: %w", err)
+		}
+		if simple != nil {
+			if sec.PasswordFile != "" {
+				simple.CredentialsProviderContext = sec.credentials(simple.Username)
+			}
+			if simple.TLSConfig != nil {
+				if simple.TLSConfig, err = sec.tlsConfig(simple.TLSConfig); err != nil {
+					return nil, err
+				}
+			}
+		} else {
+			if sec.PasswordFile != "" {
+				multi.CredentialsProviderContext = sec.credentials(multi.Username)
+			}
+			if multi.TLSConfig != nil {
+				if multi.TLSConfig, err = sec.tlsConfig(multi.TLSConfig); err != nil {
+					return nil, err
+				}
+			}
+		}
 	}
 	if simple != nil {
 		simple.ContextTimeoutEnabled = true

@@ -54,6 +54,9 @@ type Options struct {
 	// Config is written to redis.conf in the server's directory and named
 	// first on the command line: Sentinel needs a file it can rewrite.
 	Config string
+	// TLS, when set, also opens a TLS port (TLSURL); the plain port stays
+	// for the helpers' own probes and administration.
+	TLS *TLS
 	// Sentinel starts the process in Sentinel mode.
 	Sentinel bool
 	// Cluster enables cluster mode, with nodes.conf in the server's
@@ -69,6 +72,8 @@ type Server struct {
 	port int
 	// busPort is the cluster bus port (Options.Cluster).
 	busPort int
+	// tlsPort is the TLS port, when Options.TLS is set.
+	tlsPort int
 	opts    Options
 
 	mu  sync.Mutex
@@ -109,6 +114,18 @@ func Start(t testing.TB, opts Options) *Server {
 // Addr returns host:port.
 func (s *Server) Addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(s.port)) }
 
+// TLS names a server's TLS material.
+type TLS struct {
+	CertFile, KeyFile, CAFile string
+	// AuthClients requires a client certificate signed by CAFile.
+	AuthClients bool
+}
+
+// TLSURL returns a rediss:// URL for the server's TLS port.
+func (s *Server) TLSURL() string {
+	return "rediss://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(s.tlsPort)) + "/0"
+}
+
 // URL returns a redis:// URL for the server.
 func (s *Server) URL() string { return "redis://" + s.Addr() + "/0" }
 
@@ -148,6 +165,21 @@ func (s *Server) start() error {
 	)
 	if s.opts.Password != "" {
 		args = append(args, "--requirepass", s.opts.Password, "--masterauth", s.opts.Password)
+	}
+	if t := s.opts.TLS; t != nil {
+		if s.tlsPort == 0 {
+			p, err := freePort()
+			if err != nil {
+				return err
+			}
+			s.tlsPort = p
+		}
+		auth := "no"
+		if t.AuthClients {
+			auth = "yes"
+		}
+		args = append(args, "--tls-port", strconv.Itoa(s.tlsPort), "--tls-cert-file", t.CertFile,
+			"--tls-key-file", t.KeyFile, "--tls-ca-cert-file", t.CAFile, "--tls-auth-clients", auth)
 	}
 	if s.opts.Cluster {
 		args = append(args, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",

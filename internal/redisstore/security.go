@@ -1,0 +1,135 @@
+package redisstore
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Security holds what a client needs to reach a protected Redis, read from
+// files (Kubernetes Secrets) rather than flags or URLs.
+type Security struct {
+	// PasswordFile holds the password of the URL's user (an ACL user, or
+	// the default user). It is read on every new connection, so a rotated
+	// Secret takes effect without a restart. It overrides a password in
+	// the URL.
+	PasswordFile string
+	// CAFile is a PEM bundle of the CAs that sign the Redis servers'
+	// certificates (TLS URLs only); the system pool when empty.
+	CAFile string
+	// CertFile and KeyFile are a client certificate, for servers that
+	// require one (tls-auth-clients); reread when they change.
+	CertFile, KeyFile string
+}
+
+func (s Security) any() bool {
+	return s.PasswordFile != "" || s.CAFile != "" || s.CertFile != "" || s.KeyFile != ""
+}
+
+// Validate checks the settings against the URL they go with.
+func (s Security) Validate(rawURL string) error {
+	_, simple, multi, err := parseURL(rawURL)
+	if err != nil {
+		return err
+	}
+	return s.check((simple != nil && simple.TLSConfig != nil) || (multi != nil && multi.TLSConfig != nil))
+}
+
+// check reports mistakes, naming the setting.
+func (s Security) check(tlsURL bool) error {
+	var errs []error
+	if (s.CertFile == "") != (s.KeyFile == "") {
+		errs = append(errs, errors.New("a client certificate needs both the certificate and the key file"))
+	}
+	if (s.CAFile != "" || s.CertFile != "") && !tlsURL {
+		errs = append(errs, errors.New("CA and client certificate files need a TLS URL (rediss://, rediss+sentinel://, rediss+cluster://)"))
+	}
+	if s.PasswordFile != "" {
+		if _, err := readSecret(s.PasswordFile); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func readSecret(path string) (string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("redis password file: %w", err)
+	}
+	return strings.TrimRight(string(b), "\r\n"), nil
+}
+
+// credentials returns a go-redis credentials provider that rereads the
+// password file whenever a connection is made.
+func (s Security) credentials(user string) func(context.Context) (string, string, error) {
+	return func(context.Context) (string, string, error) {
+		pw, err := readSecret(s.PasswordFile)
+		return user, pw, err
+	}
+}
+
+// tlsConfig adds the CA pool and client certificate to base.
+func (s Security) tlsConfig(base *tls.Config) (*tls.Config, error) {
+	c := base.Clone()
+	if c == nil {
+		c = &tls.Config{MinVersion: tls.VersionTLS12}
+	}
+	if s.CAFile != "" {
+		pem, err := os.ReadFile(s.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("redis CA file: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("redis CA file %s: no PEM certificate found", s.CAFile)
+		}
+		c.RootCAs = pool
+	}
+	if s.CertFile != "" {
+		kp := &keyPair{cert: s.CertFile, key: s.KeyFile}
+		if _, err := kp.get(); err != nil {
+			return nil, err
+		}
+		c.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return kp.get() }
+	}
+	return c, nil
+}
+
+// keyPair is a client certificate that follows its files.
+type keyPair struct {
+	cert, key string
+
+	mu     sync.Mutex
+	loaded *tls.Certificate
+	mtimes [2]time.Time
+}
+
+func (k *keyPair) get() (*tls.Certificate, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	var m [2]time.Time
+	for i, p := range []string{k.cert, k.key} {
+		if fi, err := os.Stat(p); err == nil {
+			m[i] = fi.ModTime()
+		}
+	}
+	if k.loaded != nil && m == k.mtimes {
+		return k.loaded, nil
+	}
+	c, err := tls.LoadX509KeyPair(k.cert, k.key)
+	if err != nil {
+		if k.loaded != nil {
+			return k.loaded, nil // a rotation half written: keep the old one
+		}
+		return nil, fmt.Errorf("redis client certificate %s / %s: %w", k.cert, k.key, err)
+	}
+	k.loaded, k.mtimes = &c, m
+	return k.loaded, nil
+}
