@@ -327,31 +327,38 @@ func TestWaitLatency(t *testing.T) {
 	c := redistest.StartCluster(t, redistest.ClusterOptions{Masters: 3, ReplicasPerMaster: 1})
 	g := redistest.StartSentinel(t, redistest.SentinelOptions{})
 	for _, top := range []struct{ name, url string }{{"cluster", c.URL()}, {"sentinel", g.URL()}} {
-		rdb, err := redisstore.NewClient(top.url, time.Second)
+		// A roomy budget and WAIT timeout: this measures what WAIT costs, and
+		// a loaded machine must not turn a slow WAIT into a failure.
+		rdb, err := redisstore.NewClient(top.url, 3*time.Second)
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer rdb.Close()
-		s := redisstore.New(rdb, redisstore.Options{CallTimeout: time.Second})
+		s := redisstore.New(rdb, redisstore.Options{CallTimeout: 3 * time.Second})
 		for _, replicas := range []int{0, 1} {
 			var took []time.Duration
+			failed := 0
 			for range *latencyN {
 				r := idem.Reservation{ID: idem.RecordIDFor("latency", top.name, idem.NewToken().String()),
 					Token: idem.NewToken(), Lease: time.Minute, Retention: time.Minute,
-					WaitReplicas: replicas, WaitTimeout: policy.DefaultDurabilityTimeout}
+					WaitReplicas: replicas, WaitTimeout: time.Second}
 				start := time.Now()
 				if _, err := s.Reserve(context.Background(), r); err != nil {
-					t.Fatal(err)
+					failed++
+					continue
 				}
 				took = append(took, time.Since(start))
+			}
+			if len(took) == 0 {
+				t.Fatalf("%s: every reservation failed", top.name)
 			}
 			slices.Sort(took)
 			name := "async"
 			if replicas > 0 {
 				name = "replicated"
 			}
-			line := fmt.Sprintf("RESERVE-LATENCY topology=%s durability=%s n=%d p50=%v p99=%v",
-				top.name, name, len(took), took[len(took)/2].Round(time.Microsecond), took[len(took)*99/100].Round(time.Microsecond))
+			line := fmt.Sprintf("RESERVE-LATENCY topology=%s durability=%s n=%d failed=%d p50=%v p99=%v",
+				top.name, name, len(took), failed, took[len(took)/2].Round(time.Microsecond), took[len(took)*99/100].Round(time.Microsecond))
 			t.Log(line)
 			fmt.Println(line)
 		}
