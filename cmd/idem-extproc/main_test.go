@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"net"
@@ -57,27 +56,10 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 type process struct {
 	t      *testing.T
 	cmd    *exec.Cmd
-	stderr *lockedBuffer
+	stderr *harness.LogBuffer
 	listen string
 	admin  string
 	exited chan error
@@ -98,7 +80,7 @@ func freeAddr(t *testing.T) string {
 func start(t *testing.T, listen, admin string, extra ...string) *process {
 	t.Helper()
 	args := append([]string{"--listen", listen, "--admin-listen", admin}, extra...)
-	p := &process{t: t, stderr: &lockedBuffer{}, listen: listen, admin: admin, exited: make(chan error, 1)}
+	p := &process{t: t, stderr: &harness.LogBuffer{}, listen: listen, admin: admin, exited: make(chan error, 1)}
 	p.cmd = exec.Command(binary(t), args...)
 	p.cmd.Stderr = p.stderr
 	p.cmd.Env = os.Environ()

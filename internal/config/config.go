@@ -264,14 +264,8 @@ func (b *builder) apply(p *policy.Policy, s *settings, path string) {
 		p.MaxStoredBody = b.size(v, path+".max_stored_body")
 	}
 	if v := s.StoreFailure; v.Set {
-		switch v.Value {
-		case "fail_closed":
-			p.FailureMode = policy.FailClosed
-		case "fail_open":
-			p.FailureMode = policy.FailOpen
-		default:
-			b.errorf(v.Line, path+".store_failure", "%q is not fail_closed or fail_open", v.Value)
-		}
+		p.FailureMode = oneOf(b, v, path+".store_failure", []string{"fail_closed", "fail_open"},
+			[]policy.FailureMode{policy.FailClosed, policy.FailOpen})
 	}
 	if v := s.Fingerprint.Headers; v.Set {
 		names := make([]string, 0, len(v.Items))
@@ -284,14 +278,8 @@ func (b *builder) apply(p *policy.Policy, s *settings, path string) {
 		p.FingerprintHeaders = fingerprint.Normalize(names)
 	}
 	if v := s.Durability; v.Set {
-		switch v.Value {
-		case "async":
-			p.Durability = policy.DurabilityAsync
-		case "replicated":
-			p.Durability = policy.DurabilityReplicated
-		default:
-			b.errorf(v.Line, path+".durability", "%q is not async or replicated", v.Value)
-		}
+		p.Durability = oneOf(b, v, path+".durability", []string{"async", "replicated"},
+			[]policy.Durability{policy.DurabilityAsync, policy.DurabilityReplicated})
 	}
 	if v := s.DurabilityReps; v.Set {
 		n, err := strconv.Atoi(v.Value)
@@ -326,14 +314,8 @@ func (b *builder) apply(p *policy.Policy, s *settings, path string) {
 		}
 	}
 	if v := s.OnLeaseExpiry; v.Set {
-		switch v.Value {
-		case "unknown":
-			p.LeaseExpiry = idem.LeaseExpiryUnknown
-		case "reexecute":
-			p.LeaseExpiry = idem.LeaseExpiryReexecute
-		default:
-			b.errorf(v.Line, path+".on_lease_expiry", "%q is not unknown or reexecute", v.Value)
-		}
+		p.LeaseExpiry = oneOf(b, v, path+".on_lease_expiry", []string{"unknown", "reexecute"},
+			[]idem.LeaseExpiry{idem.LeaseExpiryUnknown, idem.LeaseExpiryReexecute})
 	}
 	if v := s.StoredHeaders.Deny; v.Set {
 		for i, h := range v.Items {
@@ -472,6 +454,19 @@ func (b *builder) check(p *policy.Policy, s, defaults *settings, path string, li
 		b.errorf(at(s.MaxRequestBody, defaults.MaxRequestBody), path+".max_request_body",
 			"must be positive: a request body must be read whole to be fingerprinted")
 	}
+}
+
+// oneOf reads a value that must be one of names, returning the matching
+// value of values (same order).
+func oneOf[T any](b *builder, v scalar, path string, names []string, values []T) T {
+	for i, n := range names {
+		if v.Value == n {
+			return values[i]
+		}
+	}
+	b.errorf(v.Line, path, "%q is not one of %s", v.Value, strings.Join(names, ", "))
+	var zero T
+	return zero
 }
 
 func (b *builder) boolean(v scalar, path string) bool {

@@ -10,7 +10,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -24,28 +23,11 @@ import (
 	"github.com/idem-extproc/idem-extproc/internal/redistest"
 )
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 type running struct {
 	d     *daemon.Daemon
 	env   *harness.Env
 	redis *redistest.Server
-	logs  *syncBuffer
+	logs  *harness.LogBuffer
 	token string
 }
 
@@ -65,7 +47,7 @@ func run(t *testing.T, extra ...string) *running {
 	if err != nil {
 		t.Fatal(err)
 	}
-	logs := &syncBuffer{}
+	logs := &harness.LogBuffer{}
 	d, err := daemon.Start(cfg, slog.New(slog.NewJSONHandler(logs, nil)), func(string) string { return "" })
 	if err != nil {
 		t.Fatal(err)

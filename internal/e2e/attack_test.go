@@ -181,7 +181,7 @@ func TestAttackKeyFloodIsBounded(t *testing.T) {
 // TestNoSecretsInLogs: a full run at debug level never logs a raw key, a
 // body or a credential header.
 func TestNoSecretsInLogs(t *testing.T) {
-	var logs syncBuffer
+	var logs harness.LogBuffer
 	env := harness.Start(t, harness.Options{Logger: slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	secrets := []string{"key-S3CR3T-4242", "body-CONFIDENTIAL-9876", "Bearer tok-PRIVATE-1357", "cookie-SESSION-2468"}
 	for i := range 3 {

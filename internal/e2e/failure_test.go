@@ -21,7 +21,7 @@ import (
 )
 
 // logLines returns the JSON log lines whose msg is msg.
-func logLines(t *testing.T, logs *syncBuffer, msg string) []map[string]any {
+func logLines(t *testing.T, logs *harness.LogBuffer, msg string) []map[string]any {
 	t.Helper()
 	var out []map[string]any
 	for _, line := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
@@ -41,7 +41,7 @@ func logLines(t *testing.T, logs *syncBuffer, msg string) []map[string]any {
 // such lines is the count of unprotected requests until metrics exist), and
 // protects again once Redis is back, without a server restart.
 func TestRedisDownFailsOpen(t *testing.T) {
-	var logs syncBuffer
+	var logs harness.LogBuffer
 	p := policy.Default()
 	p.FailureMode = policy.FailOpen
 	cfg := envoysim.RecommendedConfig()
@@ -93,7 +93,7 @@ func TestRedisDownFailsOpen(t *testing.T) {
 // nobody renews, and once the lease ends a retry gets 409 outcome-unknown:
 // never a second execution.
 func TestCompletionLostEndsUnknown(t *testing.T) {
-	var logs syncBuffer
+	var logs harness.LogBuffer
 	p := policy.Default()
 	p.Lease = time.Second
 	metrics := observe.NewMetrics()
@@ -137,7 +137,7 @@ func TestCompletionLostEndsUnknown(t *testing.T) {
 // end keeps retrying for the server's FinishTimeout, five seconds: it
 // covers a blip, not an outage; TestCompletionLostEndsUnknown covers that.)
 func TestCompletionRetriedAtStreamEnd(t *testing.T) {
-	var logs syncBuffer
+	var logs harness.LogBuffer
 	env := harness.Start(t, harness.Options{StoreTimeout: extproc.DefaultStoreTimeout,
 		Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
 	done := make(chan harness.Reply, 1)

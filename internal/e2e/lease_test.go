@@ -1,12 +1,10 @@
 package e2e
 
 import (
-	"bytes"
 	"encoding/json"
 	"log/slog"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -34,28 +32,11 @@ func TestLeaseRenewedWhileStreamOpen(t *testing.T) {
 	}
 }
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // TestAttemptsAreTraceable: every decision's log line names the operation
 // (hashed key), the scope, the request id and the attempt number, and never
 // the raw key.
 func TestAttemptsAreTraceable(t *testing.T) {
-	var logs syncBuffer
+	var logs harness.LogBuffer
 	env := harness.Start(t, harness.Options{Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
 	const key = "trace-me-7f3a"
 	for i := 1; i <= 3; i++ {
