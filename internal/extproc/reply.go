@@ -78,12 +78,19 @@ var bufferResponseBody = &procmodev3.ProcessingMode{
 // setHeader builds one header mutation. It sets raw_value only: Envoy
 // rejects a mutation that sets both value and raw_value, and reads raw_value
 // alone (MutationUtils::applyHeaderMutations in mutation_utils.cc). It says
-// "append" with the BoolValue field: ext_proc reads append_action only when
-// it is non-zero, so APPEND_IF_EXISTS_OR_ADD (zero) would fall back to
-// append=false and overwrite.
+// the same thing twice, so every reader agrees: Envoy's ext_proc reads the
+// deprecated BoolValue "append" (default false: overwrite), while later
+// code reads append_action when it is not zero; zero is
+// APPEND_IF_EXISTS_OR_ADD, so an overwrite must name
+// OVERWRITE_IF_EXISTS_OR_ADD explicitly.
 func setHeader(name, value string, appendValue bool) *corev3.HeaderValueOption {
+	action := corev3.HeaderValueOption_APPEND_IF_EXISTS_OR_ADD
+	if !appendValue {
+		action = corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD
+	}
 	return &corev3.HeaderValueOption{
-		Header: &corev3.HeaderValue{Key: name, RawValue: []byte(value)},
+		Header:       &corev3.HeaderValue{Key: name, RawValue: []byte(value)},
+		AppendAction: action,
 		//lint:ignore SA1019 ext_proc still reads the deprecated field (see above).
 		Append: wrapperspb.Bool(appendValue),
 	}
