@@ -52,6 +52,11 @@ func TestExampleConfigLoads(t *testing.T) {
 	if d := set.Policies[3]; d.Name != "default" || d.KeyRequired || d.Scope.Source != policy.ScopeAuthority {
 		t.Fatalf("default = %+v", d)
 	}
+	for _, p := range set.Policies {
+		if p.Enforcement != policy.EnforcementEnforce || p.ShadowHeader != "" || p.AdoptShadowRecords || !p.KeyWarnUntil.IsZero() {
+			t.Fatalf("%s: the example's rollout settings are the defaults: %+v", p.Name, p)
+		}
+	}
 }
 
 func TestEmptyConfigIsTheDefault(t *testing.T) {
