@@ -91,8 +91,10 @@ func (p *processor) shadowDecided(ctx context.Context, d ShadowDecision, attrs .
 
 // graceWithoutKey lets a request without a required key on during the
 // policy's grace period (key.warn_until): counted, and with a Warning
-// header (RFC 9111 §5.5's form, code 299) that says from when the key is
-// required. A shadow policy, which refuses nothing anyway, measures what
+// header that says from when the key is required. The header has RFC 7234
+// §5.5's form (code 299, a persistent warning); RFC 9111 retired the
+// field, but clients, logs and tools still show it, and a header of its
+// own would need every client taught about it. A shadow policy, which refuses nothing anyway, measures what
 // enforcement would do now: pass it, so it is only a keyless request.
 func (p *processor) graceWithoutKey(ctx context.Context, req *extprocv3.ProcessingRequest) *extprocv3.ProcessingResponse {
 	p.decided(DecisionBypassed)
