@@ -45,6 +45,8 @@ type Config struct {
 	Sealer interface {
 		Seal(id idem.RecordID, r idem.Response) (idem.Response, error)
 	}
+	// Counters, when set, serves GET /admin/v1/adoption from them.
+	Counters Counters
 }
 
 // Prefix is where the API is mounted.
@@ -60,6 +62,9 @@ func Handler(cfg Config) http.Handler {
 	mux.HandleFunc("GET "+Prefix+"records", a.get)
 	mux.HandleFunc("DELETE "+Prefix+"records", a.purge)
 	mux.HandleFunc("POST "+Prefix+"records/resolve", a.resolve)
+	if cfg.Counters != nil {
+		mux.HandleFunc("GET "+Prefix+"adoption", a.adoption)
+	}
 	return a.authenticate(mux)
 }
 
@@ -135,7 +140,8 @@ func (a *api) target(r *http.Request) (target, error) {
 	if err != nil {
 		return t, err
 	}
-	t.id = idem.RecordIDFor(polName, q.Get("scope"), key)
+	// A shadow policy's records live in its shadow key space.
+	t.id = idem.RecordIDFor(t.policy.RecordNamespace(), q.Get("scope"), key)
 	return t, nil
 }
 

@@ -244,6 +244,9 @@ func (b *builder) apply(p *policy.Policy, s *settings, path string) {
 		}
 		p.MaxKeyLength = n
 	}
+	if v := s.Key.WarnUntil; v.Set {
+		p.KeyWarnUntil = b.date(v, path+".key.warn_until")
+	}
 	b.scope(p, &s.Scope, path+".scope")
 	if v := s.Retention; v.Set {
 		p.Retention = b.duration(v, path+".retention", time.Second)
@@ -293,6 +296,28 @@ func (b *builder) apply(p *policy.Policy, s *settings, path string) {
 	}
 	if v := s.Encrypt; v.Set {
 		p.Encrypt = b.boolean(v, path+".encrypt")
+	}
+	if v := s.Enforcement; v.Set {
+		switch v.Value {
+		case "enforce":
+			p.Enforcement = policy.EnforcementEnforce
+		case "shadow":
+			p.Enforcement = policy.EnforcementShadow
+		case "off":
+			p.Enforcement = policy.EnforcementOff
+		default:
+			b.errorf(v.Line, path+".enforcement", "%q is not off, shadow or enforce", v.Value)
+		}
+	}
+	if v := s.ShadowHeader; v.Set {
+		h := strings.ToLower(strings.TrimSpace(v.Value))
+		if h != "" && (!methodPattern.MatchString(h) || policy.ReservedHeader(h)) {
+			b.errorf(v.Line, path+".shadow_header", "%q is not a header name a response may carry", v.Value)
+		}
+		p.ShadowHeader = h
+	}
+	if v := s.AdoptShadow; v.Set {
+		p.AdoptShadowRecords = b.boolean(v, path+".adopt_shadow_records")
 	}
 	if v := s.Fingerprint.JSON; v.Set {
 		p.FingerprintJSON = b.boolean(v, path+".fingerprint.json")
@@ -450,6 +475,14 @@ func (b *builder) check(p *policy.Policy, s, defaults *settings, path string, li
 		b.errorf(at(s.DurabilityReps, s.DurabilityWait, defaults.DurabilityReps, defaults.DurabilityWait), path+".durability",
 			"durability_replicas and durability_timeout need durability: replicated")
 	}
+	if !p.KeyWarnUntil.IsZero() && !p.KeyRequired {
+		b.errorf(at(s.Key.WarnUntil, defaults.Key.WarnUntil), path+".key.warn_until",
+			"only used with key.required: true (it ends the grace period of a required key)")
+	}
+	if p.AdoptShadowRecords && p.Enforcement != policy.EnforcementEnforce {
+		b.errorf(at(s.AdoptShadow, defaults.AdoptShadow), path+".adopt_shadow_records",
+			"only used with enforcement: enforce (it lets an enforcing policy replay what its shadow phase stored)")
+	}
 	if p.MaxRequestBody == 0 {
 		b.errorf(at(s.MaxRequestBody, defaults.MaxRequestBody), path+".max_request_body",
 			"must be positive: a request body must be read whole to be fingerprinted")
@@ -486,6 +519,20 @@ func (b *builder) duration(v scalar, path string, min time.Duration) time.Durati
 		b.errorf(v.Line, path, "%v is below the minimum %v", d, min)
 	}
 	return d
+}
+
+// date reads an RFC 3339 date-time, or a full date meaning its first
+// instant in UTC.
+func (b *builder) date(v scalar, path string) time.Time {
+	s := strings.TrimSpace(v.Value)
+	if t, err := time.Parse(time.RFC3339, s); err == nil {
+		return t
+	}
+	if t, err := time.Parse(time.DateOnly, s); err == nil {
+		return t
+	}
+	b.errorf(v.Line, path, "%q is not an RFC 3339 date (2026-03-01) or date-time (2026-03-01T09:00:00Z)", v.Value)
+	return time.Time{}
 }
 
 // size reads a byte count: a number, or a number with KiB, MiB or GiB.

@@ -52,6 +52,11 @@ func TestExampleConfigLoads(t *testing.T) {
 	if d := set.Policies[3]; d.Name != "default" || d.KeyRequired || d.Scope.Source != policy.ScopeAuthority {
 		t.Fatalf("default = %+v", d)
 	}
+	for _, p := range set.Policies {
+		if p.Enforcement != policy.EnforcementEnforce || p.ShadowHeader != "" || p.AdoptShadowRecords || !p.KeyWarnUntil.IsZero() {
+			t.Fatalf("%s: the example's rollout settings are the defaults: %+v", p.Name, p)
+		}
+	}
 }
 
 func TestEmptyConfigIsTheDefault(t *testing.T) {
@@ -130,6 +135,12 @@ func TestMistakesNameFileLineAndField(t *testing.T) {
 		{"bad durability", "defaults:\n  durability: quorum\n", []string{"bad.yaml:2:", "defaults.durability"}},
 		{"durability replicas without replicated", "defaults:\n  durability_replicas: 2\n", []string{"bad.yaml:2:", ".durability", "need durability: replicated"}},
 		{"durability wait too long", "defaults:\n  durability: replicated\n  durability_timeout: 2s\n", []string{"bad.yaml:3:", "durability_timeout"}},
+		{"bad enforcement", "defaults:\n  enforcement: audit\n", []string{"bad.yaml:2:", "defaults.enforcement", `"audit" is not off, shadow or enforce`}},
+		{"bad shadow header", "defaults:\n  shadow_header: 'x shadow'\n", []string{"bad.yaml:2:", "defaults.shadow_header"}},
+		{"envoy's shadow header", "defaults:\n  shadow_header: x-envoy-shadow\n", []string{"bad.yaml:2:", "defaults.shadow_header"}},
+		{"bad warn_until", "defaults:\n  key: {required: true, warn_until: next monday}\n", []string{"bad.yaml:2:", "defaults.key.warn_until", "RFC 3339"}},
+		{"warn_until without required", "policies:\n  - name: a\n    match: {methods: [POST]}\n    key:\n      warn_until: 2026-03-01\n", []string{"bad.yaml:5:", "policies[0].key.warn_until", "key.required: true"}},
+		{"adopt in shadow", "policies:\n  - name: a\n    match: {methods: [POST]}\n    enforcement: shadow\n    adopt_shadow_records: true\n", []string{"bad.yaml:5:", "policies[0].adopt_shadow_records", "enforcement: enforce"}},
 		{"not YAML", "defaults: [\n", []string{"bad.yaml"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -162,5 +173,54 @@ func TestLoadMissingFile(t *testing.T) {
 	_, err := Load(filepath.Join(t.TempDir(), "nope.yaml"))
 	if err == nil || !strings.Contains(err.Error(), "nope.yaml") {
 		t.Fatalf("error %v", err)
+	}
+}
+
+// TestRolloutSettings: enforcement, shadow_header, key.warn_until (a date
+// or a date-time) and adopt_shadow_records, and the record key space each
+// enforcement level uses.
+func TestRolloutSettings(t *testing.T) {
+	set, err := Parse("rollout.yaml", []byte(`
+defaults:
+  enforcement: shadow
+  shadow_header: Idempotency-Shadow
+policies:
+  - name: watched
+    match: {methods: [POST]}
+  - name: warned
+    match: {methods: [PUT]}
+    enforcement: enforce
+    key: {required: true, warn_until: 2026-03-01}
+  - name: timed
+    match: {methods: [PATCH]}
+    enforcement: enforce
+    adopt_shadow_records: true
+    key: {required: true, warn_until: "2026-03-01T09:30:00+01:00"}
+default_policy:
+  enforcement: off     # unquoted: YAML 1.1 would read a boolean; the value is taken as written
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	watched, warned, timed, def := set.Policies[0], set.Policies[1], set.Policies[2], set.Policies[3]
+	if watched.Enforcement != policy.EnforcementShadow || watched.ShadowHeader != "idempotency-shadow" ||
+		watched.RecordNamespace() != "watched#shadow" {
+		t.Fatalf("watched = %v %q %q", watched.Enforcement, watched.ShadowHeader, watched.RecordNamespace())
+	}
+	if want := time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC); !warned.KeyWarnUntil.Equal(want) ||
+		warned.Enforcement != policy.EnforcementEnforce || warned.RecordNamespace() != "warned" {
+		t.Fatalf("warned = %v %v %q", warned.KeyWarnUntil, warned.Enforcement, warned.RecordNamespace())
+	}
+	if !warned.KeyGrace(time.Date(2026, 2, 28, 23, 59, 59, 0, time.UTC)) || warned.KeyGrace(time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)) {
+		t.Fatal("the grace period should end at the first instant of the date")
+	}
+	if want := time.Date(2026, 3, 1, 8, 30, 0, 0, time.UTC); !timed.KeyWarnUntil.Equal(want) || timed.RecordNamespace() != "timed#shadow" {
+		t.Fatalf("timed = %v %q", timed.KeyWarnUntil, timed.RecordNamespace())
+	}
+	if def.Enforcement != policy.EnforcementOff || def.Enforcement.String() != "off" {
+		t.Fatalf("default = %v", def.Enforcement)
+	}
+	if d := policy.Default(); d.Enforcement != policy.EnforcementEnforce || d.RecordNamespace() != "default" || d.ShadowHeader != "" {
+		t.Fatalf("the built-in default must enforce in its own key space: %v %q", d.Enforcement, d.RecordNamespace())
 	}
 }

@@ -121,12 +121,16 @@ type settings struct {
 	Durability      scalar           `yaml:"durability"`
 	DurabilityReps  scalar           `yaml:"durability_replicas"`
 	DurabilityWait  scalar           `yaml:"durability_timeout"`
+	Enforcement     scalar           `yaml:"enforcement"`
+	ShadowHeader    scalar           `yaml:"shadow_header"`
+	AdoptShadow     scalar           `yaml:"adopt_shadow_records"`
 }
 
 type keySettings struct {
 	Header    scalar `yaml:"header"`
 	Required  scalar `yaml:"required"`
 	MaxLength scalar `yaml:"max_length"`
+	WarnUntil scalar `yaml:"warn_until"`
 }
 
 type scopeSettings struct {

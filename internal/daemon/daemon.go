@@ -299,7 +299,7 @@ func (d *Daemon) adminHandler() http.Handler {
 		} else {
 			mux.Handle(admin.Prefix, admin.Handler(admin.Config{
 				Store: st, Policies: d.policies.Current, TokenFile: d.cfg.AdminTokenFile,
-				Logger: d.log, OnAction: d.metrics.AdminAction, Sealer: d.sealer,
+				Logger: d.log, OnAction: d.metrics.AdminAction, Sealer: d.sealer, Counters: d.metrics,
 			}))
 		}
 	}

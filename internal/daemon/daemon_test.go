@@ -306,6 +306,18 @@ func TestAdminAPI(t *testing.T) {
 	if !strings.Contains(scrape(t, r.d), `idem_extproc_admin_actions_total{action="purge",result="ok"} 1`) {
 		t.Error("admin action not counted")
 	}
+	// The adoption report reads the daemon's own counters.
+	if code, _ := r.adminDo(t, http.MethodGet, admin.Prefix+"adoption", "wrong", nil); code != http.StatusUnauthorized {
+		t.Fatalf("adoption with a wrong token: %d", code)
+	}
+	code, rep := r.adminDo(t, http.MethodGet, admin.Prefix+"adoption", r.token, nil)
+	pols, _ := rep["policies"].([]any)
+	if code != 200 || len(pols) != 1 {
+		t.Fatalf("adoption: %d %v", code, rep)
+	}
+	if def := pols[0].(map[string]any); def["policy"] != "default" || def["enforcement"] != "enforce" || def["with_key"] != float64(4) {
+		t.Fatalf("adoption of the default policy: %v", def)
+	}
 }
 
 // TestAdminOffWithoutToken: no token file, no admin API.

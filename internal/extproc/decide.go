@@ -27,6 +27,9 @@ func (p *processor) decide(ctx context.Context, req *extprocv3.ProcessingRequest
 	}, p.pol.FingerprintHeaders)
 	p.reqBody, p.reqHeaders = nil, nil
 	p.tok = idem.NewToken()
+	if p.pol.Enforcement == policy.EnforcementShadow {
+		return p.decideShadow(ctx, req, fp)
+	}
 
 	if p.pol.Encrypt && p.srv.cfg.Sealer == nil {
 		// The response could not be stored as the policy demands: refuse
@@ -86,10 +89,7 @@ func (p *processor) answerFor(req *extprocv3.ProcessingRequest, res idem.Reserve
 	p.decided(decisionFor(res.Outcome))
 	switch res.Outcome {
 	case idem.Reserved:
-		p.reserved = true
-		p.stage = stageUpstream
-		p.renew = startRenewer(p.spanCtxOr(context.Background()), p.srv, p.id, p.tok, p.pol.Lease)
-		return p.cont(req)
+		return p.proceed(req)
 	case idem.Completed:
 		if !res.CreatedAt.IsZero() {
 			p.srv.obs.Replayed(p.pol.Name, time.Since(res.CreatedAt))
@@ -107,6 +107,15 @@ func (p *processor) answerFor(req *extprocv3.ProcessingRequest, res idem.Reserve
 		return p.answer(p.problemReply(problem.New(problem.KeyReused,
 			"this Idempotency-Key was already used for a request with a different method, path, headers or body")))
 	}
+}
+
+// proceed lets the attempt that holds the reservation go to the upstream,
+// renewing its lease while it runs.
+func (p *processor) proceed(req *extprocv3.ProcessingRequest) *extprocv3.ProcessingResponse {
+	p.reserved = true
+	p.stage = stageUpstream
+	p.renew = startRenewer(p.spanCtxOr(context.Background()), p.srv, p.id, p.tok, p.pol.Lease)
+	return p.cont(req)
 }
 
 func decisionFor(o idem.Outcome) Decision {
@@ -139,10 +148,14 @@ func (p *processor) answer(resp *extprocv3.ProcessingResponse) *extprocv3.Proces
 }
 
 // passThrough lets an unprotected request go on and asks Envoy to skip
-// every later phase of it.
+// every later phase of it, but the response headers when a header is to
+// be added there (respAdd).
 func (p *processor) passThrough(req *extprocv3.ProcessingRequest) *extprocv3.ProcessingResponse {
 	p.stage = stagePassThrough
 	if _, ok := req.GetRequest().(*extprocv3.ProcessingRequest_RequestHeaders); ok && len(p.rpc.held) == 0 {
+		if len(p.respAdd) > 0 {
+			return continueWith(req, onlyResponseHeaders)
+		}
 		return continueWith(req, skipEverything)
 	}
 	return p.cont(req)

@@ -117,7 +117,7 @@ func (p *processor) awaitRequestBody(ctx context.Context, req *extprocv3.Process
 func (p *processor) onStreamedRequestBody(ctx context.Context, req *extprocv3.ProcessingRequest, body *extprocv3.HttpBody) *extprocv3.ProcessingResponse {
 	msg := body.GetBody()
 	if len(p.reqBody)+len(msg) > p.pol.MaxRequestBody {
-		return p.reject(ctx, bodyTooLarge(p.pol.MaxRequestBody))
+		return p.refuse(ctx, req, bodyTooLarge(p.pol.MaxRequestBody))
 	}
 	if p.requestBodyMode == procmodev3.ProcessingMode_GRPC {
 		// Frame each message as gRPC does on the wire, so that message

@@ -27,10 +27,26 @@ const (
 	DecisionUnknown          Decision = "unknown"           // 409 outcome-unknown
 	DecisionStoreUnavailable Decision = "store_unavailable" // 503, failing closed
 	DecisionFailOpen         Decision = "fail_open"         // store down, passed unprotected
+	DecisionShadowed         Decision = "shadowed"          // a shadow policy decided (ShadowDecision) and let the request on
 
 	DecisionStored        Decision = "stored"         // the response completed the record
 	DecisionReleased      Decision = "released"       // the record was deleted for a retry
 	DecisionMarkedUnknown Decision = "marked_unknown" // the outcome is unknown
+)
+
+// ShadowDecision is what an enforcing policy would have done with a request
+// that a shadow policy let through.
+type ShadowDecision string
+
+// The shadow decisions.
+const (
+	ShadowWouldReserve  ShadowDecision = "would_reserve"  // first attempt
+	ShadowWouldReplay   ShadowDecision = "would_replay"   // a completed record's answer
+	ShadowWouldConflict ShadowDecision = "would_conflict" // 409 request-in-progress
+	ShadowWouldMismatch ShadowDecision = "would_mismatch" // 422 idempotency-key-reused
+	ShadowWouldUnknown  ShadowDecision = "would_unknown"  // 409 outcome-unknown
+	ShadowWouldReject   ShadowDecision = "would_reject"   // 400, 401 or 413 (key missing or invalid, no principal, body too large)
+	ShadowStoreError    ShadowDecision = "store_error"    // the store could not be asked: nothing measured
 )
 
 // Observer is told what the server decides. Package observe implements it
@@ -46,15 +62,26 @@ type Observer interface {
 	// the retry at the stream's end: the record turns unknown when its
 	// lease ends.
 	SettleFailed(policy, op string)
+	// Requested reports a request a policy matched, whatever its
+	// enforcement, and whether it carried a key: key adoption.
+	Requested(policy string, withKey bool)
+	// ShadowDecided reports what a shadow policy would have done.
+	ShadowDecided(policy string, d ShadowDecision)
+	// KeyWarned reports a request without a required key let through
+	// during the policy's grace period (key.warn_until).
+	KeyWarned(policy string)
 }
 
 type nopObserver struct{}
 
-func (nopObserver) StreamStarted()                 {}
-func (nopObserver) StreamEnded()                   {}
-func (nopObserver) Decided(string, Decision)       {}
-func (nopObserver) Replayed(string, time.Duration) {}
-func (nopObserver) SettleFailed(policy, op string) {}
+func (nopObserver) StreamStarted()                       {}
+func (nopObserver) StreamEnded()                         {}
+func (nopObserver) Decided(string, Decision)             {}
+func (nopObserver) Replayed(string, time.Duration)       {}
+func (nopObserver) SettleFailed(policy, op string)       {}
+func (nopObserver) Requested(string, bool)               {}
+func (nopObserver) ShadowDecided(string, ShadowDecision) {}
+func (nopObserver) KeyWarned(string)                     {}
 
 // headerCarrier reads W3C trace context from Envoy's request headers.
 type headerCarrier struct{ m *corev3.HeaderMap }

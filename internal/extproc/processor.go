@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"time"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	procmodev3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"go.opentelemetry.io/otel/trace"
@@ -76,6 +77,11 @@ type processor struct {
 	respTooLarge bool
 
 	rpc rpcState
+
+	// respAdd are headers the response headers reply adds to the response
+	// the client gets: a shadow policy's decision, a key grace period's
+	// warning. HTTP only.
+	respAdd []*corev3.HeaderValueOption
 
 	// retry is a final transition the store refused; the stream's end
 	// tries it once more.
@@ -150,7 +156,7 @@ func (p *processor) handle(ctx context.Context, req *extprocv3.ProcessingRequest
 	case *extprocv3.ProcessingRequest_ResponseHeaders:
 		switch p.stage {
 		case stageUpstream:
-			return p.onResponseHeaders(ctx, req, r.ResponseHeaders), nil
+			return p.withAddedHeaders(p.onResponseHeaders(ctx, req, r.ResponseHeaders)), nil
 		case stageRequestBody:
 			// The upstream answered before the request body was complete
 			// (possible only in STREAMED mode): nothing was reserved, so
@@ -160,7 +166,7 @@ func (p *processor) handle(ctx context.Context, req *extprocv3.ProcessingRequest
 			// Envoy skipped the request path (mode SKIP): nothing reserved.
 			p.stage = stagePassThrough
 		}
-		return continueFor(req), nil
+		return p.withAddedHeaders(continueFor(req)), nil
 	case *extprocv3.ProcessingRequest_ResponseBody:
 		if p.stage == stageResponseBody {
 			return p.onResponseBody(ctx, req, r.ResponseBody), nil
@@ -190,23 +196,32 @@ func (p *processor) onRequestHeaders(ctx context.Context, req *extprocv3.Process
 		return p.passThrough(req)
 	}
 	rawKey, present := firstHeader(hs, p.pol.KeyHeader)
+	p.srv.obs.Requested(p.pol.Name, present)
+	if p.pol.Enforcement == policy.EnforcementOff {
+		// Matched for the adoption counts only: no store call.
+		p.decided(DecisionBypassed)
+		return p.passThrough(req)
+	}
 	if !present {
-		if p.pol.KeyRequired {
-			return p.reject(ctx, problem.New(problem.KeyMissing, "this endpoint requires an Idempotency-Key header"))
+		switch {
+		case p.pol.KeyRequired && p.pol.KeyGrace(p.srv.cfg.Now()):
+			return p.graceWithoutKey(ctx, req)
+		case p.pol.KeyRequired:
+			return p.refuse(ctx, req, problem.New(problem.KeyMissing, "this endpoint requires an Idempotency-Key header"))
 		}
 		p.decided(DecisionBypassed)
 		return p.passThrough(req)
 	}
 	key, err := idem.ParseKey(rawKey, p.pol.MaxKeyLength)
 	if err != nil {
-		return p.reject(ctx, problem.New(problem.KeyInvalid, err.Error()))
+		return p.refuse(ctx, req, problem.New(problem.KeyInvalid, err.Error()))
 	}
 	scope, prob := p.scopeOf(authority, hs, req, attrs)
 	if prob != nil {
-		return p.reject(ctx, prob)
+		return p.refuse(ctx, req, prob)
 	}
 	p.scope = scope
-	p.id = idem.RecordIDFor(p.pol.Name, scope, key)
+	p.id = idem.RecordIDFor(p.pol.RecordNamespace(), scope, key)
 	p.reqHeaders = hs
 	if hh.GetEndOfStream() {
 		return p.decide(ctx, req)
@@ -284,7 +299,7 @@ func (p *processor) onRequestBody(ctx context.Context, req *extprocv3.Processing
 		return p.onStreamedRequestBody(ctx, req, body)
 	}
 	if len(p.reqBody)+len(body.GetBody()) > p.pol.MaxRequestBody {
-		return p.reject(ctx, bodyTooLarge(p.pol.MaxRequestBody))
+		return p.refuse(ctx, req, bodyTooLarge(p.pol.MaxRequestBody))
 	}
 	p.reqBody = append(p.reqBody, body.GetBody()...)
 	switch {
@@ -293,7 +308,7 @@ func (p *processor) onRequestBody(ctx context.Context, req *extprocv3.Processing
 		// end_of_stream is false in BUFFERED mode only because trailers
 		// follow: the body itself is whole.
 	case p.requestBodyMode == procmodev3.ProcessingMode_BUFFERED_PARTIAL:
-		return p.reject(ctx, problem.New(problem.BodyIncomplete,
+		return p.refuse(ctx, req, problem.New(problem.BodyIncomplete,
 			"the request body exceeds the proxy's buffer and cannot be fingerprinted"))
 	default:
 		// STREAMED: more chunks follow.

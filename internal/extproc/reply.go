@@ -62,6 +62,18 @@ var skipEverything = &procmodev3.ProcessingMode{
 	ResponseTrailerMode: procmodev3.ProcessingMode_SKIP,
 }
 
+// onlyResponseHeaders is the override for a request the server lets go on
+// at its headers but whose response gets a header (a shadow decision, a
+// key grace period's warning): only the response headers are sent.
+var onlyResponseHeaders = &procmodev3.ProcessingMode{
+	RequestHeaderMode:   procmodev3.ProcessingMode_SKIP,
+	ResponseHeaderMode:  procmodev3.ProcessingMode_SEND,
+	RequestBodyMode:     procmodev3.ProcessingMode_NONE,
+	ResponseBodyMode:    procmodev3.ProcessingMode_NONE,
+	RequestTrailerMode:  procmodev3.ProcessingMode_SKIP,
+	ResponseTrailerMode: procmodev3.ProcessingMode_SKIP,
+}
+
 // skipResponseBody is the override, at response headers, for a response
 // whose body will not be stored.
 var skipResponseBody = &procmodev3.ProcessingMode{

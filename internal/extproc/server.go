@@ -50,6 +50,9 @@ type Config struct {
 	// Sealer encrypts the responses of policies with Encrypt set; such a
 	// policy fails closed without one.
 	Sealer Sealer
+	// Now is the clock that ends key grace periods (key.warn_until);
+	// time.Now when nil.
+	Now func() time.Time
 }
 
 // Sealer encrypts stored responses at rest (package seal implements it).
@@ -74,6 +77,9 @@ func New(cfg Config) *Server {
 	}
 	if cfg.FinishTimeout <= 0 {
 		cfg.FinishTimeout = 5 * time.Second
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
 	}
 	if cfg.Policies == nil {
 		set := policy.DefaultSet()

@@ -3,6 +3,7 @@ package grpcxds_test
 import (
 	"context"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -279,4 +280,27 @@ default_policy:
 	wantOK(t, resp, err, "order-1")
 	_, err = call(t, env, "k-policy", "book")
 	wantCode(t, err, codes.AlreadyExists, "status OK")
+}
+
+// TestShadowNeverBlocksProxylessCalls: under a shadow policy a retry, a
+// reused key and a missing required key all reach the upstream and get its
+// answer; only the counters know what enforcement would have done.
+func TestShadowNeverBlocksProxylessCalls(t *testing.T) {
+	set, err := config.Parse("policies.yaml", []byte(`
+default_policy:
+  enforcement: shadow
+  shadow_header: idempotency-shadow
+  key: {required: true}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := grpcxds.Start(t, grpcxds.Options{Policies: set})
+	for i, c := range []struct{ key, payload string }{{"s-1", "book"}, {"s-1", "book"}, {"s-1", "pen"}, {"", "book"}} {
+		resp, err := call(t, env, c.key, c.payload)
+		wantOK(t, resp, err, "order-"+strconv.Itoa(i+1))
+	}
+	if n := len(env.Upstream.Effects()); n != 4 {
+		t.Fatalf("executions = %d, want 4", n)
+	}
 }

@@ -81,6 +81,8 @@ type Options struct {
 	// Observer and TracerProvider are handed to the server.
 	Observer       extproc.Observer
 	TracerProvider trace.TracerProvider
+	// Now is the server's clock for key grace periods; time.Now when nil.
+	Now func() time.Time
 	// Logger receives the server's logs; none when nil.
 	Logger *slog.Logger
 	// ExpectProcessingErrors allows exchanges in which Envoy would have
@@ -233,6 +235,7 @@ func (e *Env) serve(lis net.Listener) {
 		Observer:       e.opts.Observer,
 		TracerProvider: e.opts.TracerProvider,
 		Sealer:         e.opts.Sealer,
+		Now:            e.opts.Now,
 	})
 	gs := grpc.NewServer()
 	extprocv3.RegisterExternalProcessorServer(gs, srv)

@@ -31,6 +31,10 @@ type Metrics struct {
 	settleFailures *prometheus.CounterVec
 	reloads        *prometheus.CounterVec
 	adminActions   *prometheus.CounterVec
+	requests       *prometheus.CounterVec
+	shadow         *prometheus.CounterVec
+	keyWarnings    *prometheus.CounterVec
+	started        time.Time
 }
 
 var _ extproc.Observer = (*Metrics)(nil)
@@ -39,7 +43,8 @@ var _ extproc.Observer = (*Metrics)(nil)
 // and build information.
 func NewMetrics() *Metrics {
 	m := &Metrics{
-		reg: prometheus.NewRegistry(),
+		reg:     prometheus.NewRegistry(),
+		started: time.Now(),
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: Namespace, Name: "decisions_total",
 			Help: "Decisions by policy and outcome: bypassed, rejected, reserved, replayed, conflict, mismatch, unknown, " +
@@ -71,6 +76,19 @@ func NewMetrics() *Metrics {
 			Namespace: Namespace, Name: "admin_actions_total",
 			Help: "Admin API actions by action and result.",
 		}, []string{"action", "result"}),
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Name: "requests_total",
+			Help: "Requests a policy matched, whatever its enforcement, by whether they carried a key (present, absent): key adoption.",
+		}, []string{"policy", "key"}),
+		shadow: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Name: "shadow_decisions_total",
+			Help: "What shadow policies would have done: would_reserve, would_replay, would_conflict, would_mismatch, would_unknown, " +
+				"would_reject, or store_error when the store could not be asked.",
+		}, []string{"policy", "decision"}),
+		keyWarnings: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Name: "key_warnings_total",
+			Help: "Requests without a required key let through with a Warning during the policy's grace period (key.warn_until).",
+		}, []string{"policy"}),
 	}
 	build := prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Namespace: Namespace, Name: "build_info",
@@ -78,7 +96,8 @@ func NewMetrics() *Metrics {
 	}, []string{"version", "revision", "goversion"})
 	version, revision := buildVersion()
 	build.WithLabelValues(version, revision, runtime.Version()).Set(1)
-	m.reg.MustRegister(m.decisions, m.storeCalls, m.openStreams, m.replayAge, m.settleFailures, m.reloads, m.adminActions, build,
+	m.reg.MustRegister(m.decisions, m.storeCalls, m.openStreams, m.replayAge, m.settleFailures, m.reloads, m.adminActions,
+		m.requests, m.shadow, m.keyWarnings, build,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -130,6 +149,25 @@ func (m *Metrics) Replayed(policy string, age time.Duration) {
 // SettleFailed implements extproc.Observer.
 func (m *Metrics) SettleFailed(policy, decision string) {
 	m.settleFailures.WithLabelValues(policyLabel(policy), decision).Inc()
+}
+
+// Requested implements extproc.Observer.
+func (m *Metrics) Requested(policy string, withKey bool) {
+	key := "absent"
+	if withKey {
+		key = "present"
+	}
+	m.requests.WithLabelValues(policyLabel(policy), key).Inc()
+}
+
+// ShadowDecided implements extproc.Observer.
+func (m *Metrics) ShadowDecided(policy string, d extproc.ShadowDecision) {
+	m.shadow.WithLabelValues(policyLabel(policy), string(d)).Inc()
+}
+
+// KeyWarned implements extproc.Observer.
+func (m *Metrics) KeyWarned(policy string) {
+	m.keyWarnings.WithLabelValues(policyLabel(policy)).Inc()
 }
 
 // ObserveStoreCall times one store call.

@@ -25,6 +25,9 @@ func exercised(t *testing.T) (*observe.Metrics, []string) {
 	m.ConfigReloaded(nil)
 	m.AdminAction("purge", "ok")
 	m.ObserveStoreCall("reserve", "ok", time.Millisecond)
+	m.Requested("p", true)
+	m.ShadowDecided("p", extproc.ShadowWouldReplay)
+	m.KeyWarned("p")
 	fams, err := m.Registry().Gather()
 	if err != nil {
 		t.Fatal(err)

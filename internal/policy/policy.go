@@ -74,6 +74,39 @@ func (d Durability) String() string {
 	return "async"
 }
 
+// Enforcement says how far a policy acts on its decisions, so that
+// idempotency can be rolled out to APIs whose clients never sent keys:
+// off, then shadow, then enforce.
+type Enforcement uint8
+
+const (
+	// EnforcementEnforce acts on every decision: replays, 409, 422, 400.
+	EnforcementEnforce Enforcement = iota
+	// EnforcementShadow makes every decision against the store, records
+	// and counts it, but never answers in the upstream's place: every
+	// request goes on. Its records live in their own key space
+	// (RecordNamespace).
+	EnforcementShadow
+	// EnforcementOff matches requests but does nothing with them: no store
+	// call; they are only counted (with or without a key).
+	EnforcementOff
+)
+
+func (e Enforcement) String() string {
+	switch e {
+	case EnforcementShadow:
+		return "shadow"
+	case EnforcementOff:
+		return "off"
+	}
+	return "enforce"
+}
+
+// ShadowNamespaceSuffix is appended to a policy's name to derive the record
+// ids of its shadow phase. Policy names cannot contain '#', so the two key
+// spaces never meet unless an enforcing policy adopts the shadow one.
+const ShadowNamespaceSuffix = "#shadow"
+
 // Defaults of DurabilityReplicated.
 const (
 	DefaultDurabilityReplicas = 1
@@ -91,7 +124,11 @@ type Policy struct {
 	// KeyHeader is the lower-case header carrying the key.
 	KeyHeader string
 	// KeyRequired makes a missing key a 400 instead of a pass-through.
-	KeyRequired  bool
+	KeyRequired bool
+	// KeyWarnUntil, when set with KeyRequired, is the end of a grace
+	// period: before it a request without a key passes with a Warning
+	// header (and is counted); from it on, it is refused with 400.
+	KeyWarnUntil time.Time
 	MaxKeyLength int
 	Scope        Scope
 
@@ -135,6 +172,17 @@ type Policy struct {
 	// statuses.
 	Encrypt bool
 
+	// Enforcement is off, shadow or enforce (the zero value).
+	Enforcement Enforcement
+	// ShadowHeader, when set, names a response header that tells the
+	// client what a shadow policy would have done ("would-replay", ...).
+	// Only shadow policies add it; HTTP only.
+	ShadowHeader string
+	// AdoptShadowRecords makes an enforcing policy keep its records in the
+	// key space of its shadow phase, so the responses the shadow stored
+	// are replayed. Off, enforcement starts with a clean key space.
+	AdoptShadowRecords bool
+
 	// WaitForInFlight, when positive, makes a duplicate that arrives while
 	// the first attempt runs wait up to this long for its answer and
 	// replay it, instead of answering 409 at once.
@@ -175,6 +223,22 @@ func Default() *Policy {
 	}
 }
 
+// RecordNamespace is the name a policy's record ids derive from (see
+// idem.RecordIDFor): its own name, or name+ShadowNamespaceSuffix for a
+// shadow policy and for an enforcing one that adopts its shadow records.
+func (p *Policy) RecordNamespace() string {
+	if p.Enforcement == EnforcementShadow || (p.Enforcement == EnforcementEnforce && p.AdoptShadowRecords) {
+		return p.Name + ShadowNamespaceSuffix
+	}
+	return p.Name
+}
+
+// KeyGrace reports whether a request without a required key is, at now,
+// still in the policy's warning phase (key.warn_until).
+func (p *Policy) KeyGrace(now time.Time) bool {
+	return p.KeyRequired && !p.KeyWarnUntil.IsZero() && now.Before(p.KeyWarnUntil)
+}
+
 // WaitReplicas returns how many replicas must confirm a reservation, and
 // how long to wait for them: none for DurabilityAsync.
 func (p *Policy) WaitReplicas() (int, time.Duration) {
@@ -201,11 +265,19 @@ var hopByHop = map[string]bool{
 	"content-length": true, "date": true,
 }
 
+// ReservedHeader reports whether a response header belongs to the
+// connection or to Envoy (hop-by-hop, pseudo, proxy-*, x-envoy-*,
+// content-length, date): never stored, replayed nor added by the server.
+// name must be lower case.
+func ReservedHeader(name string) bool {
+	return hopByHop[name] || strings.HasPrefix(name, ":") || strings.HasPrefix(name, "proxy-") ||
+		strings.HasPrefix(name, "x-envoy-") // Envoy's own, and immutable by ext_proc
+}
+
 // StoresHeader reports whether a response header is kept in a record.
 // name must be lower case.
 func (p *Policy) StoresHeader(name string) bool {
-	if hopByHop[name] || strings.HasPrefix(name, ":") || strings.HasPrefix(name, "proxy-") ||
-		strings.HasPrefix(name, "x-envoy-") { // Envoy's own, and immutable by ext_proc
+	if ReservedHeader(name) {
 		return false
 	}
 	for _, d := range p.StoredHeaderDeny {

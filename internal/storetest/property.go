@@ -430,7 +430,7 @@ func (m *machine) expire() {
 	}
 	var last time.Time
 	for _, r := range m.model {
-		if r.state == idem.StateInFlight && r.leaseHi.Sub(time.Now()) < propShortLease*2 && r.leaseHi.After(last) {
+		if r.state == idem.StateInFlight && time.Until(r.leaseHi) < propShortLease*2 && r.leaseHi.After(last) {
 			last = r.leaseHi
 		}
 	}
