@@ -107,3 +107,31 @@ func TestMainConfigErrorExitsTwo(t *testing.T) {
 		t.Fatalf("--help exits %d", code)
 	}
 }
+
+// TestEveryFlagIsDocumented: each flag has a row in README.md's flags
+// table, with its environment variable.
+func TestEveryFlagIsDocumented(t *testing.T) {
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var usage strings.Builder
+	_, _ = ParseConfig([]string{"-h"}, env(nil), &usage)
+	n := 0
+	for _, line := range strings.Split(usage.String(), "\n") {
+		line = strings.TrimSpace(line)
+		if !strings.HasPrefix(line, "-") {
+			continue
+		}
+		name := strings.Fields(strings.TrimPrefix(line, "-"))[0]
+		n++
+		for _, want := range []string{"`--" + name + "`", "`" + EnvName(name) + "`"} {
+			if !strings.Contains(string(readme), want) {
+				t.Errorf("README.md does not document %s", want)
+			}
+		}
+	}
+	if n < 10 {
+		t.Fatalf("found only %d flags in the usage text", n)
+	}
+}
