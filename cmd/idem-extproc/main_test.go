@@ -213,41 +213,82 @@ func TestBinaryDefaultsToMemory(t *testing.T) {
 	}
 }
 
-// TestBinarySIGTERMDrains: SIGTERM while responses are in flight turns
+// TestBinarySignalsDrain: SIGTERM while responses are in flight turns
 // readiness false, lets every open stream finish and store its response,
 // and exits 0.
-func TestBinarySIGTERMDrains(t *testing.T) {
-	redis := redistest.Start(t, redistest.Options{})
-	p := start(t, freeAddr(t), freeAddr(t), "--redis-url", redis.URL())
-	env := harness.Start(t, harness.Options{ServerAddr: p.listen, Redis: redis})
-	const n = 5
-	replies := make(chan harness.Reply, n)
-	for i := range n {
-		go func() {
-			replies <- env.Post("/orders", fmt.Sprintf("drain-%d", i), `{}`, "x-upstream-delay", "700ms")
-		}()
+func TestBinarySignalsDrain(t *testing.T) {
+	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT} {
+		t.Run(sig.String(), func(t *testing.T) {
+			redis := redistest.Start(t, redistest.Options{})
+			p := start(t, freeAddr(t), freeAddr(t), "--redis-url", redis.URL())
+			env := harness.Start(t, harness.Options{ServerAddr: p.listen, Redis: redis})
+			const n = 5
+			replies := make(chan harness.Reply, n)
+			for i := range n {
+				go func() {
+					replies <- env.Post("/orders", fmt.Sprintf("drain-%d", i), `{}`, "x-upstream-delay", "700ms")
+				}()
+			}
+			waitFor(t, "all reserved", func() bool {
+				keys, _ := redis.Client().Keys(context.Background(), "idem:*").Result()
+				return len(keys) == n
+			})
+			if err := p.cmd.Process.Signal(sig); err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, "/readyz turns false while draining", func() bool { return p.get("/readyz") == http.StatusServiceUnavailable })
+			for range n {
+				if r := <-replies; r.Status != http.StatusCreated {
+					t.Fatalf("in-flight request answered %d %s", r.Status, r.Body)
+				}
+			}
+			code, exited := p.wait(10 * time.Second)
+			if !exited || code != 0 {
+				t.Fatalf("exit code %d (exited %v):\n%s", code, exited, p.stderr.String())
+			}
+			for i := range n {
+				if s := recordState(t, env, fmt.Sprintf("drain-%d", i)); s != idem.StateCompleted {
+					t.Fatalf("record %d is %v after the drain, want completed", i, s)
+				}
+			}
+		})
 	}
-	waitFor(t, "all reserved", func() bool {
-		keys, _ := redis.Client().Keys(context.Background(), "idem:*").Result()
-		return len(keys) == n
-	})
+}
+
+// TestBinaryDrainIsBounded: a stream still open when --drain-timeout
+// passes is cut and the process exits 0; the request it carried was let
+// through, so its record is never released for a second execution: the
+// retry is refused (409) and the upstream's effect happens once.
+func TestBinaryDrainIsBounded(t *testing.T) {
+	redis := redistest.Start(t, redistest.Options{})
+	p := start(t, freeAddr(t), freeAddr(t), "--redis-url", redis.URL(), "--drain-timeout", "200ms")
+	env := harness.Start(t, harness.Options{ServerAddr: p.listen, Redis: redis, ExpectProcessingErrors: true})
+	done := make(chan harness.Reply, 1)
+	go func() { done <- env.Post("/orders", "cut-1", `{}`, "x-upstream-delay", "5s") }()
+	waitFor(t, "reserved", func() bool { return recordState(t, env, "cut-1") == idem.StateInFlight })
 	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
-	}
-	waitFor(t, "/readyz turns false while draining", func() bool { return p.get("/readyz") == http.StatusServiceUnavailable })
-	for range n {
-		if r := <-replies; r.Status != http.StatusCreated {
-			t.Fatalf("in-flight request answered %d %s", r.Status, r.Body)
-		}
 	}
 	code, exited := p.wait(10 * time.Second)
 	if !exited || code != 0 {
 		t.Fatalf("exit code %d (exited %v):\n%s", code, exited, p.stderr.String())
 	}
-	for i := range n {
-		if s := recordState(t, env, fmt.Sprintf("drain-%d", i)); s != idem.StateCompleted {
-			t.Fatalf("record %d is %v after the drain, want completed", i, s)
-		}
+	if env.Upstream.CountKey("cut-1") != 0 {
+		t.Fatal("the process waited for the upstream: the drain was not cut at --drain-timeout")
+	}
+	if !strings.Contains(p.stderr.String(), "drain timeout passed") {
+		t.Errorf("no log line says the drain was cut:\n%s", p.stderr.String())
+	}
+	if r := <-done; r.Status != http.StatusInternalServerError {
+		t.Fatalf("with its stream cut Envoy fails closed, got %d %s", r.Status, r.Body)
+	}
+	waitFor(t, "the first attempt's effect", func() bool { return env.Upstream.CountKey("cut-1") == 1 })
+	start(t, p.listen, p.admin, "--redis-url", redis.URL())
+	if r := env.Post("/orders", "cut-1", `{}`); r.Status != http.StatusConflict {
+		t.Fatalf("retry after the cut = %d %s, want 409 (outcome unknown)", r.Status, r.Body)
+	}
+	if n := env.Upstream.CountKey("cut-1"); n != 1 {
+		t.Fatalf("effects %d, want exactly the first attempt's", n)
 	}
 }
 

@@ -340,3 +340,46 @@ func TestAdminOffWithoutToken(t *testing.T) {
 		t.Fatalf("admin API answered %d without a token configured", resp.StatusCode)
 	}
 }
+
+// TestMetricsCountReleasesUnknownsAndFailOpen: the response-side decisions
+// a first attempt can end in, and a fail-open pass, each counted once.
+func TestMetricsCountReleasesUnknownsAndFailOpen(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "p.yaml")
+	cfg := "policies:\n" +
+		"  - name: lenient\n    match: {path: {prefix: /lenient}}\n    store_failure: fail_open\n"
+	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r := run(t, "--config", path)
+	// 429 from the upstream: released, so that a retry may run.
+	if got := r.env.Post("/orders", "rel-1", `{}`, "x-upstream-status", "429"); got.Status != http.StatusTooManyRequests {
+		t.Fatalf("429 passed through as %d", got.Status)
+	}
+	// The client leaves after the request was let through: unknown.
+	if got := r.env.Do(http.MethodPost, "/orders", `{}`, 100*time.Millisecond,
+		"Idempotency-Key", "unk-1", "x-upstream-delay", "300ms"); got.Err == nil {
+		t.Fatalf("the client should have given up, got %d", got.Status)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for metricValue(scrape(t, r.d), `idem_extproc_decisions_total{decision="marked_unknown",policy="default"}`) != "1" {
+		if time.Now().After(deadline) {
+			t.Fatal("marked_unknown never counted")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// Redis down under a fail_open policy: passed unprotected, counted.
+	r.redis.Kill()
+	if got := r.env.Post("/lenient", "open-1", `{}`); got.Status != http.StatusCreated {
+		t.Fatalf("fail_open answered %d %s", got.Status, got.Body)
+	}
+	m := scrape(t, r.d)
+	for series, want := range map[string]string{
+		`idem_extproc_decisions_total{decision="released",policy="default"}`:  "1",
+		`idem_extproc_decisions_total{decision="fail_open",policy="lenient"}`: "1",
+		`idem_extproc_decisions_total{decision="stored",policy="default"}`:    "",
+	} {
+		if got := metricValue(m, series); got != want {
+			t.Errorf("%s = %q, want %q", series, got, want)
+		}
+	}
+}
