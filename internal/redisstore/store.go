@@ -61,6 +61,34 @@ func loadScripts() scripts {
 	}
 }
 
+// ScriptSource returns the Lua source of the store's script named like its
+// file without ".lua" ("reserve", "complete", …), or "" when there is none.
+// It is for tools that must run exactly the store's scripts, such as the
+// load tool's floor server.
+func ScriptSource(name string) string {
+	switch name {
+	case "reserve":
+		return reserveLua
+	case "renew":
+		return renewLua
+	case "complete":
+		return completeLua
+	case "release":
+		return releaseLua
+	case "mark_unknown":
+		return markUnknownLua
+	case "peek":
+		return peekLua
+	case "watch":
+		return watchLua
+	case "purge":
+		return purgeLua
+	case "resolve":
+		return resolveLua
+	}
+	return ""
+}
+
 // DefaultPrefix starts every key the store writes.
 const DefaultPrefix = "idem:"
 
