@@ -310,6 +310,11 @@ func (d *driver) prepare(ctx context.Context, n int) ([]string, error) {
 	return keys, nil
 }
 
+// warm runs the load for d, measuring nothing.
+func (d *driver) warm(ctx context.Context, dur time.Duration) {
+	d.measure(ctx, dur, 0, func(bool) {})
+}
+
 // measure runs the load for warmup, then measures it for duration, calling
 // mark at both edges of the measured window (to read CPU and counters).
 func (d *driver) measure(ctx context.Context, warmup, duration time.Duration, mark func(start bool)) time.Duration {
@@ -323,13 +328,16 @@ func (d *driver) measure(ctx context.Context, warmup, duration time.Duration, ma
 		}()
 	}
 	time.Sleep(warmup)
-	mark(true)
-	start := time.Now()
-	d.on.Store(true)
-	time.Sleep(duration)
-	d.on.Store(false)
-	elapsed := time.Since(start)
-	mark(false)
+	var elapsed time.Duration
+	if duration > 0 {
+		mark(true)
+		start := time.Now()
+		d.on.Store(true)
+		time.Sleep(duration)
+		d.on.Store(false)
+		elapsed = time.Since(start)
+		mark(false)
+	}
 	stop.Store(true)
 	wg.Wait()
 	return elapsed

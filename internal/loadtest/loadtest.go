@@ -43,14 +43,16 @@ const (
 type config struct {
 	scenarios, servers        []string
 	concurrency, conns, reps  int
+	slices                    int
 	duration, warmup          time.Duration
+	initialWarmup             time.Duration
 	keys                      int
 	duplicateRate, unprotRate float64
 	keyless                   bool
 	reqBody, respBody         int
 	redisURL, serverBin, dir  string
 	serverArgs                []string
-	cpuProfile, memProfile    string
+	profileDir                string
 	memoryRecords             int
 	skipMemory                bool
 	// self is this tool's executable, re-run for the servers.
@@ -103,8 +105,10 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.StringVar(&cfg.serverList, "servers", "noop,floor,idem-extproc", "comma-separated servers to measure: noop, floor, idem-extproc")
 	fs.IntVar(&cfg.concurrency, "concurrency", 32, "concurrent streams (requests in flight)")
 	fs.IntVar(&cfg.conns, "conns", 2, "gRPC connections the streams share (Envoy opens one per worker thread)")
-	fs.DurationVar(&cfg.duration, "duration", 10*time.Second, "measured time of each run")
-	fs.DurationVar(&cfg.warmup, "warmup", 2*time.Second, "load before each run's measured time, not counted")
+	fs.DurationVar(&cfg.duration, "duration", 10*time.Second, "measured time of each server in each run (a scenario's repetition)")
+	fs.IntVar(&cfg.slices, "slices", 5, "slices each server's measured time is cut into; the servers take turns slice by slice, so drift in the machine's speed hits them alike")
+	fs.DurationVar(&cfg.warmup, "warmup", time.Second, "load before each slice's measured time, not counted")
+	fs.DurationVar(&cfg.initialWarmup, "initial-warmup", 3*time.Second, "load each server gets once, before any measurement (pools, heap and caches grow to their working size)")
 	fs.IntVar(&cfg.reps, "reps", 3, "repetitions of every (scenario, server) run; medians are reported")
 	fs.IntVar(&cfg.keys, "keys", 1000, "key space of replays: that many keys are completed before a replay or mixed run")
 	fs.Float64Var(&cfg.duplicateRate, "duplicate-rate", 0.3, "mixed: share of protected requests that replay a completed key")
@@ -115,8 +119,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.StringVar(&cfg.redisURL, "redis-url", "", "Redis for idem-extproc and the floor server; empty: start redis-server on a free loopback port")
 	fs.StringVar(&cfg.serverBin, "server-bin", "", "idem-extproc binary to measure (go build ./cmd/idem-extproc); empty: this tool runs the same daemon code itself")
 	fs.StringVar(&cfg.serverArgsText, "server-args", "", "extra idem-extproc flags, space-separated (e.g. --log-level=warn)")
-	fs.StringVar(&cfg.cpuProfile, "cpuprofile", "", "write idem-extproc's CPU profile over its whole life to this file (needs an empty --server-bin)")
-	fs.StringVar(&cfg.memProfile, "memprofile", "", "write idem-extproc's allocation profile at its exit to this file (needs an empty --server-bin)")
+	fs.StringVar(&cfg.profileDir, "profile-dir", "", "write each server's CPU profile over its whole life (<server>.cpu.pprof) and allocation profile at its exit (<server>.allocs.pprof) here; idem-extproc's only with an empty --server-bin")
 	fs.IntVar(&cfg.memoryRecords, "memory-records", 10000, "records written to measure Redis's used_memory growth per record")
 	fs.BoolVar(&cfg.skipMemory, "skip-memory", false, "do not measure Redis memory per record")
 	fs.StringVar(&cfg.dir, "work-dir", "", "directory for the servers' logs and Redis; empty: a temporary one, removed at the end")
@@ -142,11 +145,11 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	if len(cfg.scenarios) == 0 || len(cfg.servers) == 0 {
 		errs = append(errs, errors.New("--scenario and --servers must name at least one each"))
 	}
-	if cfg.concurrency < 1 || cfg.conns < 1 || cfg.reps < 1 {
-		errs = append(errs, errors.New("--concurrency, --conns and --reps must be positive"))
+	if cfg.concurrency < 1 || cfg.conns < 1 || cfg.reps < 1 || cfg.slices < 1 {
+		errs = append(errs, errors.New("--concurrency, --conns, --reps and --slices must be positive"))
 	}
-	if cfg.duration <= 0 || cfg.warmup < 0 {
-		errs = append(errs, errors.New("--duration must be positive and --warmup not negative"))
+	if cfg.duration <= 0 || cfg.warmup < 0 || cfg.initialWarmup < 0 {
+		errs = append(errs, errors.New("--duration must be positive, --warmup and --initial-warmup not negative"))
 	}
 	if cfg.keys < 1 {
 		errs = append(errs, errors.New("--keys must be positive"))
@@ -160,9 +163,6 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 		cfg.keyless = true
 	default:
 		errs = append(errs, fmt.Errorf("--unprotected: %q is not get or keyless", cfg.unprotectedKind))
-	}
-	if (cfg.cpuProfile != "" || cfg.memProfile != "") && cfg.serverBin != "" {
-		errs = append(errs, errors.New("--cpuprofile and --memprofile need the tool's own serve-idem: leave --server-bin empty"))
 	}
 	cfg.serverArgs = strings.Fields(cfg.serverArgsText)
 	self, err := os.Executable()
@@ -189,23 +189,58 @@ func serveReference(ctx context.Context, which string, args []string, stderr io.
 	fs.SetOutput(stderr)
 	listen := fs.String("listen", "127.0.0.1:0", "ext_proc address")
 	redisURL := fs.String("redis-url", "", "Redis (serve-floor)")
+	cpuProfile := fs.String("cpuprofile", "", "CPU profile file")
+	memProfile := fs.String("memprofile", "", "allocation profile file, written at exit")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	var err error
-	if which == "serve-noop" {
-		err = serveGRPC(ctx, *listen, noopServer{})
-	} else {
-		var f *floorServer
-		if f, err = newFloorServer(ctx, *redisURL); err == nil {
-			err = serveGRPC(ctx, *listen, f)
+	return withProfiles(*cpuProfile, *memProfile, stderr, func() int {
+		var err error
+		if which == "serve-noop" {
+			err = serveGRPC(ctx, *listen, noopServer{})
+		} else {
+			var f *floorServer
+			if f, err = newFloorServer(ctx, *redisURL); err == nil {
+				err = serveGRPC(ctx, *listen, f)
+			}
+		}
+		if err != nil {
+			fmt.Fprintf(stderr, "%s: %v\n", which, err)
+			return 1
+		}
+		return 0
+	})
+}
+
+// withProfiles runs serve under the CPU profiler when cpu is set, and
+// writes the allocation profile to mem when it returns.
+func withProfiles(cpu, mem string, stderr io.Writer, serve func() int) int {
+	if cpu != "" {
+		f, err := os.Create(cpu)
+		if err != nil {
+			fmt.Fprintf(stderr, "profile: %v\n", err)
+			return 1
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fmt.Fprintf(stderr, "profile: %v\n", err)
+			return 1
+		}
+		defer pprof.StopCPUProfile()
+	}
+	code := serve()
+	if mem != "" {
+		f, err := os.Create(mem)
+		if err != nil {
+			fmt.Fprintf(stderr, "profile: %v\n", err)
+			return 1
+		}
+		defer f.Close()
+		if err := pprof.Lookup("allocs").WriteTo(f, 0); err != nil {
+			fmt.Fprintf(stderr, "profile: %v\n", err)
 		}
 	}
-	if err != nil {
-		fmt.Fprintf(stderr, "%s: %v\n", which, err)
-		return 1
-	}
-	return 0
+	return code
 }
 
 // serveIdem runs idem-extproc's daemon exactly as cmd/idem-extproc does,
@@ -228,27 +263,9 @@ func serveIdem(ctx context.Context, args []string, stderr io.Writer) int {
 	if len(args) > 0 {
 		args = args[1:]
 	}
-	if cpuProfile != "" {
-		f, err := os.Create(cpuProfile)
-		if err != nil {
-			fmt.Fprintf(stderr, "serve-idem: %v\n", err)
-			return 1
-		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			fmt.Fprintf(stderr, "serve-idem: %v\n", err)
-			return 1
-		}
-		defer pprof.StopCPUProfile()
-	}
-	code := daemon.Main(ctx, args, os.Getenv, stderr)
-	if memProfile != "" {
-		if f, err := os.Create(memProfile); err == nil {
-			_ = pprof.Lookup("allocs").WriteTo(f, 0)
-			f.Close()
-		}
-	}
-	return code
+	return withProfiles(cpuProfile, memProfile, stderr, func() int {
+		return daemon.Main(ctx, args, os.Getenv, stderr)
+	})
 }
 
 // memoryMain is the memory subcommand.

@@ -173,8 +173,18 @@ type serverSpec struct {
 	extraArgs []string
 	redisURL  string
 	dir       string
-	// CPU and allocation profiles of idem-extproc (serve-idem only).
-	profile, memProfile string
+	// profileDir receives each server's CPU and allocation profiles
+	// (idem-extproc's with serve-idem only).
+	profileDir string
+}
+
+// profileArgs are the flags that make a server write its profiles.
+func (spec serverSpec) profileArgs(name string) []string {
+	if spec.profileDir == "" {
+		return nil
+	}
+	return []string{"--cpuprofile=" + filepath.Join(spec.profileDir, name+".cpu.pprof"),
+		"--memprofile=" + filepath.Join(spec.profileDir, name+".allocs.pprof")}
 }
 
 func startServer(ctx context.Context, name string, spec serverSpec) (*server, error) {
@@ -185,14 +195,14 @@ func startServer(ctx context.Context, name string, spec serverSpec) (*server, er
 	logPath := filepath.Join(spec.dir, name+".log")
 	switch name {
 	case serverNoop:
-		s, err := startProcess(name, []string{spec.self, "serve-noop", "--listen", addr}, logPath)
+		s, err := startProcess(name, append([]string{spec.self, "serve-noop", "--listen", addr}, spec.profileArgs(name)...), logPath)
 		if err != nil {
 			return nil, err
 		}
 		s.addr = addr
 		return s, s.waitUntil(tcpReady(addr))
 	case serverFloor:
-		s, err := startProcess(name, []string{spec.self, "serve-floor", "--listen", addr, "--redis-url", spec.redisURL}, logPath)
+		s, err := startProcess(name, append([]string{spec.self, "serve-floor", "--listen", addr, "--redis-url", spec.redisURL}, spec.profileArgs(name)...), logPath)
 		if err != nil {
 			return nil, err
 		}
@@ -208,14 +218,7 @@ func startServer(ctx context.Context, name string, spec serverSpec) (*server, er
 	args := append([]string{"--listen", addr, "--admin-listen", admin, "--redis-url", spec.redisURL}, spec.extraArgs...)
 	argv := append([]string{spec.serverBin}, args...)
 	if spec.serverBin == "" {
-		argv = []string{spec.self, "serve-idem"}
-		if spec.profile != "" {
-			argv = append(argv, "--cpuprofile="+spec.profile)
-		}
-		if spec.memProfile != "" {
-			argv = append(argv, "--memprofile="+spec.memProfile)
-		}
-		argv = append(append(argv, "--"), args...)
+		argv = append(append(append([]string{spec.self, "serve-idem"}, spec.profileArgs(name)...), "--"), args...)
 	}
 	s, err := startProcess(name, argv, logPath)
 	if err != nil {

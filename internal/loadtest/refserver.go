@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 
+	"github.com/idem-extproc/idem-extproc/internal/daemon"
 	"github.com/idem-extproc/idem-extproc/internal/redisstore"
 )
 
@@ -42,7 +43,7 @@ func serveGRPC(ctx context.Context, addr string, srv extprocv3.ExternalProcessor
 	if err != nil {
 		return err
 	}
-	gs := grpc.NewServer(grpc.MaxRecvMsgSize(32 << 20)) // as the daemon's default --max-message-size
+	gs := grpc.NewServer(daemon.StreamServerOptions(32 << 20)...) // the daemon's, with its default --max-message-size
 	extprocv3.RegisterExternalProcessorServer(gs, srv)
 	go func() {
 		<-ctx.Done()

@@ -2,6 +2,7 @@ package loadtest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"runtime"
@@ -59,6 +60,11 @@ func run(ctx context.Context, cfg *config) error {
 	} else if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
+	if cfg.profileDir != "" {
+		if err := os.MkdirAll(cfg.profileDir, 0o755); err != nil {
+			return err
+		}
+	}
 	var rs *redisServer
 	needRedis := cfg.needs(serverFloor) || cfg.needs(serverIdem)
 	if needRedis {
@@ -69,7 +75,7 @@ func run(ctx context.Context, cfg *config) error {
 		defer rs.close()
 	}
 	spec := serverSpec{self: cfg.self, serverBin: cfg.serverBin, extraArgs: cfg.serverArgs, dir: dir,
-		profile: cfg.cpuProfile, memProfile: cfg.memProfile}
+		profileDir: cfg.profileDir}
 	if rs != nil {
 		spec.redisURL = rs.url
 	}
@@ -91,21 +97,28 @@ func run(ctx context.Context, cfg *config) error {
 	}
 	printMachine(ctx, cfg, rs)
 
+	ordered := make([]*server, 0, len(cfg.servers))
+	for _, name := range cfg.servers {
+		ordered = append(ordered, servers[name])
+	}
+	if err := warmServers(ctx, cfg, ordered, rs); err != nil {
+		return err
+	}
 	var results []*runResult
 	for rep := 1; rep <= cfg.reps; rep++ {
 		for _, sc := range cfg.scenarios {
-			for _, name := range cfg.servers {
-				if ctx.Err() != nil {
-					return ctx.Err()
-				}
-				r, err := measureRun(ctx, cfg, servers[name], rs, sc, rep)
-				if err != nil {
-					return fmt.Errorf("rep %d, %s, %s: %w", rep, sc, name, err)
-				}
-				cfg.logf("rep %d %-12s %-13s %8.0f req/s  p99 %6.0f µs  server CPU %5.0f µs/req  errors %d",
-					rep, sc, name, r.rps(), us(r.total.p99), r.perRequest(r.cpu), r.errs)
-				results = append(results, r)
+			if ctx.Err() != nil {
+				return ctx.Err()
 			}
+			rr, err := measureScenario(ctx, cfg, ordered, rs, sc, rep)
+			if err != nil {
+				return fmt.Errorf("rep %d, %s: %w", rep, sc, err)
+			}
+			for _, r := range rr {
+				cfg.logf("rep %d %-12s %-13s %8.0f req/s  p99 %6.0f µs  server CPU %5.0f µs/req  errors %d",
+					rep, sc, r.server, r.rps(), us(r.total.p99), r.perRequest(r.cpu), r.errs)
+			}
+			results = append(results, rr...)
 		}
 	}
 	// Stop the servers now: the daemon writes its profiles on the way out.
@@ -113,11 +126,8 @@ func run(ctx context.Context, cfg *config) error {
 		s.stop()
 		delete(servers, name)
 	}
-	if cfg.cpuProfile != "" {
-		cfg.logf("idem-extproc CPU profile: %s", cfg.cpuProfile)
-	}
-	if cfg.memProfile != "" {
-		cfg.logf("idem-extproc allocation profile: %s", cfg.memProfile)
+	if cfg.profileDir != "" {
+		cfg.logf("profiles in %s", cfg.profileDir)
 	}
 
 	for _, sc := range cfg.scenarios {
@@ -156,60 +166,120 @@ func us(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
 // metricsWanted are the idem-extproc metrics a run reads at both edges.
 var metricsWanted = []string{"go_memstats_mallocs_total", "idem_extproc_decisions_total"}
 
-// measureRun runs one scenario against one server.
-func measureRun(ctx context.Context, cfg *config, srv *server, rs *redisServer, scenario string, rep int) (*runResult, error) {
+// measureScenario runs one repetition of a scenario against every server.
+// Machines like the one this targets (two shared vCPUs) drift in speed by
+// tens of percent over a minute, so the servers are not measured one after
+// the other: the measured time is cut into slices, and the servers take
+// turns, one slice each per round (each slice after its own warm-up), the
+// round's first server rotating. Every server then sees the same machine,
+// and a ratio of two servers' figures compares like with like.
+func measureScenario(ctx context.Context, cfg *config, servers []*server, rs *redisServer, scenario string, rep int) ([]*runResult, error) {
 	if rs != nil {
 		if err := rs.flush(ctx); err != nil {
 			return nil, err
 		}
 	}
-	wl := newWorkload(scenario, cfg.reqBody, cfg.respBody)
-	wl.keys, wl.duplicateRate, wl.unprotectedRate, wl.keyless = cfg.keys, cfg.duplicateRate, cfg.unprotRate, cfg.keyless
-	d, err := newDriver(srv.addr, cfg.conns, cfg.concurrency, srv.name, wl)
-	if err != nil {
-		return nil, err
+	type state struct {
+		srv     *server
+		d       *driver
+		r       *runResult
+		metrics [2]map[string]float64
 	}
-	defer d.close()
-	if wl.needsKeys() {
-		if _, err := d.prepare(ctx, cfg.keys); err != nil {
+	var states []*state
+	defer func() {
+		for _, st := range states {
+			st.d.close()
+		}
+	}()
+	for _, srv := range servers {
+		wl := newWorkload(scenario, cfg.reqBody, cfg.respBody)
+		wl.keys, wl.duplicateRate, wl.unprotectedRate, wl.keyless = cfg.keys, cfg.duplicateRate, cfg.unprotRate, cfg.keyless
+		d, err := newDriver(srv.addr, cfg.conns, cfg.concurrency, srv.name, wl)
+		if err != nil {
 			return nil, err
 		}
-	}
-	type edge struct {
-		cpu, redisCPU, driverCPU time.Duration
-		haveRedis                bool
-		metrics                  map[string]float64
-		err                      error
-	}
-	var edges [2]edge
-	mark := func(start bool) {
-		e := &edges[1]
-		if start {
-			e = &edges[0]
-		}
-		e.cpu, e.err = processCPU(srv.pid())
-		e.redisCPU, e.haveRedis = 0, false
-		if rs != nil {
-			e.redisCPU, e.haveRedis = rs.cpu()
-		}
-		e.driverCPU, _ = processCPU(os.Getpid())
-		if srv.admin != "" && e.err == nil {
-			e.metrics, e.err = scrapeMetrics("http://"+srv.admin+"/metrics", metricsWanted...)
+		st := &state{srv: srv, d: d, r: &runResult{rep: rep, scenario: scenario, server: srv.name,
+			haveRedisCPU: rs != nil && rs.proc != nil, phases: map[envoysim.Phase]dist{}}}
+		states = append(states, st)
+		if wl.needsKeys() {
+			if _, err := d.prepare(ctx, cfg.keys); err != nil {
+				return nil, fmt.Errorf("%s: %w", srv.name, err)
+			}
 		}
 	}
-	elapsed := d.measure(ctx, cfg.warmup, cfg.duration, mark)
-	for _, e := range edges {
-		if e.err != nil {
-			return nil, e.err
+	slice := cfg.duration / time.Duration(cfg.slices)
+	for round := range cfg.slices {
+		for j := range states {
+			st := states[(round+j)%len(states)]
+			var cpu, redisCPU, driverCPU [2]time.Duration
+			var errs [2]error
+			mark := func(start bool) {
+				i := 1
+				if start {
+					i = 0
+				}
+				cpu[i], errs[i] = processCPU(st.srv.pid())
+				if rs != nil {
+					redisCPU[i], _ = rs.cpu()
+				}
+				driverCPU[i], _ = processCPU(os.Getpid())
+				if st.srv.admin != "" && errs[i] == nil {
+					st.metrics[i], errs[i] = scrapeMetrics("http://"+st.srv.admin+"/metrics", metricsWanted...)
+				}
+			}
+			elapsed := st.d.measure(ctx, cfg.warmup, slice, mark)
+			if err := errors.Join(errs[0], errs[1]); err != nil {
+				return nil, fmt.Errorf("%s: %w", st.srv.name, err)
+			}
+			st.r.elapsed += elapsed
+			st.r.cpu += cpu[1] - cpu[0]
+			st.r.redisCPU += redisCPU[1] - redisCPU[0]
+			st.r.driverCPU += driverCPU[1] - driverCPU[0]
+			st.r.addMetrics(st.metrics[0], st.metrics[1])
 		}
 	}
-	r := &runResult{rep: rep, scenario: scenario, server: srv.name, elapsed: elapsed,
-		cpu: edges[1].cpu - edges[0].cpu, driverCPU: edges[1].driverCPU - edges[0].driverCPU,
-		redisCPU: edges[1].redisCPU - edges[0].redisCPU, haveRedisCPU: edges[0].haveRedis && edges[1].haveRedis,
-		phases: map[envoysim.Phase]dist{}}
+	out := make([]*runResult, 0, len(states))
+	for _, st := range states {
+		st.r.collect(st.d.recs)
+		out = append(out, st.r)
+	}
+	return out, nil
+}
+
+// warmServers gives each server a mix of every kind of request once,
+// before anything is measured.
+func warmServers(ctx context.Context, cfg *config, servers []*server, rs *redisServer) error {
+	if cfg.initialWarmup <= 0 {
+		return nil
+	}
+	for _, srv := range servers {
+		cfg.logf("warming %s up for %v", srv.name, cfg.initialWarmup)
+		wl := newWorkload(scenarioMixed, cfg.reqBody, cfg.respBody)
+		wl.keys, wl.duplicateRate, wl.unprotectedRate = 100, 0.3, 0.3
+		d, err := newDriver(srv.addr, cfg.conns, cfg.concurrency, srv.name, wl)
+		if err != nil {
+			return err
+		}
+		_, err = d.prepare(ctx, wl.keys)
+		if err == nil {
+			d.warm(ctx, cfg.initialWarmup)
+		}
+		d.close()
+		if err != nil {
+			return fmt.Errorf("warming %s up: %w", srv.name, err)
+		}
+	}
+	if rs != nil {
+		return rs.flush(ctx)
+	}
+	return nil
+}
+
+// collect merges the workers' measurements.
+func (r *runResult) collect(recs []*recorder) {
 	var total []time.Duration
 	var phases [envoysim.PhaseResponseTrailers + 1][]time.Duration
-	for _, rec := range d.recs {
+	for _, rec := range recs {
 		total = append(total, rec.total...)
 		for p := range phases {
 			phases[p] = append(phases[p], rec.phases[p]...)
@@ -229,20 +299,28 @@ func measureRun(ctx context.Context, cfg *config, srv *server, rs *redisServer, 
 			r.phases[p] = summarise(phases[p])
 		}
 	}
-	if m0, m1 := edges[0].metrics, edges[1].metrics; m0 != nil && m1 != nil {
-		if a, ok := m1["go_memstats_mallocs_total"]; ok {
-			r.mallocs, r.haveMallocs = a-m0["go_memstats_mallocs_total"], true
-		}
+}
+
+// addMetrics adds what idem-extproc's metrics say happened between two
+// readings: heap allocations and decisions.
+func (r *runResult) addMetrics(m0, m1 map[string]float64) {
+	if m0 == nil || m1 == nil {
+		return
+	}
+	if a, ok := m1["go_memstats_mallocs_total"]; ok {
+		r.mallocs += a - m0["go_memstats_mallocs_total"]
+		r.haveMallocs = true
+	}
+	if r.decisions == nil {
 		r.decisions = map[string]float64{}
-		for k, v := range m1 {
-			if name, ok := strings.CutPrefix(k, "idem_extproc_decisions_total"); ok {
-				if delta := v - m0[k]; delta > 0 {
-					r.decisions[decisionLabel(name)] += delta
-				}
+	}
+	for k, v := range m1 {
+		if name, ok := strings.CutPrefix(k, "idem_extproc_decisions_total"); ok {
+			if delta := v - m0[k]; delta > 0 {
+				r.decisions[decisionLabel(name)] += delta
 			}
 		}
 	}
-	return r, nil
 }
 
 // decisionLabel extracts the decision label of a metric's label set.
@@ -274,8 +352,9 @@ func printMachine(ctx context.Context, cfg *config, rs *redisServer) {
 		bin = "this tool's serve-idem (daemon.Main, as cmd/idem-extproc)"
 	}
 	fmt.Fprintf(cfg.out, "machine: %d CPUs (%s), %s, redis-server %s\n", runtime.NumCPU(), model, runtime.Version(), redisVersion)
-	fmt.Fprintf(cfg.out, "load: %d concurrent streams over %d gRPC connections, %v measured after %v of warm-up, %d repetitions\n",
-		cfg.concurrency, cfg.conns, cfg.duration, cfg.warmup, cfg.reps)
+	fmt.Fprintf(cfg.out, "load: %d concurrent streams over %d gRPC connections; per repetition of a scenario each server is measured %v, "+
+		"in %d slices taking turns with the other servers, each after %v of warm-up; %d repetitions\n",
+		cfg.concurrency, cfg.conns, cfg.duration, cfg.slices, cfg.warmup, cfg.reps)
 	fmt.Fprintf(cfg.out, "idem-extproc: %s, --redis-url, default policy, metrics on, JSON logs at info to a file, no tracing %s\n",
 		bin, strings.Join(cfg.serverArgs, " "))
 }
