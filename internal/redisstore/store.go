@@ -136,7 +136,14 @@ func (s *Store) Close() error { return s.hub.close() }
 // Key returns the Redis key of a record.
 func (s *Store) Key(id idem.RecordID) string { return s.prefix + "{" + string(id) + "}" }
 
+// bound limits a call to the store's call timeout. A caller whose own
+// deadline comes first (the server bounds each call by the same budget)
+// keeps its context: a second timer could only fire later, and each costs
+// allocations on every call.
 func (s *Store) bound(ctx context.Context) (context.Context, context.CancelFunc) {
+	if d, ok := ctx.Deadline(); ok && time.Until(d) <= s.callTimeout {
+		return ctx, func() {}
+	}
 	return context.WithTimeout(ctx, s.callTimeout)
 }
 
