@@ -103,6 +103,10 @@ func Start(cfg Config, log *slog.Logger, getenv func(string) string) (*Daemon, e
 	d.shutdownTracing = shutdownTracing
 	if observe.TracingEnabled(getenv) {
 		log.Info("tracing: exporting spans over OTLP as the OTEL_* environment says")
+	} else {
+		// No provider at all: the server and the store then skip span
+		// work, which even a no-op provider costs (a context per span).
+		tp = nil
 	}
 	if err := d.openStore(); err != nil {
 		return nil, err

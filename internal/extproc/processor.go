@@ -93,12 +93,10 @@ func newProcessor(s *Server, set *policy.Set, send func(*extprocv3.ProcessingRes
 	return &processor{srv: s, policies: set, send: send, started: time.Now()}
 }
 
-func (p *processor) log() *slog.Logger { return p.srv.log }
-
-// logAttrs are the fields that trace one attempt: the hashed key (record
-// id, never the raw key), scope, policy, request id and attempt number.
-func (p *processor) logAttrs(extra ...slog.Attr) []slog.Attr {
-	attrs := make([]slog.Attr, 0, 6+len(extra))
+// appendLogAttrs appends the fields that trace one attempt: the hashed key
+// (record id, never the raw key), scope, policy, request id and attempt
+// number.
+func (p *processor) appendLogAttrs(attrs []slog.Attr) []slog.Attr {
 	if p.pol != nil {
 		attrs = append(attrs, slog.String("policy", p.pol.Name))
 	}
@@ -111,8 +109,20 @@ func (p *processor) logAttrs(extra ...slog.Attr) []slog.Attr {
 	if p.attempt > 0 {
 		attrs = append(attrs, slog.Int("attempt", p.attempt))
 	}
-	attrs = append(attrs, slog.Float64("latency_ms", float64(time.Since(p.started).Microseconds())/1000))
-	return append(attrs, extra...)
+	return append(attrs, slog.Float64("latency_ms", float64(time.Since(p.started).Microseconds())/1000))
+}
+
+// logAt writes one line about this attempt at level: its fields
+// (appendLogAttrs), then extra. A decision's line is on the hot path, so
+// nothing is built when the level is off, and the fields are gathered on
+// the stack.
+func (p *processor) logAt(ctx context.Context, level slog.Level, msg string, extra ...slog.Attr) {
+	log := p.srv.log
+	if !log.Enabled(ctx, level) {
+		return
+	}
+	var buf [12]slog.Attr
+	log.LogAttrs(ctx, level, msg, append(p.appendLogAttrs(buf[:0]), extra...)...)
 }
 
 func (p *processor) storeCtx(ctx context.Context) (context.Context, context.CancelFunc) {

@@ -9,7 +9,6 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
-	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 )
@@ -18,8 +17,9 @@ import (
 // the optional idem.Watcher and idem.Admin capabilities; calling one the
 // wrapped store lacks is an error.
 type Store struct {
-	inner  idem.Store
-	m      *Metrics
+	inner idem.Store
+	m     *Metrics
+	// tracer is nil when tracing is off: no span work at all then.
 	tracer trace.Tracer
 }
 
@@ -31,10 +31,11 @@ var (
 
 // InstrumentStore wraps st. A nil tracer provider traces nothing.
 func InstrumentStore(st idem.Store, m *Metrics, tp trace.TracerProvider) *Store {
-	if tp == nil {
-		tp = noop.NewTracerProvider()
+	s := &Store{inner: st, m: m}
+	if tp != nil {
+		s.tracer = tp.Tracer("github.com/idem-extproc/idem-extproc/internal/observe")
 	}
-	return &Store{inner: st, m: m, tracer: tp.Tracer("github.com/idem-extproc/idem-extproc/internal/observe")}
+	return s
 }
 
 func result(err error) string {
@@ -55,6 +56,12 @@ func result(err error) string {
 
 // call times op and traces it as a child span of ctx's.
 func (s *Store) call(ctx context.Context, op string, f func(context.Context) error) error {
+	if s.tracer == nil {
+		start := time.Now()
+		err := f(ctx)
+		s.m.ObserveStoreCall(op, result(err), time.Since(start))
+		return err
+	}
 	ctx, span := s.tracer.Start(ctx, "store."+op, trace.WithSpanKind(trace.SpanKindClient))
 	start := time.Now()
 	err := f(ctx)
