@@ -408,7 +408,11 @@ func Main(ctx context.Context, args []string, getenv func(string) string, stderr
 		fmt.Fprintf(stderr, "idem-extproc: configuration error:\n%v\n", err)
 		return 2
 	}
-	log := NewLogger(cfg, stderr)
+	// Log lines reach stderr through one writer goroutine, which batches
+	// them when the server is busy (see lineWriter).
+	lw := newLineWriter(stderr)
+	defer lw.Close()
+	log := NewLogger(cfg, lw)
 	d, err := Start(cfg, log, getenv)
 	if errors.Is(err, ErrConfig) {
 		fmt.Fprintf(stderr, "idem-extproc: %v\n", err)
