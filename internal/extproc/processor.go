@@ -93,36 +93,39 @@ func newProcessor(s *Server, set *policy.Set, send func(*extprocv3.ProcessingRes
 	return &processor{srv: s, policies: set, send: send, started: time.Now()}
 }
 
-// appendLogAttrs appends the fields that trace one attempt: the hashed key
-// (record id, never the raw key), scope, policy, request id and attempt
-// number.
-func (p *processor) appendLogAttrs(attrs []slog.Attr) []slog.Attr {
+// addLogAttrs adds the fields that trace one attempt to a log record: the
+// hashed key (record id, never the raw key), scope, policy, request id and
+// attempt number.
+func (p *processor) addLogAttrs(r *slog.Record) {
 	if p.pol != nil {
-		attrs = append(attrs, slog.String("policy", p.pol.Name))
+		r.AddAttrs(slog.String("policy", p.pol.Name))
 	}
 	if p.id != "" {
-		attrs = append(attrs, slog.String("key_hash", string(p.id)), slog.String("scope", p.scope))
+		r.AddAttrs(slog.String("key_hash", string(p.id)), slog.String("scope", p.scope))
 	}
 	if p.requestID != "" {
-		attrs = append(attrs, slog.String("request_id", p.requestID))
+		r.AddAttrs(slog.String("request_id", p.requestID))
 	}
 	if p.attempt > 0 {
-		attrs = append(attrs, slog.Int("attempt", p.attempt))
+		r.AddAttrs(slog.Int("attempt", p.attempt))
 	}
-	return append(attrs, slog.Float64("latency_ms", float64(time.Since(p.started).Microseconds())/1000))
+	r.AddAttrs(slog.Float64("latency_ms", float64(time.Since(p.started).Microseconds())/1000))
 }
 
 // logAt writes one line about this attempt at level: its fields
-// (appendLogAttrs), then extra. A decision's line is on the hot path, so
-// nothing is built when the level is off, and the fields are gathered on
-// the stack.
+// (addLogAttrs), then extra. A decision's line is on the hot path, so
+// nothing is built when the level is off, and the record goes to the
+// handler directly: Logger.LogAttrs would also walk the stack for a
+// source position the handler never prints.
 func (p *processor) logAt(ctx context.Context, level slog.Level, msg string, extra ...slog.Attr) {
-	log := p.srv.log
-	if !log.Enabled(ctx, level) {
+	h := p.srv.log.Handler()
+	if !h.Enabled(ctx, level) {
 		return
 	}
-	var buf [12]slog.Attr
-	log.LogAttrs(ctx, level, msg, append(p.appendLogAttrs(buf[:0]), extra...)...)
+	r := slog.NewRecord(time.Now(), level, msg, 0)
+	p.addLogAttrs(&r)
+	r.AddAttrs(extra...)
+	_ = h.Handle(ctx, r)
 }
 
 func (p *processor) storeCtx(ctx context.Context) (context.Context, context.CancelFunc) {

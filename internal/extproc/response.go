@@ -174,6 +174,9 @@ func retryUntil(ctx context.Context, op func(context.Context) error) error {
 // upstream did answer, so the record completes without its body; with none
 // the outcome is unknown (or released, by policy).
 func (p *processor) finish() {
+	if p.retry == nil && !p.reserved {
+		return // settled already, or nothing was reserved: the usual end
+	}
 	base := context.Background()
 	if p.spanCtx != nil {
 		base = p.spanCtx // for the spans, not the deadline
