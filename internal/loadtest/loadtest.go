@@ -54,7 +54,7 @@ type config struct {
 	serverArgs                []string
 	profileDir                string
 	memoryRecords             int
-	skipMemory                bool
+	skipMemory, logPipe       bool
 	// self is this tool's executable, re-run for the servers.
 	self string
 	// The flags' raw text.
@@ -77,6 +77,8 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			return serveIdem(ctx, args[1:], stderr)
 		case "memory":
 			return memoryMain(ctx, args[1:], stdout, stderr)
+		case "log-sink":
+			return logSink(args[1:], stderr)
 		}
 	}
 	cfg, err := parseFlags(args, stderr)
@@ -122,6 +124,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.StringVar(&cfg.profileDir, "profile-dir", "", "write each server's CPU profile over its whole life (<server>.cpu.pprof) and allocation profile at its exit (<server>.allocs.pprof) here; idem-extproc's only with an empty --server-bin")
 	fs.IntVar(&cfg.memoryRecords, "memory-records", 10000, "records written to measure Redis's used_memory growth per record")
 	fs.BoolVar(&cfg.skipMemory, "skip-memory", false, "do not measure Redis memory per record")
+	fs.BoolVar(&cfg.logPipe, "log-pipe", false, "servers write their output into a pipe that a log sink process drains into the file, as a container runtime does (its CPU is reported apart); default: straight into the file")
 	fs.StringVar(&cfg.dir, "work-dir", "", "directory for the servers' logs and Redis; empty: a temporary one, removed at the end")
 	if err := fs.Parse(args); err != nil {
 		return nil, err

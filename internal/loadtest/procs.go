@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -46,6 +47,29 @@ func processCPU(pid int) (time.Duration, error) {
 	return time.Duration(ut+st) * clockTick, nil
 }
 
+// processSyscalls returns how many read and write system calls a process
+// has made so far (syscr and syscw of /proc/<pid>/io).
+func processSyscalls(pid int) (reads, writes int64, err error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/io")
+	if err != nil {
+		return 0, 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if !ok {
+			continue
+		}
+		n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+		switch k {
+		case "syscr":
+			reads = n
+		case "syscw":
+			writes = n
+		}
+	}
+	return reads, writes, nil
+}
+
 // server is one ext_proc server under test, in a process of its own.
 type server struct {
 	name string
@@ -55,6 +79,19 @@ type server struct {
 	cmd         *exec.Cmd
 	log         string
 	exited      chan error
+	// sink is the process writing the server's output to log (see
+	// startWithSink); nil for a server whose output goes to the file.
+	sink     *exec.Cmd
+	sinkDone chan struct{}
+}
+
+// sinkCPU returns the log sink's CPU time so far (zero without one).
+func (s *server) sinkCPU() time.Duration {
+	if s.sink == nil {
+		return 0
+	}
+	d, _ := processCPU(s.sink.Process.Pid)
+	return d
 }
 
 func (s *server) pid() int { return s.cmd.Process.Pid }
@@ -71,6 +108,13 @@ func (s *server) stop() {
 	case <-time.After(20 * time.Second):
 		_ = s.cmd.Process.Kill()
 		<-s.exited
+	}
+	if s.sink != nil {
+		select {
+		case <-s.sinkDone: // the server's output is all in the file
+		case <-time.After(5 * time.Second):
+			_ = s.sink.Process.Kill()
+		}
 	}
 }
 
@@ -110,6 +154,94 @@ func startProcess(name string, argv []string, logPath string) (*server, error) {
 		out.Close()
 	}()
 	return s, nil
+}
+
+// startWithSink runs argv with its output going through a pipe to a log
+// sink, this tool's log-sink subcommand writing it to logPath, as a
+// container runtime collects a container's output: the server pays for
+// writing to a pipe, the sink for reading it and writing the file, and the
+// sink's CPU is reported apart (--log-pipe).
+func startWithSink(name string, argv []string, logPath, self string) (*server, error) {
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	defer pr.Close()
+	defer pw.Close()
+	sink := exec.Command(self, "log-sink", logPath)
+	sink.Stdin = pr
+	sink.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := sink.Start(); err != nil {
+		return nil, fmt.Errorf("start the log sink of %s: %w", name, err)
+	}
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Stdout, cmd.Stderr = pw, pw
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		_ = sink.Process.Kill()
+		_ = sink.Wait()
+		return nil, fmt.Errorf("start %s: %w", name, err)
+	}
+	s := &server{name: name, cmd: cmd, log: logPath, exited: make(chan error, 1), sink: sink, sinkDone: make(chan struct{})}
+	go func() { s.exited <- cmd.Wait() }()
+	go func() {
+		_ = sink.Wait()
+		close(s.sinkDone)
+	}()
+	return s, nil
+}
+
+// logSink copies its input to a file until the input ends, in large
+// writes: what it reads is buffered and written when 256 KiB have gathered
+// or a quarter of a second has passed, as log collectors batch.
+func logSink(args []string, stderr io.Writer) int {
+	if len(args) != 1 {
+		fmt.Fprintln(stderr, "log-sink: want one file")
+		return 2
+	}
+	f, err := os.Create(args[0])
+	if err != nil {
+		fmt.Fprintf(stderr, "log-sink: %v\n", err)
+		return 1
+	}
+	defer f.Close()
+	var mu sync.Mutex
+	bw := bufio.NewWriterSize(f, 256<<10)
+	done := make(chan struct{})
+	go func() {
+		t := time.NewTicker(250 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				mu.Lock()
+				_ = bw.Flush()
+				mu.Unlock()
+			}
+		}
+	}()
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := os.Stdin.Read(buf)
+		if n > 0 {
+			mu.Lock()
+			_, _ = bw.Write(buf[:n])
+			mu.Unlock()
+		}
+		if err != nil {
+			break
+		}
+	}
+	close(done)
+	mu.Lock()
+	defer mu.Unlock()
+	if err := bw.Flush(); err != nil {
+		fmt.Fprintf(stderr, "log-sink: %v\n", err)
+		return 1
+	}
+	return 0
 }
 
 // waitUntil polls ready until it succeeds, the process exits or 20 s pass.
@@ -176,6 +308,17 @@ type serverSpec struct {
 	// profileDir receives each server's CPU and allocation profiles
 	// (idem-extproc's with serve-idem only).
 	profileDir string
+	// logPipe sends each server's output through a pipe to a log sink
+	// process instead of straight to its file.
+	logPipe bool
+}
+
+// start runs one server's process with its output going to logPath.
+func (spec serverSpec) start(name string, argv []string, logPath string) (*server, error) {
+	if spec.logPipe {
+		return startWithSink(name, argv, logPath, spec.self)
+	}
+	return startProcess(name, argv, logPath)
 }
 
 // profileArgs are the flags that make a server write its profiles.
@@ -195,14 +338,14 @@ func startServer(ctx context.Context, name string, spec serverSpec) (*server, er
 	logPath := filepath.Join(spec.dir, name+".log")
 	switch name {
 	case serverNoop:
-		s, err := startProcess(name, append([]string{spec.self, "serve-noop", "--listen", addr}, spec.profileArgs(name)...), logPath)
+		s, err := spec.start(name, append([]string{spec.self, "serve-noop", "--listen", addr}, spec.profileArgs(name)...), logPath)
 		if err != nil {
 			return nil, err
 		}
 		s.addr = addr
 		return s, s.waitUntil(tcpReady(addr))
 	case serverFloor:
-		s, err := startProcess(name, append([]string{spec.self, "serve-floor", "--listen", addr, "--redis-url", spec.redisURL}, spec.profileArgs(name)...), logPath)
+		s, err := spec.start(name, append([]string{spec.self, "serve-floor", "--listen", addr, "--redis-url", spec.redisURL}, spec.profileArgs(name)...), logPath)
 		if err != nil {
 			return nil, err
 		}
@@ -220,7 +363,7 @@ func startServer(ctx context.Context, name string, spec serverSpec) (*server, er
 	if spec.serverBin == "" {
 		argv = append(append(append([]string{spec.self, "serve-idem"}, spec.profileArgs(name)...), "--"), args...)
 	}
-	s, err := startProcess(name, argv, logPath)
+	s, err := spec.start(name, argv, logPath)
 	if err != nil {
 		return nil, err
 	}

@@ -44,6 +44,7 @@ func pick(results []*runResult, sc, srv string) []*runResult {
 type summary struct {
 	runs                     int
 	rps, cpu, redisCPU, drv  float64
+	syscalls, sink           float64
 	allocs                   float64
 	haveAllocs, haveRedisCPU bool
 	total                    dist
@@ -59,12 +60,14 @@ func summarize(rs []*runResult) summary {
 	if len(rs) == 0 {
 		return s
 	}
-	var cpu, rcpu, drv, allocs []float64
+	var cpu, rcpu, drv, allocs, sys, sink []float64
 	var p50, p99, p999 []time.Duration
 	for _, r := range rs {
 		s.rpsByRep = append(s.rpsByRep, r.rps())
 		s.p99ByRep = append(s.p99ByRep, float64(r.total.p99))
 		cpu = append(cpu, r.perRequest(r.cpu))
+		sys = append(sys, r.syscallsPerRequest())
+		sink = append(sink, r.perRequest(r.sinkCPU))
 		drv = append(drv, r.perRequest(r.driverCPU))
 		if r.haveRedisCPU {
 			rcpu = append(rcpu, r.perRequest(r.redisCPU))
@@ -79,7 +82,7 @@ func summarize(rs []*runResult) summary {
 			s.hasDecisions = true
 		}
 	}
-	s.rps, s.cpu, s.drv = median(s.rpsByRep), median(cpu), median(drv)
+	s.rps, s.cpu, s.drv, s.syscalls, s.sink = median(s.rpsByRep), median(cpu), median(drv), median(sys), median(sink)
 	s.redisCPU, s.haveRedisCPU = median(rcpu), len(rcpu) == len(rs)
 	s.allocs, s.haveAllocs = median(allocs), len(allocs) == len(rs)
 	s.total = dist{p50: medianDuration(p50), p99: medianDuration(p99), p999: medianDuration(p999)}
@@ -104,16 +107,16 @@ func opt(v float64, ok bool, format string) string {
 	return fmt.Sprintf(format, v)
 }
 
-func row(w io.Writer, label, server string, rps float64, d dist, cpu, redisCPU float64, haveRedis bool, drv, allocs float64, haveAllocs bool, errs int) {
-	fmt.Fprintf(w, "%s\t%s\t%.0f\t%.0f\t%.0f\t%.0f\t%.1f\t%s\t%.1f\t%s\t%d\t\n", label, server, rps,
-		us(d.p50), us(d.p99), us(d.p999), cpu, opt(redisCPU, haveRedis, "%.1f"), drv, opt(allocs, haveAllocs, "%.0f"), errs)
+func row(w io.Writer, label, server string, rps float64, d dist, cpu, syscalls, sink float64, haveSink bool, redisCPU float64, haveRedis bool, drv, allocs float64, haveAllocs bool, errs int) {
+	fmt.Fprintf(w, "%s\t%s\t%.0f\t%.0f\t%.0f\t%.0f\t%.1f\t%.1f\t%s\t%s\t%.1f\t%s\t%d\t\n", label, server, rps,
+		us(d.p50), us(d.p99), us(d.p999), cpu, syscalls, opt(sink, haveSink, "%.1f"), opt(redisCPU, haveRedis, "%.1f"), drv, opt(allocs, haveAllocs, "%.0f"), errs)
 }
 
 func printScenario(cfg *config, sc string, results []*runResult) {
 	out := cfg.out
 	fmt.Fprintf(out, "\n== %s: %s\n", sc, describe(cfg, sc))
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "rep\tserver\treq/s\tp50 µs\tp99 µs\tp99.9 µs\tCPU µs/req\tredis µs/req\tdriver µs/req\tallocs/req\terrors\t")
+	fmt.Fprintln(tw, "rep\tserver\treq/s\tp50 µs\tp99 µs\tp99.9 µs\tCPU µs/req\tsyscalls/req\tlog sink µs/req\tredis µs/req\tdriver µs/req\tallocs/req\terrors\t")
 	for rep := 1; rep <= cfg.reps; rep++ {
 		for _, srv := range cfg.servers {
 			for _, r := range pick(results, sc, srv) {
@@ -124,7 +127,7 @@ func printScenario(cfg *config, sc string, results []*runResult) {
 				if r.n > 0 {
 					allocs = r.mallocs / float64(r.n)
 				}
-				row(tw, fmt.Sprint(rep), srv, r.rps(), r.total, r.perRequest(r.cpu), r.perRequest(r.redisCPU), r.haveRedisCPU,
+				row(tw, fmt.Sprint(rep), srv, r.rps(), r.total, r.perRequest(r.cpu), r.syscallsPerRequest(), r.perRequest(r.sinkCPU), cfg.logPipe, r.perRequest(r.redisCPU), r.haveRedisCPU,
 					r.perRequest(r.driverCPU), allocs, r.haveMallocs, r.errs)
 			}
 		}
@@ -133,7 +136,7 @@ func printScenario(cfg *config, sc string, results []*runResult) {
 	for _, srv := range cfg.servers {
 		s := summarize(pick(results, sc, srv))
 		sums[srv] = s
-		row(tw, "median", srv, s.rps, s.total, s.cpu, s.redisCPU, s.haveRedisCPU, s.drv, s.allocs, s.haveAllocs, s.errs)
+		row(tw, "median", srv, s.rps, s.total, s.cpu, s.syscalls, s.sink, cfg.logPipe, s.redisCPU, s.haveRedisCPU, s.drv, s.allocs, s.haveAllocs, s.errs)
 	}
 	tw.Flush()
 	for _, srv := range cfg.servers {

@@ -27,6 +27,10 @@ type runResult struct {
 	// tool started it) and the load generator itself.
 	cpu, redisCPU, driverCPU time.Duration
 	haveRedisCPU             bool
+	// sinkCPU is the CPU of the process writing the server's log.
+	sinkCPU time.Duration
+	// syscr, syscw are the server's read and write system calls.
+	syscr, syscw int64
 	// mallocs is the server's heap allocations over the window
 	// (idem-extproc's go_memstats_mallocs_total).
 	mallocs     float64
@@ -43,6 +47,15 @@ func (r *runResult) perRequest(d time.Duration) float64 {
 		return 0
 	}
 	return float64(d.Microseconds()) / float64(r.n)
+}
+
+// syscallsPerRequest is the server's read and write system calls per
+// request: how well it batches.
+func (r *runResult) syscallsPerRequest() float64 {
+	if r.n == 0 {
+		return 0
+	}
+	return float64(r.syscr+r.syscw) / float64(r.n)
 }
 
 // the phases a report shows, in order.
@@ -75,7 +88,7 @@ func run(ctx context.Context, cfg *config) error {
 		defer rs.close()
 	}
 	spec := serverSpec{self: cfg.self, serverBin: cfg.serverBin, extraArgs: cfg.serverArgs, dir: dir,
-		profileDir: cfg.profileDir}
+		profileDir: cfg.profileDir, logPipe: cfg.logPipe}
 	if rs != nil {
 		spec.redisURL = rs.url
 	}
@@ -211,7 +224,8 @@ func measureScenario(ctx context.Context, cfg *config, servers []*server, rs *re
 	for round := range cfg.slices {
 		for j := range states {
 			st := states[(round+j)%len(states)]
-			var cpu, redisCPU, driverCPU [2]time.Duration
+			var cpu, redisCPU, driverCPU, sinkCPU [2]time.Duration
+			var syscr, syscw [2]int64
 			var errs [2]error
 			mark := func(start bool) {
 				i := 1
@@ -219,6 +233,8 @@ func measureScenario(ctx context.Context, cfg *config, servers []*server, rs *re
 					i = 0
 				}
 				cpu[i], errs[i] = processCPU(st.srv.pid())
+				syscr[i], syscw[i], _ = processSyscalls(st.srv.pid())
+				sinkCPU[i] = st.srv.sinkCPU()
 				if rs != nil {
 					redisCPU[i], _ = rs.cpu()
 				}
@@ -235,6 +251,9 @@ func measureScenario(ctx context.Context, cfg *config, servers []*server, rs *re
 			st.r.cpu += cpu[1] - cpu[0]
 			st.r.redisCPU += redisCPU[1] - redisCPU[0]
 			st.r.driverCPU += driverCPU[1] - driverCPU[0]
+			st.r.sinkCPU += sinkCPU[1] - sinkCPU[0]
+			st.r.syscr += syscr[1] - syscr[0]
+			st.r.syscw += syscw[1] - syscw[0]
 			st.r.addMetrics(st.metrics[0], st.metrics[1])
 		}
 	}
@@ -355,6 +374,10 @@ func printMachine(ctx context.Context, cfg *config, rs *redisServer) {
 	fmt.Fprintf(cfg.out, "load: %d concurrent streams over %d gRPC connections; per repetition of a scenario each server is measured %v, "+
 		"in %d slices taking turns with the other servers, each after %v of warm-up; %d repetitions\n",
 		cfg.concurrency, cfg.conns, cfg.duration, cfg.slices, cfg.warmup, cfg.reps)
-	fmt.Fprintf(cfg.out, "idem-extproc: %s, --redis-url, default policy, metrics on, JSON logs at info to a file, no tracing %s\n",
-		bin, strings.Join(cfg.serverArgs, " "))
+	logs := "straight into a file"
+	if cfg.logPipe {
+		logs = "into a pipe drained by a log sink process"
+	}
+	fmt.Fprintf(cfg.out, "idem-extproc: %s, --redis-url, default policy, metrics on, JSON logs at info %s, no tracing %s\n",
+		bin, logs, strings.Join(cfg.serverArgs, " "))
 }
