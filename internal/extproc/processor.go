@@ -192,10 +192,10 @@ func (p *processor) handle(ctx context.Context, req *extprocv3.ProcessingRequest
 }
 
 func (p *processor) onRequestHeaders(ctx context.Context, req *extprocv3.ProcessingRequest, hh *extprocv3.HttpHeaders) *extprocv3.ProcessingResponse {
-	hs := headerList(hh.GetHeaders())
+	hs := hh.GetHeaders()
 	attrs := attributes(req)
 	method, authority := p.requestTarget(req, hs, attrs)
-	p.requestID, _ = firstHeader(hs, "x-request-id")
+	p.requestID, _ = findHeader(hs, "x-request-id")
 	p.method = method
 
 	p.pol = p.policies.Match(policy.Request{
@@ -208,7 +208,7 @@ func (p *processor) onRequestHeaders(ctx context.Context, req *extprocv3.Process
 		p.decided(DecisionBypassed)
 		return p.passThrough(req)
 	}
-	rawKey, present := firstHeader(hs, p.pol.KeyHeader)
+	rawKey, present := findHeader(hs, p.pol.KeyHeader)
 	p.srv.obs.Requested(p.pol.Name, present)
 	if p.pol.Enforcement == policy.EnforcementOff {
 		// Matched for the adoption counts only: no store call.
@@ -235,7 +235,7 @@ func (p *processor) onRequestHeaders(ctx context.Context, req *extprocv3.Process
 	}
 	p.scope = scope
 	p.id = idem.RecordIDFor(p.pol.RecordNamespace(), scope, key)
-	p.reqHeaders = hs
+	p.reqHeaders = selectHeaders(hs, p.pol.FingerprintHeaders)
 	if hh.GetEndOfStream() {
 		return p.decide(ctx, req)
 	}
@@ -273,7 +273,7 @@ func (p *processor) wantedResponseBodyMode() procmodev3.ProcessingMode_BodySendM
 }
 
 // scopeOf names the owner of the request's key space, per the policy.
-func (p *processor) scopeOf(authority string, hs []idem.Header, req *extprocv3.ProcessingRequest, attrs *structpb.Struct) (string, *problem.Problem) {
+func (p *processor) scopeOf(authority string, hs *corev3.HeaderMap, req *extprocv3.ProcessingRequest, attrs *structpb.Struct) (string, *problem.Problem) {
 	var scope string
 	switch sc := p.pol.Scope; sc.Source {
 	case policy.ScopeNone:
@@ -281,7 +281,7 @@ func (p *processor) scopeOf(authority string, hs []idem.Header, req *extprocv3.P
 	case policy.ScopeAuthority:
 		return authority, nil
 	case policy.ScopeHeader:
-		scope, _ = firstHeader(hs, sc.Header)
+		scope, _ = findHeader(hs, sc.Header)
 	case policy.ScopeMetadata:
 		scope = metadataString(req, sc.Namespace, sc.Path)
 	case policy.ScopePrincipal:

@@ -30,23 +30,56 @@ func continueFor(req *extprocv3.ProcessingRequest) *extprocv3.ProcessingResponse
 // continueWith answers with CONTINUE and, when mode is non-nil, a
 // processing-mode override. Envoy reads overrides only from replies to
 // headers messages.
+//
+// Every message of every request gets such a reply, so each is made in one
+// allocation: the response, its oneof wrapper and the empty inner message
+// are fields of one value (never copied; the pointers lead into it).
 func continueWith(req *extprocv3.ProcessingRequest, mode *procmodev3.ProcessingMode) *extprocv3.ProcessingResponse {
-	resp := &extprocv3.ProcessingResponse{ModeOverride: mode}
 	switch req.GetRequest().(type) {
 	case *extprocv3.ProcessingRequest_RequestHeaders:
-		resp.Response = &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{}}
+		r := new(struct {
+			resp  extprocv3.ProcessingResponse
+			oneof extprocv3.ProcessingResponse_RequestHeaders
+			msg   extprocv3.HeadersResponse
+		})
+		r.oneof.RequestHeaders = &r.msg
+		r.resp.Response, r.resp.ModeOverride = &r.oneof, mode
+		return &r.resp
 	case *extprocv3.ProcessingRequest_ResponseHeaders:
-		resp.Response = &extprocv3.ProcessingResponse_ResponseHeaders{ResponseHeaders: &extprocv3.HeadersResponse{}}
+		r := new(struct {
+			resp  extprocv3.ProcessingResponse
+			oneof extprocv3.ProcessingResponse_ResponseHeaders
+			msg   extprocv3.HeadersResponse
+		})
+		r.oneof.ResponseHeaders = &r.msg
+		r.resp.Response, r.resp.ModeOverride = &r.oneof, mode
+		return &r.resp
 	case *extprocv3.ProcessingRequest_RequestBody:
-		resp.Response = &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{}}
+		r := new(struct {
+			resp  extprocv3.ProcessingResponse
+			oneof extprocv3.ProcessingResponse_RequestBody
+			msg   extprocv3.BodyResponse
+		})
+		r.oneof.RequestBody = &r.msg
+		r.resp.Response, r.resp.ModeOverride = &r.oneof, mode
+		return &r.resp
 	case *extprocv3.ProcessingRequest_ResponseBody:
-		resp.Response = &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: &extprocv3.BodyResponse{}}
+		r := new(struct {
+			resp  extprocv3.ProcessingResponse
+			oneof extprocv3.ProcessingResponse_ResponseBody
+			msg   extprocv3.BodyResponse
+		})
+		r.oneof.ResponseBody = &r.msg
+		r.resp.Response, r.resp.ModeOverride = &r.oneof, mode
+		return &r.resp
 	case *extprocv3.ProcessingRequest_RequestTrailers:
-		resp.Response = &extprocv3.ProcessingResponse_RequestTrailers{RequestTrailers: &extprocv3.TrailersResponse{}}
+		return &extprocv3.ProcessingResponse{ModeOverride: mode,
+			Response: &extprocv3.ProcessingResponse_RequestTrailers{RequestTrailers: &extprocv3.TrailersResponse{}}}
 	case *extprocv3.ProcessingRequest_ResponseTrailers:
-		resp.Response = &extprocv3.ProcessingResponse_ResponseTrailers{ResponseTrailers: &extprocv3.TrailersResponse{}}
+		return &extprocv3.ProcessingResponse{ModeOverride: mode,
+			Response: &extprocv3.ProcessingResponse_ResponseTrailers{ResponseTrailers: &extprocv3.TrailersResponse{}}}
 	}
-	return resp
+	return &extprocv3.ProcessingResponse{ModeOverride: mode}
 }
 
 // skipEverything is the override for a request the server has no further
