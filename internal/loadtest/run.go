@@ -16,13 +16,18 @@ import (
 type runResult struct {
 	rep              int
 	scenario, server string
-	elapsed          time.Duration
-	n                int
-	kinds            [numKinds]int
-	errs             int
-	errMsg           string
-	total            dist
-	phases           map[envoysim.Phase]dist
+	// reference marks a run of scenario made during another scenario's
+	// run (during), interleaved with it, as that scenario's target asks:
+	// the floor's first write, measured among the replays.
+	reference bool
+	during    string
+	elapsed   time.Duration
+	n         int
+	kinds     [numKinds]int
+	errs      int
+	errMsg    string
+	total     dist
+	phases    map[envoysim.Phase]dist
 	// CPU used over the measured window by the server, Redis (when the
 	// tool started it) and the load generator itself.
 	cpu, redisCPU, driverCPU time.Duration
@@ -47,6 +52,15 @@ func (r *runResult) perRequest(d time.Duration) float64 {
 		return 0
 	}
 	return float64(d.Microseconds()) / float64(r.n)
+}
+
+// referenceNote says, for a reference run, during which scenario's run it
+// was measured.
+func (r *runResult) referenceNote() string {
+	if !r.reference {
+		return ""
+	}
+	return "  (reference, during " + r.during + ")"
 }
 
 // syscallsPerRequest is the server's read and write system calls per
@@ -128,8 +142,8 @@ func run(ctx context.Context, cfg *config) error {
 				return fmt.Errorf("rep %d, %s: %w", rep, sc, err)
 			}
 			for _, r := range rr {
-				cfg.logf("rep %d %-12s %-13s %8.0f req/s  p99 %6.0f µs  server CPU %5.0f µs/req  errors %d",
-					rep, sc, r.server, r.rps(), us(r.total.p99), r.perRequest(r.cpu), r.errs)
+				cfg.logf("rep %d %-12s %-13s %8.0f req/s  p99 %6.0f µs  server CPU %5.0f µs/req  errors %d%s",
+					rep, r.scenario, r.server, r.rps(), us(r.total.p99), r.perRequest(r.cpu), r.errs, r.referenceNote())
 			}
 			results = append(results, rr...)
 		}
@@ -187,6 +201,25 @@ var metricsWanted = []string{"go_memstats_mallocs_total", "idem_extproc_decision
 // round's first server rotating. Every server then sees the same machine,
 // and a ratio of two servers' figures compares like with like.
 func measureScenario(ctx context.Context, cfg *config, servers []*server, rs *redisServer, scenario string, rep int) ([]*runResult, error) {
+	type participant struct {
+		srv       *server
+		scenario  string
+		reference bool
+	}
+	var parts []participant
+	for _, srv := range servers {
+		parts = append(parts, participant{srv: srv, scenario: scenario})
+	}
+	// The replay target compares with the floor's first write: measure it
+	// here too, taking turns with the replays, rather than in another run
+	// on a machine whose speed has since drifted.
+	if scenario == scenarioReplay {
+		for _, srv := range servers {
+			if srv.name == serverFloor {
+				parts = append(parts, participant{srv: srv, scenario: scenarioFirstWrite, reference: true})
+			}
+		}
+	}
 	if rs != nil {
 		if err := rs.flush(ctx); err != nil {
 			return nil, err
@@ -204,14 +237,16 @@ func measureScenario(ctx context.Context, cfg *config, servers []*server, rs *re
 			st.d.close()
 		}
 	}()
-	for _, srv := range servers {
-		wl := newWorkload(scenario, cfg.reqBody, cfg.respBody)
+	for _, pt := range parts {
+		srv := pt.srv
+		wl := newWorkload(pt.scenario, cfg.reqBody, cfg.respBody)
 		wl.keys, wl.duplicateRate, wl.unprotectedRate, wl.keyless = cfg.keys, cfg.duplicateRate, cfg.unprotRate, cfg.keyless
 		d, err := newDriver(srv.addr, cfg.conns, cfg.concurrency, srv.name, wl)
 		if err != nil {
 			return nil, err
 		}
-		st := &state{srv: srv, d: d, r: &runResult{rep: rep, scenario: scenario, server: srv.name,
+		st := &state{srv: srv, d: d, r: &runResult{rep: rep, scenario: pt.scenario, server: srv.name,
+			reference: pt.reference, during: scenario,
 			haveRedisCPU: rs != nil && rs.proc != nil, phases: map[envoysim.Phase]dist{}}}
 		states = append(states, st)
 		if wl.needsKeys() {
