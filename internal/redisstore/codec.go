@@ -29,7 +29,10 @@ func encodeHeaders(hs []idem.Header) []byte {
 	return b
 }
 
-func decodeHeaders(b []byte) ([]idem.Header, error) {
+// decodeHeaders reverses encodeHeaders. Given the string Redis returned, the
+// names and values are slices of it, not copies: a replay decodes every
+// stored header.
+func decodeHeaders[T ~string | ~[]byte](b T) ([]idem.Header, error) {
 	if len(b) == 0 {
 		return nil, nil
 	}
@@ -57,21 +60,29 @@ func decodeHeaders(b []byte) ([]idem.Header, error) {
 	return hs, nil
 }
 
-func uvarint(b []byte) (uint64, []byte, error) {
-	v, n := binary.Uvarint(b)
-	if n <= 0 {
-		return 0, nil, errCorrupt
+// uvarint decodes what binary.AppendUvarint encodes.
+func uvarint[T ~string | ~[]byte](b T) (uint64, T, error) {
+	var v uint64
+	for i := 0; i < len(b) && i < binary.MaxVarintLen64; i++ {
+		c := b[i]
+		if i == binary.MaxVarintLen64-1 && c > 1 {
+			return 0, b, errCorrupt // overflows 64 bits
+		}
+		v |= uint64(c&0x7f) << (7 * i)
+		if c < 0x80 {
+			return v, b[i+1:], nil
+		}
 	}
-	return v, b[n:], nil
+	return 0, b, errCorrupt
 }
 
-func lenString(b []byte) (string, []byte, error) {
+func lenString[T ~string | ~[]byte](b T) (string, T, error) {
 	n, b, err := uvarint(b)
 	if err != nil {
-		return "", nil, err
+		return "", b, err
 	}
 	if n > uint64(len(b)) {
-		return "", nil, errCorrupt
+		return "", b, errCorrupt
 	}
 	return string(b[:n]), b[n:], nil
 }

@@ -224,7 +224,7 @@ func parseResponse(status, headers, body, omitted any) (*idem.Response, error) {
 	if err != nil {
 		return nil, fmt.Errorf("stored status: %w", err)
 	}
-	hs, err := decodeHeaders([]byte(asString(headers)))
+	hs, err := decodeHeaders(asString(headers))
 	if err != nil {
 		return nil, err
 	}
