@@ -2,6 +2,7 @@ package loadtest
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
@@ -174,12 +175,20 @@ func (f *floorServer) Process(stream extprocv3.ExternalProcessor_ProcessServer) 
 			if err != nil {
 				return err
 			}
-			if s, _ := v[0].(string); s == "completed" && len(v) == 7 {
-				st, _ := strconv.Atoi(asString(v[3]))
+			if s, _ := v[0].(string); s == "completed" && len(v) == 4 {
+				// The record's string: its fixed head, then the status
+				// as a uvarint, a flags byte, the floor's own fixed
+				// headers, and the body (redisstore's layout).
+				rec := asString(v[3])
+				st, n := binary.Uvarint([]byte(rec[min(len(rec), redisstore.CompletedHeadLen):]))
+				at := redisstore.CompletedHeadLen + n + 1 + len(f.storedHeaders)
+				if n <= 0 || at > len(rec) {
+					return fmt.Errorf("floor: a completed record of %d bytes that the floor did not write", len(rec))
+				}
 				resp = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ImmediateResponse{
 					ImmediateResponse: &extprocv3.ImmediateResponse{
 						Status: &typev3.HttpStatus{Code: typev3.StatusCode(st)},
-						Body:   []byte(asString(v[5])),
+						Body:   []byte(rec[at:]),
 					}}}
 				break
 			}
@@ -189,8 +198,10 @@ func (f *floorServer) Process(stream extprocv3.ExternalProcessor_ProcessServer) 
 			resp = continueReply(req, nil)
 		case *extprocv3.ProcessingRequest_ResponseBody:
 			if key != "" {
+				st, _ := strconv.Atoi(string(status))
+				head := append(binary.AppendUvarint(make([]byte, 0, 3+len(f.storedHeaders)), uint64(st)), 0)
 				if err := f.rdb.EvalSha(ctx, f.complSHA, []string{key}, f.token, f.retentionMs,
-					status, f.storedHeaders, r.ResponseBody.GetBody(), "0").Err(); err != nil {
+					append(head, f.storedHeaders...), r.ResponseBody.GetBody()).Err(); err != nil {
 					return err
 				}
 			}

@@ -117,19 +117,20 @@ func decodeFlags(f byte, r *idem.Response) {
 	r.Sealed = f&flagSealed != 0
 }
 
-// encodeResponse packs a response as uvarint status, one flags byte, the
-// headers as encodeHeaders writes them, then the body to the end. A
-// completed record stores it after its head (see recordHead).
-func encodeResponse(r *idem.Response) []byte {
+// encodeResponseHead packs what comes before a response's body: uvarint
+// status, one flags byte, then the headers as encodeHeaders writes them.
+// The scripts append the body, passed apart so that it is never copied
+// into a second buffer here; a completed record stores head and body after
+// its own fixed head (see CompletedHeadLen).
+func encodeResponseHead(r *idem.Response) []byte {
 	hs := encodeHeaders(r.Headers)
-	b := make([]byte, 0, binary.MaxVarintLen64+1+len(hs)+len(r.Body))
+	b := make([]byte, 0, binary.MaxVarintLen64+1+len(hs))
 	b = binary.AppendUvarint(b, uint64(r.Status))
 	b = append(b, encodeFlags(r))
-	b = append(b, hs...)
-	return append(b, r.Body...)
+	return append(b, hs...)
 }
 
-// decodeResponse reverses encodeResponse. Headers are slices of b when b is
+// decodeResponse decodes a response head followed by its body. Headers are slices of b when b is
 // a string; the body is always a copy the caller owns.
 func decodeResponse[T ~string | ~[]byte](b T) (*idem.Response, error) {
 	st, b, err := uvarint(b)
@@ -155,7 +156,7 @@ func decodeResponse[T ~string | ~[]byte](b T) (*idem.Response, error) {
 // per-field entries cost more than the body itself (DESIGN §6 bounds
 // memory per record; docs/performance.md has the figures). The string
 // starts with a fixed-width head the Lua scripts read and update by
-// offset, then the response as encodeResponse writes it:
+// offset, then the response head (encodeResponseHead) and the body:
 //
 //	offset  0     "c"
 //	offset  1     fingerprint, 32 bytes
@@ -166,7 +167,10 @@ func decodeResponse[T ~string | ~[]byte](b T) (*idem.Response, error) {
 //
 // In-flight and unknown records stay small hashes (see reserve.lua).
 const (
-	recordHeadLen   = 74
+	// CompletedHeadLen is the length of the fixed head, for tools that
+	// read records as the scripts do (the load tool's floor server).
+	CompletedHeadLen = 74
+
 	recordFPAt      = 1
 	recordTokenAt   = 33
 	recordAttemptAt = 49
@@ -176,7 +180,7 @@ const (
 // parseCompleted decodes a completed record's string.
 func parseCompleted(v string) (idem.Record, error) {
 	var rec idem.Record
-	if len(v) < recordHeadLen || v[0] != 'c' {
+	if len(v) < CompletedHeadLen || v[0] != 'c' {
 		return rec, errCorrupt
 	}
 	rec.State = idem.StateCompleted
@@ -187,12 +191,12 @@ func parseCompleted(v string) (idem.Record, error) {
 		return rec, errCorrupt
 	}
 	rec.Attempts = a
-	ms, err := strconv.ParseInt(v[recordCreatedAt:recordHeadLen], 10, 64)
+	ms, err := strconv.ParseInt(v[recordCreatedAt:CompletedHeadLen], 10, 64)
 	if err != nil {
 		return rec, errCorrupt
 	}
 	rec.CreatedAt = time.UnixMilli(ms)
-	if rec.Response, err = decodeResponse(v[recordHeadLen:]); err != nil {
+	if rec.Response, err = decodeResponse(v[CompletedHeadLen:]); err != nil {
 		return rec, err
 	}
 	return rec, nil

@@ -51,7 +51,7 @@ func TestResponseRoundTrip(t *testing.T) {
 		"body omitted": {Status: 200, BodyOmitted: true},
 		"sealed":       {Status: 500, Sealed: true, Body: []byte{0, 1, 2, 0xff}},
 	} {
-		got, err := decodeResponse(string(encodeResponse(&r)))
+		got, err := decodeResponse(string(testEncodeResponse(&r)))
 		if err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}
@@ -90,7 +90,7 @@ func TestParseCompletedLayout(t *testing.T) {
 		tok[i] = byte(100 + i)
 	}
 	resp := idem.Response{Status: 201, Body: []byte("ok")}
-	v := "c" + string(fp[:]) + string(tok[:]) + "0000000007" + "001700000000123" + string(encodeResponse(&resp))
+	v := "c" + string(fp[:]) + string(tok[:]) + "0000000007" + "001700000000123" + string(testEncodeResponse(&resp))
 	rec, err := parseCompleted(v)
 	if err != nil {
 		t.Fatal(err)
@@ -100,13 +100,17 @@ func TestParseCompletedLayout(t *testing.T) {
 		t.Fatalf("parsed %+v", rec)
 	}
 	for name, bad := range map[string]string{
-		"short":         v[:recordHeadLen-1],
+		"short":         v[:CompletedHeadLen-1],
 		"not completed": "i" + v[1:],
 		"bad attempts":  v[:recordAttemptAt] + "00000000x7" + v[recordCreatedAt:],
-		"bad response":  v[:recordHeadLen],
+		"bad response":  v[:CompletedHeadLen],
 	} {
 		if _, err := parseCompleted(bad); err == nil {
 			t.Errorf("%s: parsed", name)
 		}
 	}
+}
+
+func testEncodeResponse(r *idem.Response) []byte {
+	return append(encodeResponseHead(r), r.Body...)
 }

@@ -205,10 +205,10 @@ func parseReserve(v []any) (idem.ReserveResult, error) {
 		res.Outcome = idem.Unknown
 	case "completed":
 		rec, _ := v[3].(string)
-		if len(v) != 4 || len(rec) < recordHeadLen {
+		if len(v) != 4 || len(rec) < CompletedHeadLen {
 			return idem.ReserveResult{}, fmt.Errorf("completed reply of %d elements", len(v))
 		}
-		resp, err := decodeResponse(rec[recordHeadLen:])
+		resp, err := decodeResponse(rec[CompletedHeadLen:])
 		if err != nil {
 			return idem.ReserveResult{}, err
 		}
@@ -228,7 +228,7 @@ func (s *Store) Renew(ctx context.Context, id idem.RecordID, tok idem.Token, lea
 // Complete implements idem.Store.
 func (s *Store) Complete(ctx context.Context, id idem.RecordID, tok idem.Token, resp idem.Response, retention time.Duration) error {
 	return s.transition(ctx, "complete", s.s.complete, id, tok[:], retention.Milliseconds(),
-		encodeResponse(&resp))
+		encodeResponseHead(&resp), resp.Body)
 }
 
 // Release implements idem.Store.

@@ -6,7 +6,8 @@
 -- KEYS[1]  record key
 -- ARGV[1]  attempt token
 -- ARGV[2]  retention, milliseconds
--- ARGV[3]  encoded response (codec.go encodeResponse)
+-- ARGV[3]  response head: status, flags, headers (codec.go encodeResponseHead)
+-- ARGV[4]  response body
 --
 -- Returns 1 when stored (or already stored by this token), 0 when no record
 -- exists, -1 when the token does not hold the record.
@@ -33,7 +34,7 @@ end
 local function pad(s, n)
   return string.rep('0', n - #s) .. s
 end
-redis.call('SET', key, 'c' .. cur[4] .. cur[2] .. pad(cur[5], 10) .. pad(cur[6], 15) .. ARGV[3],
+redis.call('SET', key, 'c' .. cur[4] .. cur[2] .. pad(cur[5], 10) .. pad(cur[6], 15) .. ARGV[3] .. ARGV[4],
   'PX', ARGV[2])
 if cur[3] then
   redis.call('PUBLISH', key, 'c')

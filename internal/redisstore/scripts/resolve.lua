@@ -4,7 +4,8 @@
 -- KEYS[1]  record key
 -- ARGV[1]  "release" or "complete"
 -- ARGV[2]  retention, milliseconds (complete)
--- ARGV[3]  encoded response, as for complete.lua (complete)
+-- ARGV[3]  response head, as for complete.lua (complete)
+-- ARGV[4]  response body (complete)
 --
 -- Returns 1 when resolved, 0 when no record exists, -1 when the record is
 -- not unknown.
@@ -28,6 +29,6 @@ local function pad(v, n)
   return string.rep('0', n - #v) .. v
 end
 -- The completed record's string, as complete.lua writes it.
-redis.call('SET', KEYS[1], 'c' .. cur[5] .. cur[2] .. pad(cur[3], 10) .. pad(cur[4], 15) .. ARGV[3],
+redis.call('SET', KEYS[1], 'c' .. cur[5] .. cur[2] .. pad(cur[3], 10) .. pad(cur[4], 15) .. ARGV[3] .. ARGV[4],
   'PX', ARGV[2])
 return 1
