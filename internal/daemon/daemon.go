@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"runtime"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -102,6 +103,10 @@ func Start(cfg Config, log *slog.Logger, getenv func(string) string) (*Daemon, e
 	d.shutdownTracing = shutdownTracing
 	if observe.TracingEnabled(getenv) {
 		log.Info("tracing: exporting spans over OTLP as the OTEL_* environment says")
+	} else {
+		// No provider at all: the server and the store then skip span
+		// work, which even a no-op provider costs (a context per span).
+		tp = nil
 	}
 	if err := d.openStore(); err != nil {
 		return nil, err
@@ -134,7 +139,7 @@ func Start(cfg Config, log *slog.Logger, getenv func(string) string) (*Daemon, e
 		TracerProvider: tp,
 		Sealer:         sealerOrNil(ring),
 	})
-	gopts := []grpc.ServerOption{grpc.MaxRecvMsgSize(cfg.MaxMessageSize)}
+	gopts := StreamServerOptions(cfg.MaxMessageSize)
 	if cfg.TLSCertFile != "" {
 		ts, err := tlsfiles.NewServer(tlsfiles.Files{
 			Cert: cfg.TLSCertFile, Key: cfg.TLSKeyFile, ClientCA: cfg.TLSClientCAFile, AllowedSANs: cfg.TLSAllowedSANs,
@@ -213,6 +218,28 @@ func sealerOrNil(r *seal.Ring) extproc.Sealer {
 	}
 	return r
 }
+
+// StreamServerOptions are the options of the gRPC server that serves
+// ext_proc: the largest message accepted, and stream workers. Each ext_proc
+// stream is one HTTP request whose handler runs deep (decision, store,
+// Redis client); started on a fresh goroutine it grows its stack two or
+// three times, copying it each time, which profiles showed to be a tenth of
+// the server's CPU. Long-lived workers keep their grown stacks, so a stream
+// they take costs no growth; a stream that finds every worker busy gets a
+// goroutine of its own, as without workers. The load tool's reference
+// servers use the same options.
+//
+// A stream holds its worker for the whole HTTP request, upstream time
+// included, so the workers are many: StreamWorkersPerCPU per GOMAXPROCS.
+// Idle, each costs a parked goroutine whose stack the garbage collector
+// shrinks.
+func StreamServerOptions(maxMessageSize int) []grpc.ServerOption {
+	workers := uint32(StreamWorkersPerCPU * runtime.GOMAXPROCS(0))
+	return []grpc.ServerOption{grpc.MaxRecvMsgSize(maxMessageSize), grpc.NumStreamWorkers(workers)}
+}
+
+// StreamWorkersPerCPU sizes the stream workers (StreamServerOptions).
+const StreamWorkersPerCPU = 128
 
 // HealthCheckInterval is how often the gRPC health status follows the
 // store.
@@ -381,7 +408,11 @@ func Main(ctx context.Context, args []string, getenv func(string) string, stderr
 		fmt.Fprintf(stderr, "idem-extproc: configuration error:\n%v\n", err)
 		return 2
 	}
-	log := NewLogger(cfg, stderr)
+	// Log lines reach stderr through one writer goroutine, which batches
+	// them when the server is busy (see lineWriter).
+	lw := newLineWriter(stderr)
+	defer lw.Close()
+	log := NewLogger(cfg, lw)
 	d, err := Start(cfg, log, getenv)
 	if errors.Is(err, ErrConfig) {
 		fmt.Fprintf(stderr, "idem-extproc: %v\n", err)

@@ -227,6 +227,48 @@ func TestNoBodyMeansNoBodyMessage(t *testing.T) {
 	}
 }
 
+// TestOnReplyTimesEveryAnsweredMessage: the timing hook hears of each
+// message that got its reply, in order, and changes nothing about the
+// exchange.
+func TestOnReplyTimesEveryAnsweredMessage(t *testing.T) {
+	s := &scripted{script: func(st extprocv3.ExternalProcessor_ProcessServer) error {
+		for {
+			m, err := st.Recv()
+			if err != nil {
+				return nil
+			}
+			if m.GetRequestBody() != nil {
+				time.Sleep(2 * time.Millisecond)
+			}
+			if err := st.Send(cont(m)); err != nil {
+				return err
+			}
+		}
+	}}
+	var phases []Phase
+	var waited []time.Duration
+	f := start(t, s, nil, Options{OnReply: func(p Phase, d time.Duration) {
+		phases = append(phases, p)
+		waited = append(waited, d)
+	}})
+	res := f.Do(context.Background(), post("x"), echoUpstream(200, "ok"))
+	if res.Response.Status != 200 || len(res.Messages) != 4 {
+		t.Fatalf("the hook changed the exchange: %v", res)
+	}
+	want := []Phase{PhaseRequestHeaders, PhaseRequestBody, PhaseResponseHeaders, PhaseResponseBody}
+	if len(phases) != len(want) {
+		t.Fatalf("timed %v, want %v", phases, want)
+	}
+	for i := range want {
+		if phases[i] != want[i] || waited[i] <= 0 {
+			t.Fatalf("timed %v %v, want phases %v with positive waits", phases, waited, want)
+		}
+	}
+	if waited[1] < 2*time.Millisecond {
+		t.Fatalf("request body waited %v, less than the server's 2ms", waited[1])
+	}
+}
+
 func TestSpuriousRepliesFailClosed(t *testing.T) {
 	for name, reply := range map[string]*extprocv3.ProcessingResponse{
 		"wrong type": {Response: &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: &extprocv3.BodyResponse{}}},

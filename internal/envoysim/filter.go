@@ -34,6 +34,12 @@ type Options struct {
 	// SkipLocalReplies selects Envoy 1.34-1.36, which does not pass its own
 	// local replies (upstream timeout, reset) through the response phases.
 	SkipLocalReplies bool
+	// OnReply, when set, is told how long each message waited for its
+	// reply: from sending it to receiving the reply that answers it (a
+	// CONTINUE or an immediate response). It only observes; a load tool
+	// uses it to time each phase. It is called on the goroutine that
+	// called Do.
+	OnReply func(phase Phase, d time.Duration)
 }
 
 // Filter is one configured ext_proc filter talking to one server.
@@ -91,6 +97,9 @@ type exchange struct {
 	// reqHeaders is the request header map as the connection manager
 	// built it, x-request-id included.
 	reqHeaders []Header
+	// sentAt[i] is when res.Messages[i] was sent; kept only for
+	// Options.OnReply.
+	sentAt []time.Time
 }
 
 // errClientGone ends an exchange whose downstream went away.
@@ -514,6 +523,9 @@ func (x *exchange) sendOnly(ctx context.Context, pr *extprocv3.ProcessingRequest
 		m.EndOfStream = true
 	}
 	x.res.Messages = append(x.res.Messages, m)
+	if x.f.opts.OnReply != nil {
+		x.sentAt = append(x.sentAt, time.Now())
+	}
 	return x.side.send(pr)
 }
 
@@ -549,6 +561,9 @@ func (x *exchange) await(ctx context.Context, phase Phase) (*extprocv3.Processin
 		x.res.Messages[idx].Reply = "error: " + err.Error()
 		local, ferr := x.failure(ctx, err)
 		return nil, local, ferr
+	}
+	if x.f.opts.OnReply != nil && idx < len(x.sentAt) {
+		x.f.opts.OnReply(phase, time.Since(x.sentAt[idx]))
 	}
 	if ir := reply.GetImmediateResponse(); ir != nil {
 		x.res.Messages[idx].Reply = "immediate_response"

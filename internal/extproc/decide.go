@@ -41,14 +41,13 @@ func (p *processor) decide(ctx context.Context, req *extprocv3.ProcessingRequest
 	if err != nil {
 		if p.pol.FailureMode == policy.FailOpen {
 			p.decided(DecisionFailOpen)
-			p.log().LogAttrs(ctx, slog.LevelWarn, "store unavailable; request passes unprotected (fail_open)",
-				p.logAttrs(slog.String("error", err.Error()))...)
+			p.logAt(ctx, slog.LevelWarn, "store unavailable; request passes unprotected (fail_open)", slog.String("error", err.Error()))
 			return p.passThrough(req)
 		}
 		return p.storeProblem(ctx, err)
 	}
 	p.attempt = res.Attempt
-	p.log().LogAttrs(ctx, slog.LevelInfo, "decision", p.logAttrs(slog.String("decision", res.Outcome.String()))...)
+	p.logAt(ctx, slog.LevelInfo, "decision", slog.String("decision", res.Outcome.String()))
 	if res.Outcome == idem.InFlight && p.pol.WaitForInFlight > 0 {
 		if w, ok := p.srv.cfg.Store.(idem.Watcher); ok {
 			res = p.awaitFirst(ctx, w, fp, res)
@@ -70,8 +69,7 @@ func (p *processor) decide(ctx context.Context, req *extprocv3.ProcessingRequest
 // holding a response that fails its integrity check.
 func (p *processor) storeProblem(ctx context.Context, err error) *extprocv3.ProcessingResponse {
 	p.decided(DecisionStoreUnavailable)
-	p.log().LogAttrs(ctx, slog.LevelError, "store unavailable; request refused (fail_closed)",
-		p.logAttrs(slog.String("error", err.Error()))...)
+	p.logAt(ctx, slog.LevelError, "store unavailable; request refused (fail_closed)", slog.String("error", err.Error()))
 	prob := problem.New(problem.StoreUnavailable, "the idempotency store cannot be used; retry later")
 	prob.RetryAfter = p.pol.RetryAfter
 	return p.answer(p.problemReply(prob))
@@ -135,7 +133,7 @@ func decisionFor(o idem.Outcome) Decision {
 // reject answers a request the server refuses before any store call.
 func (p *processor) reject(ctx context.Context, prob *problem.Problem) *extprocv3.ProcessingResponse {
 	p.decided(DecisionRejected)
-	p.log().LogAttrs(ctx, slog.LevelInfo, "rejected", p.logAttrs(slog.String("problem", prob.Slug))...)
+	p.logAt(ctx, slog.LevelInfo, "rejected", slog.String("problem", prob.Slug))
 	return p.answer(p.problemReply(prob))
 }
 

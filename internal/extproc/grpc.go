@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"strings"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	procmodev3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -69,10 +70,10 @@ func echoes(m procmodev3.ProcessingMode_BodySendMode) bool {
 // what kind of client sent it. Envoy sends pseudo-headers; grpc-go sends
 // none, and the request_attributes request.method, request.path and
 // request.host carry them instead (a gRPC call is always a POST).
-func (p *processor) requestTarget(req *extprocv3.ProcessingRequest, hs []idem.Header, attrs *structpb.Struct) (method, authority string) {
-	method, hasMethod := firstHeader(hs, ":method")
-	path, hasPath := firstHeader(hs, ":path")
-	authority, _ = firstHeader(hs, ":authority")
+func (p *processor) requestTarget(req *extprocv3.ProcessingRequest, hs *corev3.HeaderMap, attrs *structpb.Struct) (method, authority string) {
+	method, hasMethod := findHeader(hs, ":method")
+	path, hasPath := findHeader(hs, ":path")
+	authority, _ = findHeader(hs, ":authority")
 	p.rpc.proxyless = !hasMethod && !hasPath
 	if p.rpc.proxyless {
 		method, path, authority = attrString(attrs, "request.method"), attrString(attrs, "request.path"), attrString(attrs, "request.host")
@@ -81,7 +82,7 @@ func (p *processor) requestTarget(req *extprocv3.ProcessingRequest, hs []idem.He
 		}
 	}
 	p.path = path
-	ct, _ := firstHeader(hs, "content-type")
+	ct, _ := findHeader(hs, "content-type")
 	p.rpc.call = p.rpc.proxyless || isGRPCContentType(ct) || p.requestBodyMode == procmodev3.ProcessingMode_GRPC
 	if fc := req.GetFlowControlInit(); fc != nil && fc.GetInitialWindowDownstreamToSidestream() > 0 {
 		p.rpc.flow, p.rpc.reqWindow = true, fc.GetInitialWindowDownstreamToSidestream()

@@ -144,8 +144,8 @@ func (p *processor) finishRPC(ctx context.Context, carrier []idem.Header) {
 		p.respHeaders = withStatus(p.respHeaders, code, msg)
 	}
 	action := idem.DecideResponse(p.pol.ResponseRules, p.rpc.origin, status)
-	p.log().LogAttrs(ctx, slog.LevelDebug, "grpc response", p.logAttrs(slog.String("grpc_status", codeName(code)),
-		slog.Bool("status_known", known), slog.String("origin", p.rpc.origin.String()), slog.String("action", action.String()))...)
+	p.logAt(ctx, slog.LevelDebug, "grpc response", slog.String("grpc_status", codeName(code)),
+		slog.Bool("status_known", known), slog.String("origin", p.rpc.origin.String()), slog.String("action", action.String()))
 	if action == idem.ActionStore {
 		p.complete(ctx)
 		return

@@ -34,6 +34,34 @@ func headerList(m *corev3.HeaderMap) []idem.Header {
 	return out
 }
 
+// findHeader returns the first value of name in m and whether it was
+// present. A request's headers are read this way, one name at a time, so
+// that only the values the server uses are copied out of the message.
+func findHeader(m *corev3.HeaderMap, name string) (string, bool) {
+	for _, h := range m.GetHeaders() {
+		if h.GetKey() == name {
+			return headerValue(h), true
+		}
+	}
+	return "", false
+}
+
+// selectHeaders converts the headers of m named in names (few, see
+// policy.Policy.FingerprintHeaders), keeping their order and repeats: what
+// a request's fingerprint reads of its headers.
+func selectHeaders(m *corev3.HeaderMap, names []string) []idem.Header {
+	var out []idem.Header
+	for _, h := range m.GetHeaders() {
+		for _, n := range names {
+			if h.GetKey() == n {
+				out = append(out, idem.Header{Name: n, Value: headerValue(h)})
+				break
+			}
+		}
+	}
+	return out
+}
+
 // firstHeader returns the first value of name and whether it was present.
 func firstHeader(hs []idem.Header, name string) (string, bool) {
 	for _, h := range hs {

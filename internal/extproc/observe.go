@@ -107,29 +107,32 @@ func (c headerCarrier) Keys() []string {
 
 var traceContext = propagation.TraceContext{}
 
-// phaseName names a message's phase for spans.
-func phaseName(req *extprocv3.ProcessingRequest) string {
+// phaseSpanName names the span of a message's phase.
+func phaseSpanName(req *extprocv3.ProcessingRequest) string {
 	switch req.GetRequest().(type) {
 	case *extprocv3.ProcessingRequest_RequestHeaders:
-		return "request_headers"
+		return "ext_proc request_headers"
 	case *extprocv3.ProcessingRequest_RequestBody:
-		return "request_body"
+		return "ext_proc request_body"
 	case *extprocv3.ProcessingRequest_RequestTrailers:
-		return "request_trailers"
+		return "ext_proc request_trailers"
 	case *extprocv3.ProcessingRequest_ResponseHeaders:
-		return "response_headers"
+		return "ext_proc response_headers"
 	case *extprocv3.ProcessingRequest_ResponseBody:
-		return "response_body"
+		return "ext_proc response_body"
 	case *extprocv3.ProcessingRequest_ResponseTrailers:
-		return "response_trailers"
+		return "ext_proc response_trailers"
 	}
-	return "unknown"
+	return "ext_proc unknown"
 }
 
 // startPhase opens the span of one message, as a child of the stream's
 // span; the stream's span starts with the first message, under the
 // traceparent of the request's headers when there is one.
 func (p *processor) startPhase(ctx context.Context, req *extprocv3.ProcessingRequest) (context.Context, trace.Span) {
+	if p.srv.tracer == nil {
+		return ctx, trace.SpanFromContext(context.Background()) // a no-op span, shared
+	}
 	if p.span == nil {
 		parent := ctx
 		if hh := req.GetRequestHeaders(); hh != nil {
@@ -137,7 +140,7 @@ func (p *processor) startPhase(ctx context.Context, req *extprocv3.ProcessingReq
 		}
 		p.spanCtx, p.span = p.srv.tracer.Start(parent, "idem-extproc stream", trace.WithSpanKind(trace.SpanKindServer))
 	}
-	return p.srv.tracer.Start(trace.ContextWithSpan(ctx, p.span), "ext_proc "+phaseName(req))
+	return p.srv.tracer.Start(trace.ContextWithSpan(ctx, p.span), phaseSpanName(req))
 }
 
 // spanCtxOr returns a context carrying the stream's span, or def.

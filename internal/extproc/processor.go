@@ -93,26 +93,39 @@ func newProcessor(s *Server, set *policy.Set, send func(*extprocv3.ProcessingRes
 	return &processor{srv: s, policies: set, send: send, started: time.Now()}
 }
 
-func (p *processor) log() *slog.Logger { return p.srv.log }
-
-// logAttrs are the fields that trace one attempt: the hashed key (record
-// id, never the raw key), scope, policy, request id and attempt number.
-func (p *processor) logAttrs(extra ...slog.Attr) []slog.Attr {
-	attrs := make([]slog.Attr, 0, 6+len(extra))
+// addLogAttrs adds the fields that trace one attempt to a log record: the
+// hashed key (record id, never the raw key), scope, policy, request id and
+// attempt number.
+func (p *processor) addLogAttrs(r *slog.Record) {
 	if p.pol != nil {
-		attrs = append(attrs, slog.String("policy", p.pol.Name))
+		r.AddAttrs(slog.String("policy", p.pol.Name))
 	}
 	if p.id != "" {
-		attrs = append(attrs, slog.String("key_hash", string(p.id)), slog.String("scope", p.scope))
+		r.AddAttrs(slog.String("key_hash", string(p.id)), slog.String("scope", p.scope))
 	}
 	if p.requestID != "" {
-		attrs = append(attrs, slog.String("request_id", p.requestID))
+		r.AddAttrs(slog.String("request_id", p.requestID))
 	}
 	if p.attempt > 0 {
-		attrs = append(attrs, slog.Int("attempt", p.attempt))
+		r.AddAttrs(slog.Int("attempt", p.attempt))
 	}
-	attrs = append(attrs, slog.Float64("latency_ms", float64(time.Since(p.started).Microseconds())/1000))
-	return append(attrs, extra...)
+	r.AddAttrs(slog.Float64("latency_ms", float64(time.Since(p.started).Microseconds())/1000))
+}
+
+// logAt writes one line about this attempt at level: its fields
+// (addLogAttrs), then extra. A decision's line is on the hot path, so
+// nothing is built when the level is off, and the record goes to the
+// handler directly: Logger.LogAttrs would also walk the stack for a
+// source position the handler never prints.
+func (p *processor) logAt(ctx context.Context, level slog.Level, msg string, extra ...slog.Attr) {
+	h := p.srv.log.Handler()
+	if !h.Enabled(ctx, level) {
+		return
+	}
+	r := slog.NewRecord(time.Now(), level, msg, 0)
+	p.addLogAttrs(&r)
+	r.AddAttrs(extra...)
+	_ = h.Handle(ctx, r)
 }
 
 func (p *processor) storeCtx(ctx context.Context) (context.Context, context.CancelFunc) {
@@ -179,10 +192,10 @@ func (p *processor) handle(ctx context.Context, req *extprocv3.ProcessingRequest
 }
 
 func (p *processor) onRequestHeaders(ctx context.Context, req *extprocv3.ProcessingRequest, hh *extprocv3.HttpHeaders) *extprocv3.ProcessingResponse {
-	hs := headerList(hh.GetHeaders())
+	hs := hh.GetHeaders()
 	attrs := attributes(req)
 	method, authority := p.requestTarget(req, hs, attrs)
-	p.requestID, _ = firstHeader(hs, "x-request-id")
+	p.requestID, _ = findHeader(hs, "x-request-id")
 	p.method = method
 
 	p.pol = p.policies.Match(policy.Request{
@@ -195,7 +208,7 @@ func (p *processor) onRequestHeaders(ctx context.Context, req *extprocv3.Process
 		p.decided(DecisionBypassed)
 		return p.passThrough(req)
 	}
-	rawKey, present := firstHeader(hs, p.pol.KeyHeader)
+	rawKey, present := findHeader(hs, p.pol.KeyHeader)
 	p.srv.obs.Requested(p.pol.Name, present)
 	if p.pol.Enforcement == policy.EnforcementOff {
 		// Matched for the adoption counts only: no store call.
@@ -222,7 +235,7 @@ func (p *processor) onRequestHeaders(ctx context.Context, req *extprocv3.Process
 	}
 	p.scope = scope
 	p.id = idem.RecordIDFor(p.pol.RecordNamespace(), scope, key)
-	p.reqHeaders = hs
+	p.reqHeaders = selectHeaders(hs, p.pol.FingerprintHeaders)
 	if hh.GetEndOfStream() {
 		return p.decide(ctx, req)
 	}
@@ -260,7 +273,7 @@ func (p *processor) wantedResponseBodyMode() procmodev3.ProcessingMode_BodySendM
 }
 
 // scopeOf names the owner of the request's key space, per the policy.
-func (p *processor) scopeOf(authority string, hs []idem.Header, req *extprocv3.ProcessingRequest, attrs *structpb.Struct) (string, *problem.Problem) {
+func (p *processor) scopeOf(authority string, hs *corev3.HeaderMap, req *extprocv3.ProcessingRequest, attrs *structpb.Struct) (string, *problem.Problem) {
 	var scope string
 	switch sc := p.pol.Scope; sc.Source {
 	case policy.ScopeNone:
@@ -268,7 +281,7 @@ func (p *processor) scopeOf(authority string, hs []idem.Header, req *extprocv3.P
 	case policy.ScopeAuthority:
 		return authority, nil
 	case policy.ScopeHeader:
-		scope, _ = firstHeader(hs, sc.Header)
+		scope, _ = findHeader(hs, sc.Header)
 	case policy.ScopeMetadata:
 		scope = metadataString(req, sc.Namespace, sc.Path)
 	case policy.ScopePrincipal:

@@ -28,7 +28,9 @@ type renewer struct {
 // startRenewer renews in the background; base carries the stream's span
 // (its cancellation is ignored: the renewer is stopped explicitly).
 func startRenewer(base context.Context, s *Server, id idem.RecordID, tok idem.Token, lease time.Duration) *renewer {
-	base = context.WithoutCancel(base)
+	if base.Done() != nil {
+		base = context.WithoutCancel(base)
+	}
 	r := &renewer{}
 	every := lease / 2
 	tick := func() {

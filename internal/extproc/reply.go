@@ -30,23 +30,56 @@ func continueFor(req *extprocv3.ProcessingRequest) *extprocv3.ProcessingResponse
 // continueWith answers with CONTINUE and, when mode is non-nil, a
 // processing-mode override. Envoy reads overrides only from replies to
 // headers messages.
+//
+// Every message of every request gets such a reply, so each is made in one
+// allocation: the response, its oneof wrapper and the empty inner message
+// are fields of one value (never copied; the pointers lead into it).
 func continueWith(req *extprocv3.ProcessingRequest, mode *procmodev3.ProcessingMode) *extprocv3.ProcessingResponse {
-	resp := &extprocv3.ProcessingResponse{ModeOverride: mode}
 	switch req.GetRequest().(type) {
 	case *extprocv3.ProcessingRequest_RequestHeaders:
-		resp.Response = &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{}}
+		r := new(struct {
+			resp  extprocv3.ProcessingResponse
+			oneof extprocv3.ProcessingResponse_RequestHeaders
+			msg   extprocv3.HeadersResponse
+		})
+		r.oneof.RequestHeaders = &r.msg
+		r.resp.Response, r.resp.ModeOverride = &r.oneof, mode
+		return &r.resp
 	case *extprocv3.ProcessingRequest_ResponseHeaders:
-		resp.Response = &extprocv3.ProcessingResponse_ResponseHeaders{ResponseHeaders: &extprocv3.HeadersResponse{}}
+		r := new(struct {
+			resp  extprocv3.ProcessingResponse
+			oneof extprocv3.ProcessingResponse_ResponseHeaders
+			msg   extprocv3.HeadersResponse
+		})
+		r.oneof.ResponseHeaders = &r.msg
+		r.resp.Response, r.resp.ModeOverride = &r.oneof, mode
+		return &r.resp
 	case *extprocv3.ProcessingRequest_RequestBody:
-		resp.Response = &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{}}
+		r := new(struct {
+			resp  extprocv3.ProcessingResponse
+			oneof extprocv3.ProcessingResponse_RequestBody
+			msg   extprocv3.BodyResponse
+		})
+		r.oneof.RequestBody = &r.msg
+		r.resp.Response, r.resp.ModeOverride = &r.oneof, mode
+		return &r.resp
 	case *extprocv3.ProcessingRequest_ResponseBody:
-		resp.Response = &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: &extprocv3.BodyResponse{}}
+		r := new(struct {
+			resp  extprocv3.ProcessingResponse
+			oneof extprocv3.ProcessingResponse_ResponseBody
+			msg   extprocv3.BodyResponse
+		})
+		r.oneof.ResponseBody = &r.msg
+		r.resp.Response, r.resp.ModeOverride = &r.oneof, mode
+		return &r.resp
 	case *extprocv3.ProcessingRequest_RequestTrailers:
-		resp.Response = &extprocv3.ProcessingResponse_RequestTrailers{RequestTrailers: &extprocv3.TrailersResponse{}}
+		return &extprocv3.ProcessingResponse{ModeOverride: mode,
+			Response: &extprocv3.ProcessingResponse_RequestTrailers{RequestTrailers: &extprocv3.TrailersResponse{}}}
 	case *extprocv3.ProcessingRequest_ResponseTrailers:
-		resp.Response = &extprocv3.ProcessingResponse_ResponseTrailers{ResponseTrailers: &extprocv3.TrailersResponse{}}
+		return &extprocv3.ProcessingResponse{ModeOverride: mode,
+			Response: &extprocv3.ProcessingResponse_ResponseTrailers{ResponseTrailers: &extprocv3.TrailersResponse{}}}
 	}
-	return resp
+	return &extprocv3.ProcessingResponse{ModeOverride: mode}
 }
 
 // skipEverything is the override for a request the server has no further
@@ -96,27 +129,99 @@ var bufferResponseBody = &procmodev3.ProcessingMode{
 // APPEND_IF_EXISTS_OR_ADD, so an overwrite must name
 // OVERWRITE_IF_EXISTS_OR_ADD explicitly.
 func setHeader(name, value string, appendValue bool) *corev3.HeaderValueOption {
-	action := corev3.HeaderValueOption_APPEND_IF_EXISTS_OR_ADD
-	if !appendValue {
-		action = corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD
-	}
-	return &corev3.HeaderValueOption{
-		Header:       &corev3.HeaderValue{Key: name, RawValue: []byte(value)},
-		AppendAction: action,
+	o := &corev3.HeaderValueOption{
+		Header: &corev3.HeaderValue{Key: name, RawValue: []byte(value)},
 		//lint:ignore SA1019 ext_proc still reads the deprecated field (see above).
 		Append: wrapperspb.Bool(appendValue),
 	}
+	o.AppendAction = appendAction(appendValue)
+	return o
 }
 
-func immediate(status int, headers []*corev3.HeaderValueOption, body []byte, details string) *extprocv3.ProcessingResponse {
-	return &extprocv3.ProcessingResponse{
-		Response: &extprocv3.ProcessingResponse_ImmediateResponse{ImmediateResponse: &extprocv3.ImmediateResponse{
-			Status:  &typev3.HttpStatus{Code: typev3.StatusCode(status)},
-			Headers: &extprocv3.HeaderMutation{SetHeaders: headers},
-			Body:    body,
-			Details: details,
-		}},
+func appendAction(appendValue bool) corev3.HeaderValueOption_HeaderAppendAction {
+	if appendValue {
+		return corev3.HeaderValueOption_APPEND_IF_EXISTS_OR_ADD
 	}
+	return corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD
+}
+
+// headerSet builds the header mutations of one reply, each as setHeader
+// would, in a fixed handful of allocations whatever their number: the
+// options and their header values are elements of two slices sized once,
+// the values' bytes share one buffer, and the two append flags are shared.
+// A replay, which carries every stored header, is answered this way.
+type headerSet struct {
+	opts  []corev3.HeaderValueOption
+	vals  []corev3.HeaderValue
+	raw   []byte
+	flags *[2]wrapperspb.BoolValue // false, true
+	list  []*corev3.HeaderValueOption
+}
+
+// newHeaderSet makes room for n headers whose values total size bytes.
+func newHeaderSet(n, size int) headerSet {
+	flags := new([2]wrapperspb.BoolValue)
+	flags[1].Value = true
+	return headerSet{
+		opts:  make([]corev3.HeaderValueOption, 0, n),
+		vals:  make([]corev3.HeaderValue, 0, n),
+		raw:   make([]byte, 0, size),
+		flags: flags,
+		list:  make([]*corev3.HeaderValueOption, 0, n),
+	}
+}
+
+// add appends one mutation; past the room made for, it falls back to
+// setHeader.
+func (h *headerSet) add(name, value string, appendValue bool) {
+	if len(h.opts) == cap(h.opts) {
+		h.list = append(h.list, setHeader(name, value, appendValue))
+		return
+	}
+	h.opts, h.vals = h.opts[:len(h.opts)+1], h.vals[:len(h.vals)+1]
+	o, v := &h.opts[len(h.opts)-1], &h.vals[len(h.vals)-1]
+	start := len(h.raw)
+	h.raw = append(h.raw, value...)
+	v.Key, v.RawValue = name, h.raw[start:len(h.raw):len(h.raw)]
+	o.Header = v
+	o.AppendAction = appendAction(appendValue)
+	flag := &h.flags[0]
+	if appendValue {
+		flag = &h.flags[1]
+	}
+	//lint:ignore SA1019 ext_proc still reads the deprecated field (see setHeader).
+	o.Append = flag
+	h.list = append(h.list, o)
+}
+
+// has reports whether a mutation for name was added already.
+func (h *headerSet) has(name string) bool {
+	for _, o := range h.list {
+		if o.GetHeader().GetKey() == name {
+			return true
+		}
+	}
+	return false
+}
+
+// immediate builds an immediate response in one allocation: the response,
+// its oneof wrapper, the immediate response, its status and header
+// mutation are fields of one value (never copied; the pointers lead into
+// it).
+func immediate(status int, headers []*corev3.HeaderValueOption, body []byte, details string) *extprocv3.ProcessingResponse {
+	r := new(struct {
+		resp    extprocv3.ProcessingResponse
+		oneof   extprocv3.ProcessingResponse_ImmediateResponse
+		ir      extprocv3.ImmediateResponse
+		status  typev3.HttpStatus
+		headers extprocv3.HeaderMutation
+	})
+	r.status.Code = typev3.StatusCode(status)
+	r.headers.SetHeaders = headers
+	r.ir.Status, r.ir.Headers, r.ir.Body, r.ir.Details = &r.status, &r.headers, body, details
+	r.oneof.ImmediateResponse = &r.ir
+	r.resp.Response = &r.oneof
+	return &r.resp
 }
 
 // problemResponse answers with an RFC 9457 problem.
@@ -139,8 +244,11 @@ func problemResponse(p *problem.Problem) *extprocv3.ProcessingResponse {
 // response (a bad name, CR, LF or NUL in a value) is ever replayed, even
 // from a record altered in the store.
 func replayResponse(r *idem.Response, keep func(name string) bool) *extprocv3.ProcessingResponse {
-	hs := make([]*corev3.HeaderValueOption, 0, len(r.Headers)+2)
-	seen := make(map[string]bool, len(r.Headers))
+	size := 2 * len("true")
+	for _, h := range r.Headers {
+		size += len(h.Value)
+	}
+	hs := newHeaderSet(len(r.Headers)+2, size)
 	for _, h := range r.Headers {
 		if r.BodyOmitted && h.Name == "content-type" {
 			continue // there is no body to describe
@@ -148,14 +256,13 @@ func replayResponse(r *idem.Response, keep func(name string) bool) *extprocv3.Pr
 		if !safeHeader(h.Name, h.Value) || !keep(h.Name) || h.Name == ReplayedHeader || h.Name == BodyOmittedHeader {
 			continue
 		}
-		hs = append(hs, setHeader(h.Name, h.Value, seen[h.Name]))
-		seen[h.Name] = true
+		hs.add(h.Name, h.Value, hs.has(h.Name))
 	}
-	hs = append(hs, setHeader(ReplayedHeader, "true", false))
+	hs.add(ReplayedHeader, "true", false)
 	if r.BodyOmitted {
-		hs = append(hs, setHeader(BodyOmittedHeader, "true", false))
+		hs.add(BodyOmittedHeader, "true", false)
 	}
-	return immediate(r.Status, hs, r.Body, "idempotency_replay_"+strconv.Itoa(r.Status))
+	return immediate(r.Status, hs.list, r.Body, "idempotency_replay_"+strconv.Itoa(r.Status))
 }
 
 // safeHeader reports whether a header can be sent as it is: a lower-case

@@ -26,8 +26,8 @@ func (p *processor) onResponseHeaders(ctx context.Context, req *extprocv3.Proces
 	attrs := attributes(req)
 	origin := idem.ClassifyOrigin(attrString(attrs, "response.code_details"), attrUint(attrs, "response.flags"))
 	action := idem.DecideResponse(p.pol.ResponseRules, origin, status)
-	p.log().LogAttrs(ctx, slog.LevelDebug, "response", p.logAttrs(
-		slog.Int("status", status), slog.String("origin", origin.String()), slog.String("action", action.String()))...)
+	p.logAt(ctx, slog.LevelDebug, "response",
+		slog.Int("status", status), slog.String("origin", origin.String()), slog.String("action", action.String()))
 
 	switch action {
 	case idem.ActionRelease:
@@ -93,7 +93,7 @@ func (p *processor) complete(ctx context.Context) {
 		sealed, err := p.srv.cfg.Sealer.Seal(p.id, resp)
 		if err != nil {
 			// Never store in the clear what the policy says to seal.
-			p.log().LogAttrs(ctx, slog.LevelError, "response not sealed; marking the outcome unknown", p.logAttrs(slog.String("error", err.Error()))...)
+			p.logAt(ctx, slog.LevelError, "response not sealed; marking the outcome unknown", slog.String("error", err.Error()))
 			p.settle(ctx, idem.ActionUnknown)
 			return
 		}
@@ -130,17 +130,17 @@ func (p *processor) finalize(ctx context.Context, d Decision, apply func(context
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.srv.cfg.StoreTimeout)
 	err := apply(sctx)
 	cancel()
-	attrs = append(attrs, slog.String("outcome", string(d)))
+	var buf [4]slog.Attr
+	extra := append(append(buf[:0], attrs...), slog.String("outcome", string(d)), errAttr(err))
 	if err != nil && !errors.Is(err, idem.ErrNotHolder) && !errors.Is(err, idem.ErrNotFound) {
 		p.retry, p.retryDecision = apply, d
-		p.log().LogAttrs(ctx, slog.LevelWarn, "record not settled; will retry when the stream ends",
-			p.logAttrs(append(attrs, slog.String("error", err.Error()))...)...)
+		p.logAt(ctx, slog.LevelWarn, "record not settled; will retry when the stream ends", extra...)
 		return
 	}
 	if err == nil {
 		p.decided(d)
 	}
-	p.log().LogAttrs(ctx, slog.LevelInfo, "settled", p.logAttrs(append(attrs, errAttr(err))...)...)
+	p.logAt(ctx, slog.LevelInfo, "settled", extra...)
 }
 
 func errAttr(err error) slog.Attr {
@@ -174,6 +174,9 @@ func retryUntil(ctx context.Context, op func(context.Context) error) error {
 // upstream did answer, so the record completes without its body; with none
 // the outcome is unknown (or released, by policy).
 func (p *processor) finish() {
+	if p.retry == nil && !p.reserved {
+		return // settled already, or nothing was reserved: the usual end
+	}
 	base := context.Background()
 	if p.spanCtx != nil {
 		base = p.spanCtx // for the spans, not the deadline
@@ -190,7 +193,7 @@ func (p *processor) finish() {
 			level, msg = slog.LevelError, "record not settled; it turns unknown when its lease ends"
 			p.srv.obs.SettleFailed(p.pol.Name, string(p.retryDecision))
 		}
-		p.log().LogAttrs(ctx, level, msg, p.logAttrs(slog.String("outcome", string(p.retryDecision)), errAttr(err))...)
+		p.logAt(ctx, level, msg, slog.String("outcome", string(p.retryDecision)), errAttr(err))
 		return
 	}
 	if !p.reserved {

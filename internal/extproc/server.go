@@ -17,7 +17,6 @@ import (
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"go.opentelemetry.io/otel/trace"
-	"go.opentelemetry.io/otel/trace/noop"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -64,9 +63,11 @@ type Sealer interface {
 // Server implements envoy.service.ext_proc.v3.ExternalProcessor.
 type Server struct {
 	extprocv3.UnimplementedExternalProcessorServer
-	cfg    Config
-	log    *slog.Logger
-	obs    Observer
+	cfg Config
+	log *slog.Logger
+	obs Observer
+	// tracer makes spans; nil when tracing is off, so that no span work
+	// (each span's context is an allocation) is done at all.
 	tracer trace.Tracer
 }
 
@@ -93,11 +94,9 @@ func New(cfg Config) *Server {
 	if s.obs == nil {
 		s.obs = nopObserver{}
 	}
-	tp := cfg.TracerProvider
-	if tp == nil {
-		tp = noop.NewTracerProvider()
+	if tp := cfg.TracerProvider; tp != nil {
+		s.tracer = tp.Tracer("github.com/idem-extproc/idem-extproc/internal/extproc")
 	}
-	s.tracer = tp.Tracer("github.com/idem-extproc/idem-extproc/internal/extproc")
 	return s
 }
 
@@ -128,7 +127,7 @@ func (s *Server) serve(ctx context.Context, stream extprocv3.ExternalProcessor_P
 		resp, err := p.handle(pctx, req)
 		span.End()
 		if err != nil {
-			s.log.LogAttrs(ctx, slog.LevelWarn, "ext_proc protocol error", p.logAttrs(slog.String("error", err.Error()))...)
+			p.logAt(ctx, slog.LevelWarn, "ext_proc protocol error", slog.String("error", err.Error()))
 			return status.Error(codes.InvalidArgument, err.Error())
 		}
 		if resp == nil {

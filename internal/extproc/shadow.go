@@ -83,7 +83,7 @@ func (p *processor) shadowDecided(ctx context.Context, d ShadowDecision, attrs .
 	if d == ShadowStoreError {
 		level = slog.LevelWarn
 	}
-	p.log().LogAttrs(ctx, level, "shadow decision", p.logAttrs(append(attrs, slog.String("shadow_decision", string(d)))...)...)
+	p.logAt(ctx, level, "shadow decision", append(attrs, slog.String("shadow_decision", string(d)))...)
 	if p.pol.ShadowHeader != "" && !p.rpc.call {
 		p.respAdd = append(p.respAdd, setHeader(p.pol.ShadowHeader, strings.ReplaceAll(string(d), "_", "-"), false))
 	}
@@ -102,8 +102,7 @@ func (p *processor) graceWithoutKey(ctx context.Context, req *extprocv3.Processi
 		return p.passThrough(req)
 	}
 	p.srv.obs.KeyWarned(p.pol.Name)
-	p.log().LogAttrs(ctx, slog.LevelInfo, "key missing; passed in its grace period",
-		p.logAttrs(slog.Time("warn_until", p.pol.KeyWarnUntil))...)
+	p.logAt(ctx, slog.LevelInfo, "key missing; passed in its grace period", slog.Time("warn_until", p.pol.KeyWarnUntil))
 	if !p.rpc.call {
 		p.respAdd = append(p.respAdd, setHeader("warning", GraceWarning(p.pol.KeyHeader, p.pol.KeyWarnUntil), true))
 	}

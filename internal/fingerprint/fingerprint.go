@@ -5,7 +5,6 @@ package fingerprint
 import (
 	"crypto/sha256"
 	"encoding/binary"
-	"hash"
 	"slices"
 	"strings"
 
@@ -38,39 +37,53 @@ type Request struct {
 // digest. include must be sorted, lower-case and free of duplicates (see
 // Normalize).
 func Compute(r Request, include []string) idem.Fingerprint {
-	h := sha256.New()
-	w := writer{h: h}
-	w.str(version)
-	w.str(r.Method)
-	w.str(r.Path)
-	w.uint(uint64(len(include)))
-	for _, name := range include {
-		w.str(name)
-		n := 0
-		for _, hd := range r.Headers {
-			if hd.Name == name {
-				n++
-			}
-		}
-		w.uint(uint64(n))
-		for _, hd := range r.Headers {
-			if hd.Name == name {
-				w.str(hd.Value)
-			}
-		}
-	}
 	body, tag := r.Body, "raw"
 	if r.JSON {
 		if c, ok := CanonicalJSON(r.Body); ok {
 			body, tag = c, "json"
 		}
 	}
-	w.str(tag)
-	w.uint(uint64(len(body)))
+	// The encoding is hashed in one call from a buffer on the stack when it
+	// fits (the usual write request), which costs no allocation at all.
+	var buf [smallEncoding]byte
+	b := appendStr(buf[:0], version)
+	b = appendStr(b, r.Method)
+	b = appendStr(b, r.Path)
+	b = binary.AppendUvarint(b, uint64(len(include)))
+	for _, name := range include {
+		b = appendStr(b, name)
+		n := 0
+		for _, hd := range r.Headers {
+			if hd.Name == name {
+				n++
+			}
+		}
+		b = binary.AppendUvarint(b, uint64(n))
+		for _, hd := range r.Headers {
+			if hd.Name == name {
+				b = appendStr(b, hd.Value)
+			}
+		}
+	}
+	b = appendStr(b, tag)
+	b = binary.AppendUvarint(b, uint64(len(body)))
+	if len(b)+len(body) <= len(buf) {
+		return sha256.Sum256(append(b, body...))
+	}
+	h := sha256.New()
+	h.Write(slices.Clone(b)) // a copy, so that buf never escapes to the heap
 	h.Write(body)
 	var fp idem.Fingerprint
 	h.Sum(fp[:0])
 	return fp
+}
+
+// smallEncoding is the size of the stack buffer Compute encodes into.
+const smallEncoding = 2048
+
+func appendStr(b []byte, s string) []byte {
+	b = binary.AppendUvarint(b, uint64(len(s)))
+	return append(b, s...)
 }
 
 // Normalize lower-cases, sorts and de-duplicates header names for Compute.
@@ -81,16 +94,4 @@ func Normalize(names []string) []string {
 	}
 	slices.Sort(out)
 	return slices.Compact(out)
-}
-
-type writer struct {
-	h   hash.Hash
-	buf [binary.MaxVarintLen64]byte
-}
-
-func (w *writer) uint(v uint64) { w.h.Write(w.buf[:binary.PutUvarint(w.buf[:], v)]) }
-
-func (w *writer) str(s string) {
-	w.uint(uint64(len(s)))
-	w.h.Write([]byte(s))
 }

@@ -1,7 +1,10 @@
 package fingerprint
 
 import (
+	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
+	"strings"
 	"testing"
 
 	"github.com/idem-extproc/idem-extproc/internal/idem"
@@ -75,5 +78,46 @@ func TestNormalize(t *testing.T) {
 	want := []string{"content-type", "x-b"}
 	if len(got) != len(want) || got[0] != want[0] || got[1] != want[1] {
 		t.Fatalf("Normalize = %q, want %q", got, want)
+	}
+}
+
+// TestComputeSameAcrossBufferSizes: bodies that fit Compute's stack buffer
+// and bodies that do not are hashed alike (the encoding streamed into
+// SHA-256 field by field, as specified above Compute).
+func TestComputeSameAcrossBufferSizes(t *testing.T) {
+	reference := func(r Request, include []string) idem.Fingerprint {
+		h := sha256.New()
+		uv := func(v uint64) { h.Write(binary.AppendUvarint(nil, v)) }
+		str := func(s string) { uv(uint64(len(s))); h.Write([]byte(s)) }
+		str(version)
+		str(r.Method)
+		str(r.Path)
+		uv(uint64(len(include)))
+		for _, name := range include {
+			str(name)
+			var vals []string
+			for _, hd := range r.Headers {
+				if hd.Name == name {
+					vals = append(vals, hd.Value)
+				}
+			}
+			uv(uint64(len(vals)))
+			for _, v := range vals {
+				str(v)
+			}
+		}
+		str("raw")
+		uv(uint64(len(r.Body)))
+		h.Write(r.Body)
+		var fp idem.Fingerprint
+		h.Sum(fp[:0])
+		return fp
+	}
+	for _, n := range []int{0, 1, smallEncoding - 200, smallEncoding - 60, smallEncoding - 59, smallEncoding, smallEncoding + 1, 1 << 20} {
+		r := base()
+		r.Body = []byte(strings.Repeat("b", n))
+		if got, want := Compute(r, ct), reference(r, ct); got != want {
+			t.Fatalf("body of %d bytes: %x, want %x", n, got, want)
+		}
 	}
 }

@@ -53,6 +53,22 @@ func TestParseKey(t *testing.T) {
 	}
 }
 
+// TestRecordIDForIsStable pins the derivation: a change would orphan every
+// record already stored (its retries would find nothing and run again).
+func TestRecordIDForIsStable(t *testing.T) {
+	for _, tc := range []struct {
+		policy, scope, key string
+		want               RecordID
+	}{
+		{"default", "api.example.com", "8e0f4a4c-2f0e-4f57-9a55-5d1c1f1e2a3b", "e3934d700a0691bf34a05321fb3ab05e"},
+		{"", "", "", "709e80c88487a2411e1ee4dfb9f22a86"},
+	} {
+		if got := RecordIDFor(tc.policy, tc.scope, tc.key); got != tc.want {
+			t.Errorf("RecordIDFor(%q, %q, %q) = %s, want %s", tc.policy, tc.scope, tc.key, got, tc.want)
+		}
+	}
+}
+
 func TestRecordIDFor(t *testing.T) {
 	a := RecordIDFor("p", "scope", "key")
 	if a != RecordIDFor("p", "scope", "key") {

@@ -59,15 +59,19 @@ type RecordID string
 // a scope. Each part is length-prefixed, so no two distinct triples collide
 // by concatenation ("a"+"bc" versus "ab"+"c").
 func RecordIDFor(policy, scope, key string) RecordID {
-	h := sha256.New()
-	var n [binary.MaxVarintLen64]byte
+	// Encoded on the stack and hashed in one call: this runs for every
+	// protected request.
+	var buf [256]byte
+	b := buf[:0]
 	for _, part := range [...]string{policy, scope, key} {
-		h.Write(n[:binary.PutUvarint(n[:], uint64(len(part)))])
-		h.Write([]byte(part))
+		b = binary.AppendUvarint(b, uint64(len(part)))
+		b = append(b, part...)
 	}
-	var sum [sha256.Size]byte
+	sum := sha256.Sum256(b)
 	// 128 bits are ample against accidental collisions and keep keys short.
-	return RecordID(hex.EncodeToString(h.Sum(sum[:0])[:16]))
+	var id [32]byte
+	hex.Encode(id[:], sum[:16])
+	return RecordID(id[:])
 }
 
 // Header is one response header as stored and replayed. Order and

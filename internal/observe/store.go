@@ -9,7 +9,6 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
-	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 )
@@ -18,8 +17,9 @@ import (
 // the optional idem.Watcher and idem.Admin capabilities; calling one the
 // wrapped store lacks is an error.
 type Store struct {
-	inner  idem.Store
-	m      *Metrics
+	inner idem.Store
+	m     *Metrics
+	// tracer is nil when tracing is off: no span work at all then.
 	tracer trace.Tracer
 }
 
@@ -31,10 +31,11 @@ var (
 
 // InstrumentStore wraps st. A nil tracer provider traces nothing.
 func InstrumentStore(st idem.Store, m *Metrics, tp trace.TracerProvider) *Store {
-	if tp == nil {
-		tp = noop.NewTracerProvider()
+	s := &Store{inner: st, m: m}
+	if tp != nil {
+		s.tracer = tp.Tracer("github.com/idem-extproc/idem-extproc/internal/observe")
 	}
-	return &Store{inner: st, m: m, tracer: tp.Tracer("github.com/idem-extproc/idem-extproc/internal/observe")}
+	return s
 }
 
 func result(err error) string {
@@ -53,62 +54,96 @@ func result(err error) string {
 	return "error"
 }
 
-// call times op and traces it as a child span of ctx's.
-func (s *Store) call(ctx context.Context, op string, f func(context.Context) error) error {
-	ctx, span := s.tracer.Start(ctx, "store."+op, trace.WithSpanKind(trace.SpanKindClient))
-	start := time.Now()
-	err := f(ctx)
-	r := result(err)
-	s.m.ObserveStoreCall(op, r, time.Since(start))
-	span.SetAttributes(attribute.String("idem.store.result", r))
-	if r == "timeout" || r == "error" {
-		span.SetStatus(codes.Error, err.Error())
+// begin starts timing one call of op and, with tracing on, its span as a
+// child of ctx's; the call's end reports both. The methods below call the
+// wrapped store directly between the two rather than through a closure:
+// the reservation's path runs deep into the Redis client, and the closure's
+// frames were enough to overflow a fresh goroutine stack there, costing a
+// stack copy on most requests.
+func (s *Store) begin(ctx context.Context, op string) (context.Context, call) {
+	c := call{m: s.m, op: op}
+	if s.tracer != nil {
+		ctx, c.span = s.tracer.Start(ctx, "store."+op, trace.WithSpanKind(trace.SpanKindClient))
 	}
-	span.End()
-	return err
+	c.start = time.Now()
+	return ctx, c
+}
+
+// call is one store call being timed.
+type call struct {
+	m     *Metrics
+	op    string
+	start time.Time
+	span  trace.Span // nil when tracing is off
+}
+
+func (c call) end(err error) {
+	r := result(err)
+	c.m.ObserveStoreCall(c.op, r, time.Since(c.start))
+	if c.span == nil {
+		return
+	}
+	c.span.SetAttributes(attribute.String("idem.store.result", r))
+	if r == "timeout" || r == "error" {
+		c.span.SetStatus(codes.Error, err.Error())
+	}
+	c.span.End()
 }
 
 // Reserve implements idem.Store.
-func (s *Store) Reserve(ctx context.Context, r idem.Reservation) (res idem.ReserveResult, err error) {
-	err = s.call(ctx, "reserve", func(ctx context.Context) error {
-		res, err = s.inner.Reserve(ctx, r)
-		return err
-	})
+func (s *Store) Reserve(ctx context.Context, r idem.Reservation) (idem.ReserveResult, error) {
+	ctx, c := s.begin(ctx, "reserve")
+	res, err := s.inner.Reserve(ctx, r)
+	c.end(err)
 	return res, err
 }
 
 // Renew implements idem.Store.
 func (s *Store) Renew(ctx context.Context, id idem.RecordID, tok idem.Token, lease time.Duration) error {
-	return s.call(ctx, "renew", func(ctx context.Context) error { return s.inner.Renew(ctx, id, tok, lease) })
+	ctx, c := s.begin(ctx, "renew")
+	err := s.inner.Renew(ctx, id, tok, lease)
+	c.end(err)
+	return err
 }
 
 // Complete implements idem.Store.
 func (s *Store) Complete(ctx context.Context, id idem.RecordID, tok idem.Token, resp idem.Response, retention time.Duration) error {
-	return s.call(ctx, "complete", func(ctx context.Context) error { return s.inner.Complete(ctx, id, tok, resp, retention) })
+	ctx, c := s.begin(ctx, "complete")
+	err := s.inner.Complete(ctx, id, tok, resp, retention)
+	c.end(err)
+	return err
 }
 
 // Release implements idem.Store.
 func (s *Store) Release(ctx context.Context, id idem.RecordID, tok idem.Token) error {
-	return s.call(ctx, "release", func(ctx context.Context) error { return s.inner.Release(ctx, id, tok) })
+	ctx, c := s.begin(ctx, "release")
+	err := s.inner.Release(ctx, id, tok)
+	c.end(err)
+	return err
 }
 
 // MarkUnknown implements idem.Store.
 func (s *Store) MarkUnknown(ctx context.Context, id idem.RecordID, tok idem.Token, retention time.Duration) error {
-	return s.call(ctx, "mark_unknown", func(ctx context.Context) error { return s.inner.MarkUnknown(ctx, id, tok, retention) })
+	ctx, c := s.begin(ctx, "mark_unknown")
+	err := s.inner.MarkUnknown(ctx, id, tok, retention)
+	c.end(err)
+	return err
 }
 
 // Get implements idem.Store.
-func (s *Store) Get(ctx context.Context, id idem.RecordID) (rec idem.Record, err error) {
-	err = s.call(ctx, "get", func(ctx context.Context) error {
-		rec, err = s.inner.Get(ctx, id)
-		return err
-	})
+func (s *Store) Get(ctx context.Context, id idem.RecordID) (idem.Record, error) {
+	ctx, c := s.begin(ctx, "get")
+	rec, err := s.inner.Get(ctx, id)
+	c.end(err)
 	return rec, err
 }
 
 // Ping implements idem.Store.
 func (s *Store) Ping(ctx context.Context) error {
-	return s.call(ctx, "ping", s.inner.Ping)
+	ctx, c := s.begin(ctx, "ping")
+	err := s.inner.Ping(ctx)
+	c.end(err)
+	return err
 }
 
 // Watch implements idem.Watcher.
@@ -117,10 +152,9 @@ func (s *Store) Watch(ctx context.Context, id idem.RecordID) (changed <-chan str
 	if !ok {
 		return nil, nil, fmt.Errorf("observe: %T cannot watch records", s.inner)
 	}
-	err = s.call(ctx, "watch", func(ctx context.Context) error {
-		changed, stop, err = w.Watch(ctx, id)
-		return err
-	})
+	ctx, c := s.begin(ctx, "watch")
+	changed, stop, err = w.Watch(ctx, id)
+	c.end(err)
 	return changed, stop, err
 }
 
@@ -130,7 +164,10 @@ func (s *Store) Purge(ctx context.Context, id idem.RecordID) error {
 	if !ok {
 		return fmt.Errorf("observe: %T has no admin operations", s.inner)
 	}
-	return s.call(ctx, "purge", func(ctx context.Context) error { return a.Purge(ctx, id) })
+	ctx, c := s.begin(ctx, "purge")
+	err := a.Purge(ctx, id)
+	c.end(err)
+	return err
 }
 
 // Resolve implements idem.Admin.
@@ -139,5 +176,8 @@ func (s *Store) Resolve(ctx context.Context, id idem.RecordID, resp *idem.Respon
 	if !ok {
 		return fmt.Errorf("observe: %T has no admin operations", s.inner)
 	}
-	return s.call(ctx, "resolve", func(ctx context.Context) error { return a.Resolve(ctx, id, resp, retention) })
+	ctx, c := s.begin(ctx, "resolve")
+	err := a.Resolve(ctx, id, resp, retention)
+	c.end(err)
+	return err
 }

@@ -38,7 +38,7 @@ func (s *Store) Resolve(ctx context.Context, id idem.RecordID, resp *idem.Respon
 	defer cancel()
 	args := []any{"release"}
 	if resp != nil {
-		args = []any{"complete", retention.Milliseconds(), resp.Status, encodeHeaders(resp.Headers), resp.Body, encodeFlags(resp)}
+		args = []any{"complete", retention.Milliseconds(), encodeResponseHead(resp), resp.Body}
 	}
 	n, err := s.s.resolve.Run(ctx, s.rdb, []string{s.Key(id)}, args...).Int()
 	switch {

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"strconv"
+	"time"
 
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 )
@@ -29,72 +30,174 @@ func encodeHeaders(hs []idem.Header) []byte {
 	return b
 }
 
-func decodeHeaders(b []byte) ([]idem.Header, error) {
+// decodeHeaders reverses encodeHeaders. Given the string Redis returned, the
+// names and values are slices of it, not copies: a replay decodes every
+// stored header.
+func decodeHeaders[T ~string | ~[]byte](b T) ([]idem.Header, error) {
+	hs, rest, err := decodeHeadersPrefix(b)
+	if err == nil && len(rest) != 0 {
+		return nil, errCorrupt
+	}
+	return hs, err
+}
+
+// decodeHeadersPrefix decodes the headers encodeHeaders wrote at the start
+// of b and returns what follows them.
+func decodeHeadersPrefix[T ~string | ~[]byte](b T) ([]idem.Header, T, error) {
 	if len(b) == 0 {
-		return nil, nil
+		return nil, b, nil
 	}
 	count, b, err := uvarint(b)
 	if err != nil {
-		return nil, err
+		return nil, b, err
 	}
 	if count > uint64(len(b)) { // every header takes at least two bytes
-		return nil, errCorrupt
+		return nil, b, errCorrupt
 	}
 	hs := make([]idem.Header, 0, count)
 	for range count {
 		var name, value string
 		if name, b, err = lenString(b); err != nil {
-			return nil, err
+			return nil, b, err
 		}
 		if value, b, err = lenString(b); err != nil {
-			return nil, err
+			return nil, b, err
 		}
 		hs = append(hs, idem.Header{Name: name, Value: value})
 	}
-	if len(b) != 0 {
-		return nil, errCorrupt
-	}
-	return hs, nil
+	return hs, b, nil
 }
 
-func uvarint(b []byte) (uint64, []byte, error) {
-	v, n := binary.Uvarint(b)
-	if n <= 0 {
-		return 0, nil, errCorrupt
+// uvarint decodes what binary.AppendUvarint encodes.
+func uvarint[T ~string | ~[]byte](b T) (uint64, T, error) {
+	var v uint64
+	for i := 0; i < len(b) && i < binary.MaxVarintLen64; i++ {
+		c := b[i]
+		if i == binary.MaxVarintLen64-1 && c > 1 {
+			return 0, b, errCorrupt // overflows 64 bits
+		}
+		v |= uint64(c&0x7f) << (7 * i)
+		if c < 0x80 {
+			return v, b[i+1:], nil
+		}
 	}
-	return v, b[n:], nil
+	return 0, b, errCorrupt
 }
 
-func lenString(b []byte) (string, []byte, error) {
+func lenString[T ~string | ~[]byte](b T) (string, T, error) {
 	n, b, err := uvarint(b)
 	if err != nil {
-		return "", nil, err
+		return "", b, err
 	}
 	if n > uint64(len(b)) {
-		return "", nil, errCorrupt
+		return "", b, errCorrupt
 	}
 	return string(b[:n]), b[n:], nil
 }
 
-// Response flags, stored in the record's "o" field.
+// Response flags, one byte of an encoded response.
 const (
 	flagBodyOmitted = 1 << iota
 	flagSealed
 )
 
-func encodeFlags(r *idem.Response) string {
-	f := 0
+func encodeFlags(r *idem.Response) byte {
+	var f byte
 	if r.BodyOmitted {
 		f |= flagBodyOmitted
 	}
 	if r.Sealed {
 		f |= flagSealed
 	}
-	return strconv.Itoa(f)
+	return f
 }
 
-func decodeFlags(s string, r *idem.Response) {
-	f, _ := strconv.Atoi(s)
+func decodeFlags(f byte, r *idem.Response) {
 	r.BodyOmitted = f&flagBodyOmitted != 0
 	r.Sealed = f&flagSealed != 0
+}
+
+// encodeResponseHead packs what comes before a response's body: uvarint
+// status, one flags byte, then the headers as encodeHeaders writes them.
+// The scripts append the body, passed apart so that it is never copied
+// into a second buffer here; a completed record stores head and body after
+// its own fixed head (see CompletedHeadLen).
+func encodeResponseHead(r *idem.Response) []byte {
+	hs := encodeHeaders(r.Headers)
+	b := make([]byte, 0, binary.MaxVarintLen64+1+len(hs))
+	b = binary.AppendUvarint(b, uint64(r.Status))
+	b = append(b, encodeFlags(r))
+	return append(b, hs...)
+}
+
+// decodeResponse decodes a response head followed by its body. Headers are slices of b when b is
+// a string; the body is always a copy the caller owns.
+func decodeResponse[T ~string | ~[]byte](b T) (*idem.Response, error) {
+	st, b, err := uvarint(b)
+	if err != nil {
+		return nil, err
+	}
+	if st < 100 || st > 999 || len(b) == 0 {
+		return nil, errCorrupt
+	}
+	resp := &idem.Response{Status: int(st)}
+	decodeFlags(b[0], resp)
+	if resp.Headers, b, err = decodeHeadersPrefix(b[1:]); err != nil {
+		return nil, err
+	}
+	if len(b) > 0 {
+		resp.Body = []byte(b)
+	}
+	return resp, nil
+}
+
+// A completed record is one Redis string rather than a hash: a 1 KiB body
+// pushes a hash past hash-max-listpack-value into a hashtable, whose
+// per-field entries cost more than the body itself (DESIGN §6 bounds
+// memory per record; docs/performance.md has the figures). The string
+// starts with a fixed-width head the Lua scripts read and update by
+// offset, then the response head (encodeResponseHead) and the body:
+//
+//	offset  0     "c"
+//	offset  1     fingerprint, 32 bytes
+//	offset 33     token, 16 bytes
+//	offset 49     attempts, 10 decimal digits (SETRANGE-d on each replay)
+//	offset 59     created, Unix ms, 15 decimal digits
+//	offset 74     the response
+//
+// In-flight and unknown records stay small hashes (see reserve.lua).
+const (
+	// CompletedHeadLen is the length of the fixed head, for tools that
+	// read records as the scripts do (the load tool's floor server).
+	CompletedHeadLen = 74
+
+	recordFPAt      = 1
+	recordTokenAt   = 33
+	recordAttemptAt = 49
+	recordCreatedAt = 59
+)
+
+// parseCompleted decodes a completed record's string.
+func parseCompleted(v string) (idem.Record, error) {
+	var rec idem.Record
+	if len(v) < CompletedHeadLen || v[0] != 'c' {
+		return rec, errCorrupt
+	}
+	rec.State = idem.StateCompleted
+	copy(rec.Fingerprint[:], v[recordFPAt:recordTokenAt])
+	copy(rec.Token[:], v[recordTokenAt:recordAttemptAt])
+	a, err := strconv.Atoi(v[recordAttemptAt:recordCreatedAt])
+	if err != nil {
+		return rec, errCorrupt
+	}
+	rec.Attempts = a
+	ms, err := strconv.ParseInt(v[recordCreatedAt:CompletedHeadLen], 10, 64)
+	if err != nil {
+		return rec, errCorrupt
+	}
+	rec.CreatedAt = time.UnixMilli(ms)
+	if rec.Response, err = decodeResponse(v[CompletedHeadLen:]); err != nil {
+		return rec, err
+	}
+	return rec, nil
 }

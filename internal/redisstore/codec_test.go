@@ -43,3 +43,74 @@ func TestDecodeHeadersRejectsCorruption(t *testing.T) {
 		}
 	}
 }
+
+func TestResponseRoundTrip(t *testing.T) {
+	for name, r := range map[string]idem.Response{
+		"empty body":   {Status: 204},
+		"headers":      {Status: 201, Headers: []idem.Header{{Name: "location", Value: "/o/1"}}, Body: []byte(`{"id":1}`)},
+		"body omitted": {Status: 200, BodyOmitted: true},
+		"sealed":       {Status: 500, Sealed: true, Body: []byte{0, 1, 2, 0xff}},
+	} {
+		got, err := decodeResponse(string(testEncodeResponse(&r)))
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if got.Status != r.Status || string(got.Body) != string(r.Body) || len(got.Headers) != len(r.Headers) ||
+			got.BodyOmitted != r.BodyOmitted || got.Sealed != r.Sealed {
+			t.Errorf("%s: got %+v, want %+v", name, got, r)
+		}
+	}
+}
+
+func TestDecodeResponseRejectsCorruption(t *testing.T) {
+	for name, b := range map[string][]byte{
+		"empty":           {},
+		"status only":     {200 & 0x7f, 1},
+		"status 0":        {0, 0},
+		"status 1000":     {0xe8, 0x07, 0},
+		"bad headers":     {0xc8, 0x01, 0, 0x80},
+		"header past end": {0xc8, 0x01, 0, 1, 9, 'a'},
+	} {
+		if _, err := decodeResponse(b); !errors.Is(err, errCorrupt) {
+			t.Errorf("%s: error %v, want errCorrupt", name, err)
+		}
+	}
+}
+
+// TestParseCompletedLayout pins the completed record's head to the offsets
+// the Lua scripts read (string.sub is 1-based: fingerprint at 2..33, token
+// 34..49, attempts 50..59, created 60..74).
+func TestParseCompletedLayout(t *testing.T) {
+	var fp idem.Fingerprint
+	var tok idem.Token
+	for i := range fp {
+		fp[i] = byte(i)
+	}
+	for i := range tok {
+		tok[i] = byte(100 + i)
+	}
+	resp := idem.Response{Status: 201, Body: []byte("ok")}
+	v := "c" + string(fp[:]) + string(tok[:]) + "0000000007" + "001700000000123" + string(testEncodeResponse(&resp))
+	rec, err := parseCompleted(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.State != idem.StateCompleted || rec.Fingerprint != fp || rec.Token != tok || rec.Attempts != 7 ||
+		rec.CreatedAt.UnixMilli() != 1700000000123 || rec.Response.Status != 201 || string(rec.Response.Body) != "ok" {
+		t.Fatalf("parsed %+v", rec)
+	}
+	for name, bad := range map[string]string{
+		"short":         v[:CompletedHeadLen-1],
+		"not completed": "i" + v[1:],
+		"bad attempts":  v[:recordAttemptAt] + "00000000x7" + v[recordCreatedAt:],
+		"bad response":  v[:CompletedHeadLen],
+	} {
+		if _, err := parseCompleted(bad); err == nil {
+			t.Errorf("%s: parsed", name)
+		}
+	}
+}
+
+func testEncodeResponse(r *idem.Response) []byte {
+	return append(encodeResponseHead(r), r.Body...)
+}

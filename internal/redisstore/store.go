@@ -61,6 +61,34 @@ func loadScripts() scripts {
 	}
 }
 
+// ScriptSource returns the Lua source of the store's script named like its
+// file without ".lua" ("reserve", "complete", …), or "" when there is none.
+// It is for tools that must run exactly the store's scripts, such as the
+// load tool's floor server.
+func ScriptSource(name string) string {
+	switch name {
+	case "reserve":
+		return reserveLua
+	case "renew":
+		return renewLua
+	case "complete":
+		return completeLua
+	case "release":
+		return releaseLua
+	case "mark_unknown":
+		return markUnknownLua
+	case "peek":
+		return peekLua
+	case "watch":
+		return watchLua
+	case "purge":
+		return purgeLua
+	case "resolve":
+		return resolveLua
+	}
+	return ""
+}
+
 // DefaultPrefix starts every key the store writes.
 const DefaultPrefix = "idem:"
 
@@ -108,7 +136,14 @@ func (s *Store) Close() error { return s.hub.close() }
 // Key returns the Redis key of a record.
 func (s *Store) Key(id idem.RecordID) string { return s.prefix + "{" + string(id) + "}" }
 
+// bound limits a call to the store's call timeout. A caller whose own
+// deadline comes first (the server bounds each call by the same budget)
+// keeps its context: a second timer could only fire later, and each costs
+// allocations on every call.
 func (s *Store) bound(ctx context.Context) (context.Context, context.CancelFunc) {
+	if d, ok := ctx.Deadline(); ok && time.Until(d) <= s.callTimeout {
+		return ctx, func() {}
+	}
 	return context.WithTimeout(ctx, s.callTimeout)
 }
 
@@ -169,10 +204,11 @@ func parseReserve(v []any) (idem.ReserveResult, error) {
 	case "unknown":
 		res.Outcome = idem.Unknown
 	case "completed":
-		if len(v) != 7 {
+		rec, _ := v[3].(string)
+		if len(v) != 4 || len(rec) < CompletedHeadLen {
 			return idem.ReserveResult{}, fmt.Errorf("completed reply of %d elements", len(v))
 		}
-		resp, err := parseResponse(v[3], v[4], v[5], v[6])
+		resp, err := decodeResponse(rec[CompletedHeadLen:])
 		if err != nil {
 			return idem.ReserveResult{}, err
 		}
@@ -184,28 +220,6 @@ func parseReserve(v []any) (idem.ReserveResult, error) {
 	return res, nil
 }
 
-func parseResponse(status, headers, body, omitted any) (*idem.Response, error) {
-	st, err := strconv.Atoi(asString(status))
-	if err != nil {
-		return nil, fmt.Errorf("stored status: %w", err)
-	}
-	hs, err := decodeHeaders([]byte(asString(headers)))
-	if err != nil {
-		return nil, err
-	}
-	resp := &idem.Response{Status: st, Headers: hs}
-	decodeFlags(asString(omitted), resp)
-	if b := asString(body); b != "" {
-		resp.Body = []byte(b)
-	}
-	return resp, nil
-}
-
-func asString(v any) string {
-	s, _ := v.(string)
-	return s
-}
-
 // Renew implements idem.Store.
 func (s *Store) Renew(ctx context.Context, id idem.RecordID, tok idem.Token, lease time.Duration) error {
 	return s.transition(ctx, "renew", s.s.renew, id, tok[:], lease.Milliseconds())
@@ -214,7 +228,7 @@ func (s *Store) Renew(ctx context.Context, id idem.RecordID, tok idem.Token, lea
 // Complete implements idem.Store.
 func (s *Store) Complete(ctx context.Context, id idem.RecordID, tok idem.Token, resp idem.Response, retention time.Duration) error {
 	return s.transition(ctx, "complete", s.s.complete, id, tok[:], retention.Milliseconds(),
-		resp.Status, encodeHeaders(resp.Headers), resp.Body, encodeFlags(&resp))
+		encodeResponseHead(&resp), resp.Body)
 }
 
 // Release implements idem.Store.
@@ -250,14 +264,23 @@ func (s *Store) transition(ctx context.Context, op string, sc *redis.Script, id 
 func (s *Store) Get(ctx context.Context, id idem.RecordID) (idem.Record, error) {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	m, err := s.rdb.HGetAll(ctx, s.Key(id)).Result()
-	if err != nil {
-		return idem.Record{}, fmt.Errorf("redisstore: get: %w", err)
+	key := s.Key(id)
+	// A completed record is a string, any other a hash (codec.go); reading
+	// one as the other fails with WRONGTYPE, so the second read is taken
+	// only for completed records (this is the admin path, not the hot one).
+	var rec idem.Record
+	m, err := s.rdb.HGetAll(ctx, key).Result()
+	if err != nil && strings.HasPrefix(err.Error(), "WRONGTYPE") {
+		var v string
+		if v, err = s.rdb.Get(ctx, key).Result(); err == nil {
+			rec, err = parseCompleted(v)
+		}
+	} else if err == nil {
+		rec, err = parseRecord(m)
 	}
-	if len(m) == 0 {
-		return idem.Record{}, fmt.Errorf("redisstore: get: %w", idem.ErrNotFound)
+	if errors.Is(err, redis.Nil) {
+		err = idem.ErrNotFound // expired between the two reads
 	}
-	rec, err := parseRecord(m)
 	if err != nil {
 		return idem.Record{}, fmt.Errorf("redisstore: get: %w", err)
 	}
@@ -266,11 +289,12 @@ func (s *Store) Get(ctx context.Context, id idem.RecordID) (idem.Record, error) 
 
 func parseRecord(m map[string]string) (idem.Record, error) {
 	var rec idem.Record
+	if len(m) == 0 {
+		return rec, idem.ErrNotFound
+	}
 	switch m["s"] {
 	case "i":
 		rec.State = idem.StateInFlight
-	case "c":
-		rec.State = idem.StateCompleted
 	case "u":
 		rec.State = idem.StateUnknown
 	default:
@@ -286,13 +310,6 @@ func parseRecord(m map[string]string) (idem.Record, error) {
 		rec.CreatedAt = time.UnixMilli(ms)
 	}
 	rec.Attempts, _ = strconv.Atoi(m["a"])
-	if rec.State == idem.StateCompleted {
-		resp, err := parseResponse(m["st"], m["h"], m["b"], m["o"])
-		if err != nil {
-			return rec, err
-		}
-		rec.Response = resp
-	}
 	return rec, nil
 }
 

@@ -9,11 +9,14 @@
 -- when the token does not hold the record or it completed.
 -- Publishes on the channel KEYS[1] when a duplicate waits (see watch.lua).
 
+if redis.call('TYPE', KEYS[1])['ok'] == 'string' then
+  return -1 -- completed
+end
 local cur = redis.call('HMGET', KEYS[1], 's', 't', 'w')
 if not cur[1] then
   return 0
 end
-if cur[2] ~= ARGV[1] or cur[1] == 'c' then
+if cur[2] ~= ARGV[1] then
   return -1
 end
 if cur[1] == 'u' then

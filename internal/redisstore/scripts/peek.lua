@@ -11,6 +11,13 @@
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if redis.call('TYPE', KEYS[1])['ok'] == 'string' then
+  local rec = redis.call('GET', KEYS[1])
+  if string.sub(rec, 2, 33) ~= ARGV[1] then
+    return {'mismatch', 0, 0}
+  end
+  return {'completed', tonumber(string.sub(rec, 50, 59)) + 1, tonumber(string.sub(rec, 60, 74)), rec}
+end
 local cur = redis.call('HMGET', KEYS[1], 's', 'f', 'l', 'a', 'c')
 local state = cur[1]
 if not state then
@@ -21,10 +28,6 @@ if cur[2] ~= ARGV[1] then
 end
 local attempt = tonumber(cur[4]) + 1
 local created = tonumber(cur[5])
-if state == 'c' then
-  local r = redis.call('HMGET', KEYS[1], 'st', 'h', 'b', 'o')
-  return {'completed', attempt, created, r[1], r[2] or '', r[3] or '', r[4] or '0'}
-end
 if state == 'u' or now >= tonumber(cur[3]) then
   return {'unknown', attempt, created}
 end

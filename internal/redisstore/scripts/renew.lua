@@ -8,6 +8,9 @@
 -- Returns 1 when renewed, 0 when no record exists, -1 when the token does
 -- not hold an in-flight record.
 
+if redis.call('TYPE', KEYS[1])['ok'] == 'string' then
+  return -1 -- completed
+end
 local cur = redis.call('HMGET', KEYS[1], 's', 't')
 if not cur[1] then
   return 0

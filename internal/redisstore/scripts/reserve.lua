@@ -10,19 +10,32 @@
 --
 -- Returns {outcome, attempt, created_ms} where outcome is one of
 -- "reserved", "mismatch", "in_flight", "unknown"; or, for a completed
--- record, {"completed", attempt, created_ms, status, headers, body, omitted}.
+-- record, {"completed", attempt, created_ms, record} where record is the
+-- whole stored string (the caller decodes the response after its head).
 -- Lease expiry is judged by the server's TIME, never the caller's clock.
 --
--- Record hash fields: s state (i in flight, c completed, u unknown),
--- f fingerprint, t token, l lease end (ms), a attempts, c created (ms),
--- w set while a duplicate waits for the record to settle (watch.lua),
--- and for completed records st status, h headers, b body, o response flags.
+-- An in-flight or unknown record is a hash: s state (i in flight, u
+-- unknown), f fingerprint, t token, l lease end (ms), a attempts, c created
+-- (ms), w set while a duplicate waits for the record to settle (watch.lua).
+-- A completed record is a string (complete.lua; codec.go gives its
+-- layout): "c", fingerprint (32), token (16), attempts (10 digits),
+-- created ms (15 digits), then the encoded response.
 -- Turning a record unknown or taking it over publishes on KEYS[1] for
 -- those waiters.
 
 local key = KEYS[1]
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+if redis.call('TYPE', key)['ok'] == 'string' then
+  local rec = redis.call('GET', key)
+  if string.sub(rec, 2, 33) ~= ARGV[1] then
+    return {'mismatch', 0, 0}
+  end
+  local attempt = tonumber(string.sub(rec, 50, 59)) + 1
+  redis.call('SETRANGE', key, 49, string.format('%010d', attempt))
+  return {'completed', attempt, tonumber(string.sub(rec, 60, 74)), rec}
+end
 
 local cur = redis.call('HMGET', key, 's', 'f', 't', 'l', 'a', 'c', 'w')
 local state = cur[1]
@@ -43,10 +56,6 @@ if state == 'i' and cur[3] == ARGV[2] then
 end
 
 local attempt = redis.call('HINCRBY', key, 'a', 1)
-if state == 'c' then
-  local r = redis.call('HMGET', key, 'st', 'h', 'b', 'o')
-  return {'completed', attempt, created, r[1], r[2] or '', r[3] or '', r[4] or '0'}
-end
 if state == 'u' then
   return {'unknown', attempt, created}
 end

@@ -4,15 +4,17 @@
 -- KEYS[1]  record key
 -- ARGV[1]  "release" or "complete"
 -- ARGV[2]  retention, milliseconds (complete)
--- ARGV[3]  response status (complete)
--- ARGV[4]  encoded response headers (complete)
--- ARGV[5]  response body (complete)
--- ARGV[6]  response flags, as for complete.lua (complete)
+-- ARGV[3]  response head, as for complete.lua (complete)
+-- ARGV[4]  response body (complete)
 --
 -- Returns 1 when resolved, 0 when no record exists, -1 when the record is
 -- not unknown.
 
-local s = redis.call('HGET', KEYS[1], 's')
+if redis.call('TYPE', KEYS[1])['ok'] == 'string' then
+  return -1 -- completed
+end
+local cur = redis.call('HMGET', KEYS[1], 's', 't', 'a', 'c', 'f')
+local s = cur[1]
 if not s then
   return 0
 end
@@ -23,6 +25,10 @@ if ARGV[1] == 'release' then
   redis.call('DEL', KEYS[1])
   return 1
 end
-redis.call('HSET', KEYS[1], 's', 'c', 'st', ARGV[3], 'h', ARGV[4], 'b', ARGV[5], 'o', ARGV[6])
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
+local function pad(v, n)
+  return string.rep('0', n - #v) .. v
+end
+-- The completed record's string, as complete.lua writes it.
+redis.call('SET', KEYS[1], 'c' .. cur[5] .. cur[2] .. pad(cur[3], 10) .. pad(cur[4], 15) .. ARGV[3] .. ARGV[4],
+  'PX', ARGV[2])
 return 1

@@ -8,6 +8,9 @@
 -- Returns the state: "i" (in flight, now marked), "c", "u", or "" when
 -- there is no record.
 
+if redis.call('TYPE', KEYS[1])['ok'] == 'string' then
+  return 'c' -- completed
+end
 local s = redis.call('HGET', KEYS[1], 's')
 if not s then
   return ''

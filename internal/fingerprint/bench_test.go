@@ -1,0 +1,64 @@
+package fingerprint
+
+import (
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/idem-extproc/idem-extproc/internal/idem"
+)
+
+// benchBody is a JSON request body of about n bytes.
+func benchBody(n int) []byte {
+	var b strings.Builder
+	b.WriteString(`{"customer":"c-0123456789","currency":"EUR","lines":[`)
+	for i := 0; b.Len() < n-40; i++ {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(`{"sku":"sku-` + strconv.Itoa(i) + `","qty":` + strconv.Itoa(i%7+1) + `}`)
+	}
+	b.WriteString(`],"note":"x"}`)
+	return []byte(b.String())
+}
+
+func benchRequest(n int, json bool) Request {
+	return Request{
+		Method: "POST",
+		Path:   "/v1/orders?expand=lines",
+		Headers: []idem.Header{
+			{Name: ":authority", Value: "api.example.com"},
+			{Name: "content-type", Value: "application/json"},
+			{Name: "idempotency-key", Value: "8e0f4a4c-2f0e-4f57-9a55-5d1c1f1e2a3b"},
+			{Name: "x-request-id", Value: "5f0c6f1e-8a53-4d3a-9d2f-2b1d3c4e5f60"},
+		},
+		Body: benchBody(n),
+		JSON: json,
+	}
+}
+
+// BenchmarkCompute fingerprints a request as the default policy does (raw
+// body, content-type) and with fingerprint.json, for a small and a 1 KiB
+// body.
+func BenchmarkCompute(b *testing.B) {
+	include := Normalize([]string{"content-type"})
+	for _, tc := range []struct {
+		name string
+		size int
+		json bool
+	}{
+		{"raw_256B", 256, false},
+		{"raw_1KiB", 1024, false},
+		{"json_256B", 256, true},
+		{"json_1KiB", 1024, true},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			r := benchRequest(tc.size, tc.json)
+			b.SetBytes(int64(len(r.Body)))
+			b.ReportAllocs()
+			for range b.N {
+				Compute(r, include)
+			}
+		})
+	}
+}

@@ -1,0 +1,143 @@
+package loadtest
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strconv"
+	"time"
+
+	"github.com/idem-extproc/idem-extproc/internal/fingerprint"
+	"github.com/idem-extproc/idem-extproc/internal/idem"
+	"github.com/idem-extproc/idem-extproc/internal/policy"
+	"github.com/idem-extproc/idem-extproc/internal/redisstore"
+)
+
+// memoryFigures is what one record costs in Redis.
+type memoryFigures struct {
+	redisVersion string
+	bodyBytes    int
+	// MEMORY USAGE of one record (key, value, and Redis's own overhead as
+	// it estimates it), with OBJECT ENCODING.
+	inFlight, completed       int64
+	inFlightEnc, completedEnc string
+	// used_memory growth per record over many records: what Redis really
+	// allocates, the keyspace's and expiry table's entries included.
+	perInFlight, perCompleted float64
+	records                   int
+}
+
+// measureMemory writes records exactly as the server does (the Redis store,
+// the default policy, the load tool's request and response) and asks
+// Redis what they cost.
+func measureMemory(ctx context.Context, r *redisServer, respBody []byte, records int) (memoryFigures, error) {
+	m := memoryFigures{redisVersion: r.version(ctx), bodyBytes: len(respBody), records: records}
+	rdb, err := redisstore.NewClient(r.url, time.Second)
+	if err != nil {
+		return m, err
+	}
+	defer rdb.Close()
+	st := redisstore.New(rdb, redisstore.Options{})
+	defer st.Close()
+	pol := policy.Default()
+	wl := newWorkload(scenarioFirstWrite, 256, len(respBody))
+	wl.respBody = respBody
+	fp := fingerprint.Compute(fingerprint.Request{Method: "POST", Path: wl.path,
+		Headers: []idem.Header{{Name: "content-type", Value: wl.contentType}}, Body: wl.reqBody}, pol.FingerprintHeaders)
+	// What the server stores of the load tool's upstream response: every
+	// header but x-envoy-upstream-service-time (x-envoy-* are never kept).
+	resp := idem.Response{Status: wl.upstreamStatus, Body: respBody, Headers: []idem.Header{
+		{Name: "content-type", Value: wl.contentType}, {Name: "location", Value: wl.upstreamLocation},
+	}}
+	prefix := "memory-" + strconv.FormatInt(time.Now().UnixNano(), 10) + "-"
+	reserve := func(i int) (idem.RecordID, idem.Token, error) {
+		id := idem.RecordIDFor(pol.RecordNamespace(), wl.authority, prefix+strconv.Itoa(i))
+		tok := idem.NewToken()
+		res, err := st.Reserve(ctx, idem.Reservation{ID: id, Fingerprint: fp, Token: tok, Lease: pol.Lease,
+			Retention: pol.Retention, LeaseExpiry: pol.LeaseExpiry})
+		if err == nil && res.Outcome != idem.Reserved {
+			err = fmt.Errorf("reserve: %v", res.Outcome)
+		}
+		return id, tok, err
+	}
+	usage := func(id idem.RecordID) (int64, string, error) {
+		n, err := rdb.MemoryUsage(ctx, st.Key(id), 0).Result()
+		if err != nil {
+			return 0, "", fmt.Errorf("MEMORY USAGE: %w", err)
+		}
+		enc, err := rdb.ObjectEncoding(ctx, st.Key(id)).Result()
+		return n, enc, err
+	}
+	usedMemory := func() (float64, error) {
+		v, err := strconv.ParseFloat(r.info(ctx, "memory", "used_memory"), 64)
+		if err != nil {
+			return 0, fmt.Errorf("INFO memory used_memory: %w", err)
+		}
+		return v, nil
+	}
+
+	id, tok, err := reserve(-1)
+	if err != nil {
+		return m, err
+	}
+	if m.inFlight, m.inFlightEnc, err = usage(id); err != nil {
+		return m, err
+	}
+	if err := st.Complete(ctx, id, tok, resp, pol.Retention); err != nil {
+		return m, err
+	}
+	if m.completed, m.completedEnc, err = usage(id); err != nil {
+		return m, err
+	}
+	_ = st.Purge(ctx, id)
+
+	if records <= 0 {
+		return m, nil
+	}
+	before, err := usedMemory()
+	if err != nil {
+		return m, err
+	}
+	ids, toks := make([]idem.RecordID, records), make([]idem.Token, records)
+	for i := range records {
+		if ids[i], toks[i], err = reserve(i); err != nil {
+			return m, err
+		}
+	}
+	mid, err := usedMemory()
+	if err != nil {
+		return m, err
+	}
+	for i := range records {
+		if err := st.Complete(ctx, ids[i], toks[i], resp, pol.Retention); err != nil {
+			return m, err
+		}
+	}
+	after, err := usedMemory()
+	if err != nil {
+		return m, err
+	}
+	m.perInFlight = (mid - before) / float64(records)
+	m.perCompleted = (after - before) / float64(records)
+	for _, id := range ids {
+		_ = st.Purge(ctx, id)
+	}
+	return m, nil
+}
+
+func (m memoryFigures) print(w io.Writer) {
+	fmt.Fprintf(w, "== Redis memory per record (redis %s; the default policy; %d-byte response body, 2 stored headers)\n", m.redisVersion, m.bodyBytes)
+	fmt.Fprintf(w, "  in flight: MEMORY USAGE %d bytes (%s)   target <= 200: %s\n", m.inFlight, m.inFlightEnc, verdict(float64(m.inFlight) <= 200))
+	fmt.Fprintf(w, "  completed: MEMORY USAGE %d bytes (%s)   target <= 1536: %s\n", m.completed, m.completedEnc, verdict(float64(m.completed) <= 1536))
+	if m.records > 0 {
+		fmt.Fprintf(w, "  used_memory growth over %d records: %.0f bytes per in-flight record, %.0f per completed record\n",
+			m.records, m.perInFlight, m.perCompleted)
+	}
+}
+
+func verdict(ok bool) string {
+	if ok {
+		return "met"
+	}
+	return "MISSED"
+}

@@ -1,0 +1,221 @@
+package loadtest
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	procmodev3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"github.com/redis/go-redis/v9"
+	"google.golang.org/grpc"
+
+	"github.com/idem-extproc/idem-extproc/internal/daemon"
+	"github.com/idem-extproc/idem-extproc/internal/redisstore"
+)
+
+// The two reference servers the load tool measures idem-extproc against.
+// Each runs in a process of its own (the tool re-executes itself), with the
+// same gRPC server options as the daemon, so that the CPU read from /proc
+// is its own.
+//
+//   - noop answers every message CONTINUE, in the reply type of the
+//     message, and never overrides the processing mode: the cost of the
+//     ext_proc protocol itself.
+//   - floor sends the same replies idem-extproc sends for the load tool's
+//     requests, with exactly the Redis calls idem-extproc makes, as bare
+//     EVALSHA calls of the store's own scripts: reserve at the request
+//     body (answering a completed record with its status and body at
+//     once), complete at the response body, and for a request without a
+//     key or a GET, CONTINUE with the skip-everything override at the
+//     request headers. No policy, no fingerprint, no header conversion,
+//     no encoding, no logging, no metrics: the floor of what any
+//     Redis-backed idempotency server must do.
+
+// serveGRPC serves one ext_proc implementation on addr until ctx ends.
+func serveGRPC(ctx context.Context, addr string, srv extprocv3.ExternalProcessorServer) error {
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	gs := grpc.NewServer(daemon.StreamServerOptions(32 << 20)...) // the daemon's, with its default --max-message-size
+	extprocv3.RegisterExternalProcessorServer(gs, srv)
+	go func() {
+		<-ctx.Done()
+		gs.Stop()
+	}()
+	if err := gs.Serve(lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+		return err
+	}
+	return nil
+}
+
+// continueReply answers a message with CONTINUE in its own reply type.
+func continueReply(req *extprocv3.ProcessingRequest, mode *procmodev3.ProcessingMode) *extprocv3.ProcessingResponse {
+	resp := &extprocv3.ProcessingResponse{ModeOverride: mode}
+	switch req.GetRequest().(type) {
+	case *extprocv3.ProcessingRequest_RequestHeaders:
+		resp.Response = &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{}}
+	case *extprocv3.ProcessingRequest_ResponseHeaders:
+		resp.Response = &extprocv3.ProcessingResponse_ResponseHeaders{ResponseHeaders: &extprocv3.HeadersResponse{}}
+	case *extprocv3.ProcessingRequest_RequestBody:
+		resp.Response = &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{}}
+	case *extprocv3.ProcessingRequest_ResponseBody:
+		resp.Response = &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: &extprocv3.BodyResponse{}}
+	case *extprocv3.ProcessingRequest_RequestTrailers:
+		resp.Response = &extprocv3.ProcessingResponse_RequestTrailers{RequestTrailers: &extprocv3.TrailersResponse{}}
+	case *extprocv3.ProcessingRequest_ResponseTrailers:
+		resp.Response = &extprocv3.ProcessingResponse_ResponseTrailers{ResponseTrailers: &extprocv3.TrailersResponse{}}
+	}
+	return resp
+}
+
+// noopServer is the no-op reference.
+type noopServer struct {
+	extprocv3.UnimplementedExternalProcessorServer
+}
+
+func (noopServer) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
+	for {
+		req, err := stream.Recv()
+		if err != nil {
+			return nil
+		}
+		if err := stream.Send(continueReply(req, nil)); err != nil {
+			return err
+		}
+	}
+}
+
+// skipEverything is idem-extproc's override for an unprotected request.
+var skipEverything = &procmodev3.ProcessingMode{
+	RequestHeaderMode:   procmodev3.ProcessingMode_SKIP,
+	ResponseHeaderMode:  procmodev3.ProcessingMode_SKIP,
+	RequestBodyMode:     procmodev3.ProcessingMode_NONE,
+	ResponseBodyMode:    procmodev3.ProcessingMode_NONE,
+	RequestTrailerMode:  procmodev3.ProcessingMode_SKIP,
+	ResponseTrailerMode: procmodev3.ProcessingMode_SKIP,
+}
+
+// floorServer is the floor reference.
+type floorServer struct {
+	extprocv3.UnimplementedExternalProcessorServer
+	rdb                  redis.UniversalClient
+	reserveSHA, complSHA string
+	fingerprint, token   []byte
+	leaseMs, retentionMs int64
+	storedHeaders        []byte
+}
+
+func newFloorServer(ctx context.Context, redisURL string) (*floorServer, error) {
+	// The daemon's client, with the daemon's default budget.
+	rdb, err := redisstore.NewClient(redisURL, 100*time.Millisecond)
+	if err != nil {
+		return nil, err
+	}
+	f := &floorServer{
+		rdb: rdb, fingerprint: make([]byte, 32), token: []byte("floor-token-0001"),
+		leaseMs: 30_000, retentionMs: 24 * 3_600_000,
+		// A fixed stand-in for the stored headers: the floor does no
+		// encoding work, but stores about as many bytes.
+		storedHeaders: []byte("\x02\x0ccontent-type\x10application/json\x08location\x0f/v1/orders/0123"),
+	}
+	lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if f.reserveSHA, err = rdb.ScriptLoad(lctx, redisstore.ScriptSource("reserve")).Result(); err != nil {
+		return nil, fmt.Errorf("load reserve.lua: %w", err)
+	}
+	if f.complSHA, err = rdb.ScriptLoad(lctx, redisstore.ScriptSource("complete")).Result(); err != nil {
+		return nil, fmt.Errorf("load complete.lua: %w", err)
+	}
+	return f, nil
+}
+
+func rawHeader(m *corev3.HeaderMap, name string) []byte {
+	for _, h := range m.GetHeaders() {
+		if h.GetKey() == name {
+			return h.GetRawValue()
+		}
+	}
+	return nil
+}
+
+func (f *floorServer) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
+	ctx := stream.Context()
+	var key string
+	var status []byte
+	for {
+		req, err := stream.Recv()
+		if err != nil {
+			return nil // the stream's end, however it ends
+		}
+		var resp *extprocv3.ProcessingResponse
+		switch r := req.GetRequest().(type) {
+		case *extprocv3.ProcessingRequest_RequestHeaders:
+			hs := r.RequestHeaders.GetHeaders()
+			k := rawHeader(hs, "idempotency-key")
+			if len(k) == 0 || string(rawHeader(hs, ":method")) != "POST" {
+				resp = continueReply(req, skipEverything)
+				break
+			}
+			key = "floor:{" + string(k) + "}"
+			resp = continueReply(req, nil)
+		case *extprocv3.ProcessingRequest_RequestBody:
+			if key == "" {
+				resp = continueReply(req, nil)
+				break
+			}
+			v, err := f.rdb.EvalSha(ctx, f.reserveSHA, []string{key}, f.fingerprint, f.token, f.leaseMs, f.retentionMs, "u").Slice()
+			if err != nil {
+				return err
+			}
+			if s, _ := v[0].(string); s == "completed" && len(v) == 4 {
+				// The record's string: its fixed head, then the status
+				// as a uvarint, a flags byte, the floor's own fixed
+				// headers, and the body (redisstore's layout).
+				rec := asString(v[3])
+				st, n := binary.Uvarint([]byte(rec[min(len(rec), redisstore.CompletedHeadLen):]))
+				at := redisstore.CompletedHeadLen + n + 1 + len(f.storedHeaders)
+				if n <= 0 || at > len(rec) {
+					return fmt.Errorf("floor: a completed record of %d bytes that the floor did not write", len(rec))
+				}
+				resp = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ImmediateResponse{
+					ImmediateResponse: &extprocv3.ImmediateResponse{
+						Status: &typev3.HttpStatus{Code: typev3.StatusCode(st)},
+						Body:   []byte(rec[at:]),
+					}}}
+				break
+			}
+			resp = continueReply(req, nil)
+		case *extprocv3.ProcessingRequest_ResponseHeaders:
+			status = rawHeader(r.ResponseHeaders.GetHeaders(), ":status")
+			resp = continueReply(req, nil)
+		case *extprocv3.ProcessingRequest_ResponseBody:
+			if key != "" {
+				st, _ := strconv.Atoi(string(status))
+				head := append(binary.AppendUvarint(make([]byte, 0, 3+len(f.storedHeaders)), uint64(st)), 0)
+				if err := f.rdb.EvalSha(ctx, f.complSHA, []string{key}, f.token, f.retentionMs,
+					append(head, f.storedHeaders...), r.ResponseBody.GetBody()).Err(); err != nil {
+					return err
+				}
+			}
+			resp = continueReply(req, nil)
+		default:
+			resp = continueReply(req, nil)
+		}
+		if err := stream.Send(resp); err != nil {
+			return err
+		}
+	}
+}
+
+func asString(v any) string {
+	s, _ := v.(string)
+	return s
+}

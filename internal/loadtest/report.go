@@ -1,0 +1,279 @@
+package loadtest
+
+import (
+	"fmt"
+	"io"
+	"slices"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+func describe(cfg *config, sc string) string {
+	unprot := "GET, no bodies either way. idem-extproc and floor: 1 message, CONTINUE with the skip-everything mode_override; noop: 2 messages (both header phases)"
+	if cfg.keyless {
+		unprot = fmt.Sprintf("POST without a key, %d-byte body. idem-extproc and floor: 1 message, CONTINUE with the skip-everything mode_override; noop: 4 messages", cfg.reqBody)
+	}
+	switch sc {
+	case scenarioFirstWrite:
+		return fmt.Sprintf("POST with a fresh Idempotency-Key, %d-byte body; the upstream answers 201 with a %d-byte body. "+
+			"idem-extproc and floor: 4 messages, 2 Redis calls (reserve at the request body, complete at the response body); noop: 4 messages",
+			cfg.reqBody, cfg.respBody)
+	case scenarioReplay:
+		return fmt.Sprintf("POST repeating one of %d completed keys with the same body. idem-extproc and floor: 2 messages, "+
+			"answered at the request body from the record (1 Redis call); noop: 4 messages (the upstream answers)", cfg.keys)
+	case scenarioUnprotected:
+		return unprot
+	}
+	return fmt.Sprintf("%.0f%% unprotected (%s), of the protected %.0f%% replays of %d completed keys, the rest first writes",
+		100*cfg.unprotRate, cfg.unprotectedKind, 100*cfg.duplicateRate, cfg.keys)
+}
+
+// pick returns the runs of one scenario against one server, reference
+// runs left out.
+func pick(results []*runResult, sc, srv string) []*runResult {
+	var out []*runResult
+	for _, r := range results {
+		if r.scenario == sc && r.server == srv && !r.reference {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// pickReference returns the reference runs of scenario sc against srv
+// made during scenario during's runs.
+func pickReference(results []*runResult, during, sc, srv string) []*runResult {
+	var out []*runResult
+	for _, r := range results {
+		if r.reference && r.during == during && r.scenario == sc && r.server == srv {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// summary is the medians of one server's runs of one scenario.
+type summary struct {
+	runs                     int
+	rps, cpu, redisCPU, drv  float64
+	syscalls, sink           float64
+	allocs                   float64
+	haveAllocs, haveRedisCPU bool
+	total                    dist
+	phases                   map[int]dist
+	errs                     int
+	rpsByRep, p99ByRep       []float64
+	decisions                map[string]float64
+	hasDecisions             bool
+}
+
+func summarize(rs []*runResult) summary {
+	s := summary{runs: len(rs), phases: map[int]dist{}, decisions: map[string]float64{}}
+	if len(rs) == 0 {
+		return s
+	}
+	var cpu, rcpu, drv, allocs, sys, sink []float64
+	var p50, p99, p999 []time.Duration
+	for _, r := range rs {
+		s.rpsByRep = append(s.rpsByRep, r.rps())
+		s.p99ByRep = append(s.p99ByRep, float64(r.total.p99))
+		cpu = append(cpu, r.perRequest(r.cpu))
+		sys = append(sys, r.syscallsPerRequest())
+		sink = append(sink, r.perRequest(r.sinkCPU))
+		drv = append(drv, r.perRequest(r.driverCPU))
+		if r.haveRedisCPU {
+			rcpu = append(rcpu, r.perRequest(r.redisCPU))
+		}
+		if r.haveMallocs && r.n > 0 {
+			allocs = append(allocs, r.mallocs/float64(r.n))
+		}
+		p50, p99, p999 = append(p50, r.total.p50), append(p99, r.total.p99), append(p999, r.total.p999)
+		s.errs += r.errs
+		for k, v := range r.decisions {
+			s.decisions[k] += v / r.elapsed.Seconds() / float64(len(rs))
+			s.hasDecisions = true
+		}
+	}
+	s.rps, s.cpu, s.drv, s.syscalls, s.sink = median(s.rpsByRep), median(cpu), median(drv), median(sys), median(sink)
+	s.redisCPU, s.haveRedisCPU = median(rcpu), len(rcpu) == len(rs)
+	s.allocs, s.haveAllocs = median(allocs), len(allocs) == len(rs)
+	s.total = dist{p50: medianDuration(p50), p99: medianDuration(p99), p999: medianDuration(p999)}
+	for _, p := range reportPhases {
+		var a, b, c []time.Duration
+		for _, r := range rs {
+			if d, ok := r.phases[p]; ok {
+				a, b, c = append(a, d.p50), append(b, d.p99), append(c, d.p999)
+			}
+		}
+		if len(a) > 0 {
+			s.phases[int(p)] = dist{n: len(a), p50: medianDuration(a), p99: medianDuration(b), p999: medianDuration(c)}
+		}
+	}
+	return s
+}
+
+func opt(v float64, ok bool, format string) string {
+	if !ok {
+		return "-"
+	}
+	return fmt.Sprintf(format, v)
+}
+
+func row(w io.Writer, label, server string, rps float64, d dist, cpu, syscalls, sink float64, haveSink bool, redisCPU float64, haveRedis bool, drv, allocs float64, haveAllocs bool, errs int) {
+	fmt.Fprintf(w, "%s\t%s\t%.0f\t%.0f\t%.0f\t%.0f\t%.1f\t%.1f\t%s\t%s\t%.1f\t%s\t%d\t\n", label, server, rps,
+		us(d.p50), us(d.p99), us(d.p999), cpu, syscalls, opt(sink, haveSink, "%.1f"), opt(redisCPU, haveRedis, "%.1f"), drv, opt(allocs, haveAllocs, "%.0f"), errs)
+}
+
+func printScenario(cfg *config, sc string, results []*runResult) {
+	out := cfg.out
+	fmt.Fprintf(out, "\n== %s: %s\n", sc, describe(cfg, sc))
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "rep\tserver\treq/s\tp50 µs\tp99 µs\tp99.9 µs\tCPU µs/req\tsyscalls/req\tlog sink µs/req\tredis µs/req\tdriver µs/req\tallocs/req\terrors\t")
+	for rep := 1; rep <= cfg.reps; rep++ {
+		for _, srv := range cfg.servers {
+			for _, r := range pick(results, sc, srv) {
+				if r.rep != rep {
+					continue
+				}
+				allocs := 0.0
+				if r.n > 0 {
+					allocs = r.mallocs / float64(r.n)
+				}
+				row(tw, fmt.Sprint(rep), srv, r.rps(), r.total, r.perRequest(r.cpu), r.syscallsPerRequest(), r.perRequest(r.sinkCPU), cfg.logPipe, r.perRequest(r.redisCPU), r.haveRedisCPU,
+					r.perRequest(r.driverCPU), allocs, r.haveMallocs, r.errs)
+			}
+		}
+	}
+	refs := pickReference(results, sc, scenarioFirstWrite, serverFloor)
+	for _, r := range refs {
+		row(tw, fmt.Sprint(r.rep), "floor first-write*", r.rps(), r.total, r.perRequest(r.cpu), r.syscallsPerRequest(), r.perRequest(r.sinkCPU), cfg.logPipe,
+			r.perRequest(r.redisCPU), r.haveRedisCPU, r.perRequest(r.driverCPU), 0, false, r.errs)
+	}
+	sums := map[string]summary{}
+	for _, srv := range cfg.servers {
+		s := summarize(pick(results, sc, srv))
+		sums[srv] = s
+		row(tw, "median", srv, s.rps, s.total, s.cpu, s.syscalls, s.sink, cfg.logPipe, s.redisCPU, s.haveRedisCPU, s.drv, s.allocs, s.haveAllocs, s.errs)
+	}
+	if len(refs) > 0 {
+		s := summarize(refs)
+		row(tw, "median", "floor first-write*", s.rps, s.total, s.cpu, s.syscalls, s.sink, cfg.logPipe, s.redisCPU, s.haveRedisCPU, s.drv, 0, false, s.errs)
+	}
+	tw.Flush()
+	if len(refs) > 0 {
+		fmt.Fprintln(out, "  * the floor's protected first write, measured taking turns with this scenario's servers: the replay target's reference")
+	}
+	for _, srv := range cfg.servers {
+		for _, r := range pick(results, sc, srv) {
+			if r.errs > 0 {
+				fmt.Fprintf(out, "  ERRORS %s rep %d: %d requests failed the check; first: %s\n", srv, r.rep, r.errs, r.errMsg)
+			}
+		}
+	}
+
+	fmt.Fprintln(out, "  latency of each message to its reply, µs p50 / p99 / p99.9 (medians of the reps):")
+	tw = tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+	fmt.Fprint(tw, "  server\t")
+	for _, p := range reportPhases {
+		fmt.Fprintf(tw, "%s\t", p)
+	}
+	fmt.Fprintln(tw)
+	for _, srv := range cfg.servers {
+		fmt.Fprintf(tw, "  %s\t", srv)
+		for _, p := range reportPhases {
+			if d, ok := sums[srv].phases[int(p)]; ok {
+				fmt.Fprintf(tw, "%.0f / %.0f / %.0f\t", us(d.p50), us(d.p99), us(d.p999))
+			} else {
+				fmt.Fprint(tw, "-\t")
+			}
+		}
+		fmt.Fprintln(tw)
+	}
+	tw.Flush()
+	if s := sums[serverIdem]; s.hasDecisions {
+		keys := make([]string, 0, len(s.decisions))
+		for k := range s.decisions {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		parts := make([]string, 0, len(keys))
+		for _, k := range keys {
+			parts = append(parts, fmt.Sprintf("%s %.0f/s", k, s.decisions[k]))
+		}
+		fmt.Fprintf(out, "  idem-extproc decisions (its own metrics, median run): %s\n", strings.Join(parts, ", "))
+	}
+	if idem, ok := sums[serverIdem]; ok && idem.runs > 0 {
+		for _, ref := range []string{serverFloor, serverNoop} {
+			if r, ok := sums[ref]; ok && r.runs > 0 && r.rps > 0 {
+				fmt.Fprintf(out, "  idem-extproc / %s: throughput %.2f, p99 %.2f, server CPU per request %.2f (medians of %d reps)\n",
+					ref, idem.rps/r.rps, float64(idem.total.p99)/float64(r.total.p99), idem.cpu/r.cpu, idem.runs)
+			}
+		}
+	}
+}
+
+// printTargets evaluates issue 7's targets from this run's medians.
+func printTargets(cfg *config, results []*runResult) {
+	idemFW := summarize(pick(results, scenarioFirstWrite, serverIdem))
+	floorFW := summarize(pick(results, scenarioFirstWrite, serverFloor))
+	idemRP := summarize(pick(results, scenarioReplay, serverIdem))
+	floorRP := summarize(pick(results, scenarioReplay, serverFloor))
+	floorFWRef := summarize(pickReference(results, scenarioReplay, scenarioFirstWrite, serverFloor))
+	idemUP := summarize(pick(results, scenarioUnprotected, serverIdem))
+	noopUP := summarize(pick(results, scenarioUnprotected, serverNoop))
+	if idemFW.runs+idemRP.runs+idemUP.runs == 0 {
+		return
+	}
+	out := cfg.out
+	fmt.Fprintf(out, "\n== targets (issue 7), %d concurrent streams; ratios of medians of %d repetitions, then each repetition's ratio\n",
+		cfg.concurrency, cfg.reps)
+	perRep := func(a, b []float64) string {
+		var parts []string
+		for i := range min(len(a), len(b)) {
+			if b[i] > 0 {
+				parts = append(parts, fmt.Sprintf("%.2f", a[i]/b[i]))
+			}
+		}
+		return "[" + strings.Join(parts, " ") + "]"
+	}
+	if idemFW.runs > 0 && floorFW.runs > 0 {
+		tp := idemFW.rps / floorFW.rps
+		p99 := float64(idemFW.total.p99) / float64(floorFW.total.p99)
+		fmt.Fprintf(out, "protected first write: throughput %.2f x floor %s (>= 0.85: %s); p99 %.2f x floor %s (<= 1.25: %s); %.0f vs %.0f req/s, p99 %.0f vs %.0f µs\n",
+			tp, perRep(idemFW.rpsByRep, floorFW.rpsByRep), verdict(tp >= 0.85),
+			p99, perRep(idemFW.p99ByRep, floorFW.p99ByRep), verdict(p99 <= 1.25),
+			idemFW.rps, floorFW.rps, us(idemFW.total.p99), us(floorFW.total.p99))
+	}
+	if idemRP.runs > 0 && floorFWRef.runs > 0 {
+		tp := idemRP.rps / floorFWRef.rps
+		fmt.Fprintf(out, "replay: throughput %.2f x the floor's protected first write %s (>= 1.3: %s); %.0f vs %.0f req/s, the floor's first write measured taking turns with the replays",
+			tp, perRep(idemRP.rpsByRep, floorFWRef.rpsByRep), verdict(tp >= 1.3), idemRP.rps, floorFWRef.rps)
+		if floorRP.runs > 0 {
+			fmt.Fprintf(out, "; and %.2f x the floor's own replay (%.0f req/s)", idemRP.rps/floorRP.rps, floorRP.rps)
+		}
+		fmt.Fprintln(out)
+	} else if idemRP.runs > 0 {
+		fmt.Fprintln(out, "replay: the target compares with the floor's first write: measure the floor server too")
+	}
+	if idemUP.runs > 0 && noopUP.runs > 0 {
+		tp := idemUP.rps / noopUP.rps
+		what := "two header phases"
+		if cfg.keyless {
+			what = "four phases (keyless POST)"
+		}
+		fmt.Fprintf(out, "unprotected: throughput %.2f x the no-op's %s %s (>= 1.3: %s); %.0f vs %.0f req/s\n",
+			tp, what, perRep(idemUP.rpsByRep, noopUP.rpsByRep), verdict(tp >= 1.3), idemUP.rps, noopUP.rps)
+	}
+	var allocs []string
+	for _, sc := range cfg.scenarios {
+		if s := summarize(pick(results, sc, serverIdem)); s.haveAllocs {
+			allocs = append(allocs, fmt.Sprintf("%s %.0f", sc, s.allocs))
+		}
+	}
+	if len(allocs) > 0 {
+		slices.Sort(allocs)
+		fmt.Fprintf(out, "idem-extproc heap allocations per request (go_memstats_mallocs_total, gRPC included): %s\n", strings.Join(allocs, ", "))
+	}
+}
