@@ -28,7 +28,8 @@ func TestExampleConfigLoads(t *testing.T) {
 	if !pay.KeyRequired || pay.MaxKeyLength != 64 || pay.Retention != 72*time.Hour || !pay.FingerprintJSON ||
 		pay.Scope.Source != policy.ScopeMetadata || pay.Scope.Namespace != "envoy.filters.http.jwt_authn" ||
 		strings.Join(pay.Scope.Path, ".") != "jwt_payload.sub" || pay.WaitForInFlight != 2*time.Second ||
-		strings.Join(pay.FingerprintHeaders, ",") != "content-type,x-api-version" || pay.Lease != 30*time.Second {
+		strings.Join(pay.FingerprintHeaders, ",") != "content-type,x-api-version" || pay.Lease != 30*time.Second ||
+		!pay.Encrypt {
 		t.Fatalf("payments = %+v", pay)
 	}
 	if n, d := pay.WaitReplicas(); n != 1 || d != policy.DefaultDurabilityTimeout {

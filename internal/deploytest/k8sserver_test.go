@@ -368,10 +368,12 @@ func checkPolicyConfigMap(objs []k8sObject, pod *corev1.PodTemplateSpec, cfg dae
 	if err != nil {
 		return err
 	}
-	// A policy that encrypts needs the key ring, from a mounted Secret.
+	// The manifests are the production example: SECURITY.md promises that
+	// they store responses sealed, so every policy encrypts, and
+	// encrypting needs the key ring, from a mounted Secret.
 	for _, p := range set.Policies {
 		if !p.Encrypt {
-			continue
+			return fmt.Errorf("policy %q stores responses in the clear; the manifests ship with encrypt: true", p.Name)
 		}
 		if cfg.EncryptionKeysFile == "" {
 			return fmt.Errorf("policy %q has encrypt: true but --encryption-keys-file is not set: the server would refuse to start", p.Name)

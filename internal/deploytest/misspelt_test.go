@@ -232,6 +232,7 @@ var brokenSettings = []mutation{
 	{file: "Dockerfile", from: "EXPOSE 50051 8081", to: "EXPOSE 50051 8081\nHEALTHCHECK CMD [\"/x\"]", want: "HEALTHCHECK"},
 	{file: "k8s/base/kustomization.yaml", from: "IDEM_STORE_TIMEOUT=100ms", to: "IDEM_STORE_TIMEOUT=250ms", want: "store-timeout"},
 	{file: "k8s/base/policy.yaml", from: "lease: 30s", to: "lease: 48h", want: "shorter than retention"},
+	{file: "k8s/base/policy.yaml", from: "encrypt: true", to: "encrypt: false", want: "stores responses in the clear"},
 	{file: "k8s/base/kustomization.yaml", from: "  - IDEM_ENCRYPTION_KEYS_FILE=/etc/idem-extproc-keys/keys\n", to: "", want: "encrypt"},
 	{file: "k8s/base/deployment.yaml", from: "mountPath: /etc/idem-extproc-keys", to: "mountPath: /etc/keys-elsewhere", want: "mounted Secret"},
 	{file: "k8s/base/deployment.yaml", from: "path: /readyz", to: "path: /healthz", want: "readiness"},

@@ -1,7 +1,10 @@
 package e2e
 
 import (
+	"context"
 	"net/http"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -10,6 +13,7 @@ import (
 
 	"github.com/idem-extproc/idem-extproc/internal/envoysim"
 	"github.com/idem-extproc/idem-extproc/internal/harness"
+	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/policy"
 	"github.com/idem-extproc/idem-extproc/internal/problem"
 )
@@ -99,4 +103,57 @@ func TestWaitForInFlightAfterRelease(t *testing.T) {
 	if c := env.Upstream.CountKey("wait-3"); c != 2 {
 		t.Fatalf("effects = %d, want 2 (the 429 and the retry)", c)
 	}
+}
+
+// TestWaitForInFlightDoesNotPoll: a duplicate waiting for the first
+// attempt is woken by Redis pub/sub (watch.lua marks the record, the
+// settling script publishes), so the scripts Redis runs during the wait are
+// a fixed handful, however long it lasts. A poller asking every few
+// milliseconds would run hundreds in the 1.5 s the first attempt takes.
+func TestWaitForInFlightDoesNotPoll(t *testing.T) {
+	env := waitingEnv(t, 10*time.Second, false)
+	first := make(chan harness.Reply, 1)
+	go func() { first <- env.Post("/orders", "poll-1", `{}`, "x-upstream-delay", "1500ms") }()
+	waitFor(t, func() bool { return recordState(t, env, "poll-1") == idem.StateInFlight })
+	before := scriptCalls(t, env)
+	dup := env.Post("/orders", "poll-1", `{}`)
+	orig := <-first
+	after := scriptCalls(t, env)
+	wantStatus(t, orig, http.StatusCreated)
+	if dup.Header.Get("Idempotent-Replayed") != "true" || dup.Body != orig.Body {
+		t.Fatalf("the duplicate got %d %q, want the first attempt's replay", dup.Status, dup.Body)
+	}
+	// The duplicate's reservation, its watch, the first attempt's
+	// completion and the duplicate's second reservation: four, plus an
+	// EVAL for each script Redis had not cached yet.
+	if n := after - before; n > 8 {
+		t.Fatalf("Redis ran %d scripts while one duplicate waited 1.5 s: it is being polled", n)
+	} else {
+		t.Logf("Redis ran %d scripts during the wait", n)
+	}
+}
+
+// scriptCalls counts the scripts Redis has run (EVALSHA and EVAL, the
+// store's only way to read or change a record). INFO commandstats also
+// counts the commands scripts call, so the total would say little.
+func scriptCalls(t *testing.T, env *harness.Env) int64 {
+	t.Helper()
+	info, err := env.Redis.Client().Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int64
+	for _, line := range strings.Split(info, "\n") {
+		name, rest, _ := strings.Cut(strings.TrimSpace(line), ":")
+		switch name {
+		case "cmdstat_evalsha", "cmdstat_eval", "cmdstat_evalsha_ro", "cmdstat_eval_ro":
+			calls, _, _ := strings.Cut(strings.TrimPrefix(rest, "calls="), ",")
+			c, err := strconv.ParseInt(calls, 10, 64)
+			if err != nil {
+				t.Fatalf("commandstats line %q", line)
+			}
+			n += c
+		}
+	}
+	return n
 }
