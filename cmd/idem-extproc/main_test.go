@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idem-extproc/idem-extproc/internal/envoysim"
 	"github.com/idem-extproc/idem-extproc/internal/harness"
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/redistest"
@@ -210,6 +211,45 @@ func TestBinaryDefaultsToMemory(t *testing.T) {
 	again := env.Post("/orders", "mem-1", `{}`)
 	if first.Status != http.StatusCreated || again.Header.Get("Idempotent-Replayed") != "true" || env.Upstream.CountKey("mem-1") != 1 {
 		t.Fatalf("first %d, again %d %v, effects %d", first.Status, again.Status, again.Header, env.Upstream.CountKey("mem-1"))
+	}
+}
+
+// TestBinaryLogFormats: --log-format text gives logfmt lines carrying the
+// same decision fields as the JSON default, so an operator may pick either.
+func TestBinaryLogFormats(t *testing.T) {
+	for _, tc := range []struct{ format, decision, hash string }{
+		{"json", `"decision":"reserved"`, `"key_hash":"`},
+		{"text", "decision=reserved", "key_hash="},
+	} {
+		t.Run(tc.format, func(t *testing.T) {
+			p := start(t, freeAddr(t), freeAddr(t), "--log-format", tc.format)
+			env := harness.Start(t, harness.Options{ServerAddr: p.listen, Memory: true})
+			env.Post("/orders", "fmt-1", `{}`)
+			waitFor(t, "a decision line", func() bool { return strings.Contains(p.stderr.String(), tc.decision) })
+			if out := p.stderr.String(); !strings.Contains(out, tc.hash) || strings.Contains(out, "fmt-1") {
+				t.Fatalf("%s logs lack the key hash or show the raw key:\n%s", tc.format, out)
+			}
+		})
+	}
+}
+
+// TestBinaryMessageSizeLimit: an ext_proc message over --max-message-size
+// is refused by gRPC itself, before any decision: Envoy fails closed (500),
+// nothing reaches the upstream, no record is left behind, and the same key
+// with a body that fits then runs normally.
+func TestBinaryMessageSizeLimit(t *testing.T) {
+	p := start(t, freeAddr(t), freeAddr(t), "--max-message-size", "1048576")
+	env := harness.Start(t, harness.Options{ServerAddr: p.listen, Memory: true, ExpectProcessingErrors: true,
+		FilterOptions: envoysim.Options{BufferLimit: 4 << 20}})
+	big := `{"pad":"` + strings.Repeat("x", 1536<<10) + `"}`
+	if r := env.Post("/orders", "size-1", big); r.Status != http.StatusInternalServerError {
+		t.Fatalf("a message over the limit answered %d %.200s, want Envoy's 500", r.Status, r.Body)
+	}
+	if n := env.Upstream.CountKey("size-1"); n != 0 {
+		t.Fatalf("the refused request reached the upstream %d times", n)
+	}
+	if r := env.Post("/orders", "size-1", `{}`); r.Status != http.StatusCreated || r.Header.Get("Idempotent-Replayed") != "" {
+		t.Fatalf("the same key with a small body: %d replayed=%q, want a first execution", r.Status, r.Header.Get("Idempotent-Replayed"))
 	}
 }
 

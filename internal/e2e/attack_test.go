@@ -4,14 +4,19 @@ import (
 	"context"
 	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+
 	"github.com/idem-extproc/idem-extproc/internal/envoysim"
 	"github.com/idem-extproc/idem-extproc/internal/harness"
 	"github.com/idem-extproc/idem-extproc/internal/idem"
+	"github.com/idem-extproc/idem-extproc/internal/observe"
 	"github.com/idem-extproc/idem-extproc/internal/problem"
 )
 
@@ -178,11 +183,21 @@ func TestAttackKeyFloodIsBounded(t *testing.T) {
 	})
 }
 
-// TestNoSecretsInLogs: a full run at debug level never logs a raw key, a
-// body or a credential header.
+// TestNoSecretsInLogs: a full run at debug level, with metrics and tracing
+// on, never puts a raw key, a body or a credential header into a log line,
+// a metric (label or value) or a span (name, attribute or event).
 func TestNoSecretsInLogs(t *testing.T) {
 	var logs harness.LogBuffer
-	env := harness.Start(t, harness.Options{Logger: slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+	metrics := observe.NewMetrics()
+	spans := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	env := harness.Start(t, harness.Options{
+		Logger:         slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+		Observer:       metrics,
+		TracerProvider: tp,
+		WrapStore:      func(st idem.Store) idem.Store { return observe.InstrumentStore(st, metrics, tp) },
+	})
 	secrets := []string{"key-S3CR3T-4242", "body-CONFIDENTIAL-9876", "Bearer tok-PRIVATE-1357", "cookie-SESSION-2468"}
 	for i := range 3 {
 		env.Post("/orders", secrets[0], `{"v":"`+secrets[1]+`"}`, "Authorization", secrets[2], "Cookie", secrets[3],
@@ -192,14 +207,34 @@ func TestNoSecretsInLogs(t *testing.T) {
 	env.Do(http.MethodPost, "/orders", `{"v":"`+secrets[1]+`"}`, 50*time.Millisecond, "Idempotency-Key", secrets[0]+"-2",
 		"x-upstream-delay", "200ms", "Authorization", secrets[2])
 	time.Sleep(300 * time.Millisecond)
-	out := logs.String()
-	if !strings.Contains(out, `"decision"`) {
-		t.Fatal("no decisions were logged: the scan would prove nothing")
+
+	scrape := httptest.NewRecorder()
+	metrics.Handler().ServeHTTP(scrape, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	var traced strings.Builder
+	for _, s := range spans.Ended() {
+		traced.WriteString(s.Name() + "\n")
+		for _, a := range s.Attributes() {
+			traced.WriteString(string(a.Key) + "=" + a.Value.Emit() + "\n")
+		}
+		for _, e := range s.Events() {
+			traced.WriteString(e.Name + "\n")
+			for _, a := range e.Attributes {
+				traced.WriteString(string(a.Key) + "=" + a.Value.Emit() + "\n")
+			}
+		}
 	}
-	for _, s := range secrets {
-		for _, part := range strings.Fields(s) {
-			if strings.Contains(out, part) && part != "Bearer" {
-				t.Errorf("the logs contain %q", part)
+	outputs := map[string]string{"logs": logs.String(), "metrics": scrape.Body.String(), "spans": traced.String()}
+	for name, proof := range map[string]string{"logs": `"decision"`, "metrics": "idem_extproc_decisions_total", "spans": "idem.key_hash"} {
+		if !strings.Contains(outputs[name], proof) {
+			t.Fatalf("the %s hold no %s: the scan would prove nothing", name, proof)
+		}
+	}
+	for name, out := range outputs {
+		for _, s := range secrets {
+			for _, part := range strings.Fields(s) {
+				if strings.Contains(out, part) && part != "Bearer" {
+					t.Errorf("the %s contain %q", name, part)
+				}
 			}
 		}
 	}
