@@ -1,6 +1,7 @@
 // Package codecheck runs the static analysers over the whole module as
-// part of the test suite, so CI cannot pass with a finding: go vet, and
-// staticcheck (honnef.co/go/tools, pinned in go.mod as a tool).
+// part of the test suite, so CI cannot pass with a finding: go vet,
+// staticcheck (honnef.co/go/tools, pinned in go.mod as a tool), and
+// go mod verify.
 package codecheck
 
 import (
@@ -35,4 +36,12 @@ func TestGoVet(t *testing.T) {
 func TestStaticcheck(t *testing.T) {
 	t.Parallel()
 	run(t, "tool", "staticcheck", "./...")
+}
+
+// TestModulesVerify: every dependency in the module cache is the one
+// go.sum pins, byte for byte (SECURITY.md: dependencies are pinned and
+// checked).
+func TestModulesVerify(t *testing.T) {
+	t.Parallel()
+	run(t, "mod", "verify")
 }

@@ -201,6 +201,41 @@ func tenantEnv(t *testing.T, scope string) *harness.Env {
 	})
 }
 
+// TestScopeNoneSharesOneKeySpace: with scope.from: none a key names one
+// operation whatever host it arrives on (one API behind several names),
+// where the default scope (the authority) keeps hosts apart.
+func TestScopeNoneSharesOneKeySpace(t *testing.T) {
+	for _, tc := range []struct {
+		scope  string
+		shared bool // the second host's request replays the first's
+	}{
+		{"none", true},
+		{"authority", false},
+	} {
+		t.Run(tc.scope, func(t *testing.T) {
+			env := harness.Start(t, harness.Options{Policies: policies(t, "defaults:\n  scope: {from: "+tc.scope+"}\n")})
+			first := env.Post("/orders", "shared-1", `{}`, "Host", "api.example.com")
+			wantStatus(t, first, http.StatusCreated)
+			other := env.Post("/orders", "shared-1", `{}`, "Host", "api.example.net")
+			if tc.shared {
+				wantReplayOf(t, other, first)
+			} else {
+				wantStatus(t, other, http.StatusCreated)
+				if other.Header.Get("Idempotent-Replayed") != "" {
+					t.Fatal("another authority's record was replayed")
+				}
+			}
+			want := 2
+			if tc.shared {
+				want = 1
+			}
+			if n := env.Upstream.CountKey("shared-1"); n != want {
+				t.Fatalf("effects %d, want %d", n, want)
+			}
+		})
+	}
+}
+
 // TestTenantsAreIsolated: two tenants using the same key get two
 // independent records; neither can receive, block or overwrite the other's.
 func TestTenantsAreIsolated(t *testing.T) {
