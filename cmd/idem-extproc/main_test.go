@@ -3,8 +3,10 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,6 +15,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/idem-extproc/idem-extproc/internal/envoysim"
 	"github.com/idem-extproc/idem-extproc/internal/harness"
@@ -80,11 +85,17 @@ func freeAddr(t *testing.T) string {
 // until /healthz answers.
 func start(t *testing.T, listen, admin string, extra ...string) *process {
 	t.Helper()
+	return startEnv(t, nil, listen, admin, extra...)
+}
+
+// startEnv is start with env added to the test's environment.
+func startEnv(t *testing.T, env []string, listen, admin string, extra ...string) *process {
+	t.Helper()
 	args := append([]string{"--listen", listen, "--admin-listen", admin}, extra...)
 	p := &process{t: t, stderr: &harness.LogBuffer{}, listen: listen, admin: admin, exited: make(chan error, 1)}
 	p.cmd = exec.Command(binary(t), args...)
 	p.cmd.Stderr = p.stderr
-	p.cmd.Env = os.Environ()
+	p.cmd.Env = append(os.Environ(), env...)
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -250,6 +261,59 @@ func TestBinaryMessageSizeLimit(t *testing.T) {
 	}
 	if r := env.Post("/orders", "size-1", `{}`); r.Status != http.StatusCreated || r.Header.Get("Idempotent-Replayed") != "" {
 		t.Fatalf("the same key with a small body: %d replayed=%q, want a first execution", r.Status, r.Header.Get("Idempotent-Replayed"))
+	}
+}
+
+// TestBinaryExportsTracesOverOTLP: with OTEL_EXPORTER_OTLP_ENDPOINT set the
+// binary sends its spans to that collector (OTLP over HTTP, the default
+// protocol) under the service name idem-extproc, and flushes them when it
+// shuts down. The collector here is an HTTP server decoding the OTLP
+// protobuf, as a real collector's receiver does.
+func TestBinaryExportsTracesOverOTLP(t *testing.T) {
+	var mu sync.Mutex
+	spans := map[string]bool{}
+	var service string
+	collector := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		var req coltracepb.ExportTraceServiceRequest
+		if r.URL.Path != "/v1/traces" || proto.Unmarshal(body, &req) != nil {
+			http.Error(w, "not an OTLP trace export", http.StatusBadRequest)
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		for _, rs := range req.GetResourceSpans() {
+			for _, a := range rs.GetResource().GetAttributes() {
+				if a.GetKey() == "service.name" {
+					service = a.GetValue().GetStringValue()
+				}
+			}
+			for _, ss := range rs.GetScopeSpans() {
+				for _, sp := range ss.GetSpans() {
+					spans[sp.GetName()] = true
+				}
+			}
+		}
+		w.Header().Set("Content-Type", "application/x-protobuf")
+		_, _ = w.Write(nil)
+	}))
+	t.Cleanup(collector.Close)
+	p := startEnv(t, []string{"OTEL_EXPORTER_OTLP_ENDPOINT=" + collector.URL}, freeAddr(t), freeAddr(t))
+	env := harness.Start(t, harness.Options{ServerAddr: p.listen, Memory: true})
+	if r := env.Post("/orders", "traced-1", `{}`); r.Status != http.StatusCreated {
+		t.Fatalf("status %d", r.Status)
+	}
+	waitFor(t, "the stream to end", func() bool { return strings.Contains(p.stderr.String(), `"outcome":"stored"`) })
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if code, exited := p.wait(10 * time.Second); !exited || code != 0 {
+		t.Fatalf("exit %d (exited %v)", code, exited)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if service != "idem-extproc" || !spans["idem-extproc stream"] || !spans["store.reserve"] {
+		t.Fatalf("the collector received service %q, spans %v", service, spans)
 	}
 }
 
