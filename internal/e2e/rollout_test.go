@@ -464,6 +464,28 @@ default_policy:
 			t.Fatal(r.Err)
 		}
 	}
+	// On the shadow policy, a duplicate while the first attempt runs
+	// (would_conflict), and a retry after a client left mid-flight
+	// (would_unknown). Shadow records are real, in the policy's own key
+	// space, so their states can be awaited.
+	trial := set.Policies[1]
+	state := func(key string) idem.State {
+		rec, err := env.Store.Get(context.Background(),
+			idem.RecordIDFor(trial.RecordNamespace(), strings.TrimPrefix(env.URL, "http://"), key))
+		if err != nil {
+			return 0
+		}
+		return rec.State
+	}
+	slow := make(chan harness.Reply, 1)
+	go func() { slow <- env.Post("/trial/a", "t-2", "{}", "x-upstream-delay", "400ms") }()
+	waitFor(t, func() bool { return state("t-2") == idem.StateInFlight })
+	env.Post("/trial/a", "t-2", "{}")
+	<-slow
+	env.Do(http.MethodPost, "/trial/a", "{}", 100*time.Millisecond, "Idempotency-Key", "t-3", "x-upstream-delay", "300ms")
+	waitFor(t, func() bool { return state("t-3") == idem.StateUnknown })
+	env.Post("/trial/a", "t-3", "{}")
+
 	tokenFile := filepath.Join(t.TempDir(), "token")
 	if err := os.WriteFile(tokenFile, []byte("adoption-token\n"), 0o600); err != nil {
 		t.Fatal(err)
@@ -519,12 +541,14 @@ default_policy:
 	check("legacy", "without_key", 2.0)
 	check("legacy", "adoption_ratio", 1.0/3)
 	check("trial", "enforcement", "shadow")
-	check("trial", "adoption_ratio", 0.75)
-	check("trial", "shadow.would_reserve", 1.0)
+	check("trial", "adoption_ratio", 7.0/8)
+	check("trial", "shadow.would_reserve", 3.0)
 	check("trial", "shadow.would_replay", 1.0)
+	check("trial", "shadow.would_conflict", 1.0)
 	check("trial", "shadow.would_mismatch", 1.0)
+	check("trial", "shadow.would_unknown", 1.0)
 	check("trial", "shadow.would_reject", 1.0)
-	check("trial", "shadow.duplicates_would_be_prevented", 2.0)
+	check("trial", "shadow.duplicates_would_be_prevented", 4.0)
 	check("trial", "replays_served", 0.0)
 	check("live", "enforcement", "enforce")
 	check("live", "warn_until", "2999-01-01T00:00:00Z")
