@@ -26,8 +26,15 @@ type Options struct {
 	// Policies replaces the default policy set.
 	Policies *policy.Set
 	// ServerAddr points the filter at an ext_proc server already running
-	// (the built binary, say) instead of starting one in process.
+	// (the built binary, say) instead of starting one in process. Policies,
+	// StoreTimeout and Logger then do not apply: that server has its own
+	// flags.
 	ServerAddr string
+	// Redis is the server the ext_proc server stores in, kept in Env.Redis
+	// so that a test can inspect or kill it. When nil, Start starts one for
+	// its in-process server; with ServerAddr set it starts none, since only
+	// the caller knows which Redis that server was given.
+	Redis *redistest.Server
 	// StoreTimeout is the server's store budget (one second when zero, so
 	// that a loaded machine running the race detector stays correct).
 	StoreTimeout time.Duration
@@ -38,6 +45,7 @@ type Options struct {
 // Env is grpc-go's client, configured over xDS with the ext_proc filter,
 // in front of a counting upstream, with idem-extproc as the processor.
 type Env struct {
+	// Redis is nil when Options.ServerAddr was set without Options.Redis.
 	Redis    *redistest.Server
 	Upstream *Upstream
 	Control  *ControlPlane
@@ -57,9 +65,11 @@ func Start(t testing.TB, opts Options) *Env {
 	if opts.StoreTimeout == 0 {
 		opts.StoreTimeout = time.Second
 	}
-	e := &Env{Redis: redistest.Start(t, redistest.Options{})}
-	e.ServerAddr = opts.ServerAddr
+	e := &Env{Redis: opts.Redis, ServerAddr: opts.ServerAddr}
 	if e.ServerAddr == "" {
+		if e.Redis == nil {
+			e.Redis = redistest.Start(t, redistest.Options{})
+		}
 		e.ServerAddr = e.serve(t, opts)
 	}
 	e.Upstream = StartUpstream(t)

@@ -26,7 +26,10 @@ import (
 //     authority that policies match on come from these;
 //   - failure_mode_allow false: a call is never let through unprotected;
 //   - no grpc_service timeout: grpc-go applies it to the whole ext_proc
-//     stream, which lives as long as the call.
+//     stream, which lives as long as the call;
+//   - a stat_prefix: grpc-go ignores it, but the Envoy API requires one, so
+//     a management server that validates its resources refuses the filter
+//     without it.
 func FilterConfig(target string) *extprocfilterv3.ExternalProcessor {
 	creds, err := anypb.New(&insecurev3.InsecureCredentials{})
 	if err != nil {
@@ -36,6 +39,7 @@ func FilterConfig(target string) *extprocfilterv3.ExternalProcessor {
 		GrpcService: &corev3.GrpcService{
 			TargetSpecifier: &corev3.GrpcService_GoogleGrpc_{GoogleGrpc: &corev3.GrpcService_GoogleGrpc{
 				TargetUri:                target,
+				StatPrefix:               "idem_extproc",
 				ChannelCredentialsPlugin: []*anypb.Any{creds},
 			}},
 		},
