@@ -320,6 +320,108 @@ func TestAdminAPI(t *testing.T) {
 	}
 }
 
+// leaveMidway sends a POST and abandons it once the proxy has let it
+// through, the way a client that times out does: the stream is reset
+// after the reservation and the record turns unknown. Cancelling only when
+// the record is in flight and the request has reached the upstream
+// (rather than on a short client timeout) keeps a slow machine from
+// abandoning it before it is reserved, or before the upstream has it and
+// will execute it; the upstream's long delay keeps it from answering
+// first. It returns once the record is unknown and the upstream's one
+// execution has happened, so nothing the caller does next can race that
+// execution.
+func leaveMidway(t *testing.T, env *harness.Env, key, body string, state func() string) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, env.URL+"/orders", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", key)
+	req.Header.Set("x-upstream-delay", "3s")
+	gaveUp := make(chan error, 1)
+	go func() {
+		resp, err := env.Client.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		gaveUp <- err
+	}()
+	waitUntil(t, func() bool { return state() == "in_flight" && env.Upstream.ArrivedKey(key) == 1 })
+	cancel()
+	if err := <-gaveUp; err == nil {
+		t.Fatal("the request was answered before the client left")
+	}
+	waitUntil(t, func() bool { return state() == "unknown" })
+	deadline := time.Now().Add(30 * time.Second)
+	for env.Upstream.CountKey(key) != 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the abandoned attempt never reached the upstream (effects %d)", env.Upstream.CountKey(key))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestAdminResolveReleaseUnknown: an operator who found that an unknown
+// operation did not take effect releases its record; the record is gone
+// and the client's next attempt runs the operation, once.
+func TestAdminResolveReleaseUnknown(t *testing.T) {
+	r := run(t)
+	scope := strings.TrimPrefix(r.env.URL, "http://")
+	q := "?policy=default&scope=" + scope + "&key=rel-unk-1"
+	state := func() string {
+		_, m := r.adminDo(t, http.MethodGet, admin.Prefix+"records"+q, r.token, nil)
+		s, _ := m["state"].(string)
+		return s
+	}
+	const body = `{"order":"release-me"}`
+	leaveMidway(t, r.env, "rel-unk-1", body, state)
+	// Unknown means no retry runs until someone decides.
+	if got := r.env.Post("/orders", "rel-unk-1", body); got.Status != http.StatusConflict || !strings.Contains(got.Body, "outcome-unknown") {
+		t.Fatalf("retry of an unknown record = %d %s, want 409 outcome-unknown", got.Status, got.Body)
+	}
+
+	code, res := r.adminDo(t, http.MethodPost, admin.Prefix+"records/resolve"+q, r.token, map[string]any{"action": "release"})
+	if code != http.StatusOK || res["result"] != "release" {
+		t.Fatalf("resolve release: %d %v", code, res)
+	}
+	if code, m := r.adminDo(t, http.MethodGet, admin.Prefix+"records"+q, r.token, nil); code != http.StatusNotFound {
+		t.Fatalf("lookup after release: %d %v, want 404", code, m)
+	}
+	// Nothing left to release: a second word from the operator is refused.
+	if code, _ := r.adminDo(t, http.MethodPost, admin.Prefix+"records/resolve"+q, r.token, map[string]any{"action": "release"}); code != http.StatusNotFound {
+		t.Fatalf("releasing a released record: %d, want 404", code)
+	}
+
+	next := r.env.Post("/orders", "rel-unk-1", body)
+	if next.Status != http.StatusCreated || next.Header.Get("Idempotent-Replayed") != "" {
+		t.Fatalf("attempt after release = %d %v %s, want a fresh 201", next.Status, next.Header, next.Body)
+	}
+	if n := r.env.Upstream.CountKey("rel-unk-1"); n != 2 {
+		t.Fatalf("effects = %d, want 2: the abandoned one and the one after release", n)
+	}
+	// The new execution is an ordinary record again: retries replay it.
+	again := r.env.Post("/orders", "rel-unk-1", body)
+	if again.Status != http.StatusCreated || again.Header.Get("Idempotent-Replayed") != "true" || again.Body != next.Body {
+		t.Fatalf("retry after the new execution = %d %v %s, want its replay", again.Status, again.Header, again.Body)
+	}
+	if n := r.env.Upstream.CountKey("rel-unk-1"); n != 2 {
+		t.Fatalf("effects = %d after the replay, want 2", n)
+	}
+	if !strings.Contains(r.logs.String(), `"action":"resolve_release"`) {
+		t.Error("no log line for resolve_release")
+	}
+	m := scrape(t, r.d)
+	if got := metricValue(m, `idem_extproc_admin_actions_total{action="resolve_release",result="ok"}`); got != "1" {
+		t.Errorf("resolve_release ok counted %q, want 1", got)
+	}
+	if got := metricValue(m, `idem_extproc_admin_actions_total{action="resolve_release",result="refused"}`); got != "1" {
+		t.Errorf("resolve_release refused counted %q, want 1", got)
+	}
+}
+
 // TestAdminOffWithoutToken: no token file, no admin API.
 func TestAdminOffWithoutToken(t *testing.T) {
 	cfg, err := daemon.ParseConfig([]string{"--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"}, func(string) string { return "" }, io.Discard)
