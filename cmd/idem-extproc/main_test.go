@@ -648,3 +648,118 @@ func TestBinaryAdminCLI(t *testing.T) {
 		t.Fatalf("a wrong token must be refused:\n%s", out)
 	}
 }
+
+// abandonInFlight sends a POST and abandons it once it is reserved and has
+// reached the upstream, as a client that times out does; the record turns
+// unknown and the upstream, which works on, executes it once. It returns
+// after both, so the caller's next step cannot race that execution.
+func abandonInFlight(t *testing.T, env *harness.Env, key, body string) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, env.URL+"/orders", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", key)
+	req.Header.Set("x-upstream-delay", "3s")
+	gaveUp := make(chan error, 1)
+	go func() {
+		resp, err := env.Client.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		gaveUp <- err
+	}()
+	waitFor(t, "reserved and at the upstream", func() bool {
+		return recordState(t, env, key) == idem.StateInFlight && env.Upstream.ArrivedKey(key) == 1
+	})
+	cancel()
+	if err := <-gaveUp; err == nil {
+		t.Fatal("the request was answered before the client left")
+	}
+	waitFor(t, "unknown", func() bool { return recordState(t, env, key) == idem.StateUnknown })
+	waitFor(t, "the abandoned attempt's effect", func() bool { return env.Upstream.CountKey(key) == 1 })
+}
+
+// TestBinaryAdminCLIResolve: `idem-extproc admin resolve` settles an
+// unknown record as released, so the next attempt runs; an invocation that
+// is wrong or ambiguous is refused before it reaches the server, says why
+// on stderr and exits non-zero, and leaves the record as it was.
+func TestBinaryAdminCLIResolve(t *testing.T) {
+	redis := redistest.Start(t, redistest.Options{})
+	tokenFile := filepath.Join(t.TempDir(), "token")
+	writeFile(t, tokenFile, "cli-token\n")
+	p := start(t, freeAddr(t), freeAddr(t), "--redis-url", redis.URL(), "--admin-token-file", tokenFile)
+	env := harness.Start(t, harness.Options{ServerAddr: p.listen, Redis: redis})
+	scope := strings.TrimPrefix(env.URL, "http://")
+	admin := func(args ...string) (stdout, stderr string, code int) {
+		t.Helper()
+		cmd := exec.Command(binary(t), append([]string{"admin"}, args...)...)
+		cmd.Env = append(os.Environ(), "IDEM_ADMIN_ADDR=http://"+p.admin, "IDEM_ADMIN_TOKEN_FILE="+tokenFile)
+		var out, errOut strings.Builder
+		cmd.Stdout, cmd.Stderr = &out, &errOut
+		err := cmd.Run()
+		if ee, ok := err.(*exec.ExitError); ok {
+			code = ee.ExitCode()
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		return out.String(), errOut.String(), code
+	}
+	const body = `{"order":"cli-unknown"}`
+	abandonInFlight(t, env, "cli-u1", body)
+	name := []string{"--policy", "default", "--scope", scope, "--key", "cli-u1"}
+
+	for _, c := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		// Refused by the CLI (usage errors, exit 2).
+		{append([]string{"resolve"}, name...), 2, "--action is required"},
+		{append([]string{"resolve", "--action", "relase"}, name...), 2, `--action "relase": want release or complete`},
+		{append([]string{"resolve", "--action", "release", "--status", "201"}, name...), 2, "--status is for --action complete"},
+		{append([]string{"resolve", "--action", "release", "--body", "{}"}, name...), 2, "--body is for --action complete"},
+		{append([]string{"resolve", "--action", "complete"}, name...), 2, "--action complete needs --status"},
+		{append([]string{"resolve", "release"}, name...), 2, `unexpected argument "release"`},
+		{append([]string{"resolv", "--action", "release"}, name...), 2, `unknown subcommand "resolv"`},
+		{append([]string{"resolve", "--action", "release", "--header", "no-colon"}, name...), 2, "want name:value"},
+		// Refused by the server, its reason passed on (exit 1).
+		{[]string{"resolve", "--action", "release"}, 1, "400 Bad Request: name the record by id, or by policy, scope and key"},
+		{[]string{"resolve", "--action", "release", "--id", "cli-u1"}, 1, "32-hex-digit"},
+		{append([]string{"resolve", "--action", "release", "--token-file", "/nonexistent/token"}, name...), 2, "--token-file"},
+	} {
+		stdout, stderr, code := admin(c.args...)
+		if code != c.code || !strings.Contains(stderr, c.want) || stdout != "" {
+			t.Errorf("admin %s: exit %d, stdout %q, stderr %q; want exit %d and %q on stderr",
+				strings.Join(c.args, " "), code, stdout, stderr, c.code, c.want)
+		}
+	}
+	if s := recordState(t, env, "cli-u1"); s != idem.StateUnknown {
+		t.Fatalf("after refused invocations the record is %v, want still unknown", s)
+	}
+
+	stdout, stderr, code := admin(append([]string{"resolve", "--action", "release"}, name...)...)
+	if code != 0 || !strings.Contains(stdout, `"result":"release"`) || stderr != "" {
+		t.Fatalf("admin resolve --action release: exit %d, stdout %q, stderr %q", code, stdout, stderr)
+	}
+	if _, stderr, code := admin(append([]string{"get"}, name...)...); code != 1 || !strings.Contains(stderr, "404 Not Found: no such record") {
+		t.Fatalf("admin get after release: exit %d, stderr %q", code, stderr)
+	}
+	next := env.Post("/orders", "cli-u1", body)
+	if next.Status != http.StatusCreated || next.Header.Get("Idempotent-Replayed") != "" {
+		t.Fatalf("attempt after release = %d %v %s, want a fresh 201", next.Status, next.Header, next.Body)
+	}
+	if n := env.Upstream.CountKey("cli-u1"); n != 2 {
+		t.Fatalf("effects = %d, want 2: the abandoned one and the one after release", n)
+	}
+	// The new execution completed the record: resolving applies no more.
+	if _, stderr, code := admin(append([]string{"resolve", "--action", "release"}, name...)...); code != 1 || !strings.Contains(stderr, "409 Conflict: only a record in state unknown") {
+		t.Fatalf("resolve on a completed record: exit %d, stderr %q", code, stderr)
+	}
+	if again := env.Post("/orders", "cli-u1", body); again.Header.Get("Idempotent-Replayed") != "true" || env.Upstream.CountKey("cli-u1") != 2 {
+		t.Fatalf("retry after the new execution = %d %v, effects %d", again.Status, again.Header, env.Upstream.CountKey("cli-u1"))
+	}
+}

@@ -41,6 +41,15 @@ func RunCLI(ctx context.Context, args []string, getenv func(string) string, stdo
 		return 2
 	}
 	cmd := args[0]
+	switch cmd {
+	case "get", "purge", "resolve":
+	default:
+		// Checked before the flags: otherwise a misspelt subcommand is
+		// reported as whichever of its flags the others lack.
+		fmt.Fprintf(stderr, "idem-extproc admin: unknown subcommand %q\n", cmd)
+		usage()
+		return 2
+	}
 	fs := flag.NewFlagSet("idem-extproc admin "+cmd, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	addr := fs.String("addr", envOr(getenv, "IDEM_ADMIN_ADDR", "http://127.0.0.1:8081"), "admin address of the server (env IDEM_ADMIN_ADDR)")
@@ -61,6 +70,24 @@ func RunCLI(ctx context.Context, args []string, getenv func(string) string, stdo
 	}
 	if err := fs.Parse(args[1:]); err != nil {
 		return 2
+	}
+	fail := func(format string, a ...any) int {
+		fmt.Fprintf(stderr, "idem-extproc admin %s: %s\n", cmd, fmt.Sprintf(format, a...))
+		return 2
+	}
+	// Parsing stops at the first word that is not a flag, and would
+	// silently drop every flag after it: `resolve release --id …` would
+	// then fail on something it never said.
+	if fs.NArg() > 0 {
+		return fail("unexpected argument %q: every option is a flag (--action release, --id …)", fs.Arg(0))
+	}
+	if cmd == "resolve" {
+		if err := checkResolve(fs, action, status); err != nil {
+			return fail("%v", err)
+		}
+	}
+	if *tokenFile == "" {
+		return fail("no bearer token: set --token-file or IDEM_ADMIN_TOKEN_FILE")
 	}
 	var method, path string
 	var payload []byte
@@ -83,9 +110,6 @@ func RunCLI(ctx context.Context, args []string, getenv func(string) string, stdo
 			req.Body = body
 		}
 		payload, _ = json.Marshal(req)
-	default:
-		usage()
-		return 2
 	}
 	token, err := os.ReadFile(*tokenFile)
 	if err != nil {
@@ -113,11 +137,51 @@ func RunCLI(ctx context.Context, args []string, getenv func(string) string, stdo
 		return 1
 	}
 	defer resp.Body.Close()
-	_, _ = io.Copy(stdout, resp.Body)
 	if resp.StatusCode >= 300 {
+		// The refusal goes where errors go, with the server's reason, so
+		// that stdout holds only a result a script can parse.
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+		var e struct {
+			Error string `json:"error"`
+		}
+		reason := strings.TrimSpace(string(b))
+		if json.Unmarshal(b, &e) == nil && e.Error != "" {
+			reason = e.Error
+		}
+		fmt.Fprintf(stderr, "idem-extproc admin %s: %s: %s\n", cmd, resp.Status, reason)
 		return 1
 	}
+	_, _ = io.Copy(stdout, resp.Body)
 	return 0
+}
+
+// checkResolve refuses a resolve the server would refuse, and one it
+// would take for something else: a response given with --action release
+// would be dropped and the operation run again, the very duplicate the
+// operator meant to prevent.
+func checkResolve(fs *flag.FlagSet, action string, status int) error {
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	switch action {
+	case "release":
+		for _, name := range []string{"status", "header", "body", "body-file"} {
+			if given[name] {
+				return fmt.Errorf("--%s is for --action complete; --action release stores no response", name)
+			}
+		}
+	case "complete":
+		if status < 100 || status > 599 {
+			return errors.New("--action complete needs --status, from 100 to 599")
+		}
+		if given["body"] && given["body-file"] {
+			return errors.New("give --body or --body-file, not both")
+		}
+	case "":
+		return errors.New("--action is required: release (the next attempt runs the operation) or complete (retries replay the given response)")
+	default:
+		return fmt.Errorf("--action %q: want release or complete", action)
+	}
+	return nil
 }
 
 func envOr(getenv func(string) string, name, def string) string {

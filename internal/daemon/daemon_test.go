@@ -3,12 +3,15 @@ package daemon_test
 import (
 	"bytes"
 	"context"
+	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -19,7 +22,10 @@ import (
 
 	"github.com/idem-extproc/idem-extproc/internal/admin"
 	"github.com/idem-extproc/idem-extproc/internal/daemon"
+	"github.com/idem-extproc/idem-extproc/internal/fingerprint"
 	"github.com/idem-extproc/idem-extproc/internal/harness"
+	"github.com/idem-extproc/idem-extproc/internal/idem"
+	"github.com/idem-extproc/idem-extproc/internal/policy"
 	"github.com/idem-extproc/idem-extproc/internal/redistest"
 )
 
@@ -320,6 +326,287 @@ func TestAdminAPI(t *testing.T) {
 	}
 	if def := pols[0].(map[string]any); def["policy"] != "default" || def["enforcement"] != "enforce" || def["with_key"] != float64(4) {
 		t.Fatalf("adoption of the default policy: %v", def)
+	}
+}
+
+// adminRaw is adminDo for a GET whose exact bytes matter: what the API
+// must never reveal is checked on the wire, not after decoding.
+func (r *running) adminRaw(t *testing.T, path string) (int, []byte) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodGet, "http://"+r.d.AdminAddr()+path, nil)
+	req.Header.Set("Authorization", "Bearer "+r.token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, b
+}
+
+// leaveMidway sends a POST and abandons it once the proxy has let it
+// through, the way a client that times out does: the stream is reset
+// after the reservation and the record turns unknown. Cancelling only when
+// the record is in flight and the request has reached the upstream
+// (rather than on a short client timeout) keeps a slow machine from
+// abandoning it before it is reserved, or before the upstream has it and
+// will execute it; the upstream's long delay keeps it from answering
+// first. It returns once the record is unknown and the upstream's one
+// execution has happened, so nothing the caller does next can race that
+// execution.
+func leaveMidway(t *testing.T, env *harness.Env, key, body string, state func() string) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, env.URL+"/orders", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", key)
+	req.Header.Set("x-upstream-delay", "3s")
+	gaveUp := make(chan error, 1)
+	go func() {
+		resp, err := env.Client.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		gaveUp <- err
+	}()
+	waitUntil(t, func() bool { return state() == "in_flight" && env.Upstream.ArrivedKey(key) == 1 })
+	cancel()
+	if err := <-gaveUp; err == nil {
+		t.Fatal("the request was answered before the client left")
+	}
+	waitUntil(t, func() bool { return state() == "unknown" })
+	deadline := time.Now().Add(30 * time.Second)
+	for env.Upstream.CountKey(key) != 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the abandoned attempt never reached the upstream (effects %d)", env.Upstream.CountKey(key))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestAdminResolveReleaseUnknown: an operator who found that an unknown
+// operation did not take effect releases its record; the record is gone
+// and the client's next attempt runs the operation, once.
+func TestAdminResolveReleaseUnknown(t *testing.T) {
+	r := run(t)
+	scope := strings.TrimPrefix(r.env.URL, "http://")
+	q := "?policy=default&scope=" + scope + "&key=rel-unk-1"
+	state := func() string {
+		_, m := r.adminDo(t, http.MethodGet, admin.Prefix+"records"+q, r.token, nil)
+		s, _ := m["state"].(string)
+		return s
+	}
+	const body = `{"order":"release-me"}`
+	leaveMidway(t, r.env, "rel-unk-1", body, state)
+	// Unknown means no retry runs until someone decides.
+	if got := r.env.Post("/orders", "rel-unk-1", body); got.Status != http.StatusConflict || !strings.Contains(got.Body, "outcome-unknown") {
+		t.Fatalf("retry of an unknown record = %d %s, want 409 outcome-unknown", got.Status, got.Body)
+	}
+
+	code, res := r.adminDo(t, http.MethodPost, admin.Prefix+"records/resolve"+q, r.token, map[string]any{"action": "release"})
+	if code != http.StatusOK || res["result"] != "release" {
+		t.Fatalf("resolve release: %d %v", code, res)
+	}
+	if code, m := r.adminDo(t, http.MethodGet, admin.Prefix+"records"+q, r.token, nil); code != http.StatusNotFound {
+		t.Fatalf("lookup after release: %d %v, want 404", code, m)
+	}
+	// Nothing left to release: a second word from the operator is refused.
+	if code, _ := r.adminDo(t, http.MethodPost, admin.Prefix+"records/resolve"+q, r.token, map[string]any{"action": "release"}); code != http.StatusNotFound {
+		t.Fatalf("releasing a released record: %d, want 404", code)
+	}
+
+	next := r.env.Post("/orders", "rel-unk-1", body)
+	if next.Status != http.StatusCreated || next.Header.Get("Idempotent-Replayed") != "" {
+		t.Fatalf("attempt after release = %d %v %s, want a fresh 201", next.Status, next.Header, next.Body)
+	}
+	if n := r.env.Upstream.CountKey("rel-unk-1"); n != 2 {
+		t.Fatalf("effects = %d, want 2: the abandoned one and the one after release", n)
+	}
+	// The new execution is an ordinary record again: retries replay it.
+	again := r.env.Post("/orders", "rel-unk-1", body)
+	if again.Status != http.StatusCreated || again.Header.Get("Idempotent-Replayed") != "true" || again.Body != next.Body {
+		t.Fatalf("retry after the new execution = %d %v %s, want its replay", again.Status, again.Header, again.Body)
+	}
+	if n := r.env.Upstream.CountKey("rel-unk-1"); n != 2 {
+		t.Fatalf("effects = %d after the replay, want 2", n)
+	}
+	if !strings.Contains(r.logs.String(), `"action":"resolve_release"`) {
+		t.Error("no log line for resolve_release")
+	}
+	m := scrape(t, r.d)
+	if got := metricValue(m, `idem_extproc_admin_actions_total{action="resolve_release",result="ok"}`); got != "1" {
+		t.Errorf("resolve_release ok counted %q, want 1", got)
+	}
+	if got := metricValue(m, `idem_extproc_admin_actions_total{action="resolve_release",result="refused"}`); got != "1" {
+		t.Errorf("resolve_release refused counted %q, want 1", got)
+	}
+}
+
+// TestAdminLookupFields: a lookup shows what docs/observability.md
+// promises (state, fingerprint, creation time and age, attempts, lease,
+// and a completed record's status, header count and body size) in each
+// state a record passes through, and never the stored body or a stored
+// header's value (SECURITY.md).
+func TestAdminLookupFields(t *testing.T) {
+	r := run(t)
+	scope := strings.TrimPrefix(r.env.URL, "http://")
+	lookup := func(key string) (map[string]any, []byte, time.Time, time.Time) {
+		t.Helper()
+		from := time.Now()
+		code, raw := r.adminRaw(t, admin.Prefix+"records?policy=default&scope="+scope+"&key="+key)
+		to := time.Now()
+		if code != http.StatusOK {
+			t.Fatalf("lookup %s: %d %s", key, code, raw)
+		}
+		var m map[string]any
+		if err := json.Unmarshal(raw, &m); err != nil {
+			t.Fatalf("lookup %s: %v in %s", key, err, raw)
+		}
+		return m, raw, from, to
+	}
+	// The fingerprint is the request's, as the server computes it: method,
+	// path, the default policy's content-type, and the body.
+	wantFP := func(body string) string {
+		fp := fingerprint.Compute(fingerprint.Request{
+			Method: http.MethodPost, Path: "/orders", Body: []byte(body),
+			Headers: []idem.Header{{Name: "content-type", Value: "application/json"}},
+		}, policy.Default().FingerprintHeaders)
+		return hex.EncodeToString(fp[:])
+	}
+	// created_at is Redis's clock at the reservation (ms), age_seconds the
+	// server's clock at the lookup minus it: both bracketed by the test's
+	// own readings of the same machine's clock, whatever the machine's speed.
+	checkTimes := func(m map[string]any, sent, answered, from, to time.Time) time.Time {
+		t.Helper()
+		created, err := time.Parse(time.RFC3339Nano, fmt.Sprint(m["created_at"]))
+		if err != nil {
+			t.Fatalf("created_at %v: %v", m["created_at"], err)
+		}
+		if created.Before(sent.Truncate(time.Millisecond)) || created.After(answered) {
+			t.Fatalf("created_at %v outside the request's span [%v, %v]", created, sent, answered)
+		}
+		age, ok := m["age_seconds"].(float64)
+		lo, hi := from.Sub(created).Seconds()-1e-3, to.Sub(created).Seconds()+1e-3
+		if !ok || age < lo || age > hi {
+			t.Fatalf("age_seconds %v, want within [%v, %v]", m["age_seconds"], lo, hi)
+		}
+		return created
+	}
+	keys := func(m map[string]any) string {
+		var ks []string
+		for k := range m {
+			ks = append(ks, k)
+		}
+		sort.Strings(ks)
+		return strings.Join(ks, ",")
+	}
+
+	// A completed record, whose response carries a body and a header that
+	// could be anyone's secrets.
+	const body = `{"card":"body-marker-4111"}`
+	const cookie = "session=header-marker-6e1f"
+	sent := time.Now()
+	first := r.env.Post("/orders", "look-1", body, "x-upstream-set-cookie", cookie)
+	answered := time.Now()
+	if first.Status != http.StatusCreated || !strings.Contains(first.Body, "body-marker-4111") {
+		t.Fatalf("first = %d %s", first.Status, first.Body)
+	}
+	// A replay proves both markers are in the stored record, so their
+	// absence below means the lookup withheld them.
+	replay := r.env.Post("/orders", "look-1", body)
+	if replay.Header.Get("Idempotent-Replayed") != "true" || replay.Body != first.Body || replay.Header.Get("Set-Cookie") != cookie {
+		t.Fatalf("replay = %d %v %s", replay.Status, replay.Header, replay.Body)
+	}
+	m, raw, from, to := lookup("look-1")
+	if got := keys(m); got != "age_seconds,attempts,created_at,fingerprint,id,response,state" {
+		t.Fatalf("completed record's fields: %s in %s", got, raw)
+	}
+	if m["state"] != "completed" || m["attempts"] != float64(2) || m["fingerprint"] != wantFP(body) {
+		t.Fatalf("completed record: %s (want fingerprint %s, attempts 2: the first and the replay)", raw, wantFP(body))
+	}
+	if m["id"] != string(idem.RecordIDFor("default", scope, "look-1")) {
+		t.Fatalf("id %v is not the record's key_hash", m["id"])
+	}
+	checkTimes(m, sent, answered, from, to)
+	stored, err := r.env.Store.Get(context.Background(), idem.RecordIDFor("default", scope, "look-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, _ := m["response"].(map[string]any)
+	if got := keys(resp); got != "body_bytes,body_omitted,headers,sealed,status" {
+		t.Fatalf("response view's fields: %s in %s", got, raw)
+	}
+	if resp["status"] != float64(201) || resp["headers"] != float64(len(stored.Response.Headers)) ||
+		resp["body_bytes"] != float64(len(first.Body)) || resp["body_omitted"] != false || resp["sealed"] != false {
+		t.Fatalf("response view: %v (stored headers %d, body %d bytes)", resp, len(stored.Response.Headers), len(first.Body))
+	}
+	for _, secret := range []string{"body-marker-4111", "header-marker-6e1f", first.Body} {
+		if bytes.Contains(raw, []byte(secret)) {
+			t.Fatalf("the lookup reveals %q: %s", secret, raw)
+		}
+	}
+
+	// In flight: the lease shows, no response yet. Then unknown: no lease.
+	const body2 = `{"card":"body-marker-2"}`
+	var inFlight map[string]any
+	sent = time.Now()
+	leaveMidway(t, r.env, "look-2", body2, func() string {
+		code, raw := r.adminRaw(t, admin.Prefix+"records?policy=default&scope="+scope+"&key=look-2")
+		var m map[string]any
+		_ = json.Unmarshal(raw, &m)
+		if code == http.StatusOK && m["state"] == "in_flight" && inFlight == nil {
+			inFlight = m
+		}
+		s, _ := m["state"].(string)
+		return s
+	})
+	if got := keys(inFlight); got != "age_seconds,attempts,created_at,fingerprint,id,lease_until,state" {
+		t.Fatalf("in-flight record's fields: %s (%v)", got, inFlight)
+	}
+	created, _ := time.Parse(time.RFC3339Nano, fmt.Sprint(inFlight["created_at"]))
+	lease, err := time.Parse(time.RFC3339Nano, fmt.Sprint(inFlight["lease_until"]))
+	if err != nil || !lease.After(created) || lease.Sub(created) > policy.Default().Lease {
+		t.Fatalf("lease_until %v for a record created %v (lease %v)", inFlight["lease_until"], created, policy.Default().Lease)
+	}
+	if inFlight["attempts"] != float64(1) || inFlight["fingerprint"] != wantFP(body2) {
+		t.Fatalf("in-flight record: %v", inFlight)
+	}
+	m, raw, from, to = lookup("look-2")
+	if got := keys(m); got != "age_seconds,attempts,created_at,fingerprint,id,state" {
+		t.Fatalf("unknown record's fields: %s in %s", got, raw)
+	}
+	if m["state"] != "unknown" || m["attempts"] != float64(1) || m["fingerprint"] != wantFP(body2) {
+		t.Fatalf("unknown record: %s", raw)
+	}
+	if got := checkTimes(m, sent, time.Now(), from, to); !got.Equal(created) {
+		t.Fatalf("created_at moved from %v to %v when the record turned unknown", created, got)
+	}
+
+	// Settled by hand: the operator's response is withheld just the same,
+	// and the record keeps its creation time and attempts.
+	code, _ := r.adminDo(t, http.MethodPost, admin.Prefix+"records/resolve?policy=default&scope="+scope+"&key=look-2", r.token, map[string]any{
+		"action": "complete", "status": 201, "headers": [][2]string{{"X-Order-Ref", "header-marker-3"}}, "body": `{"order":"body-marker-3"}`,
+	})
+	if code != http.StatusOK {
+		t.Fatalf("resolve complete: %d", code)
+	}
+	m, raw, _, _ = lookup("look-2")
+	resp, _ = m["response"].(map[string]any)
+	if m["state"] != "completed" || m["attempts"] != float64(1) || m["fingerprint"] != wantFP(body2) || m["created_at"] != inFlight["created_at"] ||
+		resp["status"] != float64(201) || resp["headers"] != float64(1) || resp["body_bytes"] != float64(len(`{"order":"body-marker-3"}`)) {
+		t.Fatalf("resolved record: %s (created %v)", raw, inFlight["created_at"])
+	}
+	for _, secret := range []string{"body-marker-3", "header-marker-3"} {
+		if bytes.Contains(raw, []byte(secret)) {
+			t.Fatalf("the lookup reveals %q: %s", secret, raw)
+		}
 	}
 }
 

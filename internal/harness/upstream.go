@@ -26,6 +26,7 @@ type Upstream struct {
 
 	mu      sync.Mutex
 	effects []Effect
+	arrived map[string]int
 }
 
 // Effect is one request the upstream executed.
@@ -62,6 +63,17 @@ func (u *Upstream) Effects() []Effect {
 	return append([]Effect(nil), u.effects...)
 }
 
+// ArrivedKey returns how many requests with the given Idempotency-Key
+// have reached the upstream, whether or not their effect has happened yet.
+// A test that abandons a request once it is here knows the effect will
+// follow (the upstream works on when its client leaves); abandoned any
+// earlier, on the proxy's side, it may never run.
+func (u *Upstream) ArrivedKey(key string) int {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.arrived[key]
+}
+
 // Count returns how many effects match f (all when f is nil).
 func (u *Upstream) Count(f func(Effect) bool) int {
 	n := 0
@@ -80,6 +92,12 @@ func (u *Upstream) CountKey(key string) int {
 
 func (u *Upstream) serve(w http.ResponseWriter, r *http.Request) {
 	body, _ := io.ReadAll(r.Body)
+	u.mu.Lock()
+	if u.arrived == nil {
+		u.arrived = map[string]int{}
+	}
+	u.arrived[r.Header.Get("Idempotency-Key")]++
+	u.mu.Unlock()
 	if d, err := time.ParseDuration(r.Header.Get("x-upstream-delay")); err == nil {
 		// The application keeps working when its client leaves: the effect
 		// happens anyway, which is exactly the case the service must cover.
