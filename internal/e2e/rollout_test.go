@@ -482,7 +482,9 @@ default_policy:
 	waitFor(t, func() bool { return state("t-2") == idem.StateInFlight })
 	env.Post("/trial/a", "t-2", "{}")
 	<-slow
-	env.Do(http.MethodPost, "/trial/a", "{}", 100*time.Millisecond, "Idempotency-Key", "t-3", "x-upstream-delay", "300ms")
+	if err := env.Abandon("/trial/a", "t-3", "{}"); err != nil {
+		t.Fatal(err)
+	}
 	waitFor(t, func() bool { return state("t-3") == idem.StateUnknown })
 	env.Post("/trial/a", "t-3", "{}")
 

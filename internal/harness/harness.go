@@ -7,6 +7,7 @@ package harness
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -316,6 +317,42 @@ func (e *Env) Do(method, path, body string, timeout time.Duration, headers ...st
 		ctx, cancel = context.WithTimeout(ctx, timeout)
 		defer cancel()
 	}
+	return e.do(ctx, method, path, body, headers...)
+}
+
+// Abandon sends a POST with key and leaves once the upstream has it, the
+// way a client that times out after its write was let through does: the
+// proxy resets the ext_proc stream after the reservation. Leaving when the
+// upstream has the request, rather than on a short client timeout, keeps a
+// slow machine from leaving before the reservation, or before the upstream
+// will execute the request. The upstream holds it for 2 s and then
+// executes it all the same. It fails if the request was answered first.
+func (e *Env) Abandon(path, key, body string, headers ...string) error {
+	before := e.Upstream.ArrivedKey(key)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan Reply, 1)
+	headers = append(headers, "Idempotency-Key", key, "x-upstream-delay", "2s")
+	go func() { done <- e.do(ctx, http.MethodPost, path, body, headers...) }()
+	deadline := time.Now().Add(30 * time.Second)
+	for e.Upstream.ArrivedKey(key) == before {
+		select {
+		case r := <-done:
+			return fmt.Errorf("harness: %s was answered (%d, %v) before it reached the upstream", key, r.Status, r.Err)
+		case <-time.After(5 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("harness: %s never reached the upstream", key)
+		}
+	}
+	cancel()
+	if r := <-done; r.Err == nil {
+		return fmt.Errorf("harness: %s was answered %d before the client left", key, r.Status)
+	}
+	return nil
+}
+
+func (e *Env) do(ctx context.Context, method, path, body string, headers ...string) Reply {
 	req, err := http.NewRequestWithContext(ctx, method, e.URL+path, bytes.NewReader([]byte(body)))
 	if err != nil {
 		return Reply{Err: err}
