@@ -349,39 +349,13 @@ func (r *running) adminRaw(t *testing.T, path string) (int, []byte) {
 	return resp.StatusCode, b
 }
 
-// leaveMidway sends a POST and abandons it once the proxy has let it
-// through, the way a client that times out does: the stream is reset
-// after the reservation and the record turns unknown. Cancelling only when
-// the record is in flight and the request has reached the upstream
-// (rather than on a short client timeout) keeps a slow machine from
-// abandoning it before it is reserved, or before the upstream has it and
-// will execute it; the upstream's long delay keeps it from answering
-// first. It returns once the record is unknown and the upstream's one
-// execution has happened, so nothing the caller does next can race that
-// execution.
+// leaveMidway abandons a POST once the upstream has it (Env.Abandon), and
+// returns once the record is unknown and the upstream's one execution has
+// happened, so nothing the caller does next can race that execution.
 func leaveMidway(t *testing.T, env *harness.Env, key, body string, state func() string) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, env.URL+"/orders", strings.NewReader(body))
-	if err != nil {
+	if err := env.Abandon("/orders", key, body); err != nil {
 		t.Fatal(err)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Idempotency-Key", key)
-	req.Header.Set("x-upstream-delay", "3s")
-	gaveUp := make(chan error, 1)
-	go func() {
-		resp, err := env.Client.Do(req)
-		if err == nil {
-			resp.Body.Close()
-		}
-		gaveUp <- err
-	}()
-	waitUntil(t, func() bool { return state() == "in_flight" && env.Upstream.ArrivedKey(key) == 1 })
-	cancel()
-	if err := <-gaveUp; err == nil {
-		t.Fatal("the request was answered before the client left")
 	}
 	waitUntil(t, func() bool { return state() == "unknown" })
 	deadline := time.Now().Add(30 * time.Second)
