@@ -349,12 +349,14 @@ func (r *running) adminRaw(t *testing.T, path string) (int, []byte) {
 	return resp.StatusCode, b
 }
 
-// leaveMidway abandons a POST once the upstream has it (Env.Abandon), and
+// leaveMidway abandons a POST once the upstream has it and state says it is
+// in flight (Env.AbandonWhen, so the caller sees that state), and
 // returns once the record is unknown and the upstream's one execution has
 // happened, so nothing the caller does next can race that execution.
 func leaveMidway(t *testing.T, env *harness.Env, key, body string, state func() string) {
 	t.Helper()
-	if err := env.Abandon("/orders", key, body); err != nil {
+	inFlight := func() bool { return state() == "in_flight" }
+	if err := env.AbandonWhen("/orders", key, body, inFlight); err != nil {
 		t.Fatal(err)
 	}
 	waitUntil(t, func() bool { return state() == "unknown" })

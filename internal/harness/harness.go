@@ -328,6 +328,13 @@ func (e *Env) Do(method, path, body string, timeout time.Duration, headers ...st
 // will execute the request. The upstream holds it for 2 s and then
 // executes it all the same. It fails if the request was answered first.
 func (e *Env) Abandon(path, key, body string, headers ...string) error {
+	return e.AbandonWhen(path, key, body, nil, headers...)
+}
+
+// AbandonWhen is Abandon, leaving only once ready (when not nil) also
+// reports true, for a test that must see the record while its attempt is
+// still in flight.
+func (e *Env) AbandonWhen(path, key, body string, ready func() bool, headers ...string) error {
 	before := e.Upstream.ArrivedKey(key)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -335,7 +342,7 @@ func (e *Env) Abandon(path, key, body string, headers ...string) error {
 	headers = append(headers, "Idempotency-Key", key, "x-upstream-delay", "2s")
 	go func() { done <- e.do(ctx, http.MethodPost, path, body, headers...) }()
 	deadline := time.Now().Add(30 * time.Second)
-	for e.Upstream.ArrivedKey(key) == before {
+	for e.Upstream.ArrivedKey(key) == before || (ready != nil && !ready()) {
 		select {
 		case r := <-done:
 			return fmt.Errorf("harness: %s was answered (%d, %v) before it reached the upstream", key, r.Status, r.Err)
