@@ -375,13 +375,12 @@ func checkPolicyConfigMap(objs []k8sObject, pod *corev1.PodTemplateSpec, cfg dae
 		if !p.Encrypt {
 			return fmt.Errorf("policy %q stores responses in the clear; the manifests ship with encrypt: true", p.Name)
 		}
-		if cfg.EncryptionKeysFile == "" {
-			return fmt.Errorf("policy %q has encrypt: true but --encryption-keys-file is not set: the server would refuse to start", p.Name)
-		}
-		if !secretMounted(pod, cfg.EncryptionKeysFile) {
-			return fmt.Errorf("--encryption-keys-file %s is not inside a mounted Secret", cfg.EncryptionKeysFile)
-		}
-		break
+	}
+	if cfg.EncryptionKeysFile == "" {
+		return errors.New("the policies have encrypt: true but --encryption-keys-file is not set: the server would refuse to start")
+	}
+	if !secretMounted(pod, cfg.EncryptionKeysFile) {
+		return fmt.Errorf("--encryption-keys-file %s is not inside a mounted Secret", cfg.EncryptionKeysFile)
 	}
 	return nil
 }

@@ -214,12 +214,12 @@ func TestNoSecretsInLogs(t *testing.T) {
 	for _, s := range spans.Ended() {
 		traced.WriteString(s.Name() + "\n")
 		for _, a := range s.Attributes() {
-			traced.WriteString(string(a.Key) + "=" + a.Value.Emit() + "\n")
+			traced.WriteString(string(a.Key) + "=" + a.Value.String() + "\n")
 		}
 		for _, e := range s.Events() {
 			traced.WriteString(e.Name + "\n")
 			for _, a := range e.Attributes {
-				traced.WriteString(string(a.Key) + "=" + a.Value.Emit() + "\n")
+				traced.WriteString(string(a.Key) + "=" + a.Value.String() + "\n")
 			}
 		}
 	}
