@@ -71,10 +71,12 @@ var (
 // TestQuickstartCommandsAreDocumented keeps the docs' curl commands the
 // ones TestQuickstartScenario runs.
 func TestQuickstartCommandsAreDocumented(t *testing.T) {
-	doc := string(readFile(t, filepath.Join(repoRoot, "docs", "deployment.md")))
-	for _, s := range []quickstartStep{stepCreate, stepReplay, stepCount, stepMismatch, stepSlow, stepInFlight} {
-		if !strings.Contains(doc, s.curl()) {
-			t.Errorf("docs/deployment.md lacks the command\n\t%s", s.curl())
+	for _, page := range []string{"README.md", filepath.Join("docs", "deployment.md")} {
+		doc := string(readFile(t, filepath.Join(repoRoot, page)))
+		for _, s := range []quickstartStep{stepCreate, stepReplay, stepCount, stepMismatch, stepSlow, stepInFlight} {
+			if !strings.Contains(doc, s.curl()) {
+				t.Errorf("%s lacks the command\n\t%s", page, s.curl())
+			}
 		}
 	}
 }
