@@ -8,9 +8,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"time"
 
+	"github.com/idem-extproc/idem-extproc/internal/redisstore"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -96,12 +96,7 @@ func (r *redisServer) info(ctx context.Context, section, field string) string {
 	if err != nil {
 		return ""
 	}
-	for _, line := range strings.Split(text, "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), field+":"); ok {
-			return v
-		}
-	}
-	return ""
+	return redisstore.InfoField(text, field)
 }
 
 func (r *redisServer) version(ctx context.Context) string {

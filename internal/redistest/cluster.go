@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idem-extproc/idem-extproc/internal/redisstore"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -238,12 +239,7 @@ func clusterInfo(ctx context.Context, s *Server, field string) string {
 	if err != nil {
 		return ""
 	}
-	for _, line := range strings.Split(text, "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), field+":"); ok {
-			return v
-		}
-	}
-	return ""
+	return redisstore.InfoField(text, field)
 }
 
 func sorted(s []string) []string {

@@ -21,6 +21,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idem-extproc/idem-extproc/internal/redisstore"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -311,12 +312,7 @@ func (s *Server) Info(ctx context.Context, section, field string) string {
 	if err != nil {
 		return ""
 	}
-	for _, line := range strings.Split(text, "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), field+":"); ok {
-			return v
-		}
-	}
-	return ""
+	return redisstore.InfoField(text, field)
 }
 
 // Running reports whether the process is up (not killed).
