@@ -201,6 +201,31 @@ var cases = []contractCase{
 		res := mustReserve(t, s, reservation(id, fpA, idem.NewToken(), longLease), idem.Completed, 2)
 		assertResponse(t, res.Response, sampleResponse()) // the first completion stands
 	}},
+	// The Redis client retries a call whose reply was lost (docs/redis.md,
+	// "Budgets and retries"): each transition, repeated by its own token,
+	// must change nothing more.
+	{"renew and mark unknown are repeatable", func(t *testing.T, s idem.Store) {
+		id, tok := newID(), idem.NewToken()
+		mustReserve(t, s, reservation(id, fpA, tok, longLease), idem.Reserved, 1)
+		for i := range 2 {
+			if err := s.Renew(ctx(t), id, tok, longLease); err != nil {
+				t.Fatalf("Renew %d: %v", i+1, err)
+			}
+		}
+		for i := range 2 {
+			if err := s.MarkUnknown(ctx(t), id, tok, retention); err != nil {
+				t.Fatalf("MarkUnknown %d: %v", i+1, err)
+			}
+		}
+		rec, err := s.Get(ctx(t), id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rec.State != idem.StateUnknown || rec.Attempts != 1 || rec.Token != tok {
+			t.Fatalf("after repeated transitions: state %v, attempts %d", rec.State, rec.Attempts)
+		}
+		mustReserve(t, s, reservation(id, fpA, idem.NewToken(), longLease), idem.Unknown, 2)
+	}},
 	{"release frees the key for the next attempt", func(t *testing.T, s idem.Store) {
 		id, tok := newID(), idem.NewToken()
 		mustReserve(t, s, reservation(id, fpA, tok, longLease), idem.Reserved, 1)
