@@ -33,7 +33,10 @@ var (
 // first answer or a replay.
 type answer struct {
 	scope, key, status, body, location, effect string
-	replay                                     bool
+	// headers are the upstream's own headers as the client got them
+	// (content-type, and x-multi twice, in order): a replay repeats them.
+	headers string
+	replay  bool
 	// bodyOmitted marks a replay of a response whose body was never
 	// stored whole (the stream ended inside it): it repeats status and
 	// headers, and says so.
@@ -156,9 +159,12 @@ func TestSoak(t *testing.T) {
 					loc, _ := envoysim.Get(r.Headers, "location")
 					eff, _ := envoysim.Get(r.Headers, "x-effect")
 					omitted, _ := envoysim.Get(r.Headers, "idempotent-body-omitted")
+					ct, _ := envoysim.Get(r.Headers, "content-type")
+					upstreamHeaders := ct + "|" + strings.Join(envoysim.Values(r.Headers, "x-multi"), ",")
 					mu.Lock()
 					answers = append(answers, answer{scope: scope, key: key, status: strconv.Itoa(r.Status),
-						body: string(r.Body), location: loc, effect: eff, replay: replayed == "true", bodyOmitted: omitted == "true"})
+						body: string(r.Body), location: loc, effect: eff, replay: replayed == "true", bodyOmitted: omitted == "true",
+						headers: upstreamHeaders})
 					mu.Unlock()
 				case r.Status == http.StatusConflict && strings.Contains(string(r.Body), "request-in-progress"):
 					c.inProgress.Add(1)
@@ -237,10 +243,21 @@ func check(t *testing.T, effects []harness.Effect, answers []answer) int {
 			report("answer for %s %s is effect %d of %s %s: it crossed operations", a.scope, a.key, e.Seq, e.Authority, e.Key)
 		case a.bodyOmitted && (!a.replay || a.body != ""):
 			report("answer for %s %s claims an omitted body but is not an empty replay", a.scope, a.key)
-		case (a.body != e.ResponseBody && !a.bodyOmitted) || a.status != strconv.Itoa(e.Status) || a.location != "/orders/"+a.effect:
-			report("answer for %s %s (replay %v) is not byte-identical to effect %d: %s %q vs %d %q",
-				a.scope, a.key, a.replay, e.Seq, a.status, a.body, e.Status, e.ResponseBody)
+		case (a.body != e.ResponseBody && !a.bodyOmitted) || a.status != strconv.Itoa(e.Status) || a.location != "/orders/"+a.effect ||
+			a.headers != wantHeaders(a):
+			report("answer for %s %s (replay %v) is not byte-identical to effect %d: %s %q %s vs %d %q",
+				a.scope, a.key, a.replay, e.Seq, a.status, a.body, a.headers, e.Status, e.ResponseBody)
 		}
 	}
 	return violations
+}
+
+// wantHeaders is what an answer repeats of the upstream's own headers. A
+// replay whose body was never stored whole drops content-type, which would
+// describe a body it does not carry.
+func wantHeaders(a answer) string {
+	if a.bodyOmitted {
+		return "|first,second"
+	}
+	return "application/json|first,second"
 }
