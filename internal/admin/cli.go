@@ -42,6 +42,9 @@ func RunCLI(ctx context.Context, args []string, getenv func(string) string, stdo
 	}
 	cmd := args[0]
 	switch cmd {
+	case "-h", "-help", "--help", "help":
+		usage() // asked for: not an error
+		return 0
 	case "get", "purge", "resolve":
 	default:
 		// Checked before the flags: otherwise a misspelt subcommand is
@@ -68,7 +71,9 @@ func RunCLI(ctx context.Context, args []string, getenv func(string) string, stdo
 		fs.StringVar(&body, "body", "", "complete: the response body")
 		fs.StringVar(&bodyFile, "body-file", "", "complete: read the response body from this file")
 	}
-	if err := fs.Parse(args[1:]); err != nil {
+	if err := fs.Parse(args[1:]); errors.Is(err, flag.ErrHelp) {
+		return 0 // the flags were printed, as asked
+	} else if err != nil {
 		return 2
 	}
 	fail := func(format string, a ...any) int {
