@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -216,6 +217,14 @@ func TestBinaryWithRedis(t *testing.T) {
 	waitFor(t, "/readyz recovers", func() bool { return p.get("/readyz") == http.StatusOK })
 	if r := env.Post("/orders", "bin-2", `{}`); r.Status != http.StatusCreated {
 		t.Fatalf("after Redis came back = %d %s", r.Status, r.Body)
+	}
+	// Through the outage, every line the process wrote is a JSON log
+	// record: go-redis's own messages included (they go to the log at
+	// debug level, not as free-form lines on stderr).
+	for _, line := range strings.Split(strings.TrimSpace(p.stderr.String()), "\n") {
+		if !json.Valid([]byte(line)) {
+			t.Fatalf("stderr has a line that is not a JSON log record: %q", line)
+		}
 	}
 }
 

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
@@ -413,6 +414,8 @@ func Main(ctx context.Context, args []string, getenv func(string) string, stderr
 	lw := newLineWriter(stderr)
 	defer lw.Close()
 	log := NewLogger(cfg, lw)
+	// go-redis has one logger per process; Main is the process's entry.
+	redis.SetLogger(redisLog{log})
 	d, err := Start(cfg, log, getenv)
 	if errors.Is(err, ErrConfig) {
 		fmt.Fprintf(stderr, "idem-extproc: %v\n", err)

@@ -74,6 +74,11 @@ func parseURL(raw string) (Topology, *redis.Options, *redis.UniversalOptions, er
 		if err != nil {
 			return 0, nil, nil, fmt.Errorf("redis url: %w", redactErr(err, raw))
 		}
+		// go-redis leaves the address to the dialer, which would refuse a
+		// port out of range only at the first call, long after start.
+		if _, err := hostPort(o.Addr, defaultRedisPort); err != nil {
+			return 0, nil, nil, err
+		}
 		return Standalone, o, nil, nil
 	case "redis+sentinel", "rediss+sentinel":
 		top, o, err := parseMulti(Sentinel, scheme, rest)

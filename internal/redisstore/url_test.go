@@ -68,6 +68,8 @@ func TestParseURLErrorsNameTheProblem(t *testing.T) {
 		{"localhost:6379", "no scheme"},
 		{"http://x", `scheme "http" is not one of`},
 		{"redis://host:notaport", "redis url:"},
+		{"redis://host:99999999/0", `port "99999999"`},
+		{"rediss://user:pw@host:0", `port "0"`},
 		{"redis+sentinel://s1:26379", "missing master name"},
 		{"redis+sentinel://s1:26379/", "missing master name"},
 		{"redis+sentinel:///m", "no address"},
