@@ -520,6 +520,34 @@ func TestBinaryConfigErrors(t *testing.T) {
 	}
 }
 
+// TestBinaryStartupErrorsNameTheFlag: a mistake the flag parser cannot see
+// (a file that is missing or empty, a port out of range) still stops the
+// start with exit 2 and a line naming the flag, rather than a server that
+// runs and fails every admin call or every Redis call.
+func TestBinaryStartupErrorsNameTheFlag(t *testing.T) {
+	empty := filepath.Join(t.TempDir(), "empty")
+	writeFile(t, empty, "\n")
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--admin-token-file", filepath.Join(t.TempDir(), "missing")}, "--admin-token-file: open"},
+		{[]string{"--admin-token-file", empty}, "--admin-token-file: " + empty + " is empty"},
+		{[]string{"--redis-url", "redis://localhost:99999999/0"}, `--redis-url: redis url: address "localhost:99999999": port`},
+		{[]string{"--config", filepath.Join(t.TempDir(), "missing.yaml")}, "--config: open"},
+		{[]string{"--encryption-keys-file", filepath.Join(t.TempDir(), "missing")}, "--encryption-keys-file: "},
+		{[]string{"--tls-cert-file", empty, "--tls-key-file", empty}, "--tls-cert-file, --tls-key-file"},
+	} {
+		t.Run(tc.want, func(t *testing.T) {
+			args := append([]string{"--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"}, tc.args...)
+			out, err := exec.Command(binary(t), args...).CombinedOutput()
+			if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 2 || !strings.Contains(string(out), tc.want) {
+				t.Fatalf("exit %v, want 2 and %q in:\n%s", err, tc.want, out)
+			}
+		})
+	}
+}
+
 func writeFile(t *testing.T, path, content string) {
 	t.Helper()
 	// Write then rename, as editors and Kubernetes do: the server never

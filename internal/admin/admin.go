@@ -72,9 +72,8 @@ type api struct{ cfg Config }
 
 func (a *api) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		want, err := os.ReadFile(a.cfg.TokenFile)
-		token := strings.TrimSpace(string(want))
-		if err != nil || token == "" {
+		token, err := ReadToken(a.cfg.TokenFile)
+		if err != nil {
 			a.cfg.Logger.Error("admin API: token file unreadable or empty; refusing", slog.String("error", errString(err)))
 			writeError(w, http.StatusServiceUnavailable, "the admin token is not available")
 			return
@@ -90,6 +89,21 @@ func (a *api) authenticate(next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// ReadToken reads the bearer token from its file (surrounding white space
+// dropped). The daemon checks it once at start, so that a wrong path stops
+// the start instead of turning every admin call away.
+func ReadToken(path string) (string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", err
+	}
+	token := strings.TrimSpace(string(b))
+	if token == "" {
+		return "", fmt.Errorf("%s is empty", path)
+	}
+	return token, nil
 }
 
 func errString(err error) string {

@@ -38,7 +38,9 @@ import (
 	"github.com/idem-extproc/idem-extproc/internal/tlsfiles"
 )
 
-// ErrConfig marks a startup failure caused by the configuration file.
+// ErrConfig marks a startup failure caused by the configuration: the
+// policy file, or a file a flag names (Main exits 2 on it, as on a bad
+// flag).
 var ErrConfig = errors.New("configuration error")
 
 // Daemon is a running server.
@@ -78,10 +80,15 @@ func NewLogger(cfg Config, w io.Writer) *slog.Logger {
 func Start(cfg Config, log *slog.Logger, getenv func(string) string) (*Daemon, error) {
 	d := &Daemon{cfg: cfg, log: log, errc: make(chan error, 2), metrics: observe.NewMetrics()}
 	var err error
+	if cfg.AdminTokenFile != "" {
+		if _, err := admin.ReadToken(cfg.AdminTokenFile); err != nil {
+			return nil, fmt.Errorf("%w: --admin-token-file: %w", ErrConfig, err)
+		}
+	}
 	var ring *seal.Ring
 	if cfg.EncryptionKeysFile != "" {
 		if ring, err = seal.LoadRing(cfg.EncryptionKeysFile, log); err != nil {
-			return nil, fmt.Errorf("--encryption-keys-file: %w", err)
+			return nil, fmt.Errorf("%w: --encryption-keys-file: %w", ErrConfig, err)
 		}
 	}
 	needsRing := func(set *policy.Set) error {
@@ -149,7 +156,7 @@ func Start(cfg Config, log *slog.Logger, getenv func(string) string) (*Daemon, e
 			stopWatch()
 			d.lis.Close()
 			d.closeStore()
-			return nil, err
+			return nil, fmt.Errorf("%w: --tls-cert-file, --tls-key-file, --tls-client-ca-file: %w", ErrConfig, err)
 		}
 		gopts = append(gopts, grpc.Creds(credentials.NewTLS(ts.Config())))
 	}
