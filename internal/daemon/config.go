@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
+	"strconv"
 	"strings"
 	"time"
 
@@ -126,9 +128,6 @@ func ParseConfig(args []string, getenv func(string) string, usage io.Writer) (Co
 	if cfg.LogFormat != "json" && cfg.LogFormat != "text" {
 		errs = append(errs, fmt.Errorf("%s: %q is not json or text", where("log-format"), cfg.LogFormat))
 	}
-	if cfg.Listen == "" {
-		errs = append(errs, fmt.Errorf("%s: must not be empty", where("listen")))
-	}
 	if cfg.StoreTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("%s: must be positive", where("store-timeout")))
 	}
@@ -145,6 +144,14 @@ func ParseConfig(args []string, getenv func(string) string, usage io.Writer) (Co
 	}
 	if len(cfg.TLSAllowedSANs) > 0 && cfg.TLSClientCAFile == "" {
 		errs = append(errs, fmt.Errorf("%s: needs --tls-client-ca-file to verify client certificates", where("tls-allowed-sans")))
+	}
+	if err := checkListenAddr(cfg.Listen); err != nil {
+		errs = append(errs, fmt.Errorf("%s: %w", where("listen"), err))
+	}
+	if cfg.AdminListen != "" { // empty: no admin listener
+		if err := checkListenAddr(cfg.AdminListen); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", where("admin-listen"), err))
+		}
 	}
 	if cfg.MemoryMaxRecords < 1 {
 		errs = append(errs, fmt.Errorf("%s: must be positive", where("memory-max-records")))
@@ -165,4 +172,18 @@ func ParseConfig(args []string, getenv func(string) string, usage io.Writer) (Co
 		errs = append(errs, fmt.Errorf("--redis-password-file, --redis-ca-file, --redis-cert-file, --redis-key-file: need --redis-url"))
 	}
 	return cfg, errors.Join(errs...)
+}
+
+// checkListenAddr refuses an address net.Listen would refuse for its form
+// (not for the machine's state, such as a port already taken), so that the
+// mistake is a configuration error named at start.
+func checkListenAddr(addr string) error {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("%q is not host:port (e.g. :50051 or 127.0.0.1:50051)", addr)
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
+		return fmt.Errorf("%q: port %q is not a number from 0 to 65535", addr, port)
+	}
+	return nil
 }

@@ -68,6 +68,8 @@ func TestParseConfigErrorsNameTheField(t *testing.T) {
 		{"Redis CA with a plain URL", []string{"--redis-url", "redis://h:6379", "--redis-ca-file", "ca.pem"}, nil, []string{"--redis-ca-file", "TLS URL"}},
 		{"Redis password file without Redis", []string{"--redis-password-file", "pw"}, nil, []string{"--redis-password-file", "need --redis-url"}},
 		{"empty listen", []string{"--listen", ""}, nil, []string{"--listen"}},
+		{"listen without a port", []string{"--listen", "nonsense"}, nil, []string{"--listen", "not host:port"}},
+		{"admin port out of range", nil, map[string]string{"IDEM_ADMIN_LISTEN": "127.0.0.1:99999"}, []string{"--admin-listen (from IDEM_ADMIN_LISTEN)", "port"}},
 		{"stray argument", []string{"serve"}, nil, []string{"unexpected arguments"}},
 		{"every mistake at once", []string{"--log-format", "xml", "--log-level", "loud"}, nil, []string{"--log-format", "--log-level"}},
 	} {
