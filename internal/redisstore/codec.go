@@ -15,11 +15,20 @@ var errCorrupt = errors.New("redisstore: corrupt stored headers")
 // name length, name, uvarint value length, value. It is binary-safe and far
 // smaller than JSON for the usual handful of headers.
 func encodeHeaders(hs []idem.Header) []byte {
+	return appendHeaders(make([]byte, 0, headersSize(hs)), hs)
+}
+
+// headersSize bounds the length of hs encoded.
+func headersSize(hs []idem.Header) int {
 	n := binary.MaxVarintLen64
 	for _, h := range hs {
 		n += 2*binary.MaxVarintLen64 + len(h.Name) + len(h.Value)
 	}
-	b := make([]byte, 0, n)
+	return n
+}
+
+// appendHeaders appends hs to b as encodeHeaders packs them.
+func appendHeaders(b []byte, hs []idem.Header) []byte {
 	b = binary.AppendUvarint(b, uint64(len(hs)))
 	for _, h := range hs {
 		b = binary.AppendUvarint(b, uint64(len(h.Name)))
@@ -123,11 +132,10 @@ func decodeFlags(f byte, r *idem.Response) {
 // into a second buffer here; a completed record stores head and body after
 // its own fixed head (see CompletedHeadLen).
 func encodeResponseHead(r *idem.Response) []byte {
-	hs := encodeHeaders(r.Headers)
-	b := make([]byte, 0, binary.MaxVarintLen64+1+len(hs))
+	b := make([]byte, 0, binary.MaxVarintLen64+1+headersSize(r.Headers))
 	b = binary.AppendUvarint(b, uint64(r.Status))
 	b = append(b, encodeFlags(r))
-	return append(b, hs...)
+	return appendHeaders(b, r.Headers)
 }
 
 // decodeResponse decodes a response head followed by its body. Headers are slices of b when b is
