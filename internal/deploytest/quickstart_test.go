@@ -26,7 +26,6 @@ import (
 	"github.com/idem-extproc/idem-extproc/internal/extproc"
 	"github.com/idem-extproc/idem-extproc/internal/harness"
 	"github.com/idem-extproc/idem-extproc/internal/problem"
-	"github.com/idem-extproc/idem-extproc/internal/redisstore"
 	"github.com/idem-extproc/idem-extproc/internal/redistest"
 )
 
@@ -100,13 +99,8 @@ func TestQuickstartScenario(t *testing.T) {
 
 	// Redis and the ext_proc server, as the compose services run them.
 	rs := redistest.Start(t, redistest.Options{})
-	rdb, err := redisstore.NewClient(rs.URL(), harness.TestStoreTimeout)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = rdb.Close() })
 	srv := extproc.New(extproc.Config{
-		Store:        redisstore.New(rdb, redisstore.Options{CallTimeout: harness.TestStoreTimeout}),
+		Store:        redistest.OpenStore(t, rs.URL(), harness.TestStoreTimeout),
 		StoreTimeout: harness.TestStoreTimeout,
 	})
 	gs := grpc.NewServer()

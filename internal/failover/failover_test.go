@@ -329,12 +329,7 @@ func TestWaitLatency(t *testing.T) {
 	for _, top := range []struct{ name, url string }{{"cluster", c.URL()}, {"sentinel", g.URL()}} {
 		// A roomy budget and WAIT timeout: this measures what WAIT costs, and
 		// a loaded machine must not turn a slow WAIT into a failure.
-		rdb, err := redisstore.NewClient(top.url, 3*time.Second)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer rdb.Close()
-		s := redisstore.New(rdb, redisstore.Options{CallTimeout: 3 * time.Second})
+		s := redistest.OpenStore(t, top.url, 3*time.Second)
 		for _, replicas := range []int{0, 1} {
 			var took []time.Duration
 			failed := 0

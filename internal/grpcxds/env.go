@@ -15,7 +15,6 @@ import (
 
 	"github.com/idem-extproc/idem-extproc/internal/extproc"
 	"github.com/idem-extproc/idem-extproc/internal/policy"
-	"github.com/idem-extproc/idem-extproc/internal/redisstore"
 	"github.com/idem-extproc/idem-extproc/internal/redistest"
 )
 
@@ -94,13 +93,7 @@ func Start(t testing.TB, opts Options) *Env {
 }
 
 func (e *Env) serve(t testing.TB, opts Options) string {
-	rdb, err := redisstore.NewClient(e.Redis.URL(), opts.StoreTimeout)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = rdb.Close() })
-	st := redisstore.New(rdb, redisstore.Options{CallTimeout: opts.StoreTimeout})
-	t.Cleanup(func() { _ = st.Close() })
+	st := redistest.OpenStore(t, e.Redis.URL(), opts.StoreTimeout)
 	cfg := extproc.Config{Store: st, StoreTimeout: opts.StoreTimeout, Logger: opts.Logger}
 	if opts.Policies != nil {
 		set := opts.Policies

@@ -32,7 +32,6 @@ import (
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/memstore"
 	"github.com/idem-extproc/idem-extproc/internal/policy"
-	"github.com/idem-extproc/idem-extproc/internal/redisstore"
 	"github.com/idem-extproc/idem-extproc/internal/redistest"
 )
 
@@ -128,12 +127,7 @@ func Start(t testing.TB, opts Options) *Env {
 	case opts.Store != nil:
 		e.Store = opts.Store
 	case opts.RedisURL != "":
-		rdb, err := redisstore.NewClient(opts.RedisURL, opts.StoreTimeout)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = rdb.Close() })
-		e.Store = redisstore.New(rdb, redisstore.Options{CallTimeout: opts.StoreTimeout})
+		e.Store = redistest.OpenStore(t, opts.RedisURL, opts.StoreTimeout)
 	case opts.Memory:
 		ms := memstore.New(memstore.Options{MaxRecords: opts.MemoryMaxRecords})
 		t.Cleanup(func() { _ = ms.Close() })
@@ -143,14 +137,7 @@ func Start(t testing.TB, opts Options) *Env {
 		if e.Redis == nil {
 			e.Redis = redistest.Start(t, redistest.Options{Args: opts.RedisArgs})
 		}
-		rdb, err := redisstore.NewClient(e.Redis.URL(), opts.StoreTimeout)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = rdb.Close() })
-		st := redisstore.New(rdb, redisstore.Options{CallTimeout: opts.StoreTimeout})
-		t.Cleanup(func() { _ = st.Close() })
-		e.Store = st
+		e.Store = redistest.OpenStore(t, e.Redis.URL(), opts.StoreTimeout)
 	}
 
 	if opts.ServerAddr != "" {

@@ -14,12 +14,5 @@ import (
 // encoding and the reply's parsing.
 func BenchmarkStore(b *testing.B) {
 	srv := redistest.Start(b, redistest.Options{})
-	rdb, err := redisstore.NewClient(srv.URL(), redisstore.DefaultCallTimeout)
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = rdb.Close() })
-	st := redisstore.New(rdb, redisstore.Options{})
-	b.Cleanup(func() { _ = st.Close() })
-	storetest.Benchmark(b, st)
+	storetest.Benchmark(b, redistest.OpenStore(b, srv.URL(), redisstore.DefaultCallTimeout))
 }

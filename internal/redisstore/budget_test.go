@@ -66,7 +66,7 @@ func wantWithinBudget(t *testing.T, s *redisstore.Store, budget time.Duration, h
 func TestCallsStayWithinBudget(t *testing.T) {
 	srv := redistest.Start(t, redistest.Options{})
 	const budget = 400 * time.Millisecond
-	s := newStore(t, srv.URL(), budget)
+	s := redistest.OpenStore(t, srv.URL(), budget)
 	wantWithinBudget(t, s, budget, srv.Freeze, srv.Thaw)
 	// And it recovers by itself.
 	waitFor(t, func() bool { return s.Ping(context.Background()) == nil })

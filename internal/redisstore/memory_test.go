@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/idem-extproc/idem-extproc/internal/idem"
-	"github.com/idem-extproc/idem-extproc/internal/redisstore"
 	"github.com/idem-extproc/idem-extproc/internal/redistest"
 )
 
@@ -19,13 +18,8 @@ import (
 // same on every run of one Redis version: nothing here depends on timing.
 func TestRecordMemory(t *testing.T) {
 	srv := redistest.Start(t, redistest.Options{})
-	rdb, err := redisstore.NewClient(srv.URL(), time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = rdb.Close() })
-	st := redisstore.New(rdb, redisstore.Options{Prefix: "idem:", CallTimeout: time.Second})
-	t.Cleanup(func() { _ = st.Close() })
+	st := redistest.OpenStore(t, srv.URL(), time.Second)
+	rdb := srv.Client()
 	ctx := context.Background()
 
 	id := idem.RecordIDFor("default", "api.example.com", "4f1c2a7e-6b1d-4c55-9a0e-1e2b3c4d5e6f")

@@ -12,25 +12,12 @@ import (
 	"github.com/idem-extproc/idem-extproc/internal/storetest"
 )
 
-// newStore opens a store on a URL of any form, closed at cleanup.
-func newStore(t *testing.T, url string, budget time.Duration) *redisstore.Store {
-	t.Helper()
-	rdb, err := redisstore.NewClient(url, budget)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = rdb.Close() })
-	st := redisstore.New(rdb, redisstore.Options{CallTimeout: budget})
-	t.Cleanup(func() { _ = st.Close() })
-	return st
-}
-
 func TestContractStandalone(t *testing.T) {
 	srv := redistest.Start(t, redistest.Options{})
 	// A generous call budget: on a loaded two-core machine running the race
 	// detector, 50 concurrent reservations can take longer than the
 	// production 100 ms, which is a latency matter, not what this checks.
-	storetest.Run(t, func(t *testing.T) idem.Store { return newStore(t, srv.URL(), time.Second) })
+	storetest.Run(t, func(t *testing.T) idem.Store { return redistest.OpenStore(t, srv.URL(), time.Second) })
 }
 
 // TestCluster runs the store on a 3-primary Redis Cluster with one replica
@@ -42,14 +29,14 @@ func TestCluster(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	t.Run("contract", func(t *testing.T) {
-		storetest.Run(t, func(t *testing.T) idem.Store { return newStore(t, c.URL(), time.Second) })
+		storetest.Run(t, func(t *testing.T) idem.Store { return redistest.OpenStore(t, c.URL(), time.Second) })
 	})
 	t.Run("property", func(t *testing.T) {
-		storetest.RunProperty(t, func(t *testing.T) idem.Store { return newStore(t, c.URL(), time.Second) },
+		storetest.RunProperty(t, func(t *testing.T) idem.Store { return redistest.OpenStore(t, c.URL(), time.Second) },
 			storetest.PropertyOptions{Seeds: 2, Steps: 150})
 	})
 	t.Run("durable reservation", func(t *testing.T) {
-		s := newStore(t, c.URL(), 200*time.Millisecond)
+		s := redistest.OpenStore(t, c.URL(), 200*time.Millisecond)
 		r := durableReservation()
 		if res, err := s.Reserve(ctx, r); err != nil || res.Outcome != idem.Reserved {
 			t.Fatalf("Reserve = %v, %v", res.Outcome, err)
@@ -71,7 +58,7 @@ func TestCluster(t *testing.T) {
 		// would not, is turned off: see NewClient).
 		const budget = 100 * time.Millisecond
 		for range 5 {
-			s := newStore(t, c.URL(), budget)
+			s := redistest.OpenStore(t, c.URL(), budget)
 			start := time.Now()
 			_, _ = s.Reserve(context.Background(), durableReservation(func(r *idem.Reservation) { r.WaitReplicas = 0 }))
 			if took := time.Since(start); took > budget+slack(budget) {
@@ -81,7 +68,7 @@ func TestCluster(t *testing.T) {
 	})
 	t.Run("calls stay within budget with a primary hung", func(t *testing.T) {
 		const budget = 150 * time.Millisecond
-		s := newStore(t, c.URL(), budget)
+		s := redistest.OpenStore(t, c.URL(), budget)
 		// Hang every node, so whichever slot the record lands on is hung
 		// (briefly: well under the node timeout, no failover starts).
 		hang := func() {
@@ -100,7 +87,7 @@ func TestCluster(t *testing.T) {
 		}
 	})
 	t.Run("scripts survive a failover and a flushed script cache", func(t *testing.T) {
-		s := newStore(t, c.URL(), time.Second)
+		s := redistest.OpenStore(t, c.URL(), time.Second)
 		r := durableReservation()
 		r.WaitReplicas = 0
 		if _, err := s.Reserve(ctx, r); err != nil {
@@ -134,10 +121,10 @@ func TestSentinel(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	t.Run("contract", func(t *testing.T) {
-		storetest.Run(t, func(t *testing.T) idem.Store { return newStore(t, g.URL(), time.Second) })
+		storetest.Run(t, func(t *testing.T) idem.Store { return redistest.OpenStore(t, g.URL(), time.Second) })
 	})
 	t.Run("durable reservation", func(t *testing.T) {
-		s := newStore(t, g.URL(), 200*time.Millisecond)
+		s := redistest.OpenStore(t, g.URL(), 200*time.Millisecond)
 		r := durableReservation()
 		if res, err := s.Reserve(ctx, r); err != nil || res.Outcome != idem.Reserved {
 			t.Fatalf("Reserve = %v, %v", res.Outcome, err)
@@ -152,13 +139,13 @@ func TestSentinel(t *testing.T) {
 	})
 	t.Run("calls stay within budget with the primary hung", func(t *testing.T) {
 		const budget = 150 * time.Millisecond
-		s := newStore(t, g.URL(), budget)
+		s := redistest.OpenStore(t, g.URL(), budget)
 		m := g.Master(ctx)
 		wantWithinBudget(t, s, budget, m.Freeze, m.Thaw)
 		g.WaitSynced(ctx)
 	})
 	t.Run("scripts survive a failover", func(t *testing.T) {
-		s := newStore(t, g.URL(), time.Second)
+		s := redistest.OpenStore(t, g.URL(), time.Second)
 		r := durableReservation()
 		if _, err := s.Reserve(ctx, r); err != nil {
 			t.Fatal(err)
@@ -182,7 +169,7 @@ func TestSentinel(t *testing.T) {
 // reservation; it is refused and released, never reported Reserved.
 func TestDurableWithoutReplicas(t *testing.T) {
 	srv := redistest.Start(t, redistest.Options{})
-	s := newStore(t, srv.URL(), 100*time.Millisecond)
+	s := redistest.OpenStore(t, srv.URL(), 100*time.Millisecond)
 	r := durableReservation()
 	_, err := s.Reserve(context.Background(), r)
 	wantNotDurableAndReleased(t, s, r, err)
@@ -265,6 +252,6 @@ func waitFor(t *testing.T, cond func() bool) {
 // server, in real time (Redis judges leases by its own TIME).
 func TestPropertyStandalone(t *testing.T) {
 	srv := redistest.Start(t, redistest.Options{})
-	storetest.RunProperty(t, func(t *testing.T) idem.Store { return newStore(t, srv.URL(), time.Second) },
+	storetest.RunProperty(t, func(t *testing.T) idem.Store { return redistest.OpenStore(t, srv.URL(), time.Second) },
 		storetest.PropertyOptions{Seeds: 4, Steps: 400, Seed: 100})
 }

@@ -382,3 +382,19 @@ func freePort() (int, error) {
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
+
+// OpenStore opens the Redis store on url (any --redis-url form) with the
+// daemon's client settings and budget per call, closed when the test ends.
+func OpenStore(t testing.TB, url string, budget time.Duration) *redisstore.Store {
+	t.Helper()
+	rdb, err := redisstore.NewClient(url, budget)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := redisstore.New(rdb, redisstore.Options{CallTimeout: budget})
+	t.Cleanup(func() {
+		_ = st.Close()
+		_ = rdb.Close()
+	})
+	return st
+}
