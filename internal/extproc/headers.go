@@ -46,6 +46,18 @@ func findHeader(m *corev3.HeaderMap, name string) (string, bool) {
 	return "", false
 }
 
+// keptHeaders appends to into the headers of m whose names keep accepts,
+// in order: a response's headers are copied only when the record will
+// keep them.
+func keptHeaders(m *corev3.HeaderMap, keep func(name string) bool, into []idem.Header) []idem.Header {
+	for _, h := range m.GetHeaders() {
+		if keep(h.GetKey()) {
+			into = append(into, idem.Header{Name: h.GetKey(), Value: headerValue(h)})
+		}
+	}
+	return into
+}
+
 // selectHeaders converts the headers of m named in names (few, see
 // policy.Policy.FingerprintHeaders), keeping their order and repeats: what
 // a request's fingerprint reads of its headers.

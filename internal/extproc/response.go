@@ -14,11 +14,13 @@ import (
 )
 
 func (p *processor) onResponseHeaders(ctx context.Context, req *extprocv3.ProcessingRequest, hh *extprocv3.HttpHeaders) *extprocv3.ProcessingResponse {
-	hs := headerList(hh.GetHeaders())
-	if ct, _ := firstHeader(hs, "content-type"); p.rpc.proxyless || (p.rpc.call && isGRPCContentType(ct)) {
-		return p.onRPCResponseHeaders(ctx, req, hh, hs)
+	if ct, _ := findHeader(hh.GetHeaders(), "content-type"); p.rpc.proxyless || (p.rpc.call && isGRPCContentType(ct)) {
+		return p.onRPCResponseHeaders(ctx, req, hh, headerList(hh.GetHeaders()))
 	}
-	statusText, _ := firstHeader(hs, ":status")
+	// Only the status is read here; the headers are copied further down,
+	// and only those the record will keep, once the response is to be
+	// stored at all.
+	statusText, _ := findHeader(hh.GetHeaders(), ":status")
 	status, err := strconv.Atoi(statusText)
 	if err != nil {
 		status = 0 // no rule covers 0: the outcome is unknown
@@ -38,11 +40,7 @@ func (p *processor) onResponseHeaders(ctx context.Context, req *extprocv3.Proces
 		return continueWith(req, skipResponseBody)
 	}
 	p.respStatus = status
-	for _, h := range hs {
-		if p.pol.StoresHeader(h.Name) {
-			p.respHeaders = append(p.respHeaders, h)
-		}
-	}
+	p.respHeaders = keptHeaders(hh.GetHeaders(), p.pol.StoresHeader, p.respHeaders)
 	if hh.GetEndOfStream() {
 		p.complete(ctx)
 		return continueFor(req)
