@@ -330,15 +330,7 @@ func (c *Cluster) Failover(ctx context.Context, master *Server, mode ...string) 
 	if err := replica.Do(ctx, args...).Err(); err != nil {
 		c.t.Fatalf("redistest: CLUSTER FAILOVER: %v", err)
 	}
-	if err := c.waitFor(ctx, "replica promoted", func() bool {
-		return replica.Info(ctx, "replication", "role") == "master"
-	}); err != nil {
-		c.t.Fatal(err)
-	}
-	if err := c.WaitHealthy(ctx); err != nil {
-		c.t.Fatal(err)
-	}
-	return replica
+	return c.awaitPromotion(ctx, replica, "replica promoted")
 }
 
 // KillMaster kills master's process and waits until its replica has been
@@ -351,7 +343,14 @@ func (c *Cluster) KillMaster(ctx context.Context, master *Server) *Server {
 	if c.Proxy != nil && master == c.Nodes[0] {
 		c.Proxy.Cut()
 	}
-	if err := c.waitFor(ctx, "replica elected after the primary died", func() bool {
+	return c.awaitPromotion(ctx, replica, "replica elected after the primary died")
+}
+
+// awaitPromotion waits until replica reports itself a primary and the
+// cluster is healthy again, and returns it.
+func (c *Cluster) awaitPromotion(ctx context.Context, replica *Server, what string) *Server {
+	c.t.Helper()
+	if err := c.waitFor(ctx, what, func() bool {
 		return replica.Info(ctx, "replication", "role") == "master"
 	}); err != nil {
 		c.t.Fatal(err)
