@@ -8,6 +8,7 @@ import (
 	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/idem-extproc/idem-extproc/internal/config"
 	"github.com/idem-extproc/idem-extproc/internal/policy"
@@ -97,4 +98,30 @@ func checkFilterServes(c *extprocv3.ExternalProcessor, n filterNeeds, storeTimeo
 			inventedAttribute, principalAttribute))
 	}
 	return errors.Join(errs...)
+}
+
+// serverPolicyNeeds is what the policy file the server's pods mount asks
+// of the filters in front of them (the ConfigMap checkPolicyConfigMap
+// checks).
+func serverPolicyNeeds(objs []k8sObject) (filterNeeds, error) {
+	srv, err := findServer(objs)
+	if err != nil {
+		return filterNeeds{}, err
+	}
+	for _, v := range srv.dep.Spec.Template.Spec.Volumes {
+		if v.ConfigMap == nil {
+			continue
+		}
+		cm := objectNamed[corev1.ConfigMap](objs, serverNamespace, v.ConfigMap.Name)
+		if cm == nil || cm.Data[policyKey] == "" {
+			continue
+		}
+		where := "ConfigMap " + cm.Name
+		set, err := config.Parse(where+" "+policyKey, []byte(cm.Data[policyKey]))
+		if err != nil {
+			return filterNeeds{}, err
+		}
+		return needsOf(where, set), nil
+	}
+	return filterNeeds{}, fmt.Errorf("no ConfigMap with %s is mounted into the server's pods", policyKey)
 }
