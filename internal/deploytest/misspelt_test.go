@@ -63,6 +63,8 @@ var misspellings = []mutation{
 	{file: "k8s/overlays/envoy-gateway/envoyextensionpolicy.yaml", from: "messageTimeout:", to: "messagetimeout:"},
 	{file: "k8s/overlays/envoy-gateway/referencegrant.yaml", from: "    namespace: orders", to: "    namespce: orders"},
 	{file: "k8s/overlays/envoy-gateway/orders-httproutes.yaml", from: "timeouts:", to: "timeout:"},
+	{file: "k8s/overlays/envoy-gateway/clienttrafficpolicy.yaml", from: "bufferLimit:", to: "bufferlimit:"},
+	{file: "k8s/overlays/envoy-gateway/envoyproxy.yaml", from: "filterOrder:", to: "filterorder:"},
 }
 
 // TestMisspeltFieldFails plants each misspelling in a copy of its file and
@@ -259,6 +261,14 @@ var brokenSettings = []mutation{
 	{file: "k8s/overlays/envoy-gateway/envoyextensionpolicy.yaml", from: "body: Buffered", to: "body: Bufered", want: "Bufered"},
 	{file: "k8s/overlays/envoy-gateway/envoyextensionpolicy.yaml", from: "name: orders-write", to: "name: orders-read", want: "no EnvoyExtensionPolicy protects it"},
 	{file: "k8s/overlays/envoy-gateway/referencegrant.yaml", from: "namespace: orders", to: "namespace: shop", want: "ReferenceGrant"},
+	{file: "k8s/overlays/envoy-gateway/clienttrafficpolicy.yaml", from: "bufferLimit: 1Mi", to: "bufferLimit: 32Ki", want: "a larger protected request gets 413"},
+	{file: "k8s/overlays/envoy-gateway/clienttrafficpolicy.yaml", from: "    name: eg", to: "    name: other", want: "32768 bytes (Envoy Gateway's default)"},
+	{file: "k8s/overlays/envoy-gateway/kustomization.yaml", from: "- clienttrafficpolicy.yaml\n", to: "", want: "Envoy Gateway's default"},
+	{file: "k8s/overlays/envoy-gateway/envoyproxy.yaml", from: "after: envoy.filters.http.ratelimit", to: "after: envoy.filters.http.cors", want: "envoy.filters.http.ratelimit runs after envoy.filters.http.ext_proc"},
+	{file: "k8s/overlays/envoy-gateway/kustomization.yaml", from: "- envoyproxy.yaml\n", to: "", want: "no EnvoyProxy"},
+	{file: "k8s/overlays/envoy-gateway/envoyextensionpolicy.yaml", from: "- connection.uri_san_peer_certificate", to: "- source.principal", want: "source.principal is not an Envoy attribute"},
+	{file: "k8s/base/policy.yaml", from: "  store_failure: fail_closed\n", to: "  store_failure: fail_closed\n  wait_for_in_flight: 1s\n", want: "Envoy Gateway cannot serve"},
+	{file: "k8s/base/policy.yaml", from: "max_request_body: 1MiB", to: "max_request_body: 4MiB", want: "4194304-byte bodies"},
 }
 
 // TestBrokenSettingFails plants each broken setting in a copy of its file:
