@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 
@@ -118,11 +117,10 @@ func runEnvoy136(t *testing.T, docs []envoy136Doc) map[string]string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	goBin := filepath.Join(runtime.GOROOT(), "bin", "go")
-	if _, err := os.Stat(goBin); err != nil {
-		if goBin, err = exec.LookPath("go"); err != nil {
-			t.Fatalf("no go command to run %s with: %v", envoy136Dir, err)
-		}
+	// As internal/codecheck does: the go command must be in PATH.
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		t.Fatalf("no go command in PATH to run %s with: %v", envoy136Dir, err)
 	}
 	cmd := exec.Command(goBin, "run", ".")
 	cmd.Dir = envoy136Dir
