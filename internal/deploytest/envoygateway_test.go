@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"regexp"
 	"slices"
+	"testing"
 	"time"
 
 	egv1a1 "github.com/envoyproxy/gateway/api/v1alpha1"
@@ -454,4 +455,34 @@ func checkEGFilterOrder(objs []k8sObject) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// TestEGSortFiltersFollowsEnvoyGateway pins the model of Envoy Gateway's
+// sortHTTPFilters that checkEGFilterOrder relies on: by default ext_proc
+// runs before RBAC and the rate limits; "after" puts it right after its
+// anchor, "before" right before it; an absent anchor moves nothing; the
+// router stays last.
+func TestEGSortFiltersFollowsEnvoyGateway(t *testing.T) {
+	ptr := func(f egv1a1.EnvoyFilter) *egv1a1.EnvoyFilter { return &f }
+	at := func(chain []egv1a1.EnvoyFilter, f egv1a1.EnvoyFilter) int { return slices.Index(chain, f) }
+	def := egSortFilters(nil)
+	if at(def, egv1a1.EnvoyFilterExtProc) > at(def, egv1a1.EnvoyFilterRBAC) {
+		t.Fatalf("default order %v: ext_proc should run before rbac", def)
+	}
+	after := egSortFilters([]egv1a1.FilterPosition{{Name: egv1a1.EnvoyFilterExtProc, After: ptr(egv1a1.EnvoyFilterRBAC)}})
+	if at(after, egv1a1.EnvoyFilterExtProc) != at(after, egv1a1.EnvoyFilterRBAC)+1 {
+		t.Errorf("after rbac: %v", after)
+	}
+	before := egSortFilters([]egv1a1.FilterPosition{{Name: egv1a1.EnvoyFilterRBAC, Before: ptr(egv1a1.EnvoyFilterExtProc)}})
+	if at(before, egv1a1.EnvoyFilterRBAC) != at(before, egv1a1.EnvoyFilterExtProc)-1 {
+		t.Errorf("rbac before ext_proc: %v", before)
+	}
+	absent := egSortFilters([]egv1a1.FilterPosition{{Name: egv1a1.EnvoyFilterExtProc, After: ptr("envoy.filters.http.not_there")}})
+	if !slices.Equal(absent, def) {
+		t.Errorf("an absent anchor moved filters: %v", absent)
+	}
+	router := egSortFilters([]egv1a1.FilterPosition{{Name: egv1a1.EnvoyFilterRouter, Before: ptr(egv1a1.EnvoyFilterFault)}})
+	if router[len(router)-1] != egv1a1.EnvoyFilterRouter {
+		t.Errorf("the router moved: %v", router)
+	}
 }

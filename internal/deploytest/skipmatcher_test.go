@@ -4,12 +4,16 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
+	"testing"
 
+	corev3 "github.com/cncf/xds/go/xds/core/v3"
 	xdsmatcherv3 "github.com/cncf/xds/go/xds/type/matcher/v3"
 	matchingv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/matching/v3"
 	skipv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/common/matcher/action/v3"
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 )
 
@@ -147,4 +151,73 @@ func stringMatches(sm *xdsmatcherv3.StringMatcher, v string) (bool, error) {
 		return re.MatchString(v), nil
 	}
 	return false, fmt.Errorf("string matcher %v is not evaluated here", sm)
+}
+
+// TestMatcherSkipsEvaluatesPredicates pins the evaluator on the forms the
+// shipped sidecar does not use, so that a file switching to them is
+// judged right: a regex that must match the whole value, not and and
+// predicates, on_no_match, and refusals of what is not evaluated.
+func TestMatcherSkipsEvaluatesPredicates(t *testing.T) {
+	input := &corev3.TypedExtensionConfig{Name: "m", TypedConfig: mustAny(t, &matcherv3.HttpRequestHeaderMatchInput{HeaderName: ":method"})}
+	skip := &xdsmatcherv3.Matcher_OnMatch{OnMatch: &xdsmatcherv3.Matcher_OnMatch_Action{
+		Action: &corev3.TypedExtensionConfig{Name: "skip", TypedConfig: mustAny(t, &skipv3.SkipFilter{})}}}
+	single := func(sm *xdsmatcherv3.StringMatcher) *xdsmatcherv3.Matcher_MatcherList_Predicate {
+		return &xdsmatcherv3.Matcher_MatcherList_Predicate{MatchType: &xdsmatcherv3.Matcher_MatcherList_Predicate_SinglePredicate_{
+			SinglePredicate: &xdsmatcherv3.Matcher_MatcherList_Predicate_SinglePredicate{
+				Input: input, Matcher: &xdsmatcherv3.Matcher_MatcherList_Predicate_SinglePredicate_ValueMatch{ValueMatch: sm}}}}
+	}
+	regex := func(re string) *xdsmatcherv3.StringMatcher {
+		return &xdsmatcherv3.StringMatcher{MatchPattern: &xdsmatcherv3.StringMatcher_SafeRegex{SafeRegex: &xdsmatcherv3.RegexMatcher{Regex: re}}}
+	}
+	list := func(p *xdsmatcherv3.Matcher_MatcherList_Predicate) *xdsmatcherv3.Matcher {
+		return &xdsmatcherv3.Matcher{MatcherType: &xdsmatcherv3.Matcher_MatcherList_{MatcherList: &xdsmatcherv3.Matcher_MatcherList{
+			Matchers: []*xdsmatcherv3.Matcher_MatcherList_FieldMatcher{{Predicate: p, OnMatch: skip}}}}}
+	}
+	skipsFor := func(m *xdsmatcherv3.Matcher) []string {
+		t.Helper()
+		var out []string
+		for _, method := range httpMethods {
+			ok, err := matcherSkips(m, method)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ok {
+				out = append(out, method)
+			}
+		}
+		return out
+	}
+	if got := skipsFor(list(single(regex("GET|HEAD")))); !slices.Equal(got, []string{"GET", "HEAD"}) {
+		t.Errorf("regex GET|HEAD skips %v", got)
+	}
+	if got := skipsFor(list(single(regex("GE")))); len(got) != 0 {
+		t.Errorf("regex GE must match the whole value, skips %v", got)
+	}
+	not := &xdsmatcherv3.Matcher_MatcherList_Predicate{MatchType: &xdsmatcherv3.Matcher_MatcherList_Predicate_NotMatcher{NotMatcher: single(regex("POST|PUT|PATCH|DELETE"))}}
+	if got := skipsFor(list(not)); slices.Contains(got, "POST") || !slices.Contains(got, "GET") {
+		t.Errorf("not(writes) skips %v", got)
+	}
+	and := &xdsmatcherv3.Matcher_MatcherList_Predicate{MatchType: &xdsmatcherv3.Matcher_MatcherList_Predicate_AndMatcher{
+		AndMatcher: &xdsmatcherv3.Matcher_MatcherList_Predicate_PredicateList{Predicate: []*xdsmatcherv3.Matcher_MatcherList_Predicate{
+			single(regex("GET|POST")), single(regex("POST|PUT"))}}}}
+	if got := skipsFor(list(and)); !slices.Equal(got, []string{"POST"}) {
+		t.Errorf("and skips %v", got)
+	}
+	noMatch := &xdsmatcherv3.Matcher{OnNoMatch: skip}
+	if got := skipsFor(noMatch); len(got) != len(httpMethods) {
+		t.Errorf("on_no_match skip skips %v", got)
+	}
+	tree := &xdsmatcherv3.Matcher{MatcherType: &xdsmatcherv3.Matcher_MatcherTree_{MatcherTree: &xdsmatcherv3.Matcher_MatcherTree{}}}
+	if _, err := matcherSkips(tree, "GET"); err == nil {
+		t.Error("a matcher_tree was evaluated instead of refused")
+	}
+}
+
+func mustAny(t *testing.T, m proto.Message) *anypb.Any {
+	t.Helper()
+	a, err := anypb.New(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
 }
