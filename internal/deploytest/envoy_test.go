@@ -22,6 +22,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/idem-extproc/idem-extproc/internal/envoysim"
+	"github.com/idem-extproc/idem-extproc/internal/extproc"
 	"github.com/idem-extproc/idem-extproc/internal/policy"
 )
 
@@ -109,6 +110,10 @@ func checkEnvoyConfig(data []byte) (*envoyConfig, error) {
 	}
 	cfg := &envoyConfig{bootstrap: b, clusters: map[string]*clusterv3.Cluster{}}
 	var errs []error
+	needs, err := examplePolicyNeeds()
+	if err != nil {
+		return nil, err
+	}
 	for _, c := range b.GetStaticResources().GetClusters() {
 		cfg.clusters[c.GetName()] = c
 	}
@@ -125,12 +130,17 @@ func checkEnvoyConfig(data []byte) (*envoyConfig, error) {
 				}
 				if p != nil {
 					cfg.hcms = append(cfg.hcms, p)
+					if err := checkFilterServes(p.extProc, needs, extproc.DefaultStoreTimeout); err != nil {
+						errs = append(errs, fmt.Errorf("listener %s: ext_proc filter: %w", l.GetName(), err))
+					}
 				}
 			}
 		}
-		if lim := l.GetPerConnectionBufferLimitBytes(); lim != nil && int(lim.GetValue()) < policy.DefaultMaxBody {
-			errs = append(errs, fmt.Errorf("listener %s: per_connection_buffer_limit_bytes %d is below the policy's %d-byte bodies",
-				l.GetName(), lim.GetValue(), policy.DefaultMaxBody))
+		// Envoy's own default is 1 MiB (listener.proto
+		// per_connection_buffer_limit_bytes); the policies' bodies must fit.
+		if lim, body := l.GetPerConnectionBufferLimitBytes(), max(needs.maxBody, policy.DefaultMaxBody); lim != nil && int(lim.GetValue()) < body {
+			errs = append(errs, fmt.Errorf("listener %s: per_connection_buffer_limit_bytes %d is below the policies' %d-byte bodies",
+				l.GetName(), lim.GetValue(), body))
 		}
 	}
 	if len(cfg.hcms) == 0 {
@@ -291,10 +301,16 @@ func checkRoutes(cfg *envoyConfig, rc *routev3.RouteConfiguration, ep *extprocv3
 				fail("route %s: timeout %v plus four message_timeouts is %v, not under the %v client timeout",
 					name, to.AsDuration(), life, recommendedClientTimeout)
 			}
-			if gt := ep.GetGrpcService().GetTimeout(); gt != nil && gt.AsDuration() < life {
-				fail("route %s: grpc_service.timeout %v is shorter than a protected request may live (%v)",
-					name, gt.AsDuration(), life)
-			}
+			// No check of grpc_service.timeout against life: Envoy does not
+			// apply it to the ext_proc stream. Filter::openStream builds the
+			// stream's StreamOptions without a timeout (ext_proc.cc, 1.36
+			// to main), and Grpc::AsyncStreamImpl::initialize takes the
+			// deadline from StreamOptions only (source/common/grpc/
+			// async_client_impl.cc; AsyncClientImpl reads no timeout from
+			// the GrpcService). Early ext_proc passed it as the stream
+			// timeout (Filter::openStream, client_->start(*this,
+			// config_->grpcTimeout()), v3alpha), which is why
+			// message_timeout exists (envoy PR #15339).
 		}
 	}
 	if !disabledSomewhere {
@@ -380,6 +396,17 @@ func headerMatches(h *routev3.HeaderMatcher, v string) (bool, error) {
 	return ok != h.GetInvertMatch(), nil
 }
 
+// superset returns want when have contains all of it, and have otherwise
+// (so that a comparison with want shows what is missing).
+func superset(have, want []string) []string {
+	for _, w := range want {
+		if !slices.Contains(have, w) {
+			return have
+		}
+	}
+	return want
+}
+
 // TestEnvoyFilterMatchesRecommendedConfig keeps the shipped filter in step
 // with envoysim.RecommendedConfig, the configuration the end-to-end tests
 // run: same modes, override and failure settings, and attributes.
@@ -395,8 +422,11 @@ func TestEnvoyFilterMatchesRecommendedConfig(t *testing.T) {
 			got.ProcessingMode = p.extProc.GetProcessingMode()
 			got.AllowModeOverride = p.extProc.GetAllowModeOverride()
 			got.FailureModeAllow = p.extProc.GetFailureModeAllow()
-			got.RequestAttributes = p.extProc.GetRequestAttributes()
-			got.ResponseAttributes = p.extProc.GetResponseAttributes()
+			// The file may ask for more attributes than the simulator's
+			// configuration (the mTLS identity, which the end-to-end tests
+			// configure where they need it), never fewer.
+			got.RequestAttributes = superset(p.extProc.GetRequestAttributes(), want.GetRequestAttributes())
+			got.ResponseAttributes = superset(p.extProc.GetResponseAttributes(), want.GetResponseAttributes())
 			if !proto.Equal(got, want) {
 				t.Errorf("%s: the filter differs from envoysim.RecommendedConfig():\n got %v\nwant %v", path, got, want)
 			}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"regexp"
 	"slices"
+	"testing"
 	"time"
 
 	egv1a1 "github.com/envoyproxy/gateway/api/v1alpha1"
@@ -15,6 +16,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 	gwv1beta1 "sigs.k8s.io/gateway-api/apis/v1beta1"
+
+	"github.com/idem-extproc/idem-extproc/internal/policy"
 )
 
 // egAttributeRE is the pattern Envoy Gateway's CRD puts on attributes
@@ -22,8 +25,17 @@ import (
 var egAttributeRE = regexp.MustCompile(`^(connection\.|source\.|destination\.|request\.|response\.|upstream\.|xds\.route_)[a-z_1-9]*$`)
 
 // egServiceTimeout is the grpc_service timeout Envoy Gateway sets on every
-// ext_proc filter it makes (internal/xds/translator/utils.go).
+// ext_proc filter it makes (internal/xds/translator/utils.go
+// defaultExtServiceRequestTimeout, extproc.go extProcConfig). Envoy does
+// not apply it to the ext_proc stream (see checkRoutes), so the route
+// timeouts need not fit under it.
 const egServiceTimeout = 10 * time.Second
+
+// egDefaultBufferLimit is the per-connection buffer Envoy Gateway gives a
+// listener without a ClientTrafficPolicy connection.bufferLimit
+// (internal/xds/translator/listener.go,
+// tcpListenerPerConnectionBufferLimitBytes, buildPerConnectionBufferLimitBytes).
+const egDefaultBufferLimit = 32768
 
 // extProcFromEnvoyGateway builds the ext_proc filter configuration Envoy
 // Gateway makes of an ExtProc, following its translator as of v1.9
@@ -138,6 +150,23 @@ func checkEnvoyGatewayObjects(objs []k8sObject) error {
 	}
 	var errs []error
 	fail := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	needs, err := serverPolicyNeeds(objs)
+	if err != nil {
+		return err
+	}
+	// Envoy Gateway cannot set max_message_timeout (no such field in
+	// api/v1alpha1/ext_proc_types.go, none written by
+	// internal/xds/translator/extproc.go extProcConfig, v1.9 to main), so
+	// the server's override_message_timeout is always ignored.
+	if needs.maxWait > 0 {
+		fail("%s has a policy with wait_for_in_flight %v, which Envoy Gateway cannot serve: it cannot set max_message_timeout, so Envoy ignores the server's override_message_timeout and ends every wait in its own error reply",
+			needs.where, needs.maxWait)
+	}
+	egNeeds := needs
+	egNeeds.maxWait = 0 // reported above
+	if err := checkEGFilterOrder(objs); err != nil {
+		errs = append(errs, err)
+	}
 	targeted := map[string]*extprocv3.ExternalProcessor{} // namespace/name of HTTPRoute -> filter
 	for _, p := range policies {
 		where := "EnvoyExtensionPolicy " + p.Namespace + "/" + p.Name
@@ -151,6 +180,9 @@ func checkEnvoyGatewayObjects(objs []k8sObject) error {
 			fail("%s: %v", where, err)
 		}
 		if err := checkExtProc(filter); err != nil {
+			fail("%s: ext_proc filter: %v", where, err)
+		}
+		if err := checkFilterServes(filter, egNeeds, srv.cfg.StoreTimeout); err != nil {
 			fail("%s: ext_proc filter: %v", where, err)
 		}
 		if mt := messageTimeout(filter); srv.cfg.StoreTimeout+messageTimeoutMargin > mt {
@@ -177,6 +209,13 @@ func checkEnvoyGatewayObjects(objs []k8sObject) error {
 	}
 	for _, r := range objectsOf[gwv1.HTTPRoute](objs) {
 		filter := targeted[r.Namespace+"/"+r.Name]
+		if filter != nil {
+			for _, pr := range r.Spec.ParentRefs {
+				if err := checkEGBufferLimit(objs, r, pr, needs); err != nil {
+					errs = append(errs, err)
+				}
+			}
+		}
 		for i, rule := range r.Spec.Rules {
 			where := fmt.Sprintf("HTTPRoute %s/%s rule %d", r.Namespace, r.Name, i)
 			if filter == nil {
@@ -281,4 +320,169 @@ func gatewayRuleMethods(rule gwv1.HTTPRouteRule) []string {
 		}
 	}
 	return out
+}
+
+// checkEGBufferLimit: the Gateway a protected route attaches to must buffer
+// the policies' bodies. Envoy Gateway's listeners hold egDefaultBufferLimit
+// per connection unless a ClientTrafficPolicy targeting the Gateway sets
+// connection.bufferLimit (api/v1alpha1/connection_types.go
+// ClientConnection.BufferLimit); the BUFFERED ext_proc filter needs the
+// whole body within it, or a request gets 413 and a response 500.
+func checkEGBufferLimit(objs []k8sObject, r *gwv1.HTTPRoute, pr gwv1.ParentReference, needs filterNeeds) error {
+	ns := r.Namespace
+	if pr.Namespace != nil {
+		ns = string(*pr.Namespace)
+	}
+	where := fmt.Sprintf("HTTPRoute %s/%s (Gateway %s/%s)", r.Namespace, r.Name, ns, pr.Name)
+	limit := int64(egDefaultBufferLimit)
+	from := "Envoy Gateway's default"
+	for _, ctp := range objectsOf[egv1a1.ClientTrafficPolicy](objs) {
+		if ctp.Namespace != ns {
+			continue // a ClientTrafficPolicy targets Gateways of its own namespace
+		}
+		//lint:ignore SA1019 the deprecated field must stay unset: it is what is checked.
+		if ctp.Spec.TargetRef != nil || len(ctp.Spec.TargetSelectors) > 0 {
+			return fmt.Errorf("%s: ClientTrafficPolicy %s: name the Gateway in targetRefs (targetRef and targetSelectors are not checked here)", where, ctp.Name)
+		}
+		for _, ref := range ctp.Spec.TargetRefs {
+			if ref.Kind != "Gateway" || ref.Name != pr.Name || (ref.SectionName != nil && (pr.SectionName == nil || *ref.SectionName != *pr.SectionName)) {
+				continue
+			}
+			if c := ctp.Spec.Connection; c != nil && c.BufferLimit != nil {
+				limit, from = c.BufferLimit.Value(), "ClientTrafficPolicy "+ctp.Name
+			}
+		}
+	}
+	if body := max(needs.maxBody, policy.DefaultMaxBody); limit < int64(body) {
+		return fmt.Errorf("%s: the per-connection buffer is %d bytes (%s), below the %d-byte bodies of %s: "+
+			"a larger protected request gets 413 and a larger response 500; set connection.bufferLimit in a ClientTrafficPolicy targeting the Gateway",
+			where, limit, from, body, needs.where)
+	}
+	return nil
+}
+
+// egFilterOrder is Envoy Gateway's default order of the HTTP filters that
+// matter here (internal/xds/translator/httpfilters.go newOrderedHTTPFilter,
+// v1.9): lower first in the decoder chain. One filter of each type stands
+// for all of its instances.
+var egFilterOrder = []struct {
+	filter egv1a1.EnvoyFilter
+	order  int
+}{
+	{egv1a1.EnvoyFilterCustomResponse, 0},
+	{egv1a1.EnvoyFilterHealthCheck, 1},
+	{egv1a1.EnvoyFilterFault, 2},
+	{egv1a1.EnvoyFilterCORS, 3},
+	{egv1a1.EnvoyFilterCSRF, 4},
+	{egv1a1.EnvoyFilterHeaderMutation, 5},
+	{egv1a1.EnvoyFilterExtAuthz, 6},
+	{egv1a1.EnvoyFilterAPIKeyAuth, 7},
+	{egv1a1.EnvoyFilterBasicAuth, 8},
+	{egv1a1.EnvoyFilterOAuth2, 9},
+	{egv1a1.EnvoyFilterJWTAuthn, 10},
+	{egv1a1.EnvoyFilterSessionPersistence, 11},
+	{egv1a1.EnvoyFilterBuffer, 12},
+	{egv1a1.EnvoyFilterLua, 13},
+	{egv1a1.EnvoyFilterExtProc, 100},
+	{egv1a1.EnvoyFilterWasm, 200},
+	{egv1a1.EnvoyFilterDynamicModules, 250},
+	{egv1a1.EnvoyFilterGeoIP, 300},
+	{egv1a1.EnvoyFilterRBAC, 301},
+	{egv1a1.EnvoyFilterLocalRateLimit, 302},
+	{egv1a1.EnvoyFilterRateLimit, 303},
+	{egv1a1.EnvoyFilterBandwidthLimit, 304},
+	{egv1a1.EnvoyFilterGRPCWeb, 305},
+	{egv1a1.EnvoyFilterGRPCStats, 306},
+	{egv1a1.EnvoyFilterCredentialInjector, 307},
+	{egv1a1.EnvoyFilterCompressor, 308},
+	{egv1a1.EnvoyFilterDynamicForwardProxy, 309},
+	{egv1a1.EnvoyFilterRouter, 310},
+}
+
+// egSortFilters applies an EnvoyProxy's filterOrder to Envoy Gateway's
+// default order as sortHTTPFilters does: each entry in turn moves the
+// named filter right before the first filter of its Before type, or right
+// after the last one of its After type; an entry whose filters are absent
+// does nothing.
+func egSortFilters(order []egv1a1.FilterPosition) []egv1a1.EnvoyFilter {
+	chain := make([]egv1a1.EnvoyFilter, len(egFilterOrder))
+	for i, f := range egFilterOrder {
+		chain[i] = f.filter
+	}
+	for _, pos := range order {
+		i := slices.Index(chain, pos.Name)
+		if i < 0 || pos.Name == egv1a1.EnvoyFilterRouter {
+			continue
+		}
+		var anchor egv1a1.EnvoyFilter
+		if pos.Before != nil {
+			anchor = *pos.Before
+		} else if pos.After != nil {
+			anchor = *pos.After
+		}
+		if anchor == pos.Name || !slices.Contains(chain, anchor) {
+			continue
+		}
+		chain = slices.Delete(chain, i, i+1)
+		j := slices.Index(chain, anchor)
+		if pos.After != nil {
+			j++
+		}
+		chain = slices.Insert(chain, j, pos.Name)
+	}
+	return chain
+}
+
+// checkEGFilterOrder: an EnvoyProxy in the build must move ext_proc after
+// RBAC and both rate limits. In Envoy Gateway's default order it runs
+// before them, so a request they refuse already holds a reservation and
+// their local reply (403, 429) passes the filter's response phase as an
+// Envoy-made answer; after them, a refused request never reaches it.
+func checkEGFilterOrder(objs []k8sObject) error {
+	proxies := objectsOf[egv1a1.EnvoyProxy](objs)
+	if len(proxies) == 0 {
+		return errors.New("no EnvoyProxy in the build: Envoy Gateway runs ext_proc before RBAC and the rate limits (httpfilters.go); ship one whose filterOrder moves it after them")
+	}
+	var errs []error
+	for _, p := range proxies {
+		chain := egSortFilters(p.Spec.FilterOrder)
+		ep := slices.Index(chain, egv1a1.EnvoyFilterExtProc)
+		for _, f := range []egv1a1.EnvoyFilter{egv1a1.EnvoyFilterRBAC, egv1a1.EnvoyFilterLocalRateLimit, egv1a1.EnvoyFilterRateLimit} {
+			if slices.Index(chain, f) > ep {
+				errs = append(errs, fmt.Errorf("EnvoyProxy %s/%s: %s runs after %s; add filterOrder {name: %s, after: %s}",
+					p.Namespace, p.Name, f, egv1a1.EnvoyFilterExtProc, egv1a1.EnvoyFilterExtProc, f))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// TestEGSortFiltersFollowsEnvoyGateway pins the model of Envoy Gateway's
+// sortHTTPFilters that checkEGFilterOrder relies on: by default ext_proc
+// runs before RBAC and the rate limits; "after" puts it right after its
+// anchor, "before" right before it; an absent anchor moves nothing; the
+// router stays last.
+func TestEGSortFiltersFollowsEnvoyGateway(t *testing.T) {
+	ptr := func(f egv1a1.EnvoyFilter) *egv1a1.EnvoyFilter { return &f }
+	at := func(chain []egv1a1.EnvoyFilter, f egv1a1.EnvoyFilter) int { return slices.Index(chain, f) }
+	def := egSortFilters(nil)
+	if at(def, egv1a1.EnvoyFilterExtProc) > at(def, egv1a1.EnvoyFilterRBAC) {
+		t.Fatalf("default order %v: ext_proc should run before rbac", def)
+	}
+	after := egSortFilters([]egv1a1.FilterPosition{{Name: egv1a1.EnvoyFilterExtProc, After: ptr(egv1a1.EnvoyFilterRBAC)}})
+	if at(after, egv1a1.EnvoyFilterExtProc) != at(after, egv1a1.EnvoyFilterRBAC)+1 {
+		t.Errorf("after rbac: %v", after)
+	}
+	before := egSortFilters([]egv1a1.FilterPosition{{Name: egv1a1.EnvoyFilterRBAC, Before: ptr(egv1a1.EnvoyFilterExtProc)}})
+	if at(before, egv1a1.EnvoyFilterRBAC) != at(before, egv1a1.EnvoyFilterExtProc)-1 {
+		t.Errorf("rbac before ext_proc: %v", before)
+	}
+	absent := egSortFilters([]egv1a1.FilterPosition{{Name: egv1a1.EnvoyFilterExtProc, After: ptr("envoy.filters.http.not_there")}})
+	if !slices.Equal(absent, def) {
+		t.Errorf("an absent anchor moved filters: %v", absent)
+	}
+	router := egSortFilters([]egv1a1.FilterPosition{{Name: egv1a1.EnvoyFilterRouter, Before: ptr(egv1a1.EnvoyFilterFault)}})
+	if router[len(router)-1] != egv1a1.EnvoyFilterRouter {
+		t.Errorf("the router moved: %v", router)
+	}
 }

@@ -13,10 +13,12 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	"google.golang.org/protobuf/encoding/protojson"
+	meshv1alpha1 "istio.io/api/mesh/v1alpha1"
 	istioapi "istio.io/api/networking/v1alpha3"
 	istionetv1 "istio.io/client-go/pkg/apis/networking/v1"
 	istionetv1a3 "istio.io/client-go/pkg/apis/networking/v1alpha3"
 	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/yaml"
 )
 
 const hcmFilterName = "envoy.filters.network.http_connection_manager"
@@ -40,8 +42,16 @@ func checkIstioObjects(objs []k8sObject) error {
 	if err != nil {
 		return err
 	}
+	needs, err := serverPolicyNeeds(objs)
+	if err != nil {
+		return err
+	}
+	if err := checkServerSidecarDrain(objs, srv); err != nil {
+		errs = append(errs, err)
+	}
 	exempt := map[string]bool{}
 	var filters []*extprocv3.ExternalProcessor
+	sidecar := false
 	for _, ef := range efs {
 		where := "EnvoyFilter " + ef.Namespace + "/" + ef.Name
 		if ef.Spec.GetWorkloadSelector() == nil && ef.Namespace != "istio-system" {
@@ -56,7 +66,7 @@ func checkIstioObjects(objs []k8sObject) error {
 			}
 			switch cp.GetApplyTo() {
 			case istioapi.EnvoyFilter_HTTP_FILTER:
-				ep, err := checkIstioFilterPatch(cp, value)
+				ep, skipped, err := checkIstioFilterPatch(cp, value)
 				if err != nil {
 					fail("%s: %v", where, err)
 				}
@@ -64,6 +74,27 @@ func checkIstioObjects(objs []k8sObject) error {
 					continue
 				}
 				filters = append(filters, ep)
+				for _, m := range skipped {
+					if !slices.Contains(readOnlyMethods, m) {
+						fail("%s: the matcher skips the filter for %s, which may write", where, m)
+					}
+				}
+				// Istio's inbound listener has one catch-all route
+				// (pilot route.BuildDefaultHTTPInboundRoute): no route
+				// to disable the filter on, so reads must be skipped
+				// by the filter's own matcher, or every GET opens a
+				// stream and fails closed while the server is down.
+				if cp.GetMatch().GetContext() == istioapi.EnvoyFilter_SIDECAR_INBOUND {
+					sidecar = true
+					for _, m := range readOnlyMethods {
+						if !slices.Contains(skipped, m) {
+							fail("%s: the sidecar filter runs for %s: wrap it in an ExtensionWithMatcher that skips read-only methods (the inbound route is a catch-all)", where, m)
+						}
+					}
+				}
+				if err := checkFilterServes(ep, needs, srv.cfg.StoreTimeout); err != nil {
+					fail("%s: %v", where, err)
+				}
 				if err := checkIstioExtProcCluster(objs, extProcCluster(ep)); err != nil {
 					fail("%s: %v", where, err)
 				}
@@ -104,23 +135,88 @@ func checkIstioObjects(objs []k8sObject) error {
 	if err := checkVirtualServices(objs, exempt, filters[0]); err != nil {
 		errs = append(errs, err)
 	}
+	// The sidecar's inbound route has no timeout (Istio's
+	// BuildDefaultHTTPInboundRoute sets 0), so the route-timeout rule must
+	// be kept on the callers' side: a VirtualService bound to the mesh,
+	// whose routes checkVirtualServices has checked above.
+	if sidecar && !slices.ContainsFunc(objectsOf[istionetv1.VirtualService](objs), func(vs *istionetv1.VirtualService) bool {
+		return slices.Contains(vs.Spec.GetGateways(), "mesh") && len(vs.Spec.GetHttp()) > 0
+	}) {
+		fail("a sidecar filter is configured but no VirtualService bound to the mesh (gateways: [mesh]) sets the callers' timeout and retries: the inbound route has none")
+	}
 	return errors.Join(errs...)
 }
 
+// checkServerSidecarDrain: when the server's pods get a sidecar, that
+// sidecar must outlive the server's shutdown. On SIGTERM istio-agent drains
+// Envoy for terminationDrainDuration and then kills it (istio/api
+// mesh/v1alpha1 ProxyConfig.termination_drain_duration, "If not set, a
+// default of 5s"), while the server sleeps through preStop and then drains
+// open streams for --drain-timeout: a stream still open after the sidecar
+// is gone is cut, and its record turns unknown.
+func checkServerSidecarDrain(objs []k8sObject, srv *serverDeployment) error {
+	ns := objectNamed[corev1.Namespace](objs, "", serverNamespace)
+	pod := srv.dep.Spec.Template
+	injected := ns != nil && ns.Labels["istio-injection"] == "enabled"
+	if v, ok := pod.Labels["sidecar.istio.io/inject"]; ok {
+		injected = v == "true"
+	}
+	if !injected {
+		return nil
+	}
+	c := serverContainer(srv.dep)
+	var preStop time.Duration
+	if c.Lifecycle != nil && c.Lifecycle.PreStop != nil && c.Lifecycle.PreStop.Sleep != nil {
+		preStop = time.Duration(c.Lifecycle.PreStop.Sleep.Seconds) * time.Second
+	}
+	want := preStop + srv.cfg.DrainTimeout
+	drain := 5 * time.Second
+	if raw, ok := pod.Annotations[istioProxyConfigAnnotation]; ok {
+		j, err := yaml.YAMLToJSONStrict([]byte(raw))
+		if err != nil {
+			return fmt.Errorf("annotation %s: %w", istioProxyConfigAnnotation, err)
+		}
+		pc := &meshv1alpha1.ProxyConfig{}
+		if err := (protojson.UnmarshalOptions{}).Unmarshal(j, pc); err != nil {
+			return fmt.Errorf("annotation %s: %w", istioProxyConfigAnnotation, err)
+		}
+		if d := pc.GetTerminationDrainDuration(); d != nil {
+			drain = d.AsDuration()
+		}
+	}
+	if drain < want {
+		return fmt.Errorf("the server's sidecar drains for %v (%s terminationDrainDuration) but the server may still answer streams for preStop %v + --drain-timeout %v = %v",
+			drain, istioProxyConfigAnnotation, preStop, srv.cfg.DrainTimeout, want)
+	}
+	if tgp := srv.dep.Spec.Template.Spec.TerminationGracePeriodSeconds; tgp != nil && time.Duration(*tgp)*time.Second < drain {
+		return fmt.Errorf("terminationGracePeriodSeconds %d is shorter than the sidecar's drain %v", *tgp, drain)
+	}
+	return nil
+}
+
+// istioProxyConfigAnnotation overrides the mesh's ProxyConfig for a pod
+// (istio/api annotation, proxy.istio.io/config).
+const istioProxyConfigAnnotation = "proxy.istio.io/config"
+
 // checkIstioFilterPatch checks one HTTP_FILTER patch and returns the
-// ext_proc filter it inserts (nil for another filter).
-func checkIstioFilterPatch(cp *istioapi.EnvoyFilter_EnvoyConfigObjectPatch, value []byte) (*extprocv3.ExternalProcessor, error) {
+// ext_proc filter it inserts (nil for another filter) and the methods for
+// which a wrapping matcher skips it.
+func checkIstioFilterPatch(cp *istioapi.EnvoyFilter_EnvoyConfigObjectPatch, value []byte) (*extprocv3.ExternalProcessor, []string, error) {
 	hf := &hcmv3.HttpFilter{}
 	if err := decodeEnvoyJSON(value, hf); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if hf.GetName() != extProcFilterName {
-		return nil, fmt.Errorf("inserts %s, which these tests do not check", hf.GetName())
+		return nil, nil, fmt.Errorf("inserts %s, which these tests do not check", hf.GetName())
 	}
 	var errs []error
-	ep, err := typedConfig[*extprocv3.ExternalProcessor](hf.GetTypedConfig())
+	tc, skipped, err := unwrapMatcher(hf.GetTypedConfig())
 	if err != nil {
-		return nil, err
+		return nil, nil, err
+	}
+	ep, err := typedConfig[*extprocv3.ExternalProcessor](tc)
+	if err != nil {
+		return nil, nil, err
 	}
 	if err := checkExtProc(ep); err != nil {
 		errs = append(errs, fmt.Errorf("ext_proc filter: %w", err))
@@ -134,7 +230,7 @@ func checkIstioFilterPatch(cp *istioapi.EnvoyFilter_EnvoyConfigObjectPatch, valu
 		f.GetName() != hcmFilterName || f.GetSubFilter().GetName() != routerFilterName {
 		errs = append(errs, fmt.Errorf("want INSERT_BEFORE %s in %s", routerFilterName, hcmFilterName))
 	}
-	return ep, errors.Join(errs...)
+	return ep, skipped, errors.Join(errs...)
 }
 
 // checkIstioExtProcCluster: the cluster is Istio's for the server's

@@ -75,6 +75,8 @@ var k8sDecoders = map[string]func(j []byte) (any, error){
 		return o, decodeIstio(j, &o.TypeMeta, &o.ObjectMeta, &o.Spec)
 	},
 	"gateway.envoyproxy.io/v1alpha1/EnvoyExtensionPolicy": strictAs[egv1a1.EnvoyExtensionPolicy],
+	"gateway.envoyproxy.io/v1alpha1/ClientTrafficPolicy":  strictAs[egv1a1.ClientTrafficPolicy],
+	"gateway.envoyproxy.io/v1alpha1/EnvoyProxy":           strictAs[egv1a1.EnvoyProxy],
 	"gateway.networking.k8s.io/v1/HTTPRoute":              strictAs[gwv1.HTTPRoute],
 	"gateway.networking.k8s.io/v1beta1/ReferenceGrant":    strictAs[gwv1beta1.ReferenceGrant],
 }

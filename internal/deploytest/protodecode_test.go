@@ -5,12 +5,15 @@ import (
 	"fmt"
 
 	streamv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/access_loggers/stream/v3"
+	matchingv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/matching/v3"
+	skipv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/common/matcher/action/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	jwtv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/jwt_authn/v3"
 	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	upstreamhttpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
+	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
@@ -32,6 +35,10 @@ var envoyTypes = []proto.Message{
 	&upstreamhttpv3.HttpProtocolOptions{},
 	&streamv3.StdoutAccessLog{},
 	&tlsv3.UpstreamTlsContext{},
+	// The Istio sidecar patch wraps ext_proc in a matcher that skips reads.
+	&matchingv3.ExtensionWithMatcher{},
+	&skipv3.SkipFilter{},
+	&matcherv3.HttpRequestHeaderMatchInput{},
 }
 
 var envoyResolver = func() *protoregistry.Types {
