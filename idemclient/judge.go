@@ -1,0 +1,157 @@
+package idemclient
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"mime"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/idem-extproc/idem-extproc/internal/problem"
+)
+
+// maxProblemBody bounds how much of a problem answer is read to learn its
+// type; idem-extproc's own are a few hundred bytes.
+const maxProblemBody = 64 << 10
+
+// verdict is what one attempt's outcome means for the chain.
+type verdict struct {
+	retry      bool          // another attempt is safe under the contract
+	retryAfter time.Duration // the answer's Retry-After (a floor for the wait)
+	why        string        // the reason for retry or stop, for logs
+	gaveUp     string        // set when a retryable outcome was not retried
+	problem    *ProblemError // set when a problem answer stops the chain
+	status     int
+	replayed   bool
+	probType   string
+}
+
+// judge classifies attempt a's outcome (resp or err) under
+// the contract. It reads a problem answer's body and puts it back, so a
+// response returned to the caller is whole.
+func (t *Transport) judge(ctx context.Context, a *attempt, resp *http.Response, err error, resendable bool) verdict {
+	keyed := a.key != "" && resendable
+	if err != nil {
+		a.err = err
+		switch {
+		case ctx.Err() != nil:
+			return verdict{why: "request context ended"}
+		case keyed:
+			return verdict{retry: true, why: "transport error or timeout; the key makes a retry safe"}
+		case resendable && a.refusedBeforeWrite(err):
+			return verdict{retry: true, why: "connection refused at dial time, nothing was sent"}
+		case a.key != "":
+			return verdict{why: "transport error; the body cannot be sent again (no GetBody)"}
+		default:
+			return verdict{why: "transport error; without a key the request may have taken effect, not retried"}
+		}
+	}
+	v := verdict{status: resp.StatusCode, replayed: Replayed(resp)}
+	if v.replayed {
+		// The stored answer of an earlier attempt: final, whatever its status.
+		v.why = "replayed answer"
+		return v
+	}
+	ra := retryAfter(resp.Header, t.now())
+	if isProblem(resp.Header) {
+		p := readProblem(resp)
+		p.Key, p.Attempt, p.RequestID, p.RetryAfter = a.key, a.n, a.requestID, ra
+		v.probType = p.Type
+		switch p.Slug() {
+		case problem.InProgress.Slug, problem.StoreUnavailable.Slug:
+			v.retry, v.retryAfter, v.why = keyed, ra, p.Slug()
+			if !keyed {
+				v.why += "; not retried without a key and a resendable body"
+			}
+			return v
+		}
+		v.problem, v.why = p, "problem "+p.Type
+		return v
+	}
+	if resp.StatusCode == http.StatusServiceUnavailable {
+		v.retry, v.retryAfter, v.why = keyed, ra, "503"
+		if !keyed {
+			v.why += "; not retried without a key and a resendable body"
+		}
+		return v
+	}
+	v.why = "answered"
+	return v
+}
+
+// isProblem reports an application/problem+json answer (RFC 9457).
+func isProblem(h http.Header) bool {
+	mt, _, err := mime.ParseMediaType(h.Get("Content-Type"))
+	return err == nil && strings.EqualFold(mt, problem.ContentType)
+}
+
+// readProblem reads a problem answer's body (up to maxProblemBody) and
+// puts what it read back in front of the rest, so resp can still be
+// returned whole. An unreadable or malformed body is an unknown problem.
+func readProblem(resp *http.Response) *ProblemError {
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, maxProblemBody))
+	resp.Body = struct {
+		io.Reader
+		io.Closer
+	}{io.MultiReader(bytes.NewReader(body), resp.Body), resp.Body}
+	p := &ProblemError{Status: resp.StatusCode, Header: resp.Header.Clone(), Body: body}
+	var doc struct {
+		Type   string `json:"type"`
+		Title  string `json:"title"`
+		Detail string `json:"detail"`
+	}
+	if json.Unmarshal(body, &doc) == nil {
+		p.Type, p.Title, p.Detail = doc.Type, doc.Title, doc.Detail
+	}
+	if p.Type == "" {
+		// RFC 9457 §3.1.1: a missing type means "about:blank", which says
+		// nothing about whether a retry is safe.
+		p.Type = "about:blank"
+	}
+	return p
+}
+
+// retryAfter parses Retry-After (RFC 9110 §10.2.3): delay-seconds or an
+// HTTP-date; 0 when absent, malformed or in the past.
+func retryAfter(h http.Header, now time.Time) time.Duration {
+	v := strings.TrimSpace(h.Get("Retry-After"))
+	if v == "" {
+		return 0
+	}
+	if s, err := strconv.ParseInt(v, 10, 64); err == nil {
+		if s <= 0 {
+			return 0
+		}
+		if s > int64(24*time.Hour/time.Second) {
+			s = int64(24 * time.Hour / time.Second)
+		}
+		return time.Duration(s) * time.Second
+	}
+	if at, err := http.ParseTime(v); err == nil && at.After(now) {
+		return at.Sub(now)
+	}
+	return 0
+}
+
+// refusedBeforeWrite reports whether err is a connection refused while
+// dialling, with no connection obtained and no header written: the only
+// failure after which a request without a key is known not to have been
+// sent. net/http reports a failed dial as the dialer's *net.OpError with
+// Op "dial" (net.Dialer.DialContext; net/http Transport.dialConn wraps the
+// dial error only when dialling through a proxy, Op "proxyconnect"), and
+// calls the trace's GotConn only once a connection is ready and
+// WroteHeaders once the headers are written (net/http/httptrace).
+func (a *attempt) refusedBeforeWrite(err error) bool {
+	if a.gotConn.Load() || a.wroteHeaders.Load() {
+		return false
+	}
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial" && errors.Is(op.Err, syscall.ECONNREFUSED)
+}
