@@ -37,8 +37,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	url := fs.String("url", "http://localhost:8080/orders", "the protected route")
 	body := fs.String("body", `{"item":"book","amount":100}`, "the order to create")
 	key := fs.String("key", "", "the operation key (a new UUIDv7 when empty)")
-	deadline := fs.Duration("deadline", 10*time.Second, "one deadline for the whole chain of attempts")
-	perAttempt := fs.Duration("attempt-timeout", 3*time.Second, "the longest one attempt may wait for its answer")
+	deadline := fs.Duration("deadline", 45*time.Second, "one deadline for the whole chain of attempts")
+	// 15 s: longer than what Envoy may spend on one protected request
+	// (README, "The route-timeout rule"), so that Envoy, not the client,
+	// sees how a slow attempt ended.
+	perAttempt := fs.Duration("attempt-timeout", 15*time.Second, "the longest one attempt may wait for its answer")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
