@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -80,7 +81,8 @@ type Options struct {
 }
 
 // Transport is an http.RoundTripper that applies the contract's retry rules
-// (see the package documentation). It is safe for concurrent use.
+// (see the package documentation). It is safe for concurrent use. Make one
+// with New; the zero value works too, with the defaults of Options.
 //
 // Unlike a plain RoundTripper it returns an error for some answers: a
 // *ProblemError when the answer is a problem the chain must stop on. An
@@ -102,6 +104,8 @@ type Transport struct {
 	now    func() time.Time
 	sleep  func(ctx context.Context, d time.Duration) error
 	jitter func(max time.Duration) time.Duration
+
+	once sync.Once
 }
 
 // New returns a Transport configured by o.
@@ -109,11 +113,24 @@ func New(o Options) *Transport {
 	t := &Transport{
 		base: o.Base, maxAttempts: o.MaxAttempts, baseDelay: o.BaseDelay, maxDelay: o.MaxDelay,
 		maxRetryAfter: o.MaxRetryAfter, attemptTO: o.AttemptTimeout, log: o.Logger, onAttempt: o.OnAttempt,
-		now: time.Now, sleep: sleepCtx, jitter: fullJitter,
 	}
 	for _, m := range o.KeyMethods {
 		t.keyMethods = append(t.keyMethods, strings.ToUpper(m))
 	}
+	tp := o.TracerProvider
+	if tp == nil {
+		tp = otel.GetTracerProvider()
+	}
+	t.tracer = tp.Tracer(tracerName)
+	t.once.Do(t.setDefaults)
+	return t
+}
+
+const tracerName = "github.com/idem-extproc/idem-extproc/idemclient"
+
+// setDefaults fills what Options left unset, for New and for a zero
+// Transport at its first RoundTrip.
+func (t *Transport) setDefaults() {
 	if t.base == nil {
 		t.base = http.DefaultTransport
 	}
@@ -132,12 +149,10 @@ func New(o Options) *Transport {
 	if t.log == nil {
 		t.log = slog.New(slog.DiscardHandler)
 	}
-	tp := o.TracerProvider
-	if tp == nil {
-		tp = otel.GetTracerProvider()
+	if t.tracer == nil {
+		t.tracer = otel.GetTracerProvider().Tracer(tracerName)
 	}
-	t.tracer = tp.Tracer("github.com/idem-extproc/idem-extproc/idemclient")
-	return t
+	t.now, t.sleep, t.jitter = time.Now, sleepCtx, fullJitter
 }
 
 // NewClient returns an http.Client whose transport is New(o).
@@ -169,6 +184,7 @@ func Attempts(resp *http.Response) int {
 
 // RoundTrip sends req as one operation, retrying as the contract allows.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	t.once.Do(t.setDefaults)
 	ctx := req.Context()
 	key, err := parseKey(req.Header)
 	if err != nil {

@@ -377,3 +377,18 @@ func TestKeyMethodsMakeOneKeyPerCall(t *testing.T) {
 type roundTripFunc func(*http.Request) (*http.Response, error)
 
 func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// TestZeroTransport: a Transport built without New works, with the
+// defaults, real clock included.
+func TestZeroTransport(t *testing.T) {
+	s := newScript(t, status(503), status(201))
+	c := &http.Client{Transport: &Transport{}}
+	resp, err := c.Do(post(t, context.Background(), s.srv.URL, "k", "b"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	readAll(t, resp)
+	if resp.StatusCode != 201 || Attempts(resp) != 2 {
+		t.Fatalf("status %d after %d attempts", resp.StatusCode, Attempts(resp))
+	}
+}
