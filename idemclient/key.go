@@ -47,12 +47,13 @@ func SetKey(r *http.Request, key string) error {
 
 // Key returns r's operation key without its quotes, or "" when r has none
 // or a malformed one. It works on a response's Request too, which is the
-// last attempt the transport sent.
+// last attempt the transport sent. It reads the Idempotency-Key header;
+// with Options.KeyHeader set, read that header.
 func Key(r *http.Request) string {
 	if r == nil {
 		return ""
 	}
-	k, _ := parseKey(r.Header)
+	k, _ := parseKey(r.Header, KeyHeader)
 	return k
 }
 
@@ -60,14 +61,14 @@ func Key(r *http.Request) string {
 // quoted sf-string or a bare token), with the server's own parser, so that
 // the client refuses exactly what the server would. It returns "" and no
 // error when there is no key header.
-func parseKey(h http.Header) (string, error) {
-	vals := h.Values(KeyHeader)
+func parseKey(h http.Header, name string) (string, error) {
+	vals := h.Values(name)
 	switch len(vals) {
 	case 0:
 		return "", nil
 	case 1:
 	default:
-		return "", fmt.Errorf("%w: %d %s headers", ErrInvalidKey, len(vals), KeyHeader)
+		return "", fmt.Errorf("%w: %d %s headers", ErrInvalidKey, len(vals), name)
 	}
 	k, err := idem.ParseKey(vals[0], 0)
 	if err != nil {

@@ -62,6 +62,11 @@ type Options struct {
 	// AttemptTimeout, when positive, bounds each attempt (up to its response
 	// headers); the request context's deadline bounds the whole chain.
 	AttemptTimeout time.Duration
+	// KeyHeader names the header the server's policy reads the key from
+	// (a policy's key.header); Idempotency-Key when empty. SetKey and
+	// NewRequest write Idempotency-Key: the transport moves the key to
+	// KeyHeader on every attempt.
+	KeyHeader string
 	// KeyMethods lists methods for which a request without a key gets a
 	// fresh one (NewKey) for this one call: the call is the operation. Leave
 	// it empty unless every route these requests reach is protected by
@@ -96,6 +101,7 @@ type Transport struct {
 	maxRetryAfter time.Duration
 	attemptTO     time.Duration
 	keyMethods    []string
+	keyHeader     string
 	log           *slog.Logger
 	tracer        trace.Tracer
 	onAttempt     func(Attempt)
@@ -113,6 +119,7 @@ func New(o Options) *Transport {
 	t := &Transport{
 		base: o.Base, maxAttempts: o.MaxAttempts, baseDelay: o.BaseDelay, maxDelay: o.MaxDelay,
 		maxRetryAfter: o.MaxRetryAfter, attemptTO: o.AttemptTimeout, log: o.Logger, onAttempt: o.OnAttempt,
+		keyHeader: http.CanonicalHeaderKey(o.KeyHeader),
 	}
 	for _, m := range o.KeyMethods {
 		t.keyMethods = append(t.keyMethods, strings.ToUpper(m))
@@ -133,6 +140,9 @@ const tracerName = "github.com/idem-extproc/idem-extproc/idemclient"
 func (t *Transport) setDefaults() {
 	if t.base == nil {
 		t.base = http.DefaultTransport
+	}
+	if t.keyHeader == "" {
+		t.keyHeader = KeyHeader
 	}
 	if t.maxAttempts <= 0 {
 		t.maxAttempts = DefaultMaxAttempts
@@ -186,7 +196,7 @@ func Attempts(resp *http.Response) int {
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	t.once.Do(t.setDefaults)
 	ctx := req.Context()
-	key, err := parseKey(req.Header)
+	key, err := t.requestKey(req.Header)
 	if err != nil {
 		closeBody(req)
 		return nil, err
@@ -283,12 +293,24 @@ func (t *Transport) prepare(ctx context.Context, req *http.Request, a *attempt) 
 		areq.Body = body
 	}
 	if a.key != "" {
-		areq.Header.Set(KeyHeader, quoteKey(a.key))
+		areq.Header.Del(KeyHeader)
+		areq.Header.Set(t.keyHeader, quoteKey(a.key))
 	}
 	areq.Header.Set(RequestIDHeader, a.requestID)
 	areq.Header.Set(AttemptHeader, strconv.Itoa(a.n))
 	t.inject(actx, areq.Header)
 	return areq, cancel, nil
+}
+
+// requestKey reads the caller's key from KeyHeader or, when that is
+// another header and carries none, from Idempotency-Key (where SetKey and
+// NewRequest put it).
+func (t *Transport) requestKey(h http.Header) (string, error) {
+	k, err := parseKey(h, t.keyHeader)
+	if err == nil && k == "" && t.keyHeader != KeyHeader {
+		k, err = parseKey(h, KeyHeader)
+	}
+	return k, err
 }
 
 // wait returns how long to wait after attempt n failed: full jitter over

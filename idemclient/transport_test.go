@@ -392,3 +392,31 @@ func TestZeroTransport(t *testing.T) {
 		t.Fatalf("status %d after %d attempts", resp.StatusCode, Attempts(resp))
 	}
 }
+
+// TestCustomKeyHeader: with a policy that reads the key from another
+// header, the transport sends it there, taking it from SetKey's header.
+func TestCustomKeyHeader(t *testing.T) {
+	var got []http.Header
+	srv := newScript(t, status(503), status(201))
+	tr, _ := newTestTransport(Options{KeyHeader: "x-operation-key", Base: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		got = append(got, r.Header.Clone())
+		return http.DefaultTransport.RoundTrip(r)
+	})})
+	req := post(t, context.Background(), srv.srv.URL, "", "b")
+	if err := SetKey(req, "op"); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := tr.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	readAll(t, resp)
+	if len(got) != 2 {
+		t.Fatalf("%d attempts, want 2 (the key makes the 503 retryable)", len(got))
+	}
+	for _, h := range got {
+		if h.Get("X-Operation-Key") != `"op"` || h.Get(KeyHeader) != "" {
+			t.Fatalf("headers %v", h)
+		}
+	}
+}
