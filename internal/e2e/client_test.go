@@ -2,8 +2,10 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -340,5 +342,71 @@ func TestClientConcurrentCallersOneKey(t *testing.T) {
 	}
 	if fresh != 1 || env.Upstream.CountKey(quoted(key)) != 1 {
 		t.Fatalf("%d fresh answers and %d effects, want 1 and 1", fresh, env.Upstream.CountKey(quoted(key)))
+	}
+}
+
+// TestClientAttemptsTraceable: each attempt of one operation can be
+// followed from the client's log to the server's by its request id: the
+// client logs the key, its attempt number and the request id it sent, and
+// the server's "decision" line for that attempt carries the same request
+// id, its own attempt count and the decision (reserved, then the replay of
+// the completed record).
+func TestClientAttemptsTraceable(t *testing.T) {
+	var serverLog, clientLog harness.LogBuffer
+	env := harness.Start(t, harness.Options{
+		Logger: slog.New(slog.NewJSONHandler(&serverLog, &slog.HandlerOptions{Level: slog.LevelDebug})),
+	})
+	front, _ := lossyFront(t, env, true, firstAttempt)
+	base := &http.Transport{DisableKeepAlives: true}
+	t.Cleanup(base.CloseIdleConnections)
+	c := idemclient.NewClient(idemclient.Options{Base: base,
+		Logger: slog.New(slog.NewJSONHandler(&clientLog, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+	resp, _, err := clientPost(t, context.Background(), c, front+"/orders", "traced-op", `{"n":4}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !idemclient.Replayed(resp) || idemclient.Attempts(resp) != 2 {
+		t.Fatalf("replayed %v after %d attempts", idemclient.Replayed(resp), idemclient.Attempts(resp))
+	}
+
+	type line struct {
+		Msg       string  `json:"msg"`
+		Key       string  `json:"idempotency_key"`
+		Attempt   float64 `json:"attempt"`
+		RequestID string  `json:"request_id"`
+		Outcome   string  `json:"outcome"`
+		Decision  string  `json:"decision"`
+	}
+	parse := func(s string) []line {
+		var out []line
+		for _, l := range strings.Split(strings.TrimSpace(s), "\n") {
+			var v line
+			if err := json.Unmarshal([]byte(l), &v); err != nil {
+				t.Fatalf("log line %q: %v", l, err)
+			}
+			out = append(out, v)
+		}
+		return out
+	}
+	client := parse(clientLog.String())
+	if len(client) != 2 || client[0].Outcome != "retry" || client[1].Outcome != "done" {
+		t.Fatalf("client log %+v", client)
+	}
+	decisions := map[string]line{}
+	for _, l := range parse(serverLog.String()) {
+		if l.Msg == "decision" {
+			decisions[l.RequestID] = l
+		}
+	}
+	// The server names the second decision by the record it found.
+	want := []string{"reserved", "completed"}
+	for i, cl := range client {
+		if cl.Key != "traced-op" || cl.Attempt != float64(i+1) || cl.RequestID == "" {
+			t.Fatalf("client line %d: %+v", i+1, cl)
+		}
+		sl, ok := decisions[cl.RequestID]
+		if !ok || sl.Attempt != float64(i+1) || sl.Decision != want[i] {
+			t.Fatalf("server decision for attempt %d (request id %s): %+v, want %s; all: %v", i+1, cl.RequestID, sl, want[i], decisions)
+		}
 	}
 }
