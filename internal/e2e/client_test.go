@@ -410,3 +410,35 @@ func TestClientAttemptsTraceable(t *testing.T) {
 		}
 	}
 }
+
+// TestClientRetriesStoreUnavailable: with Redis down the server refuses
+// the write with 503 idempotency-store-unavailable and Retry-After, having
+// executed nothing; the client waits and retries with the same key, and
+// once Redis is back the write runs once.
+func TestClientRetriesStoreUnavailable(t *testing.T) {
+	env := harness.Start(t, harness.Options{})
+	env.Redis.Kill()
+	var mu sync.Mutex
+	var seen []idemclient.Attempt
+	c := idemclient.NewClient(idemclient.Options{MaxAttempts: 10, OnAttempt: func(a idemclient.Attempt) {
+		mu.Lock()
+		seen = append(seen, a)
+		first := len(seen) == 1
+		mu.Unlock()
+		if first && a.Outcome == idemclient.OutcomeRetry {
+			env.Redis.Restart() // while the client waits out Retry-After
+		}
+	}})
+	resp, _, err := clientPost(t, context.Background(), c, env.URL+"/orders", "store-down-op", `{"n":5}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if seen[0].Status != http.StatusServiceUnavailable || seen[0].ProblemType != idemclient.ProblemType(problem.StoreUnavailable.Slug) || seen[0].Wait < time.Second {
+		t.Fatalf("first attempt %+v, want 503 store-unavailable waited out for Retry-After (1 s)", seen[0])
+	}
+	if resp.StatusCode != http.StatusCreated || idemclient.Replayed(resp) || env.Upstream.CountKey(quoted("store-down-op")) != 1 {
+		t.Fatalf("status %d, replayed %v, effects %d", resp.StatusCode, idemclient.Replayed(resp), env.Upstream.CountKey(quoted("store-down-op")))
+	}
+}
