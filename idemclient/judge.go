@@ -118,24 +118,25 @@ func readProblem(resp *http.Response) *ProblemError {
 	return p
 }
 
+// maxRetryAfterParsed bounds a parsed Retry-After, so that arithmetic on
+// it cannot overflow; any value this large is over MaxRetryAfter anyway.
+const maxRetryAfterParsed = 24 * time.Hour
+
 // retryAfter parses Retry-After (RFC 9110 §10.2.3): delay-seconds or an
-// HTTP-date; 0 when absent, malformed or in the past.
+// HTTP-date; 0 when absent, malformed or in the past, at most a day.
 func retryAfter(h http.Header, now time.Time) time.Duration {
 	v := strings.TrimSpace(h.Get("Retry-After"))
 	if v == "" {
 		return 0
 	}
-	if s, err := strconv.ParseInt(v, 10, 64); err == nil {
+	if s, err := strconv.ParseInt(v, 10, 64); err == nil || errors.Is(err, strconv.ErrRange) {
 		if s <= 0 {
 			return 0
 		}
-		if s > int64(24*time.Hour/time.Second) {
-			s = int64(24 * time.Hour / time.Second)
-		}
-		return time.Duration(s) * time.Second
+		return min(time.Duration(min(s, int64(maxRetryAfterParsed/time.Second)))*time.Second, maxRetryAfterParsed)
 	}
 	if at, err := http.ParseTime(v); err == nil && at.After(now) {
-		return at.Sub(now)
+		return min(at.Sub(now), maxRetryAfterParsed)
 	}
 	return 0
 }

@@ -420,3 +420,27 @@ func TestCustomKeyHeader(t *testing.T) {
 		}
 	}
 }
+
+// TestRetryAfterForms: delay-seconds, an HTTP-date, and values out of
+// range or malformed.
+func TestRetryAfterForms(t *testing.T) {
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	for v, want := range map[string]time.Duration{
+		"":                              0,
+		"3":                             3 * time.Second,
+		" 3 ":                           3 * time.Second,
+		"0":                             0,
+		"-1":                            0,
+		"soon":                          0,
+		"99999999999999999999":          24 * time.Hour,
+		"Thu, 01 Jan 2026 00:00:05 GMT": 5 * time.Second,
+		"Wed, 31 Dec 2025 23:59:00 GMT": 0,
+		"Fri, 01 Jan 2100 00:00:00 GMT": 24 * time.Hour,
+	} {
+		h := http.Header{}
+		h.Set("Retry-After", v)
+		if got := retryAfter(h, now); got != want {
+			t.Errorf("Retry-After %q = %v, want %v", v, got, want)
+		}
+	}
+}
