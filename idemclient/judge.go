@@ -64,6 +64,11 @@ func (t *Transport) judge(ctx context.Context, a *attempt, resp *http.Response, 
 		p := readProblem(resp)
 		p.Key, p.Attempt, p.RequestID, p.RetryAfter = a.key, a.n, a.requestID, ra
 		v.probType = p.Type
+		if p.Type == aboutBlank {
+			// RFC 9457 §4.2.1: about:blank adds nothing to the status
+			// code, so the answer is judged by its status alone.
+			return t.judgeStatus(v, resp, ra, keyed)
+		}
 		switch p.Slug() {
 		case problem.InProgress.Slug, problem.StoreUnavailable.Slug:
 			v.retry, v.retryAfter, v.why = keyed, ra, p.Slug()
@@ -75,6 +80,13 @@ func (t *Transport) judge(ctx context.Context, a *attempt, resp *http.Response, 
 		v.problem, v.why = p, "problem "+p.Type
 		return v
 	}
+	return t.judgeStatus(v, resp, ra, keyed)
+}
+
+// judgeStatus judges an answer that is not one of the contract's problems
+// by its status: a 503 may be retried with a key, anything else is the
+// answer.
+func (t *Transport) judgeStatus(v verdict, resp *http.Response, ra time.Duration, keyed bool) verdict {
 	if resp.StatusCode == http.StatusServiceUnavailable {
 		v.retry, v.retryAfter, v.why = keyed, ra, "503"
 		if !keyed {
@@ -94,7 +106,8 @@ func isProblem(h http.Header) bool {
 
 // readProblem reads a problem answer's body (up to maxProblemBody) and
 // puts what it read back in front of the rest, so resp can still be
-// returned whole. An unreadable or malformed body is an unknown problem.
+// returned whole. An unreadable or malformed body has type "", an unknown
+// problem.
 func readProblem(resp *http.Response) *ProblemError {
 	body, _ := io.ReadAll(io.LimitReader(resp.Body, maxProblemBody))
 	resp.Body = struct {
@@ -103,20 +116,24 @@ func readProblem(resp *http.Response) *ProblemError {
 	}{io.MultiReader(bytes.NewReader(body), resp.Body), resp.Body}
 	p := &ProblemError{Status: resp.StatusCode, Header: resp.Header.Clone(), Body: body}
 	var doc struct {
-		Type   string `json:"type"`
-		Title  string `json:"title"`
-		Detail string `json:"detail"`
+		Type   *string `json:"type"`
+		Title  string  `json:"title"`
+		Detail string  `json:"detail"`
 	}
-	if json.Unmarshal(body, &doc) == nil {
-		p.Type, p.Title, p.Detail = doc.Type, doc.Title, doc.Detail
+	if json.Unmarshal(body, &doc) != nil {
+		return p // Type "": unknown
 	}
-	if p.Type == "" {
-		// RFC 9457 §3.1.1: a missing type means "about:blank", which says
-		// nothing about whether a retry is safe.
-		p.Type = "about:blank"
+	p.Title, p.Detail = doc.Title, doc.Detail
+	p.Type = aboutBlank // RFC 9457 §3.1.1: the default when type is absent
+	if doc.Type != nil && *doc.Type != "" {
+		p.Type = *doc.Type
 	}
 	return p
 }
+
+// aboutBlank is RFC 9457's problem type that means "nothing beyond the
+// status code" (§4.2.1).
+const aboutBlank = "about:blank"
 
 // maxRetryAfterParsed bounds a parsed Retry-After, so that arithmetic on
 // it cannot overflow; any value this large is over MaxRetryAfter anyway.

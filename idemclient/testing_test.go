@@ -150,3 +150,13 @@ func readAll(t *testing.T, resp *http.Response) string {
 	}
 	return string(b)
 }
+
+// malformedProblem answers a problem content type with a body that is not
+// a problem document.
+func malformedProblem(code int) answer {
+	return func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", problem.ContentType+"; charset=utf-8")
+		w.WriteHeader(code)
+		fmt.Fprint(w, "<html>busy</html>")
+	}
+}
