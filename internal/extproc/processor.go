@@ -225,6 +225,12 @@ func (p *processor) onRequestHeaders(ctx context.Context, req *extprocv3.Process
 		p.decided(DecisionBypassed)
 		return p.passThrough(req)
 	}
+	if n := countHeader(hs, p.pol.KeyHeader); n > 1 {
+		// Which line counts would depend on who reads it (this server the
+		// first, many upstreams the last): one record for two keys.
+		return p.refuse(ctx, req, problem.New(problem.KeyInvalid,
+			fmt.Sprintf("invalid Idempotency-Key: sent on %d field lines; the field is a single string", n)))
+	}
 	key, err := idem.ParseKey(rawKey, p.pol.MaxKeyLength)
 	if err != nil {
 		return p.refuse(ctx, req, problem.New(problem.KeyInvalid, err.Error()))
