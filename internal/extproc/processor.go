@@ -77,6 +77,7 @@ type processor struct {
 	respTooLarge bool
 
 	rpc rpcState
+	seq sequence
 
 	// respAdd are headers the response headers reply adds to the response
 	// the client gets: a shadow policy's decision, a key grace period's
@@ -138,6 +139,9 @@ func (p *processor) storeCtx(ctx context.Context) (context.Context, context.Canc
 func (p *processor) handle(ctx context.Context, req *extprocv3.ProcessingRequest) (*extprocv3.ProcessingResponse, error) {
 	if req.GetRequest() == nil && req.GetClientWindowUpdate() != nil {
 		return nil, nil // grpc-go's flow control acknowledging what it was sent back
+	}
+	if err := p.seq.next(req); err != nil {
+		return nil, err
 	}
 	if pc := req.GetProtocolConfig(); pc != nil {
 		p.requestBodyMode, p.responseBodyMode = pc.GetRequestBodyMode(), pc.GetResponseBodyMode()
