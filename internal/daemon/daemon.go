@@ -62,6 +62,8 @@ type Daemon struct {
 	// stopWatch ends the configuration watcher, the SIGHUP handler and the
 	// health checker.
 	stopWatch context.CancelFunc
+	// safety checks the Redis store's settings and data (Redis only).
+	safety *storeSafety
 	// shutdownTracing flushes spans on the way out.
 	shutdownTracing func(context.Context) error
 }
@@ -165,6 +167,9 @@ func Start(cfg Config, log *slog.Logger, getenv func(string) string) (*Daemon, e
 	d.health = health.NewServer()
 	healthpb.RegisterHealthServer(d.grpc, d.health)
 	d.checkHealth(watchCtx)
+	if d.safety != nil {
+		d.safety.watch(watchCtx)
+	}
 	go func() { d.errc <- d.grpc.Serve(d.lis) }()
 
 	if d.adminLis != nil {
@@ -202,6 +207,11 @@ func (d *Daemon) openStore() error {
 	if err := d.store.Ping(ctx); err != nil {
 		// Not fatal: Redis may come up later; /readyz tells until then.
 		d.log.Warn("redis does not answer yet; not ready until it does", slog.String("error", err.Error()))
+	}
+	if err := d.checkStoreAtStart(st); err != nil {
+		d.closeStore()
+		d.closers = nil
+		return err
 	}
 	return nil
 }
