@@ -54,7 +54,11 @@ type Config struct {
 	// MaxMessageSize bounds one ext_proc message. A BUFFERED body arrives
 	// as one message, so it must exceed Envoy's buffer limit.
 	MaxMessageSize int
-	LogLevel       slog.Level
+	// MaxBufferedBytes bounds the body bytes all streams buffer together;
+	// 0 means DefaultMaxBufferedBytes (a quarter of the container's
+	// memory limit, else 256 MiB).
+	MaxBufferedBytes int64
+	LogLevel         slog.Level
 	// LogFormat is "json" or "text".
 	LogFormat string
 }
@@ -99,6 +103,7 @@ func ParseConfig(args []string, getenv func(string) string, usage io.Writer) (Co
 	fs.DurationVar(&cfg.StoreCheckInterval, "store-check-interval", 30*time.Second, "how often each Redis primary's eviction policy, persistence, replicas and marker record are checked again after the check at start")
 	fs.IntVar(&cfg.MemoryMaxRecords, "memory-max-records", 1_000_000, "in-memory store only: most records held; past it new keys are refused with 503 (or pass under fail_open), so a flood of keys cannot exhaust memory")
 	fs.IntVar(&cfg.MaxMessageSize, "max-message-size", 32<<20, "largest ext_proc message accepted, in bytes; above Envoy's buffer limit, since a BUFFERED body is one message")
+	fs.Int64Var(&cfg.MaxBufferedBytes, "max-buffered-bytes", 0, "most body bytes all streams buffer at once (request bodies being fingerprinted, responses being stored); past it new protected requests get 503 idempotency-capacity-exceeded; 0: a quarter of the cgroup's memory.max, else 256 MiB")
 	fs.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	fs.StringVar(&cfg.LogFormat, "log-format", "json", "log format: json or text")
 
@@ -166,6 +171,9 @@ func ParseConfig(args []string, getenv func(string) string, usage io.Writer) (Co
 	}
 	if cfg.MaxMessageSize < 1<<20 {
 		errs = append(errs, fmt.Errorf("%s: %d is below 1 MiB, the smallest Envoy buffer", where("max-message-size"), cfg.MaxMessageSize))
+	}
+	if cfg.MaxBufferedBytes < 0 {
+		errs = append(errs, fmt.Errorf("%s: must not be negative (0 picks the default)", where("max-buffered-bytes")))
 	}
 	if cfg.StoreCheckInterval <= 0 {
 		errs = append(errs, fmt.Errorf("%s: must be positive", where("store-check-interval")))

@@ -140,14 +140,19 @@ func Start(cfg Config, log *slog.Logger, getenv func(string) string) (*Daemon, e
 		log.Warn("configuration file not watched; reload with SIGHUP", slog.String("error", err.Error()))
 	}
 	d.reloadOnHangup(watchCtx)
+	budget := cfg.MaxBufferedBytes
+	if budget == 0 {
+		budget = DefaultMaxBufferedBytes(os.ReadFile)
+	}
 	srv := extproc.New(extproc.Config{
-		Store:          d.store,
-		Policies:       d.policies.Current,
-		Logger:         log,
-		StoreTimeout:   cfg.StoreTimeout,
-		Observer:       d.metrics,
-		TracerProvider: tp,
-		Sealer:         sealerOrNil(ring),
+		MaxBufferedBytes: budget,
+		Store:            d.store,
+		Policies:         d.policies.Current,
+		Logger:           log,
+		StoreTimeout:     cfg.StoreTimeout,
+		Observer:         d.metrics,
+		TracerProvider:   tp,
+		Sealer:           sealerOrNil(ring),
 	})
 	gopts := StreamServerOptions(cfg.MaxMessageSize)
 	if cfg.TLSCertFile != "" {
@@ -182,7 +187,8 @@ func Start(cfg Config, log *slog.Logger, getenv func(string) string) (*Daemon, e
 	}
 	log.Info("idem-extproc serving", slog.String("listen", d.lis.Addr().String()),
 		slog.String("admin_listen", d.AdminAddr()), slog.String("store", d.storeName()),
-		slog.String("config", cfg.ConfigFile), slog.Int("policies", len(d.policies.Current().Policies)))
+		slog.String("config", cfg.ConfigFile), slog.Int("policies", len(d.policies.Current().Policies)),
+		slog.Int64("max_buffered_bytes", budget))
 	return d, nil
 }
 

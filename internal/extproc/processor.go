@@ -58,6 +58,9 @@ type processor struct {
 	requestID  string
 	reqHeaders []idem.Header
 	reqBody    []byte
+	// held is what this stream's buffered bodies take of the server's
+	// budget (budget.go).
+	held int64
 
 	id       idem.RecordID
 	tok      idem.Token
@@ -249,6 +252,9 @@ func (p *processor) onRequestHeaders(ctx context.Context, req *extprocv3.Process
 	if hh.GetEndOfStream() {
 		return p.decide(ctx, req)
 	}
+	if p.budgetFull() {
+		return p.refuse(ctx, req, p.capacityProblem())
+	}
 	p.stage = stageRequestBody
 	if resp, ok := p.awaitRequestBody(ctx, req); ok {
 		return resp
@@ -323,6 +329,9 @@ func (p *processor) onRequestBody(ctx context.Context, req *extprocv3.Processing
 	}
 	if len(p.reqBody)+len(body.GetBody()) > p.pol.MaxRequestBody {
 		return p.refuse(ctx, req, bodyTooLarge(p.pol.MaxRequestBody))
+	}
+	if !p.hold(len(body.GetBody())) {
+		return p.refuse(ctx, req, p.capacityProblem())
 	}
 	p.reqBody = append(p.reqBody, body.GetBody()...)
 	switch {
