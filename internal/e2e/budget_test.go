@@ -212,3 +212,16 @@ func TestBodyBudgetUnderABurst(t *testing.T) {
 	wantStatus(t, env.Post("/orders", "after-burst", `{}`), http.StatusCreated)
 	t.Logf("%d refusals for capacity during the burst", refused)
 }
+
+// TestBodyLargerThanTheBudget: a body that alone passes the whole budget
+// could never be taken, so it is 413 request-body-too-large (not a 503
+// whose retry would never succeed), and nothing runs.
+func TestBodyLargerThanTheBudget(t *testing.T) {
+	env, _ := budgetServer(t, 64<<10)
+	r := env.Post("/orders", "too-big-for-the-budget", `{"pad":"`+strings.Repeat("z", 128<<10)+`"}`)
+	wantProblem(t, r, problem.BodyTooLarge)
+	if n := len(env.Upstream.Effects()); n != 0 {
+		t.Fatalf("the upstream ran %d times", n)
+	}
+	wantStatus(t, env.Post("/orders", "fits", `{}`), http.StatusCreated)
+}

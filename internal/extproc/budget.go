@@ -51,6 +51,20 @@ func (p *processor) hold(n int) bool {
 	return true
 }
 
+// holdRequestBody charges the next n bytes of the request body, or returns
+// the problem to answer: 413 when the body alone would pass the whole
+// budget (it could never be taken; a retry would not help), 503 with
+// Retry-After when the budget is only full for now.
+func (p *processor) holdRequestBody(n int) *problem.Problem {
+	if b := p.srv.budget; b != nil && int64(len(p.reqBody)+n) > b.limit {
+		return bodyTooLarge(int(b.limit))
+	}
+	if !p.hold(n) {
+		return p.capacityProblem()
+	}
+	return nil
+}
+
 // releaseHeld returns every byte this stream holds to the budget.
 func (p *processor) releaseHeld() {
 	if p.held > 0 {

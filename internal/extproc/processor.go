@@ -330,8 +330,8 @@ func (p *processor) onRequestBody(ctx context.Context, req *extprocv3.Processing
 	if len(p.reqBody)+len(body.GetBody()) > p.pol.MaxRequestBody {
 		return p.refuse(ctx, req, bodyTooLarge(p.pol.MaxRequestBody))
 	}
-	if !p.hold(len(body.GetBody())) {
-		return p.refuse(ctx, req, p.capacityProblem())
+	if prob := p.holdRequestBody(len(body.GetBody())); prob != nil {
+		return p.refuse(ctx, req, prob)
 	}
 	p.reqBody = append(p.reqBody, body.GetBody()...)
 	switch {
