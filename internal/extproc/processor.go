@@ -143,7 +143,7 @@ func (p *processor) handle(ctx context.Context, req *extprocv3.ProcessingRequest
 	if req.GetRequest() == nil && req.GetClientWindowUpdate() != nil {
 		return nil, nil // grpc-go's flow control acknowledging what it was sent back
 	}
-	if err := p.seq.next(req); err != nil {
+	if err := p.seq.next(req, p.requestBodyStreams()); err != nil {
 		return nil, err
 	}
 	if pc := req.GetProtocolConfig(); pc != nil {

@@ -3,16 +3,23 @@ package extproc
 import (
 	"errors"
 
+	procmodev3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 )
 
 // sequence is what a stream has seen of each direction, so that a message
 // that cannot follow the ones before it ends the stream (SECURITY.md: out
 // of order ext_proc messages end with INVALID_ARGUMENT), whatever stage the
-// processor is in. It checks only the order of one direction's messages;
-// the two directions interleave freely (STREAMED and FULL_DUPLEX_STREAMED
-// may send request body chunks after the response headers, and grpc-go
-// streams client messages while the response flows).
+// processor is in. It checks the order of each direction's messages, and
+// one rule across them: the request's body and trailers come before any
+// response phase unless the request body streams. In STREAMED and
+// FULL_DUPLEX_STREAMED Envoy forwards the request as it arrives, so the
+// upstream may answer before it ends (processor_state.cc
+// handleHeaderContinue, handleDuplexStreamedBodyResponse), and grpc-go
+// streams client messages while the response flows; in BUFFERED and
+// BUFFERED_PARTIAL the request goes upstream only after its body's reply,
+// and a local reply (413 over the buffer, another filter's) ends decoding,
+// so no request body follows a response.
 //
 // What the clients send, and so what must stay allowed:
 //   - Envoy: one headers message per direction; end_of_stream on headers
@@ -47,7 +54,16 @@ type sequence struct {
 }
 
 // next records msg, or says why it cannot follow what came before.
-func (s *sequence) next(req *extprocv3.ProcessingRequest) error {
+// interleaved says the request body streams (see sequence).
+func (s *sequence) next(req *extprocv3.ProcessingRequest, interleaved bool) error {
+	if !interleaved && s.respHeaders {
+		switch req.GetRequest().(type) {
+		case *extprocv3.ProcessingRequest_RequestBody:
+			return errors.New("request_body after response_headers, and the request body does not stream")
+		case *extprocv3.ProcessingRequest_RequestTrailers:
+			return errors.New("request_trailers after response_headers, and the request body does not stream")
+		}
+	}
 	switch r := req.GetRequest().(type) {
 	case *extprocv3.ProcessingRequest_RequestHeaders:
 		switch {
@@ -96,4 +112,18 @@ func (s *sequence) next(req *extprocv3.ProcessingRequest) error {
 		s.respEnded = true
 	}
 	return nil
+}
+
+// requestBodyStreams reports a request body mode in which the response may
+// come before the request ends: STREAMED, FULL_DUPLEX_STREAMED, GRPC; or no
+// mode known at all (an Envoy before 1.30 sends no protocol_config) for a
+// request the server did not assume BUFFERED for.
+func (p *processor) requestBodyStreams() bool {
+	switch p.requestBodyMode {
+	case procmodev3.ProcessingMode_STREAMED, procmodev3.ProcessingMode_FULL_DUPLEX_STREAMED, procmodev3.ProcessingMode_GRPC:
+		return true
+	case procmodev3.ProcessingMode_NONE:
+		return !p.modesKnown
+	}
+	return false
 }

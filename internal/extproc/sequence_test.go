@@ -54,10 +54,13 @@ func withModes(m *extprocv3.ProcessingRequest, req, resp procmodev3.ProcessingMo
 // ends INVALID_ARGUMENT, never with a reply to that message (SECURITY.md).
 // Before sequence.go, all but the first four and the two "request headers"
 // cases after a response or a pass-through failed: the server answered the
-// last message.
+// last message. The "after response headers" request cases came from
+// FuzzMessageSequence (testdata/fuzz/FuzzMessageSequence/49502e392165edb7):
+// a duplicate's body let through with a CONTINUE.
 func TestOutOfOrderSequencesEndTheStream(t *testing.T) {
 	c := client(t)
 	type seq = []*extprocv3.ProcessingRequest
+	buffered := procmodev3.ProcessingMode_BUFFERED
 	cases := []struct {
 		name string
 		msgs func(key string) seq
@@ -75,6 +78,15 @@ func TestOutOfOrderSequencesEndTheStream(t *testing.T) {
 		{"request trailers twice", func(k string) seq { return seq{reqH(false, k), reqB(false), reqT(), reqT()} }},
 		{"request body after request trailers", func(k string) seq { return seq{reqH(false, k), reqT(), reqB(true)} }},
 		{"request headers after response headers", func(k string) seq { return seq{respH(false), reqH(false, k)} }},
+		{"BUFFERED request body after response headers", func(k string) seq {
+			return seq{withModes(reqH(false, k), buffered, buffered), respH(false), reqB(true)}
+		}},
+		{"request body after response headers, modes unknown (BUFFERED assumed)", func(k string) seq {
+			return seq{reqH(false, k), respH(false), reqB(true)}
+		}},
+		{"BUFFERED request trailers after response headers", func(k string) seq {
+			return seq{withModes(reqH(false, k), buffered, buffered), respH(false), reqT()}
+		}},
 		{"request headers twice after a pass-through", func(string) seq { return seq{reqH(true, ""), reqH(true, "")} }},
 
 		{"response headers twice", func(k string) seq { return seq{reqH(true, k), respH(false), respH(false)} }},
