@@ -35,9 +35,11 @@ func startOn(t *testing.T, redis *redistest.Server, extra ...string) (*daemon.Da
 // --allow-evicting-redis it starts, warns, and the gauge says so.
 func TestEvictingRedisRefusesTheStart(t *testing.T) {
 	redis := redistest.Start(t, redistest.Options{Args: []string{"--maxmemory-policy", "volatile-lru"}})
-	var stderr strings.Builder
+	// Main points go-redis's process-wide logger at stderr: a buffer safe
+	// for the writes that may come after it returns.
+	stderr := &harness.LogBuffer{}
 	code := daemon.Main(context.Background(), []string{"--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0",
-		"--redis-url", redis.URL()}, func(string) string { return "" }, &stderr)
+		"--redis-url", redis.URL()}, func(string) string { return "" }, stderr)
 	if code != 2 {
 		t.Fatalf("exit %d, want 2; stderr:\n%s", code, stderr.String())
 	}
