@@ -45,7 +45,11 @@ func (d *Daemon) checkStoreAtStart(st *redisstore.Store) error {
 		var evicting []string
 		for _, n := range nodes {
 			if n.Evicting() {
-				evicting = append(evicting, fmt.Sprintf("%s has maxmemory-policy %s", n.Addr, n.MaxmemoryPolicy))
+				role := ""
+				if n.Replica {
+					role = " (a replica: its policy applies once it is promoted)"
+				}
+				evicting = append(evicting, fmt.Sprintf("%s%s has maxmemory-policy %s", n.Addr, role, n.MaxmemoryPolicy))
 			}
 		}
 		if len(evicting) > 0 {
@@ -91,10 +95,10 @@ func (s *storeSafety) report(nodes []redisstore.NodeSafety) {
 	for _, n := range nodes {
 		node := slog.String("node", n.Addr)
 		if n.Err != nil {
-			s.say(n.Addr, slog.LevelWarn, "redis primary not checked", node, slog.String("error", n.Err.Error()))
+			s.say(n.Addr, slog.LevelWarn, "redis node not checked", node, slog.String("error", n.Err.Error()))
 			continue
 		}
-		g := observe.StoreNode{Addr: n.Addr, Evicting: n.Evicting(), Replicas: n.Replicas}
+		g := observe.StoreNode{Addr: n.Addr, Evicting: n.Evicting(), Replicas: n.Replicas, Replica: n.Replica}
 		switch n.Persistence {
 		case redisstore.PersistenceAOF, redisstore.PersistenceRDB:
 			g.Persistent = 1
@@ -125,12 +129,20 @@ func (s *storeSafety) report(nodes []redisstore.NodeSafety) {
 				msgs = append(msgs, "neither persistence nor a replica: a restart loses every record")
 			}
 		}
+		what := "redis primary"
+		if n.Replica {
+			what = "redis replica"
+		}
 		if len(msgs) == 0 {
+			if n.Replica {
+				s.say(n.Addr, slog.LevelInfo, "redis replica has maxmemory-policy noeviction", node)
+				continue
+			}
 			s.say(n.Addr, slog.LevelInfo, "redis primary keeps records: noeviction, and persistence or a replica", node,
 				slog.String("persistence", string(n.Persistence)), slog.Int("replicas", n.Replicas))
 			continue
 		}
-		s.say(n.Addr, level, "redis primary may lose records: "+strings.Join(msgs, "; "), node,
+		s.say(n.Addr, level, what+" may lose records: "+strings.Join(msgs, "; "), node,
 			slog.String("maxmemory_policy", n.MaxmemoryPolicy), slog.String("persistence", string(n.Persistence)),
 			slog.Int("replicas", n.Replicas))
 	}

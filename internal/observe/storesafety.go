@@ -15,7 +15,7 @@ func newStoreSafety(reg prometheus.Registerer) *storeSafety {
 	s := &storeSafety{
 		evicting: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: Namespace, Name: "store_node_evicting",
-			Help: "1 when the Redis primary's maxmemory-policy may evict records (anything but noeviction), else 0.",
+			Help: "1 when the Redis node's maxmemory-policy may evict records (anything but noeviction), else 0; primaries and their replicas.",
 		}, []string{"node"}),
 		persistent: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: Namespace, Name: "store_node_persistent",
@@ -41,6 +41,9 @@ type StoreNode struct {
 	// Persistent is 1, 0, or -1 when unknown.
 	Persistent int
 	Replicas   int
+	// Replica: a replica, whose maxmemory-policy alone is read; only its
+	// evicting gauge is set.
+	Replica bool
 }
 
 // StoreChecked replaces the per-primary gauges with what a check found.
@@ -55,6 +58,9 @@ func (m *Metrics) StoreChecked(nodes []StoreNode) {
 			ev = 1
 		}
 		s.evicting.WithLabelValues(n.Addr).Set(ev)
+		if n.Replica {
+			continue
+		}
 		s.persistent.WithLabelValues(n.Addr).Set(float64(n.Persistent))
 		s.replicas.WithLabelValues(n.Addr).Set(float64(n.Replicas))
 	}

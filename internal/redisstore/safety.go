@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net"
 	"strconv"
 	"strings"
 	"sync"
@@ -41,6 +42,10 @@ type NodeSafety struct {
 	Persistence     Persistence
 	// Replicas is INFO's connected_slaves.
 	Replicas int
+	// Replica: the node is a replica of a primary checked before it. Only
+	// its maxmemory-policy is read (it applies once a failover promotes
+	// it); the marker, the persistence and the replicas are its primary's.
+	Replica bool
 	// DatasetLost: the shard's marker record, seen at an earlier check, was
 	// gone or replaced by another: the data it sat with vanished (a
 	// restart without persistence, a failover to an empty replica, a
@@ -61,7 +66,7 @@ func (n NodeSafety) Evicting() bool {
 // Volatile reports a primary whose data one restart loses: no
 // persistence that could be confirmed and no replica.
 func (n NodeSafety) Volatile() bool {
-	return n.Err == nil && n.Replicas == 0 && (n.Persistence == PersistenceNone || n.Persistence == PersistenceUnknown)
+	return n.Err == nil && !n.Replica && n.Replicas == 0 && (n.Persistence == PersistenceNone || n.Persistence == PersistenceUnknown)
 }
 
 // SafetyChecker reads, primary by primary, what the store's Redis says
@@ -99,8 +104,9 @@ func (s *Store) MarkerKey(hashTag string) string { return s.prefix + "{" + hashT
 const markerTag = "marker:0"
 
 // Check reads every primary once: the primary behind a Sentinel or a
-// single server, every master of a Cluster. It fails only when no primary
-// could be listed; a node that cannot be read has its Err set.
+// single server, every master of a Cluster; and, for its maxmemory-policy
+// only, every replica a primary's INFO lists. It fails only when no
+// primary could be listed; a node that cannot be read has its Err set.
 func (c *SafetyChecker) Check(ctx context.Context) ([]NodeSafety, error) {
 	cc, ok := c.s.rdb.(*redis.ClusterClient)
 	if !ok {
@@ -108,25 +114,25 @@ func (c *SafetyChecker) Check(ctx context.Context) ([]NodeSafety, error) {
 		if !ok {
 			return nil, fmt.Errorf("redisstore: safety check: unsupported client %T", c.s.rdb)
 		}
-		n := c.checkNode(ctx, cl, markerTag)
-		if n.Err != nil {
-			return nil, n.Err
+		nodes := c.checkPrimary(ctx, cl, markerTag)
+		if nodes[0].Err != nil {
+			return nil, nodes[0].Err
 		}
-		return []NodeSafety{n}, nil
+		return nodes, nil
 	}
 	var (
 		mu    sync.Mutex
 		nodes []NodeSafety
 	)
 	err := cc.ForEachMaster(ctx, func(ctx context.Context, cl *redis.Client) error {
-		var n NodeSafety
+		var found []NodeSafety
 		if tag, err := ownedTag(ctx, cl); err != nil {
-			n = NodeSafety{Addr: cl.Options().Addr, Err: err}
+			found = []NodeSafety{{Addr: cl.Options().Addr, Err: err}}
 		} else {
-			n = c.checkNode(ctx, cl, tag)
+			found = c.checkPrimary(ctx, cl, tag)
 		}
 		mu.Lock()
-		nodes = append(nodes, n)
+		nodes = append(nodes, found...)
 		mu.Unlock()
 		return nil
 	})
@@ -139,7 +145,67 @@ func (c *SafetyChecker) Check(ctx context.Context) ([]NodeSafety, error) {
 	return nodes, nil
 }
 
-func (c *SafetyChecker) checkNode(ctx context.Context, cl *redis.Client, tag string) NodeSafety {
+// checkPrimary checks a primary, then each replica INFO lists for it: a
+// replica's maxmemory-policy applies once a failover promotes it.
+func (c *SafetyChecker) checkPrimary(ctx context.Context, cl *redis.Client, tag string) []NodeSafety {
+	n, info := c.checkNode(ctx, cl, tag)
+	nodes := []NodeSafety{n}
+	if n.Err != nil {
+		return nodes
+	}
+	for _, addr := range replicaAddrs(info) {
+		nodes = append(nodes, checkReplica(ctx, cl, addr))
+	}
+	return nodes
+}
+
+// replicaAddrs reads the replicas from INFO replication's
+// "slave0:ip=…,port=…,state=…" lines.
+func replicaAddrs(info string) []string {
+	var addrs []string
+	for _, line := range strings.Split(info, "\n") {
+		k, v, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if n, isSlave := strings.CutPrefix(k, "slave"); !ok || !isSlave || n == "" || strings.Trim(n, "0123456789") != "" {
+			continue // not a slave<N> line
+		}
+		var ip, port string
+		for _, kv := range strings.Split(v, ",") {
+			switch name, val, _ := strings.Cut(kv, "="); name {
+			case "ip":
+				ip = val
+			case "port":
+				port = val
+			}
+		}
+		if ip != "" && port != "" {
+			addrs = append(addrs, net.JoinHostPort(ip, port))
+		}
+	}
+	return addrs
+}
+
+// checkReplica reads a replica's maxmemory-policy over a short-lived
+// client with the primary's credentials and TLS settings.
+func checkReplica(ctx context.Context, primary *redis.Client, addr string) NodeSafety {
+	n := NodeSafety{Addr: addr, Replica: true}
+	opts := *primary.Options()
+	opts.Addr = addr
+	// The Sentinel client dials the current primary whatever the address;
+	// a replica is dialled directly.
+	opts.Dialer, opts.OnConnect = nil, nil
+	opts.PoolSize = 1
+	rc := redis.NewClient(&opts)
+	defer rc.Close()
+	info, err := rc.Info(ctx, "memory").Result()
+	if err != nil {
+		n.Err = fmt.Errorf("redisstore: INFO on replica %s: %w", addr, err)
+		return n
+	}
+	n.MaxmemoryPolicy = InfoField(info, "maxmemory_policy")
+	return n
+}
+
+func (c *SafetyChecker) checkNode(ctx context.Context, cl *redis.Client, tag string) (NodeSafety, string) {
 	n := NodeSafety{Addr: nodeAddr(ctx, cl)}
 	info, err := cl.Info(ctx, "memory", "persistence", "replication").Result()
 	if err != nil {
@@ -147,7 +213,7 @@ func (c *SafetyChecker) checkNode(ctx context.Context, cl *redis.Client, tag str
 		// hold all three.
 		if info, err = cl.Info(ctx).Result(); err != nil {
 			n.Err = fmt.Errorf("redisstore: INFO on %s: %w", n.Addr, err)
-			return n
+			return n, ""
 		}
 	}
 	n.MaxmemoryPolicy = InfoField(info, "maxmemory_policy")
@@ -156,10 +222,10 @@ func (c *SafetyChecker) checkNode(ctx context.Context, cl *redis.Client, tag str
 	lost, err := c.checkMarker(ctx, cl, c.s.MarkerKey(tag))
 	if err != nil {
 		n.Err = fmt.Errorf("redisstore: marker record on %s: %w", n.Addr, err)
-		return n
+		return n, ""
 	}
 	n.DatasetLost = lost
-	return n
+	return n, info
 }
 
 // nodeAddr names the server cl reaches. go-redis's Sentinel client calls

@@ -78,15 +78,22 @@ func TestSafetySnapshotCountsWithoutConfig(t *testing.T) {
 }
 
 // TestSafetyCountsReplicas: a primary with a replica is not volatile even
-// without persistence.
+// without persistence, and the replica's own maxmemory-policy is read.
 func TestSafetyCountsReplicas(t *testing.T) {
 	primary := redistest.Start(t, redistest.Options{})
-	redistest.Start(t, redistest.Options{Args: []string{"--replicaof", "127.0.0.1", strconv.Itoa(primary.Port())}})
+	replica := redistest.Start(t, redistest.Options{Args: []string{"--replicaof", "127.0.0.1", strconv.Itoa(primary.Port()),
+		"--maxmemory-policy", "allkeys-lru"}})
 	ctx := context.Background()
 	waitUntil(t, "the replica", func() bool { return primary.Info(ctx, "replication", "connected_slaves") == "1" })
-	n := checkOne(t, redistest.OpenStore(t, primary.URL(), time.Second).NewSafetyChecker())
-	if n.Replicas != 1 || n.Volatile() {
-		t.Fatalf("replicas %d, volatile %v; want 1, false", n.Replicas, n.Volatile())
+	nodes, err := redistest.OpenStore(t, primary.URL(), time.Second).NewSafetyChecker().Check(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(nodes) != 2 || nodes[0].Replicas != 1 || nodes[0].Volatile() || nodes[0].Replica {
+		t.Fatalf("primary %+v; want 1 replica, not volatile", nodes)
+	}
+	if r := nodes[1]; !r.Replica || r.Addr != replica.Addr() || r.Err != nil || r.MaxmemoryPolicy != "allkeys-lru" || !r.Evicting() || r.Volatile() {
+		t.Fatalf("replica %+v; want %s with allkeys-lru", r, replica.Addr())
 	}
 }
 
@@ -127,10 +134,11 @@ func TestSafetyNoticesAVanishedDataset(t *testing.T) {
 	}
 }
 
-// TestSafetyCluster: every master is checked, each shard gets its own
-// marker on that master, and a loss on one shard is reported for it alone.
+// TestSafetyCluster: every node is checked, each shard gets its own
+// marker on its master, a loss on one shard is reported for it alone, and
+// a replica's evicting policy (in force once it is promoted) is seen.
 func TestSafetyCluster(t *testing.T) {
-	c := redistest.StartCluster(t, redistest.ClusterOptions{Masters: 3})
+	c := redistest.StartCluster(t, redistest.ClusterOptions{Masters: 3, ReplicasPerMaster: 1})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	chk := redistest.OpenStore(t, c.URL(), time.Second).NewSafetyChecker()
@@ -145,21 +153,25 @@ func TestSafetyCluster(t *testing.T) {
 			if n.Err != nil {
 				t.Fatal(n.Err)
 			}
-			out[n.Addr] = n
+			if !n.Replica {
+				out[n.Addr] = n
+			}
 		}
-		if len(out) != 3 {
-			t.Fatalf("%d masters checked, want 3: %+v", len(out), nodes)
+		if len(out) != 3 || len(nodes) != 6 {
+			t.Fatalf("%d masters of %d nodes checked, want 3 of 6: %+v", len(out), len(nodes), nodes)
 		}
 		return out
 	}
 	for _, n := range check() {
-		if n.DatasetLost || n.MaxmemoryPolicy != "noeviction" {
+		if n.DatasetLost || n.MaxmemoryPolicy != "noeviction" || n.Replicas != 1 || n.Volatile() {
 			t.Fatalf("fresh cluster: %+v", n)
 		}
 	}
 	var victim *redistest.Server
-	owners := map[string]bool{}
 	for _, s := range c.Nodes {
+		if role := s.Info(ctx, "replication", "role"); role != "master" {
+			continue
+		}
 		keys, err := s.Client().Keys(ctx, "idem:{marker:*}").Result()
 		if err != nil {
 			t.Fatal(err)
@@ -170,7 +182,6 @@ func TestSafetyCluster(t *testing.T) {
 		if m := c.MasterFor(ctx, keys[0]); m != s {
 			t.Fatalf("marker %s on %s, but its slot is served by %s", keys[0], s.Addr(), m.Addr())
 		}
-		owners[s.Addr()] = true
 		victim = s
 	}
 	if err := victim.Do(ctx, "FLUSHALL").Err(); err != nil {
@@ -181,6 +192,20 @@ func TestSafetyCluster(t *testing.T) {
 			t.Fatalf("%s: lost = %v; only %s was flushed", addr, n.DatasetLost, victim.Addr())
 		}
 	}
+
+	replica := c.ReplicaOf(ctx, victim)
+	if err := replica.Do(ctx, "CONFIG", "SET", "maxmemory-policy", "allkeys-lru").Err(); err != nil {
+		t.Fatal(err)
+	}
+	nodes, err := chk.Check(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range nodes {
+		if n.Evicting() != (n.Addr == replica.Addr()) {
+			t.Fatalf("%s (replica %v): evicting = %v; only the replica %s was set to allkeys-lru", n.Addr, n.Replica, n.Evicting(), replica.Addr())
+		}
+	}
 }
 
 // TestSafetySentinel: behind Sentinel the primary is checked, with its
@@ -189,9 +214,16 @@ func TestSafetySentinel(t *testing.T) {
 	g := redistest.StartSentinel(t, redistest.SentinelOptions{})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	n := checkOne(t, redistest.OpenStore(t, g.URL(), time.Second).NewSafetyChecker())
+	nodes, err := redistest.OpenStore(t, g.URL(), time.Second).NewSafetyChecker().Check(ctx)
+	if err != nil || len(nodes) != 2 {
+		t.Fatalf("%+v, %v; want the primary and its replica", nodes, err)
+	}
+	n := nodes[0]
 	if m := g.Master(ctx); n.Addr != m.Addr() || n.Replicas != 1 {
 		t.Fatalf("checked %s with %d replicas; want the primary %s with 1", n.Addr, n.Replicas, m.Addr())
+	}
+	if r := nodes[1]; !r.Replica || r.Addr != g.Other(g.Master(ctx)).Addr() || r.Err != nil || r.MaxmemoryPolicy != "noeviction" {
+		t.Fatalf("replica %+v", r)
 	}
 }
 
