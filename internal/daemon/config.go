@@ -43,12 +43,22 @@ type Config struct {
 	StoreTimeout time.Duration
 	// DrainTimeout bounds how long open streams may run after SIGTERM.
 	DrainTimeout time.Duration
+	// AllowEvictingRedis lets the server start on a Redis whose
+	// maxmemory-policy may evict records (see storesafety.go).
+	AllowEvictingRedis bool
+	// StoreCheckInterval is how often the store's safety is checked again
+	// after the check at start.
+	StoreCheckInterval time.Duration
 	// MemoryMaxRecords bounds the in-memory store.
 	MemoryMaxRecords int
 	// MaxMessageSize bounds one ext_proc message. A BUFFERED body arrives
 	// as one message, so it must exceed Envoy's buffer limit.
 	MaxMessageSize int
-	LogLevel       slog.Level
+	// MaxBufferedBytes bounds the body bytes all streams buffer together;
+	// 0 means DefaultMaxBufferedBytes (a quarter of the container's
+	// memory limit, else 256 MiB).
+	MaxBufferedBytes int64
+	LogLevel         slog.Level
 	// LogFormat is "json" or "text".
 	LogFormat string
 }
@@ -89,8 +99,11 @@ func ParseConfig(args []string, getenv func(string) string, usage io.Writer) (Co
 	fs.StringVar(&allowedSANs, "tls-allowed-sans", "", "comma-separated client identities admitted (URI SANs such as spiffe://cluster.local/ns/istio-system/sa/gateway, or DNS names); empty: any client certificate the CA signed")
 	fs.DurationVar(&cfg.StoreTimeout, "store-timeout", 100*time.Millisecond, "budget of one store call; keep it under Envoy's message_timeout (200ms by default)")
 	fs.DurationVar(&cfg.DrainTimeout, "drain-timeout", 15*time.Second, "how long open streams may finish after SIGTERM/SIGINT")
+	fs.BoolVar(&cfg.AllowEvictingRedis, "allow-evicting-redis", false, "start even when a Redis primary's maxmemory-policy may evict records (anything but noeviction); they can then vanish and their retries run again")
+	fs.DurationVar(&cfg.StoreCheckInterval, "store-check-interval", 30*time.Second, "how often each Redis primary's eviction policy, persistence, replicas and marker record are checked again after the check at start")
 	fs.IntVar(&cfg.MemoryMaxRecords, "memory-max-records", 1_000_000, "in-memory store only: most records held; past it new keys are refused with 503 (or pass under fail_open), so a flood of keys cannot exhaust memory")
 	fs.IntVar(&cfg.MaxMessageSize, "max-message-size", 32<<20, "largest ext_proc message accepted, in bytes; above Envoy's buffer limit, since a BUFFERED body is one message")
+	fs.Int64Var(&cfg.MaxBufferedBytes, "max-buffered-bytes", 0, "most body bytes all streams buffer at once (request bodies being fingerprinted, responses being stored); past it new protected requests get 503 idempotency-capacity-exceeded; 0: a quarter of the cgroup's memory.max, else 256 MiB")
 	fs.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	fs.StringVar(&cfg.LogFormat, "log-format", "json", "log format: json or text")
 
@@ -158,6 +171,12 @@ func ParseConfig(args []string, getenv func(string) string, usage io.Writer) (Co
 	}
 	if cfg.MaxMessageSize < 1<<20 {
 		errs = append(errs, fmt.Errorf("%s: %d is below 1 MiB, the smallest Envoy buffer", where("max-message-size"), cfg.MaxMessageSize))
+	}
+	if cfg.MaxBufferedBytes < 0 {
+		errs = append(errs, fmt.Errorf("%s: must not be negative (0 picks the default)", where("max-buffered-bytes")))
+	}
+	if cfg.StoreCheckInterval <= 0 {
+		errs = append(errs, fmt.Errorf("%s: must be positive", where("store-check-interval")))
 	}
 	if cfg.DrainTimeout < 0 {
 		errs = append(errs, fmt.Errorf("%s: must not be negative", where("drain-timeout")))

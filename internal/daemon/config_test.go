@@ -21,7 +21,8 @@ func TestParseConfigDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := Config{Listen: ":50051", AdminListen: ":8081", StoreTimeout: 100 * time.Millisecond,
-		DrainTimeout: 15 * time.Second, MaxMessageSize: 32 << 20, MemoryMaxRecords: 1_000_000, LogLevel: slog.LevelInfo, LogFormat: "json"}
+		DrainTimeout: 15 * time.Second, MaxMessageSize: 32 << 20, MemoryMaxRecords: 1_000_000, LogLevel: slog.LevelInfo, LogFormat: "json",
+		StoreCheckInterval: 30 * time.Second}
 	if !reflect.DeepEqual(cfg, want) {
 		t.Fatalf("defaults = %+v, want %+v", cfg, want)
 	}

@@ -62,6 +62,8 @@ type Daemon struct {
 	// stopWatch ends the configuration watcher, the SIGHUP handler and the
 	// health checker.
 	stopWatch context.CancelFunc
+	// safety checks the Redis store's settings and data (Redis only).
+	safety *storeSafety
 	// shutdownTracing flushes spans on the way out.
 	shutdownTracing func(context.Context) error
 }
@@ -138,14 +140,19 @@ func Start(cfg Config, log *slog.Logger, getenv func(string) string) (*Daemon, e
 		log.Warn("configuration file not watched; reload with SIGHUP", slog.String("error", err.Error()))
 	}
 	d.reloadOnHangup(watchCtx)
+	budget := cfg.MaxBufferedBytes
+	if budget == 0 {
+		budget = DefaultMaxBufferedBytes(os.ReadFile)
+	}
 	srv := extproc.New(extproc.Config{
-		Store:          d.store,
-		Policies:       d.policies.Current,
-		Logger:         log,
-		StoreTimeout:   cfg.StoreTimeout,
-		Observer:       d.metrics,
-		TracerProvider: tp,
-		Sealer:         sealerOrNil(ring),
+		MaxBufferedBytes: budget,
+		Store:            d.store,
+		Policies:         d.policies.Current,
+		Logger:           log,
+		StoreTimeout:     cfg.StoreTimeout,
+		Observer:         d.metrics,
+		TracerProvider:   tp,
+		Sealer:           sealerOrNil(ring),
 	})
 	gopts := StreamServerOptions(cfg.MaxMessageSize)
 	if cfg.TLSCertFile != "" {
@@ -165,6 +172,9 @@ func Start(cfg Config, log *slog.Logger, getenv func(string) string) (*Daemon, e
 	d.health = health.NewServer()
 	healthpb.RegisterHealthServer(d.grpc, d.health)
 	d.checkHealth(watchCtx)
+	if d.safety != nil {
+		d.safety.watch(watchCtx)
+	}
 	go func() { d.errc <- d.grpc.Serve(d.lis) }()
 
 	if d.adminLis != nil {
@@ -177,7 +187,8 @@ func Start(cfg Config, log *slog.Logger, getenv func(string) string) (*Daemon, e
 	}
 	log.Info("idem-extproc serving", slog.String("listen", d.lis.Addr().String()),
 		slog.String("admin_listen", d.AdminAddr()), slog.String("store", d.storeName()),
-		slog.String("config", cfg.ConfigFile), slog.Int("policies", len(d.policies.Current().Policies)))
+		slog.String("config", cfg.ConfigFile), slog.Int("policies", len(d.policies.Current().Policies)),
+		slog.Int64("max_buffered_bytes", budget))
 	return d, nil
 }
 
@@ -202,6 +213,11 @@ func (d *Daemon) openStore() error {
 	if err := d.store.Ping(ctx); err != nil {
 		// Not fatal: Redis may come up later; /readyz tells until then.
 		d.log.Warn("redis does not answer yet; not ready until it does", slog.String("error", err.Error()))
+	}
+	if err := d.checkStoreAtStart(st); err != nil {
+		d.closeStore()
+		d.closers = nil
+		return err
 	}
 	return nil
 }

@@ -91,24 +91,38 @@ func TestPatchIsProtected(t *testing.T) {
 // call; the quoted IETF form names the same key as the bare token.
 func TestMalformedKeys(t *testing.T) {
 	env := harness.Start(t, harness.Options{})
-	for _, tc := range []struct{ name, key string }{
-		{"empty", ""},
-		{"empty quoted", `""`},
-		{"too long", strings.Repeat("k", 256)},
-		{"too long quoted", `"` + strings.Repeat("k", 256) + `"`},
-		{"inner space", "a b"},
-		{"non-ASCII", "ключ"},
-		{"control byte", "a\x01b"},
-		{"unterminated quote", `"abc`},
-		{"bad escape", `"a\b"`},
-		{"text after quote", `"abc"def`},
+	for _, tc := range []struct {
+		name, key string
+		// more are further Idempotency-Key field lines, sent as envoysim
+		// sends them: one HeaderValue per line, as Envoy does.
+		more []string
+	}{
+		{name: "two field lines", key: "dup-a", more: []string{"dup-b"}},
+		{name: "the same key on two field lines", key: "dup-a", more: []string{"dup-a"}},
+		{name: "bare list", key: "a,b"},
+		{name: "bare list with space", key: "a, b"},
+		{name: "list of quoted strings", key: `"a", "b"`},
+		{"empty", "", nil},
+		{"empty quoted", `""`, nil},
+		{"too long", strings.Repeat("k", 256), nil},
+		{"too long quoted", `"` + strings.Repeat("k", 256) + `"`, nil},
+		{"inner space", "a b", nil},
+		{"non-ASCII", "ключ", nil},
+		{"control byte", "a\x01b", nil},
+		{"unterminated quote", `"abc`, nil},
+		{"bad escape", `"a\b"`, nil},
+		{"text after quote", `"abc"def`, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			// Straight through the filter: net/http would refuse some of
 			// these bytes, and the server must not rely on a proxy that does.
+			hs := []envoysim.Header{{Name: "idempotency-key", Value: tc.key}, {Name: "content-type", Value: "application/json"}}
+			for _, k := range tc.more {
+				hs = append(hs, envoysim.Header{Name: "idempotency-key", Value: k})
+			}
 			res := env.Exchange(&envoysim.Request{
 				Method: http.MethodPost, Path: "/orders", Authority: "api.example",
-				Headers: []envoysim.Header{{Name: "idempotency-key", Value: tc.key}, {Name: "content-type", Value: "application/json"}},
+				Headers: hs,
 				Body:    []byte(`{}`),
 			})
 			wantProblem(t, replyOf(res), problem.KeyInvalid)

@@ -26,6 +26,7 @@ func (p *processor) decide(ctx context.Context, req *extprocv3.ProcessingRequest
 		JSON:    p.pol.FingerprintJSON,
 	}, p.pol.FingerprintHeaders)
 	p.reqBody, p.reqHeaders = nil, nil
+	p.releaseHeld() // the request body is no longer kept
 	p.tok = idem.NewToken()
 	if p.pol.Enforcement == policy.EnforcementShadow {
 		return p.decideShadow(ctx, req, fp)

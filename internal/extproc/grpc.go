@@ -120,6 +120,9 @@ func (p *processor) onStreamedRequestBody(ctx context.Context, req *extprocv3.Pr
 	if len(p.reqBody)+len(msg) > p.pol.MaxRequestBody {
 		return p.refuse(ctx, req, bodyTooLarge(p.pol.MaxRequestBody))
 	}
+	if prob := p.holdRequestBody(len(msg)); prob != nil {
+		return p.refuse(ctx, req, prob)
+	}
 	if p.requestBodyMode == procmodev3.ProcessingMode_GRPC {
 		// Frame each message as gRPC does on the wire, so that message
 		// boundaries are part of the fingerprint.

@@ -32,7 +32,8 @@ import (
 //     retry policies retry;
 //   - a request too large to fingerprint: RESOURCE_EXHAUSTED, as gRPC
 //     answers an over-limit message;
-//   - no principal to scope the key: UNAUTHENTICATED.
+//   - no principal to scope the key: UNAUTHENTICATED;
+//   - the server's body budget full: transient too, UNAVAILABLE.
 var grpcCodes = map[string]codes.Code{
 	problem.KeyMissing.Slug:       codes.InvalidArgument,
 	problem.KeyInvalid.Slug:       codes.InvalidArgument,
@@ -43,6 +44,7 @@ var grpcCodes = map[string]codes.Code{
 	problem.BodyTooLarge.Slug:     codes.ResourceExhausted,
 	problem.BodyIncomplete.Slug:   codes.ResourceExhausted,
 	problem.PrincipalMissing.Slug: codes.Unauthenticated,
+	problem.CapacityExceeded.Slug: codes.Unavailable,
 }
 
 // ReplayCode is the gRPC status of a retry of a completed call: the

@@ -93,8 +93,10 @@ func (p *processor) storeResponseBytes(body *extprocv3.HttpBody) {
 	} else {
 		next = append(next, body.GetBody()...)
 	}
-	if len(next) > p.pol.MaxStoredBody {
+	if len(next) > p.pol.MaxStoredBody || !p.hold(len(next)-len(p.respBody)) {
+		// Over the policy's limit, or no room in the server's budget.
 		p.respTooLarge, p.respBody = true, nil
+		p.releaseHeld()
 		return
 	}
 	p.respBody = next

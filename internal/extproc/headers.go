@@ -46,6 +46,23 @@ func findHeader(m *corev3.HeaderMap, name string) (string, bool) {
 	return "", false
 }
 
+// countHeader returns how many field lines named name m holds. Envoy sends
+// each line of a repeated header as its own HeaderValue: its header map
+// joins repeated lines only for the inline headers it knows
+// (source/common/http/header_map_impl.cc HeaderMapImpl::insertByKey, which
+// appends to an existing entry only after a static lookup hit), and
+// MutationUtils::headersToProto (ext_proc/mutation_utils.cc) adds one
+// HeaderValue per entry it iterates.
+func countHeader(m *corev3.HeaderMap, name string) int {
+	n := 0
+	for _, h := range m.GetHeaders() {
+		if h.GetKey() == name {
+			n++
+		}
+	}
+	return n
+}
+
 // keptHeaders appends to into the headers of m whose names keep accepts,
 // in order: a response's headers are copied only when the record will
 // keep them.

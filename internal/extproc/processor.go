@@ -58,6 +58,9 @@ type processor struct {
 	requestID  string
 	reqHeaders []idem.Header
 	reqBody    []byte
+	// held is what this stream's buffered bodies take of the server's
+	// budget (budget.go).
+	held int64
 
 	id       idem.RecordID
 	tok      idem.Token
@@ -77,6 +80,7 @@ type processor struct {
 	respTooLarge bool
 
 	rpc rpcState
+	seq sequence
 
 	// respAdd are headers the response headers reply adds to the response
 	// the client gets: a shadow policy's decision, a key grace period's
@@ -138,6 +142,9 @@ func (p *processor) storeCtx(ctx context.Context) (context.Context, context.Canc
 func (p *processor) handle(ctx context.Context, req *extprocv3.ProcessingRequest) (*extprocv3.ProcessingResponse, error) {
 	if req.GetRequest() == nil && req.GetClientWindowUpdate() != nil {
 		return nil, nil // grpc-go's flow control acknowledging what it was sent back
+	}
+	if err := p.seq.next(req, p.requestBodyStreams()); err != nil {
+		return nil, err
 	}
 	if pc := req.GetProtocolConfig(); pc != nil {
 		p.requestBodyMode, p.responseBodyMode = pc.GetRequestBodyMode(), pc.GetResponseBodyMode()
@@ -225,6 +232,12 @@ func (p *processor) onRequestHeaders(ctx context.Context, req *extprocv3.Process
 		p.decided(DecisionBypassed)
 		return p.passThrough(req)
 	}
+	if n := countHeader(hs, p.pol.KeyHeader); n > 1 {
+		// Which line counts would depend on who reads it (this server the
+		// first, many upstreams the last): one record for two keys.
+		return p.refuse(ctx, req, problem.New(problem.KeyInvalid,
+			fmt.Sprintf("invalid Idempotency-Key: sent on %d field lines; the field is a single string", n)))
+	}
 	key, err := idem.ParseKey(rawKey, p.pol.MaxKeyLength)
 	if err != nil {
 		return p.refuse(ctx, req, problem.New(problem.KeyInvalid, err.Error()))
@@ -238,6 +251,9 @@ func (p *processor) onRequestHeaders(ctx context.Context, req *extprocv3.Process
 	p.reqHeaders = selectHeaders(hs, p.pol.FingerprintHeaders)
 	if hh.GetEndOfStream() {
 		return p.decide(ctx, req)
+	}
+	if p.budgetFull() {
+		return p.refuse(ctx, req, p.capacityProblem())
 	}
 	p.stage = stageRequestBody
 	if resp, ok := p.awaitRequestBody(ctx, req); ok {
@@ -313,6 +329,9 @@ func (p *processor) onRequestBody(ctx context.Context, req *extprocv3.Processing
 	}
 	if len(p.reqBody)+len(body.GetBody()) > p.pol.MaxRequestBody {
 		return p.refuse(ctx, req, bodyTooLarge(p.pol.MaxRequestBody))
+	}
+	if prob := p.holdRequestBody(len(body.GetBody())); prob != nil {
+		return p.refuse(ctx, req, prob)
 	}
 	p.reqBody = append(p.reqBody, body.GetBody()...)
 	switch {

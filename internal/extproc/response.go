@@ -66,8 +66,11 @@ func (p *processor) onResponseBody(ctx context.Context, req *extprocv3.Processin
 		return continueFor(req)
 	}
 	if !p.respTooLarge {
-		if len(p.respBody)+len(body.GetBody()) > p.pol.MaxStoredBody {
+		if len(p.respBody)+len(body.GetBody()) > p.pol.MaxStoredBody || !p.hold(len(body.GetBody())) {
+			// Over the policy's limit, or no room in the server's budget:
+			// the response is recorded without its body.
 			p.respTooLarge, p.respBody = true, nil
+			p.releaseHeld()
 		} else {
 			p.respBody = append(p.respBody, body.GetBody()...)
 		}

@@ -52,6 +52,9 @@ type Config struct {
 	// Now is the clock that ends key grace periods (key.warn_until);
 	// time.Now when nil.
 	Now func() time.Time
+	// MaxBufferedBytes bounds the body bytes all streams buffer together
+	// (see bodyBudget); no bound when zero.
+	MaxBufferedBytes int64
 }
 
 // Sealer encrypts stored responses at rest (package seal implements it).
@@ -69,6 +72,8 @@ type Server struct {
 	// tracer makes spans; nil when tracing is off, so that no span work
 	// (each span's context is an allocation) is done at all.
 	tracer trace.Tracer
+	// budget bounds buffered bodies; nil when unbounded.
+	budget *bodyBudget
 }
 
 // New returns a Server.
@@ -94,6 +99,9 @@ func New(cfg Config) *Server {
 	if s.obs == nil {
 		s.obs = nopObserver{}
 	}
+	if cfg.MaxBufferedBytes > 0 {
+		s.budget = &bodyBudget{limit: cfg.MaxBufferedBytes}
+	}
 	if tp := cfg.TracerProvider; tp != nil {
 		s.tracer = tp.Tracer("github.com/idem-extproc/idem-extproc/internal/extproc")
 	}
@@ -108,6 +116,7 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 	p := newProcessor(s, s.cfg.Policies(), stream.Send)
 	err := s.serve(ctx, stream, p)
 	p.finish()
+	p.releaseHeld()
 	p.endSpan(err)
 	return err
 }

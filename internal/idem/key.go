@@ -17,6 +17,15 @@ var ErrInvalidKey = errors.New("invalid Idempotency-Key")
 // \\ escapes; draft-ietf-httpapi-idempotency-key-header), and the bare token
 // many clients send (abc); both name the same key. The key itself must be
 // 1 to maxLen characters of visible ASCII (0x21-0x7E).
+//
+// The field is a single sf-string Item, never a List (the draft, section 2:
+// "Idempotency-Key is an Item Structured Header"). RFC 8941 section 4.2
+// parses a field sent on several lines as their comma-joined value and
+// fails an Item with anything left after it, and RFC 9110 section 5.3 lets
+// any intermediary join repeated lines that way. So a bare key holding a
+// comma ("a,b", "a, b") cannot be told from two keys joined and is refused;
+// a comma inside the quoted form ("a,b") is part of one string and is
+// kept. The caller refuses a field that arrives on more than one line.
 func ParseKey(raw string, maxLen int) (string, error) {
 	if maxLen <= 0 || maxLen > MaxKeyLength {
 		maxLen = MaxKeyLength
@@ -27,6 +36,8 @@ func ParseKey(raw string, maxLen int) (string, error) {
 		if v, err = unquote(v); err != nil {
 			return "", err
 		}
+	} else if strings.Contains(v, ",") {
+		return "", fmt.Errorf("%w: a list of values; the field is a single string", ErrInvalidKey)
 	}
 	if v == "" {
 		return "", fmt.Errorf("%w: empty", ErrInvalidKey)

@@ -34,6 +34,7 @@ type Metrics struct {
 	requests       *prometheus.CounterVec
 	shadow         *prometheus.CounterVec
 	keyWarnings    *prometheus.CounterVec
+	safety         *storeSafety
 	started        time.Time
 }
 
@@ -96,6 +97,7 @@ func NewMetrics() *Metrics {
 	}, []string{"version", "revision", "goversion"})
 	version, revision := buildVersion()
 	build.WithLabelValues(version, revision, runtime.Version()).Set(1)
+	m.safety = newStoreSafety(m.reg)
 	m.reg.MustRegister(m.decisions, m.storeCalls, m.openStreams, m.replayAge, m.settleFailures, m.reloads, m.adminActions,
 		m.requests, m.shadow, m.keyWarnings, build,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

@@ -34,6 +34,7 @@ var (
 	BodyTooLarge     = Kind{"request-body-too-large", "Request body is too large to be checked for idempotency", 413}
 	BodyIncomplete   = Kind{"request-body-incomplete", "Request body did not arrive whole", 413}
 	PrincipalMissing = Kind{"principal-missing", "The request's principal is required to scope its Idempotency-Key", 401}
+	CapacityExceeded = Kind{"idempotency-capacity-exceeded", "The idempotency server has no room to buffer this request now", 503}
 )
 
 // Problem is one answer: a kind with the specific detail of this case.

@@ -1,0 +1,40 @@
+package daemon
+
+import (
+	"strconv"
+	"strings"
+)
+
+// FallbackMaxBufferedBytes is the body budget when the container's memory
+// limit cannot be read.
+const FallbackMaxBufferedBytes = 256 << 20
+
+// cgroupMemoryFiles hold the memory limit of the process's cgroup: the
+// unified hierarchy (v2) first, then v1's memory controller. In a
+// container with its own cgroup namespace (the default of Docker, and of
+// Kubernetes on cgroup v2) they are the container's own limit.
+var cgroupMemoryFiles = []string{
+	"/sys/fs/cgroup/memory.max",
+	"/sys/fs/cgroup/memory/memory.limit_in_bytes",
+}
+
+// DefaultMaxBufferedBytes is a quarter of the container's memory limit,
+// leaving the rest to the Go runtime, the gRPC buffers and each message
+// as it arrives; FallbackMaxBufferedBytes when no limit is set ("max" in
+// v2, a near-2^63 sentinel in v1) or none can be read. readFile is
+// os.ReadFile in production.
+func DefaultMaxBufferedBytes(readFile func(string) ([]byte, error)) int64 {
+	for _, path := range cgroupMemoryFiles {
+		b, err := readFile(path)
+		if err != nil {
+			continue
+		}
+		v := strings.TrimSpace(string(b))
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n <= 0 || n >= 1<<62 {
+			return FallbackMaxBufferedBytes // "max", or v1's "no limit"
+		}
+		return n / 4
+	}
+	return FallbackMaxBufferedBytes
+}
