@@ -217,7 +217,10 @@ func TestServerRestartKeepsRecords(t *testing.T) {
 	env := harness.Start(t, harness.Options{ExpectProcessingErrors: true})
 	done := make(chan harness.Reply)
 	go func() { done <- env.Post("/orders", "restart-1", `{"s":1}`, "x-upstream-delay", "300ms") }()
-	waitFor(t, func() bool { return reservedCount(t, env) == 1 })
+	// Crash only once the upstream has the request: a crash right after the
+	// reservation, while Envoy still held the request, would leave no
+	// effect at all, which is right but not what this test is about.
+	waitFor(t, func() bool { return env.Upstream.ArrivedKey("restart-1") == 1 })
 	env.CrashServer()
 	r := <-done
 	wantStatus(t, r, http.StatusInternalServerError) // Envoy's status_on_error
