@@ -70,6 +70,10 @@ type Observer interface {
 	// KeyWarned reports a request without a required key let through
 	// during the policy's grace period (key.warn_until).
 	KeyWarned(policy string)
+	// MissingAttribute reports a request of a policy that needed an Envoy
+	// attribute (response.code_details, a principal, xds.route_name) the
+	// filter did not send.
+	MissingAttribute(policy, attribute string)
 }
 
 type nopObserver struct{}
@@ -82,6 +86,7 @@ func (nopObserver) SettleFailed(policy, op string)       {}
 func (nopObserver) Requested(string, bool)               {}
 func (nopObserver) ShadowDecided(string, ShadowDecision) {}
 func (nopObserver) KeyWarned(string)                     {}
+func (nopObserver) MissingAttribute(string, string)      {}
 
 // headerCarrier reads W3C trace context from Envoy's request headers.
 type headerCarrier struct{ m *corev3.HeaderMap }

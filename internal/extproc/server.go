@@ -69,6 +69,8 @@ type Server struct {
 	// tracer makes spans; nil when tracing is off, so that no span work
 	// (each span's context is an allocation) is done at all.
 	tracer trace.Tracer
+	// missing remembers the attributes already reported missing.
+	missing missingOnce
 }
 
 // New returns a Server.

@@ -34,6 +34,7 @@ type Metrics struct {
 	requests       *prometheus.CounterVec
 	shadow         *prometheus.CounterVec
 	keyWarnings    *prometheus.CounterVec
+	missingAttrs   *prometheus.CounterVec
 	started        time.Time
 }
 
@@ -89,6 +90,16 @@ func NewMetrics() *Metrics {
 			Namespace: Namespace, Name: "key_warnings_total",
 			Help: "Requests without a required key let through with a Warning during the policy's grace period (key.warn_until).",
 		}, []string{"policy"}),
+		missingAttrs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Name: "missing_attribute_total",
+			Help: "Requests whose policy needed an Envoy attribute the ext_proc filter did not send (response.code_details: " +
+				"add it to response_attributes; a principal or xds.route_name: request_attributes).",
+		}, []string{"policy", "attribute"}),
+	}
+	// Every attribute's series exists from the start (policy "none"), so a
+	// rule on the family sees it before the first miss.
+	for name := range extproc.MissingAttributes {
+		m.missingAttrs.WithLabelValues("none", name)
 	}
 	build := prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Namespace: Namespace, Name: "build_info",
@@ -97,7 +108,7 @@ func NewMetrics() *Metrics {
 	version, revision := buildVersion()
 	build.WithLabelValues(version, revision, runtime.Version()).Set(1)
 	m.reg.MustRegister(m.decisions, m.storeCalls, m.openStreams, m.replayAge, m.settleFailures, m.reloads, m.adminActions,
-		m.requests, m.shadow, m.keyWarnings, build,
+		m.requests, m.shadow, m.keyWarnings, m.missingAttrs, build,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -168,6 +179,12 @@ func (m *Metrics) ShadowDecided(policy string, d extproc.ShadowDecision) {
 // KeyWarned implements extproc.Observer.
 func (m *Metrics) KeyWarned(policy string) {
 	m.keyWarnings.WithLabelValues(policyLabel(policy)).Inc()
+}
+
+// MissingAttribute counts a request whose policy needed an attribute Envoy
+// did not send.
+func (m *Metrics) MissingAttribute(policy, attribute string) {
+	m.missingAttrs.WithLabelValues(policyLabel(policy), attribute).Inc()
 }
 
 // ObserveStoreCall times one store call.
