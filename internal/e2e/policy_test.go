@@ -179,7 +179,9 @@ policies:
 // tenantEnv scopes keys by each kind of trusted source.
 func tenantEnv(t *testing.T, scope string) *harness.Env {
 	cfg := envoysim.RecommendedConfig()
-	cfg.RequestAttributes = append(cfg.RequestAttributes, "source.principal")
+	// The recommended filter asks for the URI SAN; a policy reading the DNS
+	// SAN or the subject needs its attribute too.
+	cfg.RequestAttributes = append(cfg.RequestAttributes, "connection.dns_san_peer_certificate", "connection.subject_peer_certificate")
 	cfg.MetadataOptions = &extprocfilterv3.MetadataOptions{ForwardingNamespaces: &extprocfilterv3.MetadataOptions_MetadataNamespaces{
 		Untyped: []string{"envoy.filters.http.jwt_authn"},
 	}}
@@ -194,7 +196,11 @@ func tenantEnv(t *testing.T, scope string) *harness.Env {
 			if tenant == "" {
 				return
 			}
-			req.Principal = "spiffe://example.org/tenant/" + tenant
+			req.PeerCertificate = &envoysim.PeerCertificate{
+				URISANs: []string{"spiffe://example.org/tenant/" + tenant},
+				DNSSANs: []string{tenant + ".tenants.example.org"},
+				Subject: "CN=" + tenant + ",O=Example",
+			}
 			payload, _ := structpb.NewStruct(map[string]any{"jwt_payload": map[string]any{"sub": tenant}})
 			req.DynamicMetadata = map[string]*structpb.Struct{"envoy.filters.http.jwt_authn": payload}
 		},
@@ -240,9 +246,11 @@ func TestScopeNoneSharesOneKeySpace(t *testing.T) {
 // independent records; neither can receive, block or overwrite the other's.
 func TestTenantsAreIsolated(t *testing.T) {
 	for name, scope := range map[string]string{
-		"header":    "    from: header\n    header: x-test-tenant\n",
-		"metadata":  "    from: metadata\n    metadata: {namespace: envoy.filters.http.jwt_authn, path: [jwt_payload, sub]}\n",
-		"principal": "    from: principal\n",
+		"header":            "    from: header\n    header: x-test-tenant\n",
+		"metadata":          "    from: metadata\n    metadata: {namespace: envoy.filters.http.jwt_authn, path: [jwt_payload, sub]}\n",
+		"principal":         "    from: principal\n",
+		"principal dns_san": "    from: principal\n    peer_identity: dns_san\n",
+		"principal subject": "    from: principal\n    peer_identity: subject\n",
 	} {
 		t.Run(name, func(t *testing.T) {
 			env := tenantEnv(t, scope)
