@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -178,4 +179,60 @@ func TestMissingAttributesAreLoud(t *testing.T) {
 			t.Fatalf("missing_attribute_total = %v, want 1", n)
 		}
 	})
+}
+
+// TestReplaySurvivesEnvoysHeaderRules: a stored response with more headers
+// than Envoy accepts in one mutation (an upstream cluster that raised its
+// header limits) is still replayed with idempotent-replayed: the server
+// leaves out what Envoy would refuse instead of losing the whole mutation.
+// An empty body's replay loses content-type and content-length in Envoy.
+func TestReplaySurvivesEnvoysHeaderRules(t *testing.T) {
+	m := observe.NewMetrics()
+	env := harness.Start(t, harness.Options{Observer: m})
+	many := func(context.Context, *envoysim.Request) (*envoysim.Response, error) {
+		hs := []envoysim.Header{{Name: "content-type", Value: "application/json"}}
+		for i := range 150 {
+			hs = append(hs, envoysim.Header{Name: "x-h-" + strconv.Itoa(i), Value: "v"})
+		}
+		return &envoysim.Response{Status: http.StatusCreated, Headers: hs, Body: []byte(`{"order":1}`)}, nil
+	}
+	if r := exchange(env, "many-headers", many); r.Response.Status != http.StatusCreated {
+		t.Fatalf("first attempt %v", r)
+	}
+	replay := exchange(env, "many-headers", env.Proxy.Upstream)
+	if v, _ := envoysim.Get(replay.Response.Headers, "idempotent-replayed"); v != "true" || replay.ProcessingError != nil {
+		t.Fatalf("the replay lost its marker: %v %v", replay, replay.ProcessingError)
+	}
+	if string(replay.Response.Body) != `{"order":1}` {
+		t.Fatalf("replayed body %q", replay.Response.Body)
+	}
+	if n := droppedHeaders(t, m); n == 0 {
+		t.Fatal("the dropped headers were not counted")
+	}
+
+	empty := func(context.Context, *envoysim.Request) (*envoysim.Response, error) {
+		return &envoysim.Response{Status: http.StatusNoContent, Headers: []envoysim.Header{{Name: "content-type", Value: "application/json"}}}, nil
+	}
+	exchange(env, "no-body", empty)
+	replay = exchange(env, "no-body", env.Proxy.Upstream)
+	if _, ok := envoysim.Get(replay.Response.Headers, "content-type"); ok || replay.Response.Status != http.StatusNoContent {
+		t.Fatalf("an empty replay keeps no content-type in Envoy: %v", replay.Response.Headers)
+	}
+}
+
+func droppedHeaders(t *testing.T, m *observe.Metrics) float64 {
+	t.Helper()
+	fams, err := m.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	total := 0.0
+	for _, f := range fams {
+		if f.GetName() == "idem_extproc_replay_headers_dropped_total" {
+			for _, s := range f.GetMetric() {
+				total += s.GetCounter().GetValue()
+			}
+		}
+	}
+	return total
 }

@@ -74,6 +74,10 @@ type Observer interface {
 	// attribute (response.code_details, a principal, xds.route_name) the
 	// filter did not send.
 	MissingAttribute(policy, attribute string)
+	// ReplayHeadersDropped reports stored headers left out of a replay
+	// because Envoy would refuse them (a control character, or past its
+	// header count or size limit).
+	ReplayHeadersDropped(policy string, n int)
 }
 
 type nopObserver struct{}
@@ -87,6 +91,7 @@ func (nopObserver) Requested(string, bool)               {}
 func (nopObserver) ShadowDecided(string, ShadowDecision) {}
 func (nopObserver) KeyWarned(string)                     {}
 func (nopObserver) MissingAttribute(string, string)      {}
+func (nopObserver) ReplayHeadersDropped(string, int)     {}
 
 // headerCarrier reads W3C trace context from Envoy's request headers.
 type headerCarrier struct{ m *corev3.HeaderMap }

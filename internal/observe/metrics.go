@@ -35,6 +35,7 @@ type Metrics struct {
 	shadow         *prometheus.CounterVec
 	keyWarnings    *prometheus.CounterVec
 	missingAttrs   *prometheus.CounterVec
+	droppedHeaders *prometheus.CounterVec
 	started        time.Time
 }
 
@@ -96,6 +97,12 @@ func NewMetrics() *Metrics {
 				"add it to response_attributes; a principal or xds.route_name: request_attributes).",
 		}, []string{"policy", "attribute"}),
 	}
+	m.droppedHeaders = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Name: "replay_headers_dropped_total",
+		Help: "Stored headers left out of replays because Envoy would refuse the whole header mutation (a control character, " +
+			"more than 100 headers or 60 KiB).",
+	}, []string{"policy"})
+	m.droppedHeaders.WithLabelValues("none")
 	// Every attribute's series exists from the start (policy "none"), so a
 	// rule on the family sees it before the first miss.
 	for name := range extproc.MissingAttributes {
@@ -108,7 +115,7 @@ func NewMetrics() *Metrics {
 	version, revision := buildVersion()
 	build.WithLabelValues(version, revision, runtime.Version()).Set(1)
 	m.reg.MustRegister(m.decisions, m.storeCalls, m.openStreams, m.replayAge, m.settleFailures, m.reloads, m.adminActions,
-		m.requests, m.shadow, m.keyWarnings, m.missingAttrs, build,
+		m.requests, m.shadow, m.keyWarnings, m.missingAttrs, m.droppedHeaders, build,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -185,6 +192,11 @@ func (m *Metrics) KeyWarned(policy string) {
 // did not send.
 func (m *Metrics) MissingAttribute(policy, attribute string) {
 	m.missingAttrs.WithLabelValues(policyLabel(policy), attribute).Inc()
+}
+
+// ReplayHeadersDropped counts stored headers left out of a replay.
+func (m *Metrics) ReplayHeadersDropped(policy string, n int) {
+	m.droppedHeaders.WithLabelValues(policyLabel(policy)).Add(float64(n))
 }
 
 // ObserveStoreCall times one store call.
