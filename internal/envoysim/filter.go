@@ -687,7 +687,11 @@ func (x *exchange) failure(ctx context.Context, err error) (*Response, error) {
 		return x.errorReply(504, "ext_proc_error_per-message_timeout_exceeded"), nil
 	}
 	if st, ok := status.FromError(err); ok && st.Code() != 0 && !errors.Is(err, ErrSpurious) {
-		return x.errorReply(x.statusOnError(), "ext_proc_error_gRPC_error_"+strconv.Itoa(int(st.Code()))), nil
+		// Filter::onGrpcError: "%s_gRPC_error_%i{%s}" with ErrorPrefix
+		// "ext_proc_error" and the status message, spaces then replaced by
+		// "_" in sendImmediateResponse.
+		return x.errorReply(x.statusOnError(),
+			spaceless("ext_proc_error_gRPC_error_"+strconv.Itoa(int(st.Code()))+"{"+st.Message()+"}")), nil
 	}
 	return x.errorReply(x.statusOnError(), err.Error()), nil
 }
