@@ -498,7 +498,9 @@ func (x *exchange) mutate(headers []Header, cr *extprocv3.CommonResponse) ([]Hea
 		x.res.ProcessingError = err
 		x.side.close()
 		x.complete = true
-		return headers, x.errorReply(x.statusOnError(), err.Error())
+		// Filter::handleErrorResponse: status_on_error, the status
+		// message as details (spaces as "_", sendImmediateResponse).
+		return headers, x.errorReply(x.statusOnError(), spaceless(err.Error()))
 	}
 	return out, nil
 }

@@ -1,7 +1,6 @@
 package envoysim
 
 import (
-	"errors"
 	"fmt"
 	"strings"
 
@@ -51,7 +50,13 @@ func check(rules *mutationrulesv3.HeaderMutationRules, name string, remove bool)
 	return checkOK
 }
 
-var errBothValues = errors.New("only one of value or raw_value in the HeaderValue message should be set")
+// envoyStatus is an error whose text is the absl::Status message Envoy
+// gives the same failure, spelt as Envoy spells it.
+type envoyStatus string
+
+func (e envoyStatus) Error() string { return string(e) }
+
+var errBothValues error = envoyStatus("Only one of value or raw_value in the HeaderValue message should be set.")
 
 // Envoy's header map limits: the connection manager's max_headers_count and
 // max_request_headers_kb defaults (Http::DEFAULT_MAX_HEADERS_COUNT 100,
@@ -96,7 +101,8 @@ func (x *exchange) applyMutation(hs []Header, m *extprocv3.HeaderMutation) ([]He
 //  4. headerMutationResultCheck: a result over the map's count or size limit
 //     is an error, after the changes were made.
 //
-// An error stops the walk where it happened; what was applied stays in the
+// The error texts are Envoy's (they become the local reply's details). An
+// error stops the walk where it happened; what was applied stays in the
 // returned headers (the caller decides whether that matters: a CONTINUE
 // reply fails the request, an immediate response goes out as it is).
 func applyMutation(hs []Header, m *extprocv3.HeaderMutation, rules *mutationrulesv3.HeaderMutationRules, lim headerLimits) ([]Header, error) {
@@ -107,17 +113,17 @@ func applyMutation(hs []Header, m *extprocv3.HeaderMutation, rules *mutationrule
 		lim.kb = DefaultMaxHeadersKB
 	}
 	if len(m.GetRemoveHeaders()) > lim.count || len(m.GetSetHeaders()) > lim.count {
-		return hs, fmt.Errorf("header mutation remove header count %d or set header count %d exceed the HCM header count limit %d",
-			len(m.GetRemoveHeaders()), len(m.GetSetHeaders()), lim.count)
+		return hs, envoyStatus(fmt.Sprintf("Header mutation remove header count %d or set header count %d exceed the HCM header countlimit %d",
+			len(m.GetRemoveHeaders()), len(m.GetSetHeaders()), lim.count))
 	}
 	for _, name := range m.GetRemoveHeaders() {
 		if !validHeaderName(name) {
-			return hs, errors.New("invalid character in remove_headers mutation")
+			return hs, envoyStatus("Invalid character in remove_headers mutation.")
 		}
 		name = strings.ToLower(name)
 		switch check(rules, name, true) {
 		case checkFail:
-			return hs, fmt.Errorf("invalid attempt to remove %s", name)
+			return hs, envoyStatus(fmt.Sprintf("Invalid attempt to remove %s", name))
 		case checkOK:
 			hs = remove(hs, name)
 		}
@@ -132,12 +138,12 @@ func applyMutation(hs []Header, m *extprocv3.HeaderMutation, rules *mutationrule
 		}
 		value := string(h.GetRawValue())
 		if !validHeaderName(h.GetKey()) || !validHeaderValue(value) {
-			return hs, errors.New("invalid character in set_headers mutation")
+			return hs, envoyStatus("Invalid character in set_headers mutation.")
 		}
 		name := strings.ToLower(h.GetKey())
 		switch check(rules, name, false) {
 		case checkFail:
-			return hs, fmt.Errorf("invalid attempt to modify %s", name)
+			return hs, envoyStatus(fmt.Sprintf("Invalid attempt to modify %s", name))
 		case checkIgnore:
 			continue
 		}
@@ -148,8 +154,8 @@ func applyMutation(hs []Header, m *extprocv3.HeaderMutation, rules *mutationrule
 		hs = append(hs, Header{Name: name, Value: value})
 	}
 	if byteSize(hs) > lim.kb*1024 || len(hs) > lim.count {
-		return hs, fmt.Errorf("header mutation causes end result header count %d or header size %d bytes, exceeding the count limit %d or the size limit %d kilobytes",
-			len(hs), byteSize(hs), lim.count, lim.kb)
+		return hs, envoyStatus(fmt.Sprintf("Header mutation causes end result header count %d or header size %d bytes, exceeding the count limit %d or the size limit %d kilobytes",
+			len(hs), byteSize(hs), lim.count, lim.kb))
 	}
 	return hs, nil
 }
