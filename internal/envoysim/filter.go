@@ -627,9 +627,9 @@ func (x *exchange) await(ctx context.Context, phase Phase) (*extprocv3.Processin
 // response body; after the response trailers. isLastBodyResponse is false
 // in BUFFERED and BUFFERED_PARTIAL ("skip stream closing optimization for
 // BUFFERED and BUFFERED_PARTIAL for now") and true for the STREAMED chunk
-// that ends the stream. The response direction "sends nothing"
-// (ProcessorState::noExternalProcess) is read here as: headers SKIP, body
-// NONE, trailers not SEND; that function's body was not read.
+// that ends the stream. The response direction "sends nothing" as
+// EncodingProcessorState::noExternalProcess (processor_state.h) says:
+// !send_headers_ && !send_trailers_ && body_mode_ == NONE.
 func (x *exchange) lastReply(phase Phase, m Message) bool {
 	md := x.mode
 	encodingIdle := !sendHeaders(md.GetResponseHeaderMode()) && md.GetResponseBodyMode() == extprocfilterv3.ProcessingMode_NONE &&
