@@ -88,7 +88,9 @@ func PrincipalAttribute(id policy.PeerIdentity) string {
 // its absence is reported.
 func (p *processor) responseOrigin(ctx context.Context, attrs *structpb.Struct) idem.Origin {
 	dv, hasDetails := attrs.GetFields()[AttrCodeDetails]
-	if !hasDetails && p.reserved {
+	// grpc-go's filter (gRFC A93) makes no local replies of Envoy's kind:
+	// there is nothing for the attribute to tell apart.
+	if !hasDetails && p.reserved && !p.rpc.proxyless {
 		p.missingAttribute(ctx, p.pol.Name, AttrCodeDetails,
 			"Envoy's own error replies cannot be told from the upstream's and are stored as its answer")
 	}
