@@ -239,3 +239,34 @@ func TestCloseStreamEarly(t *testing.T) {
 		}
 	}
 }
+
+// TestEdgeConnectionManager: an edge connection manager overwrites the
+// client's x-forwarded-proto and x-request-id; an inner one keeps them.
+func TestEdgeConnectionManager(t *testing.T) {
+	for _, tc := range []struct {
+		opts           Options
+		keepID, keepXF bool
+	}{
+		{Options{}, true, true},
+		{Options{Edge: true}, false, false},
+		{Options{Edge: true, PreserveExternalRequestID: true}, true, false},
+	} {
+		s := &scripted{script: continueAll(nil)}
+		req := post("x")
+		req.Scheme = "https"
+		req.Headers = append(req.Headers, Header{"x-request-id", "client-id"}, Header{"x-forwarded-proto", "http"})
+		start(t, s, nil, tc.opts).Do(context.Background(), req, echoUpstream(200, "ok"))
+		var id, xf string
+		for _, h := range s.received()[0].GetRequestHeaders().GetHeaders().GetHeaders() {
+			switch h.GetKey() {
+			case "x-request-id":
+				id = string(h.GetRawValue())
+			case "x-forwarded-proto":
+				xf = string(h.GetRawValue())
+			}
+		}
+		if (id == "client-id") != tc.keepID || (xf == "http") != tc.keepXF || id == "" || xf == "" {
+			t.Errorf("%+v: x-request-id %q, x-forwarded-proto %q", tc.opts, id, xf)
+		}
+	}
+}

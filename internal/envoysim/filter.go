@@ -44,6 +44,13 @@ type Options struct {
 	// was not confirmed in header_map_impl.h (see FIDELITY.md).
 	MaxHeadersCount int
 	MaxHeadersKB    int
+	// Edge makes the connection manager an edge one (use_remote_address:
+	// true, xff_num_trusted_hops 0, the client external): it overwrites the
+	// client's x-forwarded-proto and, unless PreserveExternalRequestID
+	// (preserve_external_request_id), its x-request-id
+	// (ConnectionManagerUtility::mutateRequestHeaders).
+	Edge                      bool
+	PreserveExternalRequestID bool
 	// CloseStreamEarly selects Envoy 1.37+, which closes the gRPC stream as
 	// soon as a reply leaves no later phase that needs the server
 	// (ext_proc.cc Filter::closeGrpcStreamIfLastRespReceived, runtime
@@ -132,7 +139,7 @@ var ErrSpurious = errors.New("spurious message")
 // downstream client receives along with a record of the conversation.
 func (f *Filter) Do(ctx context.Context, req *Request, up Upstream) *Result {
 	x := &exchange{f: f, req: req, res: &Result{}, mode: f.effectiveMode(req)}
-	x.reqHeaders = connectionManagerHeaders(req)
+	x.reqHeaders = connectionManagerHeaders(req, f.opts)
 	x.side.client = f.client
 	defer x.side.close()
 	resp, err := x.run(ctx, up)
@@ -975,9 +982,14 @@ func (x *exchange) attribute(name string) *structpb.Value {
 }
 
 // connectionManagerHeaders builds the request header map as the connection
-// manager hands it to the filter: pseudo-headers, the client's headers, then
-// x-forwarded-proto and a fresh x-request-id unless the client sent them.
-func connectionManagerHeaders(r *Request) []Header {
+// manager hands it to the filter (ConnectionManagerUtility::
+// mutateRequestHeaders, http/conn_manager_utility.cc): pseudo-headers, the
+// client's headers, then x-forwarded-proto and a fresh x-request-id unless
+// the client sent them. At an edge (Options.Edge: use_remote_address with no
+// trusted hops, an external client) the client's x-forwarded-proto is
+// overwritten with the connection's scheme, and its x-request-id replaced
+// unless preserve_external_request_id.
+func connectionManagerHeaders(r *Request, opts Options) []Header {
 	scheme := r.Scheme
 	if scheme == "" {
 		scheme = "http"
@@ -985,6 +997,12 @@ func connectionManagerHeaders(r *Request) []Header {
 	hs := make([]Header, 0, len(r.Headers)+6)
 	hs = append(hs, Header{":authority", r.Authority}, Header{":path", r.Path}, Header{":method", r.Method}, Header{":scheme", scheme})
 	hs = append(hs, r.Headers...)
+	if opts.Edge {
+		hs = remove(hs, "x-forwarded-proto")
+		if !opts.PreserveExternalRequestID {
+			hs = remove(hs, "x-request-id")
+		}
+	}
 	if _, ok := Get(hs, "x-forwarded-proto"); !ok {
 		hs = append(hs, Header{"x-forwarded-proto", scheme})
 	}
