@@ -329,10 +329,15 @@ func TestRequestBodyLimits(t *testing.T) {
 	t.Run("buffered partial over the proxy buffer", func(t *testing.T) {
 		cfg := envoysim.RecommendedConfig()
 		cfg.ProcessingMode.RequestBodyMode = extprocfilterv3.ProcessingMode_BUFFERED_PARTIAL
-		env := harness.Start(t, harness.Options{Filter: cfg, FilterOptions: envoysim.Options{BufferLimit: 1024}})
+		// 512-byte chunks: Envoy sends the queue once it holds more than the
+		// limit, 1536 bytes of 4096, end_of_stream false.
+		env := harness.Start(t, harness.Options{Filter: cfg, FilterOptions: envoysim.Options{BufferLimit: 1024, ChunkSize: 512}})
 		wantProblem(t, env.Post("/orders", "partial", strings.Repeat("y", 4096)), problem.BodyIncomplete)
 		if n := len(env.Upstream.Effects()); n != 0 {
 			t.Fatalf("effects = %d, want 0", n)
+		}
+		if m := env.Results()[0].Messages[1]; m.BodyLen != 1536 || m.EndOfStream {
+			t.Fatalf("partial body message %+v, want 1536 bytes without end_of_stream", m)
 		}
 	})
 	t.Run("buffered over the proxy buffer is Envoy's 413", func(t *testing.T) {

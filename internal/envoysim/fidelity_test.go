@@ -270,3 +270,79 @@ func TestEdgeConnectionManager(t *testing.T) {
 		}
 	}
 }
+
+// TestContentLengthRemoved: in STREAMED, BUFFERED_PARTIAL, and BUFFERED with
+// the headers skipped, decodeHeaders removes content-length after sending
+// the headers, whatever the reply's mode override says; BUFFERED keeps it.
+func TestContentLengthRemoved(t *testing.T) {
+	buffered := &extprocfilterv3.ProcessingMode{RequestBodyMode: extprocfilterv3.ProcessingMode_BUFFERED,
+		ResponseBodyMode: extprocfilterv3.ProcessingMode_BUFFERED}
+	for _, tc := range []struct {
+		name    string
+		body    extprocfilterv3.ProcessingMode_BodySendMode
+		headers extprocfilterv3.ProcessingMode_HeaderSendMode
+		kept    bool
+	}{
+		{"buffered", extprocfilterv3.ProcessingMode_BUFFERED, extprocfilterv3.ProcessingMode_SEND, true},
+		{"streamed, overridden to buffered", extprocfilterv3.ProcessingMode_STREAMED, extprocfilterv3.ProcessingMode_SEND, false},
+		{"buffered partial", extprocfilterv3.ProcessingMode_BUFFERED_PARTIAL, extprocfilterv3.ProcessingMode_SEND, false},
+		{"buffered, headers skipped", extprocfilterv3.ProcessingMode_BUFFERED, extprocfilterv3.ProcessingMode_SKIP, false},
+	} {
+		cfg := RecommendedConfig()
+		cfg.ProcessingMode.RequestBodyMode, cfg.ProcessingMode.RequestHeaderMode = tc.body, tc.headers
+		s := &scripted{script: func(st extprocv3.ExternalProcessor_ProcessServer) error {
+			for {
+				m, err := st.Recv()
+				if err != nil {
+					return nil
+				}
+				r := cont(m)
+				if m.GetRequestHeaders() != nil {
+					r = headersReply(buffered)
+				}
+				if err := st.Send(r); err != nil {
+					return err
+				}
+			}
+		}}
+		req := post("abc")
+		req.Headers = append(req.Headers, Header{"content-length", "3"})
+		res := start(t, s, cfg, Options{}).Do(context.Background(), req, echoUpstream(200, "ok"))
+		_, kept := Get(res.UpstreamRequest.Headers, "content-length")
+		if kept != tc.kept {
+			t.Errorf("%s: content-length reached the upstream %v, want %v", tc.name, kept, tc.kept)
+		}
+		if tc.headers == extprocfilterv3.ProcessingMode_SEND {
+			var sent bool
+			for _, h := range s.received()[0].GetRequestHeaders().GetHeaders().GetHeaders() {
+				sent = sent || h.GetKey() == "content-length"
+			}
+			if !sent {
+				t.Errorf("%s: the headers message carries content-length", tc.name)
+			}
+		}
+	}
+}
+
+// TestBufferedPartialSendsPastTheLimit: the queue goes out once it holds
+// more than the limit, so the one message may carry more than the limit.
+func TestBufferedPartialSendsPastTheLimit(t *testing.T) {
+	cfg := RecommendedConfig()
+	cfg.ProcessingMode.RequestBodyMode = extprocfilterv3.ProcessingMode_BUFFERED_PARTIAL
+	cfg.AllowModeOverride = false
+	for _, tc := range []struct {
+		chunk, wantLen int
+		wantEOS        bool
+	}{
+		{0, 4000, true},     // arrived whole: all of it
+		{600, 1200, false},  // 600, 1200 > 1000: sent
+		{1000, 2000, false}, // 1000 is not over the limit; 2000 is
+	} {
+		s := &scripted{script: continueAll(nil)}
+		res := start(t, s, cfg, Options{BufferLimit: 1000, ChunkSize: tc.chunk}).Do(context.Background(), post(strings.Repeat("b", 4000)), echoUpstream(200, "ok"))
+		m := res.Messages[1]
+		if m.Phase != PhaseRequestBody || m.BodyLen != tc.wantLen || m.EndOfStream != tc.wantEOS || len(res.UpstreamRequest.Body) != 4000 {
+			t.Errorf("chunk %d: %+v, upstream got %d bytes", tc.chunk, m, len(res.UpstreamRequest.Body))
+		}
+	}
+}

@@ -175,6 +175,24 @@ func (f *Filter) effectiveMode(req *Request) *extprocfilterv3.ProcessingMode {
 	return mode
 }
 
+// shouldRemoveContentLength is ProcessorState::shouldRemoveContentLength
+// (ext_proc processor_state.h): in STREAMED, BUFFERED_PARTIAL and
+// FULL_DUPLEX_STREAMED, and in BUFFERED with the headers SKIPped, the filter
+// cannot keep content-length right if the body changes, so decodeHeaders and
+// encodeHeaders remove it right after onHeaders, with the mode in force then
+// (before any override the reply carries), unless processing is complete.
+// The headers message itself still carries it.
+func shouldRemoveContentLength(body extprocfilterv3.ProcessingMode_BodySendMode, headers extprocfilterv3.ProcessingMode_HeaderSendMode) bool {
+	switch body {
+	case extprocfilterv3.ProcessingMode_STREAMED, extprocfilterv3.ProcessingMode_BUFFERED_PARTIAL,
+		extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED:
+		return true
+	case extprocfilterv3.ProcessingMode_BUFFERED:
+		return headers == extprocfilterv3.ProcessingMode_SKIP
+	}
+	return false
+}
+
 func sendHeaders(m extprocfilterv3.ProcessingMode_HeaderSendMode) bool {
 	return m != extprocfilterv3.ProcessingMode_SKIP // DEFAULT means SEND for headers
 }
@@ -201,6 +219,7 @@ func (x *exchange) run(ctx context.Context, up Upstream) (*Response, error) {
 	}
 
 	// Request headers.
+	stripCL := !duplexReq && shouldRemoveContentLength(x.mode.GetRequestBodyMode(), x.mode.GetRequestHeaderMode())
 	if !duplexReq && sendHeaders(x.mode.GetRequestHeaderMode()) && !x.complete {
 		pr := &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{
 			RequestHeaders: &extprocv3.HttpHeaders{Headers: toHeaderMap(headers), EndOfStream: !hasBody && len(trailers) == 0},
@@ -212,11 +231,18 @@ func (x *exchange) run(ctx context.Context, up Upstream) (*Response, error) {
 		if local != nil {
 			return local, nil
 		}
+		if stripCL {
+			// Removed as onHeaders returns, before the reply (and any
+			// mode override in it) is applied.
+			headers = remove(headers, "content-length")
+		}
 		if reply != nil {
 			if headers, local = x.mutate(headers, reply.GetRequestHeaders().GetResponse()); local != nil {
 				return local, nil
 			}
 		}
+	} else if stripCL && !x.complete {
+		headers = remove(headers, "content-length")
 	}
 	if err := x.clientGoneAfter(PhaseRequestHeaders); err != nil {
 		return nil, err
@@ -328,6 +354,7 @@ func (x *exchange) response(ctx context.Context, resp *Response) (*Response, err
 			return local, err
 		}
 	}
+	stripCL := !duplexResp && shouldRemoveContentLength(x.mode.GetResponseBodyMode(), x.mode.GetResponseHeaderMode())
 	if !duplexResp && sendHeaders(x.mode.GetResponseHeaderMode()) && !x.complete {
 		pr := &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{
 			ResponseHeaders: &extprocv3.HttpHeaders{Headers: toHeaderMap(headers), EndOfStream: !hasBody && len(trailers) == 0},
@@ -336,11 +363,16 @@ func (x *exchange) response(ctx context.Context, resp *Response) (*Response, err
 		if err != nil || local != nil {
 			return local, err
 		}
+		if stripCL {
+			headers = remove(headers, "content-length")
+		}
 		if reply != nil {
 			if headers, local = x.mutate(headers, reply.GetResponseHeaders().GetResponse()); local != nil {
 				return local, nil
 			}
 		}
+	} else if stripCL && !x.complete {
+		headers = remove(headers, "content-length")
 	}
 	if err := x.clientGoneAfter(PhaseResponseHeaders); err != nil {
 		return nil, err
@@ -380,12 +412,9 @@ func (x *exchange) requestBody(ctx context.Context, headers []Header, body []byt
 		}
 		return x.bufferedBody(ctx, headers, body, !trailers, PhaseRequestBody)
 	case extprocfilterv3.ProcessingMode_BUFFERED_PARTIAL:
-		part, eos := body, !trailers
-		if len(part) > x.f.opts.BufferLimit {
-			part, eos = part[:x.f.opts.BufferLimit], false
-		}
-		h, newPart, local, err := x.bufferedBody(ctx, headers, part, eos, PhaseRequestBody)
-		return h, append(newPart, body[len(part):]...), local, err
+		n, whole := x.partialCut(len(body))
+		h, newPart, local, err := x.bufferedBody(ctx, headers, body[:n], whole && !trailers, PhaseRequestBody)
+		return h, append(newPart, body[n:]...), local, err
 	case extprocfilterv3.ProcessingMode_STREAMED:
 		return x.streamedBody(ctx, headers, body, trailers, PhaseRequestBody)
 	}
@@ -401,16 +430,34 @@ func (x *exchange) responseBody(ctx context.Context, headers []Header, body []by
 		}
 		return x.bufferedBody(ctx, headers, body, !trailers, PhaseResponseBody)
 	case extprocfilterv3.ProcessingMode_BUFFERED_PARTIAL:
-		part, eos := body, !trailers
-		if len(part) > x.f.opts.BufferLimit {
-			part, eos = part[:x.f.opts.BufferLimit], false
-		}
-		h, newPart, local, err := x.bufferedBody(ctx, headers, part, eos, PhaseResponseBody)
-		return h, append(newPart, body[len(part):]...), local, err
+		n, whole := x.partialCut(len(body))
+		h, newPart, local, err := x.bufferedBody(ctx, headers, body[:n], whole && !trailers, PhaseResponseBody)
+		return h, append(newPart, body[n:]...), local, err
 	case extprocfilterv3.ProcessingMode_STREAMED:
 		return x.streamedBody(ctx, headers, body, trailers, PhaseResponseBody)
 	}
 	return headers, body, nil, nil
+}
+
+// partialCut is how much of a body of size bytes BUFFERED_PARTIAL sends, and
+// whether that is all of it (ext_proc.cc handleDataBufferedPartialMode):
+// each data chunk is queued, and the queue goes out, consolidated, at the
+// end of the stream or as soon as it holds more than the buffer limit
+// (queueOverHighLimit: bytesEnqueued() > bufferLimit()), so the message
+// may carry up to a chunk more than the limit. Chunks are Options.ChunkSize
+// bytes; with none the body arrived in one piece and goes out whole.
+func (x *exchange) partialCut(size int) (n int, whole bool) {
+	chunk := x.f.opts.ChunkSize
+	if chunk <= 0 {
+		return size, true
+	}
+	for n < size {
+		n = min(n+chunk, size)
+		if n > x.f.opts.BufferLimit {
+			break
+		}
+	}
+	return n, n == size
 }
 
 func bodyRequest(phase Phase, chunk []byte, eos bool) *extprocv3.ProcessingRequest {
