@@ -367,6 +367,10 @@ func (b *builder) scope(p *policy.Policy, s *scopeSettings, path string) {
 		sc.Source = policy.ScopeNone
 	case "principal":
 		sc.Source = policy.ScopePrincipal
+		if v := s.PeerIdentity; v.Set {
+			sc.PeerIdentity = oneOf(b, v, path+".peer_identity", []string{"uri_san", "dns_san", "subject"},
+				[]policy.PeerIdentity{policy.PeerURISAN, policy.PeerDNSSAN, policy.PeerSubject})
+		}
 	case "header":
 		sc.Source = policy.ScopeHeader
 		if !s.Header.Set || !methodPattern.MatchString(s.Header.Value) {
@@ -384,6 +388,9 @@ func (b *builder) scope(p *policy.Policy, s *scopeSettings, path string) {
 		}
 	default:
 		b.errorf(s.From.Line, path+".from", "%q is not one of authority, none, header, metadata, principal", s.From.Value)
+	}
+	if sc.Source != policy.ScopePrincipal && s.PeerIdentity.Set {
+		b.errorf(s.PeerIdentity.Line, path+".peer_identity", "only used with from: principal")
 	}
 	if sc.Source != policy.ScopeHeader && s.Header.Set {
 		b.errorf(s.Header.Line, path+".header", "only used with from: header")

@@ -116,6 +116,8 @@ func TestMistakesNameFileLineAndField(t *testing.T) {
 		{"metadata scope without path", "defaults:\n  scope:\n    from: metadata\n    metadata: {namespace: envoy.filters.http.jwt_authn}\n", []string{"bad.yaml:3:", "defaults.scope.metadata"}},
 		{"header given to another scope", "defaults:\n  scope: {from: principal, header: x-tenant}\n", []string{"bad.yaml:2:", "defaults.scope.header", "only used with from: header"}},
 		{"unknown scope", "defaults:\n  scope: {from: cookie}\n", []string{"bad.yaml:2:", "defaults.scope.from", `"cookie"`}},
+		{"bad peer identity", "defaults:\n  scope: {from: principal, peer_identity: spiffe}\n", []string{"bad.yaml:2:", "defaults.scope.peer_identity", `"spiffe"`}},
+		{"peer identity given to another scope", "defaults:\n  scope: {from: header, header: x-t, peer_identity: dns_san}\n", []string{"bad.yaml:2:", "defaults.scope.peer_identity", "only used with from: principal"}},
 		{"missing name", "policies:\n  - match: {methods: [POST]}\n", []string{"bad.yaml:2:", "policies[0].name", "missing"}},
 		{"duplicate name", "policies:\n  - name: a\n    match: {methods: [POST]}\n  - name: a\n    match: {methods: [PUT]}\n", []string{"bad.yaml:4:", "policies[1].name", "already"}},
 		{"reserved name", "policies:\n  - name: default\n    match: {methods: [POST]}\n", []string{"bad.yaml:2:", "policies[0].name"}},
@@ -223,5 +225,24 @@ default_policy:
 	}
 	if d := policy.Default(); d.Enforcement != policy.EnforcementEnforce || d.RecordNamespace() != "default" || d.ShadowHeader != "" {
 		t.Fatalf("the built-in default must enforce in its own key space: %v %q", d.Enforcement, d.RecordNamespace())
+	}
+}
+
+// TestPeerIdentity: scope.peer_identity picks the certificate field a
+// principal scope reads; uri_san when unset.
+func TestPeerIdentity(t *testing.T) {
+	for doc, want := range map[string]policy.PeerIdentity{
+		"defaults:\n  scope: {from: principal}\n":                         policy.PeerURISAN,
+		"defaults:\n  scope: {from: principal, peer_identity: uri_san}\n": policy.PeerURISAN,
+		"defaults:\n  scope: {from: principal, peer_identity: dns_san}\n": policy.PeerDNSSAN,
+		"defaults:\n  scope: {from: principal, peer_identity: subject}\n": policy.PeerSubject,
+	} {
+		set, err := Parse("p.yaml", []byte(doc))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := set.Policies[len(set.Policies)-1].Scope.PeerIdentity; got != want {
+			t.Errorf("%q: peer identity %v, want %v", doc, got, want)
+		}
 	}
 }

@@ -134,9 +134,10 @@ type keySettings struct {
 }
 
 type scopeSettings struct {
-	From     scalar      `yaml:"from"`
-	Header   scalar      `yaml:"header"`
-	Metadata metadataRef `yaml:"metadata"`
+	From         scalar      `yaml:"from"`
+	Header       scalar      `yaml:"header"`
+	Metadata     metadataRef `yaml:"metadata"`
+	PeerIdentity scalar      `yaml:"peer_identity"`
 }
 
 type metadataRef struct {

@@ -7,7 +7,10 @@
 //
 // Every behaviour below was read in Envoy's source (envoyproxy/envoy,
 // source/extensions/filters/http/ext_proc/, versions 1.34 to main of 2026)
-// and its tests (test/extensions/filters/http/ext_proc/):
+// and its tests (test/extensions/filters/http/ext_proc/). FIDELITY.md is
+// the ledger: one row per behaviour, with the Envoy file, function and test,
+// the versions, and the test here that pins it. status_on_error exists from
+// Envoy 1.36; the early stream close from 1.37 (Options.CloseStreamEarly).
 //
 //   - One gRPC stream per HTTP request, opened lazily at the first message
 //     that must be sent; none when every phase is skipped
@@ -22,7 +25,9 @@
 //     configured (Filter::addAttributes, processor_state.h sendAttributes;
 //     test RequestResponseAttributes). CEL integers such as response.flags
 //     (a bit vector) travel as numbers (matching_utils.cc
-//     ExpressionManager::evaluateAttributes).
+//     ExpressionManager::evaluateAttributes). Only names of Envoy's CEL
+//     context (filters/common/expr/context.h) are answered; any other name,
+//     source.principal among them, is left out as Envoy leaves it out.
 //   - Headers as lower-case keys with raw_value bytes and value empty
 //     (mutation_utils.cc MutationUtils::headersToProto, runtime
 //     send_header_raw_value); requests carry :authority :path :method
@@ -65,10 +70,15 @@
 //     details become the response code details (Filter::sendImmediateResponse;
 //     tests GetAndRespondImmediately*, ...WithBadStatus).
 //   - Header mutations: raw_value only (both value and raw_value is an
-//     error), append via the BoolValue when append_action is zero, host
-//     :authority :method :scheme and x-envoy-* ignored by default
-//     (mutation_utils.cc applyHeaderMutations; test
-//     GetAndRespondImmediatelyWithEnvoyHeaderMutation).
+//     error), only the BoolValue append counts (append_action is not read),
+//     host :authority :method :scheme and x-envoy-* ignored by default, more
+//     than 100 set headers or a result over 100 headers or 60 KiB rejected,
+//     control characters but HTAB refused (mutation_utils.cc
+//     applyHeaderMutations; test
+//     GetAndRespondImmediatelyWithEnvoyHeaderMutation). An immediate
+//     response's content-length and content-type are settled after the
+//     mutation, and removed for an empty body (http/utility.cc
+//     prepareLocalReply).
 //   - A gRPC error from the server gives status_on_error (500), a
 //     message_timeout (200 ms) gives 504, and a stream the server closes with
 //     OK lets the request continue unprocessed; failure_mode_allow turns the
@@ -94,8 +104,10 @@
 //     response's grpc_status or the HTTP code (httpToGrpcStatus), the body
 //     as the percent-encoded grpc-message (http/utility.cc
 //     Utility::sendLocalReply). See grpc.go.
-//   - Envoy's own local replies (upstream timeout or reset) go through the
-//     response phases again since envoy PR #41769 (1.37); 1.34-1.36 skipped
-//     them (runtime skip_ext_proc_on_local_reply). Options.SkipLocalReplies
-//     selects the older behaviour.
+//   - Envoy's own local replies (upstream timeout or reset, and the local
+//     replies of filters after ext_proc: rate limit, local rate limit, RBAC,
+//     ext_authz, fault) go through the response phases again since envoy PR
+//     #41769 (1.37); 1.34-1.36 skipped them (runtime
+//     skip_ext_proc_on_local_reply). Options.SkipLocalReplies selects the
+//     older behaviour. Their details and flags are Envoy's (types.go).
 package envoysim

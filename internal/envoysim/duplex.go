@@ -132,9 +132,9 @@ func (x *exchange) duplex(ctx context.Context, request bool, headers []Header, b
 			x.mark(bp, "streamed")
 			x.mark(tp, "continue")
 			if m := reply.GetRequestTrailers().GetHeaderMutation(); request && m != nil {
-				trailers, err = applyMutation(trailers, m, x.f.cfg.GetMutationRules())
+				trailers, err = x.applyMutation(trailers, m)
 			} else if m := reply.GetResponseTrailers().GetHeaderMutation(); !request && m != nil {
-				trailers, err = applyMutation(trailers, m, x.f.cfg.GetMutationRules())
+				trailers, err = x.applyMutation(trailers, m)
 			}
 			if err != nil {
 				x.res.ProcessingError = err

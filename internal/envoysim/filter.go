@@ -5,7 +5,9 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"net"
 	"strconv"
+	"strings"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -34,6 +36,26 @@ type Options struct {
 	// SkipLocalReplies selects Envoy 1.34-1.36, which does not pass its own
 	// local replies (upstream timeout, reset) through the response phases.
 	SkipLocalReplies bool
+	// MaxHeadersCount and MaxHeadersKB are the header map limits a
+	// mutation must keep (the connection manager's max_headers_count and
+	// max_request_headers_kb); DefaultMaxHeadersCount and
+	// DefaultMaxHeadersKB when 0. envoysim applies them to immediate
+	// responses' maps too; whether Envoy's local-reply map carries them
+	// was not confirmed in header_map_impl.h (see FIDELITY.md).
+	MaxHeadersCount int
+	MaxHeadersKB    int
+	// Edge makes the connection manager an edge one (use_remote_address:
+	// true, xff_num_trusted_hops 0, the client external): it overwrites the
+	// client's x-forwarded-proto and, unless PreserveExternalRequestID
+	// (preserve_external_request_id), its x-request-id
+	// (ConnectionManagerUtility::mutateRequestHeaders).
+	Edge                      bool
+	PreserveExternalRequestID bool
+	// CloseStreamEarly selects Envoy 1.37+, which closes the gRPC stream as
+	// soon as a reply leaves no later phase that needs the server
+	// (ext_proc.cc Filter::closeGrpcStreamIfLastRespReceived, runtime
+	// envoy.reloadable_features.ext_proc_stream_close_optimization).
+	CloseStreamEarly bool
 	// OnReply, when set, is told how long each message waited for its
 	// reply: from sending it to receiving the reply that answers it (a
 	// CONTINUE or an immediate response). It only observes; a load tool
@@ -60,7 +82,8 @@ func NewFilter(cc grpc.ClientConnInterface, cfg *extprocfilterv3.ExternalProcess
 
 // RecommendedConfig is the filter configuration DESIGN §7 recommends:
 // headers SEND, bodies BUFFERED, trailers SKIP, mode override allowed,
-// failing closed, with the response attributes the server needs.
+// failing closed, with the request and response attributes the server
+// reads.
 func RecommendedConfig() *extprocfilterv3.ExternalProcessor {
 	return &extprocfilterv3.ExternalProcessor{
 		ProcessingMode: &extprocfilterv3.ProcessingMode{
@@ -71,9 +94,12 @@ func RecommendedConfig() *extprocfilterv3.ExternalProcessor {
 			RequestTrailerMode:  extprocfilterv3.ProcessingMode_SKIP,
 			ResponseTrailerMode: extprocfilterv3.ProcessingMode_SKIP,
 		},
-		AllowModeOverride:  true,
-		FailureModeAllow:   false,
-		RequestAttributes:  []string{"xds.route_name"},
+		AllowModeOverride: true,
+		FailureModeAllow:  false,
+		// xds.route_name for policies matching on route names; the peer
+		// certificate's URI SAN for scope.from: principal (absent, and
+		// harmless, without mTLS).
+		RequestAttributes:  []string{"xds.route_name", "connection.uri_san_peer_certificate"},
 		ResponseAttributes: []string{"response.code_details", "response.flags"},
 	}
 }
@@ -113,7 +139,7 @@ var ErrSpurious = errors.New("spurious message")
 // downstream client receives along with a record of the conversation.
 func (f *Filter) Do(ctx context.Context, req *Request, up Upstream) *Result {
 	x := &exchange{f: f, req: req, res: &Result{}, mode: f.effectiveMode(req)}
-	x.reqHeaders = connectionManagerHeaders(req)
+	x.reqHeaders = connectionManagerHeaders(req, f.opts)
 	x.side.client = f.client
 	defer x.side.close()
 	resp, err := x.run(ctx, up)
@@ -149,6 +175,24 @@ func (f *Filter) effectiveMode(req *Request) *extprocfilterv3.ProcessingMode {
 	return mode
 }
 
+// shouldRemoveContentLength is ProcessorState::shouldRemoveContentLength
+// (ext_proc processor_state.h): in STREAMED, BUFFERED_PARTIAL and
+// FULL_DUPLEX_STREAMED, and in BUFFERED with the headers SKIPped, the filter
+// cannot keep content-length right if the body changes, so decodeHeaders and
+// encodeHeaders remove it right after onHeaders, with the mode in force then
+// (before any override the reply carries), unless processing is complete.
+// The headers message itself still carries it.
+func shouldRemoveContentLength(body extprocfilterv3.ProcessingMode_BodySendMode, headers extprocfilterv3.ProcessingMode_HeaderSendMode) bool {
+	switch body {
+	case extprocfilterv3.ProcessingMode_STREAMED, extprocfilterv3.ProcessingMode_BUFFERED_PARTIAL,
+		extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED:
+		return true
+	case extprocfilterv3.ProcessingMode_BUFFERED:
+		return headers == extprocfilterv3.ProcessingMode_SKIP
+	}
+	return false
+}
+
 func sendHeaders(m extprocfilterv3.ProcessingMode_HeaderSendMode) bool {
 	return m != extprocfilterv3.ProcessingMode_SKIP // DEFAULT means SEND for headers
 }
@@ -175,6 +219,7 @@ func (x *exchange) run(ctx context.Context, up Upstream) (*Response, error) {
 	}
 
 	// Request headers.
+	stripCL := !duplexReq && shouldRemoveContentLength(x.mode.GetRequestBodyMode(), x.mode.GetRequestHeaderMode())
 	if !duplexReq && sendHeaders(x.mode.GetRequestHeaderMode()) && !x.complete {
 		pr := &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{
 			RequestHeaders: &extprocv3.HttpHeaders{Headers: toHeaderMap(headers), EndOfStream: !hasBody && len(trailers) == 0},
@@ -186,11 +231,18 @@ func (x *exchange) run(ctx context.Context, up Upstream) (*Response, error) {
 		if local != nil {
 			return local, nil
 		}
+		if stripCL {
+			// Removed as onHeaders returns, before the reply (and any
+			// mode override in it) is applied.
+			headers = remove(headers, "content-length")
+		}
 		if reply != nil {
 			if headers, local = x.mutate(headers, reply.GetRequestHeaders().GetResponse()); local != nil {
 				return local, nil
 			}
 		}
+	} else if stripCL && !x.complete {
+		headers = remove(headers, "content-length")
 	}
 	if err := x.clientGoneAfter(PhaseRequestHeaders); err != nil {
 		return nil, err
@@ -227,11 +279,15 @@ func (x *exchange) run(ctx context.Context, up Upstream) (*Response, error) {
 	upReq := &Request{
 		Method: get(headers, ":method"), Path: get(headers, ":path"), Authority: get(headers, ":authority"),
 		Scheme: get(headers, ":scheme"), Headers: withoutPseudo(headers), Body: body, Trailers: trailers,
-		RouteName: req.RouteName, Principal: req.Principal,
+		RouteName: req.RouteName, PeerCertificate: req.PeerCertificate, RemoteAddress: req.RemoteAddress,
 	}
 	x.res.UpstreamCalled, x.res.UpstreamRequest = true, upReq
 	start := time.Now()
 	resp, err := up(ctx, upReq)
+	if uf := (*UpstreamFailure)(nil); errors.As(err, &uf) && uf.Filter != "" {
+		// A decoder filter after ext_proc answered: the router never ran.
+		x.res.UpstreamCalled, x.res.UpstreamRequest = false, nil
+	}
 	if ctx.Err() != nil {
 		// The downstream went away while the upstream worked: Envoy resets
 		// the whole stream, with no local reply to pass through the filter.
@@ -243,8 +299,7 @@ func (x *exchange) run(ctx context.Context, up Upstream) (*Response, error) {
 	if err != nil {
 		var uf *UpstreamFailure
 		if !errors.As(err, &uf) {
-			uf = &UpstreamFailure{503, "upstream_reset_before_response_started{connection_termination}",
-				FlagUpstreamConnTermination, "upstream connect error or disconnect/reset before headers. reset reason: connection termination"}
+			uf = ConnectionTermination
 		}
 		return x.localReply(ctx, uf)
 	}
@@ -268,7 +323,7 @@ func (x *exchange) clientGoneAfter(p Phase) error {
 func (x *exchange) localReply(ctx context.Context, uf *UpstreamFailure) (*Response, error) {
 	resp := &Response{
 		Status:  uf.Status,
-		Headers: []Header{{"content-length", strconv.Itoa(len(uf.Body))}, {"content-type", "text/plain"}},
+		Headers: prepareLocalReply(nil, []byte(uf.Body)),
 		Body:    []byte(uf.Body),
 		Details: uf.Details,
 		Flags:   uf.Flags,
@@ -299,6 +354,7 @@ func (x *exchange) response(ctx context.Context, resp *Response) (*Response, err
 			return local, err
 		}
 	}
+	stripCL := !duplexResp && shouldRemoveContentLength(x.mode.GetResponseBodyMode(), x.mode.GetResponseHeaderMode())
 	if !duplexResp && sendHeaders(x.mode.GetResponseHeaderMode()) && !x.complete {
 		pr := &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{
 			ResponseHeaders: &extprocv3.HttpHeaders{Headers: toHeaderMap(headers), EndOfStream: !hasBody && len(trailers) == 0},
@@ -307,11 +363,16 @@ func (x *exchange) response(ctx context.Context, resp *Response) (*Response, err
 		if err != nil || local != nil {
 			return local, err
 		}
+		if stripCL {
+			headers = remove(headers, "content-length")
+		}
 		if reply != nil {
 			if headers, local = x.mutate(headers, reply.GetResponseHeaders().GetResponse()); local != nil {
 				return local, nil
 			}
 		}
+	} else if stripCL && !x.complete {
+		headers = remove(headers, "content-length")
 	}
 	if err := x.clientGoneAfter(PhaseResponseHeaders); err != nil {
 		return nil, err
@@ -346,17 +407,14 @@ func (x *exchange) requestBody(ctx context.Context, headers []Header, body []byt
 	switch x.mode.GetRequestBodyMode() {
 	case extprocfilterv3.ProcessingMode_BUFFERED:
 		if len(body) > x.f.opts.BufferLimit {
-			local, err := x.localReply(ctx, &UpstreamFailure{413, "request_payload_too_large", 0, "Payload Too Large"})
+			local, err := x.localReply(ctx, &UpstreamFailure{Status: 413, Details: "request_payload_too_large", Body: "Payload Too Large"})
 			return headers, body, local, err
 		}
 		return x.bufferedBody(ctx, headers, body, !trailers, PhaseRequestBody)
 	case extprocfilterv3.ProcessingMode_BUFFERED_PARTIAL:
-		part, eos := body, !trailers
-		if len(part) > x.f.opts.BufferLimit {
-			part, eos = part[:x.f.opts.BufferLimit], false
-		}
-		h, newPart, local, err := x.bufferedBody(ctx, headers, part, eos, PhaseRequestBody)
-		return h, append(newPart, body[len(part):]...), local, err
+		n, whole := x.partialCut(len(body))
+		h, newPart, local, err := x.bufferedBody(ctx, headers, body[:n], whole && !trailers, PhaseRequestBody)
+		return h, append(newPart, body[n:]...), local, err
 	case extprocfilterv3.ProcessingMode_STREAMED:
 		return x.streamedBody(ctx, headers, body, trailers, PhaseRequestBody)
 	}
@@ -372,16 +430,34 @@ func (x *exchange) responseBody(ctx context.Context, headers []Header, body []by
 		}
 		return x.bufferedBody(ctx, headers, body, !trailers, PhaseResponseBody)
 	case extprocfilterv3.ProcessingMode_BUFFERED_PARTIAL:
-		part, eos := body, !trailers
-		if len(part) > x.f.opts.BufferLimit {
-			part, eos = part[:x.f.opts.BufferLimit], false
-		}
-		h, newPart, local, err := x.bufferedBody(ctx, headers, part, eos, PhaseResponseBody)
-		return h, append(newPart, body[len(part):]...), local, err
+		n, whole := x.partialCut(len(body))
+		h, newPart, local, err := x.bufferedBody(ctx, headers, body[:n], whole && !trailers, PhaseResponseBody)
+		return h, append(newPart, body[n:]...), local, err
 	case extprocfilterv3.ProcessingMode_STREAMED:
 		return x.streamedBody(ctx, headers, body, trailers, PhaseResponseBody)
 	}
 	return headers, body, nil, nil
+}
+
+// partialCut is how much of a body of size bytes BUFFERED_PARTIAL sends, and
+// whether that is all of it (ext_proc.cc handleDataBufferedPartialMode):
+// each data chunk is queued, and the queue goes out, consolidated, at the
+// end of the stream or as soon as it holds more than the buffer limit
+// (queueOverHighLimit: bytesEnqueued() > bufferLimit()), so the message
+// may carry up to a chunk more than the limit. Chunks are Options.ChunkSize
+// bytes; with none the body arrived in one piece and goes out whole.
+func (x *exchange) partialCut(size int) (n int, whole bool) {
+	chunk := x.f.opts.ChunkSize
+	if chunk <= 0 {
+		return size, true
+	}
+	for n < size {
+		n = min(n+chunk, size)
+		if n > x.f.opts.BufferLimit {
+			break
+		}
+	}
+	return n, n == size
 }
 
 func bodyRequest(phase Phase, chunk []byte, eos bool) *extprocv3.ProcessingRequest {
@@ -471,12 +547,14 @@ func (x *exchange) mutate(headers []Header, cr *extprocv3.CommonResponse) ([]Hea
 	if cr.GetHeaderMutation() == nil {
 		return headers, nil
 	}
-	out, err := applyMutation(headers, cr.GetHeaderMutation(), x.f.cfg.GetMutationRules())
+	out, err := x.applyMutation(headers, cr.GetHeaderMutation())
 	if err != nil {
 		x.res.ProcessingError = err
 		x.side.close()
 		x.complete = true
-		return headers, x.errorReply(x.statusOnError(), err.Error())
+		// Filter::handleErrorResponse: status_on_error, the status
+		// message as details (spaces as "_", sendImmediateResponse).
+		return headers, x.errorReply(x.statusOnError(), spaceless(err.Error()))
 	}
 	return out, nil
 }
@@ -585,7 +663,50 @@ func (x *exchange) await(ctx context.Context, phase Phase) (*extprocv3.Processin
 			x.res.Messages[idx].Reply = "mode_override_ignored"
 		}
 	}
+	if x.f.opts.CloseStreamEarly && x.lastReply(phase, x.res.Messages[idx]) {
+		x.side.close()
+		x.complete = true
+		x.res.ClosedEarlyAfter = phase
+	}
 	return reply, nil, nil
+}
+
+// lastReply reports whether, after this reply, no later phase needs the
+// server, as Filter::closeGrpcStreamIfLastRespReceived decides (ext_proc.cc,
+// 1.37+): after the request headers when the request has no body (or its
+// body mode is NONE and no trailers are sent) and the response direction
+// sends nothing; after the last request body or the request trailers when
+// the response direction sends nothing; after the response headers when the
+// response has no body (or body NONE and no trailers); after the last
+// response body; after the response trailers. isLastBodyResponse is false
+// in BUFFERED and BUFFERED_PARTIAL ("skip stream closing optimization for
+// BUFFERED and BUFFERED_PARTIAL for now") and true for the STREAMED chunk
+// that ends the stream. The response direction "sends nothing" as
+// EncodingProcessorState::noExternalProcess (processor_state.h) says:
+// !send_headers_ && !send_trailers_ && body_mode_ == NONE.
+func (x *exchange) lastReply(phase Phase, m Message) bool {
+	md := x.mode
+	encodingIdle := !sendHeaders(md.GetResponseHeaderMode()) && md.GetResponseBodyMode() == extprocfilterv3.ProcessingMode_NONE &&
+		!sendTrailers(md.GetResponseTrailerMode())
+	lastBody := func(mode extprocfilterv3.ProcessingMode_BodySendMode) bool {
+		return mode == extprocfilterv3.ProcessingMode_STREAMED && m.EndOfStream
+	}
+	switch phase {
+	case PhaseRequestHeaders:
+		return (m.EndOfStream || md.GetRequestBodyMode() == extprocfilterv3.ProcessingMode_NONE && !sendTrailers(md.GetRequestTrailerMode())) &&
+			encodingIdle
+	case PhaseRequestBody:
+		return lastBody(md.GetRequestBodyMode()) && encodingIdle
+	case PhaseRequestTrailers:
+		return encodingIdle
+	case PhaseResponseHeaders:
+		return m.EndOfStream || md.GetResponseBodyMode() == extprocfilterv3.ProcessingMode_NONE && !sendTrailers(md.GetResponseTrailerMode())
+	case PhaseResponseBody:
+		return lastBody(md.GetResponseBodyMode())
+	case PhaseResponseTrailers:
+		return true
+	}
+	return false
 }
 
 func (x *exchange) messageTimeout() time.Duration {
@@ -622,7 +743,11 @@ func (x *exchange) failure(ctx context.Context, err error) (*Response, error) {
 		return x.errorReply(504, "ext_proc_error_per-message_timeout_exceeded"), nil
 	}
 	if st, ok := status.FromError(err); ok && st.Code() != 0 && !errors.Is(err, ErrSpurious) {
-		return x.errorReply(x.statusOnError(), "ext_proc_error_gRPC_error_"+strconv.Itoa(int(st.Code()))), nil
+		// Filter::onGrpcError: "%s_gRPC_error_%i{%s}" with ErrorPrefix
+		// "ext_proc_error" and the status message, spaces then replaced by
+		// "_" in sendImmediateResponse.
+		return x.errorReply(x.statusOnError(),
+			spaceless("ext_proc_error_gRPC_error_"+strconv.Itoa(int(st.Code()))+"{"+st.Message()+"}")), nil
 	}
 	return x.errorReply(x.statusOnError(), err.Error()), nil
 }
@@ -645,7 +770,7 @@ func (x *exchange) immediate(ir *extprocv3.ImmediateResponse) *Response {
 		headers := []Header{{":status", strconv.Itoa(code)}}
 		if m := ir.GetHeaders(); m != nil {
 			var err error
-			if headers, err = applyMutation(headers, m, x.f.cfg.GetMutationRules()); err != nil {
+			if headers, err = x.applyMutation(headers, m); err != nil {
 				x.res.ProcessingError = err
 			}
 		}
@@ -656,18 +781,40 @@ func (x *exchange) immediate(ir *extprocv3.ImmediateResponse) *Response {
 		}
 		return grpcLocalReply(code, withoutPseudo(headers), ir.GetBody(), gs, ir.GetDetails())
 	}
+	// Utility::prepareLocalReply (http/utility.cc): the map starts with
+	// :status, the filter's modify_headers (the immediate response's
+	// mutation) runs on it, and only then are content-length and
+	// content-type settled: set from the body when there is one (a
+	// content-type the mutation set is kept), removed when it is empty,
+	// whatever the mutation put there.
 	headers := []Header{{":status", strconv.Itoa(code)}}
-	if len(ir.GetBody()) > 0 {
-		headers = append(headers, Header{"content-length", strconv.Itoa(len(ir.GetBody()))}, Header{"content-type", "text/plain"})
-	}
 	if m := ir.GetHeaders(); m != nil {
 		var err error
-		if headers, err = applyMutation(headers, m, x.f.cfg.GetMutationRules()); err != nil {
-			// Envoy logs and drops a bad mutation of a local reply.
+		// Filter::sendImmediateResponse only logs a failed mutation
+		// ("Immediate response mutations failed with"); what it applied
+		// before failing stays.
+		if headers, err = x.applyMutation(headers, m); err != nil {
 			x.res.ProcessingError = err
 		}
 	}
-	return &Response{Status: code, Headers: withoutPseudo(headers), Body: ir.GetBody(), Details: ir.GetDetails()}
+	headers = prepareLocalReply(headers, ir.GetBody())
+	// sendImmediateResponse: StringUtil::replaceAllEmptySpace(details).
+	return &Response{Status: code, Headers: withoutPseudo(headers), Body: ir.GetBody(), Details: spaceless(ir.GetDetails())}
+}
+
+// prepareLocalReply settles a non-gRPC local reply's content headers as
+// Utility::prepareLocalReply does after modify_headers: with a body,
+// content-length is the body's and content-type text/plain unless one is
+// set; without, both are removed.
+func prepareLocalReply(headers []Header, body []byte) []Header {
+	if len(body) == 0 {
+		return remove(remove(headers, "content-length"), "content-type")
+	}
+	headers = append(remove(headers, "content-length"), Header{"content-length", strconv.Itoa(len(body))})
+	if _, ok := Get(headers, "content-type"); !ok {
+		headers = append(headers, Header{"content-type", "text/plain"})
+	}
+	return headers
 }
 
 func replyMatches(r *extprocv3.ProcessingResponse, phase Phase) bool {
@@ -786,48 +933,110 @@ func (x *exchange) addAttributes(pr *extprocv3.ProcessingRequest, phase Phase) {
 	pr.Attributes = map[string]*structpb.Struct{"envoy.filters.http.ext_proc": {Fields: fields}}
 }
 
-// attribute evaluates one CEL attribute name; unavailable ones are left out.
+// attribute evaluates one attribute name as Envoy's CEL context does
+// (source/extensions/filters/common/expr/context.h names, context.cc
+// values). Only names that context defines are answered; any other name
+// (source.principal, a typo) evaluates to an error, which
+// ExpressionManager::evaluateAttributes (ext_proc matching_utils.cc) skips:
+// it is left out of the message, as is a defined name with no value.
+// Strings travel as strings, int64 and uint64 as numbers, bools as bools.
 func (x *exchange) attribute(name string) *structpb.Value {
 	r := x.req
-	str := func(s string) *structpb.Value {
+	str := func(s string) *structpb.Value { return structpb.NewStringValue(s) }
+	opt := func(s string) *structpb.Value {
 		if s == "" {
 			return nil
 		}
 		return structpb.NewStringValue(s)
 	}
+	first := func(vs []string) *structpb.Value {
+		if len(vs) == 0 {
+			return nil // SslExtractorsValues: an empty SAN list has no value
+		}
+		return structpb.NewStringValue(vs[0])
+	}
+	cert := r.PeerCertificate
 	switch name {
-	case "xds.route_name":
-		return str(r.RouteName)
-	case "source.principal":
-		return str(r.Principal)
+	// RequestLookupValues: header-backed values are absent without the header.
 	case "request.method":
-		return str(r.Method)
+		return opt(r.Method)
 	case "request.path":
-		return str(r.Path)
+		return opt(r.Path)
+	case "request.url_path":
+		p, _, _ := strings.Cut(r.Path, "?")
+		return opt(p)
+	case "request.query":
+		_, q, _ := strings.Cut(r.Path, "?")
+		q, _, _ = strings.Cut(q, "#")
+		return str(q)
 	case "request.host":
-		return str(r.Authority)
+		return opt(r.Authority)
+	case "request.scheme":
+		return opt(get(x.reqHeaders, ":scheme"))
 	case "request.id":
-		return str(get(x.reqHeaders, "x-request-id"))
+		return opt(get(x.reqHeaders, "x-request-id"))
+	case "request.useragent":
+		return opt(get(x.reqHeaders, "user-agent"))
+	case "request.referer":
+		return opt(get(x.reqHeaders, "referer"))
+	// ResponseLookupValues: only in the response direction.
 	case "response.code":
 		if x.respStatus == 0 {
 			return nil
 		}
 		return structpb.NewNumberValue(float64(x.respStatus))
 	case "response.code_details":
-		return str(x.respDetails)
+		return opt(x.respDetails)
 	case "response.flags":
 		if x.respStatus == 0 {
 			return nil
 		}
 		return structpb.NewNumberValue(float64(x.respFlags))
+	// PeerWrapper: the downstream remote address.
+	case "source.address":
+		return opt(r.RemoteAddress)
+	case "source.port":
+		_, port, err := net.SplitHostPort(r.RemoteAddress)
+		n, perr := strconv.Atoi(port)
+		if err != nil || perr != nil {
+			return nil
+		}
+		return structpb.NewNumberValue(float64(n))
+	// ConnectionLookupValues and SslExtractorsValues: without TLS (or a
+	// client certificate) there is no SSL connection info and no value.
+	case "connection.mtls":
+		return structpb.NewBoolValue(cert != nil)
+	case "connection.uri_san_peer_certificate":
+		if cert == nil {
+			return nil
+		}
+		return first(cert.URISANs)
+	case "connection.dns_san_peer_certificate":
+		if cert == nil {
+			return nil
+		}
+		return first(cert.DNSSANs)
+	case "connection.subject_peer_certificate":
+		if cert == nil {
+			return nil
+		}
+		return str(cert.Subject)
+	// XDSLookupValues: route_name is the route's name, "" when unnamed.
+	case "xds.route_name":
+		return str(r.RouteName)
 	}
 	return nil
 }
 
 // connectionManagerHeaders builds the request header map as the connection
-// manager hands it to the filter: pseudo-headers, the client's headers, then
-// x-forwarded-proto and a fresh x-request-id unless the client sent them.
-func connectionManagerHeaders(r *Request) []Header {
+// manager hands it to the filter (ConnectionManagerUtility::
+// mutateRequestHeaders, http/conn_manager_utility.cc): pseudo-headers, the
+// client's headers, then x-forwarded-proto and a fresh x-request-id unless
+// the client sent them. At an edge (Options.Edge: use_remote_address with no
+// trusted hops, an external client) the client's x-forwarded-proto is
+// overwritten with the connection's scheme, and its x-request-id replaced
+// unless preserve_external_request_id.
+func connectionManagerHeaders(r *Request, opts Options) []Header {
 	scheme := r.Scheme
 	if scheme == "" {
 		scheme = "http"
@@ -835,6 +1044,12 @@ func connectionManagerHeaders(r *Request) []Header {
 	hs := make([]Header, 0, len(r.Headers)+6)
 	hs = append(hs, Header{":authority", r.Authority}, Header{":path", r.Path}, Header{":method", r.Method}, Header{":scheme", scheme})
 	hs = append(hs, r.Headers...)
+	if opts.Edge {
+		hs = remove(hs, "x-forwarded-proto")
+		if !opts.PreserveExternalRequestID {
+			hs = remove(hs, "x-request-id")
+		}
+	}
 	if _, ok := Get(hs, "x-forwarded-proto"); !ok {
 		hs = append(hs, Header{"x-forwarded-proto", scheme})
 	}

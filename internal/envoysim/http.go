@@ -58,6 +58,16 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		Authority: r.Host,
 		Headers:   fromHTTPHeader(r.Header),
 		Body:      body,
+		// r.RemoteAddr is the peer's "ip:port", as Envoy's address string.
+		RemoteAddress: r.RemoteAddr,
+	}
+	if r.TLS != nil && len(r.TLS.PeerCertificates) > 0 {
+		c := r.TLS.PeerCertificates[0]
+		pc := &PeerCertificate{DNSSANs: c.DNSNames, Subject: c.Subject.String()}
+		for _, u := range c.URIs {
+			pc.URISANs = append(pc.URISANs, u.String())
+		}
+		req.PeerCertificate = pc
 	}
 	if p.Route != nil {
 		req.RouteName, req.PerRoute = p.Route(r)
@@ -123,7 +133,7 @@ func HTTPUpstream(client *http.Client, base *url.URL, routeTimeout time.Duration
 		u := *base
 		target, err := url.ParseRequestURI(req.Path)
 		if err != nil {
-			return nil, &UpstreamFailure{400, "invalid_path", 0, "bad path"}
+			return nil, &UpstreamFailure{Status: 400, Details: "invalid_path", Body: "bad path"}
 		}
 		u.Path, u.RawQuery = target.Path, target.RawQuery
 		hr, err := http.NewRequestWithContext(ctx, req.Method, u.String(), bytes.NewReader(req.Body))

@@ -212,7 +212,7 @@ func BenchmarkReplayResponse(b *testing.B) {
 	keep := func(string) bool { return true }
 	b.ReportAllocs()
 	for range b.N {
-		_ = replayResponse(r, keep)
+		_, _ = replayResponse(r, keep)
 	}
 }
 

@@ -1,8 +1,10 @@
 package extproc
 
 import (
+	"context"
 	"encoding/base64"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"strings"
 
@@ -77,7 +79,15 @@ func (p *processor) problemReply(prob *problem.Problem) *extprocv3.ProcessingRes
 // response for HTTP, ALREADY_EXISTS naming the original status for gRPC.
 func (p *processor) replayReply(r *idem.Response) *extprocv3.ProcessingResponse {
 	if !p.rpc.call {
-		return replayResponse(r, p.pol.StoresHeader)
+		resp, dropped := replayResponse(r, p.pol.StoresHeader)
+		if dropped > 0 {
+			// Envoy would have refused the whole mutation, the replay
+			// marker with it: the answer goes out without these headers.
+			p.srv.obs.ReplayHeadersDropped(p.pol.Name, dropped)
+			p.logAt(context.Background(), slog.LevelWarn, "stored headers left out of a replay: Envoy would refuse them",
+				slog.Int("dropped", dropped))
+		}
+		return resp
 	}
 	outcome := "HTTP status " + strconv.Itoa(r.Status)
 	if code, msg, ok := grpcStatusOf(r.Headers); ok {

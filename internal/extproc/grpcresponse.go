@@ -19,7 +19,7 @@ import (
 func (p *processor) onRPCResponseHeaders(ctx context.Context, req *extprocv3.ProcessingRequest, hh *extprocv3.HttpHeaders, hs []idem.Header) *extprocv3.ProcessingResponse {
 	p.rpc.response = true
 	attrs := attributes(req)
-	p.rpc.origin = idem.ClassifyOrigin(attrString(attrs, "response.code_details"), attrUint(attrs, "response.flags"))
+	p.rpc.origin = p.responseOrigin(ctx, attrs)
 	ct, _ := firstHeader(hs, "content-type")
 	if p.rpc.proxyless && !isGRPCContentType(ct) {
 		// grpc-go forwards the upstream's header metadata; with no

@@ -70,6 +70,14 @@ type Observer interface {
 	// KeyWarned reports a request without a required key let through
 	// during the policy's grace period (key.warn_until).
 	KeyWarned(policy string)
+	// MissingAttribute reports a request of a policy that needed an Envoy
+	// attribute (response.code_details, a principal, xds.route_name) the
+	// filter did not send.
+	MissingAttribute(policy, attribute string)
+	// ReplayHeadersDropped reports stored headers left out of a replay
+	// because Envoy would refuse them (a control character, or past its
+	// header count or size limit).
+	ReplayHeadersDropped(policy string, n int)
 }
 
 type nopObserver struct{}
@@ -82,6 +90,8 @@ func (nopObserver) SettleFailed(policy, op string)       {}
 func (nopObserver) Requested(string, bool)               {}
 func (nopObserver) ShadowDecided(string, ShadowDecision) {}
 func (nopObserver) KeyWarned(string)                     {}
+func (nopObserver) MissingAttribute(string, string)      {}
+func (nopObserver) ReplayHeadersDropped(string, int)     {}
 
 // headerCarrier reads W3C trace context from Envoy's request headers.
 type headerCarrier struct{ m *corev3.HeaderMap }

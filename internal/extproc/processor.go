@@ -209,8 +209,11 @@ func (p *processor) onRequestHeaders(ctx context.Context, req *extprocv3.Process
 		Method:    method,
 		Authority: authority,
 		Path:      p.path,
-		RouteName: attrString(attrs, "xds.route_name"),
+		RouteName: attrString(attrs, AttrRouteName),
 	})
+	if !hasAttr(attrs, AttrRouteName) {
+		p.routeNameMissing(ctx)
+	}
 	if p.pol == nil {
 		p.decided(DecisionBypassed)
 		return p.passThrough(req)
@@ -242,7 +245,7 @@ func (p *processor) onRequestHeaders(ctx context.Context, req *extprocv3.Process
 	if err != nil {
 		return p.refuse(ctx, req, problem.New(problem.KeyInvalid, err.Error()))
 	}
-	scope, prob := p.scopeOf(authority, hs, req, attrs)
+	scope, prob := p.scopeOf(ctx, authority, hs, req, attrs)
 	if prob != nil {
 		return p.refuse(ctx, req, prob)
 	}
@@ -289,7 +292,7 @@ func (p *processor) wantedResponseBodyMode() procmodev3.ProcessingMode_BodySendM
 }
 
 // scopeOf names the owner of the request's key space, per the policy.
-func (p *processor) scopeOf(authority string, hs *corev3.HeaderMap, req *extprocv3.ProcessingRequest, attrs *structpb.Struct) (string, *problem.Problem) {
+func (p *processor) scopeOf(ctx context.Context, authority string, hs *corev3.HeaderMap, req *extprocv3.ProcessingRequest, attrs *structpb.Struct) (string, *problem.Problem) {
 	var scope string
 	switch sc := p.pol.Scope; sc.Source {
 	case policy.ScopeNone:
@@ -301,7 +304,11 @@ func (p *processor) scopeOf(authority string, hs *corev3.HeaderMap, req *extproc
 	case policy.ScopeMetadata:
 		scope = metadataString(req, sc.Namespace, sc.Path)
 	case policy.ScopePrincipal:
-		scope = attrString(attrs, "source.principal")
+		name := PrincipalAttribute(sc.PeerIdentity)
+		if !hasAttr(attrs, name) {
+			p.missingAttribute(ctx, p.pol.Name, name, "every request of the policy is refused 401 principal-missing")
+		}
+		scope = attrString(attrs, name)
 	}
 	if scope == "" {
 		return "", problem.New(problem.PrincipalMissing, "the request carries no principal to scope its Idempotency-Key")

@@ -236,37 +236,77 @@ func problemResponse(p *problem.Problem) *extprocv3.ProcessingResponse {
 	return immediate(p.Status, hs, p.Body(), "idempotency_"+p.Slug)
 }
 
-// replayResponse answers with a stored response. The first value of each
-// stored name overwrites what Envoy's local reply put there (its default
-// content-type); later values of the same name are appended, so repeated
-// headers come back in their stored order. keep filters the stored headers
-// again at replay time, and no header that could split or smuggle a
-// response (a bad name, CR, LF or NUL in a value) is ever replayed, even
-// from a record altered in the store.
-func replayResponse(r *idem.Response, keep func(name string) bool) *extprocv3.ProcessingResponse {
+// Envoy's limits on a header mutation (ext_proc mutation_utils.cc
+// MutationUtils::applyHeaderMutations): more set_headers than the header
+// map's max_headers_count rejects the whole mutation before any change
+// (responseHeaderSizeCheck), and so does a result map with more headers or
+// more bytes (keys plus values, HeaderMap::byteSize) than max_headers_count
+// and max_request_headers_kb (headerMutationResultCheck). The defaults are
+// 100 headers and 60 KiB (Http::DEFAULT_MAX_HEADERS_COUNT,
+// DEFAULT_MAX_REQUEST_HEADERS_KB); a replay is kept under them whatever the
+// deployment raised them to.
+const (
+	envoyMaxHeaders     = 100
+	envoyMaxHeaderBytes = 60 * 1024
+)
+
+// replayBudget is what a replay's stored headers may use: the local reply's
+// map also holds :status, and content-length and content-type that
+// Utility::prepareLocalReply (http/utility.cc) adds after the mutation, with
+// room to spare for the latter's value.
+var replayBudget = struct{ headers, bytes int }{
+	headers: envoyMaxHeaders - 3,
+	bytes:   envoyMaxHeaderBytes - len(":status") - 3 - len("content-length") - 20 - len("content-type") - 256,
+}
+
+// replayResponse answers with a stored response. The markers come first,
+// so that no later header can keep them from arriving. The first value of
+// each stored name overwrites what Envoy's local reply put there (its
+// default content-type); later values of the same name are appended, so
+// repeated headers come back in their stored order. keep filters the stored
+// headers again at replay time, and no header Envoy would refuse (a name
+// that is not a token, a value with a control character other than HTAB),
+// which would make Envoy drop the whole mutation, idempotent-replayed
+// included, is ever replayed, even from a record altered in the store.
+// Headers past Envoy's count and size limits are dropped too; dropped says
+// how many were.
+func replayResponse(r *idem.Response, keep func(name string) bool) (resp *extprocv3.ProcessingResponse, dropped int) {
 	size := 2 * len("true")
 	for _, h := range r.Headers {
 		size += len(h.Value)
 	}
 	hs := newHeaderSet(len(r.Headers)+2, size)
-	for _, h := range r.Headers {
-		if r.BodyOmitted && h.Name == "content-type" {
-			continue // there is no body to describe
-		}
-		if !safeHeader(h.Name, h.Value) || !keep(h.Name) || h.Name == ReplayedHeader || h.Name == BodyOmittedHeader {
-			continue
-		}
-		hs.add(h.Name, h.Value, hs.has(h.Name))
-	}
 	hs.add(ReplayedHeader, "true", false)
 	if r.BodyOmitted {
 		hs.add(BodyOmittedHeader, "true", false)
 	}
-	return immediate(r.Status, hs.list, r.Body, "idempotency_replay_"+strconv.Itoa(r.Status))
+	// The markers take their share of the budget.
+	count, bytes := len(hs.list), 0
+	for _, o := range hs.list {
+		bytes += len(o.GetHeader().GetKey()) + len(o.GetHeader().GetRawValue())
+	}
+	for _, h := range r.Headers {
+		if r.BodyOmitted && h.Name == "content-type" {
+			continue // there is no body to describe
+		}
+		if !keep(h.Name) || h.Name == ReplayedHeader || h.Name == BodyOmittedHeader {
+			continue
+		}
+		if !safeHeader(h.Name, h.Value) || count+1 > replayBudget.headers || bytes+len(h.Name)+len(h.Value) > replayBudget.bytes {
+			dropped++
+			continue
+		}
+		count, bytes = count+1, bytes+len(h.Name)+len(h.Value)
+		hs.add(h.Name, h.Value, hs.has(h.Name))
+	}
+	return immediate(r.Status, hs.list, r.Body, "idempotency_replay_"+strconv.Itoa(r.Status)), dropped
 }
 
-// safeHeader reports whether a header can be sent as it is: a lower-case
-// RFC 9110 token for a name, and a value without CR, LF or NUL.
+// safeHeader reports whether Envoy accepts a header in a mutation as it
+// is: a lower-case RFC 9110 token for a name, and a value without control
+// characters other than HTAB (HeaderUtility::headerValueIsValid, which is
+// nghttp2's nghttp2_check_header_value: DEL is refused too). CR, LF and NUL
+// could also split or smuggle a response.
 func safeHeader(name, value string) bool {
 	if name == "" {
 		return false
@@ -277,5 +317,10 @@ func safeHeader(name, value string) bool {
 			return false
 		}
 	}
-	return !strings.ContainsAny(value, "\r\n\x00")
+	for i := 0; i < len(value); i++ {
+		if c := value[i]; c != '\t' && (c < 0x20 || c == 0x7f) {
+			return false
+		}
+	}
+	return true
 }

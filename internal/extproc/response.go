@@ -26,7 +26,7 @@ func (p *processor) onResponseHeaders(ctx context.Context, req *extprocv3.Proces
 		status = 0 // no rule covers 0: the outcome is unknown
 	}
 	attrs := attributes(req)
-	origin := idem.ClassifyOrigin(attrString(attrs, "response.code_details"), attrUint(attrs, "response.flags"))
+	origin := p.responseOrigin(ctx, attrs)
 	action := idem.DecideResponse(p.pol.ResponseRules, origin, status)
 	p.logAt(ctx, slog.LevelDebug, "response",
 		slog.Int("status", status), slog.String("origin", origin.String()), slog.String("action", action.String()))

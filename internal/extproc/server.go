@@ -74,6 +74,8 @@ type Server struct {
 	tracer trace.Tracer
 	// budget bounds buffered bodies; nil when unbounded.
 	budget *bodyBudget
+	// missing remembers the attributes already reported missing.
+	missing missingOnce
 }
 
 // New returns a Server.

@@ -1,7 +1,5 @@
 package idem
 
-import "strings"
-
 // Origin says who made a response, which decides what it proves about the
 // operation's effect.
 type Origin uint8
@@ -10,7 +8,8 @@ const (
 	// OriginUpstream: the application answered; its answer is a real one.
 	OriginUpstream Origin = iota + 1
 	// OriginNotSent: Envoy answered and the request provably never left it
-	// (no route, no healthy host, connect failure, overflow).
+	// (no route, no healthy host, connect failure, overflow, a filter before
+	// the router refused it). internal/envoyorigin reads Envoy's signals.
 	OriginNotSent
 	// OriginMaybeSent: Envoy answered after the request may have reached
 	// the upstream (timeout, reset): the effect may have happened.
@@ -61,74 +60,6 @@ func ParseAction(s string) (Action, bool) {
 		}
 	}
 	return 0, false
-}
-
-// notSentDetails are Envoy response code details (or their prefixes) that
-// Envoy sets only when no byte of the request reached an upstream host.
-// They are the values Envoy's StreamInfo::ResponseCodeDetails defines
-// (envoy/stream_info/stream_info.h) for those paths.
-var notSentDetails = []string{
-	"route_not_found",
-	"cluster_not_found",
-	"no_healthy_upstream",
-	"maintenance_mode",
-	"direct_response",
-	"upstream_reset_before_response_started{overflow",
-	"upstream_reset_before_response_started{connection_failure",
-	"upstream_reset_before_response_started{connection_timeout",
-	"drop_overload",
-	"overload",
-}
-
-// Envoy's legacy response-flag bits, as the response.flags attribute
-// carries them (a CEL int: StreamInfo::legacyResponseFlags(), in the
-// CoreResponseFlag order of envoy/stream_info/stream_info.h).
-const (
-	FlagFailedLocalHealthCheck    uint64 = 1 << 0
-	FlagNoHealthyUpstream         uint64 = 1 << 1
-	FlagUpstreamRequestTimeout    uint64 = 1 << 2
-	FlagLocalReset                uint64 = 1 << 3
-	FlagUpstreamRemoteReset       uint64 = 1 << 4
-	FlagUpstreamConnectionFailure uint64 = 1 << 5
-	FlagUpstreamConnTermination   uint64 = 1 << 6
-	FlagUpstreamOverflow          uint64 = 1 << 7
-	FlagNoRouteFound              uint64 = 1 << 8
-	FlagNoClusterFound            uint64 = 1 << 24
-	FlagDropOverload              uint64 = 1 << 27
-)
-
-// notSentFlags are the flags Envoy sets only when the request never left
-// it.
-const notSentFlags = FlagFailedLocalHealthCheck | FlagNoHealthyUpstream | FlagUpstreamConnectionFailure |
-	FlagUpstreamOverflow | FlagNoRouteFound | FlagNoClusterFound | FlagDropOverload
-
-// ClassifyOrigin tells who made a response from the response.code_details
-// and response.flags attributes Envoy sends when asked through
-// response_attributes. The details decide when present; the flags are the
-// fallback.
-//
-// With neither (Envoy not configured to send them) a response is taken to
-// be the upstream's: that is what it is in the common case, and Envoy 1.34
-// to 1.36 do not pass their own local replies through ext_proc at all
-// (DESIGN §4). Configure both attributes so that Envoy's own timeouts are
-// told apart.
-func ClassifyOrigin(codeDetails string, flags uint64) Origin {
-	switch {
-	case codeDetails == "via_upstream":
-		return OriginUpstream
-	case codeDetails != "":
-		for _, d := range notSentDetails {
-			if strings.HasPrefix(codeDetails, d) {
-				return OriginNotSent
-			}
-		}
-		return OriginMaybeSent
-	case flags == 0:
-		return OriginUpstream
-	case flags&^notSentFlags == 0:
-		return OriginNotSent
-	}
-	return OriginMaybeSent
 }
 
 // ResponseRule maps responses of one origin and status range to an action.

@@ -2,50 +2,6 @@ package idem
 
 import "testing"
 
-func TestClassifyOrigin(t *testing.T) {
-	for details, want := range map[string]Origin{
-		"":             OriginUpstream, // attribute not configured
-		"via_upstream": OriginUpstream,
-		"upstream_reset_before_response_started{connection_failure}":                                           OriginNotSent,
-		"upstream_reset_before_response_started{connection_failure,delayed_connect_error:_Connection_refused}": OriginNotSent,
-		"upstream_reset_before_response_started{overflow}":                                                     OriginNotSent,
-		"no_healthy_upstream":      OriginNotSent,
-		"route_not_found":          OriginNotSent,
-		"cluster_not_found":        OriginNotSent,
-		"direct_response":          OriginNotSent,
-		"response_timeout":         OriginMaybeSent,
-		"upstream_per_try_timeout": OriginMaybeSent,
-		"upstream_reset_before_response_started{remote_reset}":           OriginMaybeSent,
-		"upstream_reset_before_response_started{connection_termination}": OriginMaybeSent,
-		"upstream_reset_after_response_started{remote_reset}":            OriginMaybeSent,
-		"something_new_in_a_later_envoy":                                 OriginMaybeSent,
-	} {
-		if got := ClassifyOrigin(details, 0); got != want {
-			t.Errorf("ClassifyOrigin(%q) = %v, want %v", details, got, want)
-		}
-	}
-}
-
-func TestClassifyOriginByFlags(t *testing.T) {
-	for _, tc := range []struct {
-		details string
-		flags   uint64
-		want    Origin
-	}{
-		{"", 0, OriginUpstream},
-		{"", FlagUpstreamConnectionFailure, OriginNotSent},
-		{"", FlagNoHealthyUpstream | FlagUpstreamOverflow, OriginNotSent},
-		{"", FlagUpstreamRequestTimeout, OriginMaybeSent},
-		{"", FlagUpstreamConnectionFailure | FlagUpstreamRemoteReset, OriginMaybeSent},
-		{"via_upstream", FlagUpstreamRequestTimeout, OriginUpstream}, // the details decide
-		{"response_timeout", 0, OriginMaybeSent},
-	} {
-		if got := ClassifyOrigin(tc.details, tc.flags); got != tc.want {
-			t.Errorf("ClassifyOrigin(%q, %#x) = %v, want %v", tc.details, tc.flags, got, tc.want)
-		}
-	}
-}
-
 func TestDefaultResponseRules(t *testing.T) {
 	rules := DefaultResponseRules()
 	for _, tc := range []struct {

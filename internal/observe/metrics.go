@@ -35,6 +35,8 @@ type Metrics struct {
 	shadow         *prometheus.CounterVec
 	keyWarnings    *prometheus.CounterVec
 	safety         *storeSafety
+	missingAttrs   *prometheus.CounterVec
+	droppedHeaders *prometheus.CounterVec
 	started        time.Time
 }
 
@@ -90,6 +92,22 @@ func NewMetrics() *Metrics {
 			Namespace: Namespace, Name: "key_warnings_total",
 			Help: "Requests without a required key let through with a Warning during the policy's grace period (key.warn_until).",
 		}, []string{"policy"}),
+		missingAttrs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Name: "missing_attribute_total",
+			Help: "Requests whose policy needed an Envoy attribute the ext_proc filter did not send (response.code_details: " +
+				"add it to response_attributes; a principal or xds.route_name: request_attributes).",
+		}, []string{"policy", "attribute"}),
+	}
+	m.droppedHeaders = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Name: "replay_headers_dropped_total",
+		Help: "Stored headers left out of replays because Envoy would refuse the whole header mutation (a control character, " +
+			"more than 100 headers or 60 KiB).",
+	}, []string{"policy"})
+	m.droppedHeaders.WithLabelValues("none")
+	// Every attribute's series exists from the start (policy "none"), so a
+	// rule on the family sees it before the first miss.
+	for name := range extproc.MissingAttributes {
+		m.missingAttrs.WithLabelValues("none", name)
 	}
 	build := prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Namespace: Namespace, Name: "build_info",
@@ -99,7 +117,7 @@ func NewMetrics() *Metrics {
 	build.WithLabelValues(version, revision, runtime.Version()).Set(1)
 	m.safety = newStoreSafety(m.reg)
 	m.reg.MustRegister(m.decisions, m.storeCalls, m.openStreams, m.replayAge, m.settleFailures, m.reloads, m.adminActions,
-		m.requests, m.shadow, m.keyWarnings, build,
+		m.requests, m.shadow, m.keyWarnings, m.missingAttrs, m.droppedHeaders, build,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -170,6 +188,17 @@ func (m *Metrics) ShadowDecided(policy string, d extproc.ShadowDecision) {
 // KeyWarned implements extproc.Observer.
 func (m *Metrics) KeyWarned(policy string) {
 	m.keyWarnings.WithLabelValues(policyLabel(policy)).Inc()
+}
+
+// MissingAttribute counts a request whose policy needed an attribute Envoy
+// did not send.
+func (m *Metrics) MissingAttribute(policy, attribute string) {
+	m.missingAttrs.WithLabelValues(policyLabel(policy), attribute).Inc()
+}
+
+// ReplayHeadersDropped counts stored headers left out of a replay.
+func (m *Metrics) ReplayHeadersDropped(policy string, n int) {
+	m.droppedHeaders.WithLabelValues(policyLabel(policy)).Add(float64(n))
 }
 
 // ObserveStoreCall times one store call.

@@ -26,9 +26,23 @@ const (
 	// ScopeMetadata takes it from Envoy dynamic metadata forwarded in
 	// metadata_context, e.g. jwt_authn's payload "sub".
 	ScopeMetadata
-	// ScopePrincipal takes it from the source.principal attribute (the
-	// peer's mTLS/SPIFFE identity).
+	// ScopePrincipal takes it from the downstream peer certificate, as
+	// Envoy's connection.*_peer_certificate attributes carry it (see
+	// PeerIdentity).
 	ScopePrincipal
+)
+
+// PeerIdentity picks which part of the peer certificate is the principal.
+type PeerIdentity uint8
+
+const (
+	// PeerURISAN is the first URI SAN (a SPIFFE ID):
+	// connection.uri_san_peer_certificate.
+	PeerURISAN PeerIdentity = iota
+	// PeerDNSSAN is the first DNS SAN: connection.dns_san_peer_certificate.
+	PeerDNSSAN
+	// PeerSubject is the subject DN: connection.subject_peer_certificate.
+	PeerSubject
 )
 
 // Scope says how a policy scopes keys.
@@ -39,6 +53,8 @@ type Scope struct {
 	// Namespace and Path locate the value for ScopeMetadata.
 	Namespace string
 	Path      []string
+	// PeerIdentity picks the certificate field for ScopePrincipal.
+	PeerIdentity PeerIdentity
 }
 
 // FailureMode says what happens when the store cannot be asked.

@@ -1,0 +1,348 @@
+package envoysim
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/protobuf/types/known/structpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+)
+
+// TestAttributeVocabulary: only names of Envoy's CEL context are answered,
+// with Envoy's types; other names are left out (expr/context.h, context.cc;
+// ext_proc matching_utils.cc evaluateAttributes).
+func TestAttributeVocabulary(t *testing.T) {
+	cfg := RecommendedConfig()
+	cfg.RequestAttributes = []string{"source.principal", "request.principal", "no.such.thing",
+		"connection.uri_san_peer_certificate", "connection.dns_san_peer_certificate", "connection.subject_peer_certificate",
+		"connection.mtls", "source.address", "source.port", "xds.route_name", "request.method"}
+	s := &scripted{script: continueAll(nil)}
+	f := start(t, s, cfg, Options{})
+	req := post("x")
+	req.RouteName = "" // an unnamed route: xds.route_name is still sent, empty
+	req.RemoteAddress = "10.1.2.3:41000"
+	req.PeerCertificate = &PeerCertificate{URISANs: []string{"spiffe://example.org/ns/a/sa/b", "spiffe://second"},
+		DNSSANs: []string{"b.a.svc"}, Subject: "CN=b,O=a"}
+	f.Do(context.Background(), req, echoUpstream(200, "ok"))
+	a := s.received()[0].GetAttributes()["envoy.filters.http.ext_proc"].GetFields()
+	for _, absent := range []string{"source.principal", "request.principal", "no.such.thing"} {
+		if _, ok := a[absent]; ok {
+			t.Errorf("%s is not in Envoy's vocabulary and must be left out", absent)
+		}
+	}
+	for name, want := range map[string]string{
+		"connection.uri_san_peer_certificate": "spiffe://example.org/ns/a/sa/b", // the first URI SAN
+		"connection.dns_san_peer_certificate": "b.a.svc",
+		"connection.subject_peer_certificate": "CN=b,O=a",
+		"source.address":                      "10.1.2.3:41000",
+		"xds.route_name":                      "",
+		"request.method":                      "POST",
+	} {
+		v, ok := a[name]
+		if !ok || v.GetStringValue() != want {
+			t.Errorf("%s = %v (present %v), want %q", name, v, ok, want)
+		}
+	}
+	if a["source.port"].GetNumberValue() != 41000 || !a["connection.mtls"].GetBoolValue() {
+		t.Errorf("source.port %v, connection.mtls %v", a["source.port"], a["connection.mtls"])
+	}
+
+	// Without a client certificate there is no SSL info: no value at all.
+	s2 := &scripted{script: continueAll(nil)}
+	start(t, s2, cfg, Options{}).Do(context.Background(), post("x"), echoUpstream(200, "ok"))
+	a = s2.received()[0].GetAttributes()["envoy.filters.http.ext_proc"].GetFields()
+	if _, ok := a["connection.uri_san_peer_certificate"]; ok {
+		t.Error("a plain-text request has no peer certificate attribute")
+	}
+}
+
+// TestRouterFailureDetails: the failures carry Envoy's real details, built
+// as router.cc onUpstreamReset builds them, with the legacy flag bits.
+func TestRouterFailureDetails(t *testing.T) {
+	for _, tc := range []struct {
+		f       *UpstreamFailure
+		details string
+		flags   uint64
+	}{
+		{ConnectFailure, "upstream_reset_before_response_started{remote_connection_failure|delayed_connect_error:_Connection_refused}", 0x20},
+		{ConnectTimeout, "upstream_reset_before_response_started{connection_timeout|connect_timeout}", 0x20},
+		{UpstreamOverflow, "upstream_reset_before_response_started{overflow}", 0x80},
+		{UpstreamReset, "upstream_reset_before_response_started{remote_reset}", 0x10},
+		{ConnectionTermination, "upstream_reset_before_response_started{connection_termination}", 0x40},
+		{UpstreamTimeout, "response_timeout", 0x4},
+		{NoHealthyUpstream, "no_healthy_upstream", 0x2},
+		{RateLimited, "request_rate_limited", 0x800},
+		{LocalRateLimited, "local_rate_limited", 0x800},
+		{RBACDenied("ns[a]-policy[deny all]"), "rbac_access_denied_matched_policy[ns[a]-policy[deny_all]]", 0},
+		{ExtAuthzDenied, "ext_authz_denied", 0x1000},
+		{FaultAbort(503), "fault_filter_abort", 0x400},
+	} {
+		s := &scripted{script: continueAll(nil)}
+		res := start(t, s, nil, Options{}).Do(context.Background(), post("x"),
+			func(context.Context, *Request) (*Response, error) { return nil, tc.f })
+		var attrs map[string]*structpb.Value
+		for _, m := range s.received() {
+			if m.GetResponseHeaders() != nil {
+				attrs = m.GetAttributes()["envoy.filters.http.ext_proc"].GetFields()
+			}
+		}
+		if d := attrs["response.code_details"].GetStringValue(); d != tc.details {
+			t.Errorf("details %q, want %q", d, tc.details)
+		}
+		if fl := uint64(attrs["response.flags"].GetNumberValue()); fl != tc.flags {
+			t.Errorf("%s: flags %#x, want %#x", tc.details, fl, tc.flags)
+		}
+		if res.UpstreamCalled != (tc.f.Filter == "") {
+			t.Errorf("%s: UpstreamCalled %v, but the filter %q answered", tc.details, res.UpstreamCalled, tc.f.Filter)
+		}
+		_, hasCL := Get(res.Response.Headers, "content-length")
+		if hasCL != (tc.f.Body != "") {
+			t.Errorf("%s: content-length present %v with body %q (prepareLocalReply)", tc.details, hasCL, tc.f.Body)
+		}
+	}
+}
+
+func immediateWith(body string, hs ...*corev3.HeaderValueOption) *extprocv3.ProcessingResponse {
+	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ImmediateResponse{ImmediateResponse: &extprocv3.ImmediateResponse{
+		Status: &typev3.HttpStatus{Code: 201}, Body: []byte(body), Details: "idempotency replay",
+		Headers: &extprocv3.HeaderMutation{SetHeaders: hs},
+	}}}
+}
+
+func set(name, value string) *corev3.HeaderValueOption {
+	return &corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: name, RawValue: []byte(value)}}
+}
+
+// TestImmediateResponseLocalReply: prepareLocalReply settles the content
+// headers after the mutation; the details lose their spaces.
+func TestImmediateResponseLocalReply(t *testing.T) {
+	s := &scripted{script: continueAll(immediateWith("", set("content-type", "application/json"), set("content-length", "12"),
+		set("idempotent-replayed", "true")))}
+	res := start(t, s, nil, Options{}).Do(context.Background(), post("x"), echoUpstream(200, "ok"))
+	r := res.Response
+	for _, h := range []string{"content-type", "content-length"} {
+		if _, ok := Get(r.Headers, h); ok {
+			t.Errorf("an empty-body local reply keeps no %s (prepareLocalReply removes it)", h)
+		}
+	}
+	if v, _ := Get(r.Headers, "idempotent-replayed"); v != "true" || r.Details != "idempotency_replay" {
+		t.Fatalf("%+v", r)
+	}
+
+	s = &scripted{script: continueAll(immediateWith("{}", set("content-length", "99"), set("content-type", "application/json")))}
+	r = start(t, s, nil, Options{}).Do(context.Background(), post("x"), echoUpstream(200, "ok")).Response
+	if cl, _ := Get(r.Headers, "content-length"); cl != "2" {
+		t.Errorf("content-length %q: Envoy sets the body's length after the mutation", cl)
+	}
+	if ct, _ := Get(r.Headers, "content-type"); ct != "application/json" {
+		t.Errorf("content-type %q: a content-type the mutation set is kept", ct)
+	}
+}
+
+// TestMutationLimits: more than max_headers_count set headers rejects the
+// whole mutation before any change (responseHeaderSizeCheck); a result over
+// 60 KiB or 100 headers is an error after the change
+// (headerMutationResultCheck); a control character other than HTAB is
+// refused where it stands.
+func TestMutationLimits(t *testing.T) {
+	many := []*corev3.HeaderValueOption{set("idempotent-replayed", "true")}
+	for i := range 100 {
+		many = append(many, set(fmt.Sprintf("x-stored-%d", i), "v"))
+	}
+	s := &scripted{script: continueAll(immediateWith("ok", many...))}
+	res := start(t, s, nil, Options{}).Do(context.Background(), post("x"), echoUpstream(200, "ok"))
+	if _, ok := Get(res.Response.Headers, "idempotent-replayed"); ok || res.ProcessingError == nil {
+		t.Fatalf("101 set headers must be rejected whole: %v %v", res.Response.Headers[:2], res.ProcessingError)
+	}
+
+	for name, value := range map[string]string{"NUL": "a\x00b", "SOH": "a\x01b", "DEL": "a\x7fb", "LF": "a\nb"} {
+		s := &scripted{script: continueAll(immediateWith("ok", set("idempotent-replayed", "true"), set("x-bad", value), set("x-after", "1")))}
+		res := start(t, s, nil, Options{}).Do(context.Background(), post("x"), echoUpstream(200, "ok"))
+		_, before := Get(res.Response.Headers, "idempotent-replayed")
+		_, after := Get(res.Response.Headers, "x-after")
+		if res.ProcessingError == nil || !before || after {
+			t.Errorf("%s: the walk stops at the bad value, keeping what came before: %v %v", name, res.Response.Headers, res.ProcessingError)
+		}
+	}
+	s = &scripted{script: continueAll(immediateWith("ok", set("x-tab", "a\tb")))}
+	if res := start(t, s, nil, Options{}).Do(context.Background(), post("x"), echoUpstream(200, "ok")); res.ProcessingError != nil {
+		t.Errorf("HTAB is allowed: %v", res.ProcessingError)
+	}
+
+	// A CONTINUE whose result exceeds 60 KiB fails the request with
+	// status_on_error.
+	big := set("x-big", strings.Repeat("v", 61*1024))
+	reply := &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{
+		Response: &extprocv3.CommonResponse{HeaderMutation: &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{big}}}}}}
+	s = &scripted{script: continueAll(reply)}
+	res = start(t, s, nil, Options{}).Do(context.Background(), post("x"), echoUpstream(200, "ok"))
+	if res.Response.Status != 500 || res.UpstreamCalled {
+		t.Fatalf("an oversized header mutation must fail closed: %v", res)
+	}
+}
+
+// TestAppendActionIgnored: Envoy's ext_proc reads only the BoolValue append
+// (mutation_utils.cc); append_action is not looked at.
+func TestAppendActionIgnored(t *testing.T) {
+	h := &corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: "content-type", RawValue: []byte("application/json")},
+		AppendAction: corev3.HeaderValueOption_APPEND_IF_EXISTS_OR_ADD}
+	s := &scripted{script: continueAll(immediateWith("{}", h))}
+	r := start(t, s, nil, Options{}).Do(context.Background(), post("x"), echoUpstream(200, "ok")).Response
+	if v := Values(r.Headers, "content-type"); len(v) != 1 || v[0] != "application/json" {
+		t.Fatalf("content-type %v: append_action must not append", v)
+	}
+	h = &corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: "x-a", RawValue: []byte("2")},
+		//lint:ignore SA1019 the field Envoy reads.
+		Append: wrapperspb.Bool(true), AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD}
+	s = &scripted{script: continueAll(immediateWith("{}", set("x-a", "1"), h))}
+	r = start(t, s, nil, Options{}).Do(context.Background(), post("x"), echoUpstream(200, "ok")).Response
+	if v := Values(r.Headers, "x-a"); len(v) != 2 {
+		t.Fatalf("x-a %v: append true appends whatever append_action says", v)
+	}
+}
+
+// TestCloseStreamEarly: with 1.37+'s optimisation the stream closes after
+// the reply that leaves no later phase for the server.
+func TestCloseStreamEarly(t *testing.T) {
+	noBody := &extprocfilterv3.ProcessingMode{ResponseBodyMode: extprocfilterv3.ProcessingMode_NONE,
+		ResponseTrailerMode: extprocfilterv3.ProcessingMode_SKIP}
+	script := func(st extprocv3.ExternalProcessor_ProcessServer) error {
+		for {
+			m, err := st.Recv()
+			if err != nil {
+				return nil
+			}
+			r := cont(m)
+			if m.GetResponseHeaders() != nil {
+				r.ModeOverride = noBody
+			}
+			if err := st.Send(r); err != nil {
+				return err
+			}
+		}
+	}
+	for _, early := range []bool{false, true} {
+		s := &scripted{script: script}
+		res := start(t, s, nil, Options{CloseStreamEarly: early}).Do(context.Background(), post("x"), echoUpstream(200, "ok"))
+		want := PhaseNone
+		if early {
+			want = PhaseResponseHeaders
+		}
+		if res.ClosedEarlyAfter != want || string(res.Response.Body) != "ok" {
+			t.Errorf("early %v: closed after %v, want %v: %v", early, res.ClosedEarlyAfter, want, res)
+		}
+	}
+}
+
+// TestEdgeConnectionManager: an edge connection manager overwrites the
+// client's x-forwarded-proto and x-request-id; an inner one keeps them.
+func TestEdgeConnectionManager(t *testing.T) {
+	for _, tc := range []struct {
+		opts           Options
+		keepID, keepXF bool
+	}{
+		{Options{}, true, true},
+		{Options{Edge: true}, false, false},
+		{Options{Edge: true, PreserveExternalRequestID: true}, true, false},
+	} {
+		s := &scripted{script: continueAll(nil)}
+		req := post("x")
+		req.Scheme = "https"
+		req.Headers = append(req.Headers, Header{"x-request-id", "client-id"}, Header{"x-forwarded-proto", "http"})
+		start(t, s, nil, tc.opts).Do(context.Background(), req, echoUpstream(200, "ok"))
+		var id, xf string
+		for _, h := range s.received()[0].GetRequestHeaders().GetHeaders().GetHeaders() {
+			switch h.GetKey() {
+			case "x-request-id":
+				id = string(h.GetRawValue())
+			case "x-forwarded-proto":
+				xf = string(h.GetRawValue())
+			}
+		}
+		if (id == "client-id") != tc.keepID || (xf == "http") != tc.keepXF || id == "" || xf == "" {
+			t.Errorf("%+v: x-request-id %q, x-forwarded-proto %q", tc.opts, id, xf)
+		}
+	}
+}
+
+// TestContentLengthRemoved: in STREAMED, BUFFERED_PARTIAL, and BUFFERED with
+// the headers skipped, decodeHeaders removes content-length after sending
+// the headers, whatever the reply's mode override says; BUFFERED keeps it.
+func TestContentLengthRemoved(t *testing.T) {
+	buffered := &extprocfilterv3.ProcessingMode{RequestBodyMode: extprocfilterv3.ProcessingMode_BUFFERED,
+		ResponseBodyMode: extprocfilterv3.ProcessingMode_BUFFERED}
+	for _, tc := range []struct {
+		name    string
+		body    extprocfilterv3.ProcessingMode_BodySendMode
+		headers extprocfilterv3.ProcessingMode_HeaderSendMode
+		kept    bool
+	}{
+		{"buffered", extprocfilterv3.ProcessingMode_BUFFERED, extprocfilterv3.ProcessingMode_SEND, true},
+		{"streamed, overridden to buffered", extprocfilterv3.ProcessingMode_STREAMED, extprocfilterv3.ProcessingMode_SEND, false},
+		{"buffered partial", extprocfilterv3.ProcessingMode_BUFFERED_PARTIAL, extprocfilterv3.ProcessingMode_SEND, false},
+		{"buffered, headers skipped", extprocfilterv3.ProcessingMode_BUFFERED, extprocfilterv3.ProcessingMode_SKIP, false},
+	} {
+		cfg := RecommendedConfig()
+		cfg.ProcessingMode.RequestBodyMode, cfg.ProcessingMode.RequestHeaderMode = tc.body, tc.headers
+		s := &scripted{script: func(st extprocv3.ExternalProcessor_ProcessServer) error {
+			for {
+				m, err := st.Recv()
+				if err != nil {
+					return nil
+				}
+				r := cont(m)
+				if m.GetRequestHeaders() != nil {
+					r = headersReply(buffered)
+				}
+				if err := st.Send(r); err != nil {
+					return err
+				}
+			}
+		}}
+		req := post("abc")
+		req.Headers = append(req.Headers, Header{"content-length", "3"})
+		res := start(t, s, cfg, Options{}).Do(context.Background(), req, echoUpstream(200, "ok"))
+		_, kept := Get(res.UpstreamRequest.Headers, "content-length")
+		if kept != tc.kept {
+			t.Errorf("%s: content-length reached the upstream %v, want %v", tc.name, kept, tc.kept)
+		}
+		if tc.headers == extprocfilterv3.ProcessingMode_SEND {
+			var sent bool
+			for _, h := range s.received()[0].GetRequestHeaders().GetHeaders().GetHeaders() {
+				sent = sent || h.GetKey() == "content-length"
+			}
+			if !sent {
+				t.Errorf("%s: the headers message carries content-length", tc.name)
+			}
+		}
+	}
+}
+
+// TestBufferedPartialSendsPastTheLimit: the queue goes out once it holds
+// more than the limit, so the one message may carry more than the limit.
+func TestBufferedPartialSendsPastTheLimit(t *testing.T) {
+	cfg := RecommendedConfig()
+	cfg.ProcessingMode.RequestBodyMode = extprocfilterv3.ProcessingMode_BUFFERED_PARTIAL
+	cfg.AllowModeOverride = false
+	for _, tc := range []struct {
+		chunk, wantLen int
+		wantEOS        bool
+	}{
+		{0, 4000, true},     // arrived whole: all of it
+		{600, 1200, false},  // 600, 1200 > 1000: sent
+		{1000, 2000, false}, // 1000 is not over the limit; 2000 is
+	} {
+		s := &scripted{script: continueAll(nil)}
+		res := start(t, s, cfg, Options{BufferLimit: 1000, ChunkSize: tc.chunk}).Do(context.Background(), post(strings.Repeat("b", 4000)), echoUpstream(200, "ok"))
+		m := res.Messages[1]
+		if m.Phase != PhaseRequestBody || m.BodyLen != tc.wantLen || m.EndOfStream != tc.wantEOS || len(res.UpstreamRequest.Body) != 4000 {
+			t.Errorf("chunk %d: %+v, upstream got %d bytes", tc.chunk, m, len(res.UpstreamRequest.Body))
+		}
+	}
+}

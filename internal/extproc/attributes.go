@@ -1,0 +1,105 @@
+package extproc
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/idem-extproc/idem-extproc/internal/envoyorigin"
+	"github.com/idem-extproc/idem-extproc/internal/idem"
+	"github.com/idem-extproc/idem-extproc/internal/policy"
+)
+
+// The attributes the server reads, named as Envoy's CEL context defines them
+// (source/extensions/filters/common/expr/context.h): an attribute the filter
+// was not asked for, or one Envoy does not define, is simply absent from the
+// message (ExpressionManager::evaluateAttributes in ext_proc's
+// matching_utils.cc skips an expression that evaluates to an error).
+const (
+	AttrCodeDetails = "response.code_details"
+	AttrFlags       = "response.flags"
+	AttrRouteName   = "xds.route_name"
+	// The downstream peer certificate's first URI SAN, first DNS SAN and
+	// subject (context.cc SslExtractorsValues: URISanPeerCertificate,
+	// DNSSanPeerCertificate, SubjectPeerCertificate); absent without TLS.
+	AttrURISanPeer  = "connection.uri_san_peer_certificate"
+	AttrDNSSanPeer  = "connection.dns_san_peer_certificate"
+	AttrSubjectPeer = "connection.subject_peer_certificate"
+)
+
+// MissingAttributes are the attributes whose absence the server reports
+// (Observer.MissingAttribute), each with the filter setting that sends it.
+var MissingAttributes = map[string]string{
+	AttrCodeDetails: "response_attributes",
+	AttrRouteName:   "request_attributes",
+	AttrURISanPeer:  "request_attributes",
+	AttrDNSSanPeer:  "request_attributes",
+	AttrSubjectPeer: "request_attributes",
+}
+
+// MissingAttributeMessage is the log message of a missing attribute, logged
+// once per policy and attribute at warn.
+const MissingAttributeMessage = "Envoy did not send an attribute the policy needs (logged once per policy)"
+
+// missingOnce remembers which (policy, attribute) pairs were logged, so a
+// filter configured without an attribute is one warning per policy, not
+// one per request; the counter counts every request.
+type missingOnce struct{ seen sync.Map }
+
+// missingAttribute counts a request whose policy needed an attribute that
+// never arrived, and logs it the first time for the policy.
+func (p *processor) missingAttribute(ctx context.Context, policyName, name, why string) {
+	p.srv.obs.MissingAttribute(policyName, name)
+	if _, loaded := p.srv.missing.seen.LoadOrStore(policyName+"\x00"+name, true); loaded {
+		return
+	}
+	p.logAt(ctx, slog.LevelWarn, MissingAttributeMessage,
+		slog.String("policy", policyName), slog.String("attribute", name),
+		slog.String("fix", "add "+name+" to the ext_proc filter's "+MissingAttributes[name]),
+		slog.String("consequence", why))
+}
+
+// routeNameMissing reports, for each policy that matches on route names, a
+// request that came without xds.route_name: such a policy can never match.
+func (p *processor) routeNameMissing(ctx context.Context) {
+	for _, pol := range p.policies.Policies {
+		if len(pol.Match.RouteNames) > 0 {
+			p.missingAttribute(ctx, pol.Name, AttrRouteName, "the policy matches on route names and protects nothing")
+		}
+	}
+}
+
+// PrincipalAttribute names the attribute a principal scope reads.
+func PrincipalAttribute(id policy.PeerIdentity) string {
+	switch id {
+	case policy.PeerDNSSAN:
+		return AttrDNSSanPeer
+	case policy.PeerSubject:
+		return AttrSubjectPeer
+	}
+	return AttrURISanPeer
+}
+
+// responseOrigin classifies a response from its attributes. Without
+// response.code_details a response of Envoy's own (a 504 route timeout, a
+// 503 reset) looks like the upstream's and would be stored and replayed, so
+// its absence is reported.
+func (p *processor) responseOrigin(ctx context.Context, attrs *structpb.Struct) idem.Origin {
+	dv, hasDetails := attrs.GetFields()[AttrCodeDetails]
+	// grpc-go's filter (gRFC A93) makes no local replies of Envoy's kind:
+	// there is nothing for the attribute to tell apart.
+	if !hasDetails && p.reserved && !p.rpc.proxyless {
+		p.missingAttribute(ctx, p.pol.Name, AttrCodeDetails,
+			"Envoy's own error replies cannot be told from the upstream's and are stored as its answer")
+	}
+	return envoyorigin.Classify(valueString(dv), hasDetails, attrUint(attrs, AttrFlags))
+}
+
+// hasAttr reports whether Envoy sent the attribute at all (an unnamed
+// route's xds.route_name is present and empty, context.cc XDSLookupValues).
+func hasAttr(a *structpb.Struct, name string) bool {
+	_, ok := a.GetFields()[name]
+	return ok
+}
