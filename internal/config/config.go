@@ -32,20 +32,36 @@ func Load(path string) (*policy.Set, error) {
 	return Parse(path, data)
 }
 
-// Parse validates a configuration document; name is used in messages.
+// Parse validates a configuration document; name is used in messages. An
+// empty document, a key without a value and a second document are refused
+// as signs of a file cut short (checkComplete), and so is a document that
+// leaves nothing protected unless it says `policies: []`.
 func Parse(name string, data []byte) (*policy.Set, error) {
+	set, _, err := parse(name, data)
+	return set, err
+}
+
+func parse(name string, data []byte) (*policy.Set, shape, error) {
+	sh, err := checkComplete(name, data)
+	if err != nil {
+		return nil, sh, err
+	}
 	var doc document
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
-	if err := dec.Decode(&doc); err != nil && !errors.Is(err, io.EOF) { // EOF: an empty file
-		return nil, yamlError(name, err)
+	if err := dec.Decode(&doc); err != nil && !errors.Is(err, io.EOF) {
+		return nil, sh, yamlError(name, err)
 	}
 	b := builder{file: name}
 	set := b.build(&doc)
 	if err := errors.Join(b.errs...); err != nil {
-		return nil, err
+		return nil, sh, err
 	}
-	return set, nil
+	if len(set.Policies) == 0 && !sh.explicitlyEmpty {
+		return nil, sh, fmt.Errorf("%s: no policy and default_policy.enabled: false would protect nothing; "+
+			"write `policies: []` to mean it", name)
+	}
+	return set, sh, nil
 }
 
 // linePrefix matches the "line N: " yaml.v3 starts its messages with.
