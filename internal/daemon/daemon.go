@@ -112,7 +112,13 @@ func Start(cfg Config, log *slog.Logger, getenv func(string) string) (_ *Daemon,
 	if d.policies, err = config.NewSource(cfg.ConfigFile, log, needsRing); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
-	d.policies.OnReload = d.metrics.ConfigReloaded
+	d.metrics.KnowPolicies(policyNames(d.policies.Current()))
+	d.policies.OnReload = func(err error) {
+		d.metrics.ConfigReloaded(err)
+		if err == nil {
+			d.metrics.KnowPolicies(policyNames(d.policies.Current()))
+		}
+	}
 	d.sealer = sealerOrNil(ring)
 	tp, shutdownTracing, err := newTracerProvider(context.Background(), getenv)
 	if err != nil {
@@ -243,6 +249,14 @@ func (d *Daemon) closeStore() {
 	for _, c := range d.closers {
 		_ = c()
 	}
+}
+
+func policyNames(set *policy.Set) []string {
+	names := make([]string, 0, len(set.Policies))
+	for _, p := range set.Policies {
+		names = append(names, p.Name)
+	}
+	return names
 }
 
 // sealerOrNil keeps a nil *seal.Ring from becoming a non-nil interface.

@@ -138,3 +138,35 @@ func prefixLengths(b []byte) []int {
 	}
 	return out
 }
+
+// TestAlertedSeriesExistFromStart: the counters the alert rules read are
+// exposed at 0 before any event, per policy in force, and a policy a
+// reload adds gets its own (observability/prometheus-rules.yaml).
+func TestAlertedSeriesExistFromStart(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "p.yaml")
+	if err := os.WriteFile(path, []byte(fmt.Sprintf(reloadPolicies, "orders-v1")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r := run(t, "--config", path)
+	m := scrape(t, r.d)
+	for _, s := range []string{
+		`idem_extproc_config_reloads_total{result="rejected"}`,
+		`idem_extproc_config_reloads_total{result="ok"}`,
+		`idem_extproc_settle_failures_total{decision="stored",policy="orders-v1"}`,
+		`idem_extproc_decisions_total{decision="fail_open",policy="orders-v1"}`,
+		`idem_extproc_store_call_duration_seconds_count{op="reserve",result="error"}`,
+	} {
+		if v := metricValue(m, s); v != "0" {
+			t.Errorf("%s = %q at start, want 0", s, v)
+		}
+	}
+	if err := os.WriteFile(path, []byte(fmt.Sprintf(reloadPolicies, "orders-v2")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.d.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, func() bool {
+		return metricValue(scrape(t, r.d), `idem_extproc_settle_failures_total{decision="stored",policy="orders-v2"}`) == "0"
+	})
+}
