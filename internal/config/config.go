@@ -116,7 +116,7 @@ func (b *builder) build(doc *document) *policy.Set {
 		case !np.Name.Set:
 			b.errorf(firstLine(&np), path+".name", "missing; every policy needs a unique name")
 		case !namePattern.MatchString(np.Name.Value) || np.Name.Value == policy.DefaultPolicyName:
-			b.errorf(np.Name.Line, path+".name", "%q must be lower-case letters, digits, '.', '_' or '-' (at most 63) and not %q", np.Name.Value, policy.DefaultPolicyName)
+			b.errorf(np.Name.Line, path+".name", "%q must be 1 to 63 lower-case letters, digits, '.', '_' or '-', start with a letter or a digit, and not be %q", np.Name.Value, policy.DefaultPolicyName)
 		default:
 			if prev, dup := seen[np.Name.Value]; dup {
 				b.errorf(np.Name.Line, path+".name", "%q is already the name of policies[%d]", np.Name.Value, prev)
@@ -476,11 +476,11 @@ func (b *builder) check(p *policy.Policy, s, defaults *settings, path string, li
 		// An in-flight record lives for the retention: a lease outliving it
 		// would free the key while the first attempt still runs.
 		b.errorf(at(s.Lease, s.Retention, defaults.Lease, defaults.Retention), path+".lease",
-			"%v must be shorter than retention %v", p.Lease, p.Retention)
+			"%s must be shorter than retention %s", shortDuration(p.Lease), shortDuration(p.Retention))
 	}
 	if p.WaitForInFlight >= p.Retention {
 		b.errorf(at(s.WaitForInFlight, defaults.WaitForInFlight), path+".wait_for_in_flight",
-			"%v must be shorter than retention %v", p.WaitForInFlight, p.Retention)
+			"%s must be shorter than retention %s", shortDuration(p.WaitForInFlight), shortDuration(p.Retention))
 	}
 	if p.Durability == policy.DurabilityReplicated {
 		if _, wait := p.WaitReplicas(); wait >= time.Second {
@@ -566,4 +566,16 @@ func (b *builder) size(v scalar, path string) int {
 		return 0
 	}
 	return n * mult
+}
+
+// shortDuration writes d as a file would: 2h, 1h30m, 90s, not 2h0m0s.
+func shortDuration(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = s[:len(s)-2]
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = s[:len(s)-2]
+	}
+	return s
 }

@@ -73,7 +73,7 @@ func ParseConfig(args []string, getenv func(string) string, usage io.Writer) (Co
 	fs := flag.NewFlagSet("idem-extproc", flag.ContinueOnError)
 	fs.SetOutput(usage)
 	fs.StringVar(&cfg.Listen, "listen", ":50051", "gRPC ext_proc listen address")
-	fs.StringVar(&cfg.AdminListen, "admin-listen", ":8081", "HTTP address for /healthz and /readyz")
+	fs.StringVar(&cfg.AdminListen, "admin-listen", ":8081", "HTTP address serving /healthz (process alive), /readyz (store answers, not draining), /metrics and the admin API; empty: none (gRPC health on --listen remains)")
 	fs.StringVar(&cfg.RedisURL, "redis-url", "", "Redis URL: redis://[user:pass@]host:port/db, redis+sentinel://host:port,…/master[/db], redis+cluster://host:port,… (rediss… for TLS); empty: in-memory store (one replica only)")
 	fs.StringVar(&cfg.RedisSecurity.PasswordFile, "redis-password-file", "", "file holding the Redis password (of the URL's user, e.g. an ACL user); read on every new connection, so rotation needs no restart")
 	fs.StringVar(&cfg.RedisSecurity.CAFile, "redis-ca-file", "", "PEM CA bundle that signs the Redis servers' certificates (rediss URLs); empty: the system roots")
@@ -87,10 +87,10 @@ func ParseConfig(args []string, getenv func(string) string, usage io.Writer) (Co
 	fs.StringVar(&cfg.TLSClientCAFile, "tls-client-ca-file", "", "PEM CA bundle: require Envoy's client certificate signed by it (mutual TLS)")
 	var allowedSANs string
 	fs.StringVar(&allowedSANs, "tls-allowed-sans", "", "comma-separated client identities admitted (URI SANs such as spiffe://cluster.local/ns/istio-system/sa/gateway, or DNS names); empty: any client certificate the CA signed")
-	fs.DurationVar(&cfg.StoreTimeout, "store-timeout", 100*time.Millisecond, "budget of one store call; keep it under Envoy's message_timeout (200ms by default)")
+	fs.DurationVar(&cfg.StoreTimeout, "store-timeout", 100*time.Millisecond, "budget of each store call (a reservation, with its replica WAIT under durability: replicated; a completion; a renewal); a call past it is a store failure: 503 under fail_closed, pass-through under fail_open. Keep it under the ext_proc filter's message_timeout (200ms by default, 300ms in the shipped configs) with room for the server's own work")
 	fs.DurationVar(&cfg.DrainTimeout, "drain-timeout", 15*time.Second, "how long open streams may finish after SIGTERM/SIGINT")
 	fs.IntVar(&cfg.MemoryMaxRecords, "memory-max-records", 1_000_000, "in-memory store only: most records held; past it new keys are refused with 503 (or pass under fail_open), so a flood of keys cannot exhaust memory")
-	fs.IntVar(&cfg.MaxMessageSize, "max-message-size", 32<<20, "largest ext_proc message accepted, in bytes; above Envoy's buffer limit, since a BUFFERED body is one message")
+	fs.IntVar(&cfg.MaxMessageSize, "max-message-size", 32<<20, "largest ext_proc message accepted, in bytes, at least 1048576 (1 MiB); above Envoy's buffer limit, since a BUFFERED body is one message")
 	fs.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	fs.StringVar(&cfg.LogFormat, "log-format", "json", "log format: json or text")
 
