@@ -11,6 +11,7 @@ import (
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/model/histogram"
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/promql"
@@ -210,7 +211,7 @@ func appendScrape(t *testing.T, st *memStorage, m *observe.Metrics, ts time.Time
 	ms := ts.UnixMilli()
 	add := func(name string, pairs []*dto.LabelPair, v float64, extra ...string) {
 		b := labels.NewBuilder(labels.EmptyLabels())
-		b.Set(labels.MetricName, name)
+		b.Set(model.MetricNameLabel, name)
 		for _, p := range pairs {
 			b.Set(p.GetName(), p.GetValue())
 		}
@@ -247,7 +248,6 @@ func appendScrape(t *testing.T, st *memStorage, m *observe.Metrics, ts time.Time
 // teststorage is a whole TSDB whose imports bring in every cloud SDK;
 // float samples in memory are all these rules need.)
 type memStorage struct {
-	series []*storage.SeriesEntry
 	lsets  []labels.Labels
 	points [][]chunks.Sample
 }
