@@ -2,10 +2,12 @@ package daemon_test
 
 import (
 	"encoding/json"
+	"net/http"
 	"strings"
 	"testing"
 
 	"github.com/idem-extproc/idem-extproc/internal/daemon"
+	"github.com/idem-extproc/idem-extproc/internal/envoysim"
 )
 
 // TestDecisionLogsNameTheMetricsDecision: the "decision" log line of a
@@ -54,5 +56,28 @@ func TestHelpSaysWhatTheFlagsDo(t *testing.T) {
 				t.Errorf("--%s help %q does not say %q", flag, help[flag], want)
 			}
 		}
+	}
+}
+
+// TestBodyOmittedWhenTheBodyNeverArrived: when the client goes away after
+// the response headers, before the body (Envoy then resets the side
+// stream), the record completes without its body, and the replay says so
+// with Idempotent-Body-Omitted, as README and docs/problems.md describe.
+func TestBodyOmittedWhenTheBodyNeverArrived(t *testing.T) {
+	r := run(t)
+	res := r.env.Exchange(&envoysim.Request{Method: http.MethodPost, Path: "/orders",
+		Authority: strings.TrimPrefix(r.env.URL, "http://"),
+		Headers:   []envoysim.Header{{Name: "idempotency-key", Value: "gone-1"}, {Name: "content-type", Value: "application/json"}},
+		Body:      []byte(`{}`), ResetAfter: envoysim.PhaseResponseHeaders})
+	if res.Response != nil {
+		t.Fatalf("the client should have gone: %+v", res.Response)
+	}
+	rep := r.env.Post("/orders", "gone-1", `{}`)
+	if rep.Status != http.StatusCreated || rep.Header.Get("Idempotent-Replayed") != "true" ||
+		rep.Header.Get("Idempotent-Body-Omitted") != "true" || rep.Body != "" {
+		t.Fatalf("retry = %d %v %q, want the replay of a 201 without its body", rep.Status, rep.Header, rep.Body)
+	}
+	if n := r.env.Upstream.CountKey("gone-1"); n != 1 {
+		t.Fatalf("effects = %d, want 1", n)
 	}
 }
