@@ -541,7 +541,12 @@ func TestBinaryStartupErrorsNameTheFlag(t *testing.T) {
 	} {
 		t.Run(tc.want, func(t *testing.T) {
 			args := append([]string{"--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"}, tc.args...)
-			out, err := exec.Command(binary(t), args...).CombinedOutput()
+			// A server that starts despite the mistake would serve until
+			// killed: end it rather than hang the suite (it then fails
+			// below, killed instead of exit 2).
+			ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+			defer cancel()
+			out, err := exec.CommandContext(ctx, binary(t), args...).CombinedOutput()
 			if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 2 || !strings.Contains(string(out), tc.want) {
 				t.Fatalf("exit %v, want 2 and %q in:\n%s", err, tc.want, out)
 			}
