@@ -535,12 +535,18 @@ func TestBinaryStartupErrorsNameTheFlag(t *testing.T) {
 		{[]string{"--admin-token-file", empty}, "--admin-token-file: " + empty + " is empty"},
 		{[]string{"--redis-url", "redis://localhost:99999999/0"}, `--redis-url: redis url: address "localhost:99999999": port`},
 		{[]string{"--config", filepath.Join(t.TempDir(), "missing.yaml")}, "--config: open"},
+		{[]string{"--config", empty}, empty + ": the file is empty"},
 		{[]string{"--encryption-keys-file", filepath.Join(t.TempDir(), "missing")}, "--encryption-keys-file: "},
 		{[]string{"--tls-cert-file", empty, "--tls-key-file", empty}, "--tls-cert-file, --tls-key-file"},
 	} {
 		t.Run(tc.want, func(t *testing.T) {
 			args := append([]string{"--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"}, tc.args...)
-			out, err := exec.Command(binary(t), args...).CombinedOutput()
+			// A server that starts despite the mistake would serve until
+			// killed: end it rather than hang the suite (it then fails
+			// below, killed instead of exit 2).
+			ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+			defer cancel()
+			out, err := exec.CommandContext(ctx, binary(t), args...).CombinedOutput()
 			if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 2 || !strings.Contains(string(out), tc.want) {
 				t.Fatalf("exit %v, want 2 and %q in:\n%s", err, tc.want, out)
 			}
@@ -612,6 +618,21 @@ func TestBinaryConfigReload(t *testing.T) {
 	waitFor(t, "SIGHUP reloaded", func() bool { return env.Post("/orders", "", `{}`).Status == http.StatusBadRequest })
 	if code := p.get("/healthz"); code != http.StatusOK {
 		t.Fatal("SIGHUP must not stop the server")
+	}
+
+	// Emptied in place (`> policies.yaml`), by the watcher or on SIGHUP: rejected, and
+	// keys stay required.
+	if err := os.WriteFile(path, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "empty file rejected", func() bool {
+		return strings.Contains(p.stderr.String(), path+": the file is empty")
+	})
+	if r := env.Post("/orders", "", `{}`); r.Status != http.StatusBadRequest {
+		t.Fatalf("after an emptied file the old policy must stay: %d %s", r.Status, r.Body)
 	}
 }
 

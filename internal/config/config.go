@@ -32,20 +32,36 @@ func Load(path string) (*policy.Set, error) {
 	return Parse(path, data)
 }
 
-// Parse validates a configuration document; name is used in messages.
+// Parse validates a configuration document; name is used in messages. An
+// empty document, a key without a value and a second document are refused
+// as signs of a file cut short (checkComplete), and so is a document that
+// leaves nothing protected unless it says `policies: []`.
 func Parse(name string, data []byte) (*policy.Set, error) {
+	set, _, err := parse(name, data)
+	return set, err
+}
+
+func parse(name string, data []byte) (*policy.Set, shape, error) {
+	sh, err := checkComplete(name, data)
+	if err != nil {
+		return nil, sh, err
+	}
 	var doc document
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
-	if err := dec.Decode(&doc); err != nil && !errors.Is(err, io.EOF) { // EOF: an empty file
-		return nil, yamlError(name, err)
+	if err := dec.Decode(&doc); err != nil && !errors.Is(err, io.EOF) {
+		return nil, sh, yamlError(name, err)
 	}
 	b := builder{file: name}
 	set := b.build(&doc)
 	if err := errors.Join(b.errs...); err != nil {
-		return nil, err
+		return nil, sh, err
 	}
-	return set, nil
+	if len(set.Policies) == 0 && !sh.explicitlyEmpty {
+		return nil, sh, fmt.Errorf("%s: no policy and default_policy.enabled: false would protect nothing; "+
+			"write `policies: []` to mean it", name)
+	}
+	return set, sh, nil
 }
 
 // linePrefix matches the "line N: " yaml.v3 starts its messages with.
@@ -100,7 +116,7 @@ func (b *builder) build(doc *document) *policy.Set {
 		case !np.Name.Set:
 			b.errorf(firstLine(&np), path+".name", "missing; every policy needs a unique name")
 		case !namePattern.MatchString(np.Name.Value) || np.Name.Value == policy.DefaultPolicyName:
-			b.errorf(np.Name.Line, path+".name", "%q must be lower-case letters, digits, '.', '_' or '-' (at most 63) and not %q", np.Name.Value, policy.DefaultPolicyName)
+			b.errorf(np.Name.Line, path+".name", "%q must be 1 to 63 lower-case letters, digits, '.', '_' or '-', start with a letter or a digit, and not be %q", np.Name.Value, policy.DefaultPolicyName)
 		default:
 			if prev, dup := seen[np.Name.Value]; dup {
 				b.errorf(np.Name.Line, path+".name", "%q is already the name of policies[%d]", np.Name.Value, prev)
@@ -467,11 +483,11 @@ func (b *builder) check(p *policy.Policy, s, defaults *settings, path string, li
 		// An in-flight record lives for the retention: a lease outliving it
 		// would free the key while the first attempt still runs.
 		b.errorf(at(s.Lease, s.Retention, defaults.Lease, defaults.Retention), path+".lease",
-			"%v must be shorter than retention %v", p.Lease, p.Retention)
+			"%s must be shorter than retention %s", shortDuration(p.Lease), shortDuration(p.Retention))
 	}
 	if p.WaitForInFlight >= p.Retention {
 		b.errorf(at(s.WaitForInFlight, defaults.WaitForInFlight), path+".wait_for_in_flight",
-			"%v must be shorter than retention %v", p.WaitForInFlight, p.Retention)
+			"%s must be shorter than retention %s", shortDuration(p.WaitForInFlight), shortDuration(p.Retention))
 	}
 	if p.Durability == policy.DurabilityReplicated {
 		if _, wait := p.WaitReplicas(); wait >= time.Second {
@@ -557,4 +573,16 @@ func (b *builder) size(v scalar, path string) int {
 		return 0
 	}
 	return n * mult
+}
+
+// shortDuration writes d as a file would: 2h, 1h30m, 90s, not 2h0m0s.
+func shortDuration(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = s[:len(s)-2]
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = s[:len(s)-2]
+	}
+	return s
 }

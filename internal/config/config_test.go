@@ -60,8 +60,10 @@ func TestExampleConfigLoads(t *testing.T) {
 	}
 }
 
-func TestEmptyConfigIsTheDefault(t *testing.T) {
-	set, err := Parse("empty.yaml", nil)
+// TestExplicitlyEmptyListIsTheDefault: `policies: []` names no policy of
+// its own, so the default policy alone protects.
+func TestExplicitlyEmptyListIsTheDefault(t *testing.T) {
+	set, err := Parse("empty.yaml", []byte("policies: []\n"))
 	if err != nil {
 		t.Fatal(err)
 	}

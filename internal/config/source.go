@@ -22,6 +22,13 @@ import (
 // the file changes and validates, and keep the old ones when it does not.
 // Streams read the set once, when they start, so a reload never changes
 // the rules of a request in progress.
+//
+// A file is read only once stable (readStable: the same bytes twice, Settle
+// apart), and refused when it looks cut short: empty, a key without a
+// value, a second document, nothing protected without `policies: []`
+// (Parse). A cut at a line boundary can still leave a valid smaller file;
+// a file that ends with the line "..." (EndMarker) rules that out: once the
+// file in force ends with it, a file without it is refused.
 type Source struct {
 	path string
 	log  *slog.Logger
@@ -29,6 +36,12 @@ type Source struct {
 
 	mu  sync.Mutex // serialises reloads
 	sum [sha256.Size]byte
+	// ended: the file in force ends with EndMarker, so a new file must too.
+	ended bool
+	// Settle is how long a file must stay unchanged before it is read as
+	// complete (readStable); StableFor by default. Set it before the first
+	// Reload or Watch.
+	Settle time.Duration
 	// OnReload, when set before Watch, is told the outcome of every reload
 	// that found the file changed.
 	OnReload func(err error)
@@ -41,32 +54,65 @@ type Source struct {
 // first load must succeed: a server never starts on a broken file. check,
 // when not nil, must accept every set loaded, at start and on reload.
 func NewSource(path string, log *slog.Logger, check func(*policy.Set) error) (*Source, error) {
-	s := &Source{path: path, log: log, check: check}
+	s := &Source{path: path, log: log, check: check, Settle: StableFor}
 	if path == "" {
 		s.cur.Store(policy.DefaultSet())
 		return s, nil
 	}
-	data, err := os.ReadFile(path)
+	data, err := s.readStable()
 	if err != nil {
 		return nil, fmt.Errorf("--config: %w", err)
 	}
-	set, err := s.parse(data)
+	set, sh, err := s.parse(data)
 	if err != nil {
 		return nil, err
 	}
 	s.cur.Store(set)
 	s.sum = sha256.Sum256(data)
+	s.ended = sh.ended
 	return s, nil
 }
 
-func (s *Source) parse(data []byte) (*policy.Set, error) {
-	set, err := Parse(s.path, data)
+func (s *Source) parse(data []byte) (*policy.Set, shape, error) {
+	set, sh, err := parse(s.path, data)
 	if err == nil && s.check != nil {
 		if err = s.check(set); err != nil {
 			err = fmt.Errorf("%s: %w", s.path, err)
 		}
 	}
-	return set, err
+	return set, sh, err
+}
+
+// StableFor is how long a policy file must stay the same before it is
+// read: see readStable.
+const StableFor = 50 * time.Millisecond
+
+// stableTries bounds readStable: a file still changing after this many
+// reads is refused for now (the watcher reads it again on its next change).
+const stableTries = 20
+
+// readStable reads the file until two reads Settle apart return the same
+// bytes, so that a file being rewritten in place (truncated, then written
+// in pieces) is not read half way. It cannot see a writer that stopped
+// half way (a crash, a full disk): that file is stable, and is caught only
+// if it does not validate or lacks the end marker (Reload).
+func (s *Source) readStable() ([]byte, error) {
+	prev, err := os.ReadFile(s.path)
+	if err != nil {
+		return nil, err
+	}
+	for range stableTries {
+		time.Sleep(s.Settle)
+		data, err := os.ReadFile(s.path)
+		if err != nil {
+			return nil, err
+		}
+		if bytes.Equal(data, prev) {
+			return data, nil
+		}
+		prev = data
+	}
+	return nil, fmt.Errorf("%s: still changing after %d reads %s apart; not read", s.path, stableTries+1, s.Settle)
 }
 
 // Current returns the policies in force.
@@ -75,24 +121,32 @@ func (s *Source) Current() *policy.Set { return s.cur.Load() }
 // Path returns the configuration file, or "".
 func (s *Source) Path() string { return s.path }
 
-// Reload reads the file again. A file that does not validate is rejected:
-// the error is returned and logged, and the policies in force stay.
+// Reload reads the file again once it is stable. A file that does not
+// validate, is still changing, or lacks the end marker that the file in
+// force has, is rejected: the error is returned and logged, OnReload is
+// told, and the policies in force stay.
 func (s *Source) Reload() error {
 	if s.path == "" {
 		return nil
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	data, err := os.ReadFile(s.path)
+	data, err := s.readStable()
 	if err == nil {
 		sum := sha256.Sum256(data)
 		if bytes.Equal(sum[:], s.sum[:]) {
 			return nil // touched, not changed
 		}
 		var set *policy.Set
-		if set, err = s.parse(data); err == nil {
+		var sh shape
+		if set, sh, err = s.parse(data); err == nil && s.ended && !sh.ended {
+			err = fmt.Errorf("%s: does not end with the line %q, as the configuration in force does: "+
+				"taken for a truncated copy and refused (to stop using the marker, remove it and restart)", s.path, EndMarker)
+		}
+		if err == nil {
 			s.cur.Store(set)
 			s.sum = sum
+			s.ended = sh.ended
 			s.log.Info("configuration reloaded", slog.String("config", s.path), slog.Int("policies", len(set.Policies)))
 		}
 	}

@@ -77,11 +77,21 @@ func NewLogger(cfg Config, w io.Writer) *slog.Logger {
 	return slog.New(slog.NewJSONHandler(w, opts))
 }
 
+// newTracerProvider is observe.NewTracerProvider; tests replace it to see
+// that a failed start shuts tracing down.
+var newTracerProvider = observe.NewTracerProvider
+
 // Start opens the store and the listeners and starts serving. getenv
 // supplies the OTEL_* variables for tracing (os.Getenv in production).
-func Start(cfg Config, log *slog.Logger, getenv func(string) string) (*Daemon, error) {
+// On any failure it closes what it had opened (abort), so that a caller
+// that retries, or a test, finds the ports free and nothing running.
+func Start(cfg Config, log *slog.Logger, getenv func(string) string) (_ *Daemon, err error) {
 	d := &Daemon{cfg: cfg, log: log, errc: make(chan error, 2), metrics: observe.NewMetrics()}
-	var err error
+	defer func() {
+		if err != nil {
+			d.abort()
+		}
+	}()
 	if cfg.AdminTokenFile != "" {
 		if _, err := admin.ReadToken(cfg.AdminTokenFile); err != nil {
 			return nil, fmt.Errorf("%w: --admin-token-file: %w", ErrConfig, err)
@@ -104,9 +114,15 @@ func Start(cfg Config, log *slog.Logger, getenv func(string) string) (*Daemon, e
 	if d.policies, err = config.NewSource(cfg.ConfigFile, log, needsRing); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
-	d.policies.OnReload = d.metrics.ConfigReloaded
+	d.metrics.KnowPolicies(policyNames(d.policies.Current()))
+	d.policies.OnReload = func(err error) {
+		d.metrics.ConfigReloaded(err)
+		if err == nil {
+			d.metrics.KnowPolicies(policyNames(d.policies.Current()))
+		}
+	}
 	d.sealer = sealerOrNil(ring)
-	tp, shutdownTracing, err := observe.NewTracerProvider(context.Background(), getenv)
+	tp, shutdownTracing, err := newTracerProvider(context.Background(), getenv)
 	if err != nil {
 		return nil, fmt.Errorf("tracing: %w", err)
 	}
@@ -123,13 +139,10 @@ func Start(cfg Config, log *slog.Logger, getenv func(string) string) (*Daemon, e
 	}
 	d.store = observe.InstrumentStore(d.store, d.metrics, tp)
 	if d.lis, err = net.Listen("tcp", cfg.Listen); err != nil {
-		d.closeStore()
 		return nil, fmt.Errorf("--listen %s: %w", cfg.Listen, err)
 	}
 	if cfg.AdminListen != "" {
 		if d.adminLis, err = net.Listen("tcp", cfg.AdminListen); err != nil {
-			d.lis.Close()
-			d.closeStore()
 			return nil, fmt.Errorf("--admin-listen %s: %w", cfg.AdminListen, err)
 		}
 	}
@@ -160,9 +173,6 @@ func Start(cfg Config, log *slog.Logger, getenv func(string) string) (*Daemon, e
 			Cert: cfg.TLSCertFile, Key: cfg.TLSKeyFile, ClientCA: cfg.TLSClientCAFile, AllowedSANs: cfg.TLSAllowedSANs,
 		}, log)
 		if err != nil {
-			stopWatch()
-			d.lis.Close()
-			d.closeStore()
 			return nil, fmt.Errorf("%w: --tls-cert-file, --tls-key-file, --tls-client-ca-file: %w", ErrConfig, err)
 		}
 		gopts = append(gopts, grpc.Creds(credentials.NewTLS(ts.Config())))
@@ -190,6 +200,28 @@ func Start(cfg Config, log *slog.Logger, getenv func(string) string) (*Daemon, e
 		slog.String("config", cfg.ConfigFile), slog.Int("policies", len(d.policies.Current().Policies)),
 		slog.Int64("max_buffered_bytes", budget))
 	return d, nil
+}
+
+// abort closes what a failed Start opened, newest first: the watchers and
+// the SIGHUP handler, the listeners, the store, tracing. Each field is set
+// only once its resource is open, so the order of Start's steps may change
+// without touching it.
+func (d *Daemon) abort() {
+	if d.stopWatch != nil {
+		d.stopWatch()
+	}
+	if d.adminLis != nil {
+		_ = d.adminLis.Close()
+	}
+	if d.lis != nil {
+		_ = d.lis.Close()
+	}
+	d.closeStore()
+	if d.shutdownTracing != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_ = d.shutdownTracing(ctx)
+		cancel()
+	}
 }
 
 func (d *Daemon) openStore() error {
@@ -233,6 +265,14 @@ func (d *Daemon) closeStore() {
 	for _, c := range d.closers {
 		_ = c()
 	}
+}
+
+func policyNames(set *policy.Set) []string {
+	names := make([]string, 0, len(set.Policies))
+	for _, p := range set.Policies {
+		names = append(names, p.Name)
+	}
+	return names
 }
 
 // sealerOrNil keeps a nil *seal.Ring from becoming a non-nil interface.

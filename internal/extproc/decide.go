@@ -48,7 +48,6 @@ func (p *processor) decide(ctx context.Context, req *extprocv3.ProcessingRequest
 		return p.storeProblem(ctx, err)
 	}
 	p.attempt = res.Attempt
-	p.logAt(ctx, slog.LevelInfo, "decision", slog.String("decision", res.Outcome.String()))
 	if res.Outcome == idem.InFlight && p.pol.WaitForInFlight > 0 {
 		if w, ok := p.srv.cfg.Store.(idem.Watcher); ok {
 			res = p.awaitFirst(ctx, w, fp, res)
@@ -63,6 +62,9 @@ func (p *processor) decide(ctx context.Context, req *extprocv3.ProcessingRequest
 		}
 		res.Response = &opened
 	}
+	// The decision's name is the metric's (decisions_total): "replayed",
+	// "conflict", not the record's state.
+	p.logAt(ctx, slog.LevelInfo, "decision", slog.String("decision", string(decisionFor(res.Outcome))))
 	return p.answerFor(req, res)
 }
 

@@ -116,6 +116,16 @@ func NewMetrics() *Metrics {
 	version, revision := buildVersion()
 	build.WithLabelValues(version, revision, runtime.Version()).Set(1)
 	m.safety = newStoreSafety(m.reg)
+	// The series alert rules read exist from the start (see KnowPolicies).
+	for _, r := range []string{"ok", "rejected"} {
+		m.reloads.WithLabelValues(r)
+	}
+	for _, op := range requestPathOps {
+		for _, r := range []string{"error", "timeout"} {
+			m.storeCalls.WithLabelValues(op, r)
+		}
+	}
+	m.storeCalls.WithLabelValues("reserve", "ok")
 	m.reg.MustRegister(m.decisions, m.storeCalls, m.openStreams, m.replayAge, m.settleFailures, m.reloads, m.adminActions,
 		m.requests, m.shadow, m.keyWarnings, m.missingAttrs, m.droppedHeaders, build,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -204,6 +214,36 @@ func (m *Metrics) ReplayHeadersDropped(policy string, n int) {
 // ObserveStoreCall times one store call.
 func (m *Metrics) ObserveStoreCall(op, result string, d time.Duration) {
 	m.storeCalls.WithLabelValues(op, result).Observe(d.Seconds())
+}
+
+// requestPathOps are the store calls a request makes (InstrumentStore's
+// names); their error and timeout series exist from the start.
+var requestPathOps = []string{"reserve", "renew", "complete", "release", "mark_unknown", "get"}
+
+// alertedDecisions and alertedSettles are the label values per policy that
+// observability/prometheus-rules.yaml reads.
+var (
+	alertedDecisions = []extproc.Decision{extproc.DecisionReserved, extproc.DecisionReplayed,
+		extproc.DecisionFailOpen, extproc.DecisionMarkedUnknown}
+	alertedSettles = []extproc.Decision{extproc.DecisionStored, extproc.DecisionReleased, extproc.DecisionMarkedUnknown}
+)
+
+// KnowPolicies starts at zero, for each policy named, the series that the
+// alert rules read. A counter series that first appears already at 1 shows
+// no increase: rate() and increase() need two samples in their range
+// (prometheus/prometheus promql/functions.go, extrapolatedRate), so
+// without this a policy's first fail_open or settle failure would never
+// fire its alert. The daemon calls it at start and after each reload;
+// series of policies since removed stay, as counters do.
+func (m *Metrics) KnowPolicies(names []string) {
+	for _, n := range names {
+		for _, d := range alertedDecisions {
+			m.decisions.WithLabelValues(policyLabel(n), string(d))
+		}
+		for _, d := range alertedSettles {
+			m.settleFailures.WithLabelValues(policyLabel(n), string(d))
+		}
+	}
 }
 
 // ConfigReloaded counts a reload of the configuration file.

@@ -1,0 +1,85 @@
+package main
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+// readmeMistakes makes each error message README.md quotes: the flags or
+// the policy file (written as policies.yaml) that produce it.
+var readmeMistakes = map[string]struct {
+	args   []string
+	policy string
+}{
+	"policies.yaml:14: policies[1].lease: 2h must be shorter than retention 1h": {policy: `# line 1
+defaults:
+  retention: 1h
+policies:
+  - name: orders
+    match: {methods: [POST], path: {prefix: /orders}}
+  - name: payments
+    match:
+      methods: [POST]
+      path:
+        prefix: /payments
+    key:
+      required: true
+    lease: 2h
+`},
+	"policies.yaml: the file is empty":                                    {policy: "\n"},
+	"policies.yaml:4: policies[0].key: no value":                          {policy: "policies:\n  - name: orders\n    match: {methods: [POST]}\n    key:\n"},
+	"--max-message-size: 65536 is below 1 MiB, the smallest Envoy buffer": {args: []string{"--max-message-size", "65536"}},
+}
+
+// readmeExample finds the error messages README.md quotes: code spans that
+// start with a policy file's name and line, or with a flag and a colon.
+var readmeExample = regexp.MustCompile("`((?:policies\\.yaml(?::[0-9]+)?|--[a-z-]+): [^`]+)`")
+
+// TestREADMEErrorExamplesAreTheBinarys runs the binary on each mistake
+// whose message README.md quotes and finds the quote, verbatim, in what it
+// prints as it exits 2: the README cannot drift from the messages.
+func TestREADMEErrorExamplesAreTheBinarys(t *testing.T) {
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := map[string]bool{}
+	for _, m := range readmeExample.FindAllStringSubmatch(string(readme), -1) {
+		found[m[1]] = true
+	}
+	for quote := range found {
+		if _, ok := readmeMistakes[quote]; !ok {
+			t.Errorf("README.md quotes %q, which no case here produces: add one", quote)
+		}
+	}
+	for quote, mistake := range readmeMistakes {
+		t.Run(quote, func(t *testing.T) {
+			if !found[quote] {
+				t.Fatalf("README.md no longer quotes %q: drop the case", quote)
+			}
+			dir := t.TempDir()
+			args := append([]string{"--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"}, mistake.args...)
+			if mistake.policy != "" {
+				path := filepath.Join(dir, "policies.yaml")
+				if err := os.WriteFile(path, []byte(mistake.policy), 0o600); err != nil {
+					t.Fatal(err)
+				}
+				// Run where the file is, naming it as README does.
+				args = append(args, "--config", "policies.yaml")
+			}
+			cmd := exec.Command(binary(t), args...)
+			cmd.Dir = dir
+			out, err := cmd.CombinedOutput()
+			if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 2 {
+				t.Fatalf("exit %v, want 2; output:\n%s", err, out)
+			}
+			if !strings.Contains(string(out), quote) {
+				t.Fatalf("the binary says\n%s\nnot README's %q", out, quote)
+			}
+		})
+	}
+}

@@ -1,0 +1,134 @@
+package daemon
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/idem-extproc/idem-extproc/internal/observe"
+	"github.com/idem-extproc/idem-extproc/internal/redistest"
+)
+
+// connectedClients is the number of clients Redis counts (INFO clients).
+func connectedClients(t *testing.T, r *redistest.Server) int {
+	t.Helper()
+	info, err := r.Do(context.Background(), "INFO", "clients").Text()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(info, "\r\n") {
+		if v, ok := strings.CutPrefix(line, "connected_clients:"); ok {
+			n, _ := strconv.Atoi(v)
+			return n
+		}
+	}
+	t.Fatalf("no connected_clients in %q", info)
+	return 0
+}
+
+// freePort returns an address on loopback that was free a moment ago.
+func freePort(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	return addr
+}
+
+// TestFailedStartClosesEverything drives each way Start can fail after it
+// has opened something, and shows that it closed all of it: both ports can
+// be bound again, tracing was shut down, and Redis sees no connection of
+// the server's left.
+func TestFailedStartClosesEverything(t *testing.T) {
+	redis := redistest.Start(t, redistest.Options{})
+	empty := filepath.Join(t.TempDir(), "empty.pem")
+	if err := os.WriteFile(empty, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	otlp := map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://" + freePort(t)}
+	for _, tc := range []struct {
+		name string
+		// args get --listen, --admin-listen and --redis-url first; taken
+		// is "listen" or "admin" for a port held while Start runs.
+		args  []string
+		env   map[string]string
+		taken string
+		want  string
+	}{
+		{name: "tls files", args: []string{"--tls-cert-file", empty, "--tls-key-file", empty}, env: otlp, want: "--tls-cert-file"},
+		{name: "listen port taken", env: otlp, taken: "listen", want: "--listen"},
+		{name: "admin port taken", env: otlp, taken: "admin", want: "--admin-listen"},
+		{name: "store", args: []string{"--redis-url", "rediss://" + redis.Addr() + "/0", "--redis-ca-file", empty}, env: otlp, want: "--redis-url"},
+		{name: "tracing", env: map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1", "OTEL_EXPORTER_OTLP_PROTOCOL": "carrier-pigeon"}, want: "tracing"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var shutdowns atomic.Int32
+			newTracerProvider = func(ctx context.Context, getenv func(string) string) (trace.TracerProvider, func(context.Context) error, error) {
+				tp, shutdown, err := observe.NewTracerProvider(ctx, getenv)
+				if err != nil {
+					return nil, nil, err
+				}
+				return tp, func(ctx context.Context) error { shutdowns.Add(1); return shutdown(ctx) }, nil
+			}
+			t.Cleanup(func() { newTracerProvider = observe.NewTracerProvider })
+			before := connectedClients(t, redis)
+			listen, admin := freePort(t), freePort(t)
+			if tc.taken != "" {
+				held := map[string]string{"listen": listen, "admin": admin}[tc.taken]
+				l, err := net.Listen("tcp", held)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer l.Close()
+			}
+			args := append([]string{"--listen", listen, "--admin-listen", admin, "--redis-url", redis.URL()}, tc.args...)
+			cfg, err := ParseConfig(args, env(nil), io.Discard)
+			if err != nil {
+				t.Fatal(err)
+			}
+			d, err := Start(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), env(tc.env))
+			if err == nil {
+				d.Shutdown()
+				t.Fatal("Start succeeded")
+			}
+			if d != nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Start = %v, %v; want nil and an error naming %s", d, err, tc.want)
+			}
+			for _, addr := range []string{listen, admin} {
+				if addr == map[string]string{"listen": listen, "admin": admin}[tc.taken] {
+					continue // the test holds it
+				}
+				l, err := net.Listen("tcp", addr)
+				if err != nil {
+					t.Fatalf("after the failed start %s is still taken: %v", addr, err)
+				}
+				l.Close()
+			}
+			if tc.name != "tracing" && shutdowns.Load() != 1 {
+				t.Fatalf("tracing shut down %d times, want once", shutdowns.Load())
+			}
+			// Redis notices a closed connection when it reads it: wait
+			// for the count to come back, without a time margin to judge.
+			deadline := time.Now().Add(10 * time.Second)
+			for connectedClients(t, redis) > before {
+				if time.Now().After(deadline) {
+					t.Fatalf("the server's Redis connections stay open: %d clients, %d before", connectedClients(t, redis), before)
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+		})
+	}
+}
