@@ -6,8 +6,6 @@ package observe
 
 import (
 	"net/http"
-	"runtime"
-	"runtime/debug"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -15,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/idem-extproc/idem-extproc/internal/extproc"
+	"github.com/idem-extproc/idem-extproc/internal/version"
 )
 
 // Namespace prefixes every metric name.
@@ -94,25 +93,12 @@ func NewMetrics() *Metrics {
 		Namespace: Namespace, Name: "build_info",
 		Help: "Build information; the value is always 1.",
 	}, []string{"version", "revision", "goversion"})
-	version, revision := buildVersion()
-	build.WithLabelValues(version, revision, runtime.Version()).Set(1)
+	bi := version.Get()
+	build.WithLabelValues(bi.Version, bi.Revision, bi.GoVersion).Set(1)
 	m.reg.MustRegister(m.decisions, m.storeCalls, m.openStreams, m.replayAge, m.settleFailures, m.reloads, m.adminActions,
 		m.requests, m.shadow, m.keyWarnings, build,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
-}
-
-func buildVersion() (version, revision string) {
-	version, revision = "unknown", "unknown"
-	if bi, ok := debug.ReadBuildInfo(); ok {
-		version = bi.Main.Version
-		for _, s := range bi.Settings {
-			if s.Key == "vcs.revision" {
-				revision = s.Value
-			}
-		}
-	}
-	return version, revision
 }
 
 // Registry returns the registry, for tests and extra collectors.
