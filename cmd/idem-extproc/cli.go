@@ -64,6 +64,7 @@ func newRoot(e env) *cobra.Command {
 			"Run without a subcommand (or with serve) it is the server. Every server flag can also be set by\n" +
 			"an environment variable IDEM_<FLAG> (upper case, dashes as underscores); a flag on the command line wins.",
 		Example: "  idem-extproc --redis-url redis://localhost:6379/0 --config policies.yaml\n" +
+			"  idem-extproc demo\n" +
 			"  idem-extproc config check examples/policies.yaml\n" +
 			"  idem-extproc probe --grpc 127.0.0.1:50051",
 		SilenceErrors: true,
@@ -94,7 +95,7 @@ func newRoot(e env) *cobra.Command {
 	}
 	srv.Flags().AddGoFlagSet(daemon.Flags())
 	srv.SetUsageTemplate(srv.UsageTemplate() + environmentHelp())
-	root.AddCommand(srv, adminCommand(e), configCommand(e), probeCommand(e), versionCommand(e))
+	root.AddCommand(srv, adminCommand(e), configCommand(e), probeCommand(e), demoCommand(e), versionCommand(e))
 	for _, c := range root.Commands() {
 		c.GroupID = "main"
 		if c != srv { // the environment is the server's

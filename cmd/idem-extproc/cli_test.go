@@ -76,7 +76,7 @@ func TestBinaryHelp(t *testing.T) {
 		if first := strings.SplitN(out, "\n", 2)[0]; first != description {
 			t.Errorf("%v: first line %q, want the description", args, first)
 		}
-		for _, sub := range []string{"serve", "admin", "config", "probe", "version", "completion"} {
+		for _, sub := range []string{"serve", "admin", "config", "probe", "demo", "version", "completion"} {
 			if !strings.Contains(out, "\n  "+sub+" ") {
 				t.Errorf("%v: help does not list the %s subcommand", args, sub)
 			}
