@@ -219,3 +219,62 @@ func TestBinaryAdminAdoption(t *testing.T) {
 		t.Fatalf("adoption takes no record flags: exit %d, stderr %q", code, errOut)
 	}
 }
+
+// TestImageRunsTheProbeAndTheStamp runs the health checks of the Dockerfile
+// and docker-compose.yml with this binary in the image's place, against a
+// ready server (exit 0) and against none (exit 1), with the environment
+// the container has; and checks the Dockerfile stamps the variable these
+// tests stamp. internal/deploytest checks the files' form; this, that what
+// they run works.
+func TestImageRunsTheProbeAndTheStamp(t *testing.T) {
+	dockerfile, err := os.ReadFile("../../Dockerfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(dockerfile), "-X "+versionVar+"=${VERSION}") {
+		t.Errorf("the Dockerfile does not stamp %s", versionVar)
+	}
+	var hc []string
+	for _, line := range strings.Split(string(dockerfile), "\n") {
+		if rest, ok := strings.CutPrefix(line, "HEALTHCHECK "); ok {
+			_, cmd, _ := strings.Cut(rest, "CMD ")
+			if err := json.Unmarshal([]byte(cmd), &hc); err != nil {
+				t.Fatalf("HEALTHCHECK %q: %v", rest, err)
+			}
+		}
+	}
+	composeFile, err := os.ReadFile("../../docker-compose.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var compose struct {
+		Services map[string]struct {
+			Healthcheck struct {
+				Test []string `yaml:"test"`
+			} `yaml:"healthcheck"`
+		} `yaml:"services"`
+	}
+	if err := yaml.Unmarshal(composeFile, &compose); err != nil {
+		t.Fatal(err)
+	}
+	checks := map[string][]string{"Dockerfile HEALTHCHECK": hc}
+	if test := compose.Services["idem-extproc"].Healthcheck.Test; len(test) > 1 && test[0] == "CMD" {
+		checks["compose healthcheck"] = test[1:]
+	}
+	p := start(t, freeAddr(t), freeAddr(t))
+	for name, argv := range checks {
+		if len(argv) < 2 || argv[0] != "/usr/local/bin/idem-extproc" {
+			t.Fatalf("%s runs %q, not the image's binary", name, argv)
+		}
+		env := []string{"IDEM_ADMIN_LISTEN=:" + port(p.admin)} // the container's own environment sets it, or 8081
+		if out, errOut, code := runBinary(t, env, argv[1:]...); code != 0 {
+			t.Errorf("%s against a ready server: exit %d\n%s%s", name, code, out, errOut)
+		}
+		if _, _, code := runBinary(t, []string{"IDEM_ADMIN_LISTEN=:" + port(freeAddr(t))}, argv[1:]...); code != 1 {
+			t.Errorf("%s with no server: exit %d, want 1", name, code)
+		}
+	}
+	if len(checks) != 2 {
+		t.Fatalf("found %d health checks, want the Dockerfile's and compose's", len(checks))
+	}
+}
