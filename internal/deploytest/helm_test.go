@@ -238,8 +238,8 @@ func TestHelmChartRefusesWhatCannotWork(t *testing.T) {
 		overrides map[string]any
 		want      string
 	}{
-		{"", nil, "redis.url or redis.existingSecret is required"},
-		{"", map[string]any{"redis": map[string]any{"url": "redis://r:6379/0"}}, "encryption.existingSecret or encryption.keys is required"},
+		{"", map[string]any{"redis": map[string]any{"existingSecret": ""}}, "redis.url or redis.existingSecret is required"},
+		{"", map[string]any{"encryption": map[string]any{"existingSecret": ""}}, "encryption.existingSecret or encryption.keys is required"},
 		{prod, map[string]any{"resources": map[string]any{"limits": map[string]any{"memory": "512M"}}}, `resources.limits.memory "512M": write it in Mi or Gi`},
 		{prod, map[string]any{"metrics": map[string]any{"serviceMonitor": map[string]any{"enabled": true}, "podMonitor": map[string]any{"enabled": true}}}, "not both"},
 		{prod, map[string]any{"autoscaling": map[string]any{"minReplicas": 1}}, "minReplicas must be at least 2"},

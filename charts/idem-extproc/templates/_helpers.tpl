@@ -39,16 +39,16 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 
 {{/* The Secret holding the Redis URL. */}}
 {{- define "idem-extproc.redisSecret" -}}
-{{- if .Values.redis.existingSecret }}{{ .Values.redis.existingSecret }}
-{{- else if .Values.redis.url }}{{ include "idem-extproc.fullname" . }}-redis
+{{- if .Values.redis.url }}{{ include "idem-extproc.fullname" . }}-redis
+{{- else if .Values.redis.existingSecret }}{{ .Values.redis.existingSecret }}
 {{- else }}{{ fail "redis.url or redis.existingSecret is required: without Redis the server keeps records in one pod's memory" }}
 {{- end }}
 {{- end }}
 
 {{/* The Secret holding the encryption key ring. */}}
 {{- define "idem-extproc.keysSecret" -}}
-{{- if .Values.encryption.existingSecret }}{{ .Values.encryption.existingSecret }}
-{{- else if .Values.encryption.keys }}{{ include "idem-extproc.fullname" . }}-keys
+{{- if .Values.encryption.keys }}{{ include "idem-extproc.fullname" . }}-keys
+{{- else if .Values.encryption.existingSecret }}{{ .Values.encryption.existingSecret }}
 {{- else }}{{ fail "encryption.existingSecret or encryption.keys is required while encryption.enabled (the default policy has encrypt: true)" }}
 {{- end }}
 {{- end }}
