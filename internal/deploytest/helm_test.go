@@ -629,3 +629,25 @@ func TestPrometheusOperatorComponent(t *testing.T) {
 		})
 	}
 }
+
+// TestHelmTemplateWithHelmsDefaults renders the chart as a bare
+// `helm template charts/idem-extproc` does: no values, and Helm's own
+// default capabilities (chartutil.DefaultCapabilities, whose Kubernetes
+// version is 1.20 unless Helm's build sets another), which a kubeVersion
+// constraint in Chart.yaml would refuse.
+func TestHelmTemplateWithHelmsDefaults(t *testing.T) {
+	ch, err := loader.Load(filepath.Join(repoRoot, chartDir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	inst := action.NewInstall(&action.Configuration{Log: func(string, ...any) {}})
+	inst.DryRun, inst.ClientOnly, inst.Replace = true, true, true
+	inst.ReleaseName, inst.Namespace = serverName, serverNamespace
+	rel, err := inst.Run(ch, map[string]any{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := decodeManifests(rel.Manifest); err != nil {
+		t.Fatal(err)
+	}
+}
