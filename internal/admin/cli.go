@@ -30,11 +30,53 @@ func (h *headerFlags) Set(v string) error {
 	return nil
 }
 
-// RunCLI runs `idem-extproc admin <get|purge|resolve> [flags]` against a
-// running server's admin API and returns the exit code.
+// Subcommands are the subcommands of `idem-extproc admin`.
+var Subcommands = []string{"get", "purge", "resolve", "adoption"}
+
+// cliFlags holds the values of one subcommand's flags.
+type cliFlags struct {
+	addr, tokenFile, id, policy, scope, key string
+	action, body, bodyFile                  string
+	status                                  int
+	headers                                 headerFlags
+}
+
+// Flags returns the flags of `idem-extproc admin <cmd>`, as RunCLI defines
+// them, for the command line's help and shell completion.
+func Flags(cmd string, getenv func(string) string) *flag.FlagSet {
+	fs, _ := defineFlags(cmd, getenv)
+	return fs
+}
+
+// defineFlags defines cmd's flags on a new flag set bound to the returned
+// values; the environment gives the defaults of the address and token.
+func defineFlags(cmd string, getenv func(string) string) (*flag.FlagSet, *cliFlags) {
+	f := &cliFlags{}
+	fs := flag.NewFlagSet("idem-extproc admin "+cmd, flag.ContinueOnError)
+	fs.StringVar(&f.addr, "addr", envOr(getenv, "IDEM_ADMIN_ADDR", "http://127.0.0.1:8081"), "admin address of the server (env IDEM_ADMIN_ADDR)")
+	fs.StringVar(&f.tokenFile, "token-file", getenv("IDEM_ADMIN_TOKEN_FILE"), "file holding the bearer token (env IDEM_ADMIN_TOKEN_FILE)")
+	if cmd == "adoption" {
+		return fs, f // the report covers every policy: no record to name
+	}
+	fs.StringVar(&f.id, "id", "", "record id: the key_hash of the server's logs")
+	fs.StringVar(&f.policy, "policy", "", "policy name (with --scope and --key, or with --id for resolve's retention)")
+	fs.StringVar(&f.scope, "scope", "", "the key's scope (for the default policy: the request's host)")
+	fs.StringVar(&f.key, "key", "", "the Idempotency-Key as the client sent it")
+	if cmd == "resolve" {
+		fs.StringVar(&f.action, "action", "", "release (the next attempt runs) or complete (store the given response)")
+		fs.IntVar(&f.status, "status", 0, "complete: the response status")
+		fs.Var(&f.headers, "header", "complete: a response header name:value (repeatable)")
+		fs.StringVar(&f.body, "body", "", "complete: the response body")
+		fs.StringVar(&f.bodyFile, "body-file", "", "complete: read the response body from this file")
+	}
+	return fs, f
+}
+
+// RunCLI runs `idem-extproc admin <get|purge|resolve|adoption> [flags]`
+// against a running server's admin API and returns the exit code.
 func RunCLI(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
 	usage := func() {
-		fmt.Fprintln(stderr, "usage: idem-extproc admin get|purge|resolve [flags]  (idem-extproc admin get -h for flags)")
+		fmt.Fprintln(stderr, "usage: idem-extproc admin get|purge|resolve|adoption [flags]  (idem-extproc admin get -h for flags)")
 	}
 	if len(args) == 0 {
 		usage()
@@ -45,7 +87,7 @@ func RunCLI(ctx context.Context, args []string, getenv func(string) string, stdo
 	case "-h", "-help", "--help", "help":
 		usage() // asked for: not an error
 		return 0
-	case "get", "purge", "resolve":
+	case "get", "purge", "resolve", "adoption":
 	default:
 		// Checked before the flags: otherwise a misspelt subcommand is
 		// reported as whichever of its flags the others lack.
@@ -53,29 +95,15 @@ func RunCLI(ctx context.Context, args []string, getenv func(string) string, stdo
 		usage()
 		return 2
 	}
-	fs := flag.NewFlagSet("idem-extproc admin "+cmd, flag.ContinueOnError)
+	fs, f := defineFlags(cmd, getenv)
 	fs.SetOutput(stderr)
-	addr := fs.String("addr", envOr(getenv, "IDEM_ADMIN_ADDR", "http://127.0.0.1:8081"), "admin address of the server (env IDEM_ADMIN_ADDR)")
-	tokenFile := fs.String("token-file", getenv("IDEM_ADMIN_TOKEN_FILE"), "file holding the bearer token (env IDEM_ADMIN_TOKEN_FILE)")
-	id := fs.String("id", "", "record id: the key_hash of the server's logs")
-	pol := fs.String("policy", "", "policy name (with --scope and --key, or with --id for resolve's retention)")
-	scope := fs.String("scope", "", "the key's scope (for the default policy: the request's host)")
-	key := fs.String("key", "", "the Idempotency-Key as the client sent it")
-	var action, body, bodyFile string
-	var status int
-	var headers headerFlags
-	if cmd == "resolve" {
-		fs.StringVar(&action, "action", "", "release (the next attempt runs) or complete (store the given response)")
-		fs.IntVar(&status, "status", 0, "complete: the response status")
-		fs.Var(&headers, "header", "complete: a response header name:value (repeatable)")
-		fs.StringVar(&body, "body", "", "complete: the response body")
-		fs.StringVar(&bodyFile, "body-file", "", "complete: read the response body from this file")
-	}
 	if err := fs.Parse(args[1:]); errors.Is(err, flag.ErrHelp) {
 		return 0 // the flags were printed, as asked
 	} else if err != nil {
 		return 2
 	}
+	addr, tokenFile, id, pol, scope, key := &f.addr, &f.tokenFile, &f.id, &f.policy, &f.scope, &f.key
+	action, status, headers, body, bodyFile := f.action, f.status, f.headers, f.body, f.bodyFile
 	fail := func(format string, a ...any) int {
 		fmt.Fprintf(stderr, "idem-extproc admin %s: %s\n", cmd, fmt.Sprintf(format, a...))
 		return 2
@@ -101,6 +129,8 @@ func RunCLI(ctx context.Context, args []string, getenv func(string) string, stdo
 		method, path = http.MethodGet, "records"
 	case "purge":
 		method, path = http.MethodDelete, "records"
+	case "adoption":
+		method, path = http.MethodGet, "adoption"
 	case "resolve":
 		method, path = http.MethodPost, "records/resolve"
 		req := resolveRequest{Action: action, Status: status, Headers: headers}

@@ -537,7 +537,7 @@ func (b *builder) duration(v scalar, path string, min time.Duration) time.Durati
 	d, err := time.ParseDuration(v.Value)
 	switch {
 	case err != nil:
-		b.errorf(v.Line, path, "%q is not a duration (such as 30s, 5m, 24h)", v.Value)
+		b.errorf(v.Line, path, "%q is not a duration (such as 30s, 5m, 24h; the largest unit is h: write 7 days as 168h)", v.Value)
 	case d < min || d < 0:
 		b.errorf(v.Line, path, "%v is below the minimum %v", d, min)
 	}
@@ -558,18 +558,19 @@ func (b *builder) date(v scalar, path string) time.Time {
 	return time.Time{}
 }
 
-// size reads a byte count: a number, or a number with KiB, MiB or GiB.
+// size reads a byte count: a number, or a number with KiB, MiB or GiB, or
+// with Ki, Mi or Gi as Kubernetes writes the same units.
 func (b *builder) size(v scalar, path string) int {
 	s := strings.TrimSpace(v.Value)
 	mult := 1
-	for suffix, m := range map[string]int{"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30} {
+	for suffix, m := range map[string]int{"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30} {
 		if n, ok := strings.CutSuffix(s, suffix); ok {
 			s, mult = strings.TrimSpace(n), m
 		}
 	}
 	n, err := strconv.Atoi(s)
 	if err != nil || n < 0 || n > (1<<31)/mult {
-		b.errorf(v.Line, path, "%q is not a size (a byte count, or with KiB, MiB or GiB, up to 2GiB)", v.Value)
+		b.errorf(v.Line, path, "%q is not a size (a byte count, or with KiB, MiB or GiB, or Ki, Mi, Gi; up to 2GiB)", v.Value)
 		return 0
 	}
 	return n * mult

@@ -79,9 +79,28 @@ var ErrHelp = flag.ErrHelp
 // naming its flag and, when it came from there, its environment variable.
 func ParseConfig(args []string, getenv func(string) string, usage io.Writer) (Config, error) {
 	var cfg Config
-	var logLevel string
-	fs := flag.NewFlagSet("idem-extproc", flag.ContinueOnError)
+	var logLevel, allowedSANs string
+	fs := defineFlags(&cfg, &logLevel, &allowedSANs)
 	fs.SetOutput(usage)
+	if err := fs.Parse(args); err != nil {
+		return cfg, err // the flag package already printed it with the usage
+	}
+	return finishConfig(fs, &cfg, &logLevel, &allowedSANs, getenv)
+}
+
+// Flags returns the server's flags as ParseConfig defines them, for the
+// command line's help and shell completion (the values they bind are
+// dropped): the flags are defined in one place only.
+func Flags() *flag.FlagSet {
+	var cfg Config
+	var logLevel, allowedSANs string
+	return defineFlags(&cfg, &logLevel, &allowedSANs)
+}
+
+// defineFlags defines every server flag on a new flag set, bound to cfg and
+// to the two values finishConfig converts.
+func defineFlags(cfg *Config, logLevel, allowedSANs *string) *flag.FlagSet {
+	fs := flag.NewFlagSet("idem-extproc", flag.ContinueOnError)
 	fs.StringVar(&cfg.Listen, "listen", ":50051", "gRPC ext_proc listen address")
 	fs.StringVar(&cfg.AdminListen, "admin-listen", ":8081", "HTTP address serving /healthz (process alive), /readyz (store answers, not draining), /metrics and the admin API; empty: none (gRPC health on --listen remains)")
 	fs.StringVar(&cfg.RedisURL, "redis-url", "", "Redis URL: redis://[user:pass@]host:port/db, redis+sentinel://host:port,…/master[/db], redis+cluster://host:port,… (rediss… for TLS); empty: in-memory store (one replica only)")
@@ -95,8 +114,7 @@ func ParseConfig(args []string, getenv func(string) string, usage io.Writer) (Co
 	fs.StringVar(&cfg.TLSCertFile, "tls-cert-file", "", "PEM certificate (chain) of the ext_proc listener; with --tls-key-file turns TLS on; reloaded when the file changes")
 	fs.StringVar(&cfg.TLSKeyFile, "tls-key-file", "", "PEM private key of the ext_proc listener")
 	fs.StringVar(&cfg.TLSClientCAFile, "tls-client-ca-file", "", "PEM CA bundle: require Envoy's client certificate signed by it (mutual TLS)")
-	var allowedSANs string
-	fs.StringVar(&allowedSANs, "tls-allowed-sans", "", "comma-separated client identities admitted (URI SANs such as spiffe://cluster.local/ns/istio-system/sa/gateway, or DNS names); empty: any client certificate the CA signed")
+	fs.StringVar(allowedSANs, "tls-allowed-sans", "", "comma-separated client identities admitted (URI SANs such as spiffe://cluster.local/ns/istio-system/sa/gateway, or DNS names); empty: any client certificate the CA signed")
 	fs.DurationVar(&cfg.StoreTimeout, "store-timeout", 100*time.Millisecond, "budget of each store call (a reservation, with its replica WAIT under durability: replicated; a completion; a renewal); a call past it is a store failure: 503 under fail_closed, pass-through under fail_open. Keep it under the ext_proc filter's message_timeout (200ms by default, 300ms in the shipped configs) with room for the server's own work")
 	fs.DurationVar(&cfg.DrainTimeout, "drain-timeout", 15*time.Second, "how long open streams may finish after SIGTERM/SIGINT")
 	fs.BoolVar(&cfg.AllowEvictingRedis, "allow-evicting-redis", false, "start even when a Redis primary's maxmemory-policy may evict records (anything but noeviction); they can then vanish and their retries run again")
@@ -104,12 +122,15 @@ func ParseConfig(args []string, getenv func(string) string, usage io.Writer) (Co
 	fs.IntVar(&cfg.MemoryMaxRecords, "memory-max-records", 1_000_000, "in-memory store only: most records held; past it new keys are refused with 503 (or pass under fail_open), so a flood of keys cannot exhaust memory")
 	fs.IntVar(&cfg.MaxMessageSize, "max-message-size", 32<<20, "largest ext_proc message accepted, in bytes, at least 1048576 (1 MiB); above Envoy's buffer limit, since a BUFFERED body is one message")
 	fs.Int64Var(&cfg.MaxBufferedBytes, "max-buffered-bytes", 0, "most body bytes all streams buffer at once (request bodies being fingerprinted, responses being stored); past it new protected requests get 503 idempotency-capacity-exceeded; 0: a quarter of the cgroup's memory.max, else 256 MiB")
-	fs.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	fs.StringVar(logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	fs.StringVar(&cfg.LogFormat, "log-format", "json", "log format: json or text")
+	return fs
+}
 
-	if err := fs.Parse(args); err != nil {
-		return cfg, err // the flag package already printed it with the usage
-	}
+// finishConfig applies the environment to the flags the command line left
+// unset and validates the whole configuration; it takes what defineFlags
+// bound.
+func finishConfig(fs *flag.FlagSet, cfg *Config, logLevelFlag, allowedSANsFlag *string, getenv func(string) string) (Config, error) {
 	var errs []error
 	if fs.NArg() > 0 {
 		errs = append(errs, fmt.Errorf("unexpected arguments: %q", fs.Args()))
@@ -128,6 +149,7 @@ func ParseConfig(args []string, getenv func(string) string, usage io.Writer) (Co
 			errs = append(errs, fmt.Errorf("%s (flag --%s): %w", env, f.Name, err))
 		}
 	})
+	logLevel, allowedSANs := *logLevelFlag, *allowedSANsFlag
 	// where names a value's source in error messages.
 	where := func(name string) string {
 		if env, ok := fromEnv[name]; ok {
@@ -190,7 +212,7 @@ func ParseConfig(args []string, getenv func(string) string, usage io.Writer) (Co
 	} else if cfg.RedisSecurity != (redisstore.Security{}) {
 		errs = append(errs, fmt.Errorf("--redis-password-file, --redis-ca-file, --redis-cert-file, --redis-key-file: need --redis-url"))
 	}
-	return cfg, errors.Join(errs...)
+	return *cfg, errors.Join(errs...)
 }
 
 // checkListenAddr refuses an address net.Listen would refuse for its form

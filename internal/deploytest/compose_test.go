@@ -168,6 +168,14 @@ func checkCompose(data []byte, readRepoFile func(string) ([]byte, error)) error 
 
 	// The server: its own parser must accept what the container gets.
 	srv := cf.Services["idem-extproc"]
+	// Its health check is the image's probe (no shell or curl in the
+	// image), and Envoy starts once it is ready.
+	if hc := srv.Healthcheck; hc == nil || len(hc.Test) < 3 || hc.Test[0] != "CMD" || hc.Test[1] != imageEntrypoint(stages) || hc.Test[2] != "probe" {
+		fail("idem-extproc healthcheck must be [CMD, %s, probe, …]", imageEntrypoint(stages))
+	}
+	if cf.Services["envoy"].DependsOn["idem-extproc"].Condition != "service_healthy" {
+		fail("envoy must depend on idem-extproc being service_healthy")
+	}
 	cfg, err := parseServerConfig(flags, srv.Command, srv.Environment)
 	if err != nil {
 		fail("idem-extproc configuration: %v", err)

@@ -35,7 +35,9 @@ type dockerInstr struct {
 
 type dockerStage struct {
 	image, name string
-	instrs      []dockerInstr
+	// platform is FROM's --platform, if any.
+	platform string
+	instrs   []dockerInstr
 }
 
 // parseDockerfile splits a Dockerfile into stages of instructions, joining
@@ -71,7 +73,14 @@ func parseDockerfile(data []byte) ([]*dockerStage, error) {
 		}
 		if in.cmd == "FROM" {
 			f := strings.Fields(in.args)
-			st := &dockerStage{image: f[0]}
+			st := &dockerStage{}
+			for len(f) > 1 && strings.HasPrefix(f[0], "--") { // FROM [--platform=…] image [AS name]
+				if p, ok := strings.CutPrefix(f[0], "--platform="); ok {
+					st.platform = p
+				}
+				f = f[1:]
+			}
+			st.image = f[0]
 			if len(f) == 3 && strings.EqualFold(f[1], "AS") {
 				st.name = f[2]
 			}
@@ -109,7 +118,9 @@ var goBuildRE = regexp.MustCompile(`go build ([^&;]*?)(\./cmd/[a-z0-9-]+)`)
 // static, trimmed binaries of commands that exist; every other stage a
 // distroless non-root image running one of them by exec-form ENTRYPOINT;
 // the server's stage last (the default target) exposing the daemon's
-// default ports; no HEALTHCHECK anywhere. It returns the stages by name.
+// default ports, stamped, labelled and health-checked (checkServerImage);
+// the builder cross-compiling (checkMultiArch). It returns the stages by
+// name.
 func checkDockerfile(data []byte) (map[string]*dockerStage, error) {
 	stages, err := parseDockerfile(data)
 	if err != nil {
@@ -127,9 +138,6 @@ func checkDockerfile(data []byte) (map[string]*dockerStage, error) {
 			fail("two stages named %s", st.name)
 		}
 		byName[st.name] = st
-		if hc := st.all("HEALTHCHECK"); len(hc) > 0 {
-			fail("line %d: HEALTHCHECK: the image has nothing to run it with; probes use the admin port", hc[0].line)
-		}
 	}
 	if len(stages) < 2 {
 		return byName, errors.Join(append(errs, errors.New("want a builder stage and at least one runtime stage"))...)
@@ -159,6 +167,9 @@ func checkDockerfile(data []byte) (map[string]*dockerStage, error) {
 	}
 	if !cgoOff {
 		fail("the builder does not set CGO_ENABLED=0: the binaries would need libc")
+	}
+	if err := checkMultiArch(build); err != nil {
+		errs = append(errs, err)
 	}
 	for _, st := range stages[1:] {
 		if st.image != runtimeImage {
@@ -190,7 +201,115 @@ func checkDockerfile(data []byte) (map[string]*dockerStage, error) {
 	if err := checkServerPorts(last); err != nil {
 		errs = append(errs, err)
 	}
+	if err := checkServerImage(build, last); err != nil {
+		errs = append(errs, err)
+	}
 	return byName, errors.Join(errs...)
+}
+
+// checkMultiArch: the builder runs on the build machine's platform and
+// cross-compiles for the target's, so `docker buildx build --platform
+// linux/amd64,linux/arm64` needs no emulation. BUILDPLATFORM, TARGETOS and
+// TARGETARCH are BuildKit's automatic platform ARGs, global ones that a
+// stage must declare with ARG to use (moby/buildkit Dockerfile reference,
+// "Automatic platform ARGs in the global scope").
+func checkMultiArch(build *dockerStage) error {
+	var errs []error
+	if build.platform != "$BUILDPLATFORM" {
+		errs = append(errs, fmt.Errorf("builder is FROM --platform=%q, want $BUILDPLATFORM (cross-compiling, not emulating)", build.platform))
+	}
+	declared := map[string]bool{}
+	for _, in := range build.all("ARG") {
+		for _, a := range strings.Fields(in.args) {
+			name, _, _ := strings.Cut(a, "=")
+			declared[name] = true
+		}
+	}
+	for _, a := range []string{"TARGETOS", "TARGETARCH"} {
+		if !declared[a] {
+			errs = append(errs, fmt.Errorf("builder does not declare ARG %s: it would be empty in the stage", a))
+		}
+	}
+	for _, in := range build.all("RUN") {
+		for _, m := range goBuildRE.FindAllStringSubmatchIndex(in.args, -1) {
+			// The assignments just before this go build.
+			before := in.args[:m[0]]
+			if i := strings.LastIndex(before, "&&"); i >= 0 {
+				before = before[i:]
+			}
+			if !strings.Contains(before, "GOOS=$TARGETOS") || !strings.Contains(before, "GOARCH=$TARGETARCH") {
+				errs = append(errs, fmt.Errorf("line %d: go build of %s without GOOS=$TARGETOS GOARCH=$TARGETARCH", in.line, in.args[m[4]:m[5]]))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// ociLabels are the OCI image annotations the server image carries
+// (opencontainers/image-spec annotations.md, "Pre-Defined Annotation Keys").
+var ociLabels = []string{"title", "description", "source", "licenses", "version", "revision"}
+
+// checkServerImage: the server's binary is stamped with the VERSION build
+// argument (internal/version), the image says the same version, revision,
+// licence and source in OCI labels, and its HEALTHCHECK runs the binary's
+// own probe (the image has no shell or curl).
+func checkServerImage(build, srv *dockerStage) error {
+	var errs []error
+	fail := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	stamped := false
+	for _, in := range build.all("RUN") {
+		stamped = stamped || strings.Contains(in.args, "-X github.com/idem-extproc/idem-extproc/internal/version.version=${VERSION}")
+	}
+	if !stamped {
+		fail("the server's go build does not stamp -X …/internal/version.version=${VERSION}")
+	}
+	labels := map[string]string{}
+	for _, in := range srv.all("LABEL") {
+		for _, m := range regexp.MustCompile(`(\S+?)="([^"]*)"`).FindAllStringSubmatch(in.args, -1) {
+			labels[m[1]] = m[2]
+		}
+	}
+	for _, l := range ociLabels {
+		if labels["org.opencontainers.image."+l] == "" {
+			fail("stage %s has no LABEL org.opencontainers.image.%s", srv.name, l)
+		}
+	}
+	if labels["org.opencontainers.image.version"] != "${VERSION}" || labels["org.opencontainers.image.revision"] != "${REVISION}" {
+		fail("the version and revision labels must be the VERSION and REVISION build arguments")
+	}
+	if labels["org.opencontainers.image.licenses"] != "Apache-2.0" {
+		fail("licenses label %q, want Apache-2.0 (LICENSE)", labels["org.opencontainers.image.licenses"])
+	}
+	eps := srv.all("ENTRYPOINT")
+	var ep []string
+	if len(eps) > 0 {
+		_ = json.Unmarshal([]byte(eps[len(eps)-1].args), &ep)
+	}
+	hcs := srv.all("HEALTHCHECK")
+	if len(hcs) != 1 {
+		fail("stage %s needs one HEALTHCHECK running the probe subcommand", srv.name)
+		return errors.Join(errs...)
+	}
+	_, cmd, ok := strings.Cut(hcs[0].args, "CMD ")
+	var argv []string
+	if !ok || json.Unmarshal([]byte(cmd), &argv) != nil || len(argv) < 2 || len(ep) == 0 || argv[0] != ep[0] || argv[1] != "probe" {
+		fail("line %d: HEALTHCHECK must be exec form CMD [%q, \"probe\", …], got %q", hcs[0].line, ep, hcs[0].args)
+	}
+	return errors.Join(errs...)
+}
+
+// imageEntrypoint is the server image's ENTRYPOINT binary.
+func imageEntrypoint(stages map[string]*dockerStage) string {
+	st := stages[serverStage]
+	if st == nil {
+		return ""
+	}
+	eps := st.all("ENTRYPOINT")
+	var ep []string
+	if len(eps) == 0 || json.Unmarshal([]byte(eps[len(eps)-1].args), &ep) != nil || len(ep) == 0 {
+		return ""
+	}
+	return ep[0]
 }
 
 // checkServerPorts compares the server stage's EXPOSE with the ports the

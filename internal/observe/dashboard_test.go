@@ -6,6 +6,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -152,5 +153,85 @@ func TestDashboardQueriesRealMetrics(t *testing.T) {
 		if !strings.Contains(all, want) {
 			t.Errorf("no panel about %q among %q", want, titles)
 		}
+	}
+}
+
+// fleetLabels are the target labels a fleet's Prometheus distinguishes
+// servers by: the scrape job, the Kubernetes namespace and the cluster
+// (the label a multi-cluster setup adds as an external label).
+var fleetLabels = []string{"cluster", "namespace", "job"}
+
+// TestDashboardIsForAFleet: the dashboard has cluster, namespace and job
+// variables (multi-value, All matching every value, also a series without
+// the label), and every idem_extproc_* selector of every panel and of the
+// policy variable filters by all three, so that one dashboard serves many
+// deployments without mixing them.
+func TestDashboardIsForAFleet(t *testing.T) {
+	b, err := os.ReadFile("../../observability/grafana-dashboard.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dash struct {
+		Templating struct {
+			List []struct {
+				Name       string `json:"name"`
+				Type       string `json:"type"`
+				Definition string `json:"definition"`
+				IncludeAll bool   `json:"includeAll"`
+				AllValue   string `json:"allValue"`
+				Multi      bool   `json:"multi"`
+			} `json:"list"`
+		} `json:"templating"`
+		Panels []dashboardPanel `json:"panels"`
+	}
+	if err := json.Unmarshal(b, &dash); err != nil {
+		t.Fatal(err)
+	}
+	selector := regexp.MustCompile(`idem_extproc_[a-z_]+(\{[^}]*\})?`)
+	checkSelectors := func(where, expr string) {
+		t.Helper()
+		sels := selector.FindAllStringSubmatch(expr, -1)
+		if len(sels) == 0 {
+			t.Errorf("%s: no idem_extproc_* series in %q", where, expr)
+		}
+		for _, m := range sels {
+			for _, l := range fleetLabels {
+				if !strings.Contains(m[1], l+`=~"$`+l+`"`) {
+					t.Errorf("%s: %s does not filter by %s=~\"$%s\"", where, m[0], l, l)
+				}
+			}
+		}
+	}
+	vars := map[string]bool{}
+	for _, v := range dash.Templating.List {
+		vars[v.Name] = true
+		switch {
+		case v.Name == "policy":
+			checkSelectors("variable policy", v.Definition)
+		case slices.Contains(fleetLabels, v.Name):
+			if v.Type != "query" || !v.IncludeAll || v.AllValue != ".*" || !v.Multi || !strings.Contains(v.Definition, ", "+v.Name+")") {
+				t.Errorf("variable %s: want a multi-value label_values query of %s with All as .*", v.Name, v.Name)
+			}
+		}
+	}
+	for _, l := range append(fleetLabels, "policy") {
+		if !vars[l] {
+			t.Errorf("no %s variable", l)
+		}
+	}
+	n := 0
+	var walk func(ps []dashboardPanel)
+	walk = func(ps []dashboardPanel) {
+		for _, p := range ps {
+			walk(p.Panels)
+			for _, tg := range p.Targets {
+				n++
+				checkSelectors("panel "+p.Title, tg.Expr)
+			}
+		}
+	}
+	walk(dash.Panels)
+	if n < 10 {
+		t.Fatalf("only %d queries", n)
 	}
 }

@@ -6,8 +6,6 @@ package observe
 
 import (
 	"net/http"
-	"runtime"
-	"runtime/debug"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -15,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/idem-extproc/idem-extproc/internal/extproc"
+	"github.com/idem-extproc/idem-extproc/internal/version"
 )
 
 // Namespace prefixes every metric name.
@@ -113,8 +112,8 @@ func NewMetrics() *Metrics {
 		Namespace: Namespace, Name: "build_info",
 		Help: "Build information; the value is always 1.",
 	}, []string{"version", "revision", "goversion"})
-	version, revision := buildVersion()
-	build.WithLabelValues(version, revision, runtime.Version()).Set(1)
+	bi := version.Get()
+	build.WithLabelValues(bi.Version, bi.Revision, bi.GoVersion).Set(1)
 	m.safety = newStoreSafety(m.reg)
 	// The series alert rules read exist from the start (see KnowPolicies).
 	for _, r := range []string{"ok", "rejected"} {
@@ -130,19 +129,6 @@ func NewMetrics() *Metrics {
 		m.requests, m.shadow, m.keyWarnings, m.missingAttrs, m.droppedHeaders, build,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
-}
-
-func buildVersion() (version, revision string) {
-	version, revision = "unknown", "unknown"
-	if bi, ok := debug.ReadBuildInfo(); ok {
-		version = bi.Main.Version
-		for _, s := range bi.Settings {
-			if s.Key == "vcs.revision" {
-				revision = s.Value
-			}
-		}
-	}
-	return version, revision
 }
 
 // Registry returns the registry, for tests and extra collectors.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -41,7 +42,8 @@ func (t Topology) String() string {
 // URLForms lists the accepted URL forms, for error messages and help.
 const URLForms = "redis://[user:pass@]host:port[/db], rediss://…, " +
 	"redis+sentinel://[user:pass@]host:port[,host:port…]/master[/db][?sentinel_username=…&sentinel_password=…], rediss+sentinel://…, " +
-	"redis+cluster://[user:pass@]host:port[,host:port…], rediss+cluster://…"
+	"redis+cluster://[user:pass@]host:port[,host:port…], rediss+cluster://… " +
+	"(each takes go-redis's query options, e.g. ?pool_size=50&protocol=2)"
 
 // Default ports when a Sentinel or Cluster address omits one.
 const (
@@ -188,27 +190,103 @@ func parseMulti(top Topology, scheme, rest string) (Topology, *redis.UniversalOp
 	if err != nil {
 		return 0, nil, fmt.Errorf("redis url: bad query: %v", err)
 	}
-	allowed := []string{}
 	if top == Sentinel {
-		allowed = []string{"sentinel_username", "sentinel_password"}
 		o.SentinelUsername = q.Get("sentinel_username")
 		o.SentinelPassword = q.Get("sentinel_password")
+		q.Del("sentinel_username")
+		q.Del("sentinel_password")
 	}
-	for name := range q {
-		if !slices.Contains(allowed, name) {
-			accepts := "no parameters"
-			if len(allowed) > 0 {
-				accepts = strings.Join(allowed, ", ")
-			}
-			return 0, nil, fmt.Errorf("redis url: unknown parameter %q (%s accepts %s)", name, scheme, accepts)
-		}
+	skipVerify, err := applyQueryOptions(o, top, scheme, q)
+	if err != nil {
+		return 0, nil, err
 	}
 	if strings.HasPrefix(scheme, "rediss") {
 		// No ServerName: crypto/tls takes it from each address dialled, and
 		// a Sentinel's or Cluster's nodes each have their own.
-		o.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12}
+		// InsecureSkipVerify only when the URL says skip_verify=true, as
+		// go-redis's own parsers do.
+		o.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: skipVerify}
 	}
 	return top, o, nil
+}
+
+// notFromQuery are go-redis query options this package's Sentinel and
+// Cluster forms take from elsewhere in the URL (addresses, credentials,
+// master name, database), so that no setting has two sources.
+var notFromQuery = []string{"addr", "username", "password", "master_name", "db"}
+
+// replicaReads are go-redis options that send reads to replicas (or, for
+// Sentinel, that go-redis's failover client refuses with a panic). The
+// store reads a record to decide on it right after a write to the primary;
+// a lagging replica would answer from before the write, so they are
+// refused rather than honoured.
+var replicaReads = []string{"read_only", "replica_only", "use_disconnected_replicas", "route_by_latency", "route_randomly"}
+
+// applyQueryOptions gives the Sentinel and Cluster forms the query options
+// of a standalone URL (pool_size, dial_timeout, protocol, client_name, …):
+// go-redis parses them itself, with redis.ParseFailoverURL and
+// redis.ParseClusterURL (sentinel.go setupFailoverConnParams, osscluster.go
+// setupClusterQueryParams: snake_case field names, durations with a unit or
+// in seconds, unknown names refused), and the fields it set are copied into
+// o by name. It returns skip_verify, which go-redis applies to its own TLS
+// configuration.
+func applyQueryOptions(o *redis.UniversalOptions, top Topology, scheme string, q url.Values) (bool, error) {
+	for name := range q {
+		if slices.Contains(notFromQuery, name) {
+			return false, fmt.Errorf("redis url: parameter %q: %s takes it from the URL itself (%s)", name, scheme, URLForms)
+		}
+		if slices.Contains(replicaReads, name) {
+			return false, fmt.Errorf("redis url: parameter %q would read records from replicas, which may not have the latest write yet; the store reads from primaries only", name)
+		}
+	}
+	if len(q) == 0 {
+		return false, nil
+	}
+	// Any address: go-redis only needs one to parse the query; TLS on
+	// when the URL's is, for skip_verify.
+	base := "redis"
+	if strings.HasPrefix(scheme, "rediss") {
+		base = "rediss"
+	}
+	probe := base + "://query.invalid:1/?" + q.Encode()
+	var parsed any
+	var err error
+	if top == Sentinel {
+		parsed, err = redis.ParseFailoverURL(probe)
+	} else {
+		parsed, err = redis.ParseClusterURL(probe)
+	}
+	if err != nil {
+		return false, fmt.Errorf("redis url: %s: %w", scheme, err)
+	}
+	skip := false
+	switch p := parsed.(type) {
+	case *redis.FailoverOptions:
+		skip = p.TLSConfig != nil && p.TLSConfig.InsecureSkipVerify
+	case *redis.ClusterOptions:
+		skip = p.TLSConfig != nil && p.TLSConfig.InsecureSkipVerify
+	}
+	return skip, copyOptions(o, parsed)
+}
+
+// copyOptions copies every field go-redis set from a query (non-zero) into
+// the field of the same name and type of o; one o lacks is refused.
+func copyOptions(o *redis.UniversalOptions, parsed any) error {
+	src := reflect.ValueOf(parsed).Elem()
+	dst := reflect.ValueOf(o).Elem()
+	for i := 0; i < src.NumField(); i++ {
+		f := src.Type().Field(i)
+		v := src.Field(i)
+		if !f.IsExported() || v.IsZero() || f.Name == "SentinelAddrs" || f.Name == "Addrs" || f.Name == "TLSConfig" {
+			continue
+		}
+		d := dst.FieldByName(f.Name)
+		if !d.IsValid() || d.Type() != f.Type || !d.CanSet() {
+			return fmt.Errorf("redis url: option %s is not supported with this topology", f.Name)
+		}
+		d.Set(v)
+	}
+	return nil
 }
 
 // hostPort checks one host[:port] of an address list.

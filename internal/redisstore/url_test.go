@@ -3,6 +3,7 @@ package redisstore
 import (
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestParseURLForms(t *testing.T) {
@@ -63,6 +64,52 @@ func TestParseURLForms(t *testing.T) {
 	}
 }
 
+// TestSentinelAndClusterTakeTheStandaloneQueryOptions: the query options
+// go-redis reads from a standalone URL work the same on the Sentinel and
+// Cluster forms, parsed by go-redis's own ParseFailoverURL and
+// ParseClusterURL; skip_verify too, where go-redis has it.
+func TestSentinelAndClusterTakeTheStandaloneQueryOptions(t *testing.T) {
+	const query = "pool_size=50&protocol=2&client_name=orders&dial_timeout=3&read_timeout=250ms&write_timeout=1s" +
+		"&max_retries=4&min_idle_conns=2&max_idle_conns=8&max_active_conns=90&conn_max_idle_time=5m&pool_timeout=2s"
+	if _, err := ParseURL("redis://r:6379/0?" + query); err != nil {
+		t.Fatalf("standalone: %v", err)
+	}
+	for _, raw := range []string{
+		"redis+sentinel://s1:26379,s2/mymaster/1?sentinel_password=spw&" + query,
+		"redis+cluster://n1:7000,n2:7001?" + query,
+	} {
+		_, _, o, err := parseURL(raw)
+		if err != nil {
+			t.Fatalf("%s: %v", raw, err)
+		}
+		if o.PoolSize != 50 || o.Protocol != 2 || o.ClientName != "orders" || o.DialTimeout != 3*time.Second ||
+			o.ReadTimeout != 250*time.Millisecond || o.WriteTimeout != time.Second || o.MaxRetries != 4 || o.MinIdleConns != 2 ||
+			o.MaxIdleConns != 8 || o.MaxActiveConns != 90 || o.ConnMaxIdleTime != 5*time.Minute || o.PoolTimeout != 2*time.Second {
+			t.Errorf("%s: options %+v", raw, o)
+		}
+		if len(o.Addrs) != 2 {
+			t.Errorf("%s: the query's parse changed the addresses: %v", raw, o.Addrs)
+		}
+	}
+	_, _, o, err := parseURL("redis+sentinel://s1/m?sentinel_password=spw&sentinel_username=sen&pool_size=7")
+	if err != nil || o.SentinelPassword != "spw" || o.SentinelUsername != "sen" || o.PoolSize != 7 {
+		t.Fatalf("sentinel credentials beside options: %+v, %v", o, err)
+	}
+	_, _, o, err = parseURL("rediss+sentinel://s1/m?skip_verify=true")
+	if err != nil || o.TLSConfig == nil || !o.TLSConfig.InsecureSkipVerify {
+		t.Fatalf("rediss+sentinel skip_verify: %+v, %v", o, err)
+	}
+	if _, _, o, _ = parseURL("rediss+sentinel://s1/m"); o.TLSConfig.InsecureSkipVerify {
+		t.Fatal("verification off without skip_verify")
+	}
+	// The client built from such a URL keeps the larger pool.
+	rdb, err := NewClient("redis+cluster://n1:7000?pool_size=500", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = rdb.Close()
+}
+
 func TestParseURLErrorsNameTheProblem(t *testing.T) {
 	for _, tc := range []struct{ raw, want string }{
 		{"localhost:6379", "no scheme"},
@@ -78,9 +125,15 @@ func TestParseURLErrorsNameTheProblem(t *testing.T) {
 		{"redis+sentinel://s1:x/m", `port "x"`},
 		{"redis+sentinel://s1/m/x", `database "x"`},
 		{"redis+sentinel://s1/m/0/extra", "more than master and db"},
-		{"redis+sentinel://s1/m?password=x", `unknown parameter "password"`},
+		{"redis+sentinel://s1/m?password=x", `parameter "password": redis+sentinel takes it from the URL itself`},
+		{"redis+sentinel://s1/m?master_name=other", `parameter "master_name"`},
+		{"redis+cluster://n1:7000?addr=n2:7001", `parameter "addr"`},
+		{"redis+sentinel://s1/m?route_by_latency=true", "read records from replicas"},
+		{"redis+sentinel://s1/m?replica_only=true", "read records from replicas"},
+		{"redis+cluster://n1:7000?nope=1", "unexpected option: nope"},
+		{"redis+cluster://n1:7000?pool_size=many", "pool_size"},
 		{"redis+cluster://n1:7000/1", "only database 0"},
-		{"redis+cluster://n1:7000?read_only=true", `unknown parameter "read_only"`},
+		{"redis+cluster://n1:7000?read_only=true", "read records from replicas"},
 		{"redis+cluster://:7000", "has no host"},
 		{"redis+cluster://n1#frag", "fragment"},
 	} {
