@@ -1,11 +1,13 @@
-// Package codecheck runs the static analysers over the whole module as
-// part of the test suite, so CI cannot pass with a finding: go vet,
-// staticcheck (honnef.co/go/tools, pinned in go.mod as a tool), and
-// go mod verify.
+// Package codecheck runs the static analysers over both modules of the
+// workspace (the server's and the deploy tests', see go.work) as part of
+// the test suite, so CI cannot pass with a finding: go vet, staticcheck
+// (honnef.co/go/tools, pinned in go.mod as a tool), and go mod verify.
 package codecheck
 
 import (
+	"os"
 	"os/exec"
+	"strings"
 	"testing"
 )
 
@@ -30,12 +32,12 @@ func run(t *testing.T, args ...string) {
 
 func TestGoVet(t *testing.T) {
 	t.Parallel()
-	run(t, "vet", "./...")
+	run(t, "vet", "./...", "./internal/deploytest/...")
 }
 
 func TestStaticcheck(t *testing.T) {
 	t.Parallel()
-	run(t, "tool", "staticcheck", "./...")
+	run(t, "tool", "staticcheck", "./...", "./internal/deploytest/...")
 }
 
 // TestModulesVerify: every dependency in the module cache is the one
@@ -44,4 +46,31 @@ func TestStaticcheck(t *testing.T) {
 func TestModulesVerify(t *testing.T) {
 	t.Parallel()
 	run(t, "mod", "verify")
+}
+
+// heavyTestOnly are the module paths only the deploy tests use: they live in
+// internal/deploytest's own module, so that the server's go.mod (what
+// vulnerability scanners read) lists only what the binary and its tests use.
+var heavyTestOnly = []string{
+	"k8s.io/", "sigs.k8s.io/kustomize", "sigs.k8s.io/controller-runtime", "sigs.k8s.io/gateway-api",
+	"helm.sh/", "istio.io/", "github.com/envoyproxy/gateway", "github.com/prometheus/prometheus",
+}
+
+func TestServerModuleIsLean(t *testing.T) {
+	t.Parallel()
+	b, err := os.ReadFile("../../go.mod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, line := range strings.Split(string(b), "\n") {
+		fields := strings.Fields(strings.TrimPrefix(strings.TrimSpace(line), "require "))
+		if len(fields) == 0 {
+			continue
+		}
+		for _, p := range heavyTestOnly {
+			if strings.HasPrefix(fields[0], p) {
+				t.Errorf("go.mod:%d requires %s: a deploy-test dependency belongs in internal/deploytest/go.mod", i+1, fields[0])
+			}
+		}
+	}
 }

@@ -1,4 +1,4 @@
-package observe_test
+package deploytest
 
 import (
 	"context"
@@ -24,6 +24,10 @@ import (
 	"github.com/idem-extproc/idem-extproc/internal/extproc"
 	"github.com/idem-extproc/idem-extproc/internal/observe"
 )
+
+// The alert rules are evaluated here, in the deploy tests' own module,
+// because Prometheus's query engine brings Kubernetes' libraries with it,
+// which the server's module should not list.
 
 // alertRule is one rule of observability/prometheus-rules.yaml.
 type alertRule struct {
