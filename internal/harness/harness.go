@@ -346,6 +346,12 @@ func (e *Env) AbandonWhen(path, key, body string, ready func() bool, headers ...
 	return nil
 }
 
+// DoContext is Do bound to ctx instead of a timeout: the client gives up
+// when ctx ends, at a moment the test chooses by an event.
+func (e *Env) DoContext(ctx context.Context, method, path, body string, headers ...string) Reply {
+	return e.do(ctx, method, path, body, headers...)
+}
+
 func (e *Env) do(ctx context.Context, method, path, body string, headers ...string) Reply {
 	req, err := http.NewRequestWithContext(ctx, method, e.URL+path, bytes.NewReader([]byte(body)))
 	if err != nil {
