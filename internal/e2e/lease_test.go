@@ -19,12 +19,16 @@ import (
 // abandoned.
 func TestLeaseRenewedWhileStreamOpen(t *testing.T) {
 	p := policy.Default()
-	p.Lease = 300 * time.Millisecond
+	// The renewal comes at half the lease: a lease of 1 s leaves it 500 ms
+	// of slack on a loaded machine (300 ms, as before, left 150 ms, less
+	// than a busy -race run can stall a goroutine), and the upstream's 4 s
+	// leave the duplicate below ample room to arrive while it is in flight.
+	p.Lease = time.Second
 	env := harness.Start(t, harness.Options{Policies: &policy.Set{Policies: []*policy.Policy{p}}})
 	done := make(chan harness.Reply, 1)
-	go func() { done <- env.Post("/orders", "slow", `{}`, "x-upstream-delay", "1200ms") }()
+	go func() { done <- env.Post("/orders", "slow", `{}`, "x-upstream-delay", "4s") }()
 	waitFor(t, func() bool { return recordState(t, env, "slow") == idem.StateInFlight })
-	time.Sleep(700 * time.Millisecond) // more than two leases
+	time.Sleep(2200 * time.Millisecond) // more than two leases
 	wantProblem(t, env.Post("/orders", "slow", `{}`), problem.InProgress)
 	wantStatus(t, <-done, http.StatusCreated)
 	if s := recordState(t, env, "slow"); s != idem.StateCompleted {
