@@ -11,7 +11,6 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/idem-extproc/idem-extproc/internal/envoysim"
-	"github.com/idem-extproc/idem-extproc/internal/extproc"
 	"github.com/idem-extproc/idem-extproc/internal/harness"
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/observe"
@@ -47,7 +46,7 @@ func TestRedisDownFailsOpen(t *testing.T) {
 	cfg := envoysim.RecommendedConfig()
 	cfg.MessageTimeout = durationpb.New(150 * time.Millisecond)
 	env := harness.Start(t, harness.Options{
-		Policies: &policy.Set{Policies: []*policy.Policy{p}}, Filter: cfg, StoreTimeout: extproc.DefaultStoreTimeout,
+		Policies: &policy.Set{Policies: []*policy.Policy{p}}, Filter: cfg, StoreTimeout: idem.DefaultStoreTimeout,
 		Logger: slog.New(slog.NewJSONHandler(&logs, nil)),
 	})
 	wantStatus(t, env.Post("/orders", "open-before", `{}`), http.StatusCreated)
@@ -100,7 +99,7 @@ func TestCompletionLostEndsUnknown(t *testing.T) {
 	env := harness.Start(t, harness.Options{
 		Redis:        redistest.Start(t, redistest.Options{Persist: true}),
 		Policies:     &policy.Set{Policies: []*policy.Policy{p}},
-		StoreTimeout: extproc.DefaultStoreTimeout,
+		StoreTimeout: idem.DefaultStoreTimeout,
 		Logger:       slog.New(slog.NewJSONHandler(&logs, nil)),
 		Observer:     metrics,
 	})
@@ -138,7 +137,7 @@ func TestCompletionLostEndsUnknown(t *testing.T) {
 // covers a blip, not an outage; TestCompletionLostEndsUnknown covers that.)
 func TestCompletionRetriedAtStreamEnd(t *testing.T) {
 	var logs harness.LogBuffer
-	env := harness.Start(t, harness.Options{StoreTimeout: extproc.DefaultStoreTimeout,
+	env := harness.Start(t, harness.Options{StoreTimeout: idem.DefaultStoreTimeout,
 		Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
 	done := make(chan harness.Reply, 1)
 	go func() { done <- env.Post("/orders", "late-completion", `{}`, "x-upstream-delay", "300ms") }()

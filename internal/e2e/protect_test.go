@@ -12,7 +12,6 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/idem-extproc/idem-extproc/internal/envoysim"
-	"github.com/idem-extproc/idem-extproc/internal/extproc"
 	"github.com/idem-extproc/idem-extproc/internal/harness"
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/problem"
@@ -176,7 +175,7 @@ func TestRedisDownFailsClosedFast(t *testing.T) {
 func redisDownFailsClosed(t *testing.T, start backend, down, up func()) {
 	cfg := envoysim.RecommendedConfig()
 	cfg.MessageTimeout = durationpb.New(150 * time.Millisecond)
-	env := start(t, harness.Options{Filter: cfg, StoreTimeout: extproc.DefaultStoreTimeout})
+	env := start(t, harness.Options{Filter: cfg, StoreTimeout: idem.DefaultStoreTimeout})
 	wantStatus(t, env.Post("/orders", "before-kill", `{}`), http.StatusCreated)
 
 	down()

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/idem-extproc/idem-extproc/internal/daemon"
+	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/redisstore"
 )
 
@@ -115,7 +116,7 @@ type floorServer struct {
 
 func newFloorServer(ctx context.Context, redisURL string) (*floorServer, error) {
 	// The daemon's client, with the daemon's default budget.
-	rdb, err := redisstore.NewClient(redisURL, 100*time.Millisecond)
+	rdb, err := redisstore.NewClient(redisURL, idem.DefaultStoreTimeout)
 	if err != nil {
 		return nil, err
 	}
