@@ -82,13 +82,9 @@ func (s Security) tlsConfig(base *tls.Config) (*tls.Config, error) {
 		c = &tls.Config{MinVersion: tls.VersionTLS12}
 	}
 	if s.CAFile != "" {
-		pem, err := os.ReadFile(s.CAFile)
+		pool, err := loadCAPool(s.CAFile)
 		if err != nil {
-			return nil, fmt.Errorf("redis CA file: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("redis CA file %s: no PEM certificate found", s.CAFile)
+			return nil, err
 		}
 		c.RootCAs = pool
 	}
@@ -100,6 +96,37 @@ func (s Security) tlsConfig(base *tls.Config) (*tls.Config, error) {
 		c.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return kp.get() }
 	}
 	return c, nil
+}
+
+// CheckFiles loads the CA bundle and the client certificate as the first
+// connection would, so that a file that does not load is found at start,
+// before anything is opened. It does not read the password file: Validate
+// does.
+func (s Security) CheckFiles() error {
+	var errs []error
+	if s.CAFile != "" {
+		if _, err := loadCAPool(s.CAFile); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if s.CertFile != "" {
+		if _, err := (&keyPair{cert: s.CertFile, key: s.KeyFile}).get(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func loadCAPool(path string) (*x509.CertPool, error) {
+	pem, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("redis CA file: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("redis CA file %s: no PEM certificate found", path)
+	}
+	return pool, nil
 }
 
 // keyPair is a client certificate that follows its files.
