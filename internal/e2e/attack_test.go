@@ -190,9 +190,8 @@ func TestNoSecretsInLogs(t *testing.T) {
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
 	env := harness.Start(t, harness.Options{
 		Logger:         slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
-		Observer:       metrics,
+		Metrics:        metrics,
 		TracerProvider: tp,
-		WrapStore:      func(st idem.Store) idem.Store { return observe.InstrumentStore(st, metrics, tp) },
 	})
 	secrets := []string{"key-S3CR3T-4242", "body-CONFIDENTIAL-9876", "Bearer tok-PRIVATE-1357", "cookie-SESSION-2468"}
 	for i := range 3 {

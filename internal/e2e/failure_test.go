@@ -101,7 +101,7 @@ func TestCompletionLostEndsUnknown(t *testing.T) {
 		Policies:     &policy.Set{Policies: []*policy.Policy{p}},
 		StoreTimeout: idem.DefaultStoreTimeout,
 		Logger:       slog.New(slog.NewJSONHandler(&logs, nil)),
-		Observer:     metrics,
+		Metrics:      metrics,
 	})
 	done := make(chan harness.Reply, 1)
 	go func() { done <- env.Post("/orders", "lost-completion", `{}`, "x-upstream-delay", "400ms") }()

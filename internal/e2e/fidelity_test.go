@@ -139,7 +139,7 @@ func TestMissingAttributesAreLoud(t *testing.T) {
 		m := observe.NewMetrics()
 		cfg := envoysim.RecommendedConfig()
 		cfg.ResponseAttributes = nil
-		env := harness.Start(t, harness.Options{Filter: cfg, Observer: m, Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
+		env := harness.Start(t, harness.Options{Filter: cfg, Metrics: m, Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
 		// Envoy's own 504 cannot be told from the upstream's without the
 		// details: it is stored (DESIGN §4), but never silently.
 		for _, key := range []string{"t1", "t2"} {
@@ -158,7 +158,7 @@ func TestMissingAttributesAreLoud(t *testing.T) {
 		m := observe.NewMetrics()
 		cfg := envoysim.RecommendedConfig()
 		cfg.RequestAttributes = []string{"xds.route_name"} // no peer certificate attribute
-		env := harness.Start(t, harness.Options{Filter: cfg, Observer: m,
+		env := harness.Start(t, harness.Options{Filter: cfg, Metrics: m,
 			Policies: policies(t, "defaults:\n  scope: {from: principal}\n"),
 			Decorate: func(_ *http.Request, req *envoysim.Request) {
 				req.PeerCertificate = &envoysim.PeerCertificate{URISANs: []string{"spiffe://example.org/ns/a/sa/b"}}
@@ -172,7 +172,7 @@ func TestMissingAttributesAreLoud(t *testing.T) {
 		m := observe.NewMetrics()
 		cfg := envoysim.RecommendedConfig()
 		cfg.RequestAttributes = nil
-		env := harness.Start(t, harness.Options{Filter: cfg, Observer: m, Route: routeByPath,
+		env := harness.Start(t, harness.Options{Filter: cfg, Metrics: m, Route: routeByPath,
 			Policies: policies(t, "policies:\n  - name: orders\n    match: {route_names: [orders]}\n")})
 		env.Post("/orders", "r1", `{}`)
 		if n := missingCount(t, m, "orders", extproc.AttrRouteName); n != 1 {
@@ -188,7 +188,7 @@ func TestMissingAttributesAreLoud(t *testing.T) {
 // An empty body's replay loses content-type and content-length in Envoy.
 func TestReplaySurvivesEnvoysHeaderRules(t *testing.T) {
 	m := observe.NewMetrics()
-	env := harness.Start(t, harness.Options{Observer: m})
+	env := harness.Start(t, harness.Options{Metrics: m})
 	many := func(context.Context, *envoysim.Request) (*envoysim.Response, error) {
 		hs := []envoysim.Header{{Name: "content-type", Value: "application/json"}}
 		for i := range 150 {

@@ -95,7 +95,7 @@ default_policy:
 // made.
 func TestShadowNeverBlocksAndCountsWhatEnforceWould(t *testing.T) {
 	m := observe.NewMetrics()
-	env := harness.Start(t, harness.Options{Observer: m, Policies: policies(t, rolloutPolicies)})
+	env := harness.Start(t, harness.Options{Metrics: m, Policies: policies(t, rolloutPolicies)})
 	ns := map[string]string{"/shadow/": "shadowed#shadow", "/enforce/": "enforced"}
 	state := func(prefix, key string) idem.State {
 		rec, err := env.Store.Get(context.Background(), idem.RecordIDFor(ns[prefix], "", key))
@@ -287,8 +287,8 @@ func TestKeyGracePeriodEndsAtItsDate(t *testing.T) {
 	now.Store(deadline.Add(-time.Second).UnixNano())
 	m := observe.NewMetrics()
 	env := harness.Start(t, harness.Options{
-		Observer: m,
-		Now:      func() time.Time { return time.Unix(0, now.Load()) },
+		Metrics: m,
+		Now:     func() time.Time { return time.Unix(0, now.Load()) },
 		Policies: policies(t, `
 policies:
   - name: payments
@@ -331,7 +331,7 @@ policies:
 // no Redis command.
 func TestOffPolicyCostsNothing(t *testing.T) {
 	m := observe.NewMetrics()
-	env := harness.Start(t, harness.Options{Observer: m, Policies: policies(t, `
+	env := harness.Start(t, harness.Options{Metrics: m, Policies: policies(t, `
 policies:
   - name: legacy
     match: {methods: [POST]}
@@ -377,7 +377,7 @@ policies:
 // measurement is counted.
 func TestShadowPassesWhenTheStoreIsDown(t *testing.T) {
 	m := observe.NewMetrics()
-	env := harness.Start(t, harness.Options{Observer: m, StoreTimeout: 200 * time.Millisecond, Policies: policies(t, `
+	env := harness.Start(t, harness.Options{Metrics: m, StoreTimeout: 200 * time.Millisecond, Policies: policies(t, `
 default_policy:
   enforcement: shadow
   shadow_header: idempotency-shadow
@@ -407,7 +407,7 @@ func TestShadowGRPCNeverBlocks(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			m := observe.NewMetrics()
 			opts := cfg()
-			opts.Observer = m
+			opts.Metrics = m
 			opts.Policies = policies(t, `
 default_policy:
   enforcement: shadow
@@ -454,7 +454,7 @@ policies:
 default_policy:
   enabled: false
 `)
-	env := harness.Start(t, harness.Options{Observer: m, Policies: set})
+	env := harness.Start(t, harness.Options{Metrics: m, Policies: set})
 	for _, req := range []struct{ path, key, body string }{
 		{"/legacy/a", "", "{}"}, {"/legacy/a", "", "{}"}, {"/legacy/a", "l-1", "{}"},
 		{"/trial/a", "t-1", "{}"}, {"/trial/a", "t-1", "{}"}, {"/trial/a", "t-1", `{"x":1}`}, {"/trial/a", "", "{}"},

@@ -19,7 +19,6 @@ import (
 	"time"
 
 	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
-	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
@@ -31,8 +30,10 @@ import (
 	"github.com/idem-extproc/idem-extproc/internal/extproc"
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/memstore"
+	"github.com/idem-extproc/idem-extproc/internal/observe"
 	"github.com/idem-extproc/idem-extproc/internal/policy"
 	"github.com/idem-extproc/idem-extproc/internal/redistest"
+	"github.com/idem-extproc/idem-extproc/internal/server"
 )
 
 // Options configures an Env. The zero value gives a real redis-server, the
@@ -66,6 +67,9 @@ type Options struct {
 	// detector does not turn a correctness test into a latency test. Tests
 	// about deadlines set both explicitly.
 	StoreTimeout time.Duration
+	// MaxBufferedBytes bounds the body bytes all streams buffer together
+	// (extproc.Config); no bound when zero.
+	MaxBufferedBytes int64
 	// ResponseDelay and RouteTimeout shape the proxy (see envoysim.Proxy).
 	ResponseDelay time.Duration
 	RouteTimeout  time.Duration
@@ -78,8 +82,11 @@ type Options struct {
 	ServerAddr string
 	// Sealer encrypts responses for policies with Encrypt.
 	Sealer extproc.Sealer
-	// Observer and TracerProvider are handed to the server.
-	Observer       extproc.Observer
+	// Metrics, when set, instrument the store and observe every decision,
+	// as in the daemon (server.New).
+	Metrics *observe.Metrics
+	// TracerProvider makes the server's spans (and, with Metrics, the
+	// store's).
 	TracerProvider trace.TracerProvider
 	// Now is the server's clock for key grace periods; time.Now when nil.
 	Now func() time.Time
@@ -215,18 +222,19 @@ func (e *Env) serve(lis net.Listener) {
 	if e.opts.WrapStore != nil {
 		st = e.opts.WrapStore(st)
 	}
-	srv := extproc.New(extproc.Config{
-		Store:          st,
-		Policies:       e.policies(),
-		StoreTimeout:   e.opts.StoreTimeout,
-		Logger:         e.opts.Logger,
-		Observer:       e.opts.Observer,
-		TracerProvider: e.opts.TracerProvider,
-		Sealer:         e.opts.Sealer,
-		Now:            e.opts.Now,
+	gs, _ := server.New(server.Config{
+		Config: extproc.Config{
+			Store:            st,
+			Policies:         e.policies(),
+			StoreTimeout:     e.opts.StoreTimeout,
+			Logger:           e.opts.Logger,
+			TracerProvider:   e.opts.TracerProvider,
+			Sealer:           e.opts.Sealer,
+			Now:              e.opts.Now,
+			MaxBufferedBytes: e.opts.MaxBufferedBytes,
+		},
+		Metrics: e.opts.Metrics,
 	})
-	gs := grpc.NewServer()
-	extprocv3.RegisterExternalProcessorServer(gs, srv)
 	e.mu.Lock()
 	e.grpcServer = gs
 	e.mu.Unlock()
