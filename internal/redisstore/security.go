@@ -8,8 +8,8 @@ import (
 	"fmt"
 	"os"
 	"strings"
-	"sync"
-	"time"
+
+	"github.com/idem-extproc/idem-extproc/internal/rotated"
 )
 
 // Security holds what a client needs to reach a protected Redis, read from
@@ -89,11 +89,11 @@ func (s Security) tlsConfig(base *tls.Config) (*tls.Config, error) {
 		c.RootCAs = pool
 	}
 	if s.CertFile != "" {
-		kp := &keyPair{cert: s.CertFile, key: s.KeyFile}
-		if _, err := kp.get(); err != nil {
+		kp, err := loadKeyPair(s.CertFile, s.KeyFile)
+		if err != nil {
 			return nil, err
 		}
-		c.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return kp.get() }
+		c.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return kp.Current(), nil }
 	}
 	return c, nil
 }
@@ -110,7 +110,7 @@ func (s Security) CheckFiles() error {
 		}
 	}
 	if s.CertFile != "" {
-		if _, err := (&keyPair{cert: s.CertFile, key: s.KeyFile}).get(); err != nil {
+		if _, err := loadKeyPair(s.CertFile, s.KeyFile); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -129,34 +129,16 @@ func loadCAPool(path string) (*x509.CertPool, error) {
 	return pool, nil
 }
 
-// keyPair is a client certificate that follows its files.
-type keyPair struct {
-	cert, key string
-
-	mu     sync.Mutex
-	loaded *tls.Certificate
-	mtimes [2]time.Time
-}
-
-func (k *keyPair) get() (*tls.Certificate, error) {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	var m [2]time.Time
-	for i, p := range []string{k.cert, k.key} {
-		if fi, err := os.Stat(p); err == nil {
-			m[i] = fi.ModTime()
+// loadKeyPair loads a client certificate that follows its files: each new
+// connection looks at their modification times (package rotated), and a
+// rotation that does not load (half written, say) keeps the previous
+// certificate.
+func loadKeyPair(certFile, keyFile string) (*rotated.Value[*tls.Certificate], error) {
+	return rotated.Load([]string{certFile, keyFile}, func() (*tls.Certificate, error) {
+		c, err := tls.LoadX509KeyPair(certFile, keyFile)
+		if err != nil {
+			return nil, fmt.Errorf("redis client certificate %s / %s: %w", certFile, keyFile, err)
 		}
-	}
-	if k.loaded != nil && m == k.mtimes {
-		return k.loaded, nil
-	}
-	c, err := tls.LoadX509KeyPair(k.cert, k.key)
-	if err != nil {
-		if k.loaded != nil {
-			return k.loaded, nil // a rotation half written: keep the old one
-		}
-		return nil, fmt.Errorf("redis client certificate %s / %s: %w", k.cert, k.key, err)
-	}
-	k.loaded, k.mtimes = &c, m
-	return k.loaded, nil
+		return &c, nil
+	}, rotated.Options[*tls.Certificate]{})
 }
