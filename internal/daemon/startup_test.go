@@ -11,12 +11,12 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idem-extproc/idem-extproc/internal/observe"
 	"github.com/idem-extproc/idem-extproc/internal/redistest"
+	"github.com/idem-extproc/idem-extproc/internal/testwait"
 )
 
 // connectedClients is the number of clients Redis counts (INFO clients).
@@ -129,13 +129,7 @@ func TestFailedStartClosesEverything(t *testing.T) {
 			}
 			// Redis notices a closed connection when it reads it: wait
 			// for the count to come back, without a time margin to judge.
-			deadline := time.Now().Add(10 * time.Second)
-			for connectedClients(t, redis) > before {
-				if time.Now().After(deadline) {
-					t.Fatalf("the server's Redis connections stay open: %d clients, %d before", connectedClients(t, redis), before)
-				}
-				time.Sleep(10 * time.Millisecond)
-			}
+			testwait.Until(t, "the server's Redis connections closed", func() bool { return connectedClients(t, redis) <= before })
 		})
 	}
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/idem-extproc/idem-extproc/internal/daemon"
 	"github.com/idem-extproc/idem-extproc/internal/harness"
 	"github.com/idem-extproc/idem-extproc/internal/redistest"
+	"github.com/idem-extproc/idem-extproc/internal/testwait"
 )
 
 // TestMutualTLS: the ext_proc listener admits only clients with a
@@ -80,17 +81,10 @@ func TestMutualTLS(t *testing.T) {
 	// Rotation: new files in place; new connections get the new certificate.
 	before, _ := call(&envoy)
 	rotated := ca.Issue(certtest.Options{CommonName: "idem-extproc", IPs: []net.IP{net.ParseIP("127.0.0.1")}, Dir: serverDir})
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	testwait.Until(t, "the rotated certificate "+rotated.Serial.String()+" served (was "+before+")", func() bool {
 		got, err := call(&envoy)
-		if err == nil && got == rotated.Serial.String() {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("still serving %s (was %s), want the rotated %s", got, before, rotated.Serial)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		return err == nil && got == rotated.Serial.String()
+	})
 }
 
 // TestRedisOverTLSWithACLUser: the server reaches a Redis that requires

@@ -18,6 +18,7 @@ import (
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/observe"
 	"github.com/idem-extproc/idem-extproc/internal/problem"
+	"github.com/idem-extproc/idem-extproc/internal/testwait"
 )
 
 // The attacks below each have a defined answer and leak nothing. They run
@@ -38,7 +39,7 @@ func TestAttackGuessingAnotherTenantsKey(t *testing.T) {
 	// The victim's attempt is still running: the attacker is not told so.
 	done := make(chan harness.Reply, 1)
 	go func() { done <- victim(secret, "x-upstream-delay", "300ms") }()
-	waitFor(t, func() bool { return reservedCount(t, env) == 1 })
+	testwait.For(t, func() bool { return reservedCount(t, env) == 1 })
 	probe := attacker(secret)
 	wantStatus(t, probe, http.StatusCreated)
 	if probe.Header.Get("Idempotent-Replayed") != "" {

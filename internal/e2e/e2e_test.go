@@ -15,6 +15,7 @@ import (
 	"github.com/idem-extproc/idem-extproc/internal/harness"
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/problem"
+	"github.com/idem-extproc/idem-extproc/internal/testwait"
 )
 
 // wantProblem checks an RFC 9457 answer of the given kind.
@@ -105,7 +106,7 @@ func articleOutcomes(t *testing.T, start backend) {
 	if lost.Err == nil {
 		t.Fatalf("the client should have timed out, got %d", lost.Status)
 	}
-	waitFor(t, func() bool { return env.Upstream.CountKey(key2) == 1 })
+	testwait.For(t, func() bool { return env.Upstream.CountKey(key2) == 1 })
 	retry := env.Post("/orders", key2, body)
 	wantStatus(t, retry, http.StatusCreated)
 	if retry.Header.Get("Idempotent-Replayed") != "true" {
@@ -124,17 +125,6 @@ func articleOutcomes(t *testing.T, start backend) {
 	wantProblem(t, other, problem.KeyReused)
 	if n := env.Upstream.CountKey(key); n != 1 {
 		t.Fatalf("effects after all attempts = %d, want 1", n)
-	}
-}
-
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not reached within 10s")
-		}
-		time.Sleep(10 * time.Millisecond)
 	}
 }
 
@@ -191,7 +181,7 @@ func TestMismatchWhileInFlight(t *testing.T) {
 	env := harness.Start(t, harness.Options{})
 	done := make(chan harness.Reply)
 	go func() { done <- env.Post("/orders", "k-inflight", `{"a":1}`, "x-upstream-delay", "400ms") }()
-	waitFor(t, func() bool { return reservedCount(t, env) == 1 })
+	testwait.For(t, func() bool { return reservedCount(t, env) == 1 })
 	wantProblem(t, env.Post("/orders", "k-inflight", `{"a":2}`), problem.KeyReused)
 	wantProblem(t, env.Post("/orders", "k-inflight", `{"a":1}`), problem.InProgress)
 	wantStatus(t, <-done, http.StatusCreated)
@@ -220,10 +210,10 @@ func streamReset(t *testing.T, start backend) {
 	if err := env.Abandon("/orders", "reset-1", `{"x":1}`); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, func() bool { return env.Upstream.CountKey("reset-1") == 1 })
+	testwait.For(t, func() bool { return env.Upstream.CountKey("reset-1") == 1 })
 	// The ext_proc stream was reset when the client left; the record must
 	// say unknown, never be free.
-	waitFor(t, func() bool { return recordState(t, env, "reset-1") == idem.StateUnknown })
+	testwait.For(t, func() bool { return recordState(t, env, "reset-1") == idem.StateUnknown })
 	retry := env.Post("/orders", "reset-1", `{"x":1}`)
 	wantProblem(t, retry, problem.OutcomeUnknown)
 	if n := env.Upstream.CountKey("reset-1"); n != 1 {

@@ -17,6 +17,7 @@ import (
 	"github.com/idem-extproc/idem-extproc/internal/policy"
 	"github.com/idem-extproc/idem-extproc/internal/problem"
 	"github.com/idem-extproc/idem-extproc/internal/redistest"
+	"github.com/idem-extproc/idem-extproc/internal/testwait"
 )
 
 // logLines returns the JSON log lines whose msg is msg.
@@ -76,7 +77,7 @@ func TestRedisDownFailsOpen(t *testing.T) {
 
 	env.Redis.Restart()
 	var first harness.Reply
-	waitFor(t, func() bool {
+	testwait.For(t, func() bool {
 		first = env.Post("/orders", "open-after", `{"a":1}`)
 		return first.Header.Get("Idempotent-Replayed") == "" && env.Upstream.CountKey("open-after") >= 1 &&
 			recordState(t, env, "open-after") == idem.StateCompleted
@@ -105,10 +106,10 @@ func TestCompletionLostEndsUnknown(t *testing.T) {
 	})
 	done := make(chan harness.Reply, 1)
 	go func() { done <- env.Post("/orders", "lost-completion", `{}`, "x-upstream-delay", "400ms") }()
-	waitFor(t, func() bool { return recordState(t, env, "lost-completion") == idem.StateInFlight })
+	testwait.For(t, func() bool { return recordState(t, env, "lost-completion") == idem.StateInFlight })
 	env.Redis.Kill()
 	wantStatus(t, <-done, http.StatusCreated) // the client still gets the upstream's answer
-	waitFor(t, func() bool {
+	testwait.For(t, func() bool {
 		return len(logLines(t, &logs, "record not settled; it turns unknown when its lease ends")) == 1
 	})
 	if l := logLines(t, &logs, "record not settled; will retry when the stream ends"); len(l) != 1 || l[0]["outcome"] != "stored" {
@@ -122,7 +123,7 @@ func TestCompletionLostEndsUnknown(t *testing.T) {
 	// Redis kept the record (AOF) in flight; its one-second lease ended
 	// during the five seconds of retries, and nobody renewed it: the
 	// outcome is unknown, never a free key.
-	waitFor(t, func() bool { return recordState(t, env, "lost-completion") == idem.StateInFlight })
+	testwait.For(t, func() bool { return recordState(t, env, "lost-completion") == idem.StateInFlight })
 	wantProblem(t, env.Post("/orders", "lost-completion", `{}`), problem.OutcomeUnknown)
 	if n := env.Upstream.CountKey("lost-completion"); n != 1 {
 		t.Fatalf("effects = %d, want 1", n)
@@ -141,7 +142,7 @@ func TestCompletionRetriedAtStreamEnd(t *testing.T) {
 		Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
 	done := make(chan harness.Reply, 1)
 	go func() { done <- env.Post("/orders", "late-completion", `{}`, "x-upstream-delay", "300ms") }()
-	waitFor(t, func() bool { return recordState(t, env, "late-completion") == idem.StateInFlight })
+	testwait.For(t, func() bool { return recordState(t, env, "late-completion") == idem.StateInFlight })
 	env.Redis.Freeze()
 	first := <-done
 	env.Redis.Thaw()
@@ -149,7 +150,7 @@ func TestCompletionRetriedAtStreamEnd(t *testing.T) {
 	if len(logLines(t, &logs, "record not settled; will retry when the stream ends")) != 1 {
 		t.Fatal("the completion should have failed while Redis hung")
 	}
-	waitFor(t, func() bool { return len(logLines(t, &logs, "settled on retry")) == 1 })
+	testwait.For(t, func() bool { return len(logLines(t, &logs, "settled on retry")) == 1 })
 	wantReplayOf(t, env.Post("/orders", "late-completion", `{}`), first)
 	if n := env.Upstream.CountKey("late-completion"); n != 1 {
 		t.Fatalf("effects = %d, want 1", n)

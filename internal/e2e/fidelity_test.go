@@ -14,6 +14,7 @@ import (
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/observe"
 	"github.com/idem-extproc/idem-extproc/internal/problem"
+	"github.com/idem-extproc/idem-extproc/internal/testwait"
 )
 
 // localReplyBehaviours are the two ways Envoy treats its own local replies:
@@ -95,7 +96,7 @@ func TestEnvoyLocalRepliesByOrigin(t *testing.T) {
 					// Unknown from the response headers, or, when Envoy
 					// skipped them, from the stream's end, which may come
 					// after the client has its answer.
-					waitFor(t, func() bool { return recordState(t, env, key) == idem.StateUnknown })
+					testwait.For(t, func() bool { return recordState(t, env, key) == idem.StateUnknown })
 					retry := exchange(env, key, env.Proxy.Upstream)
 					if retry.Response.Status != http.StatusConflict || !strings.Contains(string(retry.Response.Body), problem.OutcomeUnknown.Slug) {
 						t.Fatalf("retry after %q got %v, want 409 %s", tc.fail.Details, retry, problem.OutcomeUnknown.Slug)

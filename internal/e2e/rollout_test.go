@@ -25,6 +25,7 @@ import (
 	"github.com/idem-extproc/idem-extproc/internal/policy"
 	"github.com/idem-extproc/idem-extproc/internal/problem"
 	"github.com/idem-extproc/idem-extproc/internal/redistest"
+	"github.com/idem-extproc/idem-extproc/internal/testwait"
 )
 
 // counter sums the samples of a metric whose labels include the given
@@ -118,7 +119,7 @@ func TestShadowNeverBlocksAndCountsWhatEnforceWould(t *testing.T) {
 		)
 		done := make(chan harness.Reply, 1)
 		go func() { done <- env.Post(p, "f", `{"n":1}`, "x-upstream-delay", "400ms") }()
-		waitFor(t, func() bool { return state(prefix, "f") == idem.StateInFlight })
+		testwait.For(t, func() bool { return state(prefix, "f") == idem.StateInFlight })
 		dup := env.Post(p, "f", `{"n":1}`) // in flight: conflict
 		return append(rs, <-done, dup)
 	}
@@ -479,13 +480,13 @@ default_policy:
 	}
 	slow := make(chan harness.Reply, 1)
 	go func() { slow <- env.Post("/trial/a", "t-2", "{}", "x-upstream-delay", "400ms") }()
-	waitFor(t, func() bool { return state("t-2") == idem.StateInFlight })
+	testwait.For(t, func() bool { return state("t-2") == idem.StateInFlight })
 	env.Post("/trial/a", "t-2", "{}")
 	<-slow
 	if err := env.Abandon("/trial/a", "t-3", "{}"); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, func() bool { return state("t-3") == idem.StateUnknown })
+	testwait.For(t, func() bool { return state("t-3") == idem.StateUnknown })
 	env.Post("/trial/a", "t-3", "{}")
 
 	tokenFile := filepath.Join(t.TempDir(), "token")

@@ -16,6 +16,7 @@ import (
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/policy"
 	"github.com/idem-extproc/idem-extproc/internal/problem"
+	"github.com/idem-extproc/idem-extproc/internal/testwait"
 )
 
 // waitingEnv runs a policy with wait_for_in_flight behind a filter whose
@@ -44,7 +45,7 @@ func TestWaitForInFlightReplays(t *testing.T) {
 			env := waitingEnv(t, 5*time.Second, memory)
 			first := make(chan harness.Reply, 1)
 			go func() { first <- env.Post("/orders", "wait-1", `{"w":1}`, "x-upstream-delay", "1500ms") }()
-			waitFor(t, func() bool {
+			testwait.For(t, func() bool {
 				return env.Upstream.CountKey("wait-1") == 0 && len(env.Results()) == 0 && recordState(t, env, "wait-1") != 0
 			})
 			const n = 50
@@ -73,7 +74,7 @@ func TestWaitForInFlightIsBounded(t *testing.T) {
 	env := waitingEnv(t, 300*time.Millisecond, false)
 	first := make(chan harness.Reply, 1)
 	go func() { first <- env.Post("/orders", "wait-2", `{}`, "x-upstream-delay", "2s") }()
-	waitFor(t, func() bool { return recordState(t, env, "wait-2") != 0 })
+	testwait.For(t, func() bool { return recordState(t, env, "wait-2") != 0 })
 	start := time.Now()
 	r := env.Post("/orders", "wait-2", `{}`)
 	wantProblem(t, r, problem.InProgress)
@@ -91,7 +92,7 @@ func TestWaitForInFlightAfterRelease(t *testing.T) {
 	go func() {
 		first <- env.Post("/orders", "wait-3", `{}`, "x-upstream-delay", "500ms", "x-upstream-status", "429")
 	}()
-	waitFor(t, func() bool { return recordState(t, env, "wait-3") != 0 })
+	testwait.For(t, func() bool { return recordState(t, env, "wait-3") != 0 })
 	r := env.Post("/orders", "wait-3", `{}`)
 	wantStatus(t, r, http.StatusCreated)
 	if r.Header.Get("Idempotent-Replayed") != "" {
@@ -114,7 +115,7 @@ func TestWaitForInFlightDoesNotPoll(t *testing.T) {
 	env := waitingEnv(t, 10*time.Second, false)
 	first := make(chan harness.Reply, 1)
 	go func() { first <- env.Post("/orders", "poll-1", `{}`, "x-upstream-delay", "1500ms") }()
-	waitFor(t, func() bool { return recordState(t, env, "poll-1") == idem.StateInFlight })
+	testwait.For(t, func() bool { return recordState(t, env, "poll-1") == idem.StateInFlight })
 	before := scriptCalls(t, env)
 	dup := env.Post("/orders", "poll-1", `{}`)
 	orig := <-first
