@@ -60,7 +60,7 @@ func run(t *testing.T, extra ...string) *running {
 		t.Fatal(err)
 	}
 	t.Cleanup(d.Shutdown)
-	env := harness.Start(t, harness.Options{ServerAddr: d.Addr(), Redis: redis})
+	env := harness.Start(t, harness.Options{ServerAddr: d.Addr(), Store: harness.OnRedis(redis)})
 	return &running{d: d, env: env, redis: redis, logs: logs, token: token}
 }
 

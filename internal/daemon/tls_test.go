@@ -20,6 +20,7 @@ import (
 	"github.com/idem-extproc/idem-extproc/internal/certtest"
 	"github.com/idem-extproc/idem-extproc/internal/daemon"
 	"github.com/idem-extproc/idem-extproc/internal/harness"
+	"github.com/idem-extproc/idem-extproc/internal/memstore"
 	"github.com/idem-extproc/idem-extproc/internal/redistest"
 	"github.com/idem-extproc/idem-extproc/internal/testwait"
 )
@@ -120,7 +121,7 @@ func TestRedisOverTLSWithACLUser(t *testing.T) {
 		t.Fatalf("not ready over TLS: %v %v", resp, err)
 	}
 	resp.Body.Close()
-	env := harness.Start(t, harness.Options{ServerAddr: d.Addr(), Memory: true})
+	env := harness.Start(t, harness.Options{ServerAddr: d.Addr(), Store: harness.Memory(memstore.Options{})})
 	first := env.Post("/orders", "tls-1", `{}`)
 	again := env.Post("/orders", "tls-1", `{}`)
 	if first.Status != http.StatusCreated || again.Header.Get("Idempotent-Replayed") != "true" {

@@ -16,6 +16,7 @@ import (
 	"github.com/idem-extproc/idem-extproc/internal/envoysim"
 	"github.com/idem-extproc/idem-extproc/internal/harness"
 	"github.com/idem-extproc/idem-extproc/internal/idem"
+	"github.com/idem-extproc/idem-extproc/internal/memstore"
 	"github.com/idem-extproc/idem-extproc/internal/observe"
 	"github.com/idem-extproc/idem-extproc/internal/problem"
 	"github.com/idem-extproc/idem-extproc/internal/testwait"
@@ -143,7 +144,7 @@ func TestAttackOversizedInputs(t *testing.T) {
 // known keys are still answered.
 func TestAttackKeyFloodIsBounded(t *testing.T) {
 	t.Run("memory", func(t *testing.T) {
-		env := harness.Start(t, harness.Options{Memory: true, MemoryMaxRecords: 50})
+		env := harness.Start(t, harness.Options{Store: harness.Memory(memstore.Options{MaxRecords: 50})})
 		first := env.Post("/orders", "flood-0", `{}`)
 		refused := 0
 		for i := 1; i < 200; i++ {
@@ -157,7 +158,7 @@ func TestAttackKeyFloodIsBounded(t *testing.T) {
 		wantReplayOf(t, env.Post("/orders", "flood-0", `{}`), first)
 	})
 	t.Run("redis", func(t *testing.T) {
-		env := harness.Start(t, harness.Options{RedisArgs: []string{"--maxmemory", "2mb", "--maxmemory-policy", "noeviction"}})
+		env := harness.Start(t, harness.Options{Store: harness.NewRedis("--maxmemory", "2mb", "--maxmemory-policy", "noeviction")})
 		body := strings.Repeat("x", 900)
 		first := env.Post("/orders", "flood-0", body)
 		refused := 0

@@ -98,7 +98,7 @@ func TestCompletionLostEndsUnknown(t *testing.T) {
 	p.Lease = time.Second
 	metrics := observe.NewMetrics()
 	env := harness.Start(t, harness.Options{
-		Redis:        redistest.Start(t, redistest.Options{Persist: true}),
+		Store:        harness.OnRedis(redistest.Start(t, redistest.Options{Persist: true})),
 		Policies:     &policy.Set{Policies: []*policy.Policy{p}},
 		StoreTimeout: idem.DefaultStoreTimeout,
 		Logger:       slog.New(slog.NewJSONHandler(&logs, nil)),

@@ -252,9 +252,9 @@ policies:
     match: {methods: [POST]}
     scope: {from: none}
 `
-	shadow := harness.Start(t, harness.Options{Redis: redis, Policies: policies(t, base+"    enforcement: shadow\n")})
-	enforce := harness.Start(t, harness.Options{Redis: redis, Policies: policies(t, base)})
-	adopt := harness.Start(t, harness.Options{Redis: redis, Policies: policies(t, base+"    adopt_shadow_records: true\n")})
+	shadow := harness.Start(t, harness.Options{Store: harness.OnRedis(redis), Policies: policies(t, base+"    enforcement: shadow\n")})
+	enforce := harness.Start(t, harness.Options{Store: harness.OnRedis(redis), Policies: policies(t, base)})
+	adopt := harness.Start(t, harness.Options{Store: harness.OnRedis(redis), Policies: policies(t, base+"    adopt_shadow_records: true\n")})
 
 	shadowFirst := shadow.Post("/orders", "switch-1", `{"n":1}`)
 	wantStatus(t, shadowFirst, http.StatusCreated)

@@ -14,6 +14,7 @@ import (
 	"github.com/idem-extproc/idem-extproc/internal/envoysim"
 	"github.com/idem-extproc/idem-extproc/internal/harness"
 	"github.com/idem-extproc/idem-extproc/internal/idem"
+	"github.com/idem-extproc/idem-extproc/internal/memstore"
 	"github.com/idem-extproc/idem-extproc/internal/policy"
 	"github.com/idem-extproc/idem-extproc/internal/problem"
 	"github.com/idem-extproc/idem-extproc/internal/testwait"
@@ -29,7 +30,11 @@ func waitingEnv(t *testing.T, wait time.Duration, memory bool) *harness.Env {
 	cfg := envoysim.RecommendedConfig()
 	cfg.MessageTimeout = durationpb.New(time.Second)
 	cfg.MaxMessageTimeout = durationpb.New(30 * time.Second) // above the wait plus two store budgets
-	return harness.Start(t, harness.Options{Memory: memory, Filter: cfg, Policies: &policy.Set{Policies: []*policy.Policy{p}}})
+	var store harness.StoreOption                            // a redis-server of its own
+	if memory {
+		store = harness.Memory(memstore.Options{})
+	}
+	return harness.Start(t, harness.Options{Store: store, Filter: cfg, Policies: &policy.Set{Policies: []*policy.Policy{p}}})
 }
 
 // TestWaitForInFlightReplays: 50 duplicates arriving while the first

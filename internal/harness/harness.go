@@ -29,7 +29,6 @@ import (
 	"github.com/idem-extproc/idem-extproc/internal/envoysim"
 	"github.com/idem-extproc/idem-extproc/internal/extproc"
 	"github.com/idem-extproc/idem-extproc/internal/idem"
-	"github.com/idem-extproc/idem-extproc/internal/memstore"
 	"github.com/idem-extproc/idem-extproc/internal/observe"
 	"github.com/idem-extproc/idem-extproc/internal/policy"
 	"github.com/idem-extproc/idem-extproc/internal/redistest"
@@ -39,23 +38,19 @@ import (
 // Options configures an Env. The zero value gives a real redis-server, the
 // default policy and the recommended filter configuration.
 type Options struct {
-	// Memory uses the in-memory store instead of Redis.
+	// Store picks the store (NewRedis, OnRedis, RedisAt, Memory, Given);
+	// a redis-server of the test's own when nil. Env.Store is that store,
+	// bare.
+	Store StoreOption
+	// Redis and Memory say OnRedis(Redis) and Memory(memstore.Options{})
+	// when Store is nil. TODO(packaging): they stay only for
+	// cmd/idem-extproc's tests, which this work does not edit; move those
+	// to Store and delete both.
+	Redis  *redistest.Server
 	Memory bool
-	// MemoryMaxRecords bounds the in-memory store (memstore.Options).
-	MemoryMaxRecords int
-	// RedisArgs are extra redis-server arguments for the Redis it starts.
-	RedisArgs []string
 	// WrapStore, when set, wraps the store the server uses (to instrument
 	// it, say); Env.Store stays the bare store.
 	WrapStore func(idem.Store) idem.Store
-	// Redis reuses a running server instead of starting one.
-	Redis *redistest.Server
-	// RedisURL uses Redis at a URL of any form redisstore.NewClient
-	// accepts (standalone, Sentinel, Cluster) instead of starting a
-	// server; Env.Redis is then nil.
-	RedisURL string
-	// Store uses this store as it is; Env.Redis is then nil.
-	Store idem.Store
 	// Policies replaces the default policy set.
 	Policies *policy.Set
 	// Filter replaces envoysim.RecommendedConfig().
@@ -130,22 +125,7 @@ func Start(t testing.TB, opts Options) *Env {
 		opts.StoreTimeout = TestStoreTimeout
 	}
 	e := &Env{t: t, opts: opts}
-	switch {
-	case opts.Store != nil:
-		e.Store = opts.Store
-	case opts.RedisURL != "":
-		e.Store = redistest.OpenStore(t, opts.RedisURL, opts.StoreTimeout)
-	case opts.Memory:
-		ms := memstore.New(memstore.Options{MaxRecords: opts.MemoryMaxRecords})
-		t.Cleanup(func() { _ = ms.Close() })
-		e.Store = ms
-	default:
-		e.Redis = opts.Redis
-		if e.Redis == nil {
-			e.Redis = redistest.Start(t, redistest.Options{Args: opts.RedisArgs})
-		}
-		e.Store = redistest.OpenStore(t, e.Redis.URL(), opts.StoreTimeout)
-	}
+	e.Store, e.Redis = opts.storeOption()(t, opts.StoreTimeout)
 
 	if opts.ServerAddr != "" {
 		e.serverAddr = opts.ServerAddr
