@@ -399,8 +399,9 @@ func TestClientAttemptsTraceable(t *testing.T) {
 			decisions[l.RequestID] = l
 		}
 	}
-	// The server names the second decision by the record it found.
-	want := []string{"reserved", "completed"}
+	// The second decision is the replay, as decisions_total names it
+	// (daemon TestDecisionLogsNameTheMetricsDecision).
+	want := []string{"reserved", "replayed"}
 	for i, cl := range client {
 		if cl.Key != "traced-op" || cl.Attempt != float64(i+1) || cl.RequestID == "" {
 			t.Fatalf("client line %d: %+v", i+1, cl)
