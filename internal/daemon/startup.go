@@ -145,6 +145,10 @@ func (d *Daemon) open(getenv func(string) string) (trace.TracerProvider, error) 
 	if err := d.openStore(); err != nil {
 		return nil, err
 	}
+	// TODO(arch-attempt, issue 16 item 1): refuse here, with the store open
+	// and no port yet, a store that lacks a capability the configuration
+	// needs (watch, admin): a checkStoreCapabilities(d.cfg, d.store) error
+	// wrapping ErrConfig unwinds the stack like any other.
 	if d.lis, err = net.Listen("tcp", d.cfg.Listen); err != nil {
 		return nil, fmt.Errorf("--listen %s: %w", d.cfg.Listen, err)
 	}
