@@ -57,7 +57,7 @@ type Config struct {
 	// as one message, so it must exceed Envoy's buffer limit.
 	MaxMessageSize int
 	// MaxBufferedBytes bounds the body bytes all streams buffer together;
-	// 0 means DefaultMaxBufferedBytes (a quarter of the container's
+	// 0 means defaultMaxBufferedBytes (a quarter of the container's
 	// memory limit, else 256 MiB).
 	MaxBufferedBytes int64
 	LogLevel         slog.Level

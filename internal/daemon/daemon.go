@@ -61,8 +61,8 @@ type Daemon struct {
 	safety *storeSafety
 }
 
-// NewLogger builds the daemon's logger from its configuration.
-func NewLogger(cfg Config, w io.Writer) *slog.Logger {
+// newLogger builds the daemon's logger from its configuration.
+func newLogger(cfg Config, w io.Writer) *slog.Logger {
 	opts := &slog.HandlerOptions{Level: cfg.LogLevel}
 	if cfg.LogFormat == "text" {
 		return slog.New(slog.NewTextHandler(w, opts))
@@ -77,9 +77,9 @@ func (d *Daemon) storeName() string {
 	return "redis"
 }
 
-// HealthCheckInterval is how often the gRPC health status follows the
+// healthCheckInterval is how often the gRPC health status follows the
 // store.
-const HealthCheckInterval = 2 * time.Second
+const healthCheckInterval = 2 * time.Second
 
 // checkHealth keeps the standard gRPC health service (which Envoy's gRPC
 // health checks ask) in step with the store until ctx ends: SERVING while
@@ -101,7 +101,7 @@ func (d *Daemon) checkHealth(ctx context.Context) {
 	}
 	set()
 	go func() {
-		t := time.NewTicker(HealthCheckInterval)
+		t := time.NewTicker(healthCheckInterval)
 		defer t.Stop()
 		for {
 			select {
@@ -245,7 +245,7 @@ func Main(ctx context.Context, args []string, getenv func(string) string, stderr
 	// them when the server is busy (see lineWriter).
 	lw := newLineWriter(stderr)
 	defer lw.Close()
-	log := NewLogger(cfg, lw)
+	log := newLogger(cfg, lw)
 	// go-redis has one logger per process; Main is the process's entry.
 	redis.SetLogger(redisLog{log})
 	d, err := Start(cfg, log, getenv)

@@ -209,7 +209,7 @@ func (d *Daemon) serve(files startFiles, tp trace.TracerProvider) {
 	d.reloadOnHangup(d.watchCtx)
 	budget := d.cfg.MaxBufferedBytes
 	if budget == 0 {
-		budget = DefaultMaxBufferedBytes(os.ReadFile)
+		budget = defaultMaxBufferedBytes(os.ReadFile)
 	}
 	d.grpc, d.store = server.New(server.Config{
 		Config: extproc.Config{

@@ -64,13 +64,13 @@ func New(cfg Config) (*grpc.Server, idem.Store) {
 // stacks, so a stream they take costs no growth; a stream that finds every
 // worker busy gets a goroutine of its own, as without workers. A stream
 // holds its worker for the whole HTTP request, upstream time included, so
-// the workers are many: StreamWorkersPerCPU per GOMAXPROCS. Idle, each
+// the workers are many: streamWorkersPerCPU per GOMAXPROCS. Idle, each
 // costs a parked goroutine whose stack the garbage collector shrinks.
 func NewGRPCServer(maxMessageSize int, creds credentials.TransportCredentials) *grpc.Server {
 	if maxMessageSize == 0 {
 		maxMessageSize = DefaultMaxMessageSize
 	}
-	workers := uint32(StreamWorkersPerCPU * runtime.GOMAXPROCS(0))
+	workers := uint32(streamWorkersPerCPU * runtime.GOMAXPROCS(0))
 	opts := []grpc.ServerOption{grpc.MaxRecvMsgSize(maxMessageSize), grpc.NumStreamWorkers(workers)}
 	if creds != nil {
 		opts = append(opts, grpc.Creds(creds))
@@ -78,5 +78,5 @@ func NewGRPCServer(maxMessageSize int, creds credentials.TransportCredentials) *
 	return grpc.NewServer(opts...)
 }
 
-// StreamWorkersPerCPU sizes the stream workers (NewGRPCServer).
-const StreamWorkersPerCPU = 128
+// streamWorkersPerCPU sizes the stream workers (NewGRPCServer).
+const streamWorkersPerCPU = 128
