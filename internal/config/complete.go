@@ -9,10 +9,10 @@ import (
 	"go.yaml.in/yaml/v3"
 )
 
-// EndMarker is YAML's document end marker. A file whose last line is
-// EndMarker says it is complete: once the configuration in force ends with
+// endMarker is YAML's document end marker. A file whose last line is
+// endMarker says it is complete: once the configuration in force ends with
 // it, a new file that does not is taken for a truncated copy (Source).
-const EndMarker = "..."
+const endMarker = "..."
 
 // shape is what the structural checks learnt about a document.
 type shape struct {
@@ -107,5 +107,5 @@ func walkNulls(n *yaml.Node, path string, found func(line int, path string)) {
 func endsWithMarker(data []byte) bool {
 	data = bytes.TrimRight(data, " \t\r\n")
 	i := bytes.LastIndexByte(data, '\n')
-	return string(data[i+1:]) == EndMarker // at the line's start: indented, it would be a value
+	return string(data[i+1:]) == endMarker // at the line's start: indented, it would be a value
 }

@@ -27,7 +27,7 @@ import (
 // apart), and refused when it looks cut short: empty, a key without a
 // value, a second document, nothing protected without `policies: []`
 // (Parse). A cut at a line boundary can still leave a valid smaller file;
-// a file that ends with the line "..." (EndMarker) rules that out: once the
+// a file that ends with the line "..." (endMarker) rules that out: once the
 // file in force ends with it, a file without it is refused.
 type Source struct {
 	path string
@@ -36,10 +36,10 @@ type Source struct {
 
 	mu  sync.Mutex // serialises reloads
 	sum [sha256.Size]byte
-	// ended: the file in force ends with EndMarker, so a new file must too.
+	// ended: the file in force ends with endMarker, so a new file must too.
 	ended bool
 	// Settle is how long a file must stay unchanged before it is read as
-	// complete (readStable); StableFor by default. Set it before the first
+	// complete (readStable); stableFor by default. Set it before the first
 	// Reload or Watch.
 	Settle time.Duration
 	// OnReload, when set before Watch, is told the outcome of every reload
@@ -54,7 +54,7 @@ type Source struct {
 // first load must succeed: a server never starts on a broken file. check,
 // when not nil, must accept every set loaded, at start and on reload.
 func NewSource(path string, log *slog.Logger, check func(*policy.Set) error) (*Source, error) {
-	s := &Source{path: path, log: log, check: check, Settle: StableFor}
+	s := &Source{path: path, log: log, check: check, Settle: stableFor}
 	if path == "" {
 		s.cur.Store(policy.DefaultSet())
 		return s, nil
@@ -83,9 +83,9 @@ func (s *Source) parse(data []byte) (*policy.Set, shape, error) {
 	return set, sh, err
 }
 
-// StableFor is how long a policy file must stay the same before it is
+// stableFor is how long a policy file must stay the same before it is
 // read: see readStable.
-const StableFor = 50 * time.Millisecond
+const stableFor = 50 * time.Millisecond
 
 // stableTries bounds readStable: a file still changing after this many
 // reads is refused for now (the watcher reads it again on its next change).
@@ -141,7 +141,7 @@ func (s *Source) Reload() error {
 		var sh shape
 		if set, sh, err = s.parse(data); err == nil && s.ended && !sh.ended {
 			err = fmt.Errorf("%s: does not end with the line %q, as the configuration in force does: "+
-				"taken for a truncated copy and refused (to stop using the marker, remove it and restart)", s.path, EndMarker)
+				"taken for a truncated copy and refused (to stop using the marker, remove it and restart)", s.path, endMarker)
 		}
 		if err == nil {
 			s.cur.Store(set)

@@ -11,7 +11,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/redisstore"
+	"github.com/idem-extproc/idem-extproc/internal/server"
 )
 
 // Config is the daemon's configuration: flags, each also settable by an
@@ -55,7 +57,7 @@ type Config struct {
 	// as one message, so it must exceed Envoy's buffer limit.
 	MaxMessageSize int
 	// MaxBufferedBytes bounds the body bytes all streams buffer together;
-	// 0 means DefaultMaxBufferedBytes (a quarter of the container's
+	// 0 means defaultMaxBufferedBytes (a quarter of the container's
 	// memory limit, else 256 MiB).
 	MaxBufferedBytes int64
 	LogLevel         slog.Level
@@ -79,13 +81,27 @@ var ErrHelp = flag.ErrHelp
 // naming its flag and, when it came from there, its environment variable.
 func ParseConfig(args []string, getenv func(string) string, usage io.Writer) (Config, error) {
 	var cfg Config
-	var logLevel, allowedSANs string
-	fs := defineFlags(&cfg, &logLevel, &allowedSANs)
+	var raw rawFlags
+	fs := flag.NewFlagSet("idem-extproc", flag.ContinueOnError)
 	fs.SetOutput(usage)
+	defineFlags(fs, &cfg, &raw)
 	if err := fs.Parse(args); err != nil {
 		return cfg, err // the flag package already printed it with the usage
 	}
-	return finishConfig(fs, &cfg, &logLevel, &allowedSANs, getenv)
+	var errs []error
+	if fs.NArg() > 0 {
+		errs = append(errs, fmt.Errorf("unexpected arguments: %q", fs.Args()))
+	}
+	where, envErrs := applyEnv(fs, getenv)
+	errs = append(errs, envErrs...)
+	errs = append(errs, cfg.check(raw, where)...)
+	return cfg, errors.Join(errs...)
+}
+
+// rawFlags are the flags parsed into Config only after the command line and
+// the environment are read.
+type rawFlags struct {
+	logLevel, allowedSANs string
 }
 
 // Flags returns the server's flags as ParseConfig defines them, for the
@@ -93,14 +109,14 @@ func ParseConfig(args []string, getenv func(string) string, usage io.Writer) (Co
 // dropped): the flags are defined in one place only.
 func Flags() *flag.FlagSet {
 	var cfg Config
-	var logLevel, allowedSANs string
-	return defineFlags(&cfg, &logLevel, &allowedSANs)
+	var raw rawFlags
+	fs := flag.NewFlagSet("idem-extproc", flag.ContinueOnError)
+	defineFlags(fs, &cfg, &raw)
+	return fs
 }
 
-// defineFlags defines every server flag on a new flag set, bound to cfg and
-// to the two values finishConfig converts.
-func defineFlags(cfg *Config, logLevel, allowedSANs *string) *flag.FlagSet {
-	fs := flag.NewFlagSet("idem-extproc", flag.ContinueOnError)
+// defineFlags defines every flag on fs, writing into cfg and raw.
+func defineFlags(fs *flag.FlagSet, cfg *Config, raw *rawFlags) {
 	fs.StringVar(&cfg.Listen, "listen", ":50051", "gRPC ext_proc listen address")
 	fs.StringVar(&cfg.AdminListen, "admin-listen", ":8081", "HTTP address serving /healthz (process alive), /readyz (store answers, not draining), /metrics and the admin API; empty: none (gRPC health on --listen remains)")
 	fs.StringVar(&cfg.RedisURL, "redis-url", "", "Redis URL: redis://[user:pass@]host:port/db, redis+sentinel://host:port,…/master[/db], redis+cluster://host:port,… (rediss… for TLS); empty: in-memory store (one replica only)")
@@ -114,27 +130,22 @@ func defineFlags(cfg *Config, logLevel, allowedSANs *string) *flag.FlagSet {
 	fs.StringVar(&cfg.TLSCertFile, "tls-cert-file", "", "PEM certificate (chain) of the ext_proc listener; with --tls-key-file turns TLS on; reloaded when the file changes")
 	fs.StringVar(&cfg.TLSKeyFile, "tls-key-file", "", "PEM private key of the ext_proc listener")
 	fs.StringVar(&cfg.TLSClientCAFile, "tls-client-ca-file", "", "PEM CA bundle: require Envoy's client certificate signed by it (mutual TLS)")
-	fs.StringVar(allowedSANs, "tls-allowed-sans", "", "comma-separated client identities admitted (URI SANs such as spiffe://cluster.local/ns/istio-system/sa/gateway, or DNS names); empty: any client certificate the CA signed")
-	fs.DurationVar(&cfg.StoreTimeout, "store-timeout", 100*time.Millisecond, "budget of each store call (a reservation, with its replica WAIT under durability: replicated; a completion; a renewal); a call past it is a store failure: 503 under fail_closed, pass-through under fail_open. Keep it under the ext_proc filter's message_timeout (200ms by default, 300ms in the shipped configs) with room for the server's own work")
+	fs.StringVar(&raw.allowedSANs, "tls-allowed-sans", "", "comma-separated client identities admitted (URI SANs such as spiffe://cluster.local/ns/istio-system/sa/gateway, or DNS names); empty: any client certificate the CA signed")
+	fs.DurationVar(&cfg.StoreTimeout, "store-timeout", idem.DefaultStoreTimeout, "budget of each store call (a reservation, with its replica WAIT under durability: replicated; a completion; a renewal); a call past it is a store failure: 503 under fail_closed, pass-through under fail_open. Keep it under the ext_proc filter's message_timeout (200ms by default, 300ms in the shipped configs) with room for the server's own work")
 	fs.DurationVar(&cfg.DrainTimeout, "drain-timeout", 15*time.Second, "how long open streams may finish after SIGTERM/SIGINT")
 	fs.BoolVar(&cfg.AllowEvictingRedis, "allow-evicting-redis", false, "start even when a Redis primary's maxmemory-policy may evict records (anything but noeviction); they can then vanish and their retries run again")
 	fs.DurationVar(&cfg.StoreCheckInterval, "store-check-interval", 30*time.Second, "how often each Redis primary's eviction policy, persistence, replicas and marker record are checked again after the check at start")
 	fs.IntVar(&cfg.MemoryMaxRecords, "memory-max-records", 1_000_000, "in-memory store only: most records held; past it new keys are refused with 503 (or pass under fail_open), so a flood of keys cannot exhaust memory")
-	fs.IntVar(&cfg.MaxMessageSize, "max-message-size", 32<<20, "largest ext_proc message accepted, in bytes, at least 1048576 (1 MiB); above Envoy's buffer limit, since a BUFFERED body is one message")
+	fs.IntVar(&cfg.MaxMessageSize, "max-message-size", server.DefaultMaxMessageSize, "largest ext_proc message accepted, in bytes, at least 1048576 (1 MiB); above Envoy's buffer limit, since a BUFFERED body is one message")
 	fs.Int64Var(&cfg.MaxBufferedBytes, "max-buffered-bytes", 0, "most body bytes all streams buffer at once (request bodies being fingerprinted, responses being stored); past it new protected requests get 503 idempotency-capacity-exceeded; 0: a quarter of the cgroup's memory.max, else 256 MiB")
-	fs.StringVar(logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	fs.StringVar(&raw.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	fs.StringVar(&cfg.LogFormat, "log-format", "json", "log format: json or text")
-	return fs
 }
 
-// finishConfig applies the environment to the flags the command line left
-// unset and validates the whole configuration; it takes what defineFlags
-// bound.
-func finishConfig(fs *flag.FlagSet, cfg *Config, logLevelFlag, allowedSANsFlag *string, getenv func(string) string) (Config, error) {
-	var errs []error
-	if fs.NArg() > 0 {
-		errs = append(errs, fmt.Errorf("unexpected arguments: %q", fs.Args()))
-	}
+// applyEnv sets each flag not on the command line from its environment
+// variable, and returns where, which names a value's source in error
+// messages.
+func applyEnv(fs *flag.FlagSet, getenv func(string) string) (where func(name string) string, errs []error) {
 	onCommandLine := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { onCommandLine[f.Name] = true })
 	fromEnv := map[string]string{}
@@ -149,70 +160,75 @@ func finishConfig(fs *flag.FlagSet, cfg *Config, logLevelFlag, allowedSANsFlag *
 			errs = append(errs, fmt.Errorf("%s (flag --%s): %w", env, f.Name, err))
 		}
 	})
-	logLevel, allowedSANs := *logLevelFlag, *allowedSANsFlag
-	// where names a value's source in error messages.
-	where := func(name string) string {
+	where = func(name string) string {
 		if env, ok := fromEnv[name]; ok {
 			return "--" + name + " (from " + env + ")"
 		}
 		return "--" + name
 	}
-	if err := cfg.LogLevel.UnmarshalText([]byte(logLevel)); err != nil {
-		errs = append(errs, fmt.Errorf("%s: %q is not one of debug, info, warn, error", where("log-level"), logLevel))
+	return where, errs
+}
+
+// check parses the raw flags into c and reports every mistake, each naming
+// its flag by where.
+func (c *Config) check(raw rawFlags, where func(string) string) []error {
+	var errs []error
+	if err := c.LogLevel.UnmarshalText([]byte(raw.logLevel)); err != nil {
+		errs = append(errs, fmt.Errorf("%s: %q is not one of debug, info, warn, error", where("log-level"), raw.logLevel))
 	}
-	if cfg.LogFormat != "json" && cfg.LogFormat != "text" {
-		errs = append(errs, fmt.Errorf("%s: %q is not json or text", where("log-format"), cfg.LogFormat))
+	if c.LogFormat != "json" && c.LogFormat != "text" {
+		errs = append(errs, fmt.Errorf("%s: %q is not json or text", where("log-format"), c.LogFormat))
 	}
-	if cfg.StoreTimeout <= 0 {
+	if c.StoreTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("%s: must be positive", where("store-timeout")))
 	}
-	for _, san := range strings.Split(allowedSANs, ",") {
+	for _, san := range strings.Split(raw.allowedSANs, ",") {
 		if san = strings.TrimSpace(san); san != "" {
-			cfg.TLSAllowedSANs = append(cfg.TLSAllowedSANs, san)
+			c.TLSAllowedSANs = append(c.TLSAllowedSANs, san)
 		}
 	}
-	if (cfg.TLSCertFile == "") != (cfg.TLSKeyFile == "") {
+	if (c.TLSCertFile == "") != (c.TLSKeyFile == "") {
 		errs = append(errs, fmt.Errorf("%s and %s: set both or neither", where("tls-cert-file"), where("tls-key-file")))
 	}
-	if cfg.TLSClientCAFile != "" && cfg.TLSCertFile == "" {
+	if c.TLSClientCAFile != "" && c.TLSCertFile == "" {
 		errs = append(errs, fmt.Errorf("%s: mutual TLS needs --tls-cert-file and --tls-key-file", where("tls-client-ca-file")))
 	}
-	if len(cfg.TLSAllowedSANs) > 0 && cfg.TLSClientCAFile == "" {
+	if len(c.TLSAllowedSANs) > 0 && c.TLSClientCAFile == "" {
 		errs = append(errs, fmt.Errorf("%s: needs --tls-client-ca-file to verify client certificates", where("tls-allowed-sans")))
 	}
-	if err := checkListenAddr(cfg.Listen); err != nil {
+	if err := checkListenAddr(c.Listen); err != nil {
 		errs = append(errs, fmt.Errorf("%s: %w", where("listen"), err))
 	}
-	if cfg.AdminListen != "" { // empty: no admin listener
-		if err := checkListenAddr(cfg.AdminListen); err != nil {
+	if c.AdminListen != "" { // empty: no admin listener
+		if err := checkListenAddr(c.AdminListen); err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", where("admin-listen"), err))
 		}
 	}
-	if cfg.MemoryMaxRecords < 1 {
+	if c.MemoryMaxRecords < 1 {
 		errs = append(errs, fmt.Errorf("%s: must be positive", where("memory-max-records")))
 	}
-	if cfg.MaxMessageSize < 1<<20 {
-		errs = append(errs, fmt.Errorf("%s: %d is below 1 MiB, the smallest Envoy buffer", where("max-message-size"), cfg.MaxMessageSize))
+	if c.MaxMessageSize < 1<<20 {
+		errs = append(errs, fmt.Errorf("%s: %d is below 1 MiB, the smallest Envoy buffer", where("max-message-size"), c.MaxMessageSize))
 	}
-	if cfg.MaxBufferedBytes < 0 {
+	if c.MaxBufferedBytes < 0 {
 		errs = append(errs, fmt.Errorf("%s: must not be negative (0 picks the default)", where("max-buffered-bytes")))
 	}
-	if cfg.StoreCheckInterval <= 0 {
+	if c.StoreCheckInterval <= 0 {
 		errs = append(errs, fmt.Errorf("%s: must be positive", where("store-check-interval")))
 	}
-	if cfg.DrainTimeout < 0 {
+	if c.DrainTimeout < 0 {
 		errs = append(errs, fmt.Errorf("%s: must not be negative", where("drain-timeout")))
 	}
-	if cfg.RedisURL != "" {
-		if _, err := redisstore.ParseURL(cfg.RedisURL); err != nil {
+	if c.RedisURL != "" {
+		if _, err := redisstore.ParseURL(c.RedisURL); err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", where("redis-url"), err))
-		} else if err := cfg.RedisSecurity.Validate(cfg.RedisURL); err != nil {
+		} else if err := c.RedisSecurity.Validate(c.RedisURL); err != nil {
 			errs = append(errs, fmt.Errorf("--redis-password-file, --redis-ca-file, --redis-cert-file, --redis-key-file: %w", err))
 		}
-	} else if cfg.RedisSecurity != (redisstore.Security{}) {
+	} else if c.RedisSecurity != (redisstore.Security{}) {
 		errs = append(errs, fmt.Errorf("--redis-password-file, --redis-ca-file, --redis-cert-file, --redis-key-file: need --redis-url"))
 	}
-	return *cfg, errors.Join(errs...)
+	return errs
 }
 
 // checkListenAddr refuses an address net.Listen would refuse for its form

@@ -27,6 +27,7 @@ import (
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/policy"
 	"github.com/idem-extproc/idem-extproc/internal/redistest"
+	"github.com/idem-extproc/idem-extproc/internal/testwait"
 )
 
 type running struct {
@@ -59,7 +60,7 @@ func run(t *testing.T, extra ...string) *running {
 		t.Fatal(err)
 	}
 	t.Cleanup(d.Shutdown)
-	env := harness.Start(t, harness.Options{ServerAddr: d.Addr(), Redis: redis})
+	env := harness.Start(t, harness.Options{ServerAddr: d.Addr(), Store: harness.OnRedis(redis)})
 	return &running{d: d, env: env, redis: redis, logs: logs, token: token}
 }
 
@@ -140,13 +141,7 @@ func TestMetricsFollowDecisions(t *testing.T) {
 	// A request in flight shows as an open stream.
 	done := make(chan harness.Reply)
 	go func() { done <- r.env.Post("/orders", "m-2", `{}`, "x-upstream-delay", "500ms") }()
-	deadline := time.Now().Add(5 * time.Second)
-	for metricValue(scrape(t, r.d), "idem_extproc_open_streams") != "1" {
-		if time.Now().After(deadline) {
-			t.Fatal("open_streams never reached 1")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testwait.Until(t, "open_streams 1", func() bool { return metricValue(scrape(t, r.d), "idem_extproc_open_streams") == "1" })
 	<-done
 	// Redis down: the 503 is counted and the store error is timed.
 	r.redis.Kill()
@@ -221,29 +216,18 @@ func TestHealth(t *testing.T) {
 		t.Fatal("not ready with Redis up")
 	}
 	r.redis.Kill()
-	waitUntil(t, func() bool { return status("") == healthpb.HealthCheckResponse_NOT_SERVING })
+	testwait.For(t, func() bool { return status("") == healthpb.HealthCheckResponse_NOT_SERVING })
 	if get("/readyz") != 503 || get("/healthz") != 200 {
 		t.Fatal("readiness must follow the store, liveness must not")
 	}
 	r.redis.Restart()
-	waitUntil(t, func() bool { return status("") == healthpb.HealthCheckResponse_SERVING })
+	testwait.For(t, func() bool { return status("") == healthpb.HealthCheckResponse_SERVING })
 	if get("/readyz") != 200 {
 		t.Fatal("not ready again after Redis came back")
 	}
 	// Shutting down: not serving and not ready first.
 	go r.d.Shutdown()
-	waitUntil(t, func() bool { return status("") != healthpb.HealthCheckResponse_SERVING })
-}
-
-func waitUntil(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not reached within 10s")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testwait.For(t, func() bool { return status("") != healthpb.HealthCheckResponse_SERVING })
 }
 
 // TestAdminAPI: refused without the token; lookup, purge and resolving an
@@ -287,7 +271,7 @@ func TestAdminAPI(t *testing.T) {
 	if err := r.env.Abandon("/orders", "adm-2", `{"u":1}`); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, func() bool {
+	testwait.For(t, func() bool {
 		_, m := r.adminDo(t, http.MethodGet, admin.Prefix+"records"+q+"adm-2", r.token, nil)
 		return m["state"] == "unknown"
 	})
@@ -295,7 +279,7 @@ func TestAdminAPI(t *testing.T) {
 		t.Fatalf("resolving a completed record: %d, want 409", code)
 	}
 	// The operator checked the domain: the order exists; store its answer.
-	waitUntil(t, func() bool { return r.env.Upstream.CountKey("adm-2") == 1 })
+	testwait.For(t, func() bool { return r.env.Upstream.CountKey("adm-2") == 1 })
 	code, _ = r.adminDo(t, http.MethodPost, admin.Prefix+"records/resolve"+q+"adm-2", r.token, map[string]any{
 		"action": "complete", "status": 201, "headers": [][2]string{{"Content-Type", "application/json"}}, "body": `{"order":"checked-by-hand"}`,
 	})
@@ -359,14 +343,8 @@ func leaveMidway(t *testing.T, env *harness.Env, key, body string, state func() 
 	if err := env.AbandonWhen("/orders", key, body, inFlight); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, func() bool { return state() == "unknown" })
-	deadline := time.Now().Add(30 * time.Second)
-	for env.Upstream.CountKey(key) != 1 {
-		if time.Now().After(deadline) {
-			t.Fatalf("the abandoned attempt never reached the upstream (effects %d)", env.Upstream.CountKey(key))
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testwait.For(t, func() bool { return state() == "unknown" })
+	testwait.Until(t, "the abandoned attempt at the upstream", func() bool { return env.Upstream.CountKey(key) == 1 })
 }
 
 // TestAdminResolveReleaseUnknown: an operator who found that an unknown
@@ -627,7 +605,7 @@ func TestMetricsCountReleasesUnknownsAndFailOpen(t *testing.T) {
 	if err := r.env.Abandon("/orders", "unk-1", `{}`); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, func() bool {
+	testwait.For(t, func() bool {
 		return metricValue(scrape(t, r.d), `idem_extproc_decisions_total{decision="marked_unknown",policy="default"}`) == "1"
 	})
 	// Redis down under a fail_open policy: passed unprotected, counted.

@@ -1,6 +1,7 @@
 package daemon_test
 
 import (
+	"context"
 	"encoding/json"
 	"net/http"
 	"strings"
@@ -8,6 +9,8 @@ import (
 
 	"github.com/idem-extproc/idem-extproc/internal/daemon"
 	"github.com/idem-extproc/idem-extproc/internal/envoysim"
+	"github.com/idem-extproc/idem-extproc/internal/idem"
+	"github.com/idem-extproc/idem-extproc/internal/testwait"
 )
 
 // TestDecisionLogsNameTheMetricsDecision: the "decision" log line of a
@@ -72,6 +75,13 @@ func TestBodyOmittedWhenTheBodyNeverArrived(t *testing.T) {
 	if res.Response != nil {
 		t.Fatalf("the client should have gone: %+v", res.Response)
 	}
+	// The record is settled after the stream ends, off the request's path:
+	// retry once it is, not before (a retry before it is told 409).
+	id := idem.RecordIDFor("default", strings.TrimPrefix(r.env.URL, "http://"), "gone-1")
+	testwait.Until(t, "the record completed", func() bool {
+		rec, err := r.env.Store.Get(context.Background(), id)
+		return err == nil && rec.State == idem.StateCompleted
+	})
 	rep := r.env.Post("/orders", "gone-1", `{}`)
 	if rep.Status != http.StatusCreated || rep.Header.Get("Idempotent-Replayed") != "true" ||
 		rep.Header.Get("Idempotent-Body-Omitted") != "true" || rep.Body != "" {

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/idem-extproc/idem-extproc/internal/testwait"
 )
 
 // slowWriter records each write call and takes its time, as a busy disk
@@ -81,13 +83,7 @@ func TestLineWriterWritesAtOnceWhenQuiet(t *testing.T) {
 	out := &slowWriter{}
 	w := newLineWriter(out)
 	fmt.Fprintln(w, "first")
-	deadline := time.Now().Add(5 * time.Second)
-	for out.String() != "first\n" {
-		if time.Now().After(deadline) {
-			t.Fatalf("line not written: %q", out.String())
-		}
-		time.Sleep(time.Millisecond)
-	}
+	testwait.Until(t, "the line written", func() bool { return out.String() == "first\n" })
 	_ = w.Close()
 	fmt.Fprintln(w, "after close")
 	if out.String() != "first\nafter close\n" {

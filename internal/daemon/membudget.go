@@ -5,9 +5,9 @@ import (
 	"strings"
 )
 
-// FallbackMaxBufferedBytes is the body budget when the container's memory
+// fallbackMaxBufferedBytes is the body budget when the container's memory
 // limit cannot be read.
-const FallbackMaxBufferedBytes = 256 << 20
+const fallbackMaxBufferedBytes = 256 << 20
 
 // cgroupMemoryFiles hold the memory limit of the process's cgroup: the
 // unified hierarchy (v2) first, then v1's memory controller. In a
@@ -18,12 +18,12 @@ var cgroupMemoryFiles = []string{
 	"/sys/fs/cgroup/memory/memory.limit_in_bytes",
 }
 
-// DefaultMaxBufferedBytes is a quarter of the container's memory limit,
+// defaultMaxBufferedBytes is a quarter of the container's memory limit,
 // leaving the rest to the Go runtime, the gRPC buffers and each message
-// as it arrives; FallbackMaxBufferedBytes when no limit is set ("max" in
+// as it arrives; fallbackMaxBufferedBytes when no limit is set ("max" in
 // v2, a near-2^63 sentinel in v1) or none can be read. readFile is
 // os.ReadFile in production.
-func DefaultMaxBufferedBytes(readFile func(string) ([]byte, error)) int64 {
+func defaultMaxBufferedBytes(readFile func(string) ([]byte, error)) int64 {
 	for _, path := range cgroupMemoryFiles {
 		b, err := readFile(path)
 		if err != nil {
@@ -32,9 +32,9 @@ func DefaultMaxBufferedBytes(readFile func(string) ([]byte, error)) int64 {
 		v := strings.TrimSpace(string(b))
 		n, err := strconv.ParseInt(v, 10, 64)
 		if err != nil || n <= 0 || n >= 1<<62 {
-			return FallbackMaxBufferedBytes // "max", or v1's "no limit"
+			return fallbackMaxBufferedBytes // "max", or v1's "no limit"
 		}
 		return n / 4
 	}
-	return FallbackMaxBufferedBytes
+	return fallbackMaxBufferedBytes
 }

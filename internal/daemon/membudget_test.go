@@ -14,13 +14,13 @@ func TestDefaultMaxBufferedBytes(t *testing.T) {
 		want  int64
 	}{
 		{"cgroup v2 limit", map[string]string{"/sys/fs/cgroup/memory.max": "536870912\n"}, 128 << 20},
-		{"cgroup v2 without limit", map[string]string{"/sys/fs/cgroup/memory.max": "max\n"}, FallbackMaxBufferedBytes},
+		{"cgroup v2 without limit", map[string]string{"/sys/fs/cgroup/memory.max": "max\n"}, fallbackMaxBufferedBytes},
 		{"cgroup v1 limit", map[string]string{"/sys/fs/cgroup/memory/memory.limit_in_bytes": "1073741824\n"}, 256 << 20},
-		{"cgroup v1 without limit", map[string]string{"/sys/fs/cgroup/memory/memory.limit_in_bytes": "9223372036854771712\n"}, FallbackMaxBufferedBytes},
-		{"no cgroup files", nil, FallbackMaxBufferedBytes},
+		{"cgroup v1 without limit", map[string]string{"/sys/fs/cgroup/memory/memory.limit_in_bytes": "9223372036854771712\n"}, fallbackMaxBufferedBytes},
+		{"no cgroup files", nil, fallbackMaxBufferedBytes},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got := DefaultMaxBufferedBytes(func(p string) ([]byte, error) {
+			got := defaultMaxBufferedBytes(func(p string) ([]byte, error) {
 				if v, ok := tc.files[p]; ok {
 					return []byte(v), nil
 				}

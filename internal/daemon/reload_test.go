@@ -11,6 +11,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+
+	"github.com/idem-extproc/idem-extproc/internal/testwait"
 )
 
 // reloadPolicies is a policy file ending with the end marker; %s is the
@@ -96,7 +98,7 @@ func TestReloadOfCutFilesWhileRequestsFlow(t *testing.T) {
 	if err := r.d.Reload(); err != nil { // nil too when the watcher was first
 		t.Fatalf("the whole new file: %v", err)
 	}
-	waitUntil(t, func() bool {
+	testwait.For(t, func() bool {
 		return strings.Contains(scrape(t, r.d), `idem_extproc_requests_total{key="present",policy="orders-v2"}`)
 	})
 	stop.Store(true)
@@ -166,7 +168,7 @@ func TestAlertedSeriesExistFromStart(t *testing.T) {
 	if err := r.d.Reload(); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, func() bool {
+	testwait.For(t, func() bool {
 		return metricValue(scrape(t, r.d), `idem_extproc_settle_failures_total{decision="stored",policy="orders-v2"}`) == "0"
 	})
 }

@@ -11,12 +11,12 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idem-extproc/idem-extproc/internal/observe"
 	"github.com/idem-extproc/idem-extproc/internal/redistest"
+	"github.com/idem-extproc/idem-extproc/internal/testwait"
 )
 
 // connectedClients is the number of clients Redis counts (INFO clients).
@@ -54,6 +54,8 @@ func freePort(t *testing.T) string {
 // the server's left.
 func TestFailedStartClosesEverything(t *testing.T) {
 	redis := redistest.Start(t, redistest.Options{})
+	// A store that opens, then refuses the start: its Redis may evict.
+	evicting := redistest.Start(t, redistest.Options{Args: []string{"--maxmemory-policy", "allkeys-lru"}})
 	empty := filepath.Join(t.TempDir(), "empty.pem")
 	if err := os.WriteFile(empty, nil, 0o600); err != nil {
 		t.Fatal(err)
@@ -67,11 +69,12 @@ func TestFailedStartClosesEverything(t *testing.T) {
 		env   map[string]string
 		taken string
 		want  string
+		// redis is the Redis the server is given; the shared one when nil.
+		redis *redistest.Server
 	}{
-		{name: "tls files", args: []string{"--tls-cert-file", empty, "--tls-key-file", empty}, env: otlp, want: "--tls-cert-file"},
 		{name: "listen port taken", env: otlp, taken: "listen", want: "--listen"},
 		{name: "admin port taken", env: otlp, taken: "admin", want: "--admin-listen"},
-		{name: "store", args: []string{"--redis-url", "rediss://" + redis.Addr() + "/0", "--redis-ca-file", empty}, env: otlp, want: "--redis-url"},
+		{name: "store", redis: evicting, env: otlp, want: "maxmemory-policy"},
 		{name: "tracing", env: map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1", "OTEL_EXPORTER_OTLP_PROTOCOL": "carrier-pigeon"}, want: "tracing"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -84,6 +87,10 @@ func TestFailedStartClosesEverything(t *testing.T) {
 				return tp, func(ctx context.Context) error { shutdowns.Add(1); return shutdown(ctx) }, nil
 			}
 			t.Cleanup(func() { newTracerProvider = observe.NewTracerProvider })
+			redis := redis
+			if tc.redis != nil {
+				redis = tc.redis
+			}
 			before := connectedClients(t, redis)
 			listen, admin := freePort(t), freePort(t)
 			if tc.taken != "" {
@@ -122,12 +129,57 @@ func TestFailedStartClosesEverything(t *testing.T) {
 			}
 			// Redis notices a closed connection when it reads it: wait
 			// for the count to come back, without a time margin to judge.
-			deadline := time.Now().Add(10 * time.Second)
-			for connectedClients(t, redis) > before {
-				if time.Now().After(deadline) {
-					t.Fatalf("the server's Redis connections stay open: %d clients, %d before", connectedClients(t, redis), before)
-				}
-				time.Sleep(10 * time.Millisecond)
+			testwait.Until(t, "the server's Redis connections closed", func() bool { return connectedClients(t, redis) <= before })
+		})
+	}
+}
+
+// TestFilesCheckedBeforeAnythingOpens: each file a flag names is read and
+// checked before tracing, the store or a port is opened, and a file that
+// does not load is a configuration error (Main's exit 2) naming its flag.
+// Before the one startup sequence, the TLS files were read only once the
+// store and both ports were open, and a bad --redis-ca-file failed as
+// "--redis-url" with exit 1.
+func TestFilesCheckedBeforeAnythingOpens(t *testing.T) {
+	dir := t.TempDir()
+	empty := filepath.Join(dir, "empty.pem")
+	if err := os.WriteFile(empty, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	badPolicies := filepath.Join(dir, "policies.yaml")
+	if err := os.WriteFile(badPolicies, []byte("defaults:\n  lease: forever\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	missing := filepath.Join(dir, "missing")
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"admin token", []string{"--admin-token-file", missing}, "--admin-token-file"},
+		{"key ring", []string{"--encryption-keys-file", empty}, "--encryption-keys-file"},
+		{"policies", []string{"--config", badPolicies}, "defaults.lease"},
+		{"tls files", []string{"--tls-cert-file", empty, "--tls-key-file", empty}, "--tls-cert-file"},
+		{"redis ca", []string{"--redis-url", "rediss://127.0.0.1:1/0", "--redis-ca-file", empty}, "--redis-ca-file"},
+		{"redis client cert", []string{"--redis-url", "rediss://127.0.0.1:1/0", "--redis-cert-file", empty, "--redis-key-file", empty}, "--redis-cert-file"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			newTracerProvider = func(context.Context, func(string) string) (trace.TracerProvider, func(context.Context) error, error) {
+				t.Error("tracing was started before every file was checked")
+				return nil, func(context.Context) error { return nil }, nil
+			}
+			t.Cleanup(func() { newTracerProvider = observe.NewTracerProvider })
+			// The port is held: a start that got as far as listening would
+			// fail naming --listen instead.
+			held, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer held.Close()
+			args := append([]string{"--listen", held.Addr().String(), "--admin-listen", ""}, tc.args...)
+			var stderr strings.Builder
+			if code := Main(t.Context(), args, env(nil), &stderr); code != 2 || !strings.Contains(stderr.String(), tc.want) {
+				t.Fatalf("exit %d, want 2 naming %s; stderr:\n%s", code, tc.want, stderr.String())
 			}
 		})
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/idem-extproc/idem-extproc/internal/daemon"
 	"github.com/idem-extproc/idem-extproc/internal/harness"
 	"github.com/idem-extproc/idem-extproc/internal/redistest"
+	"github.com/idem-extproc/idem-extproc/internal/testwait"
 )
 
 // startOn starts the daemon on a Redis, returning its log.
@@ -96,7 +97,7 @@ func TestVanishedDatasetIsCounted(t *testing.T) {
 	if err := redis.Do(context.Background(), "FLUSHALL").Err(); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, func() bool { return metricValue(scrape(t, d), "idem_extproc_store_dataset_lost_total") == "1" })
+	testwait.For(t, func() bool { return metricValue(scrape(t, d), "idem_extproc_store_dataset_lost_total") == "1" })
 	if !strings.Contains(logs.String(), "redis dataset vanished") || !strings.Contains(logs.String(), `"level":"ERROR"`) {
 		t.Fatalf("no error line:\n%s", logs.String())
 	}
@@ -107,5 +108,5 @@ func TestVanishedDatasetIsCounted(t *testing.T) {
 	}
 	redis.Kill()
 	redis.Restart()
-	waitUntil(t, func() bool { return metricValue(scrape(t, d), "idem_extproc_store_dataset_lost_total") == "2" })
+	testwait.For(t, func() bool { return metricValue(scrape(t, d), "idem_extproc_store_dataset_lost_total") == "2" })
 }

@@ -20,7 +20,9 @@ import (
 	"github.com/idem-extproc/idem-extproc/internal/certtest"
 	"github.com/idem-extproc/idem-extproc/internal/daemon"
 	"github.com/idem-extproc/idem-extproc/internal/harness"
+	"github.com/idem-extproc/idem-extproc/internal/memstore"
 	"github.com/idem-extproc/idem-extproc/internal/redistest"
+	"github.com/idem-extproc/idem-extproc/internal/testwait"
 )
 
 // TestMutualTLS: the ext_proc listener admits only clients with a
@@ -80,17 +82,10 @@ func TestMutualTLS(t *testing.T) {
 	// Rotation: new files in place; new connections get the new certificate.
 	before, _ := call(&envoy)
 	rotated := ca.Issue(certtest.Options{CommonName: "idem-extproc", IPs: []net.IP{net.ParseIP("127.0.0.1")}, Dir: serverDir})
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	testwait.Until(t, "the rotated certificate "+rotated.Serial.String()+" served (was "+before+")", func() bool {
 		got, err := call(&envoy)
-		if err == nil && got == rotated.Serial.String() {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("still serving %s (was %s), want the rotated %s", got, before, rotated.Serial)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		return err == nil && got == rotated.Serial.String()
+	})
 }
 
 // TestRedisOverTLSWithACLUser: the server reaches a Redis that requires
@@ -126,7 +121,7 @@ func TestRedisOverTLSWithACLUser(t *testing.T) {
 		t.Fatalf("not ready over TLS: %v %v", resp, err)
 	}
 	resp.Body.Close()
-	env := harness.Start(t, harness.Options{ServerAddr: d.Addr(), Memory: true})
+	env := harness.Start(t, harness.Options{ServerAddr: d.Addr(), Store: harness.Memory(memstore.Options{})})
 	first := env.Post("/orders", "tls-1", `{}`)
 	again := env.Post("/orders", "tls-1", `{}`)
 	if first.Status != http.StatusCreated || again.Header.Get("Idempotent-Replayed") != "true" {

@@ -19,7 +19,7 @@ import (
 
 	"github.com/idem-extproc/idem-extproc/internal/daemon"
 	"github.com/idem-extproc/idem-extproc/internal/demoorders"
-	"github.com/idem-extproc/idem-extproc/internal/extproc"
+	"github.com/idem-extproc/idem-extproc/internal/idem"
 )
 
 // composeFile is the part of the Compose specification our file uses, in
@@ -267,7 +267,7 @@ func TestServerBudgetDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.StoreTimeout != extproc.DefaultStoreTimeout {
-		t.Errorf("--store-timeout defaults to %v, extproc.DefaultStoreTimeout is %v", cfg.StoreTimeout, extproc.DefaultStoreTimeout)
+	if cfg.StoreTimeout != idem.DefaultStoreTimeout {
+		t.Errorf("--store-timeout defaults to %v, idem.DefaultStoreTimeout is %v", cfg.StoreTimeout, idem.DefaultStoreTimeout)
 	}
 }

@@ -22,7 +22,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/idem-extproc/idem-extproc/internal/envoysim"
-	"github.com/idem-extproc/idem-extproc/internal/extproc"
+	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/policy"
 )
 
@@ -130,7 +130,7 @@ func checkEnvoyConfig(data []byte) (*envoyConfig, error) {
 				}
 				if p != nil {
 					cfg.hcms = append(cfg.hcms, p)
-					if err := checkFilterServes(p.extProc, needs, extproc.DefaultStoreTimeout); err != nil {
+					if err := checkFilterServes(p.extProc, needs, idem.DefaultStoreTimeout); err != nil {
 						errs = append(errs, fmt.Errorf("listener %s: ext_proc filter: %w", l.GetName(), err))
 					}
 				}

@@ -9,7 +9,7 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 
 	"github.com/idem-extproc/idem-extproc/internal/envoysim"
-	"github.com/idem-extproc/idem-extproc/internal/extproc"
+	"github.com/idem-extproc/idem-extproc/internal/idem"
 )
 
 // The ext_proc filter's name: the key of typed_per_filter_config entries
@@ -87,9 +87,9 @@ func checkExtProc(c *extprocv3.ExternalProcessor) error {
 			fail("response_attributes lacks %s", a)
 		}
 	}
-	if mt, min := messageTimeout(c), extproc.DefaultStoreTimeout+messageTimeoutMargin; mt < min {
+	if mt, min := messageTimeout(c), idem.DefaultStoreTimeout+messageTimeoutMargin; mt < min {
 		fail("message_timeout is %v, want at least %v (the server's store budget %v plus %v)",
-			mt, min, extproc.DefaultStoreTimeout, messageTimeoutMargin)
+			mt, min, idem.DefaultStoreTimeout, messageTimeoutMargin)
 	}
 	if s := c.GetStatusOnError(); s != nil && (s.GetCode() < 500 || s.GetCode() > 599) {
 		fail("status_on_error is %d: a failed ext_proc call is a server-side failure, want 5xx", s.GetCode())

@@ -16,8 +16,10 @@ import (
 	"github.com/idem-extproc/idem-extproc/internal/envoysim"
 	"github.com/idem-extproc/idem-extproc/internal/harness"
 	"github.com/idem-extproc/idem-extproc/internal/idem"
+	"github.com/idem-extproc/idem-extproc/internal/memstore"
 	"github.com/idem-extproc/idem-extproc/internal/observe"
 	"github.com/idem-extproc/idem-extproc/internal/problem"
+	"github.com/idem-extproc/idem-extproc/internal/testwait"
 )
 
 // The attacks below each have a defined answer and leak nothing. They run
@@ -38,7 +40,7 @@ func TestAttackGuessingAnotherTenantsKey(t *testing.T) {
 	// The victim's attempt is still running: the attacker is not told so.
 	done := make(chan harness.Reply, 1)
 	go func() { done <- victim(secret, "x-upstream-delay", "300ms") }()
-	waitFor(t, func() bool { return reservedCount(t, env) == 1 })
+	testwait.For(t, func() bool { return reservedCount(t, env) == 1 })
 	probe := attacker(secret)
 	wantStatus(t, probe, http.StatusCreated)
 	if probe.Header.Get("Idempotent-Replayed") != "" {
@@ -142,7 +144,7 @@ func TestAttackOversizedInputs(t *testing.T) {
 // known keys are still answered.
 func TestAttackKeyFloodIsBounded(t *testing.T) {
 	t.Run("memory", func(t *testing.T) {
-		env := harness.Start(t, harness.Options{Memory: true, MemoryMaxRecords: 50})
+		env := harness.Start(t, harness.Options{Store: harness.Memory(memstore.Options{MaxRecords: 50})})
 		first := env.Post("/orders", "flood-0", `{}`)
 		refused := 0
 		for i := 1; i < 200; i++ {
@@ -156,7 +158,7 @@ func TestAttackKeyFloodIsBounded(t *testing.T) {
 		wantReplayOf(t, env.Post("/orders", "flood-0", `{}`), first)
 	})
 	t.Run("redis", func(t *testing.T) {
-		env := harness.Start(t, harness.Options{RedisArgs: []string{"--maxmemory", "2mb", "--maxmemory-policy", "noeviction"}})
+		env := harness.Start(t, harness.Options{Store: harness.NewRedis("--maxmemory", "2mb", "--maxmemory-policy", "noeviction")})
 		body := strings.Repeat("x", 900)
 		first := env.Post("/orders", "flood-0", body)
 		refused := 0
@@ -190,9 +192,8 @@ func TestNoSecretsInLogs(t *testing.T) {
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
 	env := harness.Start(t, harness.Options{
 		Logger:         slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
-		Observer:       metrics,
+		Metrics:        metrics,
 		TracerProvider: tp,
-		WrapStore:      func(st idem.Store) idem.Store { return observe.InstrumentStore(st, metrics, tp) },
 	})
 	secrets := []string{"key-S3CR3T-4242", "body-CONFIDENTIAL-9876", "Bearer tok-PRIVATE-1357", "cookie-SESSION-2468"}
 	for i := range 3 {

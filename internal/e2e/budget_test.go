@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -16,29 +15,16 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/idem-extproc/idem-extproc/internal/extproc"
 	"github.com/idem-extproc/idem-extproc/internal/harness"
 	"github.com/idem-extproc/idem-extproc/internal/problem"
-	"github.com/idem-extproc/idem-extproc/internal/redistest"
 )
 
 // budgetServer runs an ext_proc server with a total body budget of limit
 // bytes on a real Redis, and the Envoy-faithful proxy in front of it.
 func budgetServer(t *testing.T, limit int64) (*harness.Env, string) {
 	t.Helper()
-	redis := redistest.Start(t, redistest.Options{})
-	st := redistest.OpenStore(t, redis.URL(), harness.TestStoreTimeout)
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	gs := grpc.NewServer(grpc.MaxRecvMsgSize(32 << 20))
-	extprocv3.RegisterExternalProcessorServer(gs, extproc.New(extproc.Config{
-		Store: st, StoreTimeout: harness.TestStoreTimeout, MaxBufferedBytes: limit,
-	}))
-	go func() { _ = gs.Serve(lis) }()
-	t.Cleanup(gs.Stop)
-	return harness.Start(t, harness.Options{ServerAddr: lis.Addr().String(), Redis: redis}), lis.Addr().String()
+	env := harness.Start(t, harness.Options{MaxBufferedBytes: limit})
+	return env, env.ServerAddr()
 }
 
 // hog opens a stream that holds n buffered bytes of a protected request:

@@ -19,6 +19,7 @@ import (
 	"github.com/idem-extproc/idem-extproc/idemclient"
 	"github.com/idem-extproc/idem-extproc/internal/harness"
 	"github.com/idem-extproc/idem-extproc/internal/problem"
+	"github.com/idem-extproc/idem-extproc/internal/testwait"
 )
 
 // The client's end-to-end tests: idemclient in front of the Envoy-faithful
@@ -174,7 +175,7 @@ func TestClientDeadlineBoundsTheChain(t *testing.T) {
 	go func() {
 		holder <- env.Post("/orders", quoted(key), body, "x-upstream-delay", "5s")
 	}()
-	waitFor(t, func() bool { return env.Upstream.ArrivedKey(quoted(key)) == 1 })
+	testwait.For(t, func() bool { return env.Upstream.ArrivedKey(quoted(key)) == 1 })
 
 	var mu sync.Mutex
 	var starts []time.Time
@@ -254,7 +255,7 @@ func TestClientStopsOnOutcomeUnknown(t *testing.T) {
 	if !errors.Is(err, idemclient.ErrOutcomeUnknown) || !errors.As(err, &pe) || pe.Slug() != problem.OutcomeUnknown.Slug {
 		t.Fatalf("err %v, want ErrOutcomeUnknown", err)
 	}
-	waitFor(t, func() bool { return env.Upstream.CountKey(key) == 1 })
+	testwait.For(t, func() bool { return env.Upstream.CountKey(key) == 1 })
 	if n := env.Upstream.ArrivedKey(quoted(key)); n != 0 {
 		t.Fatalf("the client's attempts reached the upstream %d times", n)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/idem-extproc/idem-extproc/internal/harness"
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/problem"
+	"github.com/idem-extproc/idem-extproc/internal/testwait"
 )
 
 // leaveAfterExchange posts body with key and gives up as soon as the proxy
@@ -30,7 +31,7 @@ func leaveAfterExchange(t *testing.T, env *harness.Env, path, key, body string) 
 	go func() {
 		done <- env.DoContext(ctx, http.MethodPost, path, body, "Idempotency-Key", key)
 	}()
-	waitFor(t, func() bool {
+	testwait.For(t, func() bool {
 		select {
 		case r := <-done:
 			t.Fatalf("answered (%d, %v) before the client could leave", r.Status, r.Err)
@@ -153,17 +154,6 @@ func articleOutcomes(t *testing.T, start backend) {
 	}
 }
 
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not reached within 10s")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 // TestConcurrentAttemptsExecuteOnce sends 100 attempts of one operation at
 // once: exactly one reaches the upstream; every other is told it is in
 // progress (409) or, once the first finished, gets its replay.
@@ -217,7 +207,7 @@ func TestMismatchWhileInFlight(t *testing.T) {
 	env := harness.Start(t, harness.Options{})
 	done := make(chan harness.Reply)
 	go func() { done <- env.Post("/orders", "k-inflight", `{"a":1}`, "x-upstream-delay", "400ms") }()
-	waitFor(t, func() bool { return reservedCount(t, env) == 1 })
+	testwait.For(t, func() bool { return reservedCount(t, env) == 1 })
 	wantProblem(t, env.Post("/orders", "k-inflight", `{"a":2}`), problem.KeyReused)
 	wantProblem(t, env.Post("/orders", "k-inflight", `{"a":1}`), problem.InProgress)
 	wantStatus(t, <-done, http.StatusCreated)
@@ -246,10 +236,10 @@ func streamReset(t *testing.T, start backend) {
 	if err := env.Abandon("/orders", "reset-1", `{"x":1}`); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, func() bool { return env.Upstream.CountKey("reset-1") == 1 })
+	testwait.For(t, func() bool { return env.Upstream.CountKey("reset-1") == 1 })
 	// The ext_proc stream was reset when the client left; the record must
 	// say unknown, never be free.
-	waitFor(t, func() bool { return recordState(t, env, "reset-1") == idem.StateUnknown })
+	testwait.For(t, func() bool { return recordState(t, env, "reset-1") == idem.StateUnknown })
 	retry := env.Post("/orders", "reset-1", `{"x":1}`)
 	wantProblem(t, retry, problem.OutcomeUnknown)
 	if n := env.Upstream.CountKey("reset-1"); n != 1 {

@@ -11,13 +11,13 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/idem-extproc/idem-extproc/internal/envoysim"
-	"github.com/idem-extproc/idem-extproc/internal/extproc"
 	"github.com/idem-extproc/idem-extproc/internal/harness"
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/observe"
 	"github.com/idem-extproc/idem-extproc/internal/policy"
 	"github.com/idem-extproc/idem-extproc/internal/problem"
 	"github.com/idem-extproc/idem-extproc/internal/redistest"
+	"github.com/idem-extproc/idem-extproc/internal/testwait"
 )
 
 // logLines returns the JSON log lines whose msg is msg.
@@ -47,7 +47,7 @@ func TestRedisDownFailsOpen(t *testing.T) {
 	cfg := envoysim.RecommendedConfig()
 	cfg.MessageTimeout = durationpb.New(150 * time.Millisecond)
 	env := harness.Start(t, harness.Options{
-		Policies: &policy.Set{Policies: []*policy.Policy{p}}, Filter: cfg, StoreTimeout: extproc.DefaultStoreTimeout,
+		Policies: &policy.Set{Policies: []*policy.Policy{p}}, Filter: cfg, StoreTimeout: idem.DefaultStoreTimeout,
 		Logger: slog.New(slog.NewJSONHandler(&logs, nil)),
 	})
 	wantStatus(t, env.Post("/orders", "open-before", `{}`), http.StatusCreated)
@@ -77,7 +77,7 @@ func TestRedisDownFailsOpen(t *testing.T) {
 
 	env.Redis.Restart()
 	var first harness.Reply
-	waitFor(t, func() bool {
+	testwait.For(t, func() bool {
 		first = env.Post("/orders", "open-after", `{"a":1}`)
 		return first.Header.Get("Idempotent-Replayed") == "" && env.Upstream.CountKey("open-after") >= 1 &&
 			recordState(t, env, "open-after") == idem.StateCompleted
@@ -98,18 +98,18 @@ func TestCompletionLostEndsUnknown(t *testing.T) {
 	p.Lease = time.Second
 	metrics := observe.NewMetrics()
 	env := harness.Start(t, harness.Options{
-		Redis:        redistest.Start(t, redistest.Options{Persist: true}),
+		Store:        harness.OnRedis(redistest.Start(t, redistest.Options{Persist: true})),
 		Policies:     &policy.Set{Policies: []*policy.Policy{p}},
-		StoreTimeout: extproc.DefaultStoreTimeout,
+		StoreTimeout: idem.DefaultStoreTimeout,
 		Logger:       slog.New(slog.NewJSONHandler(&logs, nil)),
-		Observer:     metrics,
+		Metrics:      metrics,
 	})
 	done := make(chan harness.Reply, 1)
 	go func() { done <- env.Post("/orders", "lost-completion", `{}`, "x-upstream-delay", "400ms") }()
-	waitFor(t, func() bool { return recordState(t, env, "lost-completion") == idem.StateInFlight })
+	testwait.For(t, func() bool { return recordState(t, env, "lost-completion") == idem.StateInFlight })
 	env.Redis.Kill()
 	wantStatus(t, <-done, http.StatusCreated) // the client still gets the upstream's answer
-	waitFor(t, func() bool {
+	testwait.For(t, func() bool {
 		return len(logLines(t, &logs, "record not settled; it turns unknown when its lease ends")) == 1
 	})
 	if l := logLines(t, &logs, "record not settled; will retry when the stream ends"); len(l) != 1 || l[0]["outcome"] != "stored" {
@@ -123,7 +123,7 @@ func TestCompletionLostEndsUnknown(t *testing.T) {
 	// Redis kept the record (AOF) in flight; its one-second lease ended
 	// during the five seconds of retries, and nobody renewed it: the
 	// outcome is unknown, never a free key.
-	waitFor(t, func() bool { return recordState(t, env, "lost-completion") == idem.StateInFlight })
+	testwait.For(t, func() bool { return recordState(t, env, "lost-completion") == idem.StateInFlight })
 	wantProblem(t, env.Post("/orders", "lost-completion", `{}`), problem.OutcomeUnknown)
 	if n := env.Upstream.CountKey("lost-completion"); n != 1 {
 		t.Fatalf("effects = %d, want 1", n)
@@ -138,11 +138,11 @@ func TestCompletionLostEndsUnknown(t *testing.T) {
 // covers a blip, not an outage; TestCompletionLostEndsUnknown covers that.)
 func TestCompletionRetriedAtStreamEnd(t *testing.T) {
 	var logs harness.LogBuffer
-	env := harness.Start(t, harness.Options{StoreTimeout: extproc.DefaultStoreTimeout,
+	env := harness.Start(t, harness.Options{StoreTimeout: idem.DefaultStoreTimeout,
 		Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
 	done := make(chan harness.Reply, 1)
 	go func() { done <- env.Post("/orders", "late-completion", `{}`, "x-upstream-delay", "300ms") }()
-	waitFor(t, func() bool { return recordState(t, env, "late-completion") == idem.StateInFlight })
+	testwait.For(t, func() bool { return recordState(t, env, "late-completion") == idem.StateInFlight })
 	env.Redis.Freeze()
 	first := <-done
 	env.Redis.Thaw()
@@ -150,7 +150,7 @@ func TestCompletionRetriedAtStreamEnd(t *testing.T) {
 	if len(logLines(t, &logs, "record not settled; will retry when the stream ends")) != 1 {
 		t.Fatal("the completion should have failed while Redis hung")
 	}
-	waitFor(t, func() bool { return len(logLines(t, &logs, "settled on retry")) == 1 })
+	testwait.For(t, func() bool { return len(logLines(t, &logs, "settled on retry")) == 1 })
 	wantReplayOf(t, env.Post("/orders", "late-completion", `{}`), first)
 	if n := env.Upstream.CountKey("late-completion"); n != 1 {
 		t.Fatalf("effects = %d, want 1", n)

@@ -14,6 +14,7 @@ import (
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/observe"
 	"github.com/idem-extproc/idem-extproc/internal/problem"
+	"github.com/idem-extproc/idem-extproc/internal/testwait"
 )
 
 // localReplyBehaviours are the two ways Envoy treats its own local replies:
@@ -95,7 +96,7 @@ func TestEnvoyLocalRepliesByOrigin(t *testing.T) {
 					// Unknown from the response headers, or, when Envoy
 					// skipped them, from the stream's end, which may come
 					// after the client has its answer.
-					waitFor(t, func() bool { return recordState(t, env, key) == idem.StateUnknown })
+					testwait.For(t, func() bool { return recordState(t, env, key) == idem.StateUnknown })
 					retry := exchange(env, key, env.Proxy.Upstream)
 					if retry.Response.Status != http.StatusConflict || !strings.Contains(string(retry.Response.Body), problem.OutcomeUnknown.Slug) {
 						t.Fatalf("retry after %q got %v, want 409 %s", tc.fail.Details, retry, problem.OutcomeUnknown.Slug)
@@ -139,7 +140,7 @@ func TestMissingAttributesAreLoud(t *testing.T) {
 		m := observe.NewMetrics()
 		cfg := envoysim.RecommendedConfig()
 		cfg.ResponseAttributes = nil
-		env := harness.Start(t, harness.Options{Filter: cfg, Observer: m, Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
+		env := harness.Start(t, harness.Options{Filter: cfg, Metrics: m, Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
 		// Envoy's own 504 cannot be told from the upstream's without the
 		// details: it is stored (DESIGN §4), but never silently.
 		for _, key := range []string{"t1", "t2"} {
@@ -158,7 +159,7 @@ func TestMissingAttributesAreLoud(t *testing.T) {
 		m := observe.NewMetrics()
 		cfg := envoysim.RecommendedConfig()
 		cfg.RequestAttributes = []string{"xds.route_name"} // no peer certificate attribute
-		env := harness.Start(t, harness.Options{Filter: cfg, Observer: m,
+		env := harness.Start(t, harness.Options{Filter: cfg, Metrics: m,
 			Policies: policies(t, "defaults:\n  scope: {from: principal}\n"),
 			Decorate: func(_ *http.Request, req *envoysim.Request) {
 				req.PeerCertificate = &envoysim.PeerCertificate{URISANs: []string{"spiffe://example.org/ns/a/sa/b"}}
@@ -172,7 +173,7 @@ func TestMissingAttributesAreLoud(t *testing.T) {
 		m := observe.NewMetrics()
 		cfg := envoysim.RecommendedConfig()
 		cfg.RequestAttributes = nil
-		env := harness.Start(t, harness.Options{Filter: cfg, Observer: m, Route: routeByPath,
+		env := harness.Start(t, harness.Options{Filter: cfg, Metrics: m, Route: routeByPath,
 			Policies: policies(t, "policies:\n  - name: orders\n    match: {route_names: [orders]}\n")})
 		env.Post("/orders", "r1", `{}`)
 		if n := missingCount(t, m, "orders", extproc.AttrRouteName); n != 1 {
@@ -188,7 +189,7 @@ func TestMissingAttributesAreLoud(t *testing.T) {
 // An empty body's replay loses content-type and content-length in Envoy.
 func TestReplaySurvivesEnvoysHeaderRules(t *testing.T) {
 	m := observe.NewMetrics()
-	env := harness.Start(t, harness.Options{Observer: m})
+	env := harness.Start(t, harness.Options{Metrics: m})
 	many := func(context.Context, *envoysim.Request) (*envoysim.Response, error) {
 		hs := []envoysim.Header{{Name: "content-type", Value: "application/json"}}
 		for i := range 150 {

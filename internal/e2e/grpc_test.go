@@ -13,6 +13,7 @@ import (
 
 	"github.com/idem-extproc/idem-extproc/internal/envoysim"
 	"github.com/idem-extproc/idem-extproc/internal/harness"
+	"github.com/idem-extproc/idem-extproc/internal/testwait"
 )
 
 // grpcUpstream is a gRPC service behind Envoy's router, speaking gRPC's
@@ -184,7 +185,7 @@ func TestGRPCOverEnvoyRefusals(t *testing.T) {
 	done := make(chan *envoysim.Result)
 	slow := &slowUpstream{grpcUpstream: up, release: make(chan struct{})}
 	go func() { done <- grpcCallVia(env, slow.serve, "g-slow", "book") }()
-	waitFor(t, func() bool { return reservedCount(t, env) == 1 })
+	testwait.For(t, func() bool { return reservedCount(t, env) == 1 })
 	busy := grpcCall(env, up, "g-slow", "book")
 	wantGRPC(t, busy, codes.Aborted, "request-in-progress")
 	if v, _ := envoysim.Get(busy.Response.Headers, "grpc-retry-pushback-ms"); v != "1000" {

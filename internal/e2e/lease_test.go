@@ -12,6 +12,7 @@ import (
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/policy"
 	"github.com/idem-extproc/idem-extproc/internal/problem"
+	"github.com/idem-extproc/idem-extproc/internal/testwait"
 )
 
 // TestLeaseRenewedWhileStreamOpen: a request that outlives its lease keeps
@@ -27,7 +28,7 @@ func TestLeaseRenewedWhileStreamOpen(t *testing.T) {
 	env := harness.Start(t, harness.Options{Policies: &policy.Set{Policies: []*policy.Policy{p}}})
 	done := make(chan harness.Reply, 1)
 	go func() { done <- env.Post("/orders", "slow", `{}`, "x-upstream-delay", "4s") }()
-	waitFor(t, func() bool { return recordState(t, env, "slow") == idem.StateInFlight })
+	testwait.For(t, func() bool { return recordState(t, env, "slow") == idem.StateInFlight })
 	time.Sleep(2200 * time.Millisecond) // more than two leases
 	wantProblem(t, env.Post("/orders", "slow", `{}`), problem.InProgress)
 	wantStatus(t, <-done, http.StatusCreated)

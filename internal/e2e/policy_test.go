@@ -17,6 +17,7 @@ import (
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/policy"
 	"github.com/idem-extproc/idem-extproc/internal/problem"
+	"github.com/idem-extproc/idem-extproc/internal/testwait"
 )
 
 // policies parses a configuration document for a test.
@@ -122,7 +123,7 @@ defaults:
 	// Retry-After as configured.
 	done := make(chan harness.Reply, 1)
 	go func() { done <- env.Post("/orders", "ra", `{}`, "x-upstream-delay", "400ms") }()
-	waitFor(t, func() bool { return recordState(t, env, "ra") != 0 })
+	testwait.For(t, func() bool { return recordState(t, env, "ra") != 0 })
 	r := env.Post("/orders", "ra", `{}`)
 	wantProblem(t, r, problem.InProgress)
 	if r.Header.Get("Retry-After") != "3" {
@@ -168,7 +169,7 @@ policies:
 	}
 	wantProblem(t, env.Post("/closed", "k-closed", `{}`), problem.StoreUnavailable)
 	env.Redis.Restart()
-	waitFor(t, func() bool { return env.Store.Ping(context.Background()) == nil })
+	testwait.For(t, func() bool { return env.Store.Ping(context.Background()) == nil })
 	for _, path := range []string{"/open", "/closed"} {
 		first := env.Post(path, "after", `{}`)
 		wantStatus(t, first, http.StatusCreated)
@@ -260,7 +261,7 @@ func TestTenantsAreIsolated(t *testing.T) {
 			// A's first attempt is still running: B is not blocked by it.
 			aDone := make(chan harness.Reply, 1)
 			go func() { aDone <- as("alice", `{"owner":"alice"}`, "x-upstream-delay", "400ms") }()
-			waitFor(t, func() bool { return reservedCount(t, env) == 1 })
+			testwait.For(t, func() bool { return reservedCount(t, env) == 1 })
 			b := as("bob", `{"owner":"bob"}`)
 			wantStatus(t, b, http.StatusCreated)
 			a := <-aDone
@@ -335,7 +336,7 @@ policies:
 	if err := env.Abandon("/strict", "reset", `{}`); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, func() bool {
+	testwait.For(t, func() bool {
 		return env.Upstream.CountKey("reset") == 1 && reservedCountFor(t, env, "strict", "reset") == 0
 	})
 	wantStatus(t, env.Post("/strict", "reset", `{}`), http.StatusCreated)
@@ -432,7 +433,7 @@ defaults:
 			if b.seen {
 				wantStatus(t, env.Post("/orders", "envoy-504", `{}`), http.StatusCreated)
 			} else {
-				waitFor(t, func() bool { return recordState(t, env, "envoy-504") == idem.StateUnknown })
+				testwait.For(t, func() bool { return recordState(t, env, "envoy-504") == idem.StateUnknown })
 				wantProblem(t, env.Post("/orders", "envoy-504", `{}`), problem.OutcomeUnknown)
 			}
 			// The upstream's own 504 is stored either way.

@@ -12,10 +12,10 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/idem-extproc/idem-extproc/internal/envoysim"
-	"github.com/idem-extproc/idem-extproc/internal/extproc"
 	"github.com/idem-extproc/idem-extproc/internal/harness"
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/problem"
+	"github.com/idem-extproc/idem-extproc/internal/testwait"
 )
 
 // TestUnprotectedRequestsCostNothing: reads, PUT, DELETE and keyless writes
@@ -176,7 +176,7 @@ func TestRedisDownFailsClosedFast(t *testing.T) {
 func redisDownFailsClosed(t *testing.T, start backend, down, up func()) {
 	cfg := envoysim.RecommendedConfig()
 	cfg.MessageTimeout = durationpb.New(150 * time.Millisecond)
-	env := start(t, harness.Options{Filter: cfg, StoreTimeout: extproc.DefaultStoreTimeout})
+	env := start(t, harness.Options{Filter: cfg, StoreTimeout: idem.DefaultStoreTimeout})
 	wantStatus(t, env.Post("/orders", "before-kill", `{}`), http.StatusCreated)
 
 	down()
@@ -193,12 +193,12 @@ func redisDownFailsClosed(t *testing.T, start backend, down, up func()) {
 	}
 
 	up()
-	waitFor(t, func() bool { return env.Store.Ping(context.Background()) == nil })
+	testwait.For(t, func() bool { return env.Store.Ping(context.Background()) == nil })
 	// The first requests after the outage may still meet a connection or
 	// a topology view from before it: a 503 then is correct, and the
 	// client retries, as it would.
 	var first harness.Reply
-	waitFor(t, func() bool {
+	testwait.For(t, func() bool {
 		first = env.Post("/orders", "after-restart", `{"r":1}`)
 		return first.Status != http.StatusServiceUnavailable
 	})
@@ -220,7 +220,7 @@ func TestServerRestartKeepsRecords(t *testing.T) {
 	// Crash only once the upstream has the request: a crash right after the
 	// reservation, while Envoy still held the request, would leave no
 	// effect at all, which is right but not what this test is about.
-	waitFor(t, func() bool { return env.Upstream.ArrivedKey("restart-1") == 1 })
+	testwait.For(t, func() bool { return env.Upstream.ArrivedKey("restart-1") == 1 })
 	env.CrashServer()
 	r := <-done
 	wantStatus(t, r, http.StatusInternalServerError) // Envoy's status_on_error
@@ -270,7 +270,7 @@ func TestResponseOrigins(t *testing.T) {
 			// Where Envoy skips the local reply the record turns unknown
 			// when the server sees Envoy reset the stream, which may come
 			// after the client has its 504.
-			waitFor(t, func() bool { return recordState(t, env, "timeout") == idem.StateUnknown })
+			testwait.For(t, func() bool { return recordState(t, env, "timeout") == idem.StateUnknown })
 			wantProblem(t, env.Post("/orders", "timeout", `{}`), problem.OutcomeUnknown)
 			last := env.Results()[0]
 			if got := last.Phases(); b.seen != (len(got) == 3 && got[2] == envoysim.PhaseResponseHeaders) {
@@ -291,7 +291,7 @@ func TestResponseOrigins(t *testing.T) {
 			}
 			// 1.34-1.36 never shows the server Envoy's 503: the stream
 			// just ends, and the outcome cannot be known.
-			waitFor(t, func() bool { return recordState(t, env, "down") == idem.StateUnknown })
+			testwait.For(t, func() bool { return recordState(t, env, "down") == idem.StateUnknown })
 		})
 	}
 }

@@ -25,6 +25,7 @@ import (
 	"github.com/idem-extproc/idem-extproc/internal/policy"
 	"github.com/idem-extproc/idem-extproc/internal/problem"
 	"github.com/idem-extproc/idem-extproc/internal/redistest"
+	"github.com/idem-extproc/idem-extproc/internal/testwait"
 )
 
 // counter sums the samples of a metric whose labels include the given
@@ -95,7 +96,7 @@ default_policy:
 // made.
 func TestShadowNeverBlocksAndCountsWhatEnforceWould(t *testing.T) {
 	m := observe.NewMetrics()
-	env := harness.Start(t, harness.Options{Observer: m, Policies: policies(t, rolloutPolicies)})
+	env := harness.Start(t, harness.Options{Metrics: m, Policies: policies(t, rolloutPolicies)})
 	ns := map[string]string{"/shadow/": "shadowed#shadow", "/enforce/": "enforced"}
 	state := func(prefix, key string) idem.State {
 		rec, err := env.Store.Get(context.Background(), idem.RecordIDFor(ns[prefix], "", key))
@@ -118,7 +119,7 @@ func TestShadowNeverBlocksAndCountsWhatEnforceWould(t *testing.T) {
 		)
 		done := make(chan harness.Reply, 1)
 		go func() { done <- env.Post(p, "f", `{"n":1}`, "x-upstream-delay", "400ms") }()
-		waitFor(t, func() bool { return state(prefix, "f") == idem.StateInFlight })
+		testwait.For(t, func() bool { return state(prefix, "f") == idem.StateInFlight })
 		dup := env.Post(p, "f", `{"n":1}`) // in flight: conflict
 		return append(rs, <-done, dup)
 	}
@@ -251,9 +252,9 @@ policies:
     match: {methods: [POST]}
     scope: {from: none}
 `
-	shadow := harness.Start(t, harness.Options{Redis: redis, Policies: policies(t, base+"    enforcement: shadow\n")})
-	enforce := harness.Start(t, harness.Options{Redis: redis, Policies: policies(t, base)})
-	adopt := harness.Start(t, harness.Options{Redis: redis, Policies: policies(t, base+"    adopt_shadow_records: true\n")})
+	shadow := harness.Start(t, harness.Options{Store: harness.OnRedis(redis), Policies: policies(t, base+"    enforcement: shadow\n")})
+	enforce := harness.Start(t, harness.Options{Store: harness.OnRedis(redis), Policies: policies(t, base)})
+	adopt := harness.Start(t, harness.Options{Store: harness.OnRedis(redis), Policies: policies(t, base+"    adopt_shadow_records: true\n")})
 
 	shadowFirst := shadow.Post("/orders", "switch-1", `{"n":1}`)
 	wantStatus(t, shadowFirst, http.StatusCreated)
@@ -287,8 +288,8 @@ func TestKeyGracePeriodEndsAtItsDate(t *testing.T) {
 	now.Store(deadline.Add(-time.Second).UnixNano())
 	m := observe.NewMetrics()
 	env := harness.Start(t, harness.Options{
-		Observer: m,
-		Now:      func() time.Time { return time.Unix(0, now.Load()) },
+		Metrics: m,
+		Now:     func() time.Time { return time.Unix(0, now.Load()) },
 		Policies: policies(t, `
 policies:
   - name: payments
@@ -331,7 +332,7 @@ policies:
 // no Redis command.
 func TestOffPolicyCostsNothing(t *testing.T) {
 	m := observe.NewMetrics()
-	env := harness.Start(t, harness.Options{Observer: m, Policies: policies(t, `
+	env := harness.Start(t, harness.Options{Metrics: m, Policies: policies(t, `
 policies:
   - name: legacy
     match: {methods: [POST]}
@@ -377,7 +378,7 @@ policies:
 // measurement is counted.
 func TestShadowPassesWhenTheStoreIsDown(t *testing.T) {
 	m := observe.NewMetrics()
-	env := harness.Start(t, harness.Options{Observer: m, StoreTimeout: 200 * time.Millisecond, Policies: policies(t, `
+	env := harness.Start(t, harness.Options{Metrics: m, StoreTimeout: 200 * time.Millisecond, Policies: policies(t, `
 default_policy:
   enforcement: shadow
   shadow_header: idempotency-shadow
@@ -407,7 +408,7 @@ func TestShadowGRPCNeverBlocks(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			m := observe.NewMetrics()
 			opts := cfg()
-			opts.Observer = m
+			opts.Metrics = m
 			opts.Policies = policies(t, `
 default_policy:
   enforcement: shadow
@@ -454,7 +455,7 @@ policies:
 default_policy:
   enabled: false
 `)
-	env := harness.Start(t, harness.Options{Observer: m, Policies: set})
+	env := harness.Start(t, harness.Options{Metrics: m, Policies: set})
 	for _, req := range []struct{ path, key, body string }{
 		{"/legacy/a", "", "{}"}, {"/legacy/a", "", "{}"}, {"/legacy/a", "l-1", "{}"},
 		{"/trial/a", "t-1", "{}"}, {"/trial/a", "t-1", "{}"}, {"/trial/a", "t-1", `{"x":1}`}, {"/trial/a", "", "{}"},
@@ -479,13 +480,13 @@ default_policy:
 	}
 	slow := make(chan harness.Reply, 1)
 	go func() { slow <- env.Post("/trial/a", "t-2", "{}", "x-upstream-delay", "400ms") }()
-	waitFor(t, func() bool { return state("t-2") == idem.StateInFlight })
+	testwait.For(t, func() bool { return state("t-2") == idem.StateInFlight })
 	env.Post("/trial/a", "t-2", "{}")
 	<-slow
 	if err := env.Abandon("/trial/a", "t-3", "{}"); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, func() bool { return state("t-3") == idem.StateUnknown })
+	testwait.For(t, func() bool { return state("t-3") == idem.StateUnknown })
 	env.Post("/trial/a", "t-3", "{}")
 
 	tokenFile := filepath.Join(t.TempDir(), "token")

@@ -77,7 +77,7 @@ func TestWrongKeyRingRefusesReplay(t *testing.T) {
 	ringB, _ := newRing(t, "b")
 	env := harness.Start(t, harness.Options{Sealer: ringA, Policies: policies(t, "defaults:\n  encrypt: true\n")})
 	wantStatus(t, env.Post("/payments", "k", `{}`), http.StatusCreated)
-	other := harness.Start(t, harness.Options{Sealer: ringB, Redis: env.Redis, Policies: policies(t, "defaults:\n  encrypt: true\n")})
+	other := harness.Start(t, harness.Options{Sealer: ringB, Store: harness.OnRedis(env.Redis), Policies: policies(t, "defaults:\n  encrypt: true\n")})
 	// Same Redis, same authority is not guaranteed: ask under env's host.
 	host := strings.TrimPrefix(env.URL, "http://")
 	wantProblem(t, other.Post("/payments", "k", `{}`, "Host", host), problem.StoreUnavailable)

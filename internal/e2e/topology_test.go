@@ -14,7 +14,7 @@ import (
 // store going down and coming back (down, up), last.
 func onTopology(t *testing.T, url string, down, up func()) {
 	at := func(t *testing.T, opts harness.Options) *harness.Env {
-		opts.RedisURL = url
+		opts.Store = harness.RedisAt(url)
 		return harness.Start(t, opts)
 	}
 	t.Run("article outcomes", func(t *testing.T) { articleOutcomes(t, at) })

@@ -14,8 +14,10 @@ import (
 	"github.com/idem-extproc/idem-extproc/internal/envoysim"
 	"github.com/idem-extproc/idem-extproc/internal/harness"
 	"github.com/idem-extproc/idem-extproc/internal/idem"
+	"github.com/idem-extproc/idem-extproc/internal/memstore"
 	"github.com/idem-extproc/idem-extproc/internal/policy"
 	"github.com/idem-extproc/idem-extproc/internal/problem"
+	"github.com/idem-extproc/idem-extproc/internal/testwait"
 )
 
 // waitingEnv runs a policy with wait_for_in_flight behind a filter whose
@@ -28,7 +30,11 @@ func waitingEnv(t *testing.T, wait time.Duration, memory bool) *harness.Env {
 	cfg := envoysim.RecommendedConfig()
 	cfg.MessageTimeout = durationpb.New(time.Second)
 	cfg.MaxMessageTimeout = durationpb.New(30 * time.Second) // above the wait plus two store budgets
-	return harness.Start(t, harness.Options{Memory: memory, Filter: cfg, Policies: &policy.Set{Policies: []*policy.Policy{p}}})
+	var store harness.StoreOption                            // a redis-server of its own
+	if memory {
+		store = harness.Memory(memstore.Options{})
+	}
+	return harness.Start(t, harness.Options{Store: store, Filter: cfg, Policies: &policy.Set{Policies: []*policy.Policy{p}}})
 }
 
 // TestWaitForInFlightReplays: 50 duplicates arriving while the first
@@ -44,7 +50,7 @@ func TestWaitForInFlightReplays(t *testing.T) {
 			env := waitingEnv(t, 5*time.Second, memory)
 			first := make(chan harness.Reply, 1)
 			go func() { first <- env.Post("/orders", "wait-1", `{"w":1}`, "x-upstream-delay", "1500ms") }()
-			waitFor(t, func() bool {
+			testwait.For(t, func() bool {
 				return env.Upstream.CountKey("wait-1") == 0 && len(env.Results()) == 0 && recordState(t, env, "wait-1") != 0
 			})
 			const n = 50
@@ -73,7 +79,7 @@ func TestWaitForInFlightIsBounded(t *testing.T) {
 	env := waitingEnv(t, 300*time.Millisecond, false)
 	first := make(chan harness.Reply, 1)
 	go func() { first <- env.Post("/orders", "wait-2", `{}`, "x-upstream-delay", "2s") }()
-	waitFor(t, func() bool { return recordState(t, env, "wait-2") != 0 })
+	testwait.For(t, func() bool { return recordState(t, env, "wait-2") != 0 })
 	start := time.Now()
 	r := env.Post("/orders", "wait-2", `{}`)
 	wantProblem(t, r, problem.InProgress)
@@ -91,7 +97,7 @@ func TestWaitForInFlightAfterRelease(t *testing.T) {
 	go func() {
 		first <- env.Post("/orders", "wait-3", `{}`, "x-upstream-delay", "500ms", "x-upstream-status", "429")
 	}()
-	waitFor(t, func() bool { return recordState(t, env, "wait-3") != 0 })
+	testwait.For(t, func() bool { return recordState(t, env, "wait-3") != 0 })
 	r := env.Post("/orders", "wait-3", `{}`)
 	wantStatus(t, r, http.StatusCreated)
 	if r.Header.Get("Idempotent-Replayed") != "" {
@@ -114,7 +120,7 @@ func TestWaitForInFlightDoesNotPoll(t *testing.T) {
 	env := waitingEnv(t, 10*time.Second, false)
 	first := make(chan harness.Reply, 1)
 	go func() { first <- env.Post("/orders", "poll-1", `{}`, "x-upstream-delay", "1500ms") }()
-	waitFor(t, func() bool { return recordState(t, env, "poll-1") == idem.StateInFlight })
+	testwait.For(t, func() bool { return recordState(t, env, "poll-1") == idem.StateInFlight })
 	before := scriptCalls(t, env)
 	dup := env.Post("/orders", "poll-1", `{}`)
 	orig := <-first

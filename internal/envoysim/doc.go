@@ -43,15 +43,18 @@
 //     ext_proc.cc onTrailers). A body over the buffer limit is a 413 local
 //     reply for requests and a 500 for responses (filter_manager.cc
 //     requestDataTooLarge / responseDataTooLarge; test
-//     BufferedModeOverSizeRequestLocalReply).
+//     BufferedModeOverSizeRequestLocalReply). See buffered.go; the body
+//     phase's dispatch by mode is body.go.
 //   - STREAMED: headers continue after their reply; every chunk is sent
 //     without waiting and replies are matched in order; only the chunk that
 //     ends the stream has end_of_stream true (handleDataStreamedModeBase,
 //     handleStreamedBodyResponse; tests PostAndProcessStreamedRequestBody,
 //     SendEmptyLastBodyChunk). A body that arrived whole before the headers
-//     reply goes as one message (handleCompleteBodyAvailable).
+//     reply goes as one message (handleCompleteBodyAvailable). See
+//     streamed.go.
 //   - BUFFERED_PARTIAL: one message of up to the buffer limit, end_of_stream
 //     true only if the whole body fitted (handleDataBufferedPartialMode).
+//     See partial.go.
 //   - mode_override honoured only with allow_mode_override, not with
 //     send_body_without_waiting_for_header_response nor FULL_DUPLEX_STREAMED,
 //     and only in replies to headers messages (request or response); header

@@ -19,6 +19,8 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/idem-extproc/idem-extproc/internal/testwait"
 )
 
 // scripted is an ext_proc server whose behaviour each test writes, and
@@ -199,19 +201,11 @@ func TestBufferedConversationShape(t *testing.T) {
 		t.Fatalf("response headers start %v", h)
 	}
 	// Closing is a half-close and a reset: the server sees the end.
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	testwait.Until(t, "the server seeing the stream end", func() bool {
 		s.mu.Lock()
-		n := len(s.ends)
-		s.mu.Unlock()
-		if n == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the server never saw the stream end")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		defer s.mu.Unlock()
+		return len(s.ends) == 1
+	})
 }
 
 func TestNoBodyMeansNoBodyMessage(t *testing.T) {
@@ -489,19 +483,11 @@ func TestClientGoneResetsTheStream(t *testing.T) {
 	if res.Response != nil || res.UpstreamCalled {
 		t.Fatalf("%v", res)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	testwait.Until(t, "the server seeing the reset", func() bool {
 		s.mu.Lock()
-		ends := append([]error(nil), s.ends...)
-		s.mu.Unlock()
-		if len(ends) == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the server never saw the reset")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		defer s.mu.Unlock()
+		return len(s.ends) == 1
+	})
 }
 
 func TestOverrideMessageTimeout(t *testing.T) {

@@ -24,11 +24,6 @@ import (
 	"github.com/idem-extproc/idem-extproc/internal/policy"
 )
 
-// DefaultStoreTimeout bounds one store call made while Envoy waits; it must
-// stay under Envoy's message_timeout (200 ms by default) so that a slow
-// store is answered with a 503 problem, not an Envoy timeout.
-const DefaultStoreTimeout = 100 * time.Millisecond
-
 // Config configures a Server.
 type Config struct {
 	Store idem.Store
@@ -36,7 +31,7 @@ type Config struct {
 	// so a reload applies to new streams and never to one in progress.
 	Policies func() *policy.Set
 	Logger   *slog.Logger
-	// StoreTimeout bounds each store call; DefaultStoreTimeout when zero.
+	// StoreTimeout bounds each store call; idem.DefaultStoreTimeout when zero.
 	StoreTimeout time.Duration
 	// FinishTimeout bounds the store call that settles a record after its
 	// stream ended; it runs while no one waits, so it may be longer. Five
@@ -81,7 +76,7 @@ type Server struct {
 // New returns a Server.
 func New(cfg Config) *Server {
 	if cfg.StoreTimeout <= 0 {
-		cfg.StoreTimeout = DefaultStoreTimeout
+		cfg.StoreTimeout = idem.DefaultStoreTimeout
 	}
 	if cfg.FinishTimeout <= 0 {
 		cfg.FinishTimeout = 5 * time.Second

@@ -50,7 +50,7 @@ func newModes(t *testing.T, url string) []*mode {
 		name string
 		p    *policy.Policy
 	}{{"async", async}, {"replicated", replicated}} {
-		env := harness.Start(t, harness.Options{RedisURL: url, StoreTimeout: storeBudg, ExpectProcessingErrors: true,
+		env := harness.Start(t, harness.Options{Store: harness.RedisAt(url), StoreTimeout: storeBudg, ExpectProcessingErrors: true,
 			Policies: &policy.Set{Policies: []*policy.Policy{m.p}}})
 		out = append(out, &mode{name: m.name, env: env})
 	}

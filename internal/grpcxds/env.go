@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
@@ -16,6 +15,7 @@ import (
 	"github.com/idem-extproc/idem-extproc/internal/extproc"
 	"github.com/idem-extproc/idem-extproc/internal/policy"
 	"github.com/idem-extproc/idem-extproc/internal/redistest"
+	"github.com/idem-extproc/idem-extproc/internal/server"
 )
 
 // Options configures an Env. The zero value starts a real redis-server,
@@ -103,8 +103,7 @@ func (e *Env) serve(t testing.TB, opts Options) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	gs := grpc.NewServer()
-	extprocv3.RegisterExternalProcessorServer(gs, extproc.New(cfg))
+	gs, _ := server.New(server.Config{Config: cfg})
 	go func() { _ = gs.Serve(lis) }()
 	t.Cleanup(gs.Stop)
 	return lis.Addr().String()

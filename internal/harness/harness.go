@@ -19,7 +19,6 @@ import (
 	"time"
 
 	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
-	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
@@ -30,31 +29,28 @@ import (
 	"github.com/idem-extproc/idem-extproc/internal/envoysim"
 	"github.com/idem-extproc/idem-extproc/internal/extproc"
 	"github.com/idem-extproc/idem-extproc/internal/idem"
-	"github.com/idem-extproc/idem-extproc/internal/memstore"
+	"github.com/idem-extproc/idem-extproc/internal/observe"
 	"github.com/idem-extproc/idem-extproc/internal/policy"
 	"github.com/idem-extproc/idem-extproc/internal/redistest"
+	"github.com/idem-extproc/idem-extproc/internal/server"
 )
 
 // Options configures an Env. The zero value gives a real redis-server, the
 // default policy and the recommended filter configuration.
 type Options struct {
-	// Memory uses the in-memory store instead of Redis.
+	// Store picks the store (NewRedis, OnRedis, RedisAt, Memory, Given);
+	// a redis-server of the test's own when nil. Env.Store is that store,
+	// bare.
+	Store StoreOption
+	// Redis and Memory say OnRedis(Redis) and Memory(memstore.Options{})
+	// when Store is nil. TODO(packaging): they stay only for
+	// cmd/idem-extproc's tests, which this work does not edit; move those
+	// to Store and delete both.
+	Redis  *redistest.Server
 	Memory bool
-	// MemoryMaxRecords bounds the in-memory store (memstore.Options).
-	MemoryMaxRecords int
-	// RedisArgs are extra redis-server arguments for the Redis it starts.
-	RedisArgs []string
 	// WrapStore, when set, wraps the store the server uses (to instrument
 	// it, say); Env.Store stays the bare store.
 	WrapStore func(idem.Store) idem.Store
-	// Redis reuses a running server instead of starting one.
-	Redis *redistest.Server
-	// RedisURL uses Redis at a URL of any form redisstore.NewClient
-	// accepts (standalone, Sentinel, Cluster) instead of starting a
-	// server; Env.Redis is then nil.
-	RedisURL string
-	// Store uses this store as it is; Env.Redis is then nil.
-	Store idem.Store
 	// Policies replaces the default policy set.
 	Policies *policy.Set
 	// Filter replaces envoysim.RecommendedConfig().
@@ -66,6 +62,9 @@ type Options struct {
 	// detector does not turn a correctness test into a latency test. Tests
 	// about deadlines set both explicitly.
 	StoreTimeout time.Duration
+	// MaxBufferedBytes bounds the body bytes all streams buffer together
+	// (extproc.Config); no bound when zero.
+	MaxBufferedBytes int64
 	// ResponseDelay and RouteTimeout shape the proxy (see envoysim.Proxy).
 	ResponseDelay time.Duration
 	RouteTimeout  time.Duration
@@ -78,8 +77,11 @@ type Options struct {
 	ServerAddr string
 	// Sealer encrypts responses for policies with Encrypt.
 	Sealer extproc.Sealer
-	// Observer and TracerProvider are handed to the server.
-	Observer       extproc.Observer
+	// Metrics, when set, instrument the store and observe every decision,
+	// as in the daemon (server.New).
+	Metrics *observe.Metrics
+	// TracerProvider makes the server's spans (and, with Metrics, the
+	// store's).
 	TracerProvider trace.TracerProvider
 	// Now is the server's clock for key grace periods; time.Now when nil.
 	Now func() time.Time
@@ -123,22 +125,7 @@ func Start(t testing.TB, opts Options) *Env {
 		opts.StoreTimeout = TestStoreTimeout
 	}
 	e := &Env{t: t, opts: opts}
-	switch {
-	case opts.Store != nil:
-		e.Store = opts.Store
-	case opts.RedisURL != "":
-		e.Store = redistest.OpenStore(t, opts.RedisURL, opts.StoreTimeout)
-	case opts.Memory:
-		ms := memstore.New(memstore.Options{MaxRecords: opts.MemoryMaxRecords})
-		t.Cleanup(func() { _ = ms.Close() })
-		e.Store = ms
-	default:
-		e.Redis = opts.Redis
-		if e.Redis == nil {
-			e.Redis = redistest.Start(t, redistest.Options{Args: opts.RedisArgs})
-		}
-		e.Store = redistest.OpenStore(t, e.Redis.URL(), opts.StoreTimeout)
-	}
+	e.Store, e.Redis = opts.storeOption()(t, opts.StoreTimeout)
 
 	if opts.ServerAddr != "" {
 		e.serverAddr = opts.ServerAddr
@@ -215,18 +202,19 @@ func (e *Env) serve(lis net.Listener) {
 	if e.opts.WrapStore != nil {
 		st = e.opts.WrapStore(st)
 	}
-	srv := extproc.New(extproc.Config{
-		Store:          st,
-		Policies:       e.policies(),
-		StoreTimeout:   e.opts.StoreTimeout,
-		Logger:         e.opts.Logger,
-		Observer:       e.opts.Observer,
-		TracerProvider: e.opts.TracerProvider,
-		Sealer:         e.opts.Sealer,
-		Now:            e.opts.Now,
+	gs, _ := server.New(server.Config{
+		Config: extproc.Config{
+			Store:            st,
+			Policies:         e.policies(),
+			StoreTimeout:     e.opts.StoreTimeout,
+			Logger:           e.opts.Logger,
+			TracerProvider:   e.opts.TracerProvider,
+			Sealer:           e.opts.Sealer,
+			Now:              e.opts.Now,
+			MaxBufferedBytes: e.opts.MaxBufferedBytes,
+		},
+		Metrics: e.opts.Metrics,
 	})
-	gs := grpc.NewServer()
-	extprocv3.RegisterExternalProcessorServer(gs, srv)
 	e.mu.Lock()
 	e.grpcServer = gs
 	e.mu.Unlock()

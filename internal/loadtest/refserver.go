@@ -16,14 +16,15 @@ import (
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 
-	"github.com/idem-extproc/idem-extproc/internal/daemon"
+	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/redisstore"
+	idemserver "github.com/idem-extproc/idem-extproc/internal/server"
 )
 
 // The two reference servers the load tool measures idem-extproc against.
-// Each runs in a process of its own (the tool re-executes itself), with the
-// same gRPC server options as the daemon, so that the CPU read from /proc
-// is its own.
+// Each runs in a process of its own (the tool re-executes itself), on the
+// daemon's gRPC server (idemserver.NewGRPCServer), so that the CPU read
+// from /proc is its own.
 //
 //   - noop answers every message CONTINUE, in the reply type of the
 //     message, and never overrides the processing mode: the cost of the
@@ -44,7 +45,7 @@ func serveGRPC(ctx context.Context, addr string, srv extprocv3.ExternalProcessor
 	if err != nil {
 		return err
 	}
-	gs := grpc.NewServer(daemon.StreamServerOptions(32 << 20)...) // the daemon's, with its default --max-message-size
+	gs := idemserver.NewGRPCServer(idemserver.DefaultMaxMessageSize, nil) // the daemon's, with its default --max-message-size
 	extprocv3.RegisterExternalProcessorServer(gs, srv)
 	go func() {
 		<-ctx.Done()
@@ -115,7 +116,7 @@ type floorServer struct {
 
 func newFloorServer(ctx context.Context, redisURL string) (*floorServer, error) {
 	// The daemon's client, with the daemon's default budget.
-	rdb, err := redisstore.NewClient(redisURL, 100*time.Millisecond)
+	rdb, err := redisstore.NewClient(redisURL, idem.DefaultStoreTimeout)
 	if err != nil {
 		return nil, err
 	}

@@ -3,7 +3,7 @@ package redisstore_test
 import (
 	"testing"
 
-	"github.com/idem-extproc/idem-extproc/internal/redisstore"
+	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/redistest"
 	"github.com/idem-extproc/idem-extproc/internal/storetest"
 )
@@ -14,5 +14,5 @@ import (
 // encoding and the reply's parsing.
 func BenchmarkStore(b *testing.B) {
 	srv := redistest.Start(b, redistest.Options{})
-	storetest.Benchmark(b, redistest.OpenStore(b, srv.URL(), redisstore.DefaultCallTimeout))
+	storetest.Benchmark(b, redistest.OpenStore(b, srv.URL(), idem.DefaultStoreTimeout))
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/redisstore"
 	"github.com/idem-extproc/idem-extproc/internal/redistest"
+	"github.com/idem-extproc/idem-extproc/internal/testwait"
 )
 
 // slack is what the test allows past a budget for the scheduler of a
@@ -69,5 +70,5 @@ func TestCallsStayWithinBudget(t *testing.T) {
 	s := redistest.OpenStore(t, srv.URL(), budget)
 	wantWithinBudget(t, s, budget, srv.Freeze, srv.Thaw)
 	// And it recovers by itself.
-	waitFor(t, func() bool { return s.Ping(context.Background()) == nil })
+	testwait.For(t, func() bool { return s.Ping(context.Background()) == nil })
 }

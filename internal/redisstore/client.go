@@ -7,6 +7,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/maintnotifications"
+
+	"github.com/idem-extproc/idem-extproc/internal/idem"
 )
 
 // NewClient opens one go-redis UniversalClient for a URL of any accepted
@@ -36,7 +38,7 @@ func NewSecureClient(rawURL string, callTimeout time.Duration, sec Security) (re
 		return nil, err
 	}
 	if callTimeout <= 0 {
-		callTimeout = DefaultCallTimeout
+		callTimeout = idem.DefaultStoreTimeout
 	}
 	if sec.any() {
 		tlsURL := (simple != nil && simple.TLSConfig != nil) || (multi != nil && multi.TLSConfig != nil)

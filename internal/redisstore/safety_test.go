@@ -8,6 +8,7 @@ import (
 
 	"github.com/idem-extproc/idem-extproc/internal/redisstore"
 	"github.com/idem-extproc/idem-extproc/internal/redistest"
+	"github.com/idem-extproc/idem-extproc/internal/testwait"
 )
 
 func checkOne(t *testing.T, c *redisstore.SafetyChecker) redisstore.NodeSafety {
@@ -71,7 +72,7 @@ func TestSafetySnapshotCountsWithoutConfig(t *testing.T) {
 	if err := srv.Do(ctx, "BGSAVE").Err(); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, "the snapshot", func() bool { return srv.Info(ctx, "persistence", "rdb_saves") == "1" })
+	testwait.Until(t, "the snapshot", func() bool { return srv.Info(ctx, "persistence", "rdb_saves") == "1" })
 	if n := checkOne(t, redistest.OpenStore(t, srv.URL(), time.Second).NewSafetyChecker()); n.Persistence != redisstore.PersistenceRDB {
 		t.Fatalf("persistence %q, want rdb", n.Persistence)
 	}
@@ -84,7 +85,7 @@ func TestSafetyCountsReplicas(t *testing.T) {
 	replica := redistest.Start(t, redistest.Options{Args: []string{"--replicaof", "127.0.0.1", strconv.Itoa(primary.Port()),
 		"--maxmemory-policy", "allkeys-lru"}})
 	ctx := context.Background()
-	waitUntil(t, "the replica", func() bool { return primary.Info(ctx, "replication", "connected_slaves") == "1" })
+	testwait.Until(t, "the replica", func() bool { return primary.Info(ctx, "replication", "connected_slaves") == "1" })
 	nodes, err := redistest.OpenStore(t, primary.URL(), time.Second).NewSafetyChecker().Check(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -224,16 +225,5 @@ func TestSafetySentinel(t *testing.T) {
 	}
 	if r := nodes[1]; !r.Replica || r.Addr != g.Other(g.Master(ctx)).Addr() || r.Err != nil || r.MaxmemoryPolicy != "noeviction" {
 		t.Fatalf("replica %+v", r)
-	}
-}
-
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not reached", what)
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
 }

@@ -8,8 +8,8 @@ import (
 	"fmt"
 	"os"
 	"strings"
-	"sync"
-	"time"
+
+	"github.com/idem-extproc/idem-extproc/internal/rotated"
 )
 
 // Security holds what a client needs to reach a protected Redis, read from
@@ -82,54 +82,63 @@ func (s Security) tlsConfig(base *tls.Config) (*tls.Config, error) {
 		c = &tls.Config{MinVersion: tls.VersionTLS12}
 	}
 	if s.CAFile != "" {
-		pem, err := os.ReadFile(s.CAFile)
+		pool, err := loadCAPool(s.CAFile)
 		if err != nil {
-			return nil, fmt.Errorf("redis CA file: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("redis CA file %s: no PEM certificate found", s.CAFile)
+			return nil, err
 		}
 		c.RootCAs = pool
 	}
 	if s.CertFile != "" {
-		kp := &keyPair{cert: s.CertFile, key: s.KeyFile}
-		if _, err := kp.get(); err != nil {
+		kp, err := loadKeyPair(s.CertFile, s.KeyFile)
+		if err != nil {
 			return nil, err
 		}
-		c.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return kp.get() }
+		c.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return kp.Current(), nil }
 	}
 	return c, nil
 }
 
-// keyPair is a client certificate that follows its files.
-type keyPair struct {
-	cert, key string
-
-	mu     sync.Mutex
-	loaded *tls.Certificate
-	mtimes [2]time.Time
+// CheckFiles loads the CA bundle and the client certificate as the first
+// connection would, so that a file that does not load is found at start,
+// before anything is opened. It does not read the password file: Validate
+// does.
+func (s Security) CheckFiles() error {
+	var errs []error
+	if s.CAFile != "" {
+		if _, err := loadCAPool(s.CAFile); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if s.CertFile != "" {
+		if _, err := loadKeyPair(s.CertFile, s.KeyFile); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }
 
-func (k *keyPair) get() (*tls.Certificate, error) {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	var m [2]time.Time
-	for i, p := range []string{k.cert, k.key} {
-		if fi, err := os.Stat(p); err == nil {
-			m[i] = fi.ModTime()
-		}
-	}
-	if k.loaded != nil && m == k.mtimes {
-		return k.loaded, nil
-	}
-	c, err := tls.LoadX509KeyPair(k.cert, k.key)
+func loadCAPool(path string) (*x509.CertPool, error) {
+	pem, err := os.ReadFile(path)
 	if err != nil {
-		if k.loaded != nil {
-			return k.loaded, nil // a rotation half written: keep the old one
-		}
-		return nil, fmt.Errorf("redis client certificate %s / %s: %w", k.cert, k.key, err)
+		return nil, fmt.Errorf("redis CA file: %w", err)
 	}
-	k.loaded, k.mtimes = &c, m
-	return k.loaded, nil
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("redis CA file %s: no PEM certificate found", path)
+	}
+	return pool, nil
+}
+
+// loadKeyPair loads a client certificate that follows its files: each new
+// connection looks at their modification times (package rotated), and a
+// rotation that does not load (half written, say) keeps the previous
+// certificate.
+func loadKeyPair(certFile, keyFile string) (*rotated.Value[*tls.Certificate], error) {
+	return rotated.Load([]string{certFile, keyFile}, func() (*tls.Certificate, error) {
+		c, err := tls.LoadX509KeyPair(certFile, keyFile)
+		if err != nil {
+			return nil, fmt.Errorf("redis client certificate %s / %s: %w", certFile, keyFile, err)
+		}
+		return &c, nil
+	}, rotated.Options[*tls.Certificate]{})
 }

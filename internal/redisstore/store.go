@@ -92,16 +92,12 @@ func ScriptSource(name string) string {
 // DefaultPrefix starts every key the store writes.
 const DefaultPrefix = "idem:"
 
-// DefaultCallTimeout bounds each Redis call when Options.CallTimeout is
-// zero. It sits well under Envoy's default 200 ms message_timeout, so a
-// slow or absent Redis is answered with a 503 problem before Envoy gives up.
-const DefaultCallTimeout = 100 * time.Millisecond
-
 // Options configures a Store.
 type Options struct {
 	// Prefix starts every key; DefaultPrefix when empty.
 	Prefix string
-	// CallTimeout bounds each call, on top of the caller's deadline.
+	// CallTimeout bounds each call, on top of the caller's deadline;
+	// idem.DefaultStoreTimeout when zero.
 	CallTimeout time.Duration
 }
 
@@ -124,7 +120,7 @@ func New(rdb redis.UniversalClient, opts Options) *Store {
 		st.prefix = DefaultPrefix
 	}
 	if st.callTimeout <= 0 {
-		st.callTimeout = DefaultCallTimeout
+		st.callTimeout = idem.DefaultStoreTimeout
 	}
 	return st
 }

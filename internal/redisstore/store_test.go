@@ -10,6 +10,7 @@ import (
 	"github.com/idem-extproc/idem-extproc/internal/redisstore"
 	"github.com/idem-extproc/idem-extproc/internal/redistest"
 	"github.com/idem-extproc/idem-extproc/internal/storetest"
+	"github.com/idem-extproc/idem-extproc/internal/testwait"
 )
 
 func TestContractStandalone(t *testing.T) {
@@ -101,7 +102,7 @@ func TestCluster(t *testing.T) {
 		if err := next.Do(ctx, "SCRIPT", "FLUSH").Err(); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, func() bool { return s.Renew(ctx, r.ID, r.Token, time.Minute) == nil })
+		testwait.For(t, func() bool { return s.Renew(ctx, r.ID, r.Token, time.Minute) == nil })
 		if err := s.Complete(ctx, r.ID, r.Token, idem.Response{Status: 201, Body: []byte("ok")}, time.Hour); err != nil {
 			t.Fatalf("Complete after failover: %v", err)
 		}
@@ -155,7 +156,7 @@ func TestSentinel(t *testing.T) {
 			t.Fatal(err)
 		}
 		g.WaitSynced(ctx)
-		waitFor(t, func() bool {
+		testwait.For(t, func() bool {
 			return s.Complete(ctx, r.ID, r.Token, idem.Response{Status: 201, Body: []byte("ok")}, time.Hour) == nil
 		})
 		rec, err := s.Get(ctx, r.ID)
@@ -231,21 +232,10 @@ func wantNotDurableAndReleased(t *testing.T, s *redisstore.Store, r idem.Reserva
 	if !errors.Is(err, idem.ErrNotDurable) {
 		t.Fatalf("Reserve error %v, want ErrNotDurable", err)
 	}
-	waitFor(t, func() bool {
+	testwait.For(t, func() bool {
 		_, err := s.Get(context.Background(), r.ID)
 		return errors.Is(err, idem.ErrNotFound)
 	})
-}
-
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not reached within 15s")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 // TestPropertyStandalone runs the state-machine property test on one

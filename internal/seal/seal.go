@@ -25,10 +25,10 @@ import (
 	"log/slog"
 	"os"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/idem-extproc/idem-extproc/internal/idem"
+	"github.com/idem-extproc/idem-extproc/internal/rotated"
 )
 
 // ErrOpen is any failure to open an envelope: a key not in the ring, a
@@ -45,35 +45,49 @@ const version = 1
 // all of them open. Key ids are 1 to 64 characters without spaces. Make a
 // key with: head -c 32 /dev/urandom | base64
 type Ring struct {
-	path string
-	log  *slog.Logger
-
-	mu        sync.Mutex
-	active    string
-	keys      map[string]cipher.AEAD
-	mtime     time.Time
-	lastCheck time.Time
+	keys *rotated.Value[keySet]
 }
+
+// keySet is what the ring file holds.
+type keySet struct {
+	active string
+	keys   map[string]cipher.AEAD
+}
+
+// checkEvery bounds how often the ring looks at the file's modification
+// time.
+const checkEvery = time.Second
 
 // LoadRing reads the key ring at path.
 func LoadRing(path string, log *slog.Logger) (*Ring, error) {
-	r := &Ring{path: path, log: log}
-	if err := r.load(); err != nil {
-		return nil, err
-	}
-	return r, nil
+	return loadRing(path, log, checkEvery)
 }
 
-func (r *Ring) load() error {
-	f, err := os.Open(r.path)
+// loadRing is LoadRing looking at the file every interval (tests: 0, each
+// use).
+func loadRing(path string, log *slog.Logger, every time.Duration) (*Ring, error) {
+	v, err := rotated.Load([]string{path}, func() (keySet, error) { return readRing(path) }, rotated.Options[keySet]{
+		Every: every,
+		OnReload: func(ks keySet, err error) {
+			if err != nil {
+				log.Error("key ring changed but does not load; keeping the previous keys", slog.String("error", err.Error()))
+				return
+			}
+			log.Info("key ring reloaded", slog.String("active_key", ks.active), slog.Int("keys", len(ks.keys)))
+		},
+	})
 	if err != nil {
-		return fmt.Errorf("seal: key ring: %w", err)
+		return nil, err
+	}
+	return &Ring{keys: v}, nil
+}
+
+func readRing(path string) (keySet, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return keySet{}, fmt.Errorf("seal: key ring: %w", err)
 	}
 	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return fmt.Errorf("seal: key ring: %w", err)
-	}
 	keys := map[string]cipher.AEAD{}
 	active := ""
 	sc := bufio.NewScanner(f)
@@ -84,14 +98,14 @@ func (r *Ring) load() error {
 		}
 		kid, b64, ok := strings.Cut(line, " ")
 		if !ok || len(kid) > 64 {
-			return fmt.Errorf("seal: %s:%d: want \"<key id> <base64 key>\"", r.path, n)
+			return keySet{}, fmt.Errorf("seal: %s:%d: want \"<key id> <base64 key>\"", path, n)
 		}
 		raw, err := base64.StdEncoding.DecodeString(strings.TrimSpace(b64))
 		if err != nil || len(raw) != 32 {
-			return fmt.Errorf("seal: %s:%d: key %q is not 32 bytes of base64", r.path, n, kid)
+			return keySet{}, fmt.Errorf("seal: %s:%d: key %q is not 32 bytes of base64", path, n, kid)
 		}
 		if _, dup := keys[kid]; dup {
-			return fmt.Errorf("seal: %s:%d: key id %q appears twice", r.path, n, kid)
+			return keySet{}, fmt.Errorf("seal: %s:%d: key id %q appears twice", path, n, kid)
 		}
 		block, _ := aes.NewCipher(raw) // 32 bytes: AES-256, cannot fail
 		aead, _ := cipher.NewGCM(block)
@@ -101,33 +115,19 @@ func (r *Ring) load() error {
 		}
 	}
 	if err := sc.Err(); err != nil {
-		return fmt.Errorf("seal: key ring: %w", err)
+		return keySet{}, fmt.Errorf("seal: key ring: %w", err)
 	}
 	if active == "" {
-		return fmt.Errorf("seal: %s: no key", r.path)
+		return keySet{}, fmt.Errorf("seal: %s: no key", path)
 	}
-	r.keys, r.active, r.mtime = keys, active, fi.ModTime()
-	return nil
+	return keySet{active: active, keys: keys}, nil
 }
 
-// current reloads a changed file at most once a second; a file that does
-// not load leaves the ring as it was.
+// current returns the keys in force, reloaded when the file changed
+// (package rotated): a file that does not load leaves the ring as it was.
 func (r *Ring) current() (string, map[string]cipher.AEAD) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if now := time.Now(); now.Sub(r.lastCheck) >= time.Second {
-		r.lastCheck = now
-		if fi, err := os.Stat(r.path); err == nil && !fi.ModTime().Equal(r.mtime) {
-			keys, active := r.keys, r.active
-			if err := r.load(); err != nil {
-				r.keys, r.active, r.mtime = keys, active, fi.ModTime()
-				r.log.Error("key ring changed but does not load; keeping the previous keys", slog.String("error", err.Error()))
-			} else {
-				r.log.Info("key ring reloaded", slog.String("active_key", r.active), slog.Int("keys", len(r.keys)))
-			}
-		}
-	}
-	return r.active, r.keys
+	ks := r.keys.Current()
+	return ks.active, ks.keys
 }
 
 // ActiveKey names the key that seals.

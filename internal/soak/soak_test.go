@@ -58,7 +58,7 @@ func TestSoak(t *testing.T) {
 	p := policy.Default()
 	p.Lease = 2 * time.Second // lost completions turn unknown within the soak
 	env := harness.Start(t, harness.Options{
-		Redis: srv, Policies: &policy.Set{Policies: []*policy.Policy{p}},
+		Store: harness.OnRedis(srv), Policies: &policy.Set{Policies: []*policy.Policy{p}},
 		StoreTimeout: 250 * time.Millisecond, ExpectProcessingErrors: true,
 	})
 

@@ -1,7 +1,7 @@
 // Package tlsfiles serves TLS from PEM files that can change under a
-// running server: certificates are reloaded when their files change, so a
-// rotated Kubernetes secret or cert-manager renewal takes effect without a
-// restart. It also checks client certificates against an allowed list of
+// running server: certificates are reloaded when their files change
+// (package rotated), so a rotated Kubernetes secret or cert-manager renewal
+// takes effect without a restart. It also checks client certificates against an allowed list of
 // SANs (SPIFFE IDs, DNS names).
 package tlsfiles
 
@@ -13,8 +13,9 @@ import (
 	"log/slog"
 	"os"
 	"slices"
-	"sync"
 	"time"
+
+	"github.com/idem-extproc/idem-extproc/internal/rotated"
 )
 
 // Files names a server's TLS material.
@@ -35,14 +36,14 @@ const checkEvery = time.Second
 
 // Server holds the current TLS material.
 type Server struct {
-	files Files
-	log   *slog.Logger
+	files    Files
+	material *rotated.Value[material]
+}
 
-	mu        sync.Mutex
-	cert      *tls.Certificate
-	pool      *x509.CertPool
-	mtimes    [3]time.Time
-	lastCheck time.Time
+// material is what the files hold.
+type material struct {
+	cert *tls.Certificate
+	pool *x509.CertPool
 }
 
 // NewServer loads the files. An error names the file at fault.
@@ -53,68 +54,49 @@ func NewServer(f Files, log *slog.Logger) (*Server, error) {
 	if len(f.AllowedSANs) > 0 && f.ClientCA == "" {
 		return nil, errors.New("tls: allowed SANs need a client CA to verify client certificates")
 	}
-	s := &Server{files: f, log: log}
-	if err := s.load(); err != nil {
+	s := &Server{files: f}
+	var err error
+	s.material, err = rotated.Load([]string{f.Cert, f.Key, f.ClientCA}, s.load, rotated.Options[material]{
+		Every: checkEvery,
+		OnReload: func(_ material, err error) {
+			if err != nil {
+				log.Error("TLS files changed but do not load; keeping the previous ones", slog.String("error", err.Error()))
+				return
+			}
+			log.Info("TLS certificates reloaded", slog.String("cert", f.Cert))
+		},
+	})
+	if err != nil {
 		return nil, err
 	}
 	return s, nil
 }
 
-func (s *Server) paths() [3]string { return [3]string{s.files.Cert, s.files.Key, s.files.ClientCA} }
-
-// load reads every file; callers hold s.mu or own s exclusively.
-func (s *Server) load() error {
+// load reads every file.
+func (s *Server) load() (material, error) {
 	cert, err := tls.LoadX509KeyPair(s.files.Cert, s.files.Key)
 	if err != nil {
-		return fmt.Errorf("tls: %s / %s: %w", s.files.Cert, s.files.Key, err)
+		return material{}, fmt.Errorf("tls: %s / %s: %w", s.files.Cert, s.files.Key, err)
 	}
 	var pool *x509.CertPool
 	if s.files.ClientCA != "" {
 		pem, err := os.ReadFile(s.files.ClientCA)
 		if err != nil {
-			return fmt.Errorf("tls: client CA: %w", err)
+			return material{}, fmt.Errorf("tls: client CA: %w", err)
 		}
 		pool = x509.NewCertPool()
 		if !pool.AppendCertsFromPEM(pem) {
-			return fmt.Errorf("tls: client CA %s: no PEM certificate found", s.files.ClientCA)
+			return material{}, fmt.Errorf("tls: client CA %s: no PEM certificate found", s.files.ClientCA)
 		}
 	}
-	s.cert, s.pool, s.mtimes = &cert, pool, s.modTimes()
-	return nil
+	return material{cert: &cert, pool: pool}, nil
 }
 
-func (s *Server) modTimes() [3]time.Time {
-	var m [3]time.Time
-	for i, p := range s.paths() {
-		if p == "" {
-			continue
-		}
-		if fi, err := os.Stat(p); err == nil {
-			m[i] = fi.ModTime()
-		}
-	}
-	return m
-}
-
-// current reloads changed files (at most once per checkEvery) and returns
-// the material in force. A reload that fails keeps the old material.
+// current returns the material in force, reloaded when the files changed
+// (package rotated).
 func (s *Server) current() (*tls.Certificate, *x509.CertPool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if now := time.Now(); now.Sub(s.lastCheck) >= checkEvery {
-		s.lastCheck = now
-		if s.modTimes() != s.mtimes {
-			oldCert, oldPool := s.cert, s.pool
-			if err := s.load(); err != nil {
-				// Do not retry the same broken files on every handshake.
-				s.cert, s.pool, s.mtimes = oldCert, oldPool, s.modTimes()
-				s.log.Error("TLS files changed but do not load; keeping the previous ones", slog.String("error", err.Error()))
-			} else {
-				s.log.Info("TLS certificates reloaded", slog.String("cert", s.files.Cert))
-			}
-		}
-	}
-	return s.cert, s.pool
+	m := s.material.Current()
+	return m.cert, m.pool
 }
 
 // Config returns the server's tls.Config. Each handshake gets the files'

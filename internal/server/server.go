@@ -1,0 +1,82 @@
+// Package server wires the ext_proc server the way production runs it:
+// store → metrics wrapper → extproc server → gRPC server with its options.
+// The daemon, the end-to-end harness, the proxyless harness and the load
+// tool all build their servers here, so that what the tests and the load
+// comparison measure is the production wiring.
+package server
+
+import (
+	"runtime"
+
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+
+	"github.com/idem-extproc/idem-extproc/internal/extproc"
+	"github.com/idem-extproc/idem-extproc/internal/idem"
+	"github.com/idem-extproc/idem-extproc/internal/observe"
+)
+
+// Config is what New wires.
+type Config struct {
+	// Config configures the ext_proc server. With Metrics set, New
+	// replaces its Store by the instrumented store and its Observer by
+	// Metrics.
+	extproc.Config
+	// Metrics, when set, counts every store call and every decision (and
+	// with a TracerProvider, traces the store calls); none when nil.
+	Metrics *observe.Metrics
+	// MaxMessageSize bounds one ext_proc message (DefaultMaxMessageSize
+	// when zero).
+	MaxMessageSize int
+	// Creds are the listener's TLS credentials; plaintext when nil.
+	Creds credentials.TransportCredentials
+}
+
+// DefaultMaxMessageSize is the --max-message-size default: above Envoy's
+// buffer limits, since a BUFFERED body arrives as one message.
+const DefaultMaxMessageSize = 32 << 20
+
+// New builds the gRPC server with ext_proc registered, not yet serving (the
+// caller may register more services, such as health, then Serve). It also
+// returns the store the ext_proc server calls: cfg.Store, instrumented
+// when cfg.Metrics is set.
+func New(cfg Config) (*grpc.Server, idem.Store) {
+	if cfg.Metrics != nil {
+		cfg.Store = observe.InstrumentStore(cfg.Store, cfg.Metrics, cfg.TracerProvider)
+		cfg.Observer = cfg.Metrics
+	}
+	gs := NewGRPCServer(cfg.MaxMessageSize, cfg.Creds)
+	extprocv3.RegisterExternalProcessorServer(gs, extproc.New(cfg.Config))
+	return gs, cfg.Store
+}
+
+// NewGRPCServer is the gRPC server ext_proc is served on, with nothing
+// registered: the largest message accepted (DefaultMaxMessageSize when
+// maxMessageSize is zero), stream workers and, when creds is set, TLS. The
+// load tool's reference servers run on it too, so that they differ from
+// idem-extproc only in what they do per message.
+//
+// Each ext_proc stream is one HTTP request whose handler runs deep
+// (decision, store, Redis client); started on a fresh goroutine it grows
+// its stack two or three times, copying it each time, which profiles showed
+// to be a tenth of the server's CPU. Long-lived workers keep their grown
+// stacks, so a stream they take costs no growth; a stream that finds every
+// worker busy gets a goroutine of its own, as without workers. A stream
+// holds its worker for the whole HTTP request, upstream time included, so
+// the workers are many: streamWorkersPerCPU per GOMAXPROCS. Idle, each
+// costs a parked goroutine whose stack the garbage collector shrinks.
+func NewGRPCServer(maxMessageSize int, creds credentials.TransportCredentials) *grpc.Server {
+	if maxMessageSize == 0 {
+		maxMessageSize = DefaultMaxMessageSize
+	}
+	workers := uint32(streamWorkersPerCPU * runtime.GOMAXPROCS(0))
+	opts := []grpc.ServerOption{grpc.MaxRecvMsgSize(maxMessageSize), grpc.NumStreamWorkers(workers)}
+	if creds != nil {
+		opts = append(opts, grpc.Creds(creds))
+	}
+	return grpc.NewServer(opts...)
+}
+
+// streamWorkersPerCPU sizes the stream workers (NewGRPCServer).
+const streamWorkersPerCPU = 128
