@@ -41,7 +41,7 @@ func (p *processor) decide(ctx context.Context, req *extprocv3.ProcessingRequest
 	res, err := p.reserve(ctx, fp)
 	if err != nil {
 		if p.pol.FailureMode == policy.FailOpen {
-			p.decided(DecisionFailOpen)
+			p.decided(idem.DecisionFailOpen)
 			p.logAt(ctx, slog.LevelWarn, "store unavailable; request passes unprotected (fail_open)", slog.String("error", err.Error()))
 			return p.passThrough(req)
 		}
@@ -64,14 +64,14 @@ func (p *processor) decide(ctx context.Context, req *extprocv3.ProcessingRequest
 	}
 	// The decision's name is the metric's (decisions_total): "replayed",
 	// "conflict", not the record's state.
-	p.logAt(ctx, slog.LevelInfo, "decision", slog.String("decision", string(decisionFor(res.Outcome))))
+	p.logAt(ctx, slog.LevelInfo, "decision", slog.String("decision", string(idem.DecisionFor(res.Outcome))))
 	return p.answerFor(req, res)
 }
 
 // storeProblem answers 503 when the store cannot be used: unreachable, or
 // holding a response that fails its integrity check.
 func (p *processor) storeProblem(ctx context.Context, err error) *extprocv3.ProcessingResponse {
-	p.decided(DecisionStoreUnavailable)
+	p.decided(idem.DecisionStoreUnavailable)
 	p.logAt(ctx, slog.LevelError, "store unavailable; request refused (fail_closed)", slog.String("error", err.Error()))
 	prob := problem.New(problem.StoreUnavailable, "the idempotency store cannot be used; retry later")
 	prob.RetryAfter = p.pol.RetryAfter
@@ -87,7 +87,7 @@ func (p *processor) open(r idem.Response) (idem.Response, error) {
 
 // answerFor turns a reservation's outcome into the reply.
 func (p *processor) answerFor(req *extprocv3.ProcessingRequest, res idem.ReserveResult) *extprocv3.ProcessingResponse {
-	p.decided(decisionFor(res.Outcome))
+	p.decided(idem.DecisionFor(res.Outcome))
 	switch res.Outcome {
 	case idem.Reserved:
 		return p.proceed(req)
@@ -119,23 +119,9 @@ func (p *processor) proceed(req *extprocv3.ProcessingRequest) *extprocv3.Process
 	return p.cont(req)
 }
 
-func decisionFor(o idem.Outcome) Decision {
-	switch o {
-	case idem.Reserved:
-		return DecisionReserved
-	case idem.Completed:
-		return DecisionReplayed
-	case idem.InFlight:
-		return DecisionConflict
-	case idem.Unknown:
-		return DecisionUnknown
-	}
-	return DecisionMismatch
-}
-
 // reject answers a request the server refuses before any store call.
 func (p *processor) reject(ctx context.Context, prob *problem.Problem) *extprocv3.ProcessingResponse {
-	p.decided(DecisionRejected)
+	p.decided(idem.DecisionRejected)
 	p.logAt(ctx, slog.LevelInfo, "rejected", slog.String("problem", prob.Slug))
 	return p.answer(p.problemReply(prob))
 }

@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/idem-extproc/idem-extproc/internal/envoyorigin"
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/policy"
 	"github.com/idem-extproc/idem-extproc/internal/problem"
@@ -90,7 +91,7 @@ type processor struct {
 	// retry is a final transition the store refused; the stream's end
 	// tries it once more.
 	retry         func(context.Context) error
-	retryDecision Decision
+	retryDecision idem.Decision
 }
 
 func newProcessor(s *Server, set *policy.Set, send func(*extprocv3.ProcessingResponse) error) *processor {
@@ -209,20 +210,20 @@ func (p *processor) onRequestHeaders(ctx context.Context, req *extprocv3.Process
 		Method:    method,
 		Authority: authority,
 		Path:      p.path,
-		RouteName: attrString(attrs, AttrRouteName),
+		RouteName: attrString(attrs, envoyorigin.AttrRouteName),
 	})
-	if !hasAttr(attrs, AttrRouteName) {
+	if !hasAttr(attrs, envoyorigin.AttrRouteName) {
 		p.routeNameMissing(ctx)
 	}
 	if p.pol == nil {
-		p.decided(DecisionBypassed)
+		p.decided(idem.DecisionBypassed)
 		return p.passThrough(req)
 	}
 	rawKey, present := findHeader(hs, p.pol.KeyHeader)
 	p.srv.obs.Requested(p.pol.Name, present)
 	if p.pol.Enforcement == policy.EnforcementOff {
 		// Matched for the adoption counts only: no store call.
-		p.decided(DecisionBypassed)
+		p.decided(idem.DecisionBypassed)
 		return p.passThrough(req)
 	}
 	if !present {
@@ -232,7 +233,7 @@ func (p *processor) onRequestHeaders(ctx context.Context, req *extprocv3.Process
 		case p.pol.KeyRequired:
 			return p.refuse(ctx, req, problem.New(problem.KeyMissing, "this endpoint requires an Idempotency-Key header"))
 		}
-		p.decided(DecisionBypassed)
+		p.decided(idem.DecisionBypassed)
 		return p.passThrough(req)
 	}
 	if n := countHeader(hs, p.pol.KeyHeader); n > 1 {

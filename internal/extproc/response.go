@@ -100,7 +100,7 @@ func (p *processor) complete(ctx context.Context) {
 		}
 		resp = sealed
 	}
-	p.finalize(ctx, DecisionStored, func(ctx context.Context) error {
+	p.finalize(ctx, idem.DecisionStored, func(ctx context.Context) error {
 		return p.srv.cfg.Store.Complete(ctx, p.id, p.tok, resp, p.pol.Retention)
 	}, slog.Int("status", p.respStatus), slog.Bool("body_omitted", p.respTooLarge))
 }
@@ -110,11 +110,11 @@ func (p *processor) settle(ctx context.Context, action idem.Action) {
 	if !p.reserved {
 		return
 	}
-	d, op := DecisionMarkedUnknown, func(ctx context.Context) error {
+	d, op := idem.DecisionMarkedUnknown, func(ctx context.Context) error {
 		return p.srv.cfg.Store.MarkUnknown(ctx, p.id, p.tok, p.pol.Retention)
 	}
 	if action == idem.ActionRelease {
-		d, op = DecisionReleased, func(ctx context.Context) error { return p.srv.cfg.Store.Release(ctx, p.id, p.tok) }
+		d, op = idem.DecisionReleased, func(ctx context.Context) error { return p.srv.cfg.Store.Release(ctx, p.id, p.tok) }
 	}
 	p.finalize(ctx, d, op)
 }
@@ -124,7 +124,7 @@ func (p *processor) settle(ctx context.Context, action idem.Action) {
 // that records what happened. If the store fails, the stream's end keeps
 // trying (finish, within FinishTimeout); if that fails too, the unrenewed
 // lease still turns the record unknown: never a silent second execution.
-func (p *processor) finalize(ctx context.Context, d Decision, apply func(context.Context) error, attrs ...slog.Attr) {
+func (p *processor) finalize(ctx context.Context, d idem.Decision, apply func(context.Context) error, attrs ...slog.Attr) {
 	p.stopRenewing()
 	p.reserved = false
 	p.stage = stagePassThrough

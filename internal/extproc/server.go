@@ -57,11 +57,9 @@ type Config struct {
 	MaxBufferedBytes int64
 }
 
-// Sealer encrypts stored responses at rest (package seal implements it).
-type Sealer interface {
-	Seal(id idem.RecordID, r idem.Response) (idem.Response, error)
-	Open(id idem.RecordID, r idem.Response) (idem.Response, error)
-}
+// Sealer is idem.Sealer, named here for the code that wires a Server
+// (Config.Sealer).
+type Sealer = idem.Sealer
 
 // Server implements envoy.service.ext_proc.v3.ExternalProcessor.
 type Server struct {
@@ -99,7 +97,7 @@ func New(cfg Config) *Server {
 	}
 	s := &Server{cfg: cfg, log: log, obs: cfg.Observer}
 	if s.obs == nil {
-		s.obs = nopObserver{}
+		s.obs = idem.NopObserver{}
 	}
 	if cfg.MaxBufferedBytes > 0 {
 		s.budget = &bodyBudget{limit: cfg.MaxBufferedBytes}

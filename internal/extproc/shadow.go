@@ -20,7 +20,7 @@ import (
 // counts what it would have refused, and lets the request on.
 func (p *processor) refuse(ctx context.Context, req *extprocv3.ProcessingRequest, prob *problem.Problem) *extprocv3.ProcessingResponse {
 	if p.pol.Enforcement == policy.EnforcementShadow {
-		p.shadowDecided(ctx, ShadowWouldReject, slog.String("problem", prob.Slug))
+		p.shadowDecided(ctx, idem.ShadowWouldReject, slog.String("problem", prob.Slug))
 		return p.passThrough(req)
 	}
 	return p.reject(ctx, prob)
@@ -40,12 +40,12 @@ func (p *processor) refuse(ctx context.Context, req *extprocv3.ProcessingRequest
 // fail_open would.
 func (p *processor) decideShadow(ctx context.Context, req *extprocv3.ProcessingRequest, fp idem.Fingerprint) *extprocv3.ProcessingResponse {
 	if p.pol.Encrypt && p.srv.cfg.Sealer == nil {
-		p.shadowDecided(ctx, ShadowStoreError, slog.String("error", "policy asks for encryption and the server has no key ring"))
+		p.shadowDecided(ctx, idem.ShadowStoreError, slog.String("error", "policy asks for encryption and the server has no key ring"))
 		return p.passThrough(req)
 	}
 	res, err := p.reserve(ctx, fp)
 	if err != nil {
-		p.shadowDecided(ctx, ShadowStoreError, slog.String("error", err.Error()))
+		p.shadowDecided(ctx, idem.ShadowStoreError, slog.String("error", err.Error()))
 		return p.passThrough(req)
 	}
 	p.attempt = res.Attempt
@@ -56,31 +56,31 @@ func (p *processor) decideShadow(ctx context.Context, req *extprocv3.ProcessingR
 	return p.passThrough(req)
 }
 
-func shadowDecisionFor(o idem.Outcome) ShadowDecision {
+func shadowDecisionFor(o idem.Outcome) idem.ShadowDecision {
 	switch o {
 	case idem.Reserved:
-		return ShadowWouldReserve
+		return idem.ShadowWouldReserve
 	case idem.Completed:
-		return ShadowWouldReplay
+		return idem.ShadowWouldReplay
 	case idem.InFlight:
-		return ShadowWouldConflict
+		return idem.ShadowWouldConflict
 	case idem.Unknown:
-		return ShadowWouldUnknown
+		return idem.ShadowWouldUnknown
 	}
-	return ShadowWouldMismatch
+	return idem.ShadowWouldMismatch
 }
 
 // shadowDecided records a shadow policy's decision: counted, logged, on
 // the span, and, when the policy names a shadow header, told to the client
 // on the response ("would-replay"). gRPC answers carry no such header.
-func (p *processor) shadowDecided(ctx context.Context, d ShadowDecision, attrs ...slog.Attr) {
-	p.decided(DecisionShadowed)
+func (p *processor) shadowDecided(ctx context.Context, d idem.ShadowDecision, attrs ...slog.Attr) {
+	p.decided(idem.DecisionShadowed)
 	p.srv.obs.ShadowDecided(p.pol.Name, d)
 	if p.span != nil {
 		p.span.SetAttributes(attribute.String("idem.shadow_decision", string(d)))
 	}
 	level := slog.LevelInfo
-	if d == ShadowStoreError {
+	if d == idem.ShadowStoreError {
 		level = slog.LevelWarn
 	}
 	p.logAt(ctx, level, "shadow decision", append(attrs, slog.String("shadow_decision", string(d)))...)
@@ -97,7 +97,7 @@ func (p *processor) shadowDecided(ctx context.Context, d ShadowDecision, attrs .
 // own would need every client taught about it. A shadow policy, which refuses nothing anyway, measures what
 // enforcement would do now: pass it, so it is only a keyless request.
 func (p *processor) graceWithoutKey(ctx context.Context, req *extprocv3.ProcessingRequest) *extprocv3.ProcessingResponse {
-	p.decided(DecisionBypassed)
+	p.decided(idem.DecisionBypassed)
 	if p.pol.Enforcement == policy.EnforcementShadow {
 		return p.passThrough(req)
 	}

@@ -10,11 +10,11 @@ import (
 	"runtime/debug"
 	"time"
 
+	"github.com/idem-extproc/idem-extproc/internal/envoyorigin"
+	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-
-	"github.com/idem-extproc/idem-extproc/internal/extproc"
 )
 
 // Namespace prefixes every metric name.
@@ -40,7 +40,7 @@ type Metrics struct {
 	started        time.Time
 }
 
-var _ extproc.Observer = (*Metrics)(nil)
+var _ idem.Observer = (*Metrics)(nil)
 
 // NewMetrics registers the metrics, the Go runtime and process collectors
 // and build information.
@@ -106,7 +106,7 @@ func NewMetrics() *Metrics {
 	m.droppedHeaders.WithLabelValues("none")
 	// Every attribute's series exists from the start (policy "none"), so a
 	// rule on the family sees it before the first miss.
-	for name := range extproc.MissingAttributes {
+	for name := range envoyorigin.MissingAttributes {
 		m.missingAttrs.WithLabelValues("none", name)
 	}
 	build := prometheus.NewGaugeVec(prometheus.GaugeOpts{
@@ -160,28 +160,28 @@ func policyLabel(p string) string {
 	return p
 }
 
-// StreamStarted implements extproc.Observer.
+// StreamStarted implements idem.Observer.
 func (m *Metrics) StreamStarted() { m.openStreams.Inc() }
 
-// StreamEnded implements extproc.Observer.
+// StreamEnded implements idem.Observer.
 func (m *Metrics) StreamEnded() { m.openStreams.Dec() }
 
-// Decided implements extproc.Observer.
-func (m *Metrics) Decided(policy string, d extproc.Decision) {
+// Decided implements idem.Observer.
+func (m *Metrics) Decided(policy string, d idem.Decision) {
 	m.decisions.WithLabelValues(policyLabel(policy), string(d)).Inc()
 }
 
-// Replayed implements extproc.Observer.
+// Replayed implements idem.Observer.
 func (m *Metrics) Replayed(policy string, age time.Duration) {
 	m.replayAge.WithLabelValues(policyLabel(policy)).Observe(age.Seconds())
 }
 
-// SettleFailed implements extproc.Observer.
+// SettleFailed implements idem.Observer.
 func (m *Metrics) SettleFailed(policy, decision string) {
 	m.settleFailures.WithLabelValues(policyLabel(policy), decision).Inc()
 }
 
-// Requested implements extproc.Observer.
+// Requested implements idem.Observer.
 func (m *Metrics) Requested(policy string, withKey bool) {
 	key := "absent"
 	if withKey {
@@ -190,12 +190,12 @@ func (m *Metrics) Requested(policy string, withKey bool) {
 	m.requests.WithLabelValues(policyLabel(policy), key).Inc()
 }
 
-// ShadowDecided implements extproc.Observer.
-func (m *Metrics) ShadowDecided(policy string, d extproc.ShadowDecision) {
+// ShadowDecided implements idem.Observer.
+func (m *Metrics) ShadowDecided(policy string, d idem.ShadowDecision) {
 	m.shadow.WithLabelValues(policyLabel(policy), string(d)).Inc()
 }
 
-// KeyWarned implements extproc.Observer.
+// KeyWarned implements idem.Observer.
 func (m *Metrics) KeyWarned(policy string) {
 	m.keyWarnings.WithLabelValues(policyLabel(policy)).Inc()
 }
@@ -223,9 +223,9 @@ var requestPathOps = []string{"reserve", "renew", "complete", "release", "mark_u
 // alertedDecisions and alertedSettles are the label values per policy that
 // observability/prometheus-rules.yaml reads.
 var (
-	alertedDecisions = []extproc.Decision{extproc.DecisionReserved, extproc.DecisionReplayed,
-		extproc.DecisionFailOpen, extproc.DecisionMarkedUnknown}
-	alertedSettles = []extproc.Decision{extproc.DecisionStored, extproc.DecisionReleased, extproc.DecisionMarkedUnknown}
+	alertedDecisions = []idem.Decision{idem.DecisionReserved, idem.DecisionReplayed,
+		idem.DecisionFailOpen, idem.DecisionMarkedUnknown}
+	alertedSettles = []idem.Decision{idem.DecisionStored, idem.DecisionReleased, idem.DecisionMarkedUnknown}
 )
 
 // KnowPolicies starts at zero, for each policy named, the series that the
