@@ -28,7 +28,7 @@ func (p *processor) missingAttribute(ctx context.Context, policyName, name, why 
 	if _, loaded := p.srv.missing.seen.LoadOrStore(policyName+"\x00"+name, true); loaded {
 		return
 	}
-	p.logAt(ctx, slog.LevelWarn, MissingAttributeMessage,
+	p.LogAt(ctx, slog.LevelWarn, MissingAttributeMessage,
 		slog.String("policy", policyName), slog.String("attribute", name),
 		slog.String("fix", "add "+name+" to the ext_proc filter's "+envoyorigin.MissingAttributes[name]),
 		slog.String("consequence", why))
@@ -63,8 +63,8 @@ func (p *processor) responseOrigin(ctx context.Context, attrs *structpb.Struct) 
 	dv, hasDetails := attrs.GetFields()[envoyorigin.AttrCodeDetails]
 	// grpc-go's filter (gRFC A93) makes no local replies of Envoy's kind:
 	// there is nothing for the attribute to tell apart.
-	if !hasDetails && p.reserved && !p.rpc.proxyless {
-		p.missingAttribute(ctx, p.pol.Name, envoyorigin.AttrCodeDetails,
+	if !hasDetails && p.att.Held() && !p.rpc.proxyless {
+		p.missingAttribute(ctx, p.att.Policy.Name, envoyorigin.AttrCodeDetails,
 			"Envoy's own error replies cannot be told from the upstream's and are stored as its answer")
 	}
 	return envoyorigin.Classify(valueString(dv), hasDetails, attrUint(attrs, envoyorigin.AttrFlags))

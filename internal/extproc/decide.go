@@ -23,16 +23,16 @@ func (p *processor) decide(ctx context.Context, req *extprocv3.ProcessingRequest
 		Path:    p.path,
 		Headers: p.reqHeaders,
 		Body:    p.reqBody,
-		JSON:    p.pol.FingerprintJSON,
-	}, p.pol.FingerprintHeaders)
+		JSON:    p.att.Policy.FingerprintJSON,
+	}, p.att.Policy.FingerprintHeaders)
 	p.reqBody, p.reqHeaders = nil, nil
 	p.releaseHeld() // the request body is no longer kept
-	p.tok = idem.NewToken()
-	if p.pol.Enforcement == policy.EnforcementShadow {
+	p.att.Token = idem.NewToken()
+	if p.att.Policy.Enforcement == policy.EnforcementShadow {
 		return p.decideShadow(ctx, req, fp)
 	}
 
-	if p.pol.Encrypt && p.srv.cfg.Sealer == nil {
+	if p.att.Policy.Encrypt && p.srv.cfg.Sealer == nil {
 		// The response could not be stored as the policy demands: refuse
 		// before anything runs. (The daemon refuses such a configuration;
 		// this guards other embeddings.)
@@ -40,15 +40,15 @@ func (p *processor) decide(ctx context.Context, req *extprocv3.ProcessingRequest
 	}
 	res, err := p.reserve(ctx, fp)
 	if err != nil {
-		if p.pol.FailureMode == policy.FailOpen {
-			p.decided(idem.DecisionFailOpen)
-			p.logAt(ctx, slog.LevelWarn, "store unavailable; request passes unprotected (fail_open)", slog.String("error", err.Error()))
+		if p.att.Policy.FailureMode == policy.FailOpen {
+			p.Decided(idem.DecisionFailOpen)
+			p.LogAt(ctx, slog.LevelWarn, "store unavailable; request passes unprotected (fail_open)", slog.String("error", err.Error()))
 			return p.passThrough(req)
 		}
 		return p.storeProblem(ctx, err)
 	}
-	p.attempt = res.Attempt
-	if res.Outcome == idem.InFlight && p.pol.WaitForInFlight > 0 {
+	p.att.Number = res.Attempt
+	if res.Outcome == idem.InFlight && p.att.Policy.WaitForInFlight > 0 {
 		if w, ok := p.srv.cfg.Store.(idem.Watcher); ok {
 			res = p.awaitFirst(ctx, w, fp, res)
 		}
@@ -64,17 +64,17 @@ func (p *processor) decide(ctx context.Context, req *extprocv3.ProcessingRequest
 	}
 	// The decision's name is the metric's (decisions_total): "replayed",
 	// "conflict", not the record's state.
-	p.logAt(ctx, slog.LevelInfo, "decision", slog.String("decision", string(idem.DecisionFor(res.Outcome))))
+	p.LogAt(ctx, slog.LevelInfo, "decision", slog.String("decision", string(idem.DecisionFor(res.Outcome))))
 	return p.answerFor(req, res)
 }
 
 // storeProblem answers 503 when the store cannot be used: unreachable, or
 // holding a response that fails its integrity check.
 func (p *processor) storeProblem(ctx context.Context, err error) *extprocv3.ProcessingResponse {
-	p.decided(idem.DecisionStoreUnavailable)
-	p.logAt(ctx, slog.LevelError, "store unavailable; request refused (fail_closed)", slog.String("error", err.Error()))
+	p.Decided(idem.DecisionStoreUnavailable)
+	p.LogAt(ctx, slog.LevelError, "store unavailable; request refused (fail_closed)", slog.String("error", err.Error()))
 	prob := problem.New(problem.StoreUnavailable, "the idempotency store cannot be used; retry later")
-	prob.RetryAfter = p.pol.RetryAfter
+	prob.RetryAfter = p.att.Policy.RetryAfter
 	return p.answer(p.problemReply(prob))
 }
 
@@ -82,23 +82,23 @@ func (p *processor) open(r idem.Response) (idem.Response, error) {
 	if p.srv.cfg.Sealer == nil {
 		return idem.Response{}, errors.New("a stored response is sealed and the server has no key ring")
 	}
-	return p.srv.cfg.Sealer.Open(p.id, r)
+	return p.srv.cfg.Sealer.Open(p.att.ID, r)
 }
 
 // answerFor turns a reservation's outcome into the reply.
 func (p *processor) answerFor(req *extprocv3.ProcessingRequest, res idem.ReserveResult) *extprocv3.ProcessingResponse {
-	p.decided(idem.DecisionFor(res.Outcome))
+	p.Decided(idem.DecisionFor(res.Outcome))
 	switch res.Outcome {
 	case idem.Reserved:
 		return p.proceed(req)
 	case idem.Completed:
 		if !res.CreatedAt.IsZero() {
-			p.srv.obs.Replayed(p.pol.Name, time.Since(res.CreatedAt))
+			p.srv.obs.Replayed(p.att.Policy.Name, time.Since(res.CreatedAt))
 		}
 		return p.answer(p.replayReply(res.Response))
 	case idem.InFlight:
 		prob := problem.New(problem.InProgress, "an earlier request with this Idempotency-Key is still being processed; retry later")
-		prob.RetryAfter = p.pol.RetryAfter
+		prob.RetryAfter = p.att.Policy.RetryAfter
 		return p.answer(p.problemReply(prob))
 	case idem.Unknown:
 		return p.answer(p.problemReply(problem.New(problem.OutcomeUnknown,
@@ -113,16 +113,15 @@ func (p *processor) answerFor(req *extprocv3.ProcessingRequest, res idem.Reserve
 // proceed lets the attempt that holds the reservation go to the upstream,
 // renewing its lease while it runs.
 func (p *processor) proceed(req *extprocv3.ProcessingRequest) *extprocv3.ProcessingResponse {
-	p.reserved = true
 	p.stage = stageUpstream
-	p.renew = startRenewer(p.spanCtxOr(context.Background()), p.srv, p.id, p.tok, p.pol.Lease)
+	p.att.Hold(p.spanCtxOr(context.Background()))
 	return p.cont(req)
 }
 
 // reject answers a request the server refuses before any store call.
 func (p *processor) reject(ctx context.Context, prob *problem.Problem) *extprocv3.ProcessingResponse {
-	p.decided(idem.DecisionRejected)
-	p.logAt(ctx, slog.LevelInfo, "rejected", slog.String("problem", prob.Slug))
+	p.Decided(idem.DecisionRejected)
+	p.LogAt(ctx, slog.LevelInfo, "rejected", slog.String("problem", prob.Slug))
 	return p.answer(p.problemReply(prob))
 }
 
@@ -151,14 +150,14 @@ func (p *processor) passThrough(req *extprocv3.ProcessingRequest) *extprocv3.Pro
 func (p *processor) reserve(ctx context.Context, fp idem.Fingerprint) (idem.ReserveResult, error) {
 	sctx, cancel := p.storeCtx(ctx)
 	defer cancel()
-	waitReplicas, waitTimeout := p.pol.WaitReplicas()
+	waitReplicas, waitTimeout := p.att.Policy.WaitReplicas()
 	return p.srv.cfg.Store.Reserve(sctx, idem.Reservation{
-		ID:           p.id,
+		ID:           p.att.ID,
 		Fingerprint:  fp,
-		Token:        p.tok,
-		Lease:        p.pol.Lease,
-		Retention:    p.pol.Retention,
-		LeaseExpiry:  p.pol.LeaseExpiry,
+		Token:        p.att.Token,
+		Lease:        p.att.Policy.Lease,
+		Retention:    p.att.Policy.Retention,
+		LeaseExpiry:  p.att.Policy.LeaseExpiry,
 		WaitReplicas: waitReplicas,
 		WaitTimeout:  waitTimeout,
 	})
@@ -170,7 +169,7 @@ func (p *processor) reserve(ctx context.Context, fp idem.Fingerprint) (idem.Rese
 // the replay once the first attempt completed, a fresh reservation if it
 // was released, or the outcome found when the wait ends.
 func (p *processor) awaitFirst(ctx context.Context, w idem.Watcher, fp idem.Fingerprint, first idem.ReserveResult) idem.ReserveResult {
-	deadline := time.Now().Add(p.pol.WaitForInFlight)
+	deadline := time.Now().Add(p.att.Policy.WaitForInFlight)
 	// Envoy times each message out (message_timeout, 200 ms by default):
 	// ask for the wait plus two store calls. Envoy honours it only up to
 	// the filter's max_message_timeout. There is no timer in the echo
@@ -178,7 +177,7 @@ func (p *processor) awaitFirst(ctx context.Context, w idem.Watcher, fp idem.Fing
 	// error.
 	if !p.rpc.proxyless && !echoes(p.requestBodyMode) {
 		if err := p.send(&extprocv3.ProcessingResponse{
-			OverrideMessageTimeout: durationpb.New(p.pol.WaitForInFlight + 2*p.srv.cfg.StoreTimeout),
+			OverrideMessageTimeout: durationpb.New(p.att.Policy.WaitForInFlight + 2*p.srv.cfg.StoreTimeout),
 		}); err != nil {
 			return first
 		}
@@ -186,7 +185,7 @@ func (p *processor) awaitFirst(ctx context.Context, w idem.Watcher, fp idem.Fing
 	wctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
 	for {
-		changed, stop, err := w.Watch(wctx, p.id)
+		changed, stop, err := w.Watch(wctx, p.att.ID)
 		if err != nil {
 			return first
 		}
@@ -196,7 +195,7 @@ func (p *processor) awaitFirst(ctx context.Context, w idem.Watcher, fp idem.Fing
 		}
 		stop()
 		sctx, scancel := p.storeCtx(ctx)
-		rec, err := p.srv.cfg.Store.Get(sctx, p.id)
+		rec, err := p.srv.cfg.Store.Get(sctx, p.att.ID)
 		scancel()
 		switch {
 		case errors.Is(err, idem.ErrNotFound):

@@ -117,8 +117,8 @@ func (p *processor) awaitRequestBody(ctx context.Context, req *extprocv3.Process
 // end_of_stream_without_message) decides.
 func (p *processor) onStreamedRequestBody(ctx context.Context, req *extprocv3.ProcessingRequest, body *extprocv3.HttpBody) *extprocv3.ProcessingResponse {
 	msg := body.GetBody()
-	if len(p.reqBody)+len(msg) > p.pol.MaxRequestBody {
-		return p.refuse(ctx, req, bodyTooLarge(p.pol.MaxRequestBody))
+	if len(p.reqBody)+len(msg) > p.att.Policy.MaxRequestBody {
+		return p.refuse(ctx, req, bodyTooLarge(p.att.Policy.MaxRequestBody))
 	}
 	if prob := p.holdRequestBody(len(msg)); prob != nil {
 		return p.refuse(ctx, req, prob)

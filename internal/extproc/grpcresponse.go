@@ -33,7 +33,7 @@ func (p *processor) onRPCResponseHeaders(ctx context.Context, req *extprocv3.Pro
 	}
 	p.respHeaders = p.respHeaders[:0]
 	for _, h := range hs {
-		if p.pol.StoresHeader(h.Name) {
+		if p.att.Policy.StoresHeader(h.Name) {
 			p.respHeaders = append(p.respHeaders, h)
 		}
 	}
@@ -93,7 +93,7 @@ func (p *processor) storeResponseBytes(body *extprocv3.HttpBody) {
 	} else {
 		next = append(next, body.GetBody()...)
 	}
-	if len(next) > p.pol.MaxStoredBody || !p.hold(len(next)-len(p.respBody)) {
+	if len(next) > p.att.Policy.MaxStoredBody || !p.hold(len(next)-len(p.respBody)) {
 		// Over the policy's limit, or no room in the server's budget.
 		p.respTooLarge, p.respBody = true, nil
 		p.releaseHeld()
@@ -145,8 +145,8 @@ func (p *processor) finishRPC(ctx context.Context, carrier []idem.Header) {
 		status = httpStatusFor(code)
 		p.respHeaders = withStatus(p.respHeaders, code, msg)
 	}
-	action := idem.DecideResponse(p.pol.ResponseRules, p.rpc.origin, status)
-	p.logAt(ctx, slog.LevelDebug, "grpc response", slog.String("grpc_status", codeName(code)),
+	action := p.att.ActionFor(p.rpc.origin, status)
+	p.LogAt(ctx, slog.LevelDebug, "grpc response", slog.String("grpc_status", codeName(code)),
 		slog.Bool("status_known", known), slog.String("origin", p.rpc.origin.String()), slog.String("action", action.String()))
 	if action == idem.ActionStore {
 		p.complete(ctx)

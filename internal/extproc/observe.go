@@ -86,10 +86,10 @@ func (p *processor) spanCtxOr(def context.Context) context.Context {
 }
 
 // decided reports a decision to the observer and on the stream's span.
-func (p *processor) decided(d idem.Decision) {
+func (p *processor) Decided(d idem.Decision) {
 	name := ""
-	if p.pol != nil {
-		name = p.pol.Name
+	if p.att.Policy != nil {
+		name = p.att.Policy.Name
 	}
 	p.srv.obs.Decided(name, d)
 	if p.span != nil {
@@ -103,17 +103,17 @@ func (p *processor) endSpan(err error) {
 	if p.span == nil {
 		return
 	}
-	if p.pol != nil {
-		p.span.SetAttributes(attribute.String("idem.policy", p.pol.Name))
+	if p.att.Policy != nil {
+		p.span.SetAttributes(attribute.String("idem.policy", p.att.Policy.Name))
 	}
-	if p.id != "" {
-		p.span.SetAttributes(attribute.String("idem.key_hash", string(p.id)), attribute.String("idem.scope", p.scope))
+	if p.att.ID != "" {
+		p.span.SetAttributes(attribute.String("idem.key_hash", string(p.att.ID)), attribute.String("idem.scope", p.att.Scope))
 	}
 	if p.requestID != "" {
 		p.span.SetAttributes(attribute.String("http.request.header.x-request-id", p.requestID))
 	}
-	if p.attempt > 0 {
-		p.span.SetAttributes(attribute.Int("idem.attempt", p.attempt))
+	if p.att.Number > 0 {
+		p.span.SetAttributes(attribute.Int("idem.attempt", p.att.Number))
 	}
 	if err != nil {
 		p.span.SetStatus(codes.Error, err.Error())

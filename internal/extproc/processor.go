@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/idem-extproc/idem-extproc/internal/attempt"
 	"github.com/idem-extproc/idem-extproc/internal/envoyorigin"
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/policy"
@@ -52,22 +53,16 @@ type processor struct {
 	requestBodyMode, responseBodyMode procmodev3.ProcessingMode_BodySendMode
 	modesKnown                        bool
 
-	pol        *policy.Policy
+	// att is the attempt: policy, record, token, what it holds.
+	att        attempt.Attempt
 	method     string
 	path       string
-	scope      string
 	requestID  string
 	reqHeaders []idem.Header
 	reqBody    []byte
 	// held is what this stream's buffered bodies take of the server's
 	// budget (budget.go).
 	held int64
-
-	id       idem.RecordID
-	tok      idem.Token
-	reserved bool // this attempt holds the record and has not settled it
-	attempt  int
-	renew    *renewer
 
 	// span is the stream's span; spanCtx carries it for work done after
 	// the stream's own context ended.
@@ -87,32 +82,29 @@ type processor struct {
 	// the client gets: a shadow policy's decision, a key grace period's
 	// warning. HTTP only.
 	respAdd []*corev3.HeaderValueOption
-
-	// retry is a final transition the store refused; the stream's end
-	// tries it once more.
-	retry         func(context.Context) error
-	retryDecision idem.Decision
 }
 
 func newProcessor(s *Server, set *policy.Set, send func(*extprocv3.ProcessingResponse) error) *processor {
-	return &processor{srv: s, policies: set, send: send, started: time.Now()}
+	p := &processor{srv: s, policies: set, send: send, started: time.Now()}
+	p.att = attempt.New(&s.att, p)
+	return p
 }
 
 // addLogAttrs adds the fields that trace one attempt to a log record: the
 // hashed key (record id, never the raw key), scope, policy, request id and
 // attempt number.
 func (p *processor) addLogAttrs(r *slog.Record) {
-	if p.pol != nil {
-		r.AddAttrs(slog.String("policy", p.pol.Name))
+	if p.att.Policy != nil {
+		r.AddAttrs(slog.String("policy", p.att.Policy.Name))
 	}
-	if p.id != "" {
-		r.AddAttrs(slog.String("key_hash", string(p.id)), slog.String("scope", p.scope))
+	if p.att.ID != "" {
+		r.AddAttrs(slog.String("key_hash", string(p.att.ID)), slog.String("scope", p.att.Scope))
 	}
 	if p.requestID != "" {
 		r.AddAttrs(slog.String("request_id", p.requestID))
 	}
-	if p.attempt > 0 {
-		r.AddAttrs(slog.Int("attempt", p.attempt))
+	if p.att.Number > 0 {
+		r.AddAttrs(slog.Int("attempt", p.att.Number))
 	}
 	r.AddAttrs(slog.Float64("latency_ms", float64(time.Since(p.started).Microseconds())/1000))
 }
@@ -122,7 +114,7 @@ func (p *processor) addLogAttrs(r *slog.Record) {
 // nothing is built when the level is off, and the record goes to the
 // handler directly: Logger.LogAttrs would also walk the stack for a
 // source position the handler never prints.
-func (p *processor) logAt(ctx context.Context, level slog.Level, msg string, extra ...slog.Attr) {
+func (p *processor) LogAt(ctx context.Context, level slog.Level, msg string, extra ...slog.Attr) {
 	h := p.srv.log.Handler()
 	if !h.Enabled(ctx, level) {
 		return
@@ -206,7 +198,7 @@ func (p *processor) onRequestHeaders(ctx context.Context, req *extprocv3.Process
 	p.requestID, _ = findHeader(hs, "x-request-id")
 	p.method = method
 
-	p.pol = p.policies.Match(policy.Request{
+	p.att.Policy = p.policies.Match(policy.Request{
 		Method:    method,
 		Authority: authority,
 		Path:      p.path,
@@ -215,34 +207,34 @@ func (p *processor) onRequestHeaders(ctx context.Context, req *extprocv3.Process
 	if !hasAttr(attrs, envoyorigin.AttrRouteName) {
 		p.routeNameMissing(ctx)
 	}
-	if p.pol == nil {
-		p.decided(idem.DecisionBypassed)
+	if p.att.Policy == nil {
+		p.Decided(idem.DecisionBypassed)
 		return p.passThrough(req)
 	}
-	rawKey, present := findHeader(hs, p.pol.KeyHeader)
-	p.srv.obs.Requested(p.pol.Name, present)
-	if p.pol.Enforcement == policy.EnforcementOff {
+	rawKey, present := findHeader(hs, p.att.Policy.KeyHeader)
+	p.srv.obs.Requested(p.att.Policy.Name, present)
+	if p.att.Policy.Enforcement == policy.EnforcementOff {
 		// Matched for the adoption counts only: no store call.
-		p.decided(idem.DecisionBypassed)
+		p.Decided(idem.DecisionBypassed)
 		return p.passThrough(req)
 	}
 	if !present {
 		switch {
-		case p.pol.KeyRequired && p.pol.KeyGrace(p.srv.cfg.Now()):
+		case p.att.Policy.KeyRequired && p.att.Policy.KeyGrace(p.srv.cfg.Now()):
 			return p.graceWithoutKey(ctx, req)
-		case p.pol.KeyRequired:
+		case p.att.Policy.KeyRequired:
 			return p.refuse(ctx, req, problem.New(problem.KeyMissing, "this endpoint requires an Idempotency-Key header"))
 		}
-		p.decided(idem.DecisionBypassed)
+		p.Decided(idem.DecisionBypassed)
 		return p.passThrough(req)
 	}
-	if n := countHeader(hs, p.pol.KeyHeader); n > 1 {
+	if n := countHeader(hs, p.att.Policy.KeyHeader); n > 1 {
 		// Which line counts would depend on who reads it (this server the
 		// first, many upstreams the last): one record for two keys.
 		return p.refuse(ctx, req, problem.New(problem.KeyInvalid,
 			fmt.Sprintf("invalid Idempotency-Key: sent on %d field lines; the field is a single string", n)))
 	}
-	key, err := idem.ParseKey(rawKey, p.pol.MaxKeyLength)
+	key, err := idem.ParseKey(rawKey, p.att.Policy.MaxKeyLength)
 	if err != nil {
 		return p.refuse(ctx, req, problem.New(problem.KeyInvalid, err.Error()))
 	}
@@ -250,9 +242,8 @@ func (p *processor) onRequestHeaders(ctx context.Context, req *extprocv3.Process
 	if prob != nil {
 		return p.refuse(ctx, req, prob)
 	}
-	p.scope = scope
-	p.id = idem.RecordIDFor(p.pol.RecordNamespace(), scope, key)
-	p.reqHeaders = selectHeaders(hs, p.pol.FingerprintHeaders)
+	p.att.Admit(scope, key)
+	p.reqHeaders = selectHeaders(hs, p.att.Policy.FingerprintHeaders)
 	if hh.GetEndOfStream() {
 		return p.decide(ctx, req)
 	}
@@ -295,7 +286,7 @@ func (p *processor) wantedResponseBodyMode() procmodev3.ProcessingMode_BodySendM
 // scopeOf names the owner of the request's key space, per the policy.
 func (p *processor) scopeOf(ctx context.Context, authority string, hs *corev3.HeaderMap, req *extprocv3.ProcessingRequest, attrs *structpb.Struct) (string, *problem.Problem) {
 	var scope string
-	switch sc := p.pol.Scope; sc.Source {
+	switch sc := p.att.Policy.Scope; sc.Source {
 	case policy.ScopeNone:
 		return "", nil
 	case policy.ScopeAuthority:
@@ -307,7 +298,7 @@ func (p *processor) scopeOf(ctx context.Context, authority string, hs *corev3.He
 	case policy.ScopePrincipal:
 		name := PrincipalAttribute(sc.PeerIdentity)
 		if !hasAttr(attrs, name) {
-			p.missingAttribute(ctx, p.pol.Name, name, "every request of the policy is refused 401 principal-missing")
+			p.missingAttribute(ctx, p.att.Policy.Name, name, "every request of the policy is refused 401 principal-missing")
 		}
 		scope = attrString(attrs, name)
 	}
@@ -335,8 +326,8 @@ func (p *processor) onRequestBody(ctx context.Context, req *extprocv3.Processing
 	if echoes(p.requestBodyMode) {
 		return p.onStreamedRequestBody(ctx, req, body)
 	}
-	if len(p.reqBody)+len(body.GetBody()) > p.pol.MaxRequestBody {
-		return p.refuse(ctx, req, bodyTooLarge(p.pol.MaxRequestBody))
+	if len(p.reqBody)+len(body.GetBody()) > p.att.Policy.MaxRequestBody {
+		return p.refuse(ctx, req, bodyTooLarge(p.att.Policy.MaxRequestBody))
 	}
 	if prob := p.holdRequestBody(len(body.GetBody())); prob != nil {
 		return p.refuse(ctx, req, prob)

@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/idem-extproc/idem-extproc/internal/attempt"
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/policy"
 )
@@ -74,6 +75,8 @@ type Server struct {
 	budget *bodyBudget
 	// missing remembers the attributes already reported missing.
 	missing missingOnce
+	// att is what every attempt shares.
+	att attempt.Server
 }
 
 // New returns a Server.
@@ -99,6 +102,8 @@ func New(cfg Config) *Server {
 	if s.obs == nil {
 		s.obs = idem.NopObserver{}
 	}
+	s.att = attempt.Server{Store: cfg.Store, Sealer: cfg.Sealer, Observer: s.obs, Log: log,
+		StoreTimeout: cfg.StoreTimeout, FinishTimeout: cfg.FinishTimeout}
 	if cfg.MaxBufferedBytes > 0 {
 		s.budget = &bodyBudget{limit: cfg.MaxBufferedBytes}
 	}
@@ -136,7 +141,7 @@ func (s *Server) serve(ctx context.Context, stream extprocv3.ExternalProcessor_P
 		resp, err := p.handle(pctx, req)
 		span.End()
 		if err != nil {
-			p.logAt(ctx, slog.LevelWarn, "ext_proc protocol error", slog.String("error", err.Error()))
+			p.LogAt(ctx, slog.LevelWarn, "ext_proc protocol error", slog.String("error", err.Error()))
 			return status.Error(codes.InvalidArgument, err.Error())
 		}
 		if resp == nil {

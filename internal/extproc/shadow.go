@@ -19,7 +19,7 @@ import (
 // missing or invalid, no principal, body too large). A shadow policy only
 // counts what it would have refused, and lets the request on.
 func (p *processor) refuse(ctx context.Context, req *extprocv3.ProcessingRequest, prob *problem.Problem) *extprocv3.ProcessingResponse {
-	if p.pol.Enforcement == policy.EnforcementShadow {
+	if p.att.Policy.Enforcement == policy.EnforcementShadow {
 		p.shadowDecided(ctx, idem.ShadowWouldReject, slog.String("problem", prob.Slug))
 		return p.passThrough(req)
 	}
@@ -39,7 +39,7 @@ func (p *processor) refuse(ctx context.Context, req *extprocv3.ProcessingRequest
 // reservation. A store that cannot be asked is counted and passed, as
 // fail_open would.
 func (p *processor) decideShadow(ctx context.Context, req *extprocv3.ProcessingRequest, fp idem.Fingerprint) *extprocv3.ProcessingResponse {
-	if p.pol.Encrypt && p.srv.cfg.Sealer == nil {
+	if p.att.Policy.Encrypt && p.srv.cfg.Sealer == nil {
 		p.shadowDecided(ctx, idem.ShadowStoreError, slog.String("error", "policy asks for encryption and the server has no key ring"))
 		return p.passThrough(req)
 	}
@@ -48,7 +48,7 @@ func (p *processor) decideShadow(ctx context.Context, req *extprocv3.ProcessingR
 		p.shadowDecided(ctx, idem.ShadowStoreError, slog.String("error", err.Error()))
 		return p.passThrough(req)
 	}
-	p.attempt = res.Attempt
+	p.att.Number = res.Attempt
 	p.shadowDecided(ctx, shadowDecisionFor(res.Outcome))
 	if res.Outcome == idem.Reserved {
 		return p.proceed(req)
@@ -74,8 +74,8 @@ func shadowDecisionFor(o idem.Outcome) idem.ShadowDecision {
 // the span, and, when the policy names a shadow header, told to the client
 // on the response ("would-replay"). gRPC answers carry no such header.
 func (p *processor) shadowDecided(ctx context.Context, d idem.ShadowDecision, attrs ...slog.Attr) {
-	p.decided(idem.DecisionShadowed)
-	p.srv.obs.ShadowDecided(p.pol.Name, d)
+	p.Decided(idem.DecisionShadowed)
+	p.srv.obs.ShadowDecided(p.att.Policy.Name, d)
 	if p.span != nil {
 		p.span.SetAttributes(attribute.String("idem.shadow_decision", string(d)))
 	}
@@ -83,9 +83,9 @@ func (p *processor) shadowDecided(ctx context.Context, d idem.ShadowDecision, at
 	if d == idem.ShadowStoreError {
 		level = slog.LevelWarn
 	}
-	p.logAt(ctx, level, "shadow decision", append(attrs, slog.String("shadow_decision", string(d)))...)
-	if p.pol.ShadowHeader != "" && !p.rpc.call {
-		p.respAdd = append(p.respAdd, setHeader(p.pol.ShadowHeader, strings.ReplaceAll(string(d), "_", "-"), false))
+	p.LogAt(ctx, level, "shadow decision", append(attrs, slog.String("shadow_decision", string(d)))...)
+	if p.att.Policy.ShadowHeader != "" && !p.rpc.call {
+		p.respAdd = append(p.respAdd, setHeader(p.att.Policy.ShadowHeader, strings.ReplaceAll(string(d), "_", "-"), false))
 	}
 }
 
@@ -97,14 +97,14 @@ func (p *processor) shadowDecided(ctx context.Context, d idem.ShadowDecision, at
 // own would need every client taught about it. A shadow policy, which refuses nothing anyway, measures what
 // enforcement would do now: pass it, so it is only a keyless request.
 func (p *processor) graceWithoutKey(ctx context.Context, req *extprocv3.ProcessingRequest) *extprocv3.ProcessingResponse {
-	p.decided(idem.DecisionBypassed)
-	if p.pol.Enforcement == policy.EnforcementShadow {
+	p.Decided(idem.DecisionBypassed)
+	if p.att.Policy.Enforcement == policy.EnforcementShadow {
 		return p.passThrough(req)
 	}
-	p.srv.obs.KeyWarned(p.pol.Name)
-	p.logAt(ctx, slog.LevelInfo, "key missing; passed in its grace period", slog.Time("warn_until", p.pol.KeyWarnUntil))
+	p.srv.obs.KeyWarned(p.att.Policy.Name)
+	p.LogAt(ctx, slog.LevelInfo, "key missing; passed in its grace period", slog.Time("warn_until", p.att.Policy.KeyWarnUntil))
 	if !p.rpc.call {
-		p.respAdd = append(p.respAdd, setHeader("warning", GraceWarning(p.pol.KeyHeader, p.pol.KeyWarnUntil), true))
+		p.respAdd = append(p.respAdd, setHeader("warning", GraceWarning(p.att.Policy.KeyHeader, p.att.Policy.KeyWarnUntil), true))
 	}
 	return p.passThrough(req)
 }
