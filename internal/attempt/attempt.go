@@ -35,21 +35,25 @@ type Server struct {
 	FinishTimeout time.Duration
 }
 
-// Reporter is told what an attempt does, so the protocol side can put it
-// on the request's log lines and span with the fields it knows (request
-// id, latency).
-type Reporter interface {
+// Conversation is the attempt's side of the protocol's conversation: it
+// puts what the attempt does on the request's log lines and span, with the
+// fields it knows (request id, latency), and tells the proxy about a wait.
+type Conversation interface {
 	// Decided reports a decision (observer, span).
 	Decided(d idem.Decision)
 	// LogAt writes one line about the request at level.
 	LogAt(ctx context.Context, level slog.Level, msg string, extra ...slog.Attr)
+	// BeforeWait runs before a duplicate waits up to d for the attempt in
+	// flight (the proxy may need to extend its own timer); an error
+	// abandons the wait.
+	BeforeWait(d time.Duration) error
 }
 
 // Attempt is one attempt of an operation: the record it names and what it
 // holds of it. Its zero value, from New, is an attempt not yet admitted.
 type Attempt struct {
-	srv *Server
-	rep Reporter
+	srv  *Server
+	conv Conversation
 
 	// Policy is the policy the request matched; nil when none did.
 	Policy *policy.Policy
@@ -70,9 +74,9 @@ type Attempt struct {
 	retryDecision idem.Decision
 }
 
-// New returns an attempt of srv that reports to rep.
-func New(srv *Server, rep Reporter) Attempt {
-	return Attempt{srv: srv, rep: rep}
+// New returns an attempt of srv that talks through conv.
+func New(srv *Server, conv Conversation) Attempt {
+	return Attempt{srv: srv, conv: conv}
 }
 
 // Admit names the record of the request's key in its scope under the

@@ -27,7 +27,7 @@ func (a *Attempt) Complete(ctx context.Context, resp idem.Response, attrs ...slo
 		sealed, err := a.srv.Sealer.Seal(a.ID, resp)
 		if err != nil {
 			// Never store in the clear what the policy says to seal.
-			a.rep.LogAt(ctx, slog.LevelError, "response not sealed; marking the outcome unknown", slog.String("error", err.Error()))
+			a.conv.LogAt(ctx, slog.LevelError, "response not sealed; marking the outcome unknown", slog.String("error", err.Error()))
 			a.Settle(ctx, idem.ActionUnknown)
 			return
 		}
@@ -68,13 +68,13 @@ func (a *Attempt) finalize(ctx context.Context, d idem.Decision, apply func(cont
 	extra := append(append(buf[:0], attrs...), slog.String("outcome", string(d)), errAttr(err))
 	if err != nil && !definite(err) {
 		a.retry, a.retryDecision = apply, d
-		a.rep.LogAt(ctx, slog.LevelWarn, "record not settled; will retry when the stream ends", extra...)
+		a.conv.LogAt(ctx, slog.LevelWarn, "record not settled; will retry when the stream ends", extra...)
 		return
 	}
 	if err == nil {
-		a.rep.Decided(d)
+		a.conv.Decided(d)
 	}
-	a.rep.LogAt(ctx, slog.LevelInfo, "settled", extra...)
+	a.conv.LogAt(ctx, slog.LevelInfo, "settled", extra...)
 }
 
 // definite reports a store answer that says the record moved on without
@@ -111,12 +111,12 @@ func (a *Attempt) End(base context.Context, partial *idem.Response) {
 		level, msg := slog.LevelInfo, "settled on retry"
 		switch {
 		case err == nil:
-			a.rep.Decided(a.retryDecision)
+			a.conv.Decided(a.retryDecision)
 		case !definite(err):
 			level, msg = slog.LevelError, "record not settled; it turns unknown when its lease ends"
 			a.srv.Observer.SettleFailed(a.Policy.Name, string(a.retryDecision))
 		}
-		a.rep.LogAt(ctx, level, msg, slog.String("outcome", string(a.retryDecision)), errAttr(err))
+		a.conv.LogAt(ctx, level, msg, slog.String("outcome", string(a.retryDecision)), errAttr(err))
 		return
 	}
 	if partial != nil {

@@ -32,6 +32,8 @@ func (r *reporter) LogAt(_ context.Context, _ slog.Level, msg string, _ ...slog.
 	r.msgs = append(r.msgs, msg)
 }
 
+func (r *reporter) BeforeWait(time.Duration) error { return nil }
+
 // observer counts settle failures; the rest of idem.Observer does nothing.
 type observer struct {
 	idem.NopObserver

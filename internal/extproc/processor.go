@@ -125,10 +125,6 @@ func (p *processor) LogAt(ctx context.Context, level slog.Level, msg string, ext
 	_ = h.Handle(ctx, r)
 }
 
-func (p *processor) storeCtx(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(ctx, p.srv.cfg.StoreTimeout)
-}
-
 // handle answers one message. An error is a protocol violation; the stream
 // then ends with a gRPC error, which Envoy turns into its status_on_error
 // (fail closed). A nil reply means none is due yet (see rpcState).

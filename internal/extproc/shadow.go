@@ -26,48 +26,20 @@ func (p *processor) refuse(ctx context.Context, req *extprocv3.ProcessingRequest
 	return p.reject(ctx, prob)
 }
 
-// decideShadow makes the decision an enforcing policy would make, against
-// the shadow key space (policy.RecordNamespace), and lets the request on
-// whatever it is.
-//
-// A first attempt holds its reservation as an enforced one does, so its
-// response completes the record and later duplicates are measured against
-// it. A duplicate holds nothing: the upstream runs it again (that is what
-// shadow means) and its own response stores nothing, so it never
-// overwrites the first one's record. It does not wait for an attempt in
-// flight either (wait_for_in_flight): shadow adds no latency beyond the
-// reservation. A store that cannot be asked is counted and passed, as
-// fail_open would.
+// decideShadow answers from a shadow policy's decision
+// (attempt.DecideShadow): the request goes on whatever it is; a first
+// attempt holds its reservation as an enforced one does.
 func (p *processor) decideShadow(ctx context.Context, req *extprocv3.ProcessingRequest, fp idem.Fingerprint) *extprocv3.ProcessingResponse {
-	if p.att.Policy.Encrypt && p.srv.cfg.Sealer == nil {
-		p.shadowDecided(ctx, idem.ShadowStoreError, slog.String("error", "policy asks for encryption and the server has no key ring"))
-		return p.passThrough(req)
-	}
-	res, err := p.reserve(ctx, fp)
+	d, err := p.att.DecideShadow(ctx, fp)
 	if err != nil {
-		p.shadowDecided(ctx, idem.ShadowStoreError, slog.String("error", err.Error()))
+		p.shadowDecided(ctx, d, slog.String("error", err.Error()))
 		return p.passThrough(req)
 	}
-	p.att.Number = res.Attempt
-	p.shadowDecided(ctx, shadowDecisionFor(res.Outcome))
-	if res.Outcome == idem.Reserved {
+	p.shadowDecided(ctx, d)
+	if d == idem.ShadowWouldReserve {
 		return p.proceed(req)
 	}
 	return p.passThrough(req)
-}
-
-func shadowDecisionFor(o idem.Outcome) idem.ShadowDecision {
-	switch o {
-	case idem.Reserved:
-		return idem.ShadowWouldReserve
-	case idem.Completed:
-		return idem.ShadowWouldReplay
-	case idem.InFlight:
-		return idem.ShadowWouldConflict
-	case idem.Unknown:
-		return idem.ShadowWouldUnknown
-	}
-	return idem.ShadowWouldMismatch
 }
 
 // shadowDecided records a shadow policy's decision: counted, logged, on

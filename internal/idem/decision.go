@@ -107,3 +107,19 @@ type Sealer interface {
 	Seal(id RecordID, r Response) (Response, error)
 	Open(id RecordID, r Response) (Response, error)
 }
+
+// ShadowDecisionFor names what enforcement would have done with a
+// reservation's outcome.
+func ShadowDecisionFor(o Outcome) ShadowDecision {
+	switch o {
+	case Reserved:
+		return ShadowWouldReserve
+	case Completed:
+		return ShadowWouldReplay
+	case InFlight:
+		return ShadowWouldConflict
+	case Unknown:
+		return ShadowWouldUnknown
+	}
+	return ShadowWouldMismatch
+}
