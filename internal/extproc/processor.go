@@ -194,7 +194,7 @@ func (p *processor) onRequestHeaders(ctx context.Context, req *extprocv3.Process
 	p.requestID, _ = findHeader(hs, "x-request-id")
 	p.method = method
 
-	p.att.Policy = p.policies.Match(policy.Request{
+	matched := p.att.Match(p.policies, policy.Request{
 		Method:    method,
 		Authority: authority,
 		Path:      p.path,
@@ -203,36 +203,23 @@ func (p *processor) onRequestHeaders(ctx context.Context, req *extprocv3.Process
 	if !hasAttr(attrs, envoyorigin.AttrRouteName) {
 		p.routeNameMissing(ctx)
 	}
-	if p.att.Policy == nil {
+	if !matched {
 		p.Decided(idem.DecisionBypassed)
 		return p.passThrough(req)
 	}
 	rawKey, present := findHeader(hs, p.att.Policy.KeyHeader)
-	p.srv.obs.Requested(p.att.Policy.Name, present)
-	if p.att.Policy.Enforcement == policy.EnforcementOff {
-		// Matched for the adoption counts only: no store call.
-		p.Decided(idem.DecisionBypassed)
+	lines := 0
+	if present {
+		lines = countHeader(hs, p.att.Policy.KeyHeader)
+	}
+	adm, key, prob := p.att.AdmitKey(rawKey, lines, p.srv.cfg.Now())
+	switch adm {
+	case attempt.Bypass:
 		return p.passThrough(req)
-	}
-	if !present {
-		switch {
-		case p.att.Policy.KeyRequired && p.att.Policy.KeyGrace(p.srv.cfg.Now()):
-			return p.graceWithoutKey(ctx, req)
-		case p.att.Policy.KeyRequired:
-			return p.refuse(ctx, req, problem.New(problem.KeyMissing, "this endpoint requires an Idempotency-Key header"))
-		}
-		p.Decided(idem.DecisionBypassed)
-		return p.passThrough(req)
-	}
-	if n := countHeader(hs, p.att.Policy.KeyHeader); n > 1 {
-		// Which line counts would depend on who reads it (this server the
-		// first, many upstreams the last): one record for two keys.
-		return p.refuse(ctx, req, problem.New(problem.KeyInvalid,
-			fmt.Sprintf("invalid Idempotency-Key: sent on %d field lines; the field is a single string", n)))
-	}
-	key, err := idem.ParseKey(rawKey, p.att.Policy.MaxKeyLength)
-	if err != nil {
-		return p.refuse(ctx, req, problem.New(problem.KeyInvalid, err.Error()))
+	case attempt.Grace:
+		return p.graceWithoutKey(ctx, req)
+	case attempt.Refuse:
+		return p.refuse(ctx, req, prob)
 	}
 	scope, prob := p.scopeOf(ctx, authority, hs, req, attrs)
 	if prob != nil {
