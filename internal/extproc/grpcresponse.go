@@ -31,12 +31,7 @@ func (p *processor) onRPCResponseHeaders(ctx context.Context, req *extprocv3.Pro
 	if s, ok := firstHeader(hs, ":status"); ok {
 		p.respStatus, _ = strconv.Atoi(s)
 	}
-	p.respHeaders = p.respHeaders[:0]
-	for _, h := range hs {
-		if p.att.Policy.StoresHeader(h.Name) {
-			p.respHeaders = append(p.respHeaders, h)
-		}
-	}
+	p.respHeaders = keptHeaders(hh.GetHeaders(), p.att.Policy.StoresHeader, p.respHeaders[:0])
 	if hh.GetEndOfStream() {
 		// Trailers-only: the status is in these headers.
 		p.finishRPC(ctx, hs)
@@ -78,28 +73,6 @@ func (p *processor) onStreamedResponseBody(ctx context.Context, req *extprocv3.P
 	return &extprocv3.ProcessingResponse{ServerWindowUpdate: &extprocv3.ProcessingResponse_ServerWindowUpdate{
 		WindowIncrementUpstreamToSidestream: int64(len(body.GetBody())),
 	}}
-}
-
-// storeResponseBytes keeps a response body chunk for the record, up to the
-// policy's max_stored_body. grpc-go sends bare messages; they are stored
-// framed, as gRPC sends them on the wire and Envoy passes them.
-func (p *processor) storeResponseBytes(body *extprocv3.HttpBody) {
-	if p.respTooLarge {
-		return
-	}
-	next := p.respBody
-	if p.responseBodyMode == procmodev3.ProcessingMode_GRPC {
-		next = appendFrame(next, body.GetBody(), body.GetGrpcMessageCompressed())
-	} else {
-		next = append(next, body.GetBody()...)
-	}
-	if len(next) > p.att.Policy.MaxStoredBody || !p.hold(len(next)-len(p.respBody)) {
-		// Over the policy's limit, or no room in the server's budget.
-		p.respTooLarge, p.respBody = true, nil
-		p.releaseHeld()
-		return
-	}
-	p.respBody = next
 }
 
 // onResponseTrailers ends the response: a gRPC call's status is here.

@@ -309,13 +309,9 @@ func (p *processor) onRequestBody(ctx context.Context, req *extprocv3.Processing
 	if echoes(p.requestBodyMode) {
 		return p.onStreamedRequestBody(ctx, req, body)
 	}
-	if len(p.reqBody)+len(body.GetBody()) > p.att.Policy.MaxRequestBody {
-		return p.refuse(ctx, req, bodyTooLarge(p.att.Policy.MaxRequestBody))
-	}
-	if prob := p.holdRequestBody(len(body.GetBody())); prob != nil {
+	if prob := p.takeRequestBody(body); prob != nil {
 		return p.refuse(ctx, req, prob)
 	}
-	p.reqBody = append(p.reqBody, body.GetBody()...)
 	switch {
 	case body.GetEndOfStream():
 	case p.requestBodyMode == procmodev3.ProcessingMode_BUFFERED:

@@ -63,16 +63,7 @@ func (p *processor) onResponseBody(ctx context.Context, req *extprocv3.Processin
 		}
 		return continueFor(req)
 	}
-	if !p.respTooLarge {
-		if len(p.respBody)+len(body.GetBody()) > p.att.Policy.MaxStoredBody || !p.hold(len(body.GetBody())) {
-			// Over the policy's limit, or no room in the server's budget:
-			// the response is recorded without its body.
-			p.respTooLarge, p.respBody = true, nil
-			p.releaseHeld()
-		} else {
-			p.respBody = append(p.respBody, body.GetBody()...)
-		}
-	}
+	p.storeResponseBytes(body)
 	// In BUFFERED mode the body is whole even when trailers follow.
 	if body.GetEndOfStream() || p.responseBodyMode == procmodev3.ProcessingMode_BUFFERED {
 		p.complete(ctx)

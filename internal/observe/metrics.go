@@ -103,20 +103,34 @@ func NewMetrics() *Metrics {
 		Help: "Stored headers left out of replays because Envoy would refuse the whole header mutation (a control character, " +
 			"more than 100 headers or 60 KiB).",
 	}, []string{"policy"})
-	m.droppedHeaders.WithLabelValues("none")
-	// Every attribute's series exists from the start (policy "none"), so a
-	// rule on the family sees it before the first miss.
-	for name := range envoyorigin.MissingAttributes {
-		m.missingAttrs.WithLabelValues("none", name)
-	}
+	build := newBuildInfo()
+	m.safety = newStoreSafety(m.reg)
+	m.precreate()
+	m.reg.MustRegister(m.decisions, m.storeCalls, m.openStreams, m.replayAge, m.settleFailures, m.reloads, m.adminActions,
+		m.requests, m.shadow, m.keyWarnings, m.missingAttrs, m.droppedHeaders, build,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// newBuildInfo is the build_info gauge, set.
+func newBuildInfo() *prometheus.GaugeVec {
 	build := prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Namespace: Namespace, Name: "build_info",
 		Help: "Build information; the value is always 1.",
 	}, []string{"version", "revision", "goversion"})
 	version, revision := buildVersion()
 	build.WithLabelValues(version, revision, runtime.Version()).Set(1)
-	m.safety = newStoreSafety(m.reg)
-	// The series alert rules read exist from the start (see KnowPolicies).
+	return build
+}
+
+// precreate makes the series alert rules read exist from the start, so a
+// rule on a family sees it before its first event (see KnowPolicies).
+func (m *Metrics) precreate() {
+	m.droppedHeaders.WithLabelValues("none")
+	// Every attribute's series exists from the start (policy "none").
+	for name := range envoyorigin.MissingAttributes {
+		m.missingAttrs.WithLabelValues("none", name)
+	}
 	for _, r := range []string{"ok", "rejected"} {
 		m.reloads.WithLabelValues(r)
 	}
@@ -126,10 +140,6 @@ func NewMetrics() *Metrics {
 		}
 	}
 	m.storeCalls.WithLabelValues("reserve", "ok")
-	m.reg.MustRegister(m.decisions, m.storeCalls, m.openStreams, m.replayAge, m.settleFailures, m.reloads, m.adminActions,
-		m.requests, m.shadow, m.keyWarnings, m.missingAttrs, m.droppedHeaders, build,
-		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	return m
 }
 
 func buildVersion() (version, revision string) {
