@@ -11,7 +11,6 @@ import (
 // for its token, and keeps the lease alive until the attempt settles; base
 // carries the stream's span (its cancellation is ignored).
 func (a *Attempt) Hold(base context.Context) {
-	a.held = true
 	a.renew = a.startRenewer(base)
 }
 

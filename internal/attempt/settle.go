@@ -20,20 +20,20 @@ func (a *Attempt) ActionFor(origin idem.Origin, status int) idem.Action {
 // that lets the response go on, so a client that sees the response and
 // retries at once finds it stored. attrs are added to the settled line.
 func (a *Attempt) Complete(ctx context.Context, resp idem.Response, attrs ...slog.Attr) {
-	if !a.held {
+	if !a.Held() {
 		return
 	}
 	if a.Policy.Encrypt {
 		sealed, err := a.srv.Sealer.Seal(a.ID, resp)
 		if err != nil {
 			// Never store in the clear what the policy says to seal.
-			a.conv.LogAt(ctx, slog.LevelError, "response not sealed; marking the outcome unknown", slog.String("error", err.Error()))
+			a.LogAt(ctx, slog.LevelError, "response not sealed; marking the outcome unknown", slog.String("error", err.Error()))
 			a.Settle(ctx, idem.ActionUnknown)
 			return
 		}
 		resp = sealed
 	}
-	a.finalize(ctx, idem.DecisionStored, func(ctx context.Context) error {
+	a.finalize(ctx, codeStored, func(ctx context.Context) error {
 		return a.srv.Store.Complete(ctx, a.ID, a.Token, resp, a.Policy.Retention)
 	}, attrs...)
 }
@@ -41,14 +41,14 @@ func (a *Attempt) Complete(ctx context.Context, resp idem.Response, attrs ...slo
 // Settle releases the record (ActionRelease) or marks it unknown (any
 // other action).
 func (a *Attempt) Settle(ctx context.Context, action idem.Action) {
-	if !a.held {
+	if !a.Held() {
 		return
 	}
-	d, op := idem.DecisionMarkedUnknown, func(ctx context.Context) error {
+	d, op := codeMarkedUnknown, func(ctx context.Context) error {
 		return a.srv.Store.MarkUnknown(ctx, a.ID, a.Token, a.Policy.Retention)
 	}
 	if action == idem.ActionRelease {
-		d, op = idem.DecisionReleased, func(ctx context.Context) error { return a.srv.Store.Release(ctx, a.ID, a.Token) }
+		d, op = codeReleased, func(ctx context.Context) error { return a.srv.Store.Release(ctx, a.ID, a.Token) }
 	}
 	a.finalize(ctx, d, op)
 }
@@ -58,23 +58,23 @@ func (a *Attempt) Settle(ctx context.Context, action idem.Action) {
 // that records what happened. If the store fails, End keeps trying (within
 // FinishTimeout); if that fails too, the unrenewed lease still turns the
 // record unknown: never a silent second execution.
-func (a *Attempt) finalize(ctx context.Context, d idem.Decision, apply func(context.Context) error, attrs ...slog.Attr) {
+func (a *Attempt) finalize(ctx context.Context, code decisionCode, apply func(context.Context) error, attrs ...slog.Attr) {
+	d := code.decision()
 	a.stopRenewing()
-	a.held = false
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.srv.StoreTimeout)
 	err := apply(sctx)
 	cancel()
 	var buf [4]slog.Attr
 	extra := append(append(buf[:0], attrs...), slog.String("outcome", string(d)), errAttr(err))
 	if err != nil && !definite(err) {
-		a.retry, a.retryDecision = apply, d
-		a.conv.LogAt(ctx, slog.LevelWarn, "record not settled; will retry when the stream ends", extra...)
+		a.retry, a.retryDecision = apply, code
+		a.LogAt(ctx, slog.LevelWarn, "record not settled; will retry when the stream ends", extra...)
 		return
 	}
 	if err == nil {
 		a.conv.Decided(d)
 	}
-	a.conv.LogAt(ctx, slog.LevelInfo, "settled", extra...)
+	a.LogAt(ctx, slog.LevelInfo, "settled", extra...)
 }
 
 // definite reports a store answer that says the record moved on without
@@ -92,7 +92,7 @@ func errAttr(err error) slog.Attr {
 
 // Pending reports whether End has work: a record still held, or a
 // transition to retry.
-func (a *Attempt) Pending() bool { return a.held || a.retry != nil }
+func (a *Attempt) Pending() bool { return a.Held() || a.retry != nil }
 
 // End runs when the stream ends, however it ends, with base carrying the
 // stream's span (not its deadline). It retries a refused transition, or
@@ -108,15 +108,15 @@ func (a *Attempt) End(base context.Context, partial *idem.Response) {
 	defer cancel()
 	if a.retry != nil {
 		err := retryUntil(ctx, a.retry)
-		level, msg := slog.LevelInfo, "settled on retry"
+		level, msg, d := slog.LevelInfo, "settled on retry", a.retryDecision.decision()
 		switch {
 		case err == nil:
-			a.conv.Decided(a.retryDecision)
+			a.conv.Decided(d)
 		case !definite(err):
 			level, msg = slog.LevelError, "record not settled; it turns unknown when its lease ends"
-			a.srv.Observer.SettleFailed(a.Policy.Name, string(a.retryDecision))
+			a.srv.Observer.SettleFailed(a.Policy.Name, string(d))
 		}
-		a.conv.LogAt(ctx, level, msg, slog.String("outcome", string(a.retryDecision)), errAttr(err))
+		a.LogAt(ctx, level, msg, slog.String("outcome", string(d)), errAttr(err))
 		return
 	}
 	if partial != nil {

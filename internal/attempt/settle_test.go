@@ -17,19 +17,12 @@ import (
 type reporter struct {
 	mu        sync.Mutex
 	decisions []idem.Decision
-	msgs      []string
 }
 
 func (r *reporter) Decided(d idem.Decision) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.decisions = append(r.decisions, d)
-}
-
-func (r *reporter) LogAt(_ context.Context, _ slog.Level, msg string, _ ...slog.Attr) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.msgs = append(r.msgs, msg)
 }
 
 func (r *reporter) BeforeWait(time.Duration) error { return nil }

@@ -109,8 +109,8 @@ func (p *processor) endSpan(err error) {
 	if p.att.ID != "" {
 		p.span.SetAttributes(attribute.String("idem.key_hash", string(p.att.ID)), attribute.String("idem.scope", p.att.Scope))
 	}
-	if p.requestID != "" {
-		p.span.SetAttributes(attribute.String("http.request.header.x-request-id", p.requestID))
+	if p.att.RequestID != "" {
+		p.span.SetAttributes(attribute.String("http.request.header.x-request-id", p.att.RequestID))
 	}
 	if p.att.Number > 0 {
 		p.span.SetAttributes(attribute.Int("idem.attempt", p.att.Number))

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	procmodev3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
@@ -57,7 +56,6 @@ type processor struct {
 	att        attempt.Attempt
 	method     string
 	path       string
-	requestID  string
 	reqHeaders []idem.Header
 	reqBody    []byte
 	// held is what this stream's buffered bodies take of the server's
@@ -68,7 +66,6 @@ type processor struct {
 	// the stream's own context ended.
 	span    trace.Span
 	spanCtx context.Context
-	started time.Time
 
 	respStatus   int
 	respHeaders  []idem.Header
@@ -85,44 +82,14 @@ type processor struct {
 }
 
 func newProcessor(s *Server, set *policy.Set, send func(*extprocv3.ProcessingResponse) error) *processor {
-	p := &processor{srv: s, policies: set, send: send, started: time.Now()}
+	p := &processor{srv: s, policies: set, send: send}
 	p.att = attempt.New(&s.att, p)
 	return p
 }
 
-// addLogAttrs adds the fields that trace one attempt to a log record: the
-// hashed key (record id, never the raw key), scope, policy, request id and
-// attempt number.
-func (p *processor) addLogAttrs(r *slog.Record) {
-	if p.att.Policy != nil {
-		r.AddAttrs(slog.String("policy", p.att.Policy.Name))
-	}
-	if p.att.ID != "" {
-		r.AddAttrs(slog.String("key_hash", string(p.att.ID)), slog.String("scope", p.att.Scope))
-	}
-	if p.requestID != "" {
-		r.AddAttrs(slog.String("request_id", p.requestID))
-	}
-	if p.att.Number > 0 {
-		r.AddAttrs(slog.Int("attempt", p.att.Number))
-	}
-	r.AddAttrs(slog.Float64("latency_ms", float64(time.Since(p.started).Microseconds())/1000))
-}
-
-// logAt writes one line about this attempt at level: its fields
-// (addLogAttrs), then extra. A decision's line is on the hot path, so
-// nothing is built when the level is off, and the record goes to the
-// handler directly: Logger.LogAttrs would also walk the stack for a
-// source position the handler never prints.
+// LogAt writes one line about this request's attempt (attempt.LogAt).
 func (p *processor) LogAt(ctx context.Context, level slog.Level, msg string, extra ...slog.Attr) {
-	h := p.srv.log.Handler()
-	if !h.Enabled(ctx, level) {
-		return
-	}
-	r := slog.NewRecord(time.Now(), level, msg, 0)
-	p.addLogAttrs(&r)
-	r.AddAttrs(extra...)
-	_ = h.Handle(ctx, r)
+	p.att.LogAt(ctx, level, msg, extra...)
 }
 
 // handle answers one message. An error is a protocol violation; the stream
@@ -191,7 +158,7 @@ func (p *processor) onRequestHeaders(ctx context.Context, req *extprocv3.Process
 	hs := hh.GetHeaders()
 	attrs := attributes(req)
 	method, authority := p.requestTarget(req, hs, attrs)
-	p.requestID, _ = findHeader(hs, "x-request-id")
+	p.att.RequestID, _ = findHeader(hs, "x-request-id")
 	p.method = method
 
 	matched := p.att.Match(p.policies, policy.Request{
