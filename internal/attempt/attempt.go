@@ -5,6 +5,11 @@
 // what a response proves) and settle (complete, release or mark unknown,
 // renew the lease meanwhile, retry a refused transition at the end).
 //
+// One word names an attempt's last transition, whichever it is: settle
+// (SettleStored, Settle, SettleAtEnd here; settleStored, settleResponse,
+// settleRPC, settleAtEnd in extproc). Complete, Release and MarkUnknown are
+// the store's transitions it applies.
+//
 // Package extproc holds the conversation with Envoy around it: which
 // message carries what, body modes, replies. One Attempt lives inside one
 // ext_proc stream's processor.
@@ -31,8 +36,8 @@ type Server struct {
 	Log *slog.Logger
 	// StoreTimeout bounds each store call made while Envoy waits.
 	StoreTimeout time.Duration
-	// FinishTimeout bounds the settling done once the stream ended.
-	FinishTimeout time.Duration
+	// SettleAtEndTimeout bounds the settling done once the stream ended.
+	SettleAtEndTimeout time.Duration
 }
 
 // Conversation is the attempt's side of the protocol's conversation: it
@@ -72,8 +77,8 @@ type Attempt struct {
 	// holds the record and has not settled it (Held).
 	renew *renewer
 
-	// retry is a final transition the store refused; End tries it once
-	// more.
+	// retry is a final transition the store refused; SettleAtEnd tries it
+	// once more.
 	retry         func(context.Context) error
 	retryDecision decisionCode
 }

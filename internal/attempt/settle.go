@@ -16,10 +16,11 @@ func (a *Attempt) ActionFor(origin idem.Origin, status int) idem.Action {
 	return idem.DecideResponse(a.Policy.ResponseRules, origin, status)
 }
 
-// Complete stores resp as the operation's result. It runs before the reply
-// that lets the response go on, so a client that sees the response and
-// retries at once finds it stored. attrs are added to the settled line.
-func (a *Attempt) Complete(ctx context.Context, resp idem.Response, attrs ...slog.Attr) {
+// SettleStored completes the record with resp as the operation's result.
+// It runs before the reply that lets the response go on, so a client that
+// sees the response and retries at once finds it stored. attrs are added
+// to the settled line.
+func (a *Attempt) SettleStored(ctx context.Context, resp idem.Response, attrs ...slog.Attr) {
 	if !a.Held() {
 		return
 	}
@@ -33,7 +34,7 @@ func (a *Attempt) Complete(ctx context.Context, resp idem.Response, attrs ...slo
 		}
 		resp = sealed
 	}
-	a.finalize(ctx, codeStored, func(ctx context.Context) error {
+	a.settleWith(ctx, codeStored, func(ctx context.Context) error {
 		return a.srv.Store.Complete(ctx, a.ID, a.Token, resp, a.Policy.Retention)
 	}, attrs...)
 }
@@ -50,15 +51,15 @@ func (a *Attempt) Settle(ctx context.Context, action idem.Action) {
 	if action == idem.ActionRelease {
 		d, op = codeReleased, func(ctx context.Context) error { return a.srv.Store.Release(ctx, a.ID, a.Token) }
 	}
-	a.finalize(ctx, d, op)
+	a.settleWith(ctx, d, op)
 }
 
-// finalize applies the attempt's last transition. It does not end with the
+// settleWith applies the attempt's last transition. It does not end with the
 // stream's context: Envoy resetting the stream must not cancel the write
-// that records what happened. If the store fails, End keeps trying (within
-// FinishTimeout); if that fails too, the unrenewed lease still turns the
-// record unknown: never a silent second execution.
-func (a *Attempt) finalize(ctx context.Context, code decisionCode, apply func(context.Context) error, attrs ...slog.Attr) {
+// that records what happened. If the store fails, SettleAtEnd keeps trying
+// (within SettleAtEndTimeout); if that fails too, the unrenewed lease still
+// turns the record unknown: never a silent second execution.
+func (a *Attempt) settleWith(ctx context.Context, code decisionCode, apply func(context.Context) error, attrs ...slog.Attr) {
 	d := code.decision()
 	a.stopRenewing()
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.srv.StoreTimeout)
@@ -90,21 +91,21 @@ func errAttr(err error) slog.Attr {
 	return slog.String("error", err.Error())
 }
 
-// Pending reports whether End has work: a record still held, or a
+// Pending reports whether SettleAtEnd has work: a record still held, or a
 // transition to retry.
 func (a *Attempt) Pending() bool { return a.Held() || a.retry != nil }
 
-// End runs when the stream ends, however it ends, with base carrying the
-// stream's span (not its deadline). It retries a refused transition, or
-// settles a record still held: partial, when not nil, is the response
-// whose headers arrived but not its whole body (the upstream did answer:
-// it completes without its body); without one the outcome is the policy's
-// on_stream_reset.
-func (a *Attempt) End(base context.Context, partial *idem.Response) {
+// SettleAtEnd runs when the stream ends, however it ends, with base
+// carrying the stream's span (not its deadline). It retries a refused
+// transition, or settles a record still held: partial, when not nil, is
+// the response whose headers arrived but not its whole body (the upstream
+// did answer: it completes without its body); without one the outcome is
+// the policy's on_stream_reset.
+func (a *Attempt) SettleAtEnd(base context.Context, partial *idem.Response) {
 	if !a.Pending() {
 		return // settled already, or nothing was reserved: the usual end
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(base), a.srv.FinishTimeout)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(base), a.srv.SettleAtEndTimeout)
 	defer cancel()
 	if a.retry != nil {
 		err := retryUntil(ctx, a.retry)
@@ -120,7 +121,7 @@ func (a *Attempt) End(base context.Context, partial *idem.Response) {
 		return
 	}
 	if partial != nil {
-		a.Complete(ctx, *partial, slog.Int("status", partial.Status), slog.Bool("body_omitted", partial.BodyOmitted))
+		a.SettleStored(ctx, *partial, slog.Int("status", partial.Status), slog.Bool("body_omitted", partial.BodyOmitted))
 		return
 	}
 	a.Settle(ctx, a.Policy.OnStreamReset)

@@ -85,7 +85,7 @@ func held(t *testing.T, pol *policy.Policy, wrap func(idem.Store) idem.Store) *f
 	}
 	f := &fixture{store: ms, rep: &reporter{}, obs: &observer{}}
 	srv := &Server{Store: st, Observer: f.obs, Log: slog.New(slog.DiscardHandler),
-		StoreTimeout: time.Second, FinishTimeout: time.Second}
+		StoreTimeout: time.Second, SettleAtEndTimeout: time.Second}
 	f.att = New(srv, f.rep)
 	f.att.Policy = pol
 	f.att.Admit("tenant", "key-1")
@@ -138,7 +138,7 @@ func TestResponseDecisionTable(t *testing.T) {
 			f := held(t, policy.Default(), nil)
 			ctx := context.Background()
 			if a := f.att.ActionFor(tc.origin, tc.status); a == idem.ActionStore {
-				f.att.Complete(ctx, idem.Response{Status: tc.status})
+				f.att.SettleStored(ctx, idem.Response{Status: tc.status})
 			} else {
 				f.att.Settle(ctx, a)
 			}
@@ -173,7 +173,7 @@ func TestEndOfStreamTable(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := held(t, tc.pol, nil)
-			f.att.End(context.Background(), tc.partial)
+			f.att.SettleAtEnd(context.Background(), tc.partial)
 			if got := f.state(t); got != tc.want {
 				t.Fatalf("record state %v, want %v", got, tc.want)
 			}
@@ -194,11 +194,11 @@ func TestRefusedSettlementRetriedAtEnd(t *testing.T) {
 	t.Run("lands on retry", func(t *testing.T) {
 		fl := &flaky{n: 1}
 		f := held(t, policy.Default(), func(st idem.Store) idem.Store { fl.Store = st; return fl })
-		f.att.Complete(context.Background(), idem.Response{Status: 201})
+		f.att.SettleStored(context.Background(), idem.Response{Status: 201})
 		if f.state(t) != idem.StateInFlight || !f.att.Pending() || len(f.rep.decisions) != 0 {
 			t.Fatalf("after a refused complete: state %v, pending %v, decisions %v", f.state(t), f.att.Pending(), f.rep.decisions)
 		}
-		f.att.End(context.Background(), nil)
+		f.att.SettleAtEnd(context.Background(), nil)
 		if f.state(t) != idem.StateCompleted || len(f.rep.decisions) != 1 || f.rep.decisions[0] != idem.DecisionStored {
 			t.Fatalf("after End: state %v, decisions %v", f.state(t), f.rep.decisions)
 		}
@@ -206,9 +206,9 @@ func TestRefusedSettlementRetriedAtEnd(t *testing.T) {
 	t.Run("never lands", func(t *testing.T) {
 		fl := &flaky{n: 1 << 30}
 		f := held(t, policy.Default(), func(st idem.Store) idem.Store { fl.Store = st; return fl })
-		f.att.srv.FinishTimeout = 50 * time.Millisecond // the retry's whole budget, not a wait
+		f.att.srv.SettleAtEndTimeout = 50 * time.Millisecond // the retry's whole budget, not a wait
 		f.att.Settle(context.Background(), idem.ActionUnknown)
-		f.att.End(context.Background(), nil)
+		f.att.SettleAtEnd(context.Background(), nil)
 		if f.state(t) != idem.StateInFlight || len(f.rep.decisions) != 0 ||
 			len(f.obs.settleFailed) != 1 || f.obs.settleFailed[0] != string(idem.DecisionMarkedUnknown) {
 			t.Fatalf("state %v, decisions %v, settle failures %v", f.state(t), f.rep.decisions, f.obs.settleFailed)
@@ -222,9 +222,9 @@ func TestSettleWithoutHoldIsNothing(t *testing.T) {
 	f := held(t, policy.Default(), nil)
 	other := New(f.att.srv, f.rep)
 	other.Policy, other.ID, other.Token = f.att.Policy, f.att.ID, idem.NewToken()
-	other.Complete(context.Background(), idem.Response{Status: 201})
+	other.SettleStored(context.Background(), idem.Response{Status: 201})
 	other.Settle(context.Background(), idem.ActionRelease)
-	other.End(context.Background(), nil)
+	other.SettleAtEnd(context.Background(), nil)
 	if f.state(t) != idem.StateInFlight || len(f.rep.decisions) != 0 {
 		t.Fatalf("state %v, decisions %v", f.state(t), f.rep.decisions)
 	}

@@ -40,7 +40,7 @@ func (p *processor) onResponseHeaders(ctx context.Context, req *extprocv3.Proces
 	p.respStatus = status
 	p.respHeaders = keptHeaders(hh.GetHeaders(), p.att.Policy.StoresHeader, p.respHeaders)
 	if hh.GetEndOfStream() {
-		p.complete(ctx)
+		p.settleStored(ctx)
 		return continueFor(req)
 	}
 	p.stage = stageResponseBody
@@ -59,25 +59,26 @@ func (p *processor) onResponseBody(ctx context.Context, req *extprocv3.Processin
 		p.rpc.messages++
 		p.storeResponseBytes(body)
 		if body.GetEndOfStream() {
-			p.finishRPC(ctx, nil)
+			p.settleRPC(ctx, nil)
 		}
 		return continueFor(req)
 	}
 	p.storeResponseBytes(body)
 	// In BUFFERED mode the body is whole even when trailers follow.
 	if body.GetEndOfStream() || p.responseBodyMode == procmodev3.ProcessingMode_BUFFERED {
-		p.complete(ctx)
+		p.settleStored(ctx)
 	}
 	return continueFor(req)
 }
 
-// complete stores the response read so far (attempt.Complete).
-func (p *processor) complete(ctx context.Context) {
+// settleStored completes the record with the response read so far
+// (attempt.SettleStored).
+func (p *processor) settleStored(ctx context.Context) {
 	if !p.att.Held() {
 		return
 	}
 	p.stage = stagePassThrough
-	p.att.Complete(ctx, p.response(), slog.Int("status", p.respStatus), slog.Bool("body_omitted", p.respTooLarge))
+	p.att.SettleStored(ctx, p.response(), slog.Int("status", p.respStatus), slog.Bool("body_omitted", p.respTooLarge))
 }
 
 // response is the response read so far, as the record keeps it.
@@ -94,10 +95,10 @@ func (p *processor) settle(ctx context.Context, action idem.Action) {
 	p.att.Settle(ctx, action)
 }
 
-// finish runs when the stream ends, however it ends: the attempt settles
-// what it still holds (attempt.End). With response headers in hand the
+// settleAtEnd runs when the stream ends, however it ends: the attempt settles
+// what it still holds (attempt.SettleAtEnd). With response headers in hand the
 // upstream did answer, so the record completes without its body.
-func (p *processor) finish() {
+func (p *processor) settleAtEnd() {
 	if !p.att.Pending() {
 		return // settled already, or nothing was reserved: the usual end
 	}
@@ -107,5 +108,5 @@ func (p *processor) finish() {
 		r := p.response()
 		partial = &r
 	}
-	p.att.End(p.spanCtxOr(context.Background()), partial)
+	p.att.SettleAtEnd(p.spanCtxOr(context.Background()), partial)
 }

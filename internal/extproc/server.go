@@ -39,10 +39,10 @@ type Config struct {
 	Logger   *slog.Logger
 	// StoreTimeout bounds each store call; DefaultStoreTimeout when zero.
 	StoreTimeout time.Duration
-	// FinishTimeout bounds the store call that settles a record after its
+	// SettleAtEndTimeout bounds the store call that settles a record after its
 	// stream ended; it runs while no one waits, so it may be longer. Five
 	// seconds when zero.
-	FinishTimeout time.Duration
+	SettleAtEndTimeout time.Duration
 	// Observer is told every decision; none when nil.
 	Observer Observer
 	// TracerProvider makes the spans of each stream; none when nil.
@@ -84,8 +84,8 @@ func New(cfg Config) *Server {
 	if cfg.StoreTimeout <= 0 {
 		cfg.StoreTimeout = DefaultStoreTimeout
 	}
-	if cfg.FinishTimeout <= 0 {
-		cfg.FinishTimeout = 5 * time.Second
+	if cfg.SettleAtEndTimeout <= 0 {
+		cfg.SettleAtEndTimeout = 5 * time.Second
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
@@ -103,7 +103,7 @@ func New(cfg Config) *Server {
 		s.obs = idem.NopObserver{}
 	}
 	s.att = attempt.Server{Store: cfg.Store, Sealer: cfg.Sealer, Observer: s.obs, Log: log,
-		StoreTimeout: cfg.StoreTimeout, FinishTimeout: cfg.FinishTimeout}
+		StoreTimeout: cfg.StoreTimeout, SettleAtEndTimeout: cfg.SettleAtEndTimeout}
 	if cfg.MaxBufferedBytes > 0 {
 		s.budget = &bodyBudget{limit: cfg.MaxBufferedBytes}
 	}
@@ -120,7 +120,7 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 	defer s.obs.StreamEnded()
 	p := newProcessor(s, s.cfg.Policies(), stream.Send)
 	err := s.serve(ctx, stream, p)
-	p.finish()
+	p.settleAtEnd()
 	p.releaseHeld()
 	p.endSpan(err)
 	return err
