@@ -67,3 +67,22 @@ func (a *Attempt) AdmitKey(raw string, lines int, now time.Time) (Admission, str
 	}
 	return Keyed, key, nil
 }
+
+// Admit names the record of a Keyed request's key in scope, the owner of
+// its key space read where the policy says. A policy that scopes by a
+// header, metadata or the peer's identity refuses a request that carries
+// none (401 principal-missing): its key would otherwise share a record
+// with every other unscoped client's. Scoped by authority or not at all,
+// "" is a scope like any other.
+func (a *Attempt) Admit(scope, key string) *problem.Problem {
+	switch a.Policy.Scope.Source {
+	case policy.ScopeNone, policy.ScopeAuthority:
+	default:
+		if scope == "" {
+			return problem.New(problem.PrincipalMissing, "the request carries no principal to scope its Idempotency-Key")
+		}
+	}
+	a.Scope = scope
+	a.ID = idem.RecordIDFor(a.Policy.RecordNamespace(), scope, key)
+	return nil
+}

@@ -91,3 +91,33 @@ func TestAdmitNamesTheRecord(t *testing.T) {
 		t.Fatalf("ids %s %s", a.ID, b.ID)
 	}
 }
+
+// TestAdmitScopeTable is §3's "scope source yields nothing" row: a policy
+// scoped by a header, metadata or the peer's identity refuses a request
+// without one; scoped by authority or not at all, an empty scope is a
+// scope.
+func TestAdmitScopeTable(t *testing.T) {
+	for _, tc := range []struct {
+		source  policy.ScopeSource
+		scope   string
+		refused bool
+	}{
+		{policy.ScopeNone, "", false},
+		{policy.ScopeAuthority, "", false},
+		{policy.ScopeHeader, "", true},
+		{policy.ScopeMetadata, "", true},
+		{policy.ScopePrincipal, "", true},
+		{policy.ScopePrincipal, "spiffe://orders", false},
+	} {
+		a := New(&Server{}, &reporter{})
+		a.Policy = policy.Default()
+		a.Policy.Scope = policy.Scope{Source: tc.source}
+		prob := a.Admit(tc.scope, "k")
+		if (prob != nil) != tc.refused || (prob != nil && prob.Slug != problem.PrincipalMissing.Slug) {
+			t.Errorf("source %v scope %q: problem %v, want refused %v", tc.source, tc.scope, prob, tc.refused)
+		}
+		if (a.ID == "") != tc.refused {
+			t.Errorf("source %v scope %q: record %q", tc.source, tc.scope, a.ID)
+		}
+	}
+}

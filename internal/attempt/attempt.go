@@ -88,13 +88,6 @@ func New(srv *Server, conv Conversation) Attempt {
 	return Attempt{srv: srv, conv: conv, Started: time.Now()}
 }
 
-// Admit names the record of the request's key in its scope under the
-// attempt's policy.
-func (a *Attempt) Admit(scope, key string) {
-	a.Scope = scope
-	a.ID = idem.RecordIDFor(a.Policy.RecordNamespace(), scope, key)
-}
-
 // Held reports whether this attempt holds the record and has not settled
 // it yet.
 func (a *Attempt) Held() bool { return a.renew != nil }

@@ -188,11 +188,9 @@ func (p *processor) onRequestHeaders(ctx context.Context, req *extprocv3.Process
 	case attempt.Refuse:
 		return p.refuse(ctx, req, prob)
 	}
-	scope, prob := p.scopeOf(ctx, authority, hs, req, attrs)
-	if prob != nil {
+	if prob := p.att.Admit(p.scopeOf(ctx, authority, hs, req, attrs), key); prob != nil {
 		return p.refuse(ctx, req, prob)
 	}
-	p.att.Admit(scope, key)
 	p.reqHeaders = selectHeaders(hs, p.att.Policy.FingerprintHeaders)
 	if hh.GetEndOfStream() {
 		return p.decide(ctx, req)
@@ -233,29 +231,25 @@ func (p *processor) wantedResponseBodyMode() procmodev3.ProcessingMode_BodySendM
 	return p.responseBodyMode
 }
 
-// scopeOf names the owner of the request's key space, per the policy.
-func (p *processor) scopeOf(ctx context.Context, authority string, hs *corev3.HeaderMap, req *extprocv3.ProcessingRequest, attrs *structpb.Struct) (string, *problem.Problem) {
-	var scope string
+// scopeOf reads the owner of the request's key space from where the policy
+// says (attempt.Admit judges it); "" when the request carries none.
+func (p *processor) scopeOf(ctx context.Context, authority string, hs *corev3.HeaderMap, req *extprocv3.ProcessingRequest, attrs *structpb.Struct) string {
 	switch sc := p.att.Policy.Scope; sc.Source {
-	case policy.ScopeNone:
-		return "", nil
 	case policy.ScopeAuthority:
-		return authority, nil
+		return authority
 	case policy.ScopeHeader:
-		scope, _ = findHeader(hs, sc.Header)
+		scope, _ := findHeader(hs, sc.Header)
+		return scope
 	case policy.ScopeMetadata:
-		scope = metadataString(req, sc.Namespace, sc.Path)
+		return metadataString(req, sc.Namespace, sc.Path)
 	case policy.ScopePrincipal:
 		name := PrincipalAttribute(sc.PeerIdentity)
 		if !hasAttr(attrs, name) {
 			p.missingAttribute(ctx, p.att.Policy.Name, name, "every request of the policy is refused 401 principal-missing")
 		}
-		scope = attrString(attrs, name)
+		return attrString(attrs, name)
 	}
-	if scope == "" {
-		return "", problem.New(problem.PrincipalMissing, "the request carries no principal to scope its Idempotency-Key")
-	}
-	return scope, nil
+	return "" // ScopeNone
 }
 
 // metadataString reads a string or number at path in one namespace of the
