@@ -1,11 +1,13 @@
 // Package extproc is the Envoy ext_proc gRPC server. It translates the
 // protocol's phases (request headers, request body, response headers,
-// response body, end of stream) into the idempotency decisions of package
-// idem, and those decisions back into ext_proc replies: CONTINUE, a
-// processing-mode override, or an immediate response.
+// response body, end of stream) into the calls of one attempt (package
+// attempt: admit, decide, settle), and the attempt's decisions back into
+// ext_proc replies: CONTINUE, a processing-mode override, or an immediate
+// response.
 //
 // One gRPC stream carries one HTTP request; everything known about that
-// request lives in one processor value owned by its stream.
+// request lives in one processor value owned by its stream, which holds
+// the request's attempt.
 package extproc
 
 import (
