@@ -42,9 +42,7 @@ type Config struct {
 	Now func() time.Time
 	// Sealer, when set, seals responses supplied to resolve for policies
 	// with encrypt (and whenever the policy is not named).
-	Sealer interface {
-		Seal(id idem.RecordID, r idem.Response) (idem.Response, error)
-	}
+	Sealer idem.Sealer
 	// Counters, when set, serves GET /admin/v1/adoption from them.
 	Counters Counters
 }

@@ -6,7 +6,7 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/idem-extproc/idem-extproc/internal/extproc"
+	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/observe"
 )
 
@@ -75,21 +75,21 @@ func (a *api) report() AdoptionReport {
 			c = &observe.PolicyCounts{}
 		}
 		n := func(v float64) uint64 { return uint64(math.Round(v)) }
-		d := func(x extproc.Decision) uint64 { return n(c.Decisions[string(x)]) }
-		s := func(x extproc.ShadowDecision) uint64 { return n(c.Shadow[string(x)]) }
+		d := func(x idem.Decision) uint64 { return n(c.Decisions[string(x)]) }
+		s := func(x idem.ShadowDecision) uint64 { return n(c.Shadow[string(x)]) }
 		pa := PolicyAdoption{
 			Policy: p.Name, Enforcement: p.Enforcement.String(), KeyRequired: p.KeyRequired,
 			WithKey: n(c.WithKey), WithoutKey: n(c.WithoutKey), KeyWarnings: n(c.KeyWarnings),
 			Shadow: ShadowCounts{
-				WouldReserve: s(extproc.ShadowWouldReserve), WouldReplay: s(extproc.ShadowWouldReplay),
-				WouldConflict: s(extproc.ShadowWouldConflict), WouldMismatch: s(extproc.ShadowWouldMismatch),
-				WouldUnknown: s(extproc.ShadowWouldUnknown), WouldReject: s(extproc.ShadowWouldReject),
-				StoreErrors: s(extproc.ShadowStoreError),
+				WouldReserve: s(idem.ShadowWouldReserve), WouldReplay: s(idem.ShadowWouldReplay),
+				WouldConflict: s(idem.ShadowWouldConflict), WouldMismatch: s(idem.ShadowWouldMismatch),
+				WouldUnknown: s(idem.ShadowWouldUnknown), WouldReject: s(idem.ShadowWouldReject),
+				StoreErrors: s(idem.ShadowStoreError),
 			},
-			ReplaysServed: d(extproc.DecisionReplayed),
-			DuplicatesPrevented: d(extproc.DecisionReplayed) + d(extproc.DecisionConflict) +
-				d(extproc.DecisionMismatch) + d(extproc.DecisionUnknown),
-			Rejected: d(extproc.DecisionRejected),
+			ReplaysServed: d(idem.DecisionReplayed),
+			DuplicatesPrevented: d(idem.DecisionReplayed) + d(idem.DecisionConflict) +
+				d(idem.DecisionMismatch) + d(idem.DecisionUnknown),
+			Rejected: d(idem.DecisionRejected),
 		}
 		pa.Shadow.DuplicatesWouldBePrevented = pa.Shadow.WouldReplay + pa.Shadow.WouldConflict +
 			pa.Shadow.WouldMismatch + pa.Shadow.WouldUnknown

@@ -18,6 +18,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/policy"
 )
 
@@ -237,6 +238,110 @@ func firstSet(ss ...scalar) int {
 		}
 	}
 	return 0
+}
+
+// apply sets on p every field s names, reporting malformed values.
+func (b *builder) scope(p *policy.Policy, s *scopeSettings, path string) {
+	if !s.From.Set {
+		if s.Header.Set || s.Metadata.Namespace.Set || s.Metadata.Path.Set {
+			b.errorf(firstSet(s.Header, s.Metadata.Namespace), path+".from", "missing; say where the scope comes from")
+		}
+		return
+	}
+	sc := policy.Scope{}
+	switch s.From.Value {
+	case "authority":
+		sc.Source = policy.ScopeAuthority
+	case "none":
+		sc.Source = policy.ScopeNone
+	case "principal":
+		sc.Source = policy.ScopePrincipal
+		if v := s.PeerIdentity; v.Set {
+			sc.PeerIdentity = oneOf(b, v, path+".peer_identity", []string{"uri_san", "dns_san", "subject"},
+				[]policy.PeerIdentity{policy.PeerURISAN, policy.PeerDNSSAN, policy.PeerSubject})
+		}
+	case "header":
+		sc.Source = policy.ScopeHeader
+		if !s.Header.Set || !methodPattern.MatchString(s.Header.Value) {
+			b.errorf(s.From.Line, path+".header", "a header name is required with from: header")
+		}
+		sc.Header = strings.ToLower(s.Header.Value)
+	case "metadata":
+		sc.Source = policy.ScopeMetadata
+		if !s.Metadata.Namespace.Set || s.Metadata.Namespace.Value == "" || len(s.Metadata.Path.Items) == 0 {
+			b.errorf(s.From.Line, path+".metadata", "namespace and path are required with from: metadata")
+		}
+		sc.Namespace = s.Metadata.Namespace.Value
+		for _, seg := range s.Metadata.Path.Items {
+			sc.Path = append(sc.Path, seg.Value)
+		}
+	default:
+		b.errorf(s.From.Line, path+".from", "%q is not one of authority, none, header, metadata, principal", s.From.Value)
+	}
+	if sc.Source != policy.ScopePrincipal && s.PeerIdentity.Set {
+		b.errorf(s.PeerIdentity.Line, path+".peer_identity", "only used with from: principal")
+	}
+	if sc.Source != policy.ScopeHeader && s.Header.Set {
+		b.errorf(s.Header.Line, path+".header", "only used with from: header")
+	}
+	if sc.Source != policy.ScopeMetadata && (s.Metadata.Namespace.Set || s.Metadata.Path.Set) {
+		b.errorf(firstSet(s.Metadata.Namespace, scalar{Line: s.Metadata.Path.Line, Set: s.Metadata.Path.Set}), path+".metadata", "only used with from: metadata")
+	}
+	p.Scope = sc
+}
+
+var origins = map[string][]idem.Origin{
+	"upstream":         {idem.OriginUpstream},
+	"envoy_not_sent":   {idem.OriginNotSent},
+	"envoy_maybe_sent": {idem.OriginMaybeSent},
+	"any":              {idem.OriginUpstream, idem.OriginNotSent, idem.OriginMaybeSent},
+}
+
+func (b *builder) responseRules(r *responseRule, path string) []idem.ResponseRule {
+	line := firstSet(r.Status, r.Origin, r.Action)
+	lo, hi := 100, 599
+	if r.Status.Set {
+		var ok bool
+		if lo, hi, ok = statusRange(r.Status.Value); !ok {
+			b.errorf(r.Status.Line, path+".status", "%q is not a status (503), a class (5xx) or a range (500-504)", r.Status.Value)
+		}
+	}
+	action, ok := idem.ParseAction(r.Action.Value)
+	if !ok {
+		b.errorf(line, path+".action", "%q is not store, release or unknown", r.Action.Value)
+	}
+	originName := "upstream"
+	if r.Origin.Set {
+		originName = r.Origin.Value
+	}
+	os, ok := origins[originName]
+	if !ok {
+		b.errorf(r.Origin.Line, path+".origin", "%q is not upstream, envoy_not_sent, envoy_maybe_sent or any", originName)
+	}
+	out := make([]idem.ResponseRule, 0, len(os))
+	for _, o := range os {
+		out = append(out, idem.ResponseRule{Origin: o, MinStatus: lo, MaxStatus: hi, Action: action})
+	}
+	return out
+}
+
+func statusRange(s string) (lo, hi int, ok bool) {
+	s = strings.ToLower(strings.TrimSpace(s))
+	if len(s) == 3 && strings.HasSuffix(s, "xx") && s[0] >= '1' && s[0] <= '5' {
+		c := int(s[0]-'0') * 100
+		return c, c + 99, true
+	}
+	a, bPart, isRange := strings.Cut(s, "-")
+	lo, err1 := strconv.Atoi(strings.TrimSpace(a))
+	hi = lo
+	var err2 error
+	if isRange {
+		hi, err2 = strconv.Atoi(strings.TrimSpace(bPart))
+	}
+	if err1 != nil || err2 != nil || lo < 100 || hi > 599 || lo > hi {
+		return 0, 0, false
+	}
+	return lo, hi, true
 }
 
 // check rejects combinations that cannot work, on the policy as built.

@@ -21,7 +21,7 @@ import (
 	"github.com/prometheus/prometheus/util/annotations"
 	"sigs.k8s.io/yaml"
 
-	"github.com/idem-extproc/idem-extproc/internal/extproc"
+	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/observe"
 )
 
@@ -77,25 +77,25 @@ var firstEvents = map[string]func(m *observe.Metrics, step int){
 	},
 	"IdemRequestsPassUnprotected": func(m *observe.Metrics, step int) {
 		if step == 1 {
-			m.Decided("orders", extproc.DecisionFailOpen)
+			m.Decided("orders", idem.DecisionFailOpen)
 		}
 	},
 	"IdemUnknownOutcomesRising": func(m *observe.Metrics, _ int) {
 		for i := range 100 {
-			m.Decided("orders", extproc.DecisionReserved)
+			m.Decided("orders", idem.DecisionReserved)
 			if i < 5 {
-				m.Decided("orders", extproc.DecisionMarkedUnknown)
+				m.Decided("orders", idem.DecisionMarkedUnknown)
 			}
 		}
 	},
 	"IdemSettleFailures": func(m *observe.Metrics, step int) {
 		if step == 1 {
-			m.SettleFailed("orders", string(extproc.DecisionStored))
+			m.SettleFailed("orders", string(idem.DecisionStored))
 		}
 	},
 	"IdemReplayRateJump": func(m *observe.Metrics, _ int) {
 		for range 300 { // 20/s on a server too young to have a baseline
-			m.Decided("orders", extproc.DecisionReplayed)
+			m.Decided("orders", idem.DecisionReplayed)
 		}
 	},
 	"IdemStoreDatasetLost": func(m *observe.Metrics, step int) {

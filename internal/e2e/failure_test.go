@@ -134,7 +134,7 @@ func TestCompletionLostEndsUnknown(t *testing.T) {
 // the completion times out within the store budget (the answer is not held
 // back for it); Redis recovers as the answer goes out, the stream's end
 // retries the completion, and the client's retry is a replay. (The stream's
-// end keeps retrying for the server's FinishTimeout, five seconds: it
+// end keeps retrying for the server's SettleAtEndTimeout, five seconds: it
 // covers a blip, not an outage; TestCompletionLostEndsUnknown covers that.)
 func TestCompletionRetriedAtStreamEnd(t *testing.T) {
 	var logs harness.LogBuffer

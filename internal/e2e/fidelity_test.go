@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/idem-extproc/idem-extproc/internal/envoyorigin"
 	"github.com/idem-extproc/idem-extproc/internal/envoysim"
 	"github.com/idem-extproc/idem-extproc/internal/extproc"
 	"github.com/idem-extproc/idem-extproc/internal/harness"
@@ -148,11 +149,11 @@ func TestMissingAttributesAreLoud(t *testing.T) {
 				t.Fatalf("got %v", r)
 			}
 		}
-		if n := missingCount(t, m, "default", extproc.AttrCodeDetails); n != 2 {
+		if n := missingCount(t, m, "default", envoyorigin.AttrCodeDetails); n != 2 {
 			t.Fatalf("missing_attribute_total = %v, want 2", n)
 		}
-		if lines := logLines(t, &logs, extproc.MissingAttributeMessage); len(lines) != 1 || lines[0]["attribute"] != extproc.AttrCodeDetails {
-			t.Fatalf("want one warning naming %s, got %v", extproc.AttrCodeDetails, lines)
+		if lines := logLines(t, &logs, extproc.MissingAttributeMessage); len(lines) != 1 || lines[0]["attribute"] != envoyorigin.AttrCodeDetails {
+			t.Fatalf("want one warning naming %s, got %v", envoyorigin.AttrCodeDetails, lines)
 		}
 	})
 	t.Run("principal", func(t *testing.T) {
@@ -165,7 +166,7 @@ func TestMissingAttributesAreLoud(t *testing.T) {
 				req.PeerCertificate = &envoysim.PeerCertificate{URISANs: []string{"spiffe://example.org/ns/a/sa/b"}}
 			}})
 		wantProblem(t, env.Post("/orders", "p1", `{}`), problem.PrincipalMissing)
-		if n := missingCount(t, m, "default", extproc.AttrURISanPeer); n != 1 {
+		if n := missingCount(t, m, "default", envoyorigin.AttrURISanPeer); n != 1 {
 			t.Fatalf("missing_attribute_total = %v, want 1", n)
 		}
 	})
@@ -176,7 +177,7 @@ func TestMissingAttributesAreLoud(t *testing.T) {
 		env := harness.Start(t, harness.Options{Filter: cfg, Metrics: m, Route: routeByPath,
 			Policies: policies(t, "policies:\n  - name: orders\n    match: {route_names: [orders]}\n")})
 		env.Post("/orders", "r1", `{}`)
-		if n := missingCount(t, m, "orders", extproc.AttrRouteName); n != 1 {
+		if n := missingCount(t, m, "orders", envoyorigin.AttrRouteName); n != 1 {
 			t.Fatalf("missing_attribute_total = %v, want 1", n)
 		}
 	})

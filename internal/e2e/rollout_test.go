@@ -171,13 +171,13 @@ func TestShadowNeverBlocksAndCountsWhatEnforceWould(t *testing.T) {
 	}
 
 	// What shadow counted is what enforcement did.
-	for shadow, enforce := range map[extproc.ShadowDecision]extproc.Decision{
-		extproc.ShadowWouldReserve:  extproc.DecisionReserved,
-		extproc.ShadowWouldReplay:   extproc.DecisionReplayed,
-		extproc.ShadowWouldMismatch: extproc.DecisionMismatch,
-		extproc.ShadowWouldReject:   extproc.DecisionRejected,
-		extproc.ShadowWouldUnknown:  extproc.DecisionUnknown,
-		extproc.ShadowWouldConflict: extproc.DecisionConflict,
+	for shadow, enforce := range map[idem.ShadowDecision]idem.Decision{
+		idem.ShadowWouldReserve:  idem.DecisionReserved,
+		idem.ShadowWouldReplay:   idem.DecisionReplayed,
+		idem.ShadowWouldMismatch: idem.DecisionMismatch,
+		idem.ShadowWouldReject:   idem.DecisionRejected,
+		idem.ShadowWouldUnknown:  idem.DecisionUnknown,
+		idem.ShadowWouldConflict: idem.DecisionConflict,
 	} {
 		s := counter(t, m, "idem_extproc_shadow_decisions_total", "policy", "shadowed", "decision", string(shadow))
 		e := counter(t, m, "idem_extproc_decisions_total", "policy", "enforced", "decision", string(enforce))
@@ -426,7 +426,7 @@ default_policy:
 			if n := up.count("g-shadow"); n != 3 {
 				t.Fatalf("upstream executions %d, want 3", n)
 			}
-			for _, d := range []extproc.ShadowDecision{extproc.ShadowWouldReserve, extproc.ShadowWouldReplay, extproc.ShadowWouldMismatch} {
+			for _, d := range []idem.ShadowDecision{idem.ShadowWouldReserve, idem.ShadowWouldReplay, idem.ShadowWouldMismatch} {
 				if n := counter(t, m, "idem_extproc_shadow_decisions_total", "decision", string(d)); n != 1 {
 					t.Errorf("%s counted %v, want 1", d, n)
 				}

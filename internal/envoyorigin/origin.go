@@ -5,10 +5,11 @@
 // code_details is StreamInfo::responseCodeDetails(), flags is
 // StreamInfo::legacyResponseFlags() as an int64).
 //
-// Every constant here is spelt as Envoy spells it; each cites the file it was
-// read in (envoyproxy/envoy, main of 2026 and the 1.34-1.37 releases). The
-// domain's meaning of an origin lives in internal/idem; only Envoy's facts
-// live here.
+// It also names the attributes the server asks the filter for
+// (attributes.go). Every constant here is spelt as Envoy spells it; each
+// cites the file it was read in (envoyproxy/envoy, main of 2026 and the
+// 1.34-1.37 releases). The domain's meaning of an origin lives in
+// internal/idem; only Envoy's facts live here.
 package envoyorigin
 
 import (

@@ -12,33 +12,6 @@ import (
 	"github.com/idem-extproc/idem-extproc/internal/policy"
 )
 
-// The attributes the server reads, named as Envoy's CEL context defines them
-// (source/extensions/filters/common/expr/context.h): an attribute the filter
-// was not asked for, or one Envoy does not define, is simply absent from the
-// message (ExpressionManager::evaluateAttributes in ext_proc's
-// matching_utils.cc skips an expression that evaluates to an error).
-const (
-	AttrCodeDetails = "response.code_details"
-	AttrFlags       = "response.flags"
-	AttrRouteName   = "xds.route_name"
-	// The downstream peer certificate's first URI SAN, first DNS SAN and
-	// subject (context.cc SslExtractorsValues: URISanPeerCertificate,
-	// DNSSanPeerCertificate, SubjectPeerCertificate); absent without TLS.
-	AttrURISanPeer  = "connection.uri_san_peer_certificate"
-	AttrDNSSanPeer  = "connection.dns_san_peer_certificate"
-	AttrSubjectPeer = "connection.subject_peer_certificate"
-)
-
-// MissingAttributes are the attributes whose absence the server reports
-// (Observer.MissingAttribute), each with the filter setting that sends it.
-var MissingAttributes = map[string]string{
-	AttrCodeDetails: "response_attributes",
-	AttrRouteName:   "request_attributes",
-	AttrURISanPeer:  "request_attributes",
-	AttrDNSSanPeer:  "request_attributes",
-	AttrSubjectPeer: "request_attributes",
-}
-
 // MissingAttributeMessage is the log message of a missing attribute, logged
 // once per policy and attribute at warn.
 const MissingAttributeMessage = "Envoy did not send an attribute the policy needs (logged once per policy)"
@@ -55,9 +28,9 @@ func (p *processor) missingAttribute(ctx context.Context, policyName, name, why 
 	if _, loaded := p.srv.missing.seen.LoadOrStore(policyName+"\x00"+name, true); loaded {
 		return
 	}
-	p.logAt(ctx, slog.LevelWarn, MissingAttributeMessage,
+	p.LogAt(ctx, slog.LevelWarn, MissingAttributeMessage,
 		slog.String("policy", policyName), slog.String("attribute", name),
-		slog.String("fix", "add "+name+" to the ext_proc filter's "+MissingAttributes[name]),
+		slog.String("fix", "add "+name+" to the ext_proc filter's "+envoyorigin.MissingAttributes[name]),
 		slog.String("consequence", why))
 }
 
@@ -66,7 +39,7 @@ func (p *processor) missingAttribute(ctx context.Context, policyName, name, why 
 func (p *processor) routeNameMissing(ctx context.Context) {
 	for _, pol := range p.policies.Policies {
 		if len(pol.Match.RouteNames) > 0 {
-			p.missingAttribute(ctx, pol.Name, AttrRouteName, "the policy matches on route names and protects nothing")
+			p.missingAttribute(ctx, pol.Name, envoyorigin.AttrRouteName, "the policy matches on route names and protects nothing")
 		}
 	}
 }
@@ -75,11 +48,11 @@ func (p *processor) routeNameMissing(ctx context.Context) {
 func PrincipalAttribute(id policy.PeerIdentity) string {
 	switch id {
 	case policy.PeerDNSSAN:
-		return AttrDNSSanPeer
+		return envoyorigin.AttrDNSSanPeer
 	case policy.PeerSubject:
-		return AttrSubjectPeer
+		return envoyorigin.AttrSubjectPeer
 	}
-	return AttrURISanPeer
+	return envoyorigin.AttrURISanPeer
 }
 
 // responseOrigin classifies a response from its attributes. Without
@@ -87,14 +60,14 @@ func PrincipalAttribute(id policy.PeerIdentity) string {
 // 503 reset) looks like the upstream's and would be stored and replayed, so
 // its absence is reported.
 func (p *processor) responseOrigin(ctx context.Context, attrs *structpb.Struct) idem.Origin {
-	dv, hasDetails := attrs.GetFields()[AttrCodeDetails]
+	dv, hasDetails := attrs.GetFields()[envoyorigin.AttrCodeDetails]
 	// grpc-go's filter (gRFC A93) makes no local replies of Envoy's kind:
 	// there is nothing for the attribute to tell apart.
-	if !hasDetails && p.reserved && !p.rpc.proxyless {
-		p.missingAttribute(ctx, p.pol.Name, AttrCodeDetails,
+	if !hasDetails && p.att.Held() && !p.rpc.proxyless {
+		p.missingAttribute(ctx, p.att.Policy.Name, envoyorigin.AttrCodeDetails,
 			"Envoy's own error replies cannot be told from the upstream's and are stored as its answer")
 	}
-	return envoyorigin.Classify(valueString(dv), hasDetails, attrUint(attrs, AttrFlags))
+	return envoyorigin.Classify(valueString(dv), hasDetails, attrUint(attrs, envoyorigin.AttrFlags))
 }
 
 // hasAttr reports whether Envoy sent the attribute at all (an unnamed

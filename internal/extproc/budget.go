@@ -87,6 +87,6 @@ func (p *processor) capacityProblem() *problem.Problem {
 	prob := problem.New(problem.CapacityExceeded, fmt.Sprintf(
 		"the idempotency server is buffering as many bodies as its memory budget allows (%d bytes); retry later",
 		p.srv.budget.limit))
-	prob.RetryAfter = p.pol.RetryAfter
+	prob.RetryAfter = p.att.Policy.RetryAfter
 	return prob
 }

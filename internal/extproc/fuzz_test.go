@@ -199,7 +199,7 @@ func FuzzMessageSequence(f *testing.F) {
 		}
 		msgs := decodeMessages(program)
 		stream := &fakeStream{ctx: ctx, msgs: msgs}
-		srv := New(Config{Store: store, StoreTimeout: time.Second, FinishTimeout: time.Second})
+		srv := New(Config{Store: store, StoreTimeout: time.Second, SettleAtEndTimeout: time.Second})
 		done := make(chan error, 1)
 		go func() { done <- srv.Process(stream) }()
 		select {

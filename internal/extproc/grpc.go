@@ -2,7 +2,6 @@ package extproc
 
 import (
 	"context"
-	"encoding/binary"
 	"strings"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -40,7 +39,7 @@ type rpcState struct {
 	call bool
 	// proxyless: grpc-go's filter. It reports no gRPC status to ext_proc
 	// (grpc-status is not part of the trailer metadata it forwards), so the
-	// outcome is inferred: see finishRPC.
+	// outcome is inferred: see settleRPC.
 	proxyless bool
 	// response: the response is a gRPC response (its status decides).
 	response bool
@@ -116,21 +115,8 @@ func (p *processor) awaitRequestBody(ctx context.Context, req *extprocv3.Process
 // (end_of_stream, or the half-close that grpc-go sends as
 // end_of_stream_without_message) decides.
 func (p *processor) onStreamedRequestBody(ctx context.Context, req *extprocv3.ProcessingRequest, body *extprocv3.HttpBody) *extprocv3.ProcessingResponse {
-	msg := body.GetBody()
-	if len(p.reqBody)+len(msg) > p.pol.MaxRequestBody {
-		return p.refuse(ctx, req, bodyTooLarge(p.pol.MaxRequestBody))
-	}
-	if prob := p.holdRequestBody(len(msg)); prob != nil {
+	if prob := p.takeRequestBody(body); prob != nil {
 		return p.refuse(ctx, req, prob)
-	}
-	if p.requestBodyMode == procmodev3.ProcessingMode_GRPC {
-		// Frame each message as gRPC does on the wire, so that message
-		// boundaries are part of the fingerprint.
-		if !(body.GetEndOfStream() && body.GetEndOfStreamWithoutMessage()) {
-			p.reqBody = appendFrame(p.reqBody, msg, body.GetGrpcMessageCompressed())
-		}
-	} else {
-		p.reqBody = append(p.reqBody, msg...)
 	}
 	if body.GetEndOfStream() {
 		return p.decide(ctx, req)
@@ -144,7 +130,7 @@ func (p *processor) onStreamedRequestBody(ctx context.Context, req *extprocv3.Pr
 	// reply. A call that large (a client stream of more than 64 KiB by
 	// default) therefore gets its headers reply now: the upstream sees the
 	// call open, but still none of its messages before the reservation.
-	p.rpc.reqUnack += int64(len(msg))
+	p.rpc.reqUnack += int64(len(body.GetBody()))
 	if p.rpc.reqUnack < p.rpc.reqWindow {
 		return nil
 	}
@@ -159,15 +145,6 @@ func (p *processor) onStreamedRequestBody(ctx context.Context, req *extprocv3.Pr
 	return &extprocv3.ProcessingResponse{ServerWindowUpdate: &extprocv3.ProcessingResponse_ServerWindowUpdate{
 		WindowIncrementDownstreamToSidestream: n,
 	}}
-}
-
-func appendFrame(dst, msg []byte, compressed bool) []byte {
-	var prefix [5]byte
-	if compressed {
-		prefix[0] = 1
-	}
-	binary.BigEndian.PutUint32(prefix[1:], uint32(len(msg)))
-	return append(append(dst, prefix[:]...), msg...)
 }
 
 // cont lets the message go on: it first sends every withheld reply, then

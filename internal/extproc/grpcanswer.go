@@ -79,12 +79,12 @@ func (p *processor) problemReply(prob *problem.Problem) *extprocv3.ProcessingRes
 // response for HTTP, ALREADY_EXISTS naming the original status for gRPC.
 func (p *processor) replayReply(r *idem.Response) *extprocv3.ProcessingResponse {
 	if !p.rpc.call {
-		resp, dropped := replayResponse(r, p.pol.StoresHeader)
+		resp, dropped := replayResponse(r, p.att.Policy.StoresHeader)
 		if dropped > 0 {
 			// Envoy would have refused the whole mutation, the replay
 			// marker with it: the answer goes out without these headers.
-			p.srv.obs.ReplayHeadersDropped(p.pol.Name, dropped)
-			p.logAt(context.Background(), slog.LevelWarn, "stored headers left out of a replay: Envoy would refuse them",
+			p.srv.obs.ReplayHeadersDropped(p.att.Policy.Name, dropped)
+			p.LogAt(context.Background(), slog.LevelWarn, "stored headers left out of a replay: Envoy would refuse them",
 				slog.Int("dropped", dropped))
 		}
 		return resp

@@ -31,15 +31,10 @@ func (p *processor) onRPCResponseHeaders(ctx context.Context, req *extprocv3.Pro
 	if s, ok := firstHeader(hs, ":status"); ok {
 		p.respStatus, _ = strconv.Atoi(s)
 	}
-	p.respHeaders = p.respHeaders[:0]
-	for _, h := range hs {
-		if p.pol.StoresHeader(h.Name) {
-			p.respHeaders = append(p.respHeaders, h)
-		}
-	}
+	p.respHeaders = keptHeaders(hh.GetHeaders(), p.att.Policy.StoresHeader, p.respHeaders[:0])
 	if hh.GetEndOfStream() {
 		// Trailers-only: the status is in these headers.
-		p.finishRPC(ctx, hs)
+		p.settleRPC(ctx, hs)
 		return p.cont(req)
 	}
 	p.stage = stageResponseBody
@@ -68,7 +63,7 @@ func (p *processor) onStreamedResponseBody(ctx context.Context, req *extprocv3.P
 	}
 	if body.GetEndOfStream() {
 		// No trailers follow (Envoy, a response without trailers).
-		p.finishResponse(ctx, nil)
+		p.settleResponse(ctx, nil)
 		return p.cont(req)
 	}
 	p.rpc.held = append(p.rpc.held, p.echo(req))
@@ -80,47 +75,25 @@ func (p *processor) onStreamedResponseBody(ctx context.Context, req *extprocv3.P
 	}}
 }
 
-// storeResponseBytes keeps a response body chunk for the record, up to the
-// policy's max_stored_body. grpc-go sends bare messages; they are stored
-// framed, as gRPC sends them on the wire and Envoy passes them.
-func (p *processor) storeResponseBytes(body *extprocv3.HttpBody) {
-	if p.respTooLarge {
-		return
-	}
-	next := p.respBody
-	if p.responseBodyMode == procmodev3.ProcessingMode_GRPC {
-		next = appendFrame(next, body.GetBody(), body.GetGrpcMessageCompressed())
-	} else {
-		next = append(next, body.GetBody()...)
-	}
-	if len(next) > p.pol.MaxStoredBody || !p.hold(len(next)-len(p.respBody)) {
-		// Over the policy's limit, or no room in the server's budget.
-		p.respTooLarge, p.respBody = true, nil
-		p.releaseHeld()
-		return
-	}
-	p.respBody = next
-}
-
 // onResponseTrailers ends the response: a gRPC call's status is here.
 func (p *processor) onResponseTrailers(ctx context.Context, req *extprocv3.ProcessingRequest, tr *extprocv3.HttpTrailers) *extprocv3.ProcessingResponse {
 	if p.stage == stageResponseBody {
-		p.finishResponse(ctx, headerList(tr.GetTrailers()))
+		p.settleResponse(ctx, headerList(tr.GetTrailers()))
 	}
 	return p.cont(req)
 }
 
-// finishResponse records a response whose end has arrived: a gRPC
+// settleResponse records a response whose end has arrived: a gRPC
 // response by its status, any other by the decision made at its headers.
-func (p *processor) finishResponse(ctx context.Context, trailers []idem.Header) {
+func (p *processor) settleResponse(ctx context.Context, trailers []idem.Header) {
 	if p.rpc.response {
-		p.finishRPC(ctx, trailers)
+		p.settleRPC(ctx, trailers)
 		return
 	}
-	p.complete(ctx)
+	p.settleStored(ctx)
 }
 
-// finishRPC decides a gRPC call's outcome from its status, carried by
+// settleRPC decides a gRPC call's outcome from its status, carried by
 // trailers (or the headers of a trailers-only response). The status code
 // maps to its HTTP equivalent (google.rpc.Code's mapping: RESOURCE_EXHAUSTED
 // is 429, UNAVAILABLE 503, ...) and the policy's response rules decide on
@@ -132,7 +105,7 @@ func (p *processor) finishResponse(ctx context.Context, trailers []idem.Header) 
 // (a unary handler answers a message or an error, never both); one that
 // returned none failed with a status the client did not report, stored as
 // UNKNOWN.
-func (p *processor) finishRPC(ctx context.Context, carrier []idem.Header) {
+func (p *processor) settleRPC(ctx context.Context, carrier []idem.Header) {
 	code, msg, known := grpcStatusOf(carrier)
 	if !known && p.rpc.proxyless && p.rpc.origin == idem.OriginUpstream {
 		code, known = codes.OK, true
@@ -145,11 +118,11 @@ func (p *processor) finishRPC(ctx context.Context, carrier []idem.Header) {
 		status = httpStatusFor(code)
 		p.respHeaders = withStatus(p.respHeaders, code, msg)
 	}
-	action := idem.DecideResponse(p.pol.ResponseRules, p.rpc.origin, status)
-	p.logAt(ctx, slog.LevelDebug, "grpc response", slog.String("grpc_status", codeName(code)),
+	action := p.att.ActionFor(p.rpc.origin, status)
+	p.LogAt(ctx, slog.LevelDebug, "grpc response", slog.String("grpc_status", codeName(code)),
 		slog.Bool("status_known", known), slog.String("origin", p.rpc.origin.String()), slog.String("action", action.String()))
 	if action == idem.ActionStore {
-		p.complete(ctx)
+		p.settleStored(ctx)
 		return
 	}
 	p.settle(ctx, action)

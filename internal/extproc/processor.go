@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	procmodev3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
@@ -13,6 +12,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/idem-extproc/idem-extproc/internal/attempt"
+	"github.com/idem-extproc/idem-extproc/internal/envoyorigin"
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/policy"
 	"github.com/idem-extproc/idem-extproc/internal/problem"
@@ -51,28 +52,20 @@ type processor struct {
 	requestBodyMode, responseBodyMode procmodev3.ProcessingMode_BodySendMode
 	modesKnown                        bool
 
-	pol        *policy.Policy
+	// att is the attempt: policy, record, token, what it holds.
+	att        attempt.Attempt
 	method     string
 	path       string
-	scope      string
-	requestID  string
 	reqHeaders []idem.Header
 	reqBody    []byte
 	// held is what this stream's buffered bodies take of the server's
 	// budget (budget.go).
 	held int64
 
-	id       idem.RecordID
-	tok      idem.Token
-	reserved bool // this attempt holds the record and has not settled it
-	attempt  int
-	renew    *renewer
-
 	// span is the stream's span; spanCtx carries it for work done after
 	// the stream's own context ended.
 	span    trace.Span
 	spanCtx context.Context
-	started time.Time
 
 	respStatus   int
 	respHeaders  []idem.Header
@@ -86,54 +79,17 @@ type processor struct {
 	// the client gets: a shadow policy's decision, a key grace period's
 	// warning. HTTP only.
 	respAdd []*corev3.HeaderValueOption
-
-	// retry is a final transition the store refused; the stream's end
-	// tries it once more.
-	retry         func(context.Context) error
-	retryDecision Decision
 }
 
 func newProcessor(s *Server, set *policy.Set, send func(*extprocv3.ProcessingResponse) error) *processor {
-	return &processor{srv: s, policies: set, send: send, started: time.Now()}
+	p := &processor{srv: s, policies: set, send: send}
+	p.att = attempt.New(&s.att, p)
+	return p
 }
 
-// addLogAttrs adds the fields that trace one attempt to a log record: the
-// hashed key (record id, never the raw key), scope, policy, request id and
-// attempt number.
-func (p *processor) addLogAttrs(r *slog.Record) {
-	if p.pol != nil {
-		r.AddAttrs(slog.String("policy", p.pol.Name))
-	}
-	if p.id != "" {
-		r.AddAttrs(slog.String("key_hash", string(p.id)), slog.String("scope", p.scope))
-	}
-	if p.requestID != "" {
-		r.AddAttrs(slog.String("request_id", p.requestID))
-	}
-	if p.attempt > 0 {
-		r.AddAttrs(slog.Int("attempt", p.attempt))
-	}
-	r.AddAttrs(slog.Float64("latency_ms", float64(time.Since(p.started).Microseconds())/1000))
-}
-
-// logAt writes one line about this attempt at level: its fields
-// (addLogAttrs), then extra. A decision's line is on the hot path, so
-// nothing is built when the level is off, and the record goes to the
-// handler directly: Logger.LogAttrs would also walk the stack for a
-// source position the handler never prints.
-func (p *processor) logAt(ctx context.Context, level slog.Level, msg string, extra ...slog.Attr) {
-	h := p.srv.log.Handler()
-	if !h.Enabled(ctx, level) {
-		return
-	}
-	r := slog.NewRecord(time.Now(), level, msg, 0)
-	p.addLogAttrs(&r)
-	r.AddAttrs(extra...)
-	_ = h.Handle(ctx, r)
-}
-
-func (p *processor) storeCtx(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(ctx, p.srv.cfg.StoreTimeout)
+// LogAt writes one line about this request's attempt (attempt.LogAt).
+func (p *processor) LogAt(ctx context.Context, level slog.Level, msg string, extra ...slog.Attr) {
+	p.att.LogAt(ctx, level, msg, extra...)
 }
 
 // handle answers one message. An error is a protocol violation; the stream
@@ -202,56 +158,40 @@ func (p *processor) onRequestHeaders(ctx context.Context, req *extprocv3.Process
 	hs := hh.GetHeaders()
 	attrs := attributes(req)
 	method, authority := p.requestTarget(req, hs, attrs)
-	p.requestID, _ = findHeader(hs, "x-request-id")
+	p.att.RequestID, _ = findHeader(hs, "x-request-id")
 	p.method = method
 
-	p.pol = p.policies.Match(policy.Request{
+	matched := p.att.Match(p.policies, policy.Request{
 		Method:    method,
 		Authority: authority,
 		Path:      p.path,
-		RouteName: attrString(attrs, AttrRouteName),
+		RouteName: attrString(attrs, envoyorigin.AttrRouteName),
 	})
-	if !hasAttr(attrs, AttrRouteName) {
+	if !hasAttr(attrs, envoyorigin.AttrRouteName) {
 		p.routeNameMissing(ctx)
 	}
-	if p.pol == nil {
-		p.decided(DecisionBypassed)
+	if !matched {
+		p.Decided(idem.DecisionBypassed)
 		return p.passThrough(req)
 	}
-	rawKey, present := findHeader(hs, p.pol.KeyHeader)
-	p.srv.obs.Requested(p.pol.Name, present)
-	if p.pol.Enforcement == policy.EnforcementOff {
-		// Matched for the adoption counts only: no store call.
-		p.decided(DecisionBypassed)
+	rawKey, present := findHeader(hs, p.att.Policy.KeyHeader)
+	lines := 0
+	if present {
+		lines = countHeader(hs, p.att.Policy.KeyHeader)
+	}
+	adm, key, prob := p.att.AdmitKey(rawKey, lines, p.srv.cfg.Now())
+	switch adm {
+	case attempt.Bypass:
 		return p.passThrough(req)
-	}
-	if !present {
-		switch {
-		case p.pol.KeyRequired && p.pol.KeyGrace(p.srv.cfg.Now()):
-			return p.graceWithoutKey(ctx, req)
-		case p.pol.KeyRequired:
-			return p.refuse(ctx, req, problem.New(problem.KeyMissing, "this endpoint requires an Idempotency-Key header"))
-		}
-		p.decided(DecisionBypassed)
-		return p.passThrough(req)
-	}
-	if n := countHeader(hs, p.pol.KeyHeader); n > 1 {
-		// Which line counts would depend on who reads it (this server the
-		// first, many upstreams the last): one record for two keys.
-		return p.refuse(ctx, req, problem.New(problem.KeyInvalid,
-			fmt.Sprintf("invalid Idempotency-Key: sent on %d field lines; the field is a single string", n)))
-	}
-	key, err := idem.ParseKey(rawKey, p.pol.MaxKeyLength)
-	if err != nil {
-		return p.refuse(ctx, req, problem.New(problem.KeyInvalid, err.Error()))
-	}
-	scope, prob := p.scopeOf(ctx, authority, hs, req, attrs)
-	if prob != nil {
+	case attempt.Grace:
+		return p.graceWithoutKey(ctx, req)
+	case attempt.Refuse:
 		return p.refuse(ctx, req, prob)
 	}
-	p.scope = scope
-	p.id = idem.RecordIDFor(p.pol.RecordNamespace(), scope, key)
-	p.reqHeaders = selectHeaders(hs, p.pol.FingerprintHeaders)
+	if prob := p.att.Admit(p.scopeOf(ctx, authority, hs, req, attrs), key); prob != nil {
+		return p.refuse(ctx, req, prob)
+	}
+	p.reqHeaders = selectHeaders(hs, p.att.Policy.FingerprintHeaders)
 	if hh.GetEndOfStream() {
 		return p.decide(ctx, req)
 	}
@@ -291,29 +231,25 @@ func (p *processor) wantedResponseBodyMode() procmodev3.ProcessingMode_BodySendM
 	return p.responseBodyMode
 }
 
-// scopeOf names the owner of the request's key space, per the policy.
-func (p *processor) scopeOf(ctx context.Context, authority string, hs *corev3.HeaderMap, req *extprocv3.ProcessingRequest, attrs *structpb.Struct) (string, *problem.Problem) {
-	var scope string
-	switch sc := p.pol.Scope; sc.Source {
-	case policy.ScopeNone:
-		return "", nil
+// scopeOf reads the owner of the request's key space from where the policy
+// says (attempt.Admit judges it); "" when the request carries none.
+func (p *processor) scopeOf(ctx context.Context, authority string, hs *corev3.HeaderMap, req *extprocv3.ProcessingRequest, attrs *structpb.Struct) string {
+	switch sc := p.att.Policy.Scope; sc.Source {
 	case policy.ScopeAuthority:
-		return authority, nil
+		return authority
 	case policy.ScopeHeader:
-		scope, _ = findHeader(hs, sc.Header)
+		scope, _ := findHeader(hs, sc.Header)
+		return scope
 	case policy.ScopeMetadata:
-		scope = metadataString(req, sc.Namespace, sc.Path)
+		return metadataString(req, sc.Namespace, sc.Path)
 	case policy.ScopePrincipal:
 		name := PrincipalAttribute(sc.PeerIdentity)
 		if !hasAttr(attrs, name) {
-			p.missingAttribute(ctx, p.pol.Name, name, "every request of the policy is refused 401 principal-missing")
+			p.missingAttribute(ctx, p.att.Policy.Name, name, "every request of the policy is refused 401 principal-missing")
 		}
-		scope = attrString(attrs, name)
+		return attrString(attrs, name)
 	}
-	if scope == "" {
-		return "", problem.New(problem.PrincipalMissing, "the request carries no principal to scope its Idempotency-Key")
-	}
-	return scope, nil
+	return "" // ScopeNone
 }
 
 // metadataString reads a string or number at path in one namespace of the
@@ -334,13 +270,9 @@ func (p *processor) onRequestBody(ctx context.Context, req *extprocv3.Processing
 	if echoes(p.requestBodyMode) {
 		return p.onStreamedRequestBody(ctx, req, body)
 	}
-	if len(p.reqBody)+len(body.GetBody()) > p.pol.MaxRequestBody {
-		return p.refuse(ctx, req, bodyTooLarge(p.pol.MaxRequestBody))
-	}
-	if prob := p.holdRequestBody(len(body.GetBody())); prob != nil {
+	if prob := p.takeRequestBody(body); prob != nil {
 		return p.refuse(ctx, req, prob)
 	}
-	p.reqBody = append(p.reqBody, body.GetBody()...)
 	switch {
 	case body.GetEndOfStream():
 	case p.requestBodyMode == procmodev3.ProcessingMode_BUFFERED:

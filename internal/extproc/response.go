@@ -2,10 +2,8 @@ package extproc
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 	"strconv"
-	"time"
 
 	procmodev3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
@@ -27,8 +25,8 @@ func (p *processor) onResponseHeaders(ctx context.Context, req *extprocv3.Proces
 	}
 	attrs := attributes(req)
 	origin := p.responseOrigin(ctx, attrs)
-	action := idem.DecideResponse(p.pol.ResponseRules, origin, status)
-	p.logAt(ctx, slog.LevelDebug, "response",
+	action := p.att.ActionFor(origin, status)
+	p.LogAt(ctx, slog.LevelDebug, "response",
 		slog.Int("status", status), slog.String("origin", origin.String()), slog.String("action", action.String()))
 
 	switch action {
@@ -40,9 +38,9 @@ func (p *processor) onResponseHeaders(ctx context.Context, req *extprocv3.Proces
 		return continueWith(req, skipResponseBody)
 	}
 	p.respStatus = status
-	p.respHeaders = keptHeaders(hh.GetHeaders(), p.pol.StoresHeader, p.respHeaders)
+	p.respHeaders = keptHeaders(hh.GetHeaders(), p.att.Policy.StoresHeader, p.respHeaders)
 	if hh.GetEndOfStream() {
-		p.complete(ctx)
+		p.settleStored(ctx)
 		return continueFor(req)
 	}
 	p.stage = stageResponseBody
@@ -61,149 +59,54 @@ func (p *processor) onResponseBody(ctx context.Context, req *extprocv3.Processin
 		p.rpc.messages++
 		p.storeResponseBytes(body)
 		if body.GetEndOfStream() {
-			p.finishRPC(ctx, nil)
+			p.settleRPC(ctx, nil)
 		}
 		return continueFor(req)
 	}
-	if !p.respTooLarge {
-		if len(p.respBody)+len(body.GetBody()) > p.pol.MaxStoredBody || !p.hold(len(body.GetBody())) {
-			// Over the policy's limit, or no room in the server's budget:
-			// the response is recorded without its body.
-			p.respTooLarge, p.respBody = true, nil
-			p.releaseHeld()
-		} else {
-			p.respBody = append(p.respBody, body.GetBody()...)
-		}
-	}
+	p.storeResponseBytes(body)
 	// In BUFFERED mode the body is whole even when trailers follow.
 	if body.GetEndOfStream() || p.responseBodyMode == procmodev3.ProcessingMode_BUFFERED {
-		p.complete(ctx)
+		p.settleStored(ctx)
 	}
 	return continueFor(req)
 }
 
-// complete stores the response. It runs before the reply that lets the
-// response go on, so a client that sees the response and retries at once
-// finds it stored.
-func (p *processor) complete(ctx context.Context) {
-	if !p.reserved {
+// settleStored completes the record with the response read so far
+// (attempt.SettleStored).
+func (p *processor) settleStored(ctx context.Context) {
+	if !p.att.Held() {
 		return
 	}
-	resp := idem.Response{Status: p.respStatus, Headers: p.respHeaders, Body: p.respBody, BodyOmitted: p.respTooLarge}
-	if p.pol.Encrypt {
-		sealed, err := p.srv.cfg.Sealer.Seal(p.id, resp)
-		if err != nil {
-			// Never store in the clear what the policy says to seal.
-			p.logAt(ctx, slog.LevelError, "response not sealed; marking the outcome unknown", slog.String("error", err.Error()))
-			p.settle(ctx, idem.ActionUnknown)
-			return
-		}
-		resp = sealed
-	}
-	p.finalize(ctx, DecisionStored, func(ctx context.Context) error {
-		return p.srv.cfg.Store.Complete(ctx, p.id, p.tok, resp, p.pol.Retention)
-	}, slog.Int("status", p.respStatus), slog.Bool("body_omitted", p.respTooLarge))
-}
-
-// settle releases the record or marks it unknown.
-func (p *processor) settle(ctx context.Context, action idem.Action) {
-	if !p.reserved {
-		return
-	}
-	d, op := DecisionMarkedUnknown, func(ctx context.Context) error {
-		return p.srv.cfg.Store.MarkUnknown(ctx, p.id, p.tok, p.pol.Retention)
-	}
-	if action == idem.ActionRelease {
-		d, op = DecisionReleased, func(ctx context.Context) error { return p.srv.cfg.Store.Release(ctx, p.id, p.tok) }
-	}
-	p.finalize(ctx, d, op)
-}
-
-// finalize applies the attempt's last transition. It does not end with the
-// stream's context: Envoy resetting the stream must not cancel the write
-// that records what happened. If the store fails, the stream's end keeps
-// trying (finish, within FinishTimeout); if that fails too, the unrenewed
-// lease still turns the record unknown: never a silent second execution.
-func (p *processor) finalize(ctx context.Context, d Decision, apply func(context.Context) error, attrs ...slog.Attr) {
-	p.stopRenewing()
-	p.reserved = false
 	p.stage = stagePassThrough
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.srv.cfg.StoreTimeout)
-	err := apply(sctx)
-	cancel()
-	var buf [4]slog.Attr
-	extra := append(append(buf[:0], attrs...), slog.String("outcome", string(d)), errAttr(err))
-	if err != nil && !errors.Is(err, idem.ErrNotHolder) && !errors.Is(err, idem.ErrNotFound) {
-		p.retry, p.retryDecision = apply, d
-		p.logAt(ctx, slog.LevelWarn, "record not settled; will retry when the stream ends", extra...)
+	p.att.SettleStored(ctx, p.response(), slog.Int("status", p.respStatus), slog.Bool("body_omitted", p.respTooLarge))
+}
+
+// response is the response read so far, as the record keeps it.
+func (p *processor) response() idem.Response {
+	return idem.Response{Status: p.respStatus, Headers: p.respHeaders, Body: p.respBody, BodyOmitted: p.respTooLarge}
+}
+
+// settle releases the record or marks it unknown (attempt.Settle).
+func (p *processor) settle(ctx context.Context, action idem.Action) {
+	if !p.att.Held() {
 		return
 	}
-	if err == nil {
-		p.decided(d)
-	}
-	p.logAt(ctx, slog.LevelInfo, "settled", extra...)
+	p.stage = stagePassThrough
+	p.att.Settle(ctx, action)
 }
 
-func errAttr(err error) slog.Attr {
-	if err == nil {
-		return slog.Attr{}
-	}
-	return slog.String("error", err.Error())
-}
-
-// retryUntil applies op until it succeeds, the store gives a definite
-// answer (the record moved on), or ctx ends; each call keeps the store's
-// own per-call budget, so this outlasts a short outage of the store.
-func retryUntil(ctx context.Context, op func(context.Context) error) error {
-	backoff := 25 * time.Millisecond
-	for {
-		err := op(ctx)
-		if err == nil || errors.Is(err, idem.ErrNotHolder) || errors.Is(err, idem.ErrNotFound) {
-			return err
-		}
-		select {
-		case <-ctx.Done():
-			return err
-		case <-time.After(backoff):
-		}
-		backoff = min(2*backoff, time.Second)
-	}
-}
-
-// finish runs when the stream ends, however it ends. A record still held
-// means the response never arrived whole: with response headers in hand the
-// upstream did answer, so the record completes without its body; with none
-// the outcome is unknown (or released, by policy).
-func (p *processor) finish() {
-	if p.retry == nil && !p.reserved {
+// settleAtEnd runs when the stream ends, however it ends: the attempt settles
+// what it still holds (attempt.SettleAtEnd). With response headers in hand the
+// upstream did answer, so the record completes without its body.
+func (p *processor) settleAtEnd() {
+	if !p.att.Pending() {
 		return // settled already, or nothing was reserved: the usual end
 	}
-	base := context.Background()
-	if p.spanCtx != nil {
-		base = p.spanCtx // for the spans, not the deadline
-	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(base), p.srv.cfg.FinishTimeout)
-	defer cancel()
-	if p.retry != nil {
-		err := retryUntil(ctx, p.retry)
-		level, msg := slog.LevelInfo, "settled on retry"
-		switch {
-		case err == nil:
-			p.decided(p.retryDecision)
-		case !errors.Is(err, idem.ErrNotHolder) && !errors.Is(err, idem.ErrNotFound):
-			level, msg = slog.LevelError, "record not settled; it turns unknown when its lease ends"
-			p.srv.obs.SettleFailed(p.pol.Name, string(p.retryDecision))
-		}
-		p.logAt(ctx, level, msg, slog.String("outcome", string(p.retryDecision)), errAttr(err))
-		return
-	}
-	if !p.reserved {
-		return
-	}
-	if p.stage == stageResponseBody {
+	var partial *idem.Response
+	if p.att.Held() && p.stage == stageResponseBody {
 		p.respTooLarge, p.respBody = true, nil
-		p.complete(ctx)
-		return
+		r := p.response()
+		partial = &r
 	}
-	p.settle(ctx, p.pol.OnStreamReset)
+	p.att.SettleAtEnd(p.spanCtxOr(context.Background()), partial)
 }

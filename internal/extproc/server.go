@@ -1,11 +1,13 @@
 // Package extproc is the Envoy ext_proc gRPC server. It translates the
 // protocol's phases (request headers, request body, response headers,
-// response body, end of stream) into the idempotency decisions of package
-// idem, and those decisions back into ext_proc replies: CONTINUE, a
-// processing-mode override, or an immediate response.
+// response body, end of stream) into the calls of one attempt (package
+// attempt: admit, decide, settle), and the attempt's decisions back into
+// ext_proc replies: CONTINUE, a processing-mode override, or an immediate
+// response.
 //
 // One gRPC stream carries one HTTP request; everything known about that
-// request lives in one processor value owned by its stream.
+// request lives in one processor value owned by its stream, which holds
+// the request's attempt.
 package extproc
 
 import (
@@ -20,6 +22,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/idem-extproc/idem-extproc/internal/attempt"
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/policy"
 )
@@ -33,10 +36,10 @@ type Config struct {
 	Logger   *slog.Logger
 	// StoreTimeout bounds each store call; idem.DefaultStoreTimeout when zero.
 	StoreTimeout time.Duration
-	// FinishTimeout bounds the store call that settles a record after its
+	// SettleAtEndTimeout bounds the store call that settles a record after its
 	// stream ended; it runs while no one waits, so it may be longer. Five
 	// seconds when zero.
-	FinishTimeout time.Duration
+	SettleAtEndTimeout time.Duration
 	// Observer is told every decision; none when nil.
 	Observer Observer
 	// TracerProvider makes the spans of each stream; none when nil.
@@ -52,11 +55,9 @@ type Config struct {
 	MaxBufferedBytes int64
 }
 
-// Sealer encrypts stored responses at rest (package seal implements it).
-type Sealer interface {
-	Seal(id idem.RecordID, r idem.Response) (idem.Response, error)
-	Open(id idem.RecordID, r idem.Response) (idem.Response, error)
-}
+// Sealer is idem.Sealer, named here for the code that wires a Server
+// (Config.Sealer).
+type Sealer = idem.Sealer
 
 // Server implements envoy.service.ext_proc.v3.ExternalProcessor.
 type Server struct {
@@ -71,6 +72,8 @@ type Server struct {
 	budget *bodyBudget
 	// missing remembers the attributes already reported missing.
 	missing missingOnce
+	// att is what every attempt shares.
+	att attempt.Server
 }
 
 // New returns a Server.
@@ -78,8 +81,8 @@ func New(cfg Config) *Server {
 	if cfg.StoreTimeout <= 0 {
 		cfg.StoreTimeout = idem.DefaultStoreTimeout
 	}
-	if cfg.FinishTimeout <= 0 {
-		cfg.FinishTimeout = 5 * time.Second
+	if cfg.SettleAtEndTimeout <= 0 {
+		cfg.SettleAtEndTimeout = 5 * time.Second
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
@@ -94,8 +97,10 @@ func New(cfg Config) *Server {
 	}
 	s := &Server{cfg: cfg, log: log, obs: cfg.Observer}
 	if s.obs == nil {
-		s.obs = nopObserver{}
+		s.obs = idem.NopObserver{}
 	}
+	s.att = attempt.Server{Store: cfg.Store, Sealer: cfg.Sealer, Observer: s.obs, Log: log,
+		StoreTimeout: cfg.StoreTimeout, SettleAtEndTimeout: cfg.SettleAtEndTimeout}
 	if cfg.MaxBufferedBytes > 0 {
 		s.budget = &bodyBudget{limit: cfg.MaxBufferedBytes}
 	}
@@ -112,7 +117,7 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 	defer s.obs.StreamEnded()
 	p := newProcessor(s, s.cfg.Policies(), stream.Send)
 	err := s.serve(ctx, stream, p)
-	p.finish()
+	p.settleAtEnd()
 	p.releaseHeld()
 	p.endSpan(err)
 	return err
@@ -133,7 +138,7 @@ func (s *Server) serve(ctx context.Context, stream extprocv3.ExternalProcessor_P
 		resp, err := p.handle(pctx, req)
 		span.End()
 		if err != nil {
-			p.logAt(ctx, slog.LevelWarn, "ext_proc protocol error", slog.String("error", err.Error()))
+			p.LogAt(ctx, slog.LevelWarn, "ext_proc protocol error", slog.String("error", err.Error()))
 			return status.Error(codes.InvalidArgument, err.Error())
 		}
 		if resp == nil {

@@ -19,73 +19,45 @@ import (
 // missing or invalid, no principal, body too large). A shadow policy only
 // counts what it would have refused, and lets the request on.
 func (p *processor) refuse(ctx context.Context, req *extprocv3.ProcessingRequest, prob *problem.Problem) *extprocv3.ProcessingResponse {
-	if p.pol.Enforcement == policy.EnforcementShadow {
-		p.shadowDecided(ctx, ShadowWouldReject, slog.String("problem", prob.Slug))
+	if p.att.Policy.Enforcement == policy.EnforcementShadow {
+		p.shadowDecided(ctx, idem.ShadowWouldReject, slog.String("problem", prob.Slug))
 		return p.passThrough(req)
 	}
 	return p.reject(ctx, prob)
 }
 
-// decideShadow makes the decision an enforcing policy would make, against
-// the shadow key space (policy.RecordNamespace), and lets the request on
-// whatever it is.
-//
-// A first attempt holds its reservation as an enforced one does, so its
-// response completes the record and later duplicates are measured against
-// it. A duplicate holds nothing: the upstream runs it again (that is what
-// shadow means) and its own response stores nothing, so it never
-// overwrites the first one's record. It does not wait for an attempt in
-// flight either (wait_for_in_flight): shadow adds no latency beyond the
-// reservation. A store that cannot be asked is counted and passed, as
-// fail_open would.
+// decideShadow answers from a shadow policy's decision
+// (attempt.DecideShadow): the request goes on whatever it is; a first
+// attempt holds its reservation as an enforced one does.
 func (p *processor) decideShadow(ctx context.Context, req *extprocv3.ProcessingRequest, fp idem.Fingerprint) *extprocv3.ProcessingResponse {
-	if p.pol.Encrypt && p.srv.cfg.Sealer == nil {
-		p.shadowDecided(ctx, ShadowStoreError, slog.String("error", "policy asks for encryption and the server has no key ring"))
-		return p.passThrough(req)
-	}
-	res, err := p.reserve(ctx, fp)
+	d, err := p.att.DecideShadow(ctx, fp)
 	if err != nil {
-		p.shadowDecided(ctx, ShadowStoreError, slog.String("error", err.Error()))
+		p.shadowDecided(ctx, d, slog.String("error", err.Error()))
 		return p.passThrough(req)
 	}
-	p.attempt = res.Attempt
-	p.shadowDecided(ctx, shadowDecisionFor(res.Outcome))
-	if res.Outcome == idem.Reserved {
+	p.shadowDecided(ctx, d)
+	if d == idem.ShadowWouldReserve {
 		return p.proceed(req)
 	}
 	return p.passThrough(req)
 }
 
-func shadowDecisionFor(o idem.Outcome) ShadowDecision {
-	switch o {
-	case idem.Reserved:
-		return ShadowWouldReserve
-	case idem.Completed:
-		return ShadowWouldReplay
-	case idem.InFlight:
-		return ShadowWouldConflict
-	case idem.Unknown:
-		return ShadowWouldUnknown
-	}
-	return ShadowWouldMismatch
-}
-
 // shadowDecided records a shadow policy's decision: counted, logged, on
 // the span, and, when the policy names a shadow header, told to the client
 // on the response ("would-replay"). gRPC answers carry no such header.
-func (p *processor) shadowDecided(ctx context.Context, d ShadowDecision, attrs ...slog.Attr) {
-	p.decided(DecisionShadowed)
-	p.srv.obs.ShadowDecided(p.pol.Name, d)
+func (p *processor) shadowDecided(ctx context.Context, d idem.ShadowDecision, attrs ...slog.Attr) {
+	p.Decided(idem.DecisionShadowed)
+	p.srv.obs.ShadowDecided(p.att.Policy.Name, d)
 	if p.span != nil {
 		p.span.SetAttributes(attribute.String("idem.shadow_decision", string(d)))
 	}
 	level := slog.LevelInfo
-	if d == ShadowStoreError {
+	if d == idem.ShadowStoreError {
 		level = slog.LevelWarn
 	}
-	p.logAt(ctx, level, "shadow decision", append(attrs, slog.String("shadow_decision", string(d)))...)
-	if p.pol.ShadowHeader != "" && !p.rpc.call {
-		p.respAdd = append(p.respAdd, setHeader(p.pol.ShadowHeader, strings.ReplaceAll(string(d), "_", "-"), false))
+	p.LogAt(ctx, level, "shadow decision", append(attrs, slog.String("shadow_decision", string(d)))...)
+	if p.att.Policy.ShadowHeader != "" && !p.rpc.call {
+		p.respAdd = append(p.respAdd, setHeader(p.att.Policy.ShadowHeader, strings.ReplaceAll(string(d), "_", "-"), false))
 	}
 }
 
@@ -97,14 +69,14 @@ func (p *processor) shadowDecided(ctx context.Context, d ShadowDecision, attrs .
 // own would need every client taught about it. A shadow policy, which refuses nothing anyway, measures what
 // enforcement would do now: pass it, so it is only a keyless request.
 func (p *processor) graceWithoutKey(ctx context.Context, req *extprocv3.ProcessingRequest) *extprocv3.ProcessingResponse {
-	p.decided(DecisionBypassed)
-	if p.pol.Enforcement == policy.EnforcementShadow {
+	p.Decided(idem.DecisionBypassed)
+	if p.att.Policy.Enforcement == policy.EnforcementShadow {
 		return p.passThrough(req)
 	}
-	p.srv.obs.KeyWarned(p.pol.Name)
-	p.logAt(ctx, slog.LevelInfo, "key missing; passed in its grace period", slog.Time("warn_until", p.pol.KeyWarnUntil))
+	p.srv.obs.KeyWarned(p.att.Policy.Name)
+	p.LogAt(ctx, slog.LevelInfo, "key missing; passed in its grace period", slog.Time("warn_until", p.att.Policy.KeyWarnUntil))
 	if !p.rpc.call {
-		p.respAdd = append(p.respAdd, setHeader("warning", GraceWarning(p.pol.KeyHeader, p.pol.KeyWarnUntil), true))
+		p.respAdd = append(p.respAdd, setHeader("warning", GraceWarning(p.att.Policy.KeyHeader, p.att.Policy.KeyWarnUntil), true))
 	}
 	return p.passThrough(req)
 }

@@ -8,11 +8,12 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/idem-extproc/idem-extproc/internal/envoyorigin"
+	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/idem-extproc/idem-extproc/internal/extproc"
 	"github.com/idem-extproc/idem-extproc/internal/version"
 )
 
@@ -39,7 +40,7 @@ type Metrics struct {
 	started        time.Time
 }
 
-var _ extproc.Observer = (*Metrics)(nil)
+var _ idem.Observer = (*Metrics)(nil)
 
 // NewMetrics registers the metrics, the Go runtime and process collectors
 // and build information.
@@ -102,20 +103,34 @@ func NewMetrics() *Metrics {
 		Help: "Stored headers left out of replays because Envoy would refuse the whole header mutation (a control character, " +
 			"more than 100 headers or 60 KiB).",
 	}, []string{"policy"})
-	m.droppedHeaders.WithLabelValues("none")
-	// Every attribute's series exists from the start (policy "none"), so a
-	// rule on the family sees it before the first miss.
-	for name := range extproc.MissingAttributes {
-		m.missingAttrs.WithLabelValues("none", name)
-	}
+	build := newBuildInfo()
+	m.safety = newStoreSafety(m.reg)
+	m.precreate()
+	m.reg.MustRegister(m.decisions, m.storeCalls, m.openStreams, m.replayAge, m.settleFailures, m.reloads, m.adminActions,
+		m.requests, m.shadow, m.keyWarnings, m.missingAttrs, m.droppedHeaders, build,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// newBuildInfo is the build_info gauge, set.
+func newBuildInfo() *prometheus.GaugeVec {
 	build := prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Namespace: Namespace, Name: "build_info",
 		Help: "Build information; the value is always 1.",
 	}, []string{"version", "revision", "goversion"})
 	bi := version.Get()
 	build.WithLabelValues(bi.Version, bi.Revision, bi.GoVersion).Set(1)
-	m.safety = newStoreSafety(m.reg)
-	// The series alert rules read exist from the start (see KnowPolicies).
+	return build
+}
+
+// precreate makes the series alert rules read exist from the start, so a
+// rule on a family sees it before its first event (see KnowPolicies).
+func (m *Metrics) precreate() {
+	m.droppedHeaders.WithLabelValues("none")
+	// Every attribute's series exists from the start (policy "none").
+	for name := range envoyorigin.MissingAttributes {
+		m.missingAttrs.WithLabelValues("none", name)
+	}
 	for _, r := range []string{"ok", "rejected"} {
 		m.reloads.WithLabelValues(r)
 	}
@@ -125,10 +140,6 @@ func NewMetrics() *Metrics {
 		}
 	}
 	m.storeCalls.WithLabelValues("reserve", "ok")
-	m.reg.MustRegister(m.decisions, m.storeCalls, m.openStreams, m.replayAge, m.settleFailures, m.reloads, m.adminActions,
-		m.requests, m.shadow, m.keyWarnings, m.missingAttrs, m.droppedHeaders, build,
-		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	return m
 }
 
 // Registry returns the registry, for tests and extra collectors.
@@ -146,28 +157,28 @@ func policyLabel(p string) string {
 	return p
 }
 
-// StreamStarted implements extproc.Observer.
+// StreamStarted implements idem.Observer.
 func (m *Metrics) StreamStarted() { m.openStreams.Inc() }
 
-// StreamEnded implements extproc.Observer.
+// StreamEnded implements idem.Observer.
 func (m *Metrics) StreamEnded() { m.openStreams.Dec() }
 
-// Decided implements extproc.Observer.
-func (m *Metrics) Decided(policy string, d extproc.Decision) {
+// Decided implements idem.Observer.
+func (m *Metrics) Decided(policy string, d idem.Decision) {
 	m.decisions.WithLabelValues(policyLabel(policy), string(d)).Inc()
 }
 
-// Replayed implements extproc.Observer.
+// Replayed implements idem.Observer.
 func (m *Metrics) Replayed(policy string, age time.Duration) {
 	m.replayAge.WithLabelValues(policyLabel(policy)).Observe(age.Seconds())
 }
 
-// SettleFailed implements extproc.Observer.
+// SettleFailed implements idem.Observer.
 func (m *Metrics) SettleFailed(policy, decision string) {
 	m.settleFailures.WithLabelValues(policyLabel(policy), decision).Inc()
 }
 
-// Requested implements extproc.Observer.
+// Requested implements idem.Observer.
 func (m *Metrics) Requested(policy string, withKey bool) {
 	key := "absent"
 	if withKey {
@@ -176,12 +187,12 @@ func (m *Metrics) Requested(policy string, withKey bool) {
 	m.requests.WithLabelValues(policyLabel(policy), key).Inc()
 }
 
-// ShadowDecided implements extproc.Observer.
-func (m *Metrics) ShadowDecided(policy string, d extproc.ShadowDecision) {
+// ShadowDecided implements idem.Observer.
+func (m *Metrics) ShadowDecided(policy string, d idem.ShadowDecision) {
 	m.shadow.WithLabelValues(policyLabel(policy), string(d)).Inc()
 }
 
-// KeyWarned implements extproc.Observer.
+// KeyWarned implements idem.Observer.
 func (m *Metrics) KeyWarned(policy string) {
 	m.keyWarnings.WithLabelValues(policyLabel(policy)).Inc()
 }
@@ -209,9 +220,9 @@ var requestPathOps = []string{"reserve", "renew", "complete", "release", "mark_u
 // alertedDecisions and alertedSettles are the label values per policy that
 // observability/prometheus-rules.yaml reads.
 var (
-	alertedDecisions = []extproc.Decision{extproc.DecisionReserved, extproc.DecisionReplayed,
-		extproc.DecisionFailOpen, extproc.DecisionMarkedUnknown}
-	alertedSettles = []extproc.Decision{extproc.DecisionStored, extproc.DecisionReleased, extproc.DecisionMarkedUnknown}
+	alertedDecisions = []idem.Decision{idem.DecisionReserved, idem.DecisionReplayed,
+		idem.DecisionFailOpen, idem.DecisionMarkedUnknown}
+	alertedSettles = []idem.Decision{idem.DecisionStored, idem.DecisionReleased, idem.DecisionMarkedUnknown}
 )
 
 // KnowPolicies starts at zero, for each policy named, the series that the

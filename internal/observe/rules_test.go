@@ -10,7 +10,7 @@ import (
 
 	"sigs.k8s.io/yaml"
 
-	"github.com/idem-extproc/idem-extproc/internal/extproc"
+	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/observe"
 )
 
@@ -19,14 +19,14 @@ import (
 func exercised(t *testing.T) (*observe.Metrics, []string) {
 	m := observe.NewMetrics()
 	m.StreamStarted()
-	m.Decided("p", extproc.DecisionReserved)
+	m.Decided("p", idem.DecisionReserved)
 	m.Replayed("p", time.Second)
 	m.SettleFailed("p", "stored")
 	m.ConfigReloaded(nil)
 	m.AdminAction("purge", "ok")
 	m.ObserveStoreCall("reserve", "ok", time.Millisecond)
 	m.Requested("p", true)
-	m.ShadowDecided("p", extproc.ShadowWouldReplay)
+	m.ShadowDecided("p", idem.ShadowWouldReplay)
 	m.KeyWarned("p")
 	fams, err := m.Registry().Gather()
 	if err != nil {

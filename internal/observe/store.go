@@ -3,7 +3,6 @@ package observe
 import (
 	"context"
 	"errors"
-	"fmt"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -13,9 +12,10 @@ import (
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 )
 
-// Store times and traces every call of the store it wraps. It passes on
-// the optional idem.Watcher and idem.Admin capabilities; calling one the
-// wrapped store lacks is an error.
+// Store times and traces every call of the store it wraps. InstrumentStore
+// hands it out inside a value that has exactly the optional capabilities
+// (idem.Watcher, idem.Admin) of the wrapped store, so a caller's type
+// assertion answers for the store behind it.
 type Store struct {
 	inner idem.Store
 	m     *Metrics
@@ -23,17 +23,48 @@ type Store struct {
 	tracer trace.Tracer
 }
 
-var (
-	_ idem.Store   = (*Store)(nil)
-	_ idem.Watcher = (*Store)(nil)
-	_ idem.Admin   = (*Store)(nil)
+// The wrappers that add a capability the wrapped store has.
+type (
+	watchingStore struct {
+		*Store
+		watchOps
+	}
+	adminStore struct {
+		*Store
+		adminOps
+	}
+	watchingAdminStore struct {
+		*Store
+		watchOps
+		adminOps
+	}
 )
 
-// InstrumentStore wraps st. A nil tracer provider traces nothing.
-func InstrumentStore(st idem.Store, m *Metrics, tp trace.TracerProvider) *Store {
+var (
+	_ idem.Store   = (*Store)(nil)
+	_ idem.Watcher = watchingStore{}
+	_ idem.Admin   = adminStore{}
+	_ idem.Watcher = watchingAdminStore{}
+	_ idem.Admin   = watchingAdminStore{}
+)
+
+// InstrumentStore wraps st. A nil tracer provider traces nothing. The
+// result implements idem.Watcher and idem.Admin when st does, and only
+// then.
+func InstrumentStore(st idem.Store, m *Metrics, tp trace.TracerProvider) idem.Store {
 	s := &Store{inner: st, m: m}
 	if tp != nil {
 		s.tracer = tp.Tracer("github.com/idem-extproc/idem-extproc/internal/observe")
+	}
+	w, watches := st.(idem.Watcher)
+	a, admins := st.(idem.Admin)
+	switch {
+	case watches && admins:
+		return watchingAdminStore{s, watchOps{s, w}, adminOps{s, a}}
+	case watches:
+		return watchingStore{s, watchOps{s, w}}
+	case admins:
+		return adminStore{s, adminOps{s, a}}
 	}
 	return s
 }
@@ -146,38 +177,38 @@ func (s *Store) Ping(ctx context.Context) error {
 	return err
 }
 
+// watchOps times the Watch calls of a store that has them.
+type watchOps struct {
+	s *Store
+	w idem.Watcher
+}
+
 // Watch implements idem.Watcher.
-func (s *Store) Watch(ctx context.Context, id idem.RecordID) (changed <-chan struct{}, stop func(), err error) {
-	w, ok := s.inner.(idem.Watcher)
-	if !ok {
-		return nil, nil, fmt.Errorf("observe: %T cannot watch records", s.inner)
-	}
-	ctx, c := s.begin(ctx, "watch")
-	changed, stop, err = w.Watch(ctx, id)
+func (o watchOps) Watch(ctx context.Context, id idem.RecordID) (changed <-chan struct{}, stop func(), err error) {
+	ctx, c := o.s.begin(ctx, "watch")
+	changed, stop, err = o.w.Watch(ctx, id)
 	c.end(err)
 	return changed, stop, err
 }
 
+// adminOps times the admin calls of a store that has them.
+type adminOps struct {
+	s *Store
+	a idem.Admin
+}
+
 // Purge implements idem.Admin.
-func (s *Store) Purge(ctx context.Context, id idem.RecordID) error {
-	a, ok := s.inner.(idem.Admin)
-	if !ok {
-		return fmt.Errorf("observe: %T has no admin operations", s.inner)
-	}
-	ctx, c := s.begin(ctx, "purge")
-	err := a.Purge(ctx, id)
+func (o adminOps) Purge(ctx context.Context, id idem.RecordID) error {
+	ctx, c := o.s.begin(ctx, "purge")
+	err := o.a.Purge(ctx, id)
 	c.end(err)
 	return err
 }
 
 // Resolve implements idem.Admin.
-func (s *Store) Resolve(ctx context.Context, id idem.RecordID, resp *idem.Response, retention time.Duration) error {
-	a, ok := s.inner.(idem.Admin)
-	if !ok {
-		return fmt.Errorf("observe: %T has no admin operations", s.inner)
-	}
-	ctx, c := s.begin(ctx, "resolve")
-	err := a.Resolve(ctx, id, resp, retention)
+func (o adminOps) Resolve(ctx context.Context, id idem.RecordID, resp *idem.Response, retention time.Duration) error {
+	ctx, c := o.s.begin(ctx, "resolve")
+	err := o.a.Resolve(ctx, id, resp, retention)
 	c.end(err)
 	return err
 }

@@ -131,12 +131,25 @@ const (
 	DefaultDurabilityTimeout = 50 * time.Millisecond
 )
 
-// Policy is one set of rules.
+// Policy is one set of rules, in the groups the policy file documents them
+// in (README.md, the policy file): each group is parsed and checked together
+// (internal/config). The groups are embedded, so a rule reads as p.Lease
+// wherever it is used.
 type Policy struct {
 	Name string
 	// Match selects the requests the policy protects.
 	Match Match
+	KeyRules
+	Scope Scope
+	BodyRules
+	DurabilityRules
+	RolloutRules
+	Responses
+}
 
+// KeyRules are the key group: key.header, key.required, key.max_length,
+// key.warn_until.
+type KeyRules struct {
 	// KeyHeader is the lower-case header carrying the key.
 	KeyHeader string
 	// KeyRequired makes a missing key a 400 instead of a pass-through.
@@ -146,18 +159,36 @@ type Policy struct {
 	// header (and is counted); from it on, it is refused with 400.
 	KeyWarnUntil time.Time
 	MaxKeyLength int
-	Scope        Scope
+}
 
-	Retention  time.Duration
-	Lease      time.Duration
-	RetryAfter time.Duration
-
+// BodyRules are the bodies group: what of a request is fingerprinted and
+// what of a response is kept (max_request_body, max_stored_body,
+// fingerprint, stored_headers).
+type BodyRules struct {
 	// MaxRequestBody bounds the request body read for the fingerprint.
 	MaxRequestBody int
 	// MaxStoredBody bounds a stored response body; a larger response is
 	// recorded as completed without its body.
 	MaxStoredBody int
+	// FingerprintHeaders are the request headers that take part in the
+	// fingerprint, normalised by fingerprint.Normalize.
+	FingerprintHeaders []string
+	// FingerprintJSON canonicalises a JSON body before fingerprinting, so
+	// key order and insignificant whitespace do not make a retry differ.
+	FingerprintJSON bool
+	// StoredHeaderDeny lists response headers never stored or replayed, on
+	// top of the hop-by-hop ones (lower case).
+	StoredHeaderDeny []string
+}
 
+// DurabilityRules are the durability group: how long a record lives, how
+// sure its reservation is, what a store failure does, and how it is kept
+// (retention, lease, on_lease_expiry, store_failure, durability,
+// durability_replicas, durability_timeout, encrypt).
+type DurabilityRules struct {
+	Retention   time.Duration
+	Lease       time.Duration
+	LeaseExpiry idem.LeaseExpiry
 	FailureMode FailureMode
 	// Durability says whether a reservation must reach replicas before
 	// the request goes upstream (config: durability: replicated), with
@@ -166,28 +197,15 @@ type Policy struct {
 	Durability         Durability
 	DurabilityReplicas int
 	DurabilityTimeout  time.Duration
-	// FingerprintHeaders are the request headers that take part in the
-	// fingerprint, normalised by fingerprint.Normalize.
-	FingerprintHeaders []string
-	// FingerprintJSON canonicalises a JSON body before fingerprinting, so
-	// key order and insignificant whitespace do not make a retry differ.
-	FingerprintJSON bool
-
-	ResponseRules []idem.ResponseRule
-	// OnStreamReset is what happens when the stream ends after the
-	// reservation and before any response: ActionUnknown or ActionRelease.
-	OnStreamReset idem.Action
-	LeaseExpiry   idem.LeaseExpiry
-
-	// StoredHeaderDeny lists response headers never stored or replayed, on
-	// top of the hop-by-hop ones (lower case).
-	StoredHeaderDeny []string
-
 	// Encrypt seals stored responses (headers and body) with the server's
 	// key ring (package seal), so a copy of the store reveals only
 	// statuses.
 	Encrypt bool
+}
 
+// RolloutRules are the rollout group: enforcement, shadow_header,
+// adopt_shadow_records (docs/design.md §9).
+type RolloutRules struct {
 	// Enforcement is off, shadow or enforce (the zero value).
 	Enforcement Enforcement
 	// ShadowHeader, when set, names a response header that tells the
@@ -198,7 +216,17 @@ type Policy struct {
 	// key space of its shadow phase, so the responses the shadow stored
 	// are replayed. Off, enforcement starts with a clean key space.
 	AdoptShadowRecords bool
+}
 
+// Responses are the responses group: what a response proves (responses,
+// on_stream_reset) and how a duplicate is answered (retry_after,
+// wait_for_in_flight).
+type Responses struct {
+	ResponseRules []idem.ResponseRule
+	// OnStreamReset is what happens when the stream ends after the
+	// reservation and before any response: ActionUnknown or ActionRelease.
+	OnStreamReset idem.Action
+	RetryAfter    time.Duration
 	// WaitForInFlight, when positive, makes a duplicate that arrives while
 	// the first attempt runs wait up to this long for its answer and
 	// replay it, instead of answering 409 at once.
@@ -221,21 +249,29 @@ const (
 // a 30 s lease, 1 MiB bodies, failing closed.
 func Default() *Policy {
 	return &Policy{
-		Name:               DefaultPolicyName,
-		Match:              Match{Methods: []string{"POST", "PATCH"}},
-		KeyHeader:          DefaultKeyHeader,
-		MaxKeyLength:       idem.MaxKeyLength,
-		Scope:              Scope{Source: ScopeAuthority},
-		Retention:          DefaultRetention,
-		Lease:              DefaultLease,
-		RetryAfter:         DefaultRetryAfter,
-		MaxRequestBody:     DefaultMaxBody,
-		MaxStoredBody:      DefaultMaxBody,
-		FailureMode:        FailClosed,
-		FingerprintHeaders: fingerprint.Normalize([]string{DefaultFingerprintHdr}),
-		ResponseRules:      idem.DefaultResponseRules(),
-		OnStreamReset:      idem.ActionUnknown,
-		LeaseExpiry:        idem.LeaseExpiryUnknown,
+		Name:  DefaultPolicyName,
+		Match: Match{Methods: []string{"POST", "PATCH"}},
+		KeyRules: KeyRules{
+			KeyHeader:    DefaultKeyHeader,
+			MaxKeyLength: idem.MaxKeyLength,
+		},
+		Scope: Scope{Source: ScopeAuthority},
+		BodyRules: BodyRules{
+			MaxRequestBody:     DefaultMaxBody,
+			MaxStoredBody:      DefaultMaxBody,
+			FingerprintHeaders: fingerprint.Normalize([]string{DefaultFingerprintHdr}),
+		},
+		DurabilityRules: DurabilityRules{
+			Retention:   DefaultRetention,
+			Lease:       DefaultLease,
+			LeaseExpiry: idem.LeaseExpiryUnknown,
+			FailureMode: FailClosed,
+		},
+		Responses: Responses{
+			ResponseRules: idem.DefaultResponseRules(),
+			OnStreamReset: idem.ActionUnknown,
+			RetryAfter:    DefaultRetryAfter,
+		},
 	}
 }
 

@@ -1,0 +1,123 @@
+package attempt
+
+import (
+	"testing"
+	"time"
+
+	"github.com/idem-extproc/idem-extproc/internal/idem"
+	"github.com/idem-extproc/idem-extproc/internal/policy"
+	"github.com/idem-extproc/idem-extproc/internal/problem"
+)
+
+// adoption counts Requested calls by whether a key came.
+type adoption struct {
+	idem.NopObserver
+	withKey, without int
+}
+
+func (o *adoption) Requested(_ string, withKey bool) {
+	if withKey {
+		o.withKey++
+	} else {
+		o.without++
+	}
+}
+
+// TestAdmissionTable is docs/design.md §3's first table, the rows about
+// the policy and the key: what is decided before any store call.
+func TestAdmissionTable(t *testing.T) {
+	now := time.Date(2026, 6, 1, 0, 0, 0, 0, time.UTC)
+	optional := policy.Default()
+	optional.KeyRequired = false
+	required := policy.Default()
+	required.KeyRequired = true
+	grace := policy.Default()
+	grace.KeyRequired, grace.KeyWarnUntil = true, now.Add(time.Hour)
+	graceOver := policy.Default()
+	graceOver.KeyRequired, graceOver.KeyWarnUntil = true, now.Add(-time.Hour)
+	off := policy.Default()
+	off.Enforcement = policy.EnforcementOff
+	for _, tc := range []struct {
+		name     string
+		pol      *policy.Policy
+		raw      string
+		lines    int
+		want     Admission
+		slug     string // the problem's, for Refuse
+		key      string // for Keyed
+		bypassed bool   // reported DecisionBypassed
+	}{
+		{"enforcement off", off, "k", 1, Bypass, "", "", true},
+		{"no key, optional", optional, "", 0, Bypass, "", "", true},
+		{"no key, required, in grace", grace, "", 0, Grace, "", "", false},
+		{"no key, required, grace over", graceOver, "", 0, Refuse, problem.KeyMissing.Slug, "", false},
+		{"no key, required", required, "", 0, Refuse, problem.KeyMissing.Slug, "", false},
+		{"key on two lines", required, "a", 2, Refuse, problem.KeyInvalid.Slug, "", false},
+		{"key malformed", required, "a,b", 1, Refuse, problem.KeyInvalid.Slug, "", false},
+		{"key valid", required, `"order-1"`, 1, Keyed, "", "order-1", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			obs := &adoption{}
+			rep := &reporter{}
+			a := New(&Server{Observer: obs}, rep)
+			a.Policy = tc.pol
+			got, key, prob := a.AdmitKey(tc.raw, tc.lines, now)
+			if got != tc.want || key != tc.key {
+				t.Fatalf("admission %v key %q, want %v %q", got, key, tc.want, tc.key)
+			}
+			if (prob != nil) != (tc.slug != "") || (prob != nil && prob.Slug != tc.slug) {
+				t.Fatalf("problem %+v, want %q", prob, tc.slug)
+			}
+			if b := len(rep.decisions) == 1 && rep.decisions[0] == idem.DecisionBypassed; b != tc.bypassed || len(rep.decisions) > 1 {
+				t.Fatalf("decisions %v, want bypassed %v", rep.decisions, tc.bypassed)
+			}
+			if obs.withKey+obs.without != 1 || (obs.withKey == 1) != (tc.lines > 0) {
+				t.Fatalf("adoption counted %+v", obs)
+			}
+		})
+	}
+}
+
+// TestAdmitNamesTheRecord: the record's id is the policy's namespace, the
+// scope and the key, so two scopes never share a record.
+func TestAdmitNamesTheRecord(t *testing.T) {
+	a := New(&Server{}, &reporter{})
+	a.Policy = policy.Default()
+	a.Admit("tenant-a", "k")
+	b := New(&Server{}, &reporter{})
+	b.Policy = policy.Default()
+	b.Admit("tenant-b", "k")
+	if a.ID == b.ID || a.ID != idem.RecordIDFor(a.Policy.RecordNamespace(), "tenant-a", "k") || a.Scope != "tenant-a" {
+		t.Fatalf("ids %s %s", a.ID, b.ID)
+	}
+}
+
+// TestAdmitScopeTable is §3's "scope source yields nothing" row: a policy
+// scoped by a header, metadata or the peer's identity refuses a request
+// without one; scoped by authority or not at all, an empty scope is a
+// scope.
+func TestAdmitScopeTable(t *testing.T) {
+	for _, tc := range []struct {
+		source  policy.ScopeSource
+		scope   string
+		refused bool
+	}{
+		{policy.ScopeNone, "", false},
+		{policy.ScopeAuthority, "", false},
+		{policy.ScopeHeader, "", true},
+		{policy.ScopeMetadata, "", true},
+		{policy.ScopePrincipal, "", true},
+		{policy.ScopePrincipal, "spiffe://orders", false},
+	} {
+		a := New(&Server{}, &reporter{})
+		a.Policy = policy.Default()
+		a.Policy.Scope = policy.Scope{Source: tc.source}
+		prob := a.Admit(tc.scope, "k")
+		if (prob != nil) != tc.refused || (prob != nil && prob.Slug != problem.PrincipalMissing.Slug) {
+			t.Errorf("source %v scope %q: problem %v, want refused %v", tc.source, tc.scope, prob, tc.refused)
+		}
+		if (a.ID == "") != tc.refused {
+			t.Errorf("source %v scope %q: record %q", tc.source, tc.scope, a.ID)
+		}
+	}
+}

@@ -1,0 +1,121 @@
+// Package attempt owns one attempt's life under a policy, in the domain's
+// terms and without any protocol in it: admit (the policy, key and scope
+// that name the record), decide (reserve it, wait for the attempt that
+// holds it, open what it stored), respond (the response rules that say
+// what a response proves) and settle (complete, release or mark unknown,
+// renew the lease meanwhile, retry a refused transition at the end).
+//
+// One word names an attempt's last transition, whichever it is: settle
+// (SettleStored, Settle, SettleAtEnd here; settleStored, settleResponse,
+// settleRPC, settleAtEnd in extproc). Complete, Release and MarkUnknown are
+// the store's transitions it applies.
+//
+// Package extproc holds the conversation with Envoy around it: which
+// message carries what, body modes, replies. One Attempt lives inside one
+// ext_proc stream's processor.
+package attempt
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/idem-extproc/idem-extproc/internal/idem"
+	"github.com/idem-extproc/idem-extproc/internal/policy"
+)
+
+// Server is what every attempt of one server shares.
+type Server struct {
+	Store idem.Store
+	// Sealer seals and opens the responses of policies with Encrypt; nil
+	// when the server has no key ring.
+	Sealer   idem.Sealer
+	Observer idem.Observer
+	// Log takes every attempt's lines (LogAt) and the lease renewer's
+	// warnings.
+	Log *slog.Logger
+	// StoreTimeout bounds each store call made while Envoy waits.
+	StoreTimeout time.Duration
+	// SettleAtEndTimeout bounds the settling done once the stream ended.
+	SettleAtEndTimeout time.Duration
+}
+
+// Conversation is the attempt's side of the protocol's conversation: it
+// puts a decision on the request's metrics and span, and tells the proxy
+// about a wait. (Log lines are the attempt's own, LogAt: a variadic call
+// through an interface would cost an allocation per line.)
+type Conversation interface {
+	// Decided reports a decision (observer, span).
+	Decided(d idem.Decision)
+	// BeforeWait runs before a duplicate waits up to d for the attempt in
+	// flight (the proxy may need to extend its own timer); an error
+	// abandons the wait.
+	BeforeWait(d time.Duration) error
+}
+
+// Attempt is one attempt of an operation: the record it names and what it
+// holds of it. Its zero value, from New, is an attempt not yet admitted.
+type Attempt struct {
+	srv  *Server
+	conv Conversation
+
+	// Policy is the policy the request matched; nil when none did.
+	Policy *policy.Policy
+	// ID names the record; empty until the key is admitted.
+	ID    idem.RecordID
+	Scope string
+	Token idem.Token
+	// Number is the attempt's number for the operation (1 for the first);
+	// zero until the store told it.
+	Number int
+	// RequestID is the request's x-request-id, for the log lines.
+	RequestID string
+	// Started is when the attempt's stream began: its lines' latency.
+	Started time.Time
+
+	// renew keeps the lease alive; it is set exactly while this attempt
+	// holds the record and has not settled it (Held).
+	renew *renewer
+
+	// retry is a final transition the store refused; SettleAtEnd tries it
+	// once more.
+	retry         func(context.Context) error
+	retryDecision decisionCode
+}
+
+// New returns an attempt of srv that talks through conv.
+func New(srv *Server, conv Conversation) Attempt {
+	return Attempt{srv: srv, conv: conv, Started: time.Now()}
+}
+
+// Held reports whether this attempt holds the record and has not settled
+// it yet.
+func (a *Attempt) Held() bool { return a.renew != nil }
+
+// decisionCode is a settling decision in one byte: an ext_proc stream's
+// state then fits the allocation size class it had before the attempt
+// moved here (512 bytes instead of 480 per request otherwise).
+type decisionCode uint8
+
+const (
+	codeStored decisionCode = iota
+	codeReleased
+	codeMarkedUnknown
+)
+
+var settleDecisions = [...]idem.Decision{idem.DecisionStored, idem.DecisionReleased, idem.DecisionMarkedUnknown}
+
+func (c decisionCode) decision() idem.Decision { return settleDecisions[c] }
+
+// PolicyName is the matched policy's name, "" when none matched.
+func (a *Attempt) PolicyName() string {
+	if a.Policy == nil {
+		return ""
+	}
+	return a.Policy.Name
+}
+
+// StoreCtx bounds one store call made while Envoy waits.
+func (a *Attempt) StoreCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, a.srv.StoreTimeout)
+}

@@ -1,0 +1,173 @@
+package attempt
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/idem-extproc/idem-extproc/internal/idem"
+)
+
+// unusable is a store the attempt can reach but not use: the policy seals
+// and the server has no key ring, or a stored response does not open. The
+// request is then refused whatever the policy's failure_mode: fail_open is
+// for a store that cannot be asked, not for one whose answer cannot be
+// trusted. Its text is the cause's, as logged.
+type unusable struct{ err error }
+
+func (e unusable) Error() string { return e.err.Error() }
+func (e unusable) Unwrap() error { return e.err }
+
+// Unreachable reports whether an error from Decide means the store could
+// not be asked (so fail_open may pass the request), rather than that it
+// could not be used.
+func Unreachable(err error) bool {
+	var u unusable
+	return !errors.As(err, &u)
+}
+
+var errNoKeyRing = errors.New("policy asks for encryption and the server has no key ring")
+
+// Decide is the request-time decision (docs/design.md §3) for a complete
+// request's fingerprint: it reserves the record for a new token; a
+// duplicate of an attempt in flight waits for it when the policy says so
+// (wait_for_in_flight, with a store that can watch); a completed record's
+// response is opened when sealed. An error means no answer: the store
+// could not be asked or used (Unreachable tells which).
+func (a *Attempt) Decide(ctx context.Context, fp idem.Fingerprint) (idem.ReserveResult, error) {
+	a.Token = idem.NewToken()
+	if a.Policy.Encrypt && a.srv.Sealer == nil {
+		// The response could not be stored as the policy demands: refuse
+		// before anything runs. (The daemon refuses such a configuration;
+		// this guards other embeddings.)
+		return idem.ReserveResult{}, unusable{errNoKeyRing}
+	}
+	res, err := a.reserve(ctx, fp)
+	if err != nil {
+		return res, err
+	}
+	a.Number = res.Attempt
+	if res.Outcome == idem.InFlight && a.Policy.WaitForInFlight > 0 {
+		if w, ok := a.srv.Store.(idem.Watcher); ok {
+			res = a.awaitFirst(ctx, w, fp, res)
+		}
+	}
+	if res.Outcome == idem.Completed && res.Response.Sealed {
+		opened, err := a.open(*res.Response)
+		if err != nil {
+			// A stored response that does not open (tampered, or its key
+			// left the ring) is never replayed, and the key is not free.
+			return res, unusable{err}
+		}
+		res.Response = &opened
+	}
+	return res, nil
+}
+
+func (a *Attempt) open(r idem.Response) (idem.Response, error) {
+	if a.srv.Sealer == nil {
+		return idem.Response{}, errors.New("a stored response is sealed and the server has no key ring")
+	}
+	return a.srv.Sealer.Open(a.ID, r)
+}
+
+// reserve asks the store for the record, with the policy's lease,
+// retention and durability.
+func (a *Attempt) reserve(ctx context.Context, fp idem.Fingerprint) (idem.ReserveResult, error) {
+	sctx, cancel := a.StoreCtx(ctx)
+	defer cancel()
+	waitReplicas, waitTimeout := a.Policy.WaitReplicas()
+	return a.srv.Store.Reserve(sctx, idem.Reservation{
+		ID:           a.ID,
+		Fingerprint:  fp,
+		Token:        a.Token,
+		Lease:        a.Policy.Lease,
+		Retention:    a.Policy.Retention,
+		LeaseExpiry:  a.Policy.LeaseExpiry,
+		WaitReplicas: waitReplicas,
+		WaitTimeout:  waitTimeout,
+	})
+}
+
+// awaitFirst lets a duplicate wait, up to the policy's wait_for_in_flight,
+// for the attempt that holds the record to settle, woken by the store
+// rather than polling it. It returns what the duplicate should be told:
+// the replay once the first attempt completed, a fresh reservation if it
+// was released, or the outcome found when the wait ends.
+func (a *Attempt) awaitFirst(ctx context.Context, w idem.Watcher, fp idem.Fingerprint, first idem.ReserveResult) idem.ReserveResult {
+	deadline := time.Now().Add(a.Policy.WaitForInFlight)
+	if err := a.conv.BeforeWait(a.Policy.WaitForInFlight + 2*a.srv.StoreTimeout); err != nil {
+		return first
+	}
+	wctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	for {
+		changed, stop, err := w.Watch(wctx, a.ID)
+		if err != nil {
+			return first
+		}
+		select {
+		case <-changed:
+		case <-wctx.Done():
+		}
+		stop()
+		if res, done := a.reread(ctx, fp, first); done {
+			return res
+		}
+		if wctx.Err() != nil {
+			return first // still in flight when the wait ran out: 409
+		}
+	}
+}
+
+// reread reads the record a duplicate waits for once the store said it
+// may have settled, and reports what to answer if it did.
+func (a *Attempt) reread(ctx context.Context, fp idem.Fingerprint, first idem.ReserveResult) (idem.ReserveResult, bool) {
+	sctx, scancel := a.StoreCtx(ctx)
+	rec, err := a.srv.Store.Get(sctx, a.ID)
+	scancel()
+	switch {
+	case errors.Is(err, idem.ErrNotFound):
+		// Released (the upstream asked for a retry): this attempt may run
+		// the operation now.
+		res, err := a.reserve(ctx, fp)
+		if err != nil {
+			return first, true
+		}
+		return res, true
+	case err != nil:
+		return first, true
+	case rec.Fingerprint != fp:
+		return idem.ReserveResult{Outcome: idem.Mismatch}, true
+	case rec.State == idem.StateCompleted:
+		return idem.ReserveResult{Outcome: idem.Completed, Attempt: first.Attempt, Response: rec.Response, CreatedAt: rec.CreatedAt}, true
+	case rec.State == idem.StateUnknown:
+		return idem.ReserveResult{Outcome: idem.Unknown, Attempt: first.Attempt, CreatedAt: rec.CreatedAt}, true
+	}
+	return first, false
+}
+
+// DecideShadow makes the decision an enforcing policy would make, against
+// the shadow key space (policy.RecordNamespace), and reports it: the
+// request goes on whatever it is (docs/design.md §9).
+//
+// A first attempt holds its reservation as an enforced one does (the
+// caller calls Hold), so its response completes the record and later
+// duplicates are measured against it. A duplicate holds nothing: the
+// upstream runs it again (that is what shadow means) and its own response
+// stores nothing, so it never overwrites the first one's record. It does
+// not wait for an attempt in flight either (wait_for_in_flight): shadow
+// adds no latency beyond the reservation. A store that cannot be asked or
+// used is ShadowStoreError, with the error.
+func (a *Attempt) DecideShadow(ctx context.Context, fp idem.Fingerprint) (idem.ShadowDecision, error) {
+	a.Token = idem.NewToken()
+	if a.Policy.Encrypt && a.srv.Sealer == nil {
+		return idem.ShadowStoreError, errNoKeyRing
+	}
+	res, err := a.reserve(ctx, fp)
+	if err != nil {
+		return idem.ShadowStoreError, err
+	}
+	a.Number = res.Attempt
+	return idem.ShadowDecisionFor(res.Outcome), nil
+}

@@ -1,0 +1,147 @@
+package attempt
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+
+	"github.com/idem-extproc/idem-extproc/internal/idem"
+)
+
+// ActionFor is what a response proves about the operation, by the policy's
+// response rules: the one place a response is judged, for HTTP and gRPC
+// answers alike. A response no rule covers is unknown.
+func (a *Attempt) ActionFor(origin idem.Origin, status int) idem.Action {
+	return idem.DecideResponse(a.Policy.ResponseRules, origin, status)
+}
+
+// SettleStored completes the record with resp as the operation's result.
+// It runs before the reply that lets the response go on, so a client that
+// sees the response and retries at once finds it stored. attrs are added
+// to the settled line.
+func (a *Attempt) SettleStored(ctx context.Context, resp idem.Response, attrs ...slog.Attr) {
+	if !a.Held() {
+		return
+	}
+	if a.Policy.Encrypt {
+		sealed, err := a.srv.Sealer.Seal(a.ID, resp)
+		if err != nil {
+			// Never store in the clear what the policy says to seal.
+			a.LogAt(ctx, slog.LevelError, "response not sealed; marking the outcome unknown", slog.String("error", err.Error()))
+			a.Settle(ctx, idem.ActionUnknown)
+			return
+		}
+		resp = sealed
+	}
+	a.settleWith(ctx, codeStored, func(ctx context.Context) error {
+		return a.srv.Store.Complete(ctx, a.ID, a.Token, resp, a.Policy.Retention)
+	}, attrs...)
+}
+
+// Settle releases the record (ActionRelease) or marks it unknown (any
+// other action).
+func (a *Attempt) Settle(ctx context.Context, action idem.Action) {
+	if !a.Held() {
+		return
+	}
+	d, op := codeMarkedUnknown, func(ctx context.Context) error {
+		return a.srv.Store.MarkUnknown(ctx, a.ID, a.Token, a.Policy.Retention)
+	}
+	if action == idem.ActionRelease {
+		d, op = codeReleased, func(ctx context.Context) error { return a.srv.Store.Release(ctx, a.ID, a.Token) }
+	}
+	a.settleWith(ctx, d, op)
+}
+
+// settleWith applies the attempt's last transition. It does not end with the
+// stream's context: Envoy resetting the stream must not cancel the write
+// that records what happened. If the store fails, SettleAtEnd keeps trying
+// (within SettleAtEndTimeout); if that fails too, the unrenewed lease still
+// turns the record unknown: never a silent second execution.
+func (a *Attempt) settleWith(ctx context.Context, code decisionCode, apply func(context.Context) error, attrs ...slog.Attr) {
+	d := code.decision()
+	a.stopRenewing()
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.srv.StoreTimeout)
+	err := apply(sctx)
+	cancel()
+	var buf [4]slog.Attr
+	extra := append(append(buf[:0], attrs...), slog.String("outcome", string(d)), errAttr(err))
+	if err != nil && !definite(err) {
+		a.retry, a.retryDecision = apply, code
+		a.LogAt(ctx, slog.LevelWarn, "record not settled; will retry when the stream ends", extra...)
+		return
+	}
+	if err == nil {
+		a.conv.Decided(d)
+	}
+	a.LogAt(ctx, slog.LevelInfo, "settled", extra...)
+}
+
+// definite reports a store answer that says the record moved on without
+// this attempt (taken over, purged): nothing to retry.
+func definite(err error) bool {
+	return errors.Is(err, idem.ErrNotHolder) || errors.Is(err, idem.ErrNotFound)
+}
+
+func errAttr(err error) slog.Attr {
+	if err == nil {
+		return slog.Attr{}
+	}
+	return slog.String("error", err.Error())
+}
+
+// Pending reports whether SettleAtEnd has work: a record still held, or a
+// transition to retry.
+func (a *Attempt) Pending() bool { return a.Held() || a.retry != nil }
+
+// SettleAtEnd runs when the stream ends, however it ends, with base
+// carrying the stream's span (not its deadline). It retries a refused
+// transition, or settles a record still held: partial, when not nil, is
+// the response whose headers arrived but not its whole body (the upstream
+// did answer: it completes without its body); without one the outcome is
+// the policy's on_stream_reset.
+func (a *Attempt) SettleAtEnd(base context.Context, partial *idem.Response) {
+	if !a.Pending() {
+		return // settled already, or nothing was reserved: the usual end
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(base), a.srv.SettleAtEndTimeout)
+	defer cancel()
+	if a.retry != nil {
+		err := retryUntil(ctx, a.retry)
+		level, msg, d := slog.LevelInfo, "settled on retry", a.retryDecision.decision()
+		switch {
+		case err == nil:
+			a.conv.Decided(d)
+		case !definite(err):
+			level, msg = slog.LevelError, "record not settled; it turns unknown when its lease ends"
+			a.srv.Observer.SettleFailed(a.Policy.Name, string(d))
+		}
+		a.LogAt(ctx, level, msg, slog.String("outcome", string(d)), errAttr(err))
+		return
+	}
+	if partial != nil {
+		a.SettleStored(ctx, *partial, slog.Int("status", partial.Status), slog.Bool("body_omitted", partial.BodyOmitted))
+		return
+	}
+	a.Settle(ctx, a.Policy.OnStreamReset)
+}
+
+// retryUntil applies op until it succeeds, the store gives a definite
+// answer (the record moved on), or ctx ends; each call keeps the store's
+// own per-call budget, so this outlasts a short outage of the store.
+func retryUntil(ctx context.Context, op func(context.Context) error) error {
+	backoff := 25 * time.Millisecond
+	for {
+		err := op(ctx)
+		if err == nil || definite(err) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, time.Second)
+	}
+}

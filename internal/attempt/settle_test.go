@@ -1,0 +1,231 @@
+package attempt
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idem-extproc/idem-extproc/internal/idem"
+	"github.com/idem-extproc/idem-extproc/internal/memstore"
+	"github.com/idem-extproc/idem-extproc/internal/policy"
+)
+
+// reporter records what an attempt reports.
+type reporter struct {
+	mu        sync.Mutex
+	decisions []idem.Decision
+}
+
+func (r *reporter) Decided(d idem.Decision) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.decisions = append(r.decisions, d)
+}
+
+func (r *reporter) BeforeWait(time.Duration) error { return nil }
+
+// observer counts settle failures; the rest of idem.Observer does nothing.
+type observer struct {
+	idem.NopObserver
+	settleFailed []string
+}
+
+func (o *observer) SettleFailed(_, op string) { o.settleFailed = append(o.settleFailed, op) }
+
+// flaky fails the first n final transitions as an unreachable store would.
+type flaky struct {
+	idem.Store
+	n int
+}
+
+var errDown = errors.New("store down")
+
+func (f *flaky) fail() error {
+	if f.n > 0 {
+		f.n--
+		return errDown
+	}
+	return nil
+}
+
+func (f *flaky) Complete(ctx context.Context, id idem.RecordID, tok idem.Token, resp idem.Response, ret time.Duration) error {
+	if err := f.fail(); err != nil {
+		return err
+	}
+	return f.Store.Complete(ctx, id, tok, resp, ret)
+}
+
+func (f *flaky) MarkUnknown(ctx context.Context, id idem.RecordID, tok idem.Token, ret time.Duration) error {
+	if err := f.fail(); err != nil {
+		return err
+	}
+	return f.Store.MarkUnknown(ctx, id, tok, ret)
+}
+
+// fixture is one reserved attempt on an in-memory store.
+type fixture struct {
+	store idem.Store
+	att   Attempt
+	rep   *reporter
+	obs   *observer
+}
+
+// held reserves a record under pol and makes a hold it; wrap, when set,
+// puts a store between the attempt and the in-memory one.
+func held(t *testing.T, pol *policy.Policy, wrap func(idem.Store) idem.Store) *fixture {
+	t.Helper()
+	ms := memstore.New(memstore.Options{})
+	t.Cleanup(func() { _ = ms.Close() })
+	var st idem.Store = ms
+	if wrap != nil {
+		st = wrap(ms)
+	}
+	f := &fixture{store: ms, rep: &reporter{}, obs: &observer{}}
+	srv := &Server{Store: st, Observer: f.obs, Log: slog.New(slog.DiscardHandler),
+		StoreTimeout: time.Second, SettleAtEndTimeout: time.Second}
+	f.att = New(srv, f.rep)
+	f.att.Policy = pol
+	f.att.Admit("tenant", "key-1")
+	f.att.Token = idem.NewToken()
+	res, err := ms.Reserve(context.Background(), idem.Reservation{ID: f.att.ID, Fingerprint: idem.Fingerprint{1},
+		Token: f.att.Token, Lease: pol.Lease, Retention: pol.Retention})
+	if err != nil || res.Outcome != idem.Reserved {
+		t.Fatalf("reserve: %v %v", res.Outcome, err)
+	}
+	f.att.Hold(context.Background())
+	t.Cleanup(f.att.stopRenewing)
+	return f
+}
+
+// state reads the record's state; 0 when there is none.
+func (f *fixture) state(t *testing.T) idem.State {
+	t.Helper()
+	rec, err := f.store.Get(context.Background(), f.att.ID)
+	if errors.Is(err, idem.ErrNotFound) {
+		return 0
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rec.State
+}
+
+// TestResponseDecisionTable is docs/design.md §4's table of the default
+// response rules, played on an attempt that holds its record: each row's
+// response settles the record as the table says.
+func TestResponseDecisionTable(t *testing.T) {
+	const released idem.State = 0
+	for _, tc := range []struct {
+		name     string
+		origin   idem.Origin
+		status   int
+		want     idem.State
+		decision idem.Decision
+	}{
+		{"upstream 201", idem.OriginUpstream, 201, idem.StateCompleted, idem.DecisionStored},
+		{"upstream 500 is stored", idem.OriginUpstream, 500, idem.StateCompleted, idem.DecisionStored},
+		{"upstream 408", idem.OriginUpstream, 408, released, idem.DecisionReleased},
+		{"upstream 425", idem.OriginUpstream, 425, released, idem.DecisionReleased},
+		{"upstream 429", idem.OriginUpstream, 429, released, idem.DecisionReleased},
+		{"not sent 503", idem.OriginNotSent, 503, released, idem.DecisionReleased},
+		{"maybe sent 504", idem.OriginMaybeSent, 504, idem.StateUnknown, idem.DecisionMarkedUnknown},
+		{"status not a number", idem.OriginUpstream, 0, idem.StateUnknown, idem.DecisionMarkedUnknown},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := held(t, policy.Default(), nil)
+			ctx := context.Background()
+			if a := f.att.ActionFor(tc.origin, tc.status); a == idem.ActionStore {
+				f.att.SettleStored(ctx, idem.Response{Status: tc.status})
+			} else {
+				f.att.Settle(ctx, a)
+			}
+			if got := f.state(t); got != tc.want {
+				t.Fatalf("record state %v, want %v", got, tc.want)
+			}
+			if f.att.Held() || f.att.Pending() {
+				t.Fatal("the attempt still holds the record")
+			}
+			if len(f.rep.decisions) != 1 || f.rep.decisions[0] != tc.decision {
+				t.Fatalf("decisions %v, want [%s]", f.rep.decisions, tc.decision)
+			}
+		})
+	}
+}
+
+// TestEndOfStreamTable is §4's table of how a stream that ends with the
+// record still held settles it.
+func TestEndOfStreamTable(t *testing.T) {
+	releasing := policy.Default()
+	releasing.OnStreamReset = idem.ActionRelease
+	partial := &idem.Response{Status: 201, BodyOmitted: true}
+	for _, tc := range []struct {
+		name    string
+		pol     *policy.Policy
+		partial *idem.Response
+		want    idem.State
+	}{
+		{"before any response: on_stream_reset unknown", policy.Default(), nil, idem.StateUnknown},
+		{"before any response: on_stream_reset release", releasing, nil, 0},
+		{"after stored headers: completed without body", policy.Default(), partial, idem.StateCompleted},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := held(t, tc.pol, nil)
+			f.att.SettleAtEnd(context.Background(), tc.partial)
+			if got := f.state(t); got != tc.want {
+				t.Fatalf("record state %v, want %v", got, tc.want)
+			}
+			if tc.partial != nil {
+				rec, _ := f.store.Get(context.Background(), f.att.ID)
+				if rec.Response == nil || !rec.Response.BodyOmitted || rec.Response.Status != 201 {
+					t.Fatalf("stored %+v", rec.Response)
+				}
+			}
+		})
+	}
+}
+
+// TestRefusedSettlementRetriedAtEnd: a final transition the store refuses
+// is not lost: End tries it again and reports the decision once it lands;
+// one that never lands is reported as a settle failure.
+func TestRefusedSettlementRetriedAtEnd(t *testing.T) {
+	t.Run("lands on retry", func(t *testing.T) {
+		fl := &flaky{n: 1}
+		f := held(t, policy.Default(), func(st idem.Store) idem.Store { fl.Store = st; return fl })
+		f.att.SettleStored(context.Background(), idem.Response{Status: 201})
+		if f.state(t) != idem.StateInFlight || !f.att.Pending() || len(f.rep.decisions) != 0 {
+			t.Fatalf("after a refused complete: state %v, pending %v, decisions %v", f.state(t), f.att.Pending(), f.rep.decisions)
+		}
+		f.att.SettleAtEnd(context.Background(), nil)
+		if f.state(t) != idem.StateCompleted || len(f.rep.decisions) != 1 || f.rep.decisions[0] != idem.DecisionStored {
+			t.Fatalf("after End: state %v, decisions %v", f.state(t), f.rep.decisions)
+		}
+	})
+	t.Run("never lands", func(t *testing.T) {
+		fl := &flaky{n: 1 << 30}
+		f := held(t, policy.Default(), func(st idem.Store) idem.Store { fl.Store = st; return fl })
+		f.att.srv.SettleAtEndTimeout = 50 * time.Millisecond // the retry's whole budget, not a wait
+		f.att.Settle(context.Background(), idem.ActionUnknown)
+		f.att.SettleAtEnd(context.Background(), nil)
+		if f.state(t) != idem.StateInFlight || len(f.rep.decisions) != 0 ||
+			len(f.obs.settleFailed) != 1 || f.obs.settleFailed[0] != string(idem.DecisionMarkedUnknown) {
+			t.Fatalf("state %v, decisions %v, settle failures %v", f.state(t), f.rep.decisions, f.obs.settleFailed)
+		}
+	})
+}
+
+// TestSettleWithoutHoldIsNothing: an attempt that holds no record (a
+// duplicate, a shadow duplicate) never settles one.
+func TestSettleWithoutHoldIsNothing(t *testing.T) {
+	f := held(t, policy.Default(), nil)
+	other := New(f.att.srv, f.rep)
+	other.Policy, other.ID, other.Token = f.att.Policy, f.att.ID, idem.NewToken()
+	other.SettleStored(context.Background(), idem.Response{Status: 201})
+	other.Settle(context.Background(), idem.ActionRelease)
+	other.SettleAtEnd(context.Background(), nil)
+	if f.state(t) != idem.StateInFlight || len(f.rep.decisions) != 0 {
+		t.Fatalf("state %v, decisions %v", f.state(t), f.rep.decisions)
+	}
+}

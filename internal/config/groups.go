@@ -1,0 +1,171 @@
+package config
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/idem-extproc/idem-extproc/internal/fingerprint"
+	"github.com/idem-extproc/idem-extproc/internal/idem"
+	"github.com/idem-extproc/idem-extproc/internal/policy"
+)
+
+// apply sets on p what s says, group by group as policy.Policy holds them;
+// every mistake is collected.
+func (b *builder) apply(p *policy.Policy, s *settings, path string) {
+	b.key(&p.KeyRules, s, path)
+	b.scope(p, &s.Scope, path+".scope")
+	b.bodies(&p.BodyRules, s, path)
+	b.durability(&p.DurabilityRules, s, path)
+	b.rollout(&p.RolloutRules, s, path)
+	b.responses(&p.Responses, s, path)
+}
+
+// key parses the key group: key.header, key.required, key.max_length,
+// key.warn_until.
+func (b *builder) key(r *policy.KeyRules, s *settings, path string) {
+	if v := s.Key.Header; v.Set {
+		h := strings.ToLower(strings.TrimSpace(v.Value))
+		if !methodPattern.MatchString(h) { // a header name is a token too
+			b.errorf(v.Line, path+".key.header", "%q is not a header name", v.Value)
+		}
+		r.KeyHeader = h
+	}
+	if v := s.Key.Required; v.Set {
+		r.KeyRequired = b.boolean(v, path+".key.required")
+	}
+	if v := s.Key.MaxLength; v.Set {
+		n, err := strconv.Atoi(v.Value)
+		if err != nil || n < 1 || n > idem.MaxKeyLength {
+			b.errorf(v.Line, path+".key.max_length", "%q is not a length from 1 to %d", v.Value, idem.MaxKeyLength)
+		}
+		r.MaxKeyLength = n
+	}
+	if v := s.Key.WarnUntil; v.Set {
+		r.KeyWarnUntil = b.date(v, path+".key.warn_until")
+	}
+}
+
+// bodies parses the bodies group: max_request_body, max_stored_body,
+// fingerprint, stored_headers.
+func (b *builder) bodies(r *policy.BodyRules, s *settings, path string) {
+	if v := s.MaxRequestBody; v.Set {
+		r.MaxRequestBody = b.size(v, path+".max_request_body")
+	}
+	if v := s.MaxStoredBody; v.Set {
+		r.MaxStoredBody = b.size(v, path+".max_stored_body")
+	}
+	if v := s.Fingerprint.Headers; v.Set {
+		names := make([]string, 0, len(v.Items))
+		for i, h := range v.Items {
+			if !methodPattern.MatchString(h.Value) || strings.HasPrefix(h.Value, ":") {
+				b.errorf(h.Line, fmt.Sprintf("%s.fingerprint.headers[%d]", path, i), "%q is not a header name", h.Value)
+			}
+			names = append(names, h.Value)
+		}
+		r.FingerprintHeaders = fingerprint.Normalize(names)
+	}
+	if v := s.Fingerprint.JSON; v.Set {
+		r.FingerprintJSON = b.boolean(v, path+".fingerprint.json")
+	}
+	if v := s.StoredHeaders.Deny; v.Set {
+		for i, h := range v.Items {
+			if !methodPattern.MatchString(h.Value) {
+				b.errorf(h.Line, fmt.Sprintf("%s.stored_headers.deny[%d]", path, i), "%q is not a header name", h.Value)
+			}
+			r.StoredHeaderDeny = append(r.StoredHeaderDeny, strings.ToLower(h.Value))
+		}
+	}
+}
+
+// durability parses the durability group: retention, lease,
+// on_lease_expiry, store_failure, durability, durability_replicas,
+// durability_timeout, encrypt.
+func (b *builder) durability(r *policy.DurabilityRules, s *settings, path string) {
+	if v := s.Retention; v.Set {
+		r.Retention = b.duration(v, path+".retention", time.Second)
+	}
+	if v := s.Lease; v.Set {
+		r.Lease = b.duration(v, path+".lease", 100*time.Millisecond)
+	}
+	if v := s.OnLeaseExpiry; v.Set {
+		r.LeaseExpiry = oneOf(b, v, path+".on_lease_expiry", []string{"unknown", "reexecute"},
+			[]idem.LeaseExpiry{idem.LeaseExpiryUnknown, idem.LeaseExpiryReexecute})
+	}
+	if v := s.StoreFailure; v.Set {
+		r.FailureMode = oneOf(b, v, path+".store_failure", []string{"fail_closed", "fail_open"},
+			[]policy.FailureMode{policy.FailClosed, policy.FailOpen})
+	}
+	if v := s.Durability; v.Set {
+		r.Durability = oneOf(b, v, path+".durability", []string{"async", "replicated"},
+			[]policy.Durability{policy.DurabilityAsync, policy.DurabilityReplicated})
+	}
+	if v := s.DurabilityReps; v.Set {
+		n, err := strconv.Atoi(v.Value)
+		if err != nil || n < 1 || n > 16 {
+			b.errorf(v.Line, path+".durability_replicas", "%q is not a replica count from 1 to 16", v.Value)
+		}
+		r.DurabilityReplicas = n
+	}
+	if v := s.DurabilityWait; v.Set {
+		r.DurabilityTimeout = b.duration(v, path+".durability_timeout", time.Millisecond)
+	}
+	if v := s.Encrypt; v.Set {
+		r.Encrypt = b.boolean(v, path+".encrypt")
+	}
+}
+
+// rollout parses the rollout group: enforcement, shadow_header,
+// adopt_shadow_records.
+func (b *builder) rollout(r *policy.RolloutRules, s *settings, path string) {
+	if v := s.Enforcement; v.Set {
+		switch v.Value {
+		case "enforce":
+			r.Enforcement = policy.EnforcementEnforce
+		case "shadow":
+			r.Enforcement = policy.EnforcementShadow
+		case "off":
+			r.Enforcement = policy.EnforcementOff
+		default:
+			b.errorf(v.Line, path+".enforcement", "%q is not off, shadow or enforce", v.Value)
+		}
+	}
+	if v := s.ShadowHeader; v.Set {
+		h := strings.ToLower(strings.TrimSpace(v.Value))
+		if h != "" && (!methodPattern.MatchString(h) || policy.ReservedHeader(h)) {
+			b.errorf(v.Line, path+".shadow_header", "%q is not a header name a response may carry", v.Value)
+		}
+		r.ShadowHeader = h
+	}
+	if v := s.AdoptShadow; v.Set {
+		r.AdoptShadowRecords = b.boolean(v, path+".adopt_shadow_records")
+	}
+}
+
+// responses parses the responses group: responses, on_stream_reset,
+// retry_after, wait_for_in_flight.
+func (b *builder) responses(r *policy.Responses, s *settings, path string) {
+	if len(s.Responses) > 0 {
+		rules := make([]idem.ResponseRule, 0, len(s.Responses))
+		for i := range s.Responses {
+			rules = append(rules, b.responseRules(&s.Responses[i], fmt.Sprintf("%s.responses[%d]", path, i))...)
+		}
+		// The policy's rules come first; the defaults cover the rest.
+		r.ResponseRules = append(rules, idem.DefaultResponseRules()...)
+	}
+	if v := s.OnStreamReset; v.Set {
+		switch a, ok := idem.ParseAction(v.Value); {
+		case ok && (a == idem.ActionUnknown || a == idem.ActionRelease):
+			r.OnStreamReset = a
+		default:
+			b.errorf(v.Line, path+".on_stream_reset", "%q is not unknown or release (with no response there is nothing to store)", v.Value)
+		}
+	}
+	if v := s.RetryAfter; v.Set {
+		r.RetryAfter = b.duration(v, path+".retry_after", time.Second)
+	}
+	if v := s.WaitForInFlight; v.Set {
+		r.WaitForInFlight = b.duration(v, path+".wait_for_in_flight", 0)
+	}
+}

@@ -1,0 +1,28 @@
+package envoyorigin
+
+// The attributes the server reads, named as Envoy's CEL context defines them
+// (source/extensions/filters/common/expr/context.h): an attribute the filter
+// was not asked for, or one Envoy does not define, is simply absent from the
+// message (ExpressionManager::evaluateAttributes in ext_proc's
+// matching_utils.cc skips an expression that evaluates to an error).
+const (
+	AttrCodeDetails = "response.code_details"
+	AttrFlags       = "response.flags"
+	AttrRouteName   = "xds.route_name"
+	// The downstream peer certificate's first URI SAN, first DNS SAN and
+	// subject (context.cc SslExtractorsValues: URISanPeerCertificate,
+	// DNSSanPeerCertificate, SubjectPeerCertificate); absent without TLS.
+	AttrURISanPeer  = "connection.uri_san_peer_certificate"
+	AttrDNSSanPeer  = "connection.dns_san_peer_certificate"
+	AttrSubjectPeer = "connection.subject_peer_certificate"
+)
+
+// MissingAttributes are the attributes whose absence the server reports
+// (idem.Observer.MissingAttribute), each with the filter setting that sends it.
+var MissingAttributes = map[string]string{
+	AttrCodeDetails: "response_attributes",
+	AttrRouteName:   "request_attributes",
+	AttrURISanPeer:  "request_attributes",
+	AttrDNSSanPeer:  "request_attributes",
+	AttrSubjectPeer: "request_attributes",
+}
