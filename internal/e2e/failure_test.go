@@ -106,7 +106,10 @@ func TestCompletionLostEndsUnknown(t *testing.T) {
 	})
 	done := make(chan harness.Reply, 1)
 	go func() { done <- env.Post("/orders", "lost-completion", `{}`, "x-upstream-delay", "400ms") }()
-	testwait.For(t, func() bool { return recordState(t, env, "lost-completion") == idem.StateInFlight })
+	// Kill Redis once the upstream has the request, not once the record
+	// exists: the record is there as soon as Redis ran the reservation,
+	// before its reply reached the server, and a kill in between is a 503.
+	testwait.Until(t, "the request at the upstream", func() bool { return env.Upstream.ArrivedKey("lost-completion") == 1 })
 	env.Redis.Kill()
 	wantStatus(t, <-done, http.StatusCreated) // the client still gets the upstream's answer
 	testwait.For(t, func() bool {

@@ -53,21 +53,26 @@ func (x *exchange) addAttributes(pr *extprocv3.ProcessingRequest, phase Phase) {
 // it is left out of the message, as is a defined name with no value.
 // Strings travel as strings, int64 and uint64 as numbers, bools as bools.
 func (x *exchange) attribute(name string) *structpb.Value {
+	switch {
+	case strings.HasPrefix(name, "request."):
+		return x.requestAttribute(name)
+	case strings.HasPrefix(name, "connection."):
+		return x.connectionAttribute(name)
+	}
+	return x.otherAttribute(name)
+}
+
+// optString is s as a value, none when empty.
+func optString(s string) *structpb.Value {
+	if s == "" {
+		return nil
+	}
+	return structpb.NewStringValue(s)
+}
+
+func (x *exchange) requestAttribute(name string) *structpb.Value {
 	r := x.req
-	str := func(s string) *structpb.Value { return structpb.NewStringValue(s) }
-	opt := func(s string) *structpb.Value {
-		if s == "" {
-			return nil
-		}
-		return structpb.NewStringValue(s)
-	}
-	first := func(vs []string) *structpb.Value {
-		if len(vs) == 0 {
-			return nil // SslExtractorsValues: an empty SAN list has no value
-		}
-		return structpb.NewStringValue(vs[0])
-	}
-	cert := r.PeerCertificate
+	str, opt := structpb.NewStringValue, optString
 	switch name {
 	// RequestLookupValues: header-backed values are absent without the header.
 	case "request.method":
@@ -91,6 +96,15 @@ func (x *exchange) attribute(name string) *structpb.Value {
 		return opt(get(x.reqHeaders, "user-agent"))
 	case "request.referer":
 		return opt(get(x.reqHeaders, "referer"))
+	}
+	return nil
+}
+
+// otherAttribute answers the response, source and xds names.
+func (x *exchange) otherAttribute(name string) *structpb.Value {
+	r := x.req
+	opt := optString
+	switch name {
 	// ResponseLookupValues: only in the response direction.
 	case "response.code":
 		if x.respStatus == 0 {
@@ -114,6 +128,22 @@ func (x *exchange) attribute(name string) *structpb.Value {
 			return nil
 		}
 		return structpb.NewNumberValue(float64(n))
+	// XDSLookupValues: route_name is the route's name, "" when unnamed.
+	case "xds.route_name":
+		return structpb.NewStringValue(r.RouteName)
+	}
+	return nil
+}
+
+func (x *exchange) connectionAttribute(name string) *structpb.Value {
+	first := func(vs []string) *structpb.Value {
+		if len(vs) == 0 {
+			return nil // SslExtractorsValues: an empty SAN list has no value
+		}
+		return structpb.NewStringValue(vs[0])
+	}
+	cert := x.req.PeerCertificate
+	switch name {
 	// ConnectionLookupValues and SslExtractorsValues: without TLS (or a
 	// client certificate) there is no SSL connection info and no value.
 	case "connection.mtls":
@@ -132,10 +162,7 @@ func (x *exchange) attribute(name string) *structpb.Value {
 		if cert == nil {
 			return nil
 		}
-		return str(cert.Subject)
-	// XDSLookupValues: route_name is the route's name, "" when unnamed.
-	case "xds.route_name":
-		return str(r.RouteName)
+		return structpb.NewStringValue(cert.Subject)
 	}
 	return nil
 }

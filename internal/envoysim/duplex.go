@@ -38,51 +38,71 @@ func fullDuplex(m extprocfilterv3.ProcessingMode_BodySendMode) bool {
 //   - No per-message timeout; mode_override is never honoured with this
 //     mode configured (onReceiveMessage).
 func (x *exchange) duplex(ctx context.Context, request bool, headers []Header, body []byte, trailers []Header) ([]Header, []byte, []Header, *Response, error) {
-	hp, bp, tp := PhaseRequestHeaders, PhaseRequestBody, PhaseRequestTrailers
+	d := duplexDirection{request: request, hp: PhaseRequestHeaders, bp: PhaseRequestBody, tp: PhaseRequestTrailers}
 	headerMode, trailerMode := x.mode.GetRequestHeaderMode(), x.mode.GetRequestTrailerMode()
 	if !request {
-		hp, bp, tp = PhaseResponseHeaders, PhaseResponseBody, PhaseResponseTrailers
+		d.hp, d.bp, d.tp = PhaseResponseHeaders, PhaseResponseBody, PhaseResponseTrailers
 		headerMode, trailerMode = x.mode.GetResponseHeaderMode(), x.mode.GetResponseTrailerMode()
 	}
-	hasBody := len(body) > 0
-	sentHeaders := sendHeaders(headerMode)
-	sentTrailers := len(trailers) > 0 && sendTrailers(trailerMode)
+	d.hasBody = len(body) > 0
+	d.sentHeaders = sendHeaders(headerMode)
+	d.sentTrailers = len(trailers) > 0 && sendTrailers(trailerMode)
+	if err := x.duplexSend(ctx, d, headers, body, trailers); err != nil {
+		local, ferr := x.failure(ctx, err)
+		return headers, nil, trailers, local, ferr
+	}
+	return x.duplexReceive(ctx, d, headers, trailers)
+}
+
+// duplexDirection is one direction of a FULL_DUPLEX_STREAMED exchange: its
+// phases and what was sent.
+type duplexDirection struct {
+	request                            bool
+	hp, bp, tp                         Phase
+	hasBody, sentHeaders, sentTrailers bool
+}
+
+// duplexSend sends the headers, every body chunk and the trailers at once.
+func (x *exchange) duplexSend(ctx context.Context, d duplexDirection, headers []Header, body []byte, trailers []Header) error {
+	if d.sentHeaders {
+		hh := &extprocv3.HttpHeaders{Headers: toHeaderMap(headers), EndOfStream: !d.hasBody && len(trailers) == 0}
+		pr := &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: hh}}
+		if !d.request {
+			pr.Request = &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: hh}
+		}
+		if err := x.sendOnly(ctx, pr, d.hp); err != nil {
+			return err
+		}
+	}
+	if d.hasBody {
+		chunks := x.chunks(body)
+		for i, c := range chunks {
+			if err := x.sendOnly(ctx, bodyRequest(d.bp, c, i == len(chunks)-1 && len(trailers) == 0), d.bp); err != nil {
+				return err
+			}
+		}
+	}
+	if d.sentTrailers {
+		ht := &extprocv3.HttpTrailers{Trailers: toHeaderMap(trailers)}
+		pr := &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestTrailers{RequestTrailers: ht}}
+		if !d.request {
+			pr.Request = &extprocv3.ProcessingRequest_ResponseTrailers{ResponseTrailers: ht}
+		}
+		if err := x.sendOnly(ctx, pr, d.tp); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// duplexReceive reads the replies until every part sent is answered.
+func (x *exchange) duplexReceive(ctx context.Context, d duplexDirection, headers, trailers []Header) ([]Header, []byte, []Header, *Response, error) {
 	fail := func(err error) ([]Header, []byte, []Header, *Response, error) {
 		local, ferr := x.failure(ctx, err)
 		return headers, nil, trailers, local, ferr
 	}
-
-	if sentHeaders {
-		hh := &extprocv3.HttpHeaders{Headers: toHeaderMap(headers), EndOfStream: !hasBody && len(trailers) == 0}
-		pr := &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: hh}}
-		if !request {
-			pr.Request = &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: hh}
-		}
-		if err := x.sendOnly(ctx, pr, hp); err != nil {
-			return fail(err)
-		}
-	}
-	if hasBody {
-		chunks := x.chunks(body)
-		for i, c := range chunks {
-			if err := x.sendOnly(ctx, bodyRequest(bp, c, i == len(chunks)-1 && len(trailers) == 0), bp); err != nil {
-				return fail(err)
-			}
-		}
-	}
-	if sentTrailers {
-		ht := &extprocv3.HttpTrailers{Trailers: toHeaderMap(trailers)}
-		pr := &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestTrailers{RequestTrailers: ht}}
-		if !request {
-			pr.Request = &extprocv3.ProcessingRequest_ResponseTrailers{ResponseTrailers: ht}
-		}
-		if err := x.sendOnly(ctx, pr, tp); err != nil {
-			return fail(err)
-		}
-	}
-
 	var out []byte
-	gotHeaders, bodyDone, trailersDone := !sentHeaders, !hasBody, !sentTrailers
+	gotHeaders, bodyDone, trailersDone := !d.sentHeaders, !d.hasBody, !d.sentTrailers
 	for !gotHeaders || !bodyDone || !trailersDone {
 		reply, err := x.side.recv(ctx, time.Now().Add(duplexWait))
 		if ctx.Err() != nil {
@@ -103,13 +123,13 @@ func (x *exchange) duplex(ctx context.Context, request bool, headers []Header, b
 		}
 		switch {
 		case !gotHeaders:
-			if !replyMatches(reply, hp) {
+			if !replyMatches(reply, d.hp) {
 				x.markAll("spurious")
-				return fail(fmt.Errorf("%w: %s reply while the %s reply is pending", ErrSpurious, replyKind(reply), hp))
+				return fail(fmt.Errorf("%w: %s reply while the %s reply is pending", ErrSpurious, replyKind(reply), d.hp))
 			}
-			x.mark(hp, "continue")
+			x.mark(d.hp, "continue")
 			cr := reply.GetRequestHeaders().GetResponse()
-			if !request {
+			if !d.request {
 				cr = reply.GetResponseHeaders().GetResponse()
 			}
 			var local *Response
@@ -117,23 +137,23 @@ func (x *exchange) duplex(ctx context.Context, request bool, headers []Header, b
 				return headers, nil, trailers, local, nil
 			}
 			gotHeaders = true
-		case replyMatches(reply, bp):
-			sr := bodyReply(bp, reply).GetBodyMutation().GetStreamedResponse()
+		case replyMatches(reply, d.bp):
+			sr := bodyReply(d.bp, reply).GetBodyMutation().GetStreamedResponse()
 			if sr == nil {
 				x.markAll("spurious")
 				return fail(fmt.Errorf("%w: a body reply without streamed_response in FULL_DUPLEX_STREAMED", ErrSpurious))
 			}
 			out = append(out, sr.GetBody()...)
 			if sr.GetEndOfStream() {
-				x.mark(bp, "streamed")
+				x.mark(d.bp, "streamed")
 				bodyDone = true
 			}
-		case sentTrailers && replyMatches(reply, tp):
-			x.mark(bp, "streamed")
-			x.mark(tp, "continue")
-			if m := reply.GetRequestTrailers().GetHeaderMutation(); request && m != nil {
+		case d.sentTrailers && replyMatches(reply, d.tp):
+			x.mark(d.bp, "streamed")
+			x.mark(d.tp, "continue")
+			if m := reply.GetRequestTrailers().GetHeaderMutation(); d.request && m != nil {
 				trailers, err = x.applyMutation(trailers, m)
-			} else if m := reply.GetResponseTrailers().GetHeaderMutation(); !request && m != nil {
+			} else if m := reply.GetResponseTrailers().GetHeaderMutation(); !d.request && m != nil {
 				trailers, err = x.applyMutation(trailers, m)
 			}
 			if err != nil {
@@ -145,7 +165,7 @@ func (x *exchange) duplex(ctx context.Context, request bool, headers []Header, b
 			bodyDone, trailersDone = true, true
 		default:
 			x.markAll("spurious")
-			return fail(fmt.Errorf("%w: %s reply in FULL_DUPLEX_STREAMED %s", ErrSpurious, replyKind(reply), hp))
+			return fail(fmt.Errorf("%w: %s reply in FULL_DUPLEX_STREAMED %s", ErrSpurious, replyKind(reply), d.hp))
 		}
 	}
 	return headers, out, trailers, nil, nil

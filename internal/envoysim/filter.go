@@ -195,34 +195,75 @@ func sendTrailers(m extprocfilterv3.ProcessingMode_HeaderSendMode) bool {
 }
 
 func (x *exchange) run(ctx context.Context, up Upstream) (*Response, error) {
-	req := x.req
-	headers := x.reqHeaders
-	body, trailers := req.Body, req.Trailers
+	headers, body, trailers, local, err := x.request(ctx)
+	if err != nil || local != nil {
+		return local, err
+	}
+	return x.route(ctx, up, headers, body, trailers)
+}
+
+// request runs the request phases: in FULL_DUPLEX_STREAMED one exchange,
+// otherwise headers, body and trailers in turn, each skipped once
+// processing is complete. It returns the request as the router gets it,
+// or the local reply that ends the exchange.
+func (x *exchange) request(ctx context.Context) (headers []Header, body []byte, trailers []Header, local *Response, err error) {
+	headers, body, trailers = x.reqHeaders, x.req.Body, x.req.Trailers
 	hasBody := len(body) > 0
 
 	// FULL_DUPLEX_STREAMED: headers, body and trailers in one exchange.
 	duplexReq := fullDuplex(x.mode.GetRequestBodyMode()) && !x.complete
 	if duplexReq {
-		var local *Response
-		var err error
-		headers, body, trailers, local, err = x.duplex(ctx, true, headers, body, trailers)
-		if err != nil || local != nil {
-			return local, err
+		if headers, body, trailers, local, err = x.duplex(ctx, true, headers, body, trailers); err != nil || local != nil {
+			return headers, body, trailers, local, err
 		}
 	}
+	if headers, local, err = x.requestHeaders(ctx, headers, !hasBody && len(trailers) == 0, duplexReq); err != nil || local != nil {
+		return headers, body, trailers, local, err
+	}
+	if err := x.clientGoneAfter(PhaseRequestHeaders); err != nil {
+		return headers, body, trailers, nil, err
+	}
 
-	// Request headers.
+	// Request body.
+	if !duplexReq && hasBody && !x.complete {
+		if headers, body, local, err = x.requestBody(ctx, headers, body, len(trailers) > 0); err != nil || local != nil {
+			return headers, body, trailers, local, err
+		}
+	}
+	if err := x.clientGoneAfter(PhaseRequestBody); err != nil {
+		return headers, body, trailers, nil, err
+	}
+
+	// Request trailers.
+	if !duplexReq && len(trailers) > 0 && sendTrailers(x.mode.GetRequestTrailerMode()) && !x.complete {
+		pr := &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestTrailers{
+			RequestTrailers: &extprocv3.HttpTrailers{Trailers: toHeaderMap(trailers)},
+		}}
+		if _, local, err = x.call(ctx, pr, PhaseRequestTrailers); err != nil || local != nil {
+			return headers, body, trailers, local, err
+		}
+	}
+	if err := x.clientGoneAfter(PhaseRequestTrailers); err != nil {
+		return headers, body, trailers, nil, err
+	}
+	return headers, body, trailers, nil, nil
+}
+
+// requestHeaders runs the request headers phase (none in
+// FULL_DUPLEX_STREAMED, whose exchange sent them), removing content-length
+// as Envoy does.
+func (x *exchange) requestHeaders(ctx context.Context, headers []Header, endOfStream, duplexReq bool) ([]Header, *Response, error) {
 	stripCL := !duplexReq && shouldRemoveContentLength(x.mode.GetRequestBodyMode(), x.mode.GetRequestHeaderMode())
 	if !duplexReq && sendHeaders(x.mode.GetRequestHeaderMode()) && !x.complete {
 		pr := &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{
-			RequestHeaders: &extprocv3.HttpHeaders{Headers: toHeaderMap(headers), EndOfStream: !hasBody && len(trailers) == 0},
+			RequestHeaders: &extprocv3.HttpHeaders{Headers: toHeaderMap(headers), EndOfStream: endOfStream},
 		}}
 		reply, local, err := x.call(ctx, pr, PhaseRequestHeaders)
 		if err != nil {
-			return nil, err
+			return headers, nil, err
 		}
 		if local != nil {
-			return local, nil
+			return headers, local, nil
 		}
 		if stripCL {
 			// Removed as onHeaders returns, before the reply (and any
@@ -231,44 +272,20 @@ func (x *exchange) run(ctx context.Context, up Upstream) (*Response, error) {
 		}
 		if reply != nil {
 			if headers, local = x.mutate(headers, reply.GetRequestHeaders().GetResponse()); local != nil {
-				return local, nil
+				return headers, local, nil
 			}
 		}
 	} else if stripCL && !x.complete {
 		headers = remove(headers, "content-length")
 	}
-	if err := x.clientGoneAfter(PhaseRequestHeaders); err != nil {
-		return nil, err
-	}
+	return headers, nil, nil
+}
 
-	// Request body.
-	if !duplexReq && hasBody && !x.complete {
-		var local *Response
-		var err error
-		headers, body, local, err = x.requestBody(ctx, headers, body, len(trailers) > 0)
-		if err != nil || local != nil {
-			return local, err
-		}
-	}
-	if err := x.clientGoneAfter(PhaseRequestBody); err != nil {
-		return nil, err
-	}
-
-	// Request trailers.
-	if !duplexReq && len(trailers) > 0 && sendTrailers(x.mode.GetRequestTrailerMode()) && !x.complete {
-		pr := &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestTrailers{
-			RequestTrailers: &extprocv3.HttpTrailers{Trailers: toHeaderMap(trailers)},
-		}}
-		_, local, err := x.call(ctx, pr, PhaseRequestTrailers)
-		if err != nil || local != nil {
-			return local, err
-		}
-	}
-	if err := x.clientGoneAfter(PhaseRequestTrailers); err != nil {
-		return nil, err
-	}
-
-	// The router.
+// route sends the request to the upstream as the router does, and runs the
+// response phases on its answer, or on the local reply Envoy makes when the
+// upstream fails.
+func (x *exchange) route(ctx context.Context, up Upstream, headers []Header, body []byte, trailers []Header) (*Response, error) {
+	req := x.req
 	upReq := &Request{
 		Method: get(headers, ":method"), Path: get(headers, ":path"), Authority: get(headers, ":authority"),
 		Scheme: get(headers, ":scheme"), Headers: withoutPseudo(headers), Body: body, Trailers: trailers,

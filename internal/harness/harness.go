@@ -126,23 +126,33 @@ func Start(t testing.TB, opts Options) *Env {
 	}
 	e := &Env{t: t, opts: opts}
 	e.Store, e.Redis = opts.storeOption()(t, opts.StoreTimeout)
-
 	if opts.ServerAddr != "" {
 		e.serverAddr = opts.ServerAddr
 	} else {
-		lis, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		e.serverAddr = lis.Addr().String()
-		e.serve(lis)
-		t.Cleanup(func() {
-			e.mu.Lock()
-			defer e.mu.Unlock()
-			e.grpcServer.Stop()
-		})
+		e.startServer()
 	}
+	e.startFilter()
+	e.startProxy()
+	return e
+}
 
+// startServer serves ext_proc in process on a loopback port.
+func (e *Env) startServer() {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.serverAddr = lis.Addr().String()
+	e.serve(lis)
+	e.t.Cleanup(func() {
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		e.grpcServer.Stop()
+	})
+}
+
+// startFilter connects the Envoy-faithful filter to the server.
+func (e *Env) startFilter() {
 	// Reconnect within tens of milliseconds after CrashServer/StartServer,
 	// as Envoy's cluster would once its health check passes, instead of
 	// grpc-go's default one-second backoff.
@@ -152,10 +162,10 @@ func Start(t testing.TB, opts Options) *Env {
 			MinConnectTimeout: time.Second,
 		}))
 	if err != nil {
-		t.Fatal(err)
+		e.t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = cc.Close() })
-	cfg := opts.Filter
+	e.t.Cleanup(func() { _ = cc.Close() })
+	cfg := e.opts.Filter
 	if cfg == nil {
 		cfg = envoysim.RecommendedConfig()
 	}
@@ -163,8 +173,14 @@ func Start(t testing.TB, opts Options) *Env {
 		cfg = proto.Clone(cfg).(*extprocfilterv3.ExternalProcessor)
 		cfg.MessageTimeout = durationpb.New(TestMessageTimeout)
 	}
-	e.Filter = envoysim.NewFilter(cc, cfg, opts.FilterOptions)
+	e.Filter = envoysim.NewFilter(cc, cfg, e.opts.FilterOptions)
+}
 
+// startProxy puts the proxy in front of the filter and the upstream behind
+// it, and at cleanup fails the test on any exchange in which Envoy would
+// have seen an ext_proc failure, unless the options expect some.
+func (e *Env) startProxy() {
+	t, opts := e.t, e.opts
 	e.Upstream = NewUpstream()
 	t.Cleanup(e.Upstream.Close)
 	base, _ := url.Parse(e.Upstream.URL())
@@ -194,7 +210,6 @@ func Start(t testing.TB, opts Options) *Env {
 	e.URL = front.URL
 	e.Client = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256}}
 	t.Cleanup(e.Client.CloseIdleConnections)
-	return e
 }
 
 func (e *Env) serve(lis net.Listener) {
