@@ -118,6 +118,22 @@ func (s *Source) readStable() ([]byte, error) {
 // Current returns the policies in force.
 func (s *Source) Current() *policy.Set { return s.cur.Load() }
 
+// AlsoCheck adds a check every later reload must pass too, for what can be
+// judged only once the server holds more than the file (the store's
+// capabilities). Call it before Watch or Reload run.
+func (s *Source) AlsoCheck(check func(*policy.Set) error) {
+	if prev := s.check; prev != nil {
+		s.check = func(set *policy.Set) error {
+			if err := prev(set); err != nil {
+				return err
+			}
+			return check(set)
+		}
+		return
+	}
+	s.check = check
+}
+
 // Path returns the configuration file, or "".
 func (s *Source) Path() string { return s.path }
 

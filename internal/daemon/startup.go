@@ -145,10 +145,14 @@ func (d *Daemon) open(getenv func(string) string) (trace.TracerProvider, error) 
 	if err := d.openStore(); err != nil {
 		return nil, err
 	}
-	// TODO(arch-attempt, issue 16 item 1): refuse here, with the store open
-	// and no port yet, a store that lacks a capability the configuration
-	// needs (watch, admin): a checkStoreCapabilities(d.cfg, d.store) error
-	// wrapping ErrConfig unwinds the stack like any other.
+	// With the store open and no port yet: a store that lacks a capability
+	// the policies need (wait_for_in_flight needs Watch) is refused now, and
+	// a reload that would need one is refused later, rather than the
+	// capability failing request by request.
+	if err := d.policies.Current().CheckStore(d.store); err != nil {
+		return nil, fmt.Errorf("%w: --config: %w", ErrConfig, err)
+	}
+	d.policies.AlsoCheck(func(set *policy.Set) error { return set.CheckStore(d.store) })
 	if d.lis, err = net.Listen("tcp", d.cfg.Listen); err != nil {
 		return nil, fmt.Errorf("--listen %s: %w", d.cfg.Listen, err)
 	}
