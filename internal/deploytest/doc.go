@@ -9,7 +9,7 @@
 // type (Kubernetes, Istio, Envoy Gateway, Gateway API); the Dockerfile and
 // docker-compose.yml are checked against what the binaries expect. Where a
 // file embeds an ext_proc filter, it must carry the settings the server
-// depends on (DESIGN §7) and what the policies it serves need of it
+// depends on (docs/design.md §7) and what the policies it serves need of it
 // (max_message_timeout for wait_for_in_flight, the mTLS identity attribute
 // for principal scope, buffers for the body limits).
 //

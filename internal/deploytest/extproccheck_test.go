@@ -24,14 +24,14 @@ const extProcFilterName = "envoy.filters.http.ext_proc"
 // of the server's own 503 problem.
 const messageTimeoutMargin = 100 * time.Millisecond
 
-// The attributes the server reads (DESIGN §4, §7).
+// The attributes the server reads (docs/design.md §4, §7).
 var (
 	requiredRequestAttributes  = []string{"xds.route_name"}
 	requiredResponseAttributes = []string{"response.code_details", "response.flags"}
 )
 
 // checkExtProc reports every way c differs from what idem-extproc needs
-// (DESIGN §7). It is the one check applied to the filter wherever it is
+// (docs/design.md §7). It is the one check applied to the filter wherever it is
 // configured: plain Envoy, Istio's EnvoyFilter, Envoy Gateway's policy.
 func checkExtProc(c *extprocv3.ExternalProcessor) error {
 	var errs []error

@@ -143,7 +143,7 @@ func TestMissingAttributesAreLoud(t *testing.T) {
 		cfg.ResponseAttributes = nil
 		env := harness.Start(t, harness.Options{Filter: cfg, Metrics: m, Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
 		// Envoy's own 504 cannot be told from the upstream's without the
-		// details: it is stored (DESIGN §4), but never silently.
+		// details: it is stored (docs/design.md §4), but never silently.
 		for _, key := range []string{"t1", "t2"} {
 			if r := exchange(env, key, failWith(envoysim.UpstreamTimeout)); r.Response.Status != http.StatusGatewayTimeout {
 				t.Fatalf("got %v", r)

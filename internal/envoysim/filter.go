@@ -73,7 +73,7 @@ func NewFilter(cc grpc.ClientConnInterface, cfg *extprocfilterv3.ExternalProcess
 	return &Filter{cfg: cfg, opts: opts, client: extprocv3.NewExternalProcessorClient(cc)}
 }
 
-// RecommendedConfig is the filter configuration DESIGN §7 recommends:
+// RecommendedConfig is the filter configuration docs/design.md §7 recommends:
 // headers SEND, bodies BUFFERED, trailers SKIP, mode override allowed,
 // failing closed, with the request and response attributes the server
 // reads.

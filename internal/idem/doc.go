@@ -2,7 +2,7 @@
 // transitions between them, the request-time and response-time decisions,
 // and the Store interface that the Redis and in-memory stores implement.
 //
-// The contract (see DESIGN.md in the project's shared notes) names one
+// The contract (docs/design.md, the project's design document) names one
 // operation across attempts by (policy, scope, Idempotency-Key). The first
 // attempt reserves the record with a random token; every later transition
 // must present that token, so an old attempt can never overwrite a newer

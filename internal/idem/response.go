@@ -70,7 +70,7 @@ type ResponseRule struct {
 	Action               Action
 }
 
-// DefaultResponseRules are DESIGN §4's defaults: store the application's
+// DefaultResponseRules are docs/design.md §4's defaults: store the application's
 // answers, but release on the statuses that ask the client to retry (408,
 // 425, 429) and on Envoy replies that prove the request was never sent;
 // Envoy replies after the request may have been sent are unknown.

@@ -233,7 +233,7 @@ type Responses struct {
 	WaitForInFlight time.Duration
 }
 
-// Defaults of the default policy, DESIGN §1-§5.
+// Defaults of the default policy, docs/design.md §1-§5.
 const (
 	DefaultRetention      = 24 * time.Hour
 	DefaultLease          = 30 * time.Second

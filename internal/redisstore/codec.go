@@ -161,7 +161,7 @@ func decodeResponse[T ~string | ~[]byte](b T) (*idem.Response, error) {
 
 // A completed record is one Redis string rather than a hash: a 1 KiB body
 // pushes a hash past hash-max-listpack-value into a hashtable, whose
-// per-field entries cost more than the body itself (DESIGN §6 bounds
+// per-field entries cost more than the body itself (docs/design.md §6 bounds
 // memory per record; docs/performance.md has the figures). The string
 // starts with a fixed-width head the Lua scripts read and update by
 // offset, then the response head (encodeResponseHead) and the body:

@@ -53,7 +53,7 @@ func (c *FakeClock) Advance(d time.Duration) {
 // RunProperty drives random interleavings of Reserve, Renew, Complete,
 // Release, MarkUnknown and lease expiry from many attempts (tokens) over a
 // few records, and checks every answer and every record against a simple
-// model written from the contract (DESIGN §2-§3), independent of package
+// model written from the contract (docs/design.md §2-§3), independent of package
 // idem's transition functions.
 func RunProperty(t *testing.T, newStore NewStore, opts PropertyOptions) {
 	if opts.Seeds <= 0 {
