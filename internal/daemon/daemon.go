@@ -26,7 +26,6 @@ import (
 
 	"github.com/idem-extproc/idem-extproc/internal/admin"
 	"github.com/idem-extproc/idem-extproc/internal/config"
-	"github.com/idem-extproc/idem-extproc/internal/extproc"
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/observe"
 )
@@ -48,7 +47,7 @@ type Daemon struct {
 	adminLis net.Listener
 	policies *config.Source
 	metrics  *observe.Metrics
-	sealer   extproc.Sealer
+	sealer   idem.Sealer
 	draining atomic.Bool
 	errc     chan error
 	// cleanup holds what Start opened, closed newest first (startup.go).

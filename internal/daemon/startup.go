@@ -18,6 +18,7 @@ import (
 	"github.com/idem-extproc/idem-extproc/internal/admin"
 	"github.com/idem-extproc/idem-extproc/internal/config"
 	"github.com/idem-extproc/idem-extproc/internal/extproc"
+	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/memstore"
 	"github.com/idem-extproc/idem-extproc/internal/observe"
 	"github.com/idem-extproc/idem-extproc/internal/policy"
@@ -57,7 +58,7 @@ func Start(cfg Config, log *slog.Logger, getenv func(string) string) (_ *Daemon,
 // startFiles is what validate read: everything Start needs from files.
 type startFiles struct {
 	policies *config.Source
-	sealer   extproc.Sealer
+	sealer   idem.Sealer
 	// creds are the ext_proc listener's TLS credentials; nil without TLS.
 	creds credentials.TransportCredentials
 }

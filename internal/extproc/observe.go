@@ -13,10 +13,6 @@ import (
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 )
 
-// Observer is idem.Observer, named here for the code that wires a Server
-// (Config.Observer).
-type Observer = idem.Observer
-
 // headerCarrier reads W3C trace context from Envoy's request headers.
 type headerCarrier struct{ m *corev3.HeaderMap }
 

@@ -41,12 +41,12 @@ type Config struct {
 	// seconds when zero.
 	SettleAtEndTimeout time.Duration
 	// Observer is told every decision; none when nil.
-	Observer Observer
+	Observer idem.Observer
 	// TracerProvider makes the spans of each stream; none when nil.
 	TracerProvider trace.TracerProvider
 	// Sealer encrypts the responses of policies with Encrypt set; such a
 	// policy fails closed without one.
-	Sealer Sealer
+	Sealer idem.Sealer
 	// Now is the clock that ends key grace periods (key.warn_until);
 	// time.Now when nil.
 	Now func() time.Time
@@ -55,16 +55,12 @@ type Config struct {
 	MaxBufferedBytes int64
 }
 
-// Sealer is idem.Sealer, named here for the code that wires a Server
-// (Config.Sealer).
-type Sealer = idem.Sealer
-
 // Server implements envoy.service.ext_proc.v3.ExternalProcessor.
 type Server struct {
 	extprocv3.UnimplementedExternalProcessorServer
 	cfg Config
 	log *slog.Logger
-	obs Observer
+	obs idem.Observer
 	// tracer makes spans; nil when tracing is off, so that no span work
 	// (each span's context is an allocation) is done at all.
 	tracer trace.Tracer

@@ -76,7 +76,7 @@ type Options struct {
 	// (the built binary, say) instead of starting one in process.
 	ServerAddr string
 	// Sealer encrypts responses for policies with Encrypt.
-	Sealer extproc.Sealer
+	Sealer idem.Sealer
 	// Metrics, when set, instrument the store and observe every decision,
 	// as in the daemon (server.New).
 	Metrics *observe.Metrics
