@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/idem-extproc/idem-extproc/internal/harness"
+	"github.com/idem-extproc/idem-extproc/internal/testwait"
 )
 
 // TestBinaryDemo runs `idem-extproc demo` as a newcomer would, then runs the
@@ -115,7 +116,7 @@ func TestBinaryDemo(t *testing.T) {
 			// The printed command gives the background request a second
 			// to be reserved; the test waits for it to reach the upstream
 			// instead, which it does only after its reservation.
-			waitFor(t, "the background request at the upstream", func() bool { return arrivals() > arrivedBefore })
+			testwait.Until(t, "the background request at the upstream", func() bool { return arrivals() > arrivedBefore })
 		case line == "wait":
 			for _, c := range background {
 				check(<-c)

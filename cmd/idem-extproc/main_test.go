@@ -29,7 +29,9 @@ import (
 	"github.com/idem-extproc/idem-extproc/internal/grpcxds"
 	"github.com/idem-extproc/idem-extproc/internal/harness"
 	"github.com/idem-extproc/idem-extproc/internal/idem"
+	"github.com/idem-extproc/idem-extproc/internal/memstore"
 	"github.com/idem-extproc/idem-extproc/internal/redistest"
+	"github.com/idem-extproc/idem-extproc/internal/testwait"
 )
 
 // These tests run the built binary, started with the documented flags, the
@@ -163,17 +165,6 @@ func (p *process) wait(timeout time.Duration) (int, bool) {
 	}
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not reached within 10s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 func recordState(t *testing.T, env *harness.Env, key string) idem.State {
 	t.Helper()
 	rec, err := env.Store.Get(context.Background(), idem.RecordIDFor("default", strings.TrimPrefix(env.URL, "http://"), key))
@@ -191,7 +182,7 @@ func TestBinaryWithRedis(t *testing.T) {
 	if code := p.get("/readyz"); code != http.StatusOK {
 		t.Fatalf("/readyz = %d with Redis up", code)
 	}
-	env := harness.Start(t, harness.Options{ServerAddr: p.listen, Redis: redis})
+	env := harness.Start(t, harness.Options{ServerAddr: p.listen, Store: harness.OnRedis(redis)})
 
 	first := env.Post("/orders", "bin-1", `{"a":1}`)
 	if first.Status != http.StatusCreated {
@@ -215,7 +206,7 @@ func TestBinaryWithRedis(t *testing.T) {
 	}
 
 	redis.Kill()
-	waitFor(t, "/readyz fails without Redis", func() bool { return p.get("/readyz") == http.StatusServiceUnavailable })
+	testwait.Until(t, "/readyz fails without Redis", func() bool { return p.get("/readyz") == http.StatusServiceUnavailable })
 	if code := p.get("/healthz"); code != http.StatusOK {
 		t.Fatalf("/healthz = %d: the process is alive", code)
 	}
@@ -223,7 +214,7 @@ func TestBinaryWithRedis(t *testing.T) {
 		t.Fatalf("with Redis down = %d %v %s", r.Status, r.Header, r.Body)
 	}
 	redis.Restart()
-	waitFor(t, "/readyz recovers", func() bool { return p.get("/readyz") == http.StatusOK })
+	testwait.Until(t, "/readyz recovers", func() bool { return p.get("/readyz") == http.StatusOK })
 	if r := env.Post("/orders", "bin-2", `{}`); r.Status != http.StatusCreated {
 		t.Fatalf("after Redis came back = %d %s", r.Status, r.Body)
 	}
@@ -302,7 +293,7 @@ func TestBinaryDefaultsToMemory(t *testing.T) {
 	if !strings.Contains(p.stderr.String(), "one replica") {
 		t.Fatalf("no single-replica warning in:\n%s", p.stderr.String())
 	}
-	env := harness.Start(t, harness.Options{ServerAddr: p.listen, Memory: true})
+	env := harness.Start(t, harness.Options{ServerAddr: p.listen, Store: harness.Memory(memstore.Options{})})
 	first := env.Post("/orders", "mem-1", `{}`)
 	again := env.Post("/orders", "mem-1", `{}`)
 	if first.Status != http.StatusCreated || again.Header.Get("Idempotent-Replayed") != "true" || env.Upstream.CountKey("mem-1") != 1 {
@@ -319,9 +310,9 @@ func TestBinaryLogFormats(t *testing.T) {
 	} {
 		t.Run(tc.format, func(t *testing.T) {
 			p := start(t, freeAddr(t), freeAddr(t), "--log-format", tc.format)
-			env := harness.Start(t, harness.Options{ServerAddr: p.listen, Memory: true})
+			env := harness.Start(t, harness.Options{ServerAddr: p.listen, Store: harness.Memory(memstore.Options{})})
 			env.Post("/orders", "fmt-1", `{}`)
-			waitFor(t, "a decision line", func() bool { return strings.Contains(p.stderr.String(), tc.decision) })
+			testwait.Until(t, "a decision line", func() bool { return strings.Contains(p.stderr.String(), tc.decision) })
 			if out := p.stderr.String(); !strings.Contains(out, tc.hash) || strings.Contains(out, "fmt-1") {
 				t.Fatalf("%s logs lack the key hash or show the raw key:\n%s", tc.format, out)
 			}
@@ -335,7 +326,7 @@ func TestBinaryLogFormats(t *testing.T) {
 // with a body that fits then runs normally.
 func TestBinaryMessageSizeLimit(t *testing.T) {
 	p := start(t, freeAddr(t), freeAddr(t), "--max-message-size", "1048576")
-	env := harness.Start(t, harness.Options{ServerAddr: p.listen, Memory: true, ExpectProcessingErrors: true,
+	env := harness.Start(t, harness.Options{ServerAddr: p.listen, Store: harness.Memory(memstore.Options{}), ExpectProcessingErrors: true,
 		FilterOptions: envoysim.Options{BufferLimit: 4 << 20}})
 	big := `{"pad":"` + strings.Repeat("x", 1536<<10) + `"}`
 	if r := env.Post("/orders", "size-1", big); r.Status != http.StatusInternalServerError {
@@ -384,11 +375,11 @@ func TestBinaryExportsTracesOverOTLP(t *testing.T) {
 	}))
 	t.Cleanup(collector.Close)
 	p := startEnv(t, []string{"OTEL_EXPORTER_OTLP_ENDPOINT=" + collector.URL}, freeAddr(t), freeAddr(t))
-	env := harness.Start(t, harness.Options{ServerAddr: p.listen, Memory: true})
+	env := harness.Start(t, harness.Options{ServerAddr: p.listen, Store: harness.Memory(memstore.Options{})})
 	if r := env.Post("/orders", "traced-1", `{}`); r.Status != http.StatusCreated {
 		t.Fatalf("status %d", r.Status)
 	}
-	waitFor(t, "the stream to end", func() bool { return strings.Contains(p.stderr.String(), `"outcome":"stored"`) })
+	testwait.Until(t, "the stream to end", func() bool { return strings.Contains(p.stderr.String(), `"outcome":"stored"`) })
 	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
@@ -410,7 +401,7 @@ func TestBinarySignalsDrain(t *testing.T) {
 		t.Run(sig.String(), func(t *testing.T) {
 			redis := redistest.Start(t, redistest.Options{})
 			p := start(t, freeAddr(t), freeAddr(t), "--redis-url", redis.URL())
-			env := harness.Start(t, harness.Options{ServerAddr: p.listen, Redis: redis})
+			env := harness.Start(t, harness.Options{ServerAddr: p.listen, Store: harness.OnRedis(redis)})
 			const n = 5
 			replies := make(chan harness.Reply, n)
 			for i := range n {
@@ -418,14 +409,14 @@ func TestBinarySignalsDrain(t *testing.T) {
 					replies <- env.Post("/orders", fmt.Sprintf("drain-%d", i), `{}`, "x-upstream-delay", "700ms")
 				}()
 			}
-			waitFor(t, "all reserved", func() bool {
+			testwait.Until(t, "all reserved", func() bool {
 				keys, _ := redis.Client().Keys(context.Background(), "idem:{[0-9a-f]*").Result() // records, not the safety marker
 				return len(keys) == n
 			})
 			if err := p.cmd.Process.Signal(sig); err != nil {
 				t.Fatal(err)
 			}
-			waitFor(t, "/readyz turns false while draining", func() bool { return p.get("/readyz") == http.StatusServiceUnavailable })
+			testwait.Until(t, "/readyz turns false while draining", func() bool { return p.get("/readyz") == http.StatusServiceUnavailable })
 			for range n {
 				if r := <-replies; r.Status != http.StatusCreated {
 					t.Fatalf("in-flight request answered %d %s", r.Status, r.Body)
@@ -451,10 +442,10 @@ func TestBinarySignalsDrain(t *testing.T) {
 func TestBinaryDrainIsBounded(t *testing.T) {
 	redis := redistest.Start(t, redistest.Options{})
 	p := start(t, freeAddr(t), freeAddr(t), "--redis-url", redis.URL(), "--drain-timeout", "200ms")
-	env := harness.Start(t, harness.Options{ServerAddr: p.listen, Redis: redis, ExpectProcessingErrors: true})
+	env := harness.Start(t, harness.Options{ServerAddr: p.listen, Store: harness.OnRedis(redis), ExpectProcessingErrors: true})
 	done := make(chan harness.Reply, 1)
 	go func() { done <- env.Post("/orders", "cut-1", `{}`, "x-upstream-delay", "5s") }()
-	waitFor(t, "reserved", func() bool { return recordState(t, env, "cut-1") == idem.StateInFlight })
+	testwait.Until(t, "reserved", func() bool { return recordState(t, env, "cut-1") == idem.StateInFlight })
 	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
@@ -471,7 +462,7 @@ func TestBinaryDrainIsBounded(t *testing.T) {
 	if r := <-done; r.Status != http.StatusInternalServerError {
 		t.Fatalf("with its stream cut Envoy fails closed, got %d %s", r.Status, r.Body)
 	}
-	waitFor(t, "the first attempt's effect", func() bool { return env.Upstream.CountKey("cut-1") == 1 })
+	testwait.Until(t, "the first attempt's effect", func() bool { return env.Upstream.CountKey("cut-1") == 1 })
 	start(t, p.listen, p.admin, "--redis-url", redis.URL())
 	if r := env.Post("/orders", "cut-1", `{}`); r.Status != http.StatusConflict {
 		t.Fatalf("retry after the cut = %d %s, want 409 (outcome unknown)", r.Status, r.Body)
@@ -488,10 +479,10 @@ func TestBinarySIGKILLKeepsTheReservation(t *testing.T) {
 	redis := redistest.Start(t, redistest.Options{})
 	listen, admin := freeAddr(t), freeAddr(t)
 	p := start(t, listen, admin, "--redis-url", redis.URL())
-	env := harness.Start(t, harness.Options{ServerAddr: listen, Redis: redis, ExpectProcessingErrors: true})
+	env := harness.Start(t, harness.Options{ServerAddr: listen, Store: harness.OnRedis(redis), ExpectProcessingErrors: true})
 	done := make(chan harness.Reply, 1)
 	go func() { done <- env.Post("/orders", "kill-1", `{}`, "x-upstream-delay", "500ms") }()
-	waitFor(t, "reserved", func() bool { return recordState(t, env, "kill-1") == idem.StateInFlight })
+	testwait.Until(t, "reserved", func() bool { return recordState(t, env, "kill-1") == idem.StateInFlight })
 	if err := p.cmd.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}
@@ -591,7 +582,7 @@ func TestBinaryConfigReload(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "policies.yaml")
 	writeFile(t, path, fmt.Sprintf(requireKeys, "true"))
 	p := start(t, freeAddr(t), freeAddr(t), "--redis-url", redis.URL(), "--config", path)
-	env := harness.Start(t, harness.Options{ServerAddr: p.listen, Redis: redis})
+	env := harness.Start(t, harness.Options{ServerAddr: p.listen, Store: harness.OnRedis(redis)})
 
 	if r := env.Post("/orders", "", `{}`); r.Status != http.StatusBadRequest || !strings.Contains(r.Body, "idempotency-key-missing") {
 		t.Fatalf("keyless POST under required keys = %d %s", r.Status, r.Body)
@@ -599,19 +590,19 @@ func TestBinaryConfigReload(t *testing.T) {
 	// A request in flight across the reload keeps its policy and finishes.
 	slow := make(chan harness.Reply, 1)
 	go func() { slow <- env.Post("/orders", "across-reload", `{}`, "x-upstream-delay", "800ms") }()
-	waitFor(t, "reserved", func() bool {
+	testwait.Until(t, "reserved", func() bool {
 		keys, _ := redis.Client().Keys(context.Background(), "idem:{[0-9a-f]*").Result() // records, not the safety marker
 		return len(keys) == 1
 	})
 
 	writeFile(t, path, fmt.Sprintf(requireKeys, "false"))
-	waitFor(t, "file change reloaded", func() bool { return env.Post("/orders", "", `{}`).Status == http.StatusCreated })
+	testwait.Until(t, "file change reloaded", func() bool { return env.Post("/orders", "", `{}`).Status == http.StatusCreated })
 	if r := <-slow; r.Status != http.StatusCreated {
 		t.Fatalf("request across the reload = %d %s", r.Status, r.Body)
 	}
 
 	writeFile(t, path, "policies:\n  - name: orders\n    match: {methods: [POST]}\n    lease: soon\n")
-	waitFor(t, "bad reload logged", func() bool { return strings.Contains(p.stderr.String(), "reload rejected") })
+	testwait.Until(t, "bad reload logged", func() bool { return strings.Contains(p.stderr.String(), "reload rejected") })
 	if !strings.Contains(p.stderr.String(), "policies[0].lease") {
 		t.Fatalf("the rejection does not name the field:\n%s", p.stderr.String())
 	}
@@ -624,7 +615,7 @@ func TestBinaryConfigReload(t *testing.T) {
 	if err := p.cmd.Process.Signal(syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "SIGHUP reloaded", func() bool { return env.Post("/orders", "", `{}`).Status == http.StatusBadRequest })
+	testwait.Until(t, "SIGHUP reloaded", func() bool { return env.Post("/orders", "", `{}`).Status == http.StatusBadRequest })
 	if code := p.get("/healthz"); code != http.StatusOK {
 		t.Fatal("SIGHUP must not stop the server")
 	}
@@ -637,7 +628,7 @@ func TestBinaryConfigReload(t *testing.T) {
 	if err := p.cmd.Process.Signal(syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "empty file rejected", func() bool {
+	testwait.Until(t, "empty file rejected", func() bool {
 		return strings.Contains(p.stderr.String(), path+": the file is empty")
 	})
 	if r := env.Post("/orders", "", `{}`); r.Status != http.StatusBadRequest {
@@ -654,11 +645,11 @@ func TestBinaryCrashedReservationTurnsUnknown(t *testing.T) {
 	writeFile(t, path, "defaults:\n  lease: 1s\n")
 	listen, admin := freeAddr(t), freeAddr(t)
 	p := start(t, listen, admin, "--redis-url", redis.URL(), "--config", path)
-	env := harness.Start(t, harness.Options{ServerAddr: listen, Redis: redis, ExpectProcessingErrors: true})
+	env := harness.Start(t, harness.Options{ServerAddr: listen, Store: harness.OnRedis(redis), ExpectProcessingErrors: true})
 	done := make(chan harness.Reply, 1)
 	go func() { done <- env.Post("/orders", "crash-1", `{}`, "x-upstream-delay", "300ms") }()
 	// Killed once the upstream has the request: its effect then follows.
-	waitFor(t, "reserved and forwarded", func() bool {
+	testwait.Until(t, "reserved and forwarded", func() bool {
 		return recordState(t, env, "crash-1") == idem.StateInFlight && env.Upstream.ArrivedKey("crash-1") == 1
 	})
 	_ = p.cmd.Process.Kill()
@@ -691,7 +682,7 @@ func TestBinaryAdminCLI(t *testing.T) {
 	tokenFile := filepath.Join(t.TempDir(), "token")
 	writeFile(t, tokenFile, "cli-token\n")
 	p := start(t, freeAddr(t), freeAddr(t), "--redis-url", redis.URL(), "--admin-token-file", tokenFile)
-	env := harness.Start(t, harness.Options{ServerAddr: p.listen, Redis: redis})
+	env := harness.Start(t, harness.Options{ServerAddr: p.listen, Store: harness.OnRedis(redis)})
 	env.Post("/orders", "cli-1", `{}`)
 	scope := strings.TrimPrefix(env.URL, "http://")
 	admin := func(args ...string) (string, error) {
@@ -740,15 +731,15 @@ func abandonInFlight(t *testing.T, env *harness.Env, key, body string) {
 		}
 		gaveUp <- err
 	}()
-	waitFor(t, "reserved and at the upstream", func() bool {
+	testwait.Until(t, "reserved and at the upstream", func() bool {
 		return recordState(t, env, key) == idem.StateInFlight && env.Upstream.ArrivedKey(key) == 1
 	})
 	cancel()
 	if err := <-gaveUp; err == nil {
 		t.Fatal("the request was answered before the client left")
 	}
-	waitFor(t, "unknown", func() bool { return recordState(t, env, key) == idem.StateUnknown })
-	waitFor(t, "the abandoned attempt's effect", func() bool { return env.Upstream.CountKey(key) == 1 })
+	testwait.Until(t, "unknown", func() bool { return recordState(t, env, key) == idem.StateUnknown })
+	testwait.Until(t, "the abandoned attempt's effect", func() bool { return env.Upstream.CountKey(key) == 1 })
 }
 
 // TestBinaryAdminCLIResolve: `idem-extproc admin resolve` settles an
@@ -760,7 +751,7 @@ func TestBinaryAdminCLIResolve(t *testing.T) {
 	tokenFile := filepath.Join(t.TempDir(), "token")
 	writeFile(t, tokenFile, "cli-token\n")
 	p := start(t, freeAddr(t), freeAddr(t), "--redis-url", redis.URL(), "--admin-token-file", tokenFile)
-	env := harness.Start(t, harness.Options{ServerAddr: p.listen, Redis: redis})
+	env := harness.Start(t, harness.Options{ServerAddr: p.listen, Store: harness.OnRedis(redis)})
 	scope := strings.TrimPrefix(env.URL, "http://")
 	admin := func(args ...string) (stdout, stderr string, code int) {
 		t.Helper()

@@ -42,12 +42,6 @@ type Options struct {
 	// a redis-server of the test's own when nil. Env.Store is that store,
 	// bare.
 	Store StoreOption
-	// Redis and Memory say OnRedis(Redis) and Memory(memstore.Options{})
-	// when Store is nil. TODO(packaging): they stay only for
-	// cmd/idem-extproc's tests, which this work does not edit; move those
-	// to Store and delete both.
-	Redis  *redistest.Server
-	Memory bool
 	// WrapStore, when set, wraps the store the server uses (to instrument
 	// it, say); Env.Store stays the bare store.
 	WrapStore func(idem.Store) idem.Store

@@ -52,16 +52,11 @@ func Given(st idem.Store) StoreOption {
 	return func(testing.TB, time.Duration) (idem.Store, *redistest.Server) { return st, nil }
 }
 
-// storeOption is the option o says, folding in the two fields kept for
-// cmd/idem-extproc's tests.
+// storeOption is the option o says: a redis-server of the test's own
+// unless Store names another.
 func (o Options) storeOption() StoreOption {
-	switch {
-	case o.Store != nil:
+	if o.Store != nil {
 		return o.Store
-	case o.Redis != nil:
-		return OnRedis(o.Redis)
-	case o.Memory:
-		return Memory(memstore.Options{})
 	}
 	return NewRedis()
 }
