@@ -207,9 +207,14 @@ func TestClientDeadlineBoundsTheChain(t *testing.T) {
 		t.Fatalf("%d attempts in %v, want 2 to 4", len(starts), budget)
 	}
 	// The chain never began a wait it could not finish before the
-	// deadline: its last attempt is a stop, not a retry cut short.
+	// deadline: its last attempt is a stop, or a retry whose planned wait
+	// ended before the deadline (a loaded machine may fire the timer late,
+	// which is the scheduler's doing, not the chain's).
 	if last.Outcome != idemclient.OutcomeStop {
-		t.Fatalf("last attempt %+v: the chain was waiting when the deadline came", last)
+		planned := starts[len(starts)-1].Add(last.Duration + last.Wait)
+		if planned.After(deadline) {
+			t.Fatalf("last attempt %+v: the chain began a wait ending %v after the deadline", last, planned.Sub(deadline))
+		}
 	}
 	for i, st := range starts {
 		if !st.Before(deadline) {

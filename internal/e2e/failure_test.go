@@ -44,8 +44,11 @@ func TestRedisDownFailsOpen(t *testing.T) {
 	var logs harness.LogBuffer
 	p := policy.Default()
 	p.FailureMode = policy.FailOpen
+	// A store budget of 100 ms inside a message_timeout of 1 s: the server
+	// decides (passes the request) before Envoy's timer, even on a loaded
+	// machine (150 ms left a -race run under load too little).
 	cfg := envoysim.RecommendedConfig()
-	cfg.MessageTimeout = durationpb.New(150 * time.Millisecond)
+	cfg.MessageTimeout = durationpb.New(time.Second)
 	env := harness.Start(t, harness.Options{
 		Policies: &policy.Set{Policies: []*policy.Policy{p}}, Filter: cfg, StoreTimeout: idem.DefaultStoreTimeout,
 		Logger: slog.New(slog.NewJSONHandler(&logs, nil)),
