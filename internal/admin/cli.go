@@ -75,55 +75,81 @@ func defineFlags(cmd string, getenv func(string) string) (*flag.FlagSet, *cliFla
 // RunCLI runs `idem-extproc admin <get|purge|resolve|adoption> [flags]`
 // against a running server's admin API and returns the exit code.
 func RunCLI(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
-	usage := func() {
-		fmt.Fprintln(stderr, "usage: idem-extproc admin get|purge|resolve|adoption [flags]  (idem-extproc admin get -h for flags)")
+	cmd, fs, f, code, ok := parseCLI(args, getenv, stderr)
+	if !ok {
+		return code
 	}
-	if len(args) == 0 {
-		usage()
+	if err := checkCLI(cmd, fs, f); err != nil {
+		fmt.Fprintf(stderr, "idem-extproc admin %s: %s\n", cmd, err)
 		return 2
 	}
-	cmd := args[0]
+	method, path, payload, err := requestFor(cmd, f)
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return 2
+	}
+	return send(ctx, cmd, f, method, path, payload, stdout, stderr)
+}
+
+// cliUsage prints the one-line usage of `idem-extproc admin`.
+func cliUsage(stderr io.Writer) {
+	fmt.Fprintln(stderr, "usage: idem-extproc admin get|purge|resolve|adoption [flags]  (idem-extproc admin get -h for flags)")
+}
+
+// parseCLI picks the subcommand out of args and parses its flags. When ok
+// is false the command is over, with exit code code: help was asked for
+// (0) or the command line is wrong (2, said on stderr).
+func parseCLI(args []string, getenv func(string) string, stderr io.Writer) (cmd string, fs *flag.FlagSet, f *cliFlags, code int, ok bool) {
+	if len(args) == 0 {
+		cliUsage(stderr)
+		return "", nil, nil, 2, false
+	}
+	cmd = args[0]
 	switch cmd {
 	case "-h", "-help", "--help", "help":
-		usage() // asked for: not an error
-		return 0
+		cliUsage(stderr) // asked for: not an error
+		return cmd, nil, nil, 0, false
 	case "get", "purge", "resolve", "adoption":
 	default:
 		// Checked before the flags: otherwise a misspelt subcommand is
 		// reported as whichever of its flags the others lack.
 		fmt.Fprintf(stderr, "idem-extproc admin: unknown subcommand %q\n", cmd)
-		usage()
-		return 2
+		cliUsage(stderr)
+		return cmd, nil, nil, 2, false
 	}
-	fs, f := defineFlags(cmd, getenv)
+	fs, f = defineFlags(cmd, getenv)
 	fs.SetOutput(stderr)
 	if err := fs.Parse(args[1:]); errors.Is(err, flag.ErrHelp) {
-		return 0 // the flags were printed, as asked
+		return cmd, fs, f, 0, false // the flags were printed, as asked
 	} else if err != nil {
-		return 2
+		return cmd, fs, f, 2, false
 	}
-	addr, tokenFile, id, pol, scope, key := &f.addr, &f.tokenFile, &f.id, &f.policy, &f.scope, &f.key
-	action, status, headers, body, bodyFile := f.action, f.status, f.headers, f.body, f.bodyFile
-	fail := func(format string, a ...any) int {
-		fmt.Fprintf(stderr, "idem-extproc admin %s: %s\n", cmd, fmt.Sprintf(format, a...))
-		return 2
-	}
+	return cmd, fs, f, 0, true
+}
+
+// checkCLI refuses parsed flags that cannot make a request; RunCLI prints
+// the error after the subcommand's name.
+func checkCLI(cmd string, fs *flag.FlagSet, f *cliFlags) error {
 	// Parsing stops at the first word that is not a flag, and would
 	// silently drop every flag after it: `resolve release --id …` would
 	// then fail on something it never said.
 	if fs.NArg() > 0 {
-		return fail("unexpected argument %q: every option is a flag (--action release, --id …)", fs.Arg(0))
+		return fmt.Errorf("unexpected argument %q: every option is a flag (--action release, --id …)", fs.Arg(0))
 	}
 	if cmd == "resolve" {
-		if err := checkResolve(fs, action, status); err != nil {
-			return fail("%v", err)
+		if err := checkResolve(fs, f.action, f.status); err != nil {
+			return err
 		}
 	}
-	if *tokenFile == "" {
-		return fail("no bearer token: set --token-file or IDEM_ADMIN_TOKEN_FILE")
+	if f.tokenFile == "" {
+		return errors.New("no bearer token: set --token-file or IDEM_ADMIN_TOKEN_FILE")
 	}
-	var method, path string
-	var payload []byte
+	return nil
+}
+
+// requestFor gives the method, path under Prefix and JSON payload of cmd's
+// request. Its only error is an unreadable --body-file, already named.
+func requestFor(cmd string, f *cliFlags) (method, path string, payload []byte, err error) {
 	switch cmd {
 	case "get":
 		method, path = http.MethodGet, "records"
@@ -133,33 +159,39 @@ func RunCLI(ctx context.Context, args []string, getenv func(string) string, stdo
 		method, path = http.MethodGet, "adoption"
 	case "resolve":
 		method, path = http.MethodPost, "records/resolve"
-		req := resolveRequest{Action: action, Status: status, Headers: headers}
-		if bodyFile != "" {
-			b, err := os.ReadFile(bodyFile)
+		req := resolveRequest{Action: f.action, Status: f.status, Headers: f.headers}
+		if f.bodyFile != "" {
+			b, err := os.ReadFile(f.bodyFile)
 			if err != nil {
-				fmt.Fprintln(stderr, "--body-file:", err)
-				return 2
+				return "", "", nil, fmt.Errorf("--body-file: %w", err)
 			}
 			req.BodyBase64 = base64.StdEncoding.EncodeToString(b)
 		} else {
-			req.Body = body
+			req.Body = f.body
 		}
 		payload, _ = json.Marshal(req)
 	}
-	token, err := os.ReadFile(*tokenFile)
+	return method, path, payload, nil
+}
+
+// send makes the request with the bearer token of --token-file, copies a
+// success's body to stdout and reports a refusal on stderr; it returns
+// the exit code.
+func send(ctx context.Context, cmd string, f *cliFlags, method, path string, payload []byte, stdout, stderr io.Writer) int {
+	token, err := os.ReadFile(f.tokenFile)
 	if err != nil {
 		fmt.Fprintln(stderr, "--token-file:", err)
 		return 2
 	}
 	q := url.Values{}
-	for name, v := range map[string]string{"id": *id, "policy": *pol, "scope": *scope, "key": *key} {
+	for name, v := range map[string]string{"id": f.id, "policy": f.policy, "scope": f.scope, "key": f.key} {
 		if v != "" {
 			q.Set(name, v)
 		}
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, method, strings.TrimRight(*addr, "/")+Prefix+path+"?"+q.Encode(), bytes.NewReader(payload))
+	req, err := http.NewRequestWithContext(ctx, method, strings.TrimRight(f.addr, "/")+Prefix+path+"?"+q.Encode(), bytes.NewReader(payload))
 	if err != nil {
 		fmt.Fprintln(stderr, err)
 		return 2
@@ -173,21 +205,26 @@ func RunCLI(ctx context.Context, args []string, getenv func(string) string, stdo
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode >= 300 {
-		// The refusal goes where errors go, with the server's reason, so
-		// that stdout holds only a result a script can parse.
-		b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-		var e struct {
-			Error string `json:"error"`
-		}
-		reason := strings.TrimSpace(string(b))
-		if json.Unmarshal(b, &e) == nil && e.Error != "" {
-			reason = e.Error
-		}
-		fmt.Fprintf(stderr, "idem-extproc admin %s: %s: %s\n", cmd, resp.Status, reason)
+		reportRefusal(cmd, resp, stderr)
 		return 1
 	}
 	_, _ = io.Copy(stdout, resp.Body)
 	return 0
+}
+
+// reportRefusal says on stderr why the server refused. The refusal goes
+// where errors go, with the server's reason, so that stdout holds only a
+// result a script can parse.
+func reportRefusal(cmd string, resp *http.Response, stderr io.Writer) {
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	var e struct {
+		Error string `json:"error"`
+	}
+	reason := strings.TrimSpace(string(b))
+	if json.Unmarshal(b, &e) == nil && e.Error != "" {
+		reason = e.Error
+	}
+	fmt.Fprintf(stderr, "idem-extproc admin %s: %s: %s\n", cmd, resp.Status, reason)
 }
 
 // checkResolve refuses a resolve the server would refuse, and one it

@@ -11,6 +11,7 @@ import (
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/policy"
 	"github.com/idem-extproc/idem-extproc/internal/redisstore"
+	"github.com/redis/go-redis/v9"
 )
 
 // memoryFigures is what one record costs in Redis.
@@ -39,6 +40,45 @@ func measureMemory(ctx context.Context, r *redisServer, respBody []byte, records
 	defer rdb.Close()
 	st := redisstore.New(rdb, redisstore.Options{})
 	defer st.Close()
+	p := newMemoryProbe(r, rdb, st, respBody)
+
+	id, tok, err := p.reserve(ctx, -1)
+	if err != nil {
+		return m, err
+	}
+	if m.inFlight, m.inFlightEnc, err = p.usage(ctx, id); err != nil {
+		return m, err
+	}
+	if err := st.Complete(ctx, id, tok, p.resp, p.pol.Retention); err != nil {
+		return m, err
+	}
+	if m.completed, m.completedEnc, err = p.usage(ctx, id); err != nil {
+		return m, err
+	}
+	_ = st.Purge(ctx, id)
+
+	if records <= 0 {
+		return m, nil
+	}
+	m.perInFlight, m.perCompleted, err = p.growth(ctx, records)
+	return m, err
+}
+
+// memoryProbe writes records as the server does and reads what they cost.
+type memoryProbe struct {
+	r      *redisServer
+	rdb    redis.UniversalClient
+	st     *redisstore.Store
+	pol    *policy.Policy
+	wl     *workload
+	fp     idem.Fingerprint
+	resp   idem.Response
+	prefix string // of the keys, unique to this probe
+}
+
+// newMemoryProbe prepares the default policy's records of the load tool's
+// request, completed with its upstream's response of body respBody.
+func newMemoryProbe(r *redisServer, rdb redis.UniversalClient, st *redisstore.Store, respBody []byte) *memoryProbe {
 	pol := policy.Default()
 	wl := newWorkload(scenarioFirstWrite, 256, len(respBody))
 	wl.respBody = respBody
@@ -50,79 +90,73 @@ func measureMemory(ctx context.Context, r *redisServer, respBody []byte, records
 		{Name: "content-type", Value: wl.contentType}, {Name: "location", Value: wl.upstreamLocation},
 	}}
 	prefix := "memory-" + strconv.FormatInt(time.Now().UnixNano(), 10) + "-"
-	reserve := func(i int) (idem.RecordID, idem.Token, error) {
-		id := idem.RecordIDFor(pol.RecordNamespace(), wl.authority, prefix+strconv.Itoa(i))
-		tok := idem.NewToken()
-		res, err := st.Reserve(ctx, idem.Reservation{ID: id, Fingerprint: fp, Token: tok, Lease: pol.Lease,
-			Retention: pol.Retention, LeaseExpiry: pol.LeaseExpiry})
-		if err == nil && res.Outcome != idem.Reserved {
-			err = fmt.Errorf("reserve: %v", res.Outcome)
-		}
-		return id, tok, err
-	}
-	usage := func(id idem.RecordID) (int64, string, error) {
-		n, err := rdb.MemoryUsage(ctx, st.Key(id), 0).Result()
-		if err != nil {
-			return 0, "", fmt.Errorf("MEMORY USAGE: %w", err)
-		}
-		enc, err := rdb.ObjectEncoding(ctx, st.Key(id)).Result()
-		return n, enc, err
-	}
-	usedMemory := func() (float64, error) {
-		v, err := strconv.ParseFloat(r.info(ctx, "memory", "used_memory"), 64)
-		if err != nil {
-			return 0, fmt.Errorf("INFO memory used_memory: %w", err)
-		}
-		return v, nil
-	}
+	return &memoryProbe{r: r, rdb: rdb, st: st, pol: pol, wl: wl, fp: fp, resp: resp, prefix: prefix}
+}
 
-	id, tok, err := reserve(-1)
-	if err != nil {
-		return m, err
+// reserve reserves record i, as the server does a request's first attempt.
+func (p *memoryProbe) reserve(ctx context.Context, i int) (idem.RecordID, idem.Token, error) {
+	id := idem.RecordIDFor(p.pol.RecordNamespace(), p.wl.authority, p.prefix+strconv.Itoa(i))
+	tok := idem.NewToken()
+	res, err := p.st.Reserve(ctx, idem.Reservation{ID: id, Fingerprint: p.fp, Token: tok, Lease: p.pol.Lease,
+		Retention: p.pol.Retention, LeaseExpiry: p.pol.LeaseExpiry})
+	if err == nil && res.Outcome != idem.Reserved {
+		err = fmt.Errorf("reserve: %v", res.Outcome)
 	}
-	if m.inFlight, m.inFlightEnc, err = usage(id); err != nil {
-		return m, err
-	}
-	if err := st.Complete(ctx, id, tok, resp, pol.Retention); err != nil {
-		return m, err
-	}
-	if m.completed, m.completedEnc, err = usage(id); err != nil {
-		return m, err
-	}
-	_ = st.Purge(ctx, id)
+	return id, tok, err
+}
 
-	if records <= 0 {
-		return m, nil
-	}
-	before, err := usedMemory()
+// usage is Redis's MEMORY USAGE and OBJECT ENCODING of id's key.
+func (p *memoryProbe) usage(ctx context.Context, id idem.RecordID) (int64, string, error) {
+	n, err := p.rdb.MemoryUsage(ctx, p.st.Key(id), 0).Result()
 	if err != nil {
-		return m, err
+		return 0, "", fmt.Errorf("MEMORY USAGE: %w", err)
+	}
+	enc, err := p.rdb.ObjectEncoding(ctx, p.st.Key(id)).Result()
+	return n, enc, err
+}
+
+// usedMemory is Redis's used_memory.
+func (p *memoryProbe) usedMemory(ctx context.Context) (float64, error) {
+	v, err := strconv.ParseFloat(p.r.info(ctx, "memory", "used_memory"), 64)
+	if err != nil {
+		return 0, fmt.Errorf("INFO memory used_memory: %w", err)
+	}
+	return v, nil
+}
+
+// growth reserves records records, then completes them, and returns how
+// much used_memory grew per record in flight and per record completed;
+// it purges them after.
+func (p *memoryProbe) growth(ctx context.Context, records int) (perInFlight, perCompleted float64, err error) {
+	before, err := p.usedMemory(ctx)
+	if err != nil {
+		return 0, 0, err
 	}
 	ids, toks := make([]idem.RecordID, records), make([]idem.Token, records)
 	for i := range records {
-		if ids[i], toks[i], err = reserve(i); err != nil {
-			return m, err
+		if ids[i], toks[i], err = p.reserve(ctx, i); err != nil {
+			return 0, 0, err
 		}
 	}
-	mid, err := usedMemory()
+	mid, err := p.usedMemory(ctx)
 	if err != nil {
-		return m, err
+		return 0, 0, err
 	}
 	for i := range records {
-		if err := st.Complete(ctx, ids[i], toks[i], resp, pol.Retention); err != nil {
-			return m, err
+		if err := p.st.Complete(ctx, ids[i], toks[i], p.resp, p.pol.Retention); err != nil {
+			return 0, 0, err
 		}
 	}
-	after, err := usedMemory()
+	after, err := p.usedMemory(ctx)
 	if err != nil {
-		return m, err
+		return 0, 0, err
 	}
-	m.perInFlight = (mid - before) / float64(records)
-	m.perCompleted = (after - before) / float64(records)
+	perInFlight = (mid - before) / float64(records)
+	perCompleted = (after - before) / float64(records)
 	for _, id := range ids {
-		_ = st.Purge(ctx, id)
+		_ = p.st.Purge(ctx, id)
 	}
-	return m, nil
+	return perInFlight, perCompleted, nil
 }
 
 func (m memoryFigures) print(w io.Writer) {

@@ -129,7 +129,34 @@ func row(w io.Writer, label, server string, rps float64, d dist, cpu, syscalls, 
 func printScenario(cfg *config, sc string, results []*runResult) {
 	out := cfg.out
 	fmt.Fprintf(out, "\n== %s: %s\n", sc, describe(cfg, sc))
-	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
+	sums := printRuns(cfg, sc, results)
+	for _, srv := range cfg.servers {
+		for _, r := range pick(results, sc, srv) {
+			if r.errs > 0 {
+				fmt.Fprintf(out, "  ERRORS %s rep %d: %d requests failed the check; first: %s\n", srv, r.rep, r.errs, r.errMsg)
+			}
+		}
+	}
+
+	printPhases(cfg, sums)
+	if s := sums[serverIdem]; s.hasDecisions {
+		printDecisions(out, s)
+	}
+	if idem, ok := sums[serverIdem]; ok && idem.runs > 0 {
+		for _, ref := range []string{serverFloor, serverNoop} {
+			if r, ok := sums[ref]; ok && r.runs > 0 && r.rps > 0 {
+				fmt.Fprintf(out, "  idem-extproc / %s: throughput %.2f, p99 %.2f, server CPU per request %.2f (medians of %d reps)\n",
+					ref, idem.rps/r.rps, float64(idem.total.p99)/float64(r.total.p99), idem.cpu/r.cpu, idem.runs)
+			}
+		}
+	}
+}
+
+// printRuns prints scenario sc's table: a row per rep and server, the
+// floor's first writes measured with it as the replay's reference, then
+// the medians, which it returns by server.
+func printRuns(cfg *config, sc string, results []*runResult) map[string]summary {
+	tw := tabwriter.NewWriter(cfg.out, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "rep\tserver\treq/s\tp50 µs\tp99 µs\tp99.9 µs\tCPU µs/req\tsyscalls/req\tlog sink µs/req\tredis µs/req\tdriver µs/req\tallocs/req\terrors\t")
 	for rep := 1; rep <= cfg.reps; rep++ {
 		for _, srv := range cfg.servers {
@@ -163,18 +190,15 @@ func printScenario(cfg *config, sc string, results []*runResult) {
 	}
 	tw.Flush()
 	if len(refs) > 0 {
-		fmt.Fprintln(out, "  * the floor's protected first write, measured taking turns with this scenario's servers: the replay target's reference")
+		fmt.Fprintln(cfg.out, "  * the floor's protected first write, measured taking turns with this scenario's servers: the replay target's reference")
 	}
-	for _, srv := range cfg.servers {
-		for _, r := range pick(results, sc, srv) {
-			if r.errs > 0 {
-				fmt.Fprintf(out, "  ERRORS %s rep %d: %d requests failed the check; first: %s\n", srv, r.rep, r.errs, r.errMsg)
-			}
-		}
-	}
+	return sums
+}
 
-	fmt.Fprintln(out, "  latency of each message to its reply, µs p50 / p99 / p99.9 (medians of the reps):")
-	tw = tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+// printPhases prints each server's median latency of each message phase.
+func printPhases(cfg *config, sums map[string]summary) {
+	fmt.Fprintln(cfg.out, "  latency of each message to its reply, µs p50 / p99 / p99.9 (medians of the reps):")
+	tw := tabwriter.NewWriter(cfg.out, 0, 0, 2, ' ', 0)
 	fmt.Fprint(tw, "  server\t")
 	for _, p := range reportPhases {
 		fmt.Fprintf(tw, "%s\t", p)
@@ -192,26 +216,21 @@ func printScenario(cfg *config, sc string, results []*runResult) {
 		fmt.Fprintln(tw)
 	}
 	tw.Flush()
-	if s := sums[serverIdem]; s.hasDecisions {
-		keys := make([]string, 0, len(s.decisions))
-		for k := range s.decisions {
-			keys = append(keys, k)
-		}
-		sort.Strings(keys)
-		parts := make([]string, 0, len(keys))
-		for _, k := range keys {
-			parts = append(parts, fmt.Sprintf("%s %.0f/s", k, s.decisions[k]))
-		}
-		fmt.Fprintf(out, "  idem-extproc decisions (its own metrics, median run): %s\n", strings.Join(parts, ", "))
+}
+
+// printDecisions prints idem-extproc's decisions per second, by name, as
+// its own metrics counted them in its median run s.
+func printDecisions(out io.Writer, s summary) {
+	keys := make([]string, 0, len(s.decisions))
+	for k := range s.decisions {
+		keys = append(keys, k)
 	}
-	if idem, ok := sums[serverIdem]; ok && idem.runs > 0 {
-		for _, ref := range []string{serverFloor, serverNoop} {
-			if r, ok := sums[ref]; ok && r.runs > 0 && r.rps > 0 {
-				fmt.Fprintf(out, "  idem-extproc / %s: throughput %.2f, p99 %.2f, server CPU per request %.2f (medians of %d reps)\n",
-					ref, idem.rps/r.rps, float64(idem.total.p99)/float64(r.total.p99), idem.cpu/r.cpu, idem.runs)
-			}
-		}
+	sort.Strings(keys)
+	parts := make([]string, 0, len(keys))
+	for _, k := range keys {
+		parts = append(parts, fmt.Sprintf("%s %.0f/s", k, s.decisions[k]))
 	}
+	fmt.Fprintf(out, "  idem-extproc decisions (its own metrics, median run): %s\n", strings.Join(parts, ", "))
 }
 
 // printTargets evaluates issue 7's targets from this run's medians.

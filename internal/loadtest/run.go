@@ -112,15 +112,8 @@ func run(ctx context.Context, cfg *config) error {
 			s.stop()
 		}
 	}()
-	for _, name := range cfg.servers {
-		cfg.logf("starting %s", name)
-		s, err := startServer(ctx, name, spec)
-		if s != nil {
-			servers[name] = s
-		}
-		if err != nil {
-			return err
-		}
+	if err := startServers(ctx, cfg, spec, servers); err != nil {
+		return err
 	}
 	printMachine(ctx, cfg, rs)
 
@@ -131,22 +124,9 @@ func run(ctx context.Context, cfg *config) error {
 	if err := warmServers(ctx, cfg, ordered, rs); err != nil {
 		return err
 	}
-	var results []*runResult
-	for rep := 1; rep <= cfg.reps; rep++ {
-		for _, sc := range cfg.scenarios {
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			rr, err := measureScenario(ctx, cfg, ordered, rs, sc, rep)
-			if err != nil {
-				return fmt.Errorf("rep %d, %s: %w", rep, sc, err)
-			}
-			for _, r := range rr {
-				cfg.logf("rep %d %-12s %-13s %8.0f req/s  p99 %6.0f µs  server CPU %5.0f µs/req  errors %d%s",
-					rep, r.scenario, r.server, r.rps(), us(r.total.p99), r.perRequest(r.cpu), r.errs, r.referenceNote())
-			}
-			results = append(results, rr...)
-		}
+	results, err := measureAll(ctx, cfg, ordered, rs)
+	if err != nil {
+		return err
 	}
 	// Stop the servers now: the daemon writes its profiles on the way out.
 	for name, s := range servers {
@@ -156,7 +136,52 @@ func run(ctx context.Context, cfg *config) error {
 	if cfg.profileDir != "" {
 		cfg.logf("profiles in %s", cfg.profileDir)
 	}
+	return report(ctx, cfg, rs, results, dir)
+}
 
+// startServers starts cfg's servers in order into servers, which holds
+// every one started, for the caller to stop, even when one fails.
+func startServers(ctx context.Context, cfg *config, spec serverSpec, servers map[string]*server) error {
+	for _, name := range cfg.servers {
+		cfg.logf("starting %s", name)
+		s, err := startServer(ctx, name, spec)
+		if s != nil {
+			servers[name] = s
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// measureAll measures every scenario on the servers cfg.reps times,
+// logging each result as it comes, and returns them all.
+func measureAll(ctx context.Context, cfg *config, servers []*server, rs *redisServer) ([]*runResult, error) {
+	var results []*runResult
+	for rep := 1; rep <= cfg.reps; rep++ {
+		for _, sc := range cfg.scenarios {
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			rr, err := measureScenario(ctx, cfg, servers, rs, sc, rep)
+			if err != nil {
+				return nil, fmt.Errorf("rep %d, %s: %w", rep, sc, err)
+			}
+			for _, r := range rr {
+				cfg.logf("rep %d %-12s %-13s %8.0f req/s  p99 %6.0f µs  server CPU %5.0f µs/req  errors %d%s",
+					rep, r.scenario, r.server, r.rps(), us(r.total.p99), r.perRequest(r.cpu), r.errs, r.referenceNote())
+			}
+			results = append(results, rr...)
+		}
+	}
+	return results, nil
+}
+
+// report prints the results, the targets' verdicts, then (with a Redis and
+// unless cfg skips it) the memory figures, and where the logs are when
+// cfg named their directory dir.
+func report(ctx context.Context, cfg *config, rs *redisServer, results []*runResult, dir string) error {
 	for _, sc := range cfg.scenarios {
 		printScenario(cfg, sc, results)
 	}
@@ -201,11 +226,54 @@ var metricsWanted = []string{"go_memstats_mallocs_total", "idem_extproc_decision
 // round's first server rotating. Every server then sees the same machine,
 // and a ratio of two servers' figures compares like with like.
 func measureScenario(ctx context.Context, cfg *config, servers []*server, rs *redisServer, scenario string, rep int) ([]*runResult, error) {
-	type participant struct {
-		srv       *server
-		scenario  string
-		reference bool
+	parts := participants(servers, scenario)
+	if rs != nil {
+		if err := rs.flush(ctx); err != nil {
+			return nil, err
+		}
 	}
+	var states []*scenarioState
+	defer func() {
+		for _, st := range states {
+			st.d.close()
+		}
+	}()
+	for _, pt := range parts {
+		st, err := openParticipant(ctx, cfg, pt, rs, scenario, rep)
+		if st != nil {
+			states = append(states, st)
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	slice := cfg.duration / time.Duration(cfg.slices)
+	for round := range cfg.slices {
+		for j := range states {
+			if err := measureSlice(ctx, cfg, states[(round+j)%len(states)], rs, slice); err != nil {
+				return nil, err
+			}
+		}
+	}
+	out := make([]*runResult, 0, len(states))
+	for _, st := range states {
+		st.r.collect(st.d.recs)
+		out = append(out, st.r)
+	}
+	return out, nil
+}
+
+// participant is one server measured in a scenario, in that scenario or,
+// as the reference of a target, in another.
+type participant struct {
+	srv       *server
+	scenario  string
+	reference bool
+}
+
+// participants are the servers measured in scenario: each of servers in
+// it, and for the replay scenario the floor's first write too.
+func participants(servers []*server, scenario string) []participant {
 	var parts []participant
 	for _, srv := range servers {
 		parts = append(parts, participant{srv: srv, scenario: scenario})
@@ -220,84 +288,74 @@ func measureScenario(ctx context.Context, cfg *config, servers []*server, rs *re
 			}
 		}
 	}
-	if rs != nil {
-		if err := rs.flush(ctx); err != nil {
-			return nil, err
+	return parts
+}
+
+// scenarioState is one participant's driver and the result its slices add
+// up to.
+type scenarioState struct {
+	srv     *server
+	d       *driver
+	r       *runResult
+	metrics [2]map[string]float64
+}
+
+// openParticipant opens pt's driver, its keys prepared when its workload
+// needs them. A state it returns with an error has a driver to close.
+func openParticipant(ctx context.Context, cfg *config, pt participant, rs *redisServer, scenario string, rep int) (*scenarioState, error) {
+	srv := pt.srv
+	wl := newWorkload(pt.scenario, cfg.reqBody, cfg.respBody)
+	wl.keys, wl.duplicateRate, wl.unprotectedRate, wl.keyless = cfg.keys, cfg.duplicateRate, cfg.unprotRate, cfg.keyless
+	d, err := newDriver(srv.addr, cfg.conns, cfg.concurrency, srv.name, wl)
+	if err != nil {
+		return nil, err
+	}
+	st := &scenarioState{srv: srv, d: d, r: &runResult{rep: rep, scenario: pt.scenario, server: srv.name,
+		reference: pt.reference, during: scenario,
+		haveRedisCPU: rs != nil && rs.proc != nil, phases: map[envoysim.Phase]dist{}}}
+	if wl.needsKeys() {
+		if _, err := d.prepare(ctx, cfg.keys); err != nil {
+			return st, fmt.Errorf("%s: %w", srv.name, err)
 		}
 	}
-	type state struct {
-		srv     *server
-		d       *driver
-		r       *runResult
-		metrics [2]map[string]float64
-	}
-	var states []*state
-	defer func() {
-		for _, st := range states {
-			st.d.close()
+	return st, nil
+}
+
+// measureSlice measures st's server for one slice, after cfg's warm-up,
+// and adds the slice's time, CPU, syscalls and metrics to st's result.
+func measureSlice(ctx context.Context, cfg *config, st *scenarioState, rs *redisServer, slice time.Duration) error {
+	var cpu, redisCPU, driverCPU, sinkCPU [2]time.Duration
+	var syscr, syscw [2]int64
+	var errs [2]error
+	mark := func(start bool) {
+		i := 1
+		if start {
+			i = 0
 		}
-	}()
-	for _, pt := range parts {
-		srv := pt.srv
-		wl := newWorkload(pt.scenario, cfg.reqBody, cfg.respBody)
-		wl.keys, wl.duplicateRate, wl.unprotectedRate, wl.keyless = cfg.keys, cfg.duplicateRate, cfg.unprotRate, cfg.keyless
-		d, err := newDriver(srv.addr, cfg.conns, cfg.concurrency, srv.name, wl)
-		if err != nil {
-			return nil, err
+		cpu[i], errs[i] = processCPU(st.srv.pid())
+		syscr[i], syscw[i], _ = processSyscalls(st.srv.pid())
+		sinkCPU[i] = st.srv.sinkCPU()
+		if rs != nil {
+			redisCPU[i], _ = rs.cpu()
 		}
-		st := &state{srv: srv, d: d, r: &runResult{rep: rep, scenario: pt.scenario, server: srv.name,
-			reference: pt.reference, during: scenario,
-			haveRedisCPU: rs != nil && rs.proc != nil, phases: map[envoysim.Phase]dist{}}}
-		states = append(states, st)
-		if wl.needsKeys() {
-			if _, err := d.prepare(ctx, cfg.keys); err != nil {
-				return nil, fmt.Errorf("%s: %w", srv.name, err)
-			}
+		driverCPU[i], _ = processCPU(os.Getpid())
+		if st.srv.admin != "" && errs[i] == nil {
+			st.metrics[i], errs[i] = scrapeMetrics("http://"+st.srv.admin+"/metrics", metricsWanted...)
 		}
 	}
-	slice := cfg.duration / time.Duration(cfg.slices)
-	for round := range cfg.slices {
-		for j := range states {
-			st := states[(round+j)%len(states)]
-			var cpu, redisCPU, driverCPU, sinkCPU [2]time.Duration
-			var syscr, syscw [2]int64
-			var errs [2]error
-			mark := func(start bool) {
-				i := 1
-				if start {
-					i = 0
-				}
-				cpu[i], errs[i] = processCPU(st.srv.pid())
-				syscr[i], syscw[i], _ = processSyscalls(st.srv.pid())
-				sinkCPU[i] = st.srv.sinkCPU()
-				if rs != nil {
-					redisCPU[i], _ = rs.cpu()
-				}
-				driverCPU[i], _ = processCPU(os.Getpid())
-				if st.srv.admin != "" && errs[i] == nil {
-					st.metrics[i], errs[i] = scrapeMetrics("http://"+st.srv.admin+"/metrics", metricsWanted...)
-				}
-			}
-			elapsed := st.d.measure(ctx, cfg.warmup, slice, mark)
-			if err := errors.Join(errs[0], errs[1]); err != nil {
-				return nil, fmt.Errorf("%s: %w", st.srv.name, err)
-			}
-			st.r.elapsed += elapsed
-			st.r.cpu += cpu[1] - cpu[0]
-			st.r.redisCPU += redisCPU[1] - redisCPU[0]
-			st.r.driverCPU += driverCPU[1] - driverCPU[0]
-			st.r.sinkCPU += sinkCPU[1] - sinkCPU[0]
-			st.r.syscr += syscr[1] - syscr[0]
-			st.r.syscw += syscw[1] - syscw[0]
-			st.r.addMetrics(st.metrics[0], st.metrics[1])
-		}
+	elapsed := st.d.measure(ctx, cfg.warmup, slice, mark)
+	if err := errors.Join(errs[0], errs[1]); err != nil {
+		return fmt.Errorf("%s: %w", st.srv.name, err)
 	}
-	out := make([]*runResult, 0, len(states))
-	for _, st := range states {
-		st.r.collect(st.d.recs)
-		out = append(out, st.r)
-	}
-	return out, nil
+	st.r.elapsed += elapsed
+	st.r.cpu += cpu[1] - cpu[0]
+	st.r.redisCPU += redisCPU[1] - redisCPU[0]
+	st.r.driverCPU += driverCPU[1] - driverCPU[0]
+	st.r.sinkCPU += sinkCPU[1] - sinkCPU[0]
+	st.r.syscr += syscr[1] - syscr[0]
+	st.r.syscw += syscw[1] - syscw[0]
+	st.r.addMetrics(st.metrics[0], st.metrics[1])
+	return nil
 }
 
 // warmServers gives each server a mix of every kind of request once,

@@ -131,59 +131,11 @@ func parseMulti(top Topology, scheme, rest string) (Topology, *redis.UniversalOp
 	rest, rawQuery, _ := strings.Cut(rest, "?")
 	authority, path, _ := strings.Cut(rest, "/")
 	o := &redis.UniversalOptions{}
-	if at := strings.LastIndex(authority, "@"); at >= 0 {
-		user, pass, hasPass := strings.Cut(authority[:at], ":")
-		var err error
-		if o.Username, err = url.PathUnescape(user); err != nil {
-			return 0, nil, fmt.Errorf("redis url: bad escape in the user name")
-		}
-		if hasPass {
-			if o.Password, err = url.PathUnescape(pass); err != nil {
-				return 0, nil, fmt.Errorf("redis url: bad escape in the password")
-			}
-		}
-		authority = authority[at+1:]
+	if err := parseMultiAuthority(o, authority, form, defPort); err != nil {
+		return 0, nil, err
 	}
-	if authority == "" {
-		return 0, nil, fmt.Errorf("redis url: no address; want %s", form)
-	}
-	for _, a := range strings.Split(authority, ",") {
-		addr, err := hostPort(a, defPort)
-		if err != nil {
-			return 0, nil, err
-		}
-		o.Addrs = append(o.Addrs, addr)
-	}
-
-	segs := strings.Split(strings.TrimSuffix(path, "/"), "/")
-	if path == "" {
-		segs = nil
-	}
-	switch top {
-	case Sentinel:
-		if len(segs) == 0 || segs[0] == "" {
-			return 0, nil, fmt.Errorf("redis url: missing master name; want %s", form)
-		}
-		name, err := url.PathUnescape(segs[0])
-		if err != nil {
-			return 0, nil, fmt.Errorf("redis url: bad escape in the master name %q", segs[0])
-		}
-		o.MasterName = name
-		if len(segs) > 2 {
-			return 0, nil, fmt.Errorf("redis url: path /%s has more than master and db; want %s", path, form)
-		}
-		if len(segs) == 2 {
-			db, err := strconv.Atoi(segs[1])
-			if err != nil || db < 0 {
-				return 0, nil, fmt.Errorf("redis url: database %q is not a non-negative number", segs[1])
-			}
-			o.DB = db
-		}
-	case Cluster:
-		o.IsClusterMode = true
-		if len(segs) > 1 || (len(segs) == 1 && segs[0] != "0") {
-			return 0, nil, fmt.Errorf("redis url: Redis Cluster has only database 0, the path /%s selects another; want %s", path, form)
-		}
+	if err := parseMultiPath(o, top, path, form); err != nil {
+		return 0, nil, err
 	}
 
 	q, err := url.ParseQuery(rawQuery)
@@ -208,6 +160,73 @@ func parseMulti(top Topology, scheme, rest string) (Topology, *redis.UniversalOp
 		o.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: skipVerify}
 	}
 	return top, o, nil
+}
+
+// parseMultiAuthority sets o's credentials from the authority's user info
+// and o.Addrs from its comma-separated addresses, defPort where one has
+// no port; form is the URL's expected shape, for the errors.
+func parseMultiAuthority(o *redis.UniversalOptions, authority, form, defPort string) error {
+	if at := strings.LastIndex(authority, "@"); at >= 0 {
+		user, pass, hasPass := strings.Cut(authority[:at], ":")
+		var err error
+		if o.Username, err = url.PathUnescape(user); err != nil {
+			return fmt.Errorf("redis url: bad escape in the user name")
+		}
+		if hasPass {
+			if o.Password, err = url.PathUnescape(pass); err != nil {
+				return fmt.Errorf("redis url: bad escape in the password")
+			}
+		}
+		authority = authority[at+1:]
+	}
+	if authority == "" {
+		return fmt.Errorf("redis url: no address; want %s", form)
+	}
+	for _, a := range strings.Split(authority, ",") {
+		addr, err := hostPort(a, defPort)
+		if err != nil {
+			return err
+		}
+		o.Addrs = append(o.Addrs, addr)
+	}
+	return nil
+}
+
+// parseMultiPath reads the path after the addresses: for Sentinel the
+// master name and an optional database, for Cluster nothing but database
+// 0, the only one Redis Cluster has.
+func parseMultiPath(o *redis.UniversalOptions, top Topology, path, form string) error {
+	segs := strings.Split(strings.TrimSuffix(path, "/"), "/")
+	if path == "" {
+		segs = nil
+	}
+	switch top {
+	case Sentinel:
+		if len(segs) == 0 || segs[0] == "" {
+			return fmt.Errorf("redis url: missing master name; want %s", form)
+		}
+		name, err := url.PathUnescape(segs[0])
+		if err != nil {
+			return fmt.Errorf("redis url: bad escape in the master name %q", segs[0])
+		}
+		o.MasterName = name
+		if len(segs) > 2 {
+			return fmt.Errorf("redis url: path /%s has more than master and db; want %s", path, form)
+		}
+		if len(segs) == 2 {
+			db, err := strconv.Atoi(segs[1])
+			if err != nil || db < 0 {
+				return fmt.Errorf("redis url: database %q is not a non-negative number", segs[1])
+			}
+			o.DB = db
+		}
+	case Cluster:
+		o.IsClusterMode = true
+		if len(segs) > 1 || (len(segs) == 1 && segs[0] != "0") {
+			return fmt.Errorf("redis url: Redis Cluster has only database 0, the path /%s selects another; want %s", path, form)
+		}
+	}
+	return nil
 }
 
 // notFromQuery are go-redis query options this package's Sentinel and
