@@ -12,6 +12,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/idem-extproc/idem-extproc/internal/envoysim"
 	"github.com/idem-extproc/idem-extproc/internal/extproc"
@@ -56,6 +57,9 @@ type workload struct {
 	upstreamStatus    int
 	upstreamGetStatus int
 	upstreamLocation  string
+	// messageTimeout replaces the recommended filter's message_timeout
+	// when positive (the smoke test's, on a loaded machine).
+	messageTimeout time.Duration
 }
 
 func newWorkload(scenario string, reqBody, respBody int) *workload {
@@ -254,6 +258,9 @@ func newDriver(addr string, conns, concurrency int, srv string, wl *workload) (*
 	for i := range concurrency {
 		rec := &recorder{on: &d.on}
 		cfg := envoysim.RecommendedConfig()
+		if wl.messageTimeout > 0 {
+			cfg.MessageTimeout = durationpb.New(wl.messageTimeout)
+		}
 		w := &worker{
 			wl: wl, srv: srv, rec: rec,
 			filter: envoysim.NewFilter(d.conns[i%conns], cfg, envoysim.Options{OnReply: rec.onReply}),

@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/idem-extproc/idem-extproc/internal/daemon"
+	"github.com/idem-extproc/idem-extproc/internal/idem"
 )
 
 // The scenarios.
@@ -46,6 +47,8 @@ type config struct {
 	slices                    int
 	duration, warmup          time.Duration
 	initialWarmup             time.Duration
+	storeTimeout              time.Duration
+	messageTimeout            time.Duration
 	keys                      int
 	duplicateRate, unprotRate float64
 	keyless                   bool
@@ -122,6 +125,8 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.StringVar(&cfg.serverBin, "server-bin", "", "idem-extproc binary to measure (go build ./cmd/idem-extproc); empty: this tool runs the same daemon code itself")
 	fs.StringVar(&cfg.serverArgsText, "server-args", "", "extra idem-extproc flags, space-separated (e.g. --log-level=warn)")
 	fs.StringVar(&cfg.profileDir, "profile-dir", "", "write each server's CPU profile over its whole life (<server>.cpu.pprof) and allocation profile at its exit (<server>.allocs.pprof) here; idem-extproc's only with an empty --server-bin")
+	fs.DurationVar(&cfg.storeTimeout, "store-timeout", idem.DefaultStoreTimeout, "budget of each Redis call of idem-extproc and the floor server (idem-extproc's --store-timeout); the default is the product's")
+	fs.DurationVar(&cfg.messageTimeout, "message-timeout", 0, "the driver's ext_proc message_timeout; 0: the recommended filter's (envoy/envoy.yaml)")
 	fs.IntVar(&cfg.memoryRecords, "memory-records", 10000, "records written to measure Redis's used_memory growth per record")
 	fs.BoolVar(&cfg.skipMemory, "skip-memory", false, "do not measure Redis memory per record")
 	fs.BoolVar(&cfg.logPipe, "log-pipe", false, "servers write their output into a pipe that a log sink process drains into the file, as a container runtime does (its CPU is reported apart); default: straight into the file")
@@ -192,6 +197,7 @@ func serveReference(ctx context.Context, which string, args []string, stderr io.
 	fs.SetOutput(stderr)
 	listen := fs.String("listen", "127.0.0.1:0", "ext_proc address")
 	redisURL := fs.String("redis-url", "", "Redis (serve-floor)")
+	storeTimeout := fs.Duration("store-timeout", idem.DefaultStoreTimeout, "budget of each Redis call (serve-floor)")
 	cpuProfile := fs.String("cpuprofile", "", "CPU profile file")
 	memProfile := fs.String("memprofile", "", "allocation profile file, written at exit")
 	if err := fs.Parse(args); err != nil {
@@ -203,7 +209,7 @@ func serveReference(ctx context.Context, which string, args []string, stderr io.
 			err = serveGRPC(ctx, *listen, noopServer{})
 		} else {
 			var f *floorServer
-			if f, err = newFloorServer(ctx, *redisURL); err == nil {
+			if f, err = newFloorServer(ctx, *redisURL, *storeTimeout); err == nil {
 				err = serveGRPC(ctx, *listen, f)
 			}
 		}

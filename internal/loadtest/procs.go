@@ -304,7 +304,10 @@ type serverSpec struct {
 	serverBin string // idem-extproc's binary; empty: this tool's serve-idem
 	extraArgs []string
 	redisURL  string
-	dir       string
+	// storeTimeout is the floor server's per-call Redis budget
+	// (idem-extproc's comes in extraArgs).
+	storeTimeout time.Duration
+	dir          string
 	// profileDir receives each server's CPU and allocation profiles
 	// (idem-extproc's with serve-idem only).
 	profileDir string
@@ -345,7 +348,8 @@ func startServer(ctx context.Context, name string, spec serverSpec) (*server, er
 		s.addr = addr
 		return s, s.waitUntil(tcpReady(addr))
 	case serverFloor:
-		s, err := spec.start(name, append([]string{spec.self, "serve-floor", "--listen", addr, "--redis-url", spec.redisURL}, spec.profileArgs(name)...), logPath)
+		s, err := spec.start(name, append([]string{spec.self, "serve-floor", "--listen", addr, "--redis-url", spec.redisURL,
+			"--store-timeout", spec.storeTimeout.String()}, spec.profileArgs(name)...), logPath)
 		if err != nil {
 			return nil, err
 		}

@@ -16,7 +16,6 @@ import (
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 
-	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/redisstore"
 	idemserver "github.com/idem-extproc/idem-extproc/internal/server"
 )
@@ -114,9 +113,9 @@ type floorServer struct {
 	storedHeaders        []byte
 }
 
-func newFloorServer(ctx context.Context, redisURL string) (*floorServer, error) {
-	// The daemon's client, with the daemon's default budget.
-	rdb, err := redisstore.NewClient(redisURL, idem.DefaultStoreTimeout)
+func newFloorServer(ctx context.Context, redisURL string, storeTimeout time.Duration) (*floorServer, error) {
+	// The daemon's client, with the daemon's budget.
+	rdb, err := redisstore.NewClient(redisURL, storeTimeout)
 	if err != nil {
 		return nil, err
 	}

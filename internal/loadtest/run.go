@@ -101,7 +101,8 @@ func run(ctx context.Context, cfg *config) error {
 		}
 		defer rs.close()
 	}
-	spec := serverSpec{self: cfg.self, serverBin: cfg.serverBin, extraArgs: cfg.serverArgs, dir: dir,
+	spec := serverSpec{self: cfg.self, serverBin: cfg.serverBin, dir: dir, storeTimeout: cfg.storeTimeout,
+		extraArgs:  append([]string{"--store-timeout=" + cfg.storeTimeout.String()}, cfg.serverArgs...),
 		profileDir: cfg.profileDir, logPipe: cfg.logPipe}
 	if rs != nil {
 		spec.redisURL = rs.url
@@ -306,6 +307,7 @@ func openParticipant(ctx context.Context, cfg *config, pt participant, rs *redis
 	srv := pt.srv
 	wl := newWorkload(pt.scenario, cfg.reqBody, cfg.respBody)
 	wl.keys, wl.duplicateRate, wl.unprotectedRate, wl.keyless = cfg.keys, cfg.duplicateRate, cfg.unprotRate, cfg.keyless
+	wl.messageTimeout = cfg.messageTimeout
 	d, err := newDriver(srv.addr, cfg.conns, cfg.concurrency, srv.name, wl)
 	if err != nil {
 		return nil, err
