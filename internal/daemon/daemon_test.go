@@ -48,8 +48,12 @@ func run(t *testing.T, extra ...string) *running {
 	if err := os.WriteFile(tokenFile, []byte(token+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	// The harness's generous store budget, as every harness test has: these
+	// tests judge answers, and a loaded -race run can stall a Redis call
+	// past the product's 100 ms (a test about budgets passes its own).
 	args := append([]string{"--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0",
-		"--redis-url", redis.URL(), "--admin-token-file", tokenFile}, extra...)
+		"--redis-url", redis.URL(), "--admin-token-file", tokenFile,
+		"--store-timeout", harness.TestStoreTimeout.String()}, extra...)
 	cfg, err := daemon.ParseConfig(args, func(string) string { return "" }, io.Discard)
 	if err != nil {
 		t.Fatal(err)
