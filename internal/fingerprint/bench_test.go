@@ -62,3 +62,44 @@ func BenchmarkCompute(b *testing.B) {
 		})
 	}
 }
+
+// canonicalSizes are the body sizes the JSON canonicaliser is measured at
+// (issue 18): a typical request, a large one, and the body limit's order.
+var canonicalSizes = []struct {
+	name string
+	size int
+}{{"1KiB", 1 << 10}, {"64KiB", 64 << 10}, {"1MiB", 1 << 20}}
+
+// BenchmarkCanonicalJSON measures the streaming canonicaliser; run it
+// alternately with BenchmarkCanonicalJSONReference for a before/after.
+func BenchmarkCanonicalJSON(b *testing.B) {
+	for _, tc := range canonicalSizes {
+		b.Run(tc.name, func(b *testing.B) {
+			body := benchBody(tc.size)
+			b.SetBytes(int64(len(body)))
+			b.ReportAllocs()
+			for range b.N {
+				if _, ok := CanonicalJSON(body); !ok {
+					b.Fatal("refused")
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkCanonicalJSONReference measures the canonicaliser CanonicalJSON
+// replaced (reference_test.go).
+func BenchmarkCanonicalJSONReference(b *testing.B) {
+	for _, tc := range canonicalSizes {
+		b.Run(tc.name, func(b *testing.B) {
+			body := benchBody(tc.size)
+			b.SetBytes(int64(len(body)))
+			b.ReportAllocs()
+			for range b.N {
+				if _, ok := referenceCanonicalJSON(body); !ok {
+					b.Fatal("refused")
+				}
+			}
+		})
+	}
+}
