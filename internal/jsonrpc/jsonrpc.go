@@ -106,7 +106,7 @@ func RewriteID(response []byte, id json.RawMessage) ([]byte, error) {
 
 // validID reports whether id is exactly one JSON string or number.
 func validID(id json.RawMessage) bool {
-	vs, err := jsonpointer.Find(append([]byte(`{"id":`), append(id, '}')...), idPtr)
+	vs, err := jsonpointer.Find(wrapID(id), idPtr)
 	return err == nil && (vs[0].Kind == jsonpointer.KindString || vs[0].Kind == jsonpointer.KindNumber) &&
 		len(vs[0].Raw) == len(id)
 }
@@ -205,7 +205,7 @@ var (
 // numbers by their literal (JSON-RPC 2.0 leaves number equality to the
 // implementations; the SDKs echo the literal they received).
 func sameID(a jsonpointer.Value, b json.RawMessage) bool {
-	vs, err := jsonpointer.Find(append([]byte(`{"id":`), append(b, '}')...), idPtr)
+	vs, err := jsonpointer.Find(wrapID(b), idPtr)
 	if err != nil || vs[0].Kind != a.Kind {
 		return false
 	}
@@ -215,4 +215,13 @@ func sameID(a jsonpointer.Value, b json.RawMessage) bool {
 		return x == y
 	}
 	return bytes.Equal(a.Raw, vs[0].Raw)
+}
+
+// wrapID returns {"id":<id>} in a new slice: id often aliases the body it
+// was read from, which must not be written to.
+func wrapID(id json.RawMessage) []byte {
+	b := make([]byte, 0, len(id)+7)
+	b = append(b, `{"id":`...)
+	b = append(b, id...)
+	return append(b, '}')
 }

@@ -200,3 +200,27 @@ func FuzzFinalResponse(f *testing.F) {
 		}
 	})
 }
+
+// TestHelpersLeaveTheRequestAlone: the id ParseRequest returns aliases
+// the request body, and using it must not write into that body (it did:
+// validID appended to the id's slice, overwriting the byte after it).
+func TestHelpersLeaveTheRequestAlone(t *testing.T) {
+	const body = `{"jsonrpc":"2.0","id":"r-2","method":"tools/call"}`
+	req := []byte(body)
+	r, err := ParseRequest(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := RewriteID([]byte(`{"id":1,"result":{}}`), r.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ErrorResponse(r.ID, problem.New(problem.InProgress, "")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := FinalResponse([]byte("data: {\"id\":\"r-2\",\"result\":1}\n\n"), r.ID); err != nil {
+		t.Fatal(err)
+	}
+	if string(req) != body {
+		t.Fatalf("the request body became %s", req)
+	}
+}
