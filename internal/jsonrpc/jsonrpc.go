@@ -49,7 +49,8 @@ type Request struct {
 	// 2025-06-18 no longer allows): never protected.
 	Batch bool
 	// ID is the id exactly as sent (`"a-1"`, `7`), nil for a
-	// notification, which gets no response and is never protected.
+	// notification, which gets no response and is never protected. It
+	// aliases the body ParseRequest read.
 	ID json.RawMessage
 	// Method is the decoded "method" member, "" when absent.
 	Method string
