@@ -1,6 +1,8 @@
 package fingerprint
 
 import (
+	"bytes"
+	"encoding/json"
 	"testing"
 
 	"github.com/idem-extproc/idem-extproc/internal/jsonpointer"
@@ -93,4 +95,84 @@ func TestJSONRPCRetryFingerprint(t *testing.T) {
 	if fp(`{"a":1}`, JSONOptions{Include: pointers(t, "/a", "/b")}) != fp(`{"a":1}`, JSONOptions{Include: pointers(t, "/b", "/a", "/a")}) {
 		t.Error("the order or repetition of pointers changes the fingerprint")
 	}
+}
+
+// FuzzCanonicalSubsetMatchesTree checks Exclude and Include against a tree
+// built by encoding/json: the member removed from (or the value taken out
+// of) the decoded document, marshalled, which for a body CanonicalJSON
+// accepts is its canonical form (sorted keys, the same string encoding,
+// json.Number literals).
+func FuzzCanonicalSubsetMatchesTree(f *testing.F) {
+	f.Add([]byte(`{"jsonrpc":"2.0","id":1,"params":{"_meta":{"p":1},"a":[1,{"b":2}]}}`), "/params/_meta")
+	f.Add([]byte(`{"a":[1,{"b":2},3]}`), "/a/1/b")
+	f.Add([]byte(`[0,1,2]`), "/1")
+	f.Fuzz(func(t *testing.T, body []byte, ptr string) {
+		p, err := jsonpointer.Parse(ptr)
+		if err != nil {
+			return
+		}
+		if _, ok := referenceCanonicalJSON(body); !ok {
+			if _, ok := new(canon).run(body, JSONOptions{Exclude: []jsonpointer.Pointer{p}}); ok {
+				t.Fatalf("a subset of %q was accepted where the whole body is refused", body)
+			}
+			return
+		}
+		dec := json.NewDecoder(bytes.NewReader(body))
+		dec.UseNumber()
+		var doc any
+		if err := dec.Decode(&doc); err != nil {
+			t.Fatal(err)
+		}
+		// Take out the value at p, remembering whether it was there.
+		toks := p.Tokens()
+		var taken any
+		found := false
+		var walk func(v any, i int) any
+		walk = func(v any, i int) any {
+			if i == len(toks) {
+				taken, found = v, true
+				return nil
+			}
+			switch x := v.(type) {
+			case map[string]any:
+				if c, ok := x[toks[i]]; ok {
+					if r := walk(c, i+1); r == nil && found && i+1 == len(toks) {
+						delete(x, toks[i])
+					} else {
+						x[toks[i]] = r
+					}
+				}
+			case []any:
+				for j := range x {
+					if jsonpointer.MatchesIndex(toks[i], j) {
+						if r := walk(x[j], i+1); r == nil && found && i+1 == len(toks) {
+							return append(x[:j:j], x[j+1:]...)
+						} else {
+							x[j] = r
+						}
+					}
+				}
+			}
+			return v
+		}
+		rest := walk(doc, 0)
+		got, ok := new(canon).run(body, JSONOptions{Exclude: []jsonpointer.Pointer{p}})
+		want := []byte{}
+		if len(toks) > 0 || !found {
+			want, _ = json.Marshal(rest)
+		}
+		if !ok || !bytes.Equal(got, want) {
+			t.Fatalf("Exclude %q of %q = %q, %v; want %q", ptr, body, got, ok, want)
+		}
+		inc, ok := new(canon).run(body, JSONOptions{Include: []jsonpointer.Pointer{p}})
+		wantInc := []byte(`{}`)
+		if found {
+			v, _ := json.Marshal(taken)
+			k, _ := json.Marshal(ptr)
+			wantInc = append(append(append(append([]byte(`{`), k...), ':'), v...), '}')
+		}
+		if !ok || !bytes.Equal(inc, wantInc) {
+			t.Fatalf("Include %q of %q = %q, %v; want %q", ptr, body, inc, ok, wantInc)
+		}
+	})
 }
