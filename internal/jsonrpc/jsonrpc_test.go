@@ -150,6 +150,7 @@ func TestFinalResponse(t *testing.T) {
 	}{
 		{"notification then response", "event: message\ndata: " + progress + "\n\nevent: message\ndata: {\"jsonrpc\":\"2.0\",\"id\":3,\"result\":{}}\n\n", `3`, `{"jsonrpc":"2.0","id":3,"result":{}}`},
 		{"CRLF, comments, no space, ids", ": ping\r\nid: 1\r\ndata:{\"id\":\"a\",\"error\":{\"code\":1}}\r\n\r\n", `"\u0061"`, `{"id":"a","error":{"code":1}}`},
+		{"leading byte order mark", "\uFEFFdata: {\"id\":1,\"result\":1}\n\n", `1`, `{"id":1,"result":1}`},
 		{"CR line ends", "data: {\"id\":1,\r\ndata: \"result\":2}\r\r", `1`, "{\"id\":1,\n\"result\":2}"},
 		{"other id skipped", "data: {\"id\":1,\"result\":1}\n\ndata: {\"id\":2,\"result\":2}\n\n", `1`, `{"id":1,"result":1}`},
 		{"any id: the last", "data: {\"id\":1,\"result\":1}\n\ndata: {\"id\":2,\"result\":2}\n\n", ``, `{"id":2,"result":2}`},

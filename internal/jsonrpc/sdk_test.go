@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -20,11 +19,11 @@ type exchange struct {
 	contentType       string
 }
 
-// recorder keeps the bodies of every tools/call POST between the SDK's
-// client and server.
+// recorder hands over the bodies of every tools/call POST between the
+// SDK's client and server once the server's handler has returned (with an
+// SSE answer the client has its response before then).
 type recorder struct {
-	mu    sync.Mutex
-	calls []exchange
+	calls chan exchange
 	next  http.Handler
 }
 
@@ -34,9 +33,7 @@ func (rc *recorder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	cw := &capture{ResponseWriter: w}
 	rc.next.ServeHTTP(cw, r)
 	if bytes.Contains(body, []byte(`"tools/call"`)) {
-		rc.mu.Lock()
-		rc.calls = append(rc.calls, exchange{body, cw.buf.Bytes(), w.Header().Get("Content-Type")})
-		rc.mu.Unlock()
+		rc.calls <- exchange{body, cw.buf.Bytes(), w.Header().Get("Content-Type")}
 	}
 }
 
@@ -76,7 +73,7 @@ func sdkToolCall(t *testing.T, jsonResponse bool) exchange {
 		}
 		return nil, orderOut{Order: "ord-" + in.ClientOrderID}, nil
 	})
-	rec := &recorder{next: mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return server },
+	rec := &recorder{calls: make(chan exchange, 4), next: mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return server },
 		&mcp.StreamableHTTPOptions{JSONResponse: jsonResponse})}
 	ts := httptest.NewServer(rec)
 	defer ts.Close()
@@ -93,12 +90,11 @@ func sdkToolCall(t *testing.T, jsonResponse bool) exchange {
 	if err != nil || res.IsError {
 		t.Fatalf("CallTool = %+v, %v", res, err)
 	}
-	rec.mu.Lock()
-	defer rec.mu.Unlock()
-	if len(rec.calls) != 1 {
-		t.Fatalf("recorded %d tools/call exchanges", len(rec.calls))
+	ex := <-rec.calls // the one tools/call; a second would show in len below
+	if n := len(rec.calls); n != 0 {
+		t.Fatalf("recorded %d more tools/call exchanges", n)
 	}
-	return rec.calls[0]
+	return ex
 }
 
 // TestSDKExchange: what the helpers make of the bytes the official SDK

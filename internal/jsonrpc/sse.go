@@ -15,8 +15,10 @@ import (
 // response is replayed; the notifications and requests before it are
 // not. A nil id takes the last response in the stream.
 //
-// The stream is read as the HTML Standard's "Interpreting an event
-// stream" (section 9.2.6) says: lines end in CRLF, LF or CR; a line
+// The stream is read as the WHATWG HTML Standard's server-sent events
+// sections say ("Parsing an event stream", 9.2.5, and "Interpreting an
+// event stream", 9.2.6): one leading U+FEFF is ignored; lines end in CRLF,
+// LF or CR; a line
 // starting with ":" is a comment; a field's value follows the first ":"
 // less one leading space; "data" lines join with LF; an empty line
 // dispatches the event, and an event not ended by an empty line before
@@ -45,6 +47,7 @@ func FinalResponse(stream []byte, id json.RawMessage) ([]byte, error) {
 // "message" type.
 func events(stream []byte) func(yield func([]byte) bool) {
 	return func(yield func([]byte) bool) {
+		stream := bytes.TrimPrefix(stream, []byte("\uFEFF"))
 		var data []byte
 		hasData, typ := false, ""
 		for len(stream) > 0 {
