@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/idem-extproc/idem-extproc/internal/idem"
+	"github.com/idem-extproc/idem-extproc/internal/jsonpointer"
 )
 
 // benchBody is a JSON request body of about n bytes.
@@ -38,26 +39,83 @@ func benchRequest(n int, json bool) Request {
 }
 
 // BenchmarkCompute fingerprints a request as the default policy does (raw
-// body, content-type) and with fingerprint.json, for a small and a 1 KiB
-// body.
+// body, content-type), with fingerprint.json, and with JSON pointers
+// excluding members as an MCP policy would, from 256 B to 1 MiB.
 func BenchmarkCompute(b *testing.B) {
 	include := Normalize([]string{"content-type"})
+	var exclude []jsonpointer.Pointer
+	for _, s := range []string{"/id", "/params/_meta", "/note"} {
+		p, err := jsonpointer.Parse(s)
+		if err != nil {
+			b.Fatal(err)
+		}
+		exclude = append(exclude, p)
+	}
 	for _, tc := range []struct {
-		name string
-		size int
-		json bool
+		name   string
+		size   int
+		json   bool
+		subset bool
 	}{
-		{"raw_256B", 256, false},
-		{"raw_1KiB", 1024, false},
-		{"json_256B", 256, true},
-		{"json_1KiB", 1024, true},
+		{"raw_256B", 256, false, false},
+		{"raw_1KiB", 1024, false, false},
+		{"json_256B", 256, true, false},
+		{"json_1KiB", 1024, true, false},
+		{"json_64KiB", 64 << 10, true, false},
+		{"json_1MiB", 1 << 20, true, false},
+		{"json_exclude_1KiB", 1024, true, true},
+		{"json_exclude_1MiB", 1 << 20, true, true},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			r := benchRequest(tc.size, tc.json)
+			if tc.subset {
+				r.JSONOptions.Exclude = exclude
+			}
 			b.SetBytes(int64(len(r.Body)))
 			b.ReportAllocs()
 			for range b.N {
 				Compute(r, include)
+			}
+		})
+	}
+}
+
+// canonicalSizes are the body sizes the JSON canonicaliser is measured at
+// (issue 18): a typical request, a large one, and the body limit's order.
+var canonicalSizes = []struct {
+	name string
+	size int
+}{{"1KiB", 1 << 10}, {"64KiB", 64 << 10}, {"1MiB", 1 << 20}}
+
+// BenchmarkCanonicalJSON measures the streaming canonicaliser; run it
+// alternately with BenchmarkCanonicalJSONReference for a before/after.
+func BenchmarkCanonicalJSON(b *testing.B) {
+	for _, tc := range canonicalSizes {
+		b.Run(tc.name, func(b *testing.B) {
+			body := benchBody(tc.size)
+			b.SetBytes(int64(len(body)))
+			b.ReportAllocs()
+			for range b.N {
+				if _, ok := CanonicalJSON(body); !ok {
+					b.Fatal("refused")
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkCanonicalJSONReference measures the canonicaliser CanonicalJSON
+// replaced (reference_test.go).
+func BenchmarkCanonicalJSONReference(b *testing.B) {
+	for _, tc := range canonicalSizes {
+		b.Run(tc.name, func(b *testing.B) {
+			body := benchBody(tc.size)
+			b.SetBytes(int64(len(body)))
+			b.ReportAllocs()
+			for range b.N {
+				if _, ok := referenceCanonicalJSON(body); !ok {
+					b.Fatal("refused")
+				}
 			}
 		})
 	}

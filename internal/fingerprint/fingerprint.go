@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/idem-extproc/idem-extproc/internal/idem"
+	"github.com/idem-extproc/idem-extproc/internal/jsonpointer"
 )
 
 // version separates this encoding from any later one, so a change of
@@ -27,6 +28,10 @@ type Request struct {
 	// not canonicalisable is taken as raw bytes, under a different tag, so
 	// the two forms never collide.
 	JSON bool
+	// JSONOptions narrows the canonical body to chosen members (used only
+	// with JSON). A narrowed body is hashed under a tag that names the
+	// pointers, so it never collides with a whole body or another subset.
+	JSONOptions JSONOptions
 }
 
 // Compute returns the SHA-256 of an unambiguous encoding of the method,
@@ -38,9 +43,15 @@ type Request struct {
 // Normalize).
 func Compute(r Request, include []string) idem.Fingerprint {
 	body, tag := r.Body, "raw"
+	var subset []byte
 	if r.JSON {
-		if c, ok := CanonicalJSON(r.Body); ok {
-			body, tag = c, "json"
+		c := canonPool.Get().(*canon)
+		defer c.release()
+		if out, ok := c.run(r.Body, r.JSONOptions); ok {
+			body, tag = out, "json"
+			if !r.JSONOptions.empty() {
+				tag, subset = "json-subset", subsetTag(r.JSONOptions)
+			}
 		}
 	}
 	// The encoding is hashed in one call from a buffer on the stack when it
@@ -66,6 +77,7 @@ func Compute(r Request, include []string) idem.Fingerprint {
 		}
 	}
 	b = appendStr(b, tag)
+	b = append(b, subset...)
 	b = binary.AppendUvarint(b, uint64(len(body)))
 	if len(b)+len(body) <= len(buf) {
 		return sha256.Sum256(append(b, body...))
@@ -94,4 +106,23 @@ func Normalize(names []string) []string {
 	}
 	slices.Sort(out)
 	return slices.Compact(out)
+}
+
+// subsetTag encodes the include and exclude pointers, each list sorted and
+// free of duplicates, length-prefixed like every other field.
+func subsetTag(o JSONOptions) []byte {
+	var b []byte
+	for _, ps := range [][]jsonpointer.Pointer{o.Include, o.Exclude} {
+		texts := make([]string, 0, len(ps))
+		for _, p := range ps {
+			texts = append(texts, p.String())
+		}
+		slices.Sort(texts)
+		texts = slices.Compact(texts)
+		b = binary.AppendUvarint(b, uint64(len(texts)))
+		for _, t := range texts {
+			b = appendStr(b, t)
+		}
+	}
+	return b
 }

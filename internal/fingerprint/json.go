@@ -4,133 +4,566 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
-	"io"
 	"slices"
 	"strings"
+	"sync"
+	"unicode/utf8"
+
+	"github.com/idem-extproc/idem-extproc/internal/jsonpointer"
 )
 
-// errNotCanonical reports a body CanonicalJSON declines to rewrite.
+// errNotCanonical reports a body the canonicaliser declines to rewrite.
 var errNotCanonical = errors.New("not canonicalisable JSON")
 
 // maxJSONDepth bounds nesting, so a hostile body cannot exhaust the stack.
 const maxJSONDepth = 200
 
-// CanonicalJSON rewrites a JSON document so that two serialisations of the
-// same value compare equal: object members sorted by key, no insignificant
-// whitespace, strings re-encoded from their decoded value. Numbers keep
-// their literal text (1 and 1.0 stay different: a number is what the client
-// sent), and a string never equals a number. It reports false, and the
-// caller should fingerprint the raw bytes, for anything that is not exactly
-// one JSON value, for duplicate member names (whose meaning differs between
-// parsers) and for nesting deeper than 200.
-func CanonicalJSON(body []byte) ([]byte, bool) {
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.UseNumber()
-	var out bytes.Buffer
-	out.Grow(len(body))
-	if err := canonicalValue(dec, &out, 0); err != nil {
-		return nil, false
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return nil, false // trailing data after the value
-	}
-	return out.Bytes(), true
+// JSONOptions narrows the JSON body that takes part in a fingerprint, by
+// RFC 6901 pointer (issue 18), so that a JSON-RPC retry under a new "id",
+// or with a new progress token in "params._meta", is the same operation
+// while a changed argument is not.
+//
+// Exclude removes the object members and array elements it addresses
+// (an array element removed leaves the others in order; the pointer ""
+// removes the whole body). Include, when not empty, keeps only the values
+// it addresses: the canonical form is then an object mapping each
+// included pointer that addresses a value to that value (a pointer that
+// addresses nothing is left out, so an absent member differs from a
+// null one), with the excluded members removed inside the values. A
+// pointer that addresses nothing in a body changes nothing.
+type JSONOptions struct {
+	Include, Exclude []jsonpointer.Pointer
 }
 
-func canonicalValue(dec *json.Decoder, out *bytes.Buffer, depth int) error {
+func (o JSONOptions) empty() bool { return len(o.Include) == 0 && len(o.Exclude) == 0 }
+
+// CanonicalJSON rewrites a JSON document so that two serialisations of the
+// same value compare equal: object members sorted by key, no insignificant
+// whitespace, strings re-encoded from their decoded value as encoding/json
+// encodes them. Numbers keep their literal text (1 and 1.0 stay different:
+// a number is what the client sent), and a string never equals a number.
+// It reports false, and the caller should fingerprint the raw bytes, for
+// anything that is not exactly one JSON value (RFC 8259), for duplicate
+// member names (whose meaning differs between parsers) and for nesting
+// deeper than 200.
+//
+// It walks the body once, writing the canonical form into one buffer: no
+// tree and no per-token allocation. Only objects whose members arrive out
+// of order are rewritten in place, and only strings with escapes, HTML
+// characters or invalid UTF-8 go through encoding/json. Its output is
+// byte-for-byte that of the token-by-token canonicaliser it replaced
+// (reference_test.go, FuzzCanonicalMatchesReference).
+func CanonicalJSON(body []byte) ([]byte, bool) {
+	c := canonPool.Get().(*canon)
+	defer c.release()
+	out, ok := c.run(body, JSONOptions{})
+	if !ok {
+		return nil, false
+	}
+	return bytes.Clone(out), true
+}
+
+var canonPool = sync.Pool{New: func() any { return new(canon) }}
+
+// canon is the canonicaliser's reusable state.
+type canon struct {
+	data    []byte
+	pos     int
+	out     []byte
+	scratch []byte
+	members []member // a stack: each open object's members sit on top
+
+	include, exclude [][]string
+	captured         [][]byte // by include index
+}
+
+// member is one object member: its decoded name, and where its
+// `"name":value` text sits in out when it was written.
+type member struct {
+	key        []byte
+	start, end int
+	written    bool
+}
+
+// maxPooledBuffer keeps one huge body from pinning its buffers in the pool.
+const maxPooledBuffer = 4 << 20
+
+func (c *canon) release() {
+	if cap(c.out) > maxPooledBuffer || cap(c.scratch) > maxPooledBuffer {
+		return
+	}
+	c.data, c.include, c.exclude, c.captured = nil, nil, nil, nil
+	c.members = c.members[:0]
+	canonPool.Put(c)
+}
+
+// run canonicalises body under opts. The result aliases c's buffer.
+func (c *canon) run(body []byte, opts JSONOptions) ([]byte, bool) {
+	c.data, c.pos, c.out = body, 0, c.out[:0]
+	c.members = c.members[:0]
+	c.include, c.exclude = tokensOf(opts.Include), tokensOf(opts.Exclude)
+	c.captured = make([][]byte, len(c.include))
+	var inc, exc []int
+	for i := range c.include {
+		inc = append(inc, i)
+	}
+	for i := range c.exclude {
+		exc = append(exc, i)
+	}
+	emit := len(c.include) == 0
+	if emit && endsHere(c.exclude, exc, 0) {
+		emit = false // Exclude "" removes the whole body
+	}
+	c.skipSpace()
+	if err := c.value(0, emit, inc, exc); err != nil {
+		return nil, false
+	}
+	c.skipSpace()
+	if c.pos != len(c.data) {
+		return nil, false // trailing data after the value
+	}
+	if len(c.include) > 0 {
+		c.writeIncluded(opts.Include)
+	}
+	return c.out, true
+}
+
+func tokensOf(ps []jsonpointer.Pointer) [][]string {
+	if len(ps) == 0 {
+		return nil
+	}
+	out := make([][]string, len(ps))
+	for i, p := range ps {
+		out[i] = p.Tokens()
+	}
+	return out
+}
+
+// writeIncluded replaces out by the object of included values, sorted by
+// pointer text as any canonical object is.
+func (c *canon) writeIncluded(ps []jsonpointer.Pointer) {
+	idx := make([]int, 0, len(ps))
+	for i := range ps {
+		if c.captured[i] != nil {
+			idx = append(idx, i)
+		}
+	}
+	slices.SortFunc(idx, func(a, b int) int { return strings.Compare(ps[a].String(), ps[b].String()) })
+	idx = slices.CompactFunc(idx, func(a, b int) bool { return ps[a].String() == ps[b].String() })
+	c.out = append(c.out[:0], '{')
+	for n, i := range idx {
+		if n > 0 {
+			c.out = append(c.out, ',')
+		}
+		c.out = appendMarshalled(c.out, ps[i].String())
+		c.out = append(c.out, ':')
+		c.out = append(c.out, c.captured[i]...)
+	}
+	c.out = append(c.out, '}')
+}
+
+// endsHere reports whether one of the live pointers ends at depth.
+func endsHere(ptrs [][]string, live []int, depth int) bool {
+	for _, i := range live {
+		if len(ptrs[i]) == depth {
+			return true
+		}
+	}
+	return false
+}
+
+// child returns the live pointers that go on through the member or
+// element whose reference token at depth matches.
+func child(ptrs [][]string, live []int, depth int, matches func(tok string) bool) []int {
+	var out []int
+	for _, i := range live {
+		if len(ptrs[i]) > depth && matches(ptrs[i][depth]) {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
+func (c *canon) skipSpace() {
+	for c.pos < len(c.data) {
+		switch c.data[c.pos] {
+		case ' ', '\t', '\n', '\r':
+			c.pos++
+		default:
+			return
+		}
+	}
+}
+
+// value reads the value at c.pos (after white space), at depth (the top
+// level is 0), writing its canonical form to out when emit is set. inc and
+// exc are the include and exclude pointers whose first depth tokens lead
+// here.
+func (c *canon) value(depth int, emit bool, inc, exc []int) error {
 	if depth > maxJSONDepth {
 		return errNotCanonical
 	}
-	tok, err := dec.Token()
-	if err != nil {
+	// An included value is written even where its parent is not; Exclude
+	// wins over Include for the same value.
+	capture := endsHere(c.include, inc, depth) && !endsHere(c.exclude, exc, depth)
+	start, wasEmitting := len(c.out), emit
+	if capture {
+		emit = true
+	}
+	if err := c.bareValue(depth, emit, inc, exc); err != nil {
 		return err
 	}
-	switch v := tok.(type) {
-	case json.Delim:
-		switch v {
-		case '{':
-			return canonicalObject(dec, out, depth)
-		case '[':
-			return canonicalArray(dec, out, depth)
+	if capture {
+		v := bytes.Clone(c.out[start:])
+		for _, i := range inc {
+			if len(c.include[i]) == depth {
+				c.captured[i] = v
+			}
 		}
-		return errNotCanonical
-	case string:
-		writeString(out, v)
-	case json.Number:
-		out.WriteString(v.String())
-	case bool:
-		if v {
-			out.WriteString("true")
-		} else {
-			out.WriteString("false")
+		if !wasEmitting {
+			c.out = c.out[:start]
 		}
-	case nil:
-		out.WriteString("null")
-	default:
-		return errNotCanonical
 	}
 	return nil
 }
 
-type member struct {
-	key   string
-	value []byte
-}
-
-func canonicalObject(dec *json.Decoder, out *bytes.Buffer, depth int) error {
-	var members []member
-	for dec.More() {
-		tok, err := dec.Token()
+func (c *canon) bareValue(depth int, emit bool, inc, exc []int) error {
+	if c.pos >= len(c.data) {
+		return errNotCanonical
+	}
+	switch ch := c.data[c.pos]; {
+	case ch == '{':
+		return c.object(depth, emit, inc, exc)
+	case ch == '[':
+		return c.array(depth, emit, inc, exc)
+	case ch == '"':
+		raw, simple, err := c.scanString()
 		if err != nil {
 			return err
 		}
-		key, ok := tok.(string)
-		if !ok {
-			return errNotCanonical
+		if emit {
+			if simple {
+				c.out = append(c.out, raw...)
+			} else {
+				s, err := decodeString(raw)
+				if err != nil {
+					return err
+				}
+				c.out = appendMarshalled(c.out, string(s))
+			}
+		} else if !simple {
+			if _, err := decodeString(raw); err != nil {
+				return err
+			}
 		}
-		var v bytes.Buffer
-		if err := canonicalValue(dec, &v, depth+1); err != nil {
+		return nil
+	case ch == '-' || ('0' <= ch && ch <= '9'):
+		start := c.pos
+		if err := c.scanNumber(); err != nil {
 			return err
 		}
-		members = append(members, member{key, v.Bytes()})
-	}
-	if _, err := dec.Token(); err != nil { // the closing '}'
-		return err
-	}
-	slices.SortFunc(members, func(a, b member) int { return strings.Compare(a.key, b.key) })
-	out.WriteByte('{')
-	for i, m := range members {
-		if i > 0 {
-			if m.key == members[i-1].key {
-				return errNotCanonical
-			}
-			out.WriteByte(',')
+		if emit {
+			c.out = append(c.out, c.data[start:c.pos]...)
 		}
-		writeString(out, m.key)
-		out.WriteByte(':')
-		out.Write(m.value)
+		return nil
+	default:
+		for _, lit := range [...]string{"true", "false", "null"} {
+			if bytes.HasPrefix(c.data[c.pos:], []byte(lit)) {
+				c.pos += len(lit)
+				if emit {
+					c.out = append(c.out, lit...)
+				}
+				return nil
+			}
+		}
+		return errNotCanonical
 	}
-	out.WriteByte('}')
+}
+
+func (c *canon) expect(ch byte) error {
+	c.skipSpace()
+	if c.pos >= len(c.data) || c.data[c.pos] != ch {
+		return errNotCanonical
+	}
+	c.pos++
 	return nil
 }
 
-func canonicalArray(dec *json.Decoder, out *bytes.Buffer, depth int) error {
-	out.WriteByte('[')
-	for i := 0; dec.More(); i++ {
-		if i > 0 {
-			out.WriteByte(',')
+func (c *canon) object(depth int, emit bool, inc, exc []int) error {
+	c.pos++ // '{'
+	objStart := len(c.out)
+	if emit {
+		c.out = append(c.out, '{')
+	}
+	base := len(c.members)
+	defer func() { c.members = c.members[:base] }()
+	sorted, written := true, 0
+	c.skipSpace()
+	if c.pos < len(c.data) && c.data[c.pos] == '}' {
+		c.pos++
+		if emit {
+			c.out = append(c.out, '}')
 		}
-		if err := canonicalValue(dec, out, depth+1); err != nil {
+		return nil
+	}
+	for {
+		c.skipSpace()
+		if c.pos >= len(c.data) || c.data[c.pos] != '"' {
+			return errNotCanonical
+		}
+		raw, simple, err := c.scanString()
+		if err != nil {
 			return err
 		}
+		key := raw[1 : len(raw)-1]
+		if !simple {
+			if key, err = decodeString(raw); err != nil {
+				return err
+			}
+		}
+		if err := c.expect(':'); err != nil {
+			return err
+		}
+		var childInc, childExc []int
+		if len(inc) > 0 || len(exc) > 0 {
+			matches := func(tok string) bool { return tok == string(key) }
+			childInc = child(c.include, inc, depth, matches)
+			childExc = child(c.exclude, exc, depth, matches)
+		}
+		m := member{key: key}
+		m.written = emit && !endsHere(c.exclude, childExc, depth+1)
+		if m.written {
+			if written > 0 {
+				c.out = append(c.out, ',')
+			}
+			written++
+			m.start = len(c.out)
+			if simple {
+				c.out = append(c.out, raw...)
+			} else {
+				c.out = appendMarshalled(c.out, string(key))
+			}
+			c.out = append(c.out, ':')
+		}
+		c.skipSpace()
+		if err := c.value(depth+1, m.written, childInc, childExc); err != nil {
+			return err
+		}
+		m.end = len(c.out)
+		if n := len(c.members); n > base && bytes.Compare(c.members[n-1].key, key) >= 0 {
+			sorted = false
+		}
+		c.members = append(c.members, m)
+		c.skipSpace()
+		if c.pos >= len(c.data) {
+			return errNotCanonical
+		}
+		if c.data[c.pos] == ',' {
+			c.pos++
+			continue
+		}
+		if c.data[c.pos] != '}' {
+			return errNotCanonical
+		}
+		c.pos++
+		break
 	}
-	out.WriteByte(']')
-	_, err := dec.Token() // the closing ']'
-	return err
+	if !sorted {
+		ms := c.members[base:]
+		slices.SortFunc(ms, func(a, b member) int { return bytes.Compare(a.key, b.key) })
+		for i := 1; i < len(ms); i++ {
+			if bytes.Equal(ms[i].key, ms[i-1].key) {
+				return errNotCanonical
+			}
+		}
+		if emit {
+			from := objStart + 1
+			c.scratch = append(c.scratch[:0], c.out[from:]...)
+			c.out = c.out[:from]
+			n := 0
+			for _, m := range ms {
+				if !m.written {
+					continue
+				}
+				if n > 0 {
+					c.out = append(c.out, ',')
+				}
+				n++
+				c.out = append(c.out, c.scratch[m.start-from:m.end-from]...)
+			}
+		}
+	}
+	if emit {
+		c.out = append(c.out, '}')
+	}
+	return nil
 }
 
-func writeString(out *bytes.Buffer, s string) {
-	// encoding/json's string encoding is deterministic for a given value.
-	b, _ := json.Marshal(s)
-	out.Write(b)
+func (c *canon) array(depth int, emit bool, inc, exc []int) error {
+	c.pos++ // '['
+	if emit {
+		c.out = append(c.out, '[')
+	}
+	c.skipSpace()
+	if c.pos < len(c.data) && c.data[c.pos] == ']' {
+		c.pos++
+		if emit {
+			c.out = append(c.out, ']')
+		}
+		return nil
+	}
+	written := 0
+	for i := 0; ; i++ {
+		var childInc, childExc []int
+		if len(inc) > 0 || len(exc) > 0 {
+			matches := func(tok string) bool { return jsonpointer.MatchesIndex(tok, i) }
+			childInc = child(c.include, inc, depth, matches)
+			childExc = child(c.exclude, exc, depth, matches)
+		}
+		write := emit && !endsHere(c.exclude, childExc, depth+1)
+		if write {
+			if written > 0 {
+				c.out = append(c.out, ',')
+			}
+			written++
+		}
+		c.skipSpace()
+		if err := c.value(depth+1, write, childInc, childExc); err != nil {
+			return err
+		}
+		c.skipSpace()
+		if c.pos >= len(c.data) {
+			return errNotCanonical
+		}
+		if c.data[c.pos] == ',' {
+			c.pos++
+			continue
+		}
+		if c.data[c.pos] != ']' {
+			return errNotCanonical
+		}
+		c.pos++
+		break
+	}
+	if emit {
+		c.out = append(c.out, ']')
+	}
+	return nil
 }
+
+// scanString reads the string at c.pos and returns its raw text, quotes
+// included, and whether that text is already what encoding/json would
+// write for its decoded value (no escapes, no '<', '>' or '&', which
+// encoding/json writes as \u003c and so on, and valid UTF-8 without
+// U+2028 or U+2029, which it escapes too). Escapes are checked against
+// RFC 8259 section 7 here; their meaning is left to decodeString.
+func (c *canon) scanString() (raw []byte, simple bool, err error) {
+	simple = true
+	nonASCII := false
+	for i := c.pos + 1; i < len(c.data); i++ {
+		switch ch := c.data[i]; {
+		case ch == '"':
+			raw = c.data[c.pos : i+1]
+			c.pos = i + 1
+			if simple && nonASCII {
+				simple = utf8.Valid(raw) && !bytes.Contains(raw, lineSep) && !bytes.Contains(raw, paraSep)
+			}
+			return raw, simple, nil
+		case ch < 0x20:
+			return nil, false, errNotCanonical
+		case ch == '\\':
+			simple = false
+			i++
+			if i >= len(c.data) {
+				return nil, false, errNotCanonical
+			}
+			switch c.data[i] {
+			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+			case 'u':
+				if i+4 >= len(c.data) {
+					return nil, false, errNotCanonical
+				}
+				for _, h := range c.data[i+1 : i+5] {
+					if !isHex(h) {
+						return nil, false, errNotCanonical
+					}
+				}
+				i += 4
+			default:
+				return nil, false, errNotCanonical
+			}
+		case ch == '<' || ch == '>' || ch == '&':
+			simple = false
+		case ch >= utf8.RuneSelf:
+			nonASCII = true
+		}
+	}
+	return nil, false, errNotCanonical
+}
+
+var lineSep, paraSep = []byte("\u2028"), []byte("\u2029")
+
+func isHex(h byte) bool {
+	return '0' <= h && h <= '9' || 'a' <= h && h <= 'f' || 'A' <= h && h <= 'F'
+}
+
+// decodeString decodes a JSON string literal as encoding/json does
+// (invalid UTF-8 and lone surrogates become U+FFFD).
+func decodeString(raw []byte) ([]byte, error) {
+	var s string
+	if err := json.Unmarshal(raw, &s); err != nil {
+		return nil, errNotCanonical
+	}
+	return []byte(s), nil
+}
+
+// appendMarshalled appends s as encoding/json encodes it, which is
+// deterministic for a given value.
+func appendMarshalled(out []byte, s string) []byte {
+	b, _ := json.Marshal(s)
+	return append(out, b...)
+}
+
+// scanNumber reads a number by RFC 8259 section 6:
+// -? (0 | [1-9][0-9]*) (. [0-9]+)? ([eE] [+-]? [0-9]+)?
+func (c *canon) scanNumber() error {
+	d, i := c.data, c.pos
+	if i < len(d) && d[i] == '-' {
+		i++
+	}
+	switch {
+	case i < len(d) && d[i] == '0':
+		i++
+	case i < len(d) && '1' <= d[i] && d[i] <= '9':
+		for i < len(d) && isDigit(d[i]) {
+			i++
+		}
+	default:
+		return errNotCanonical
+	}
+	if i < len(d) && d[i] == '.' {
+		i++
+		if i >= len(d) || !isDigit(d[i]) {
+			return errNotCanonical
+		}
+		for i < len(d) && isDigit(d[i]) {
+			i++
+		}
+	}
+	if i < len(d) && (d[i] == 'e' || d[i] == 'E') {
+		i++
+		if i < len(d) && (d[i] == '+' || d[i] == '-') {
+			i++
+		}
+		if i >= len(d) || !isDigit(d[i]) {
+			return errNotCanonical
+		}
+		for i < len(d) && isDigit(d[i]) {
+			i++
+		}
+	}
+	c.pos = i
+	return nil
+}
+
+func isDigit(ch byte) bool { return '0' <= ch && ch <= '9' }

@@ -1,0 +1,408 @@
+package jsonpointer
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+)
+
+// The errors Find and String return, for a policy's `required` rule to
+// map to problems (issue 18).
+var (
+	// ErrNotJSON: the body is not exactly one JSON value (RFC 8259); the
+	// error is a *SyntaxError naming the byte offset.
+	ErrNotJSON = errors.New("body is not JSON")
+	// ErrDuplicateMember: an object in the body has two members of one
+	// name, whose meaning differs between parsers (RFC 8259 section 4), so
+	// the body is refused rather than one of them chosen.
+	ErrDuplicateMember = errors.New("body has a duplicate member name")
+	// ErrTopLevelArray: the body is a JSON array (a JSON-RPC batch).
+	ErrTopLevelArray = errors.New("body is a JSON array")
+	// ErrNotObject: the body is a JSON string, number, boolean or null.
+	ErrNotObject = errors.New("body is not a JSON object")
+	// ErrMissing: the pointer addresses nothing in the body.
+	ErrMissing = errors.New("member is missing")
+	// ErrNotString: the pointer addresses a value that is not a string.
+	ErrNotString = errors.New("member is not a string")
+)
+
+// SyntaxError reports where a body stops being JSON. It matches
+// ErrNotJSON (or ErrDuplicateMember) under errors.Is.
+type SyntaxError struct {
+	Offset int
+	err    error
+}
+
+func (e *SyntaxError) Error() string { return fmt.Sprintf("%v at byte %d", e.err, e.Offset) }
+func (e *SyntaxError) Unwrap() error { return e.err }
+
+// Kind is the JSON type of a Value.
+type Kind uint8
+
+// The kinds of JSON value; a zero Value (nothing found) has KindNone.
+const (
+	KindNone Kind = iota
+	KindString
+	KindNumber
+	KindBool
+	KindNull
+	KindObject
+	KindArray
+)
+
+// Value is what a pointer addressed: its JSON type and its bytes exactly
+// as in the body (Raw aliases the body, from Offset).
+type Value struct {
+	Kind   Kind
+	Raw    []byte
+	Offset int
+}
+
+// Found reports whether the pointer addressed a value.
+func (v Value) Found() bool { return v.Kind != KindNone }
+
+// Text returns a string value decoded (escapes resolved, as
+// encoding/json decodes them); ErrMissing or ErrNotString otherwise.
+func (v Value) Text() (string, error) {
+	switch v.Kind {
+	case KindNone:
+		return "", ErrMissing
+	case KindString:
+		if bytes.IndexByte(v.Raw, '\\') < 0 {
+			return string(v.Raw[1 : len(v.Raw)-1]), nil
+		}
+		var s string
+		if err := json.Unmarshal(v.Raw, &s); err != nil {
+			return "", &SyntaxError{Offset: v.Offset, err: ErrNotJSON}
+		}
+		return s, nil
+	}
+	return "", ErrNotString
+}
+
+// OneOf reports whether the value is a string equal, once decoded, to one
+// of candidates: the body match of a policy (/method is "tools/call",
+// /params/name is one of a list). A value of any other type never matches.
+func (v Value) OneOf(candidates ...string) bool {
+	s, err := v.Text()
+	return err == nil && slices.Contains(candidates, s)
+}
+
+// String returns the decoded string at p in body: the key drawn from
+// /idempotency_key, say. Its errors are Find's, ErrMissing and
+// ErrNotString.
+func String(body []byte, p Pointer) (string, error) {
+	vs, err := Find(body, p)
+	if err != nil {
+		return "", err
+	}
+	return vs[0].Text()
+}
+
+// Find reads the values at ptrs from body in one pass, without building a
+// tree. The body must be a JSON object, and is checked whole: a body that
+// is not JSON fails with ErrNotJSON even if the members sought came before
+// the fault, an array (a batch) with ErrTopLevelArray, another value with
+// ErrNotObject, and a body with a duplicate member name anywhere with
+// ErrDuplicateMember. A pointer that addresses nothing yields a Value that
+// is not Found. Array elements are addressed by index (RFC 6901 section
+// 4; "-" addresses nothing).
+func Find(body []byte, ptrs ...Pointer) ([]Value, error) {
+	s := scanner{data: body, ptrs: ptrs, found: make([]Value, len(ptrs))}
+	s.skipSpace()
+	top := s.pos
+	live := make([]int, len(ptrs))
+	for i := range live {
+		live[i] = i
+	}
+	if err := s.value(0, live); err != nil {
+		return nil, err
+	}
+	s.skipSpace()
+	if s.pos != len(body) {
+		return nil, s.fail(ErrNotJSON)
+	}
+	switch body[top] {
+	case '{':
+		return s.found, nil
+	case '[':
+		return nil, ErrTopLevelArray
+	}
+	return nil, ErrNotObject
+}
+
+// maxDepth bounds nesting as the fingerprint's canonicaliser does.
+const maxDepth = 200
+
+type scanner struct {
+	data  []byte
+	pos   int
+	ptrs  []Pointer
+	found []Value
+	keys  [][]byte // a stack: each open object's member names sit on top
+}
+
+func (s *scanner) fail(err error) error { return &SyntaxError{Offset: s.pos, err: err} }
+
+func (s *scanner) skipSpace() {
+	for s.pos < len(s.data) {
+		switch s.data[s.pos] {
+		case ' ', '\t', '\n', '\r':
+			s.pos++
+		default:
+			return
+		}
+	}
+}
+
+// value reads the value at s.pos at depth (top level 0); live are the
+// pointers whose first depth tokens lead here.
+func (s *scanner) value(depth int, live []int) error {
+	if depth > maxDepth {
+		return s.fail(ErrNotJSON)
+	}
+	if s.pos >= len(s.data) {
+		return s.fail(ErrNotJSON)
+	}
+	start := s.pos
+	var kind Kind
+	switch ch := s.data[s.pos]; {
+	case ch == '{':
+		kind = KindObject
+		if err := s.object(depth, live); err != nil {
+			return err
+		}
+	case ch == '[':
+		kind = KindArray
+		if err := s.array(depth, live); err != nil {
+			return err
+		}
+	case ch == '"':
+		kind = KindString
+		if _, err := s.str(); err != nil {
+			return err
+		}
+	case ch == '-' || ('0' <= ch && ch <= '9'):
+		kind = KindNumber
+		if err := s.number(); err != nil {
+			return err
+		}
+	default:
+		for _, lit := range [...]string{"true", "false", "null"} {
+			if bytes.HasPrefix(s.data[s.pos:], []byte(lit)) {
+				kind = KindBool
+				if lit == "null" {
+					kind = KindNull
+				}
+				s.pos += len(lit)
+				break
+			}
+		}
+		if kind == KindNone {
+			return s.fail(ErrNotJSON)
+		}
+	}
+	for _, i := range live {
+		if s.ptrs[i].Len() == depth {
+			s.found[i] = Value{Kind: kind, Raw: s.data[start:s.pos], Offset: start}
+		}
+	}
+	return nil
+}
+
+func (s *scanner) next(depth int, live []int, matches func(string) bool) []int {
+	var out []int
+	for _, i := range live {
+		if s.ptrs[i].Len() > depth && matches(s.ptrs[i].tokens[depth]) {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
+func (s *scanner) object(depth int, live []int) error {
+	s.pos++ // '{'
+	base := len(s.keys)
+	defer func() { s.keys = s.keys[:base] }()
+	var seen map[string]struct{} // past smallObject members, so a hostile body costs no n² compares
+	s.skipSpace()
+	if s.pos < len(s.data) && s.data[s.pos] == '}' {
+		s.pos++
+		return nil
+	}
+	for {
+		s.skipSpace()
+		if s.pos >= len(s.data) || s.data[s.pos] != '"' {
+			return s.fail(ErrNotJSON)
+		}
+		keyAt := s.pos
+		key, err := s.str()
+		if err != nil {
+			return err
+		}
+		if dup := s.duplicate(base, key, &seen); dup {
+			s.pos = keyAt
+			return s.fail(ErrDuplicateMember)
+		}
+		s.skipSpace()
+		if s.pos >= len(s.data) || s.data[s.pos] != ':' {
+			return s.fail(ErrNotJSON)
+		}
+		s.pos++
+		var childLive []int
+		if len(live) > 0 {
+			childLive = s.next(depth, live, func(tok string) bool { return tok == string(key) })
+		}
+		s.skipSpace()
+		if err := s.value(depth+1, childLive); err != nil {
+			return err
+		}
+		s.skipSpace()
+		if s.pos >= len(s.data) {
+			return s.fail(ErrNotJSON)
+		}
+		switch s.data[s.pos] {
+		case ',':
+			s.pos++
+		case '}':
+			s.pos++
+			return nil
+		default:
+			return s.fail(ErrNotJSON)
+		}
+	}
+}
+
+// smallObject is the member count up to which names are compared one by
+// one; past it they go into a set.
+const smallObject = 16
+
+// duplicate records key among the names of the object whose names start
+// at s.keys[base], and reports whether it was already there.
+func (s *scanner) duplicate(base int, key []byte, seen *map[string]struct{}) bool {
+	if *seen == nil {
+		for _, k := range s.keys[base:] {
+			if bytes.Equal(k, key) {
+				return true
+			}
+		}
+		s.keys = append(s.keys, key)
+		if len(s.keys)-base > smallObject {
+			*seen = make(map[string]struct{}, 2*smallObject)
+			for _, k := range s.keys[base:] {
+				(*seen)[string(k)] = struct{}{}
+			}
+		}
+		return false
+	}
+	if _, ok := (*seen)[string(key)]; ok {
+		return true
+	}
+	(*seen)[string(key)] = struct{}{}
+	return false
+}
+
+func (s *scanner) array(depth int, live []int) error {
+	s.pos++ // '['
+	s.skipSpace()
+	if s.pos < len(s.data) && s.data[s.pos] == ']' {
+		s.pos++
+		return nil
+	}
+	for i := 0; ; i++ {
+		var childLive []int
+		if len(live) > 0 {
+			childLive = s.next(depth, live, func(tok string) bool { return MatchesIndex(tok, i) })
+		}
+		s.skipSpace()
+		if err := s.value(depth+1, childLive); err != nil {
+			return err
+		}
+		s.skipSpace()
+		if s.pos >= len(s.data) {
+			return s.fail(ErrNotJSON)
+		}
+		switch s.data[s.pos] {
+		case ',':
+			s.pos++
+		case ']':
+			s.pos++
+			return nil
+		default:
+			return s.fail(ErrNotJSON)
+		}
+	}
+}
+
+// str reads the string at s.pos and returns its decoded bytes (aliasing
+// the body when it has no escapes).
+func (s *scanner) str() ([]byte, error) {
+	start := s.pos
+	escaped := false
+	for i := s.pos + 1; i < len(s.data); i++ {
+		switch ch := s.data[i]; {
+		case ch == '"':
+			s.pos = i + 1
+			raw := s.data[start:s.pos]
+			if !escaped {
+				return raw[1 : len(raw)-1], nil
+			}
+			var v string
+			if err := json.Unmarshal(raw, &v); err != nil {
+				s.pos = start
+				return nil, s.fail(ErrNotJSON)
+			}
+			return []byte(v), nil
+		case ch < 0x20:
+			s.pos = i
+			return nil, s.fail(ErrNotJSON)
+		case ch == '\\':
+			escaped = true
+			i++
+		}
+	}
+	s.pos = len(s.data)
+	return nil, s.fail(ErrNotJSON)
+}
+
+// number reads a number by RFC 8259 section 6.
+func (s *scanner) number() error {
+	d, i := s.data, s.pos
+	digits := func() bool {
+		n := i
+		for i < len(d) && '0' <= d[i] && d[i] <= '9' {
+			i++
+		}
+		return i > n
+	}
+	if i < len(d) && d[i] == '-' {
+		i++
+	}
+	if i < len(d) && d[i] == '0' {
+		i++
+	} else if i >= len(d) || d[i] < '1' || d[i] > '9' || !digits() {
+		s.pos = i
+		return s.fail(ErrNotJSON)
+	}
+	if i < len(d) && d[i] == '.' {
+		i++
+		if !digits() {
+			s.pos = i
+			return s.fail(ErrNotJSON)
+		}
+	}
+	if i < len(d) && (d[i] == 'e' || d[i] == 'E') {
+		i++
+		if i < len(d) && (d[i] == '+' || d[i] == '-') {
+			i++
+		}
+		if !digits() {
+			s.pos = i
+			return s.fail(ErrNotJSON)
+		}
+	}
+	s.pos = i
+	return nil
+}

@@ -1,0 +1,228 @@
+// Package jsonrpc holds the JSON-RPC 2.0 helpers the idempotency answers
+// of MCP policies need (issue 18): it tells a request's id, a
+// notification (no id) and a batch (an array) apart, rewrites the id of a
+// stored response to the id of the retry it is replayed to, builds the
+// JSON-RPC error responses that stand for the HTTP problems, and takes the
+// final JSON-RPC response out of a stored text/event-stream body (MCP's
+// Streamable HTTP transport). It is protocol-free and not wired into the
+// attempt yet; docs/mcp.md says what the next step wires.
+//
+// JSON-RPC 2.0 is https://www.jsonrpc.org/specification; MCP's use of it
+// is the "Base Protocol" of the MCP specification (2025-06-18), whose
+// requests carry a string or integer id that MUST NOT be null.
+package jsonrpc
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/idem-extproc/idem-extproc/internal/jsonpointer"
+	"github.com/idem-extproc/idem-extproc/internal/problem"
+)
+
+var (
+	// ErrInvalidID: a request's id is neither a string nor a number (MCP
+	// forbids null; an object or array is no id at all in JSON-RPC 2.0).
+	ErrInvalidID = errors.New("JSON-RPC id is neither a string nor a number")
+	// ErrNotResponse: a stored body holds no JSON-RPC response object.
+	ErrNotResponse = errors.New("no JSON-RPC response")
+)
+
+var (
+	idPtr     = mustPointer("/id")
+	methodPtr = mustPointer("/method")
+)
+
+func mustPointer(s string) jsonpointer.Pointer {
+	p, err := jsonpointer.Parse(s)
+	if err != nil {
+		panic(err) // only for the constant pointers above
+	}
+	return p
+}
+
+// Request is what protection needs to know of a JSON-RPC request body.
+type Request struct {
+	// Batch is set for a top-level array (a JSON-RPC batch, which MCP
+	// 2025-06-18 no longer allows): never protected.
+	Batch bool
+	// ID is the id exactly as sent (`"a-1"`, `7`), nil for a
+	// notification, which gets no response and is never protected. It
+	// aliases the body ParseRequest read.
+	ID json.RawMessage
+	// Method is the decoded "method" member, "" when absent.
+	Method string
+}
+
+// Notification reports a request without an id.
+func (r Request) Notification() bool { return !r.Batch && r.ID == nil }
+
+// ParseRequest reads a request body in one pass. A batch is reported, not
+// refused; the jsonpointer errors (ErrNotJSON, ErrDuplicateMember,
+// ErrNotObject) and ErrInvalidID are returned as they are.
+func ParseRequest(body []byte) (Request, error) {
+	vs, err := jsonpointer.Find(body, idPtr, methodPtr)
+	if errors.Is(err, jsonpointer.ErrTopLevelArray) {
+		return Request{Batch: true}, nil
+	}
+	if err != nil {
+		return Request{}, err
+	}
+	var r Request
+	if id := vs[0]; id.Found() {
+		if id.Kind != jsonpointer.KindString && id.Kind != jsonpointer.KindNumber {
+			return Request{}, ErrInvalidID
+		}
+		r.ID = json.RawMessage(id.Raw)
+	}
+	if m, err := vs[1].Text(); err == nil {
+		r.Method = m
+	}
+	return r, nil
+}
+
+// RewriteID returns the stored response with the value of its top-level
+// "id" member replaced by id (the retry's own id, as ParseRequest read
+// it), every other byte unchanged, so that a replay answers the retry and
+// not the first attempt.
+func RewriteID(response []byte, id json.RawMessage) ([]byte, error) {
+	if !validID(id) {
+		return nil, ErrInvalidID
+	}
+	vs, err := jsonpointer.Find(response, idPtr)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrNotResponse, err)
+	}
+	old := vs[0]
+	if !old.Found() {
+		return nil, fmt.Errorf("%w: it has no id", ErrNotResponse)
+	}
+	out := make([]byte, 0, len(response)-len(old.Raw)+len(id))
+	out = append(out, response[:old.Offset]...)
+	out = append(out, id...)
+	return append(out, response[old.Offset+len(old.Raw):]...), nil
+}
+
+// validID reports whether id is exactly one JSON string or number.
+func validID(id json.RawMessage) bool {
+	vs, err := jsonpointer.Find(wrapID(id), idPtr)
+	return err == nil && (vs[0].Kind == jsonpointer.KindString || vs[0].Kind == jsonpointer.KindNumber) &&
+		len(vs[0].Raw) == len(id)
+}
+
+// The JSON-RPC error codes of the idempotency answers, in the range
+// JSON-RPC 2.0 reserves for implementation-defined server errors
+// (-32000 to -32099); documented in docs/mcp.md, "JSON-RPC answers".
+const (
+	CodeKeyReused        = -32001 // problem.KeyReused: same key, different request
+	CodeInProgress       = -32002 // problem.InProgress: the first attempt still runs
+	CodeOutcomeUnknown   = -32003 // problem.OutcomeUnknown
+	CodeStoreUnavailable = -32004 // problem.StoreUnavailable
+	CodeCapacityExceeded = -32005 // problem.CapacityExceeded
+	CodeKeyMissing       = -32010 // problem.KeyMissing
+	CodeKeyInvalid       = -32011 // problem.KeyInvalid
+	CodeBodyTooLarge     = -32012 // problem.BodyTooLarge
+	CodeBodyIncomplete   = -32013 // problem.BodyIncomplete
+	CodePrincipalMissing = -32014 // problem.PrincipalMissing
+)
+
+var codes = map[string]int{
+	problem.KeyReused.Slug:        CodeKeyReused,
+	problem.InProgress.Slug:       CodeInProgress,
+	problem.OutcomeUnknown.Slug:   CodeOutcomeUnknown,
+	problem.StoreUnavailable.Slug: CodeStoreUnavailable,
+	problem.CapacityExceeded.Slug: CodeCapacityExceeded,
+	problem.KeyMissing.Slug:       CodeKeyMissing,
+	problem.KeyInvalid.Slug:       CodeKeyInvalid,
+	problem.BodyTooLarge.Slug:     CodeBodyTooLarge,
+	problem.BodyIncomplete.Slug:   CodeBodyIncomplete,
+	problem.PrincipalMissing.Slug: CodePrincipalMissing,
+}
+
+// Code returns the JSON-RPC error code that stands for problem kind k.
+func Code(k problem.Kind) (int, bool) {
+	c, ok := codes[k.Slug]
+	return c, ok
+}
+
+// ErrorData is the "data" member of an idempotency error response: the
+// HTTP problem it stands for (RFC 9457 members), so that an agent can
+// tell the cases apart by type URI as an HTTP client would.
+type ErrorData struct {
+	Type   string `json:"type"`
+	Status int    `json:"status"`
+	Detail string `json:"detail,omitempty"`
+	// RetryAfter is the Retry-After of the HTTP answer, in whole seconds.
+	RetryAfter int `json:"retryAfter,omitempty"`
+}
+
+// ErrorResponse builds the JSON-RPC error response that stands for p,
+// answering the request whose id is id (nil, when the id could not be
+// read, gives null as JSON-RPC 2.0 section 5 asks). Its message is the
+// problem's title.
+func ErrorResponse(id json.RawMessage, p *problem.Problem) ([]byte, error) {
+	code, ok := Code(p.Kind)
+	if !ok {
+		return nil, fmt.Errorf("jsonrpc: no error code for problem %q", p.Slug)
+	}
+	if id == nil {
+		id = json.RawMessage("null")
+	} else if !validID(id) {
+		return nil, ErrInvalidID
+	}
+	type rpcError struct {
+		Code    int       `json:"code"`
+		Message string    `json:"message"`
+		Data    ErrorData `json:"data"`
+	}
+	return json.Marshal(struct {
+		JSONRPC string          `json:"jsonrpc"`
+		ID      json.RawMessage `json:"id"`
+		Error   rpcError        `json:"error"`
+	}{"2.0", id, rpcError{code, p.Title, ErrorData{
+		Type: p.Type(), Status: p.Status, Detail: p.Detail, RetryAfter: int(p.RetryAfter.Seconds()),
+	}}})
+}
+
+// isResponse reports whether msg is a JSON-RPC response: an object with
+// an id and a result or an error, and no method (JSON-RPC 2.0 section 5;
+// a request or notification carries a method).
+func isResponse(msg []byte) (jsonpointer.Value, bool) {
+	vs, err := jsonpointer.Find(msg, idPtr, methodPtr, resultPtr, errorPtr)
+	if err != nil || !vs[0].Found() || vs[1].Found() || (!vs[2].Found() && !vs[3].Found()) {
+		return jsonpointer.Value{}, false
+	}
+	return vs[0], true
+}
+
+var (
+	resultPtr = mustPointer("/result")
+	errorPtr  = mustPointer("/error")
+)
+
+// sameID compares two ids as values: strings by their decoded text,
+// numbers by their literal (JSON-RPC 2.0 leaves number equality to the
+// implementations; the SDKs echo the literal they received).
+func sameID(a jsonpointer.Value, b json.RawMessage) bool {
+	vs, err := jsonpointer.Find(wrapID(b), idPtr)
+	if err != nil || vs[0].Kind != a.Kind {
+		return false
+	}
+	if a.Kind == jsonpointer.KindString {
+		x, _ := a.Text()
+		y, _ := vs[0].Text()
+		return x == y
+	}
+	return bytes.Equal(a.Raw, vs[0].Raw)
+}
+
+// wrapID returns {"id":<id>} in a new slice: id often aliases the body it
+// was read from, which must not be written to.
+func wrapID(id json.RawMessage) []byte {
+	b := make([]byte, 0, len(id)+7)
+	b = append(b, `{"id":`...)
+	b = append(b, id...)
+	return append(b, '}')
+}
