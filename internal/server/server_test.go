@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/idem-extproc/idem-extproc/internal/extproc"
+	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/memstore"
 	"github.com/idem-extproc/idem-extproc/internal/observe"
 )
@@ -21,8 +22,13 @@ func TestMetricsWrapTheStore(t *testing.T) {
 	}
 	gs, wrapped := New(Config{Config: extproc.Config{Store: st}, Metrics: observe.NewMetrics()})
 	gs.Stop()
-	if _, ok := wrapped.(*observe.Store); !ok {
-		t.Fatalf("with Metrics the store is %T, want *observe.Store", wrapped)
+	// The instrumented store keeps exactly the capabilities of the one it
+	// wraps (observe.InstrumentStore): the memstore watches and administers.
+	if wrapped == idem.Store(st) {
+		t.Fatal("with Metrics the store is the bare memstore, not the instrumented one")
+	}
+	if _, ok := wrapped.(idem.Watcher); !ok {
+		t.Fatalf("with Metrics the store (%T) lost the memstore's Watch", wrapped)
 	}
 	if err := wrapped.Ping(context.Background()); err != nil {
 		t.Fatal(err)
