@@ -289,6 +289,24 @@ func (c *canon) expect(ch byte) error {
 	return nil
 }
 
+// separator reads what follows a member or an element: a comma (more
+// follow) or the container's closing byte (none do).
+func (c *canon) separator(closing byte) (more bool, err error) {
+	c.skipSpace()
+	if c.pos >= len(c.data) {
+		return false, errNotCanonical
+	}
+	switch c.data[c.pos] {
+	case ',':
+		c.pos++
+		return true, nil
+	case closing:
+		c.pos++
+		return false, nil
+	}
+	return false, errNotCanonical
+}
+
 func (c *canon) object(depth int, emit bool, inc, exc []int) error {
 	c.pos++ // '{'
 	objStart := len(c.out)
@@ -354,19 +372,13 @@ func (c *canon) object(depth int, emit bool, inc, exc []int) error {
 			sorted = false
 		}
 		c.members = append(c.members, m)
-		c.skipSpace()
-		if c.pos >= len(c.data) {
-			return errNotCanonical
+		more, err := c.separator('}')
+		if err != nil {
+			return err
 		}
-		if c.data[c.pos] == ',' {
-			c.pos++
-			continue
+		if !more {
+			break
 		}
-		if c.data[c.pos] != '}' {
-			return errNotCanonical
-		}
-		c.pos++
-		break
 	}
 	if !sorted {
 		ms := c.members[base:]
@@ -431,19 +443,13 @@ func (c *canon) array(depth int, emit bool, inc, exc []int) error {
 		if err := c.value(depth+1, write, childInc, childExc); err != nil {
 			return err
 		}
-		c.skipSpace()
-		if c.pos >= len(c.data) {
-			return errNotCanonical
+		more, err := c.separator(']')
+		if err != nil {
+			return err
 		}
-		if c.data[c.pos] == ',' {
-			c.pos++
-			continue
+		if !more {
+			break
 		}
-		if c.data[c.pos] != ']' {
-			return errNotCanonical
-		}
-		c.pos++
-		break
 	}
 	if emit {
 		c.out = append(c.out, ']')

@@ -259,20 +259,28 @@ func (s *scanner) object(depth int, live []int) error {
 		if err := s.value(depth+1, childLive); err != nil {
 			return err
 		}
-		s.skipSpace()
-		if s.pos >= len(s.data) {
-			return s.fail(ErrNotJSON)
-		}
-		switch s.data[s.pos] {
-		case ',':
-			s.pos++
-		case '}':
-			s.pos++
-			return nil
-		default:
-			return s.fail(ErrNotJSON)
+		if more, err := s.separator('}'); err != nil || !more {
+			return err
 		}
 	}
+}
+
+// separator reads what follows a member or an element: a comma (more
+// follow) or the container's closing byte (none do).
+func (s *scanner) separator(closing byte) (more bool, err error) {
+	s.skipSpace()
+	if s.pos >= len(s.data) {
+		return false, s.fail(ErrNotJSON)
+	}
+	switch s.data[s.pos] {
+	case ',':
+		s.pos++
+		return true, nil
+	case closing:
+		s.pos++
+		return false, nil
+	}
+	return false, s.fail(ErrNotJSON)
 }
 
 // smallObject is the member count up to which names are compared one by
@@ -320,18 +328,8 @@ func (s *scanner) array(depth int, live []int) error {
 		if err := s.value(depth+1, childLive); err != nil {
 			return err
 		}
-		s.skipSpace()
-		if s.pos >= len(s.data) {
-			return s.fail(ErrNotJSON)
-		}
-		switch s.data[s.pos] {
-		case ',':
-			s.pos++
-		case ']':
-			s.pos++
-			return nil
-		default:
-			return s.fail(ErrNotJSON)
+		if more, err := s.separator(']'); err != nil || !more {
+			return err
 		}
 	}
 }
