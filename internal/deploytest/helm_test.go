@@ -120,13 +120,8 @@ func decodeManifests(manifest string) ([]k8sObject, error) {
 			continue
 		}
 		o := k8sObject{apiVersion: head.APIVersion, kind: head.Kind, namespace: head.Metadata.Namespace, name: head.Metadata.Name}
-		dec, ok := k8sDecoders[o.apiVersion+"/"+o.kind]
-		if !ok {
-			errs = append(errs, fmt.Errorf("%s: no decoder for %s %s", o, o.apiVersion, o.kind))
-			continue
-		}
-		if o.obj, err = dec(j); err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", o, err))
+		if err := o.decode(j); err != nil {
+			errs = append(errs, err)
 			continue
 		}
 		objs = append(objs, o)

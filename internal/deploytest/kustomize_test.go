@@ -174,18 +174,29 @@ func buildObjects(fsys filesys.FileSystem, dir string) ([]k8sObject, error) {
 			errs = append(errs, fmt.Errorf("%s: %w", o, err))
 			continue
 		}
-		dec, ok := k8sDecoders[o.apiVersion+"/"+o.kind]
-		if !ok {
-			errs = append(errs, fmt.Errorf("%s: no decoder for %s %s", o, o.apiVersion, o.kind))
-			continue
-		}
-		if o.obj, err = dec(j); err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", o, err))
+		if err := o.decode(j); err != nil {
+			errs = append(errs, err)
 			continue
 		}
 		objs = append(objs, o)
 	}
 	return objs, errors.Join(errs...)
+}
+
+// decode sets o.obj from the object's JSON with the strict decoder of its
+// apiVersion and kind: the one decoding the kustomize builds and the Helm
+// renders share.
+func (o *k8sObject) decode(j []byte) error {
+	dec, ok := k8sDecoders[o.apiVersion+"/"+o.kind]
+	if !ok {
+		return fmt.Errorf("%s: no decoder for %s %s", o, o.apiVersion, o.kind)
+	}
+	obj, err := dec(j)
+	if err != nil {
+		return fmt.Errorf("%s: %w", o, err)
+	}
+	o.obj = obj
+	return nil
 }
 
 // objectsOf returns the objects of type *T.

@@ -166,13 +166,19 @@ func TestCompletionRetriedAtStreamEnd(t *testing.T) {
 // settleFailures returns how many settle failures m counted.
 func settleFailures(t *testing.T, m *observe.Metrics) float64 {
 	t.Helper()
+	return counterTotal(t, m, "idem_extproc_settle_failures_total")
+}
+
+// counterTotal sums every series of the counter family name in m.
+func counterTotal(t *testing.T, m *observe.Metrics, name string) float64 {
+	t.Helper()
 	fams, err := m.Registry().Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
 	total := 0.0
 	for _, f := range fams {
-		if f.GetName() == "idem_extproc_settle_failures_total" {
+		if f.GetName() == name {
 			for _, s := range f.GetMetric() {
 				total += s.GetCounter().GetValue()
 			}

@@ -224,17 +224,5 @@ func TestReplaySurvivesEnvoysHeaderRules(t *testing.T) {
 
 func droppedHeaders(t *testing.T, m *observe.Metrics) float64 {
 	t.Helper()
-	fams, err := m.Registry().Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	total := 0.0
-	for _, f := range fams {
-		if f.GetName() == "idem_extproc_replay_headers_dropped_total" {
-			for _, s := range f.GetMetric() {
-				total += s.GetCounter().GetValue()
-			}
-		}
-	}
-	return total
+	return counterTotal(t, m, "idem_extproc_replay_headers_dropped_total")
 }
