@@ -5,6 +5,9 @@ import (
 	"context"
 	"os"
 	"os/signal"
+	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -47,6 +50,18 @@ func TestSmoke(t *testing.T) {
 			t.Errorf("report lacks %q", want)
 		}
 	}
+	if rows := medianErrors(t, report); rows < 9 {
+		t.Errorf("%d median rows, want one per scenario and server\n%s", rows, report)
+	}
+	if t.Failed() {
+		t.Log(report)
+	}
+}
+
+// medianErrors checks that every median row of report shows no errors and
+// returns how many there were.
+func medianErrors(t *testing.T, report string) int {
+	t.Helper()
 	rows := 0
 	for _, line := range strings.Split(report, "\n") {
 		f := strings.Fields(line)
@@ -58,8 +73,145 @@ func TestSmoke(t *testing.T) {
 			t.Errorf("%s: %s errors", strings.Join(f[:2], " "), errs)
 		}
 	}
-	if rows < 9 {
-		t.Errorf("%d median rows, want one per scenario and server\n%s", rows, report)
+	return rows
+}
+
+// TestParseFlags covers the flags that name what a run measures: several
+// idem-extproc builds, several concurrencies, and the Redis topologies.
+func TestParseFlags(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		args    []string
+		servers []string
+		kinds   map[string]string
+		bins    map[string]string
+		concs   []int
+		topos   []string
+		err     string
+	}{
+		{name: "defaults", args: nil,
+			servers: []string{"noop", "floor", "idem-extproc"}, bins: map[string]string{"idem-extproc": ""},
+			concs: []int{32}, topos: []string{"standalone"}},
+		{name: "one bare binary", args: []string{"-server-bin", "/tmp/x", "-servers", "floor,idem-extproc"},
+			servers: []string{"floor", "idem-extproc"}, bins: map[string]string{"idem-extproc": "/tmp/x"}},
+		{name: "two labelled, comma-separated, in the place of idem-extproc",
+			args:    []string{"-server-bin", "base=/tmp/a, new=/tmp/b", "-servers", "noop,idem-extproc,floor"},
+			servers: []string{"noop", "base", "new", "floor"},
+			kinds:   map[string]string{"noop": "noop", "base": "idem-extproc", "new": "idem-extproc", "floor": "floor"},
+			bins:    map[string]string{"base": "/tmp/a", "new": "/tmp/b"}},
+		{name: "two labelled, the flag repeated", args: []string{"-server-bin", "base=/tmp/a", "-server-bin", "new=/tmp/b"},
+			servers: []string{"noop", "floor", "base", "new"}, bins: map[string]string{"base": "/tmp/a", "new": "/tmp/b"}},
+		{name: "concurrencies and topologies", args: []string{"-concurrency", "8, 32,128,256,32", "-redis", "standalone,cluster"},
+			concs: []int{8, 32, 128, 256}, topos: []string{"standalone", "cluster"}},
+		{name: "a bare binary among several", args: []string{"-server-bin", "/tmp/a,new=/tmp/b"}, err: "label=path"},
+		{name: "a label twice", args: []string{"-server-bin", "a=/tmp/a", "-server-bin", "a=/tmp/b"}, err: `label "a" twice`},
+		{name: "a label that is another server", args: []string{"-server-bin", "floor=/tmp/a,b=/tmp/b"}, err: `label "floor"`},
+		{name: "no path", args: []string{"-server-bin", "a="}, err: "want label=path"},
+		{name: "zero streams", args: []string{"-concurrency", "1,0"}, err: "--concurrency"},
+		{name: "not a number", args: []string{"-concurrency", "four"}, err: "--concurrency"},
+		{name: "unknown topology", args: []string{"-redis", "sentinel"}, err: `"sentinel" is not standalone or cluster`},
+		{name: "a cluster with --redis-url", args: []string{"-redis", "cluster", "-redis-url", "redis://127.0.0.1:1/0"}, err: "--redis-url"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var stderr bytes.Buffer
+			cfg, err := parseFlags(tc.args, &stderr)
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("error %v, want one saying %q", err, tc.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.servers != nil && !slices.Equal(cfg.servers, tc.servers) {
+				t.Errorf("servers %q, want %q", cfg.servers, tc.servers)
+			}
+			for name, kind := range tc.kinds {
+				if cfg.kinds[name] != kind {
+					t.Errorf("%s is a %q, want %q", name, cfg.kinds[name], kind)
+				}
+			}
+			for label, bin := range tc.bins {
+				if got := cfg.binOf(label); got != bin || !slices.Contains(cfg.idemServers(), label) {
+					t.Errorf("build %s: binary %q (idem-extproc servers %q), want %q", label, got, cfg.idemServers(), bin)
+				}
+			}
+			if tc.concs != nil && !slices.Equal(cfg.concurrencies, tc.concs) {
+				t.Errorf("concurrencies %v, want %v", cfg.concurrencies, tc.concs)
+			}
+			if tc.topos != nil && !slices.Equal(cfg.topologies, tc.topos) {
+				t.Errorf("topologies %q, want %q", cfg.topologies, tc.topos)
+			}
+		})
+	}
+}
+
+// TestBuildsStreamsAndCluster runs two idem-extproc binaries (this test
+// binary's serve-idem behind two scripts) with the floor and the no-op at
+// two concurrencies on a standalone Redis and then on a 3-primary Redis
+// Cluster the tool starts: every server answers every request right on
+// both (on the cluster that needs the floor's and the daemon's cluster
+// clients: a plain client would get MOVED), the report compares the second
+// build with the first, and prints the latency and scale sections with
+// Redis CPU read on the cluster too. No figure is judged.
+func TestBuildsStreamsAndCluster(t *testing.T) {
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	var bins []string
+	for _, label := range []string{"a", "b"} {
+		script := filepath.Join(dir, label+".sh")
+		if err := os.WriteFile(script, []byte("#!/bin/sh\nexec '"+self+"' serve-idem -- \"$@\"\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		bins = append(bins, label+"="+script)
+	}
+	var out, progress bytes.Buffer
+	code := Main(context.Background(), []string{
+		"-server-bin=" + strings.Join(bins, ","), "-servers=noop,floor,idem-extproc",
+		"-scenario=first-write,replay", "-concurrency=1,3", "-redis=standalone,cluster",
+		"-duration=100ms", "-reps=1", "-slices=1", "-warmup=0", "-initial-warmup=50ms",
+		"-keys=10", "-skip-memory", "-work-dir=" + filepath.Join(dir, "work"),
+		"-store-timeout=5s", "-message-timeout=10s",
+	}, &out, &progress)
+	if code != 0 {
+		t.Fatalf("exit %d\n%s\n%s", code, progress.String(), out.String())
+	}
+	report := out.String()
+	for _, want := range []string{
+		"#### standalone Redis, 1 concurrent streams", "#### cluster Redis, 3 concurrent streams",
+		"b / a: throughput", "b / floor: throughput", "a / noop: throughput",
+		"== latency a user feels", "target at 1 stream (issue 17), b:",
+		"== scale", "== targets (issue 17",
+	} {
+		if !strings.Contains(report, want) {
+			t.Errorf("report lacks %q", want)
+		}
+	}
+	// 2 topologies x 2 concurrencies x (first write: 4 servers, replay: 4
+	// and the floor's first write as its reference).
+	if rows := medianErrors(t, report); rows != 2*2*(4+5) {
+		t.Errorf("%d median rows, want %d", rows, 2*2*(4+5))
+	}
+	// The scale table's rows for the floor on the cluster carry Redis CPU,
+	// read from the cluster's nodes ("-" when it could not be read). Its
+	// value and its ratio to the standalone Redis's are not judged: a
+	// slice this short may see no 10 ms clock tick of Redis CPU at all.
+	var clusterRows int
+	for _, line := range strings.Split(report, "\n") {
+		f := strings.Fields(line)
+		if len(f) == 11 && f[1] == "floor" && f[2] == "cluster" {
+			clusterRows++
+			if _, err := strconv.ParseFloat(f[8], 64); err != nil {
+				t.Errorf("scale row without Redis CPU: %s", line)
+			}
+		}
+	}
+	if clusterRows != 4 {
+		t.Errorf("%d scale rows of the floor on the cluster, want 4", clusterRows)
 	}
 	if t.Failed() {
 		t.Log(report)
