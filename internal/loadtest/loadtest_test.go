@@ -11,6 +11,9 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
+
+	"github.com/idem-extproc/idem-extproc/internal/envoysim"
 )
 
 // TestMain lets the test binary stand in for idem-loadtest: the tool starts
@@ -212,6 +215,68 @@ func TestBuildsStreamsAndCluster(t *testing.T) {
 	}
 	if clusterRows != 4 {
 		t.Errorf("%d scale rows of the floor on the cluster, want 4", clusterRows)
+	}
+	if t.Failed() {
+		t.Log(report)
+	}
+}
+
+// fakeRun is a measured run with the given whole-request p50 and p99.
+func fakeRun(rep, conc int, topo, srv string, p50, p99 time.Duration, cpu, redisCPU time.Duration) *runResult {
+	return &runResult{rep: rep, scenario: scenarioFirstWrite, server: srv, concurrency: conc, topology: topo,
+		elapsed: time.Second, n: 1000, total: dist{n: 1000, p50: p50, p99: p99}, cpu: cpu, redisCPU: redisCPU,
+		haveRedisCPU: true, phases: map[envoysim.Phase]dist{}}
+}
+
+// TestLatencyAndScaleSections checks the arithmetic of the latency and
+// scale sections on made-up runs: the added p50 is the median of each
+// repetition's own difference, the 1-stream target's verdict follows its
+// bounds, and Redis CPU on the cluster is compared with the standalone
+// Redis's at the same concurrency.
+func TestLatencyAndScaleSections(t *testing.T) {
+	var out bytes.Buffer
+	cfg := &config{scenarios: []string{scenarioFirstWrite}, servers: []string{"noop", "floor", "new"},
+		kinds: map[string]string{"noop": serverNoop, "floor": serverFloor, "new": serverIdem},
+		concurrencies: []int{1, 4}, topologies: []string{topologyStandalone, topologyCluster}, reps: 3, out: &out}
+	us := time.Microsecond
+	var results []*runResult
+	for _, topo := range cfg.topologies {
+		redis := 100 * us
+		if topo == topologyCluster {
+			redis = 150 * us
+		}
+		for _, conc := range cfg.concurrencies {
+			// Repetition 2 is slower for every server alike: the
+			// differences stay 80, 120, 90 µs over the floor at 1 stream.
+			for rep, slow := range []time.Duration{0, 400 * us, 0} {
+				add := []time.Duration{80 * us, 120 * us, 90 * us}[rep]
+				results = append(results,
+					fakeRun(rep+1, conc, topo, "noop", 500*us+slow, 2000*us, 100*us*1000, 0),
+					fakeRun(rep+1, conc, topo, "floor", 900*us+slow, 4000*us, 150*us*1000, redis*1000),
+					fakeRun(rep+1, conc, topo, "new", 900*us+slow+add, 4100*us, 200*us*1000, redis*1000))
+			}
+		}
+	}
+	printLatency(cfg, results)
+	printScale(cfg, results)
+	report := out.String()
+	for _, want := range []string{
+		"new, standalone Redis, 1 streams, each rep: +p50 over floor [80 120 90] µs, +p99 over floor [100 100 100] µs, p99 / floor [1.02 1.02 1.02]",
+		"target at 1 stream (issue 17), new: added p50 over the floor 90 µs (<= 100: met); p99 1.02 x the floor's (<= 1.05: met)",
+	} {
+		if !strings.Contains(report, want) {
+			t.Errorf("report lacks %q", want)
+		}
+	}
+	// The scale row of new on the cluster at 4 streams: server CPU 200
+	// against the no-op's 100, Redis CPU 150 against the standalone's 100.
+	want := "first-write new cluster 4 1000 4100 200.0 2.00 150.0 1.50 0"
+	found := false
+	for _, line := range strings.Split(report, "\n") {
+		found = found || strings.Join(strings.Fields(line), " ") == want
+	}
+	if !found {
+		t.Errorf("scale section lacks the row %q", want)
 	}
 	if t.Failed() {
 		t.Log(report)

@@ -103,7 +103,16 @@ func run(ctx context.Context, cfg *config) error {
 	for i, topo := range cfg.topologies {
 		rr, mem, err := runTopology(ctx, cfg, topo, filepath.Join(dir, topo), i == 0)
 		if err != nil {
-			return fmt.Errorf("%s Redis: %w", topo, err)
+			err = fmt.Errorf("%s Redis: %w", topo, err)
+			if i > 0 {
+				// Keep what the earlier topologies measured.
+				done := *cfg
+				done.topologies = cfg.topologies[:i]
+				if rerr := report(&done, results, mems, dir); rerr != nil {
+					err = errors.Join(err, rerr)
+				}
+			}
+			return err
 		}
 		results = append(results, rr...)
 		mems = append(mems, mem...)
@@ -460,14 +469,14 @@ func warmServers(ctx context.Context, cfg *config, servers []*server, rs *redisS
 		if err != nil {
 			return err
 		}
-		_, err = d.prepare(ctx, wl.keys)
-		if err == nil {
-			d.warm(ctx, cfg.initialWarmup)
+		// The warm-up is load, not a measurement: a request that fails
+		// here (a stall on a loaded machine) is logged, and a server that
+		// answers wrongly shows its errors in the measured runs.
+		if _, err := d.prepare(ctx, wl.keys); err != nil {
+			cfg.logf("warming %s up (not measured): %v", srv.name, err)
 		}
+		d.warm(ctx, cfg.initialWarmup)
 		d.close()
-		if err != nil {
-			return fmt.Errorf("warming %s up: %w", srv.name, err)
-		}
 	}
 	if rs != nil {
 		return rs.flush(ctx)
