@@ -236,7 +236,7 @@ func fakeRun(rep, conc int, topo, srv string, p50, p99 time.Duration, cpu, redis
 func TestLatencyAndScaleSections(t *testing.T) {
 	var out bytes.Buffer
 	cfg := &config{scenarios: []string{scenarioFirstWrite}, servers: []string{"noop", "floor", "new"},
-		kinds: map[string]string{"noop": serverNoop, "floor": serverFloor, "new": serverIdem},
+		kinds:         map[string]string{"noop": serverNoop, "floor": serverFloor, "new": serverIdem},
 		concurrencies: []int{1, 4}, topologies: []string{topologyStandalone, topologyCluster}, reps: 3, out: &out}
 	us := time.Microsecond
 	var results []*runResult
