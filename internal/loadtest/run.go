@@ -580,6 +580,12 @@ func printMachine(ctx context.Context, cfg *config, rs *redisServer) {
 	if cfg.logPipe {
 		logs = "into a pipe drained by a log sink process"
 	}
+	msgTimeout := "the recommended filter's"
+	if cfg.messageTimeout > 0 {
+		msgTimeout = cfg.messageTimeout.String()
+	}
 	fmt.Fprintf(cfg.out, "idem-extproc: %s, --redis-url, default policy, metrics on, JSON logs at info %s, no tracing %s\n",
 		bin, logs, strings.Join(cfg.serverArgs, " "))
+	fmt.Fprintf(cfg.out, "budgets: each Redis call of idem-extproc and the floor %v (--store-timeout), the driver's message_timeout %s\n",
+		cfg.storeTimeout, msgTimeout)
 }

@@ -111,7 +111,8 @@ func printScale(cfg *config, results []*runResult) {
 						xNoop = fmt.Sprintf("%.2f", s.cpu/n.cpu)
 					}
 					xStandalone := "-"
-					if topo != topologyStandalone && slices.Contains(cfg.topologies, topologyStandalone) {
+					// The no-op makes no Redis call: its Redis CPU is Redis's idle work.
+					if topo != topologyStandalone && slices.Contains(cfg.topologies, topologyStandalone) && cfg.kinds[name] != serverNoop {
 						base := summarize(pick(cellResults(results, topologyStandalone, conc), sc, name))
 						if base.haveRedisCPU && s.haveRedisCPU && base.redisCPU > 0 {
 							xStandalone = fmt.Sprintf("%.2f", s.redisCPU/base.redisCPU)
