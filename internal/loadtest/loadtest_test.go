@@ -13,6 +13,10 @@ import (
 	"testing"
 	"time"
 
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/idem-extproc/idem-extproc/internal/envoysim"
 )
 
@@ -280,5 +284,76 @@ func TestLatencyAndScaleSections(t *testing.T) {
 	}
 	if t.Failed() {
 		t.Log(report)
+	}
+}
+
+// flakyFirstTry is a no-op server that fails every stream but those of
+// a key prepare tried a second time (the "-1" suffix), or every stream
+// with failAll.
+type flakyFirstTry struct {
+	noopServer
+	failAll bool
+}
+
+func (f flakyFirstTry) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
+	req, err := stream.Recv()
+	if err != nil {
+		return nil
+	}
+	key := string(rawHeader(req.GetRequestHeaders().GetHeaders(), "idempotency-key"))
+	// prepare's keys are p<time>-<run>-<i>, its retries <key>-<attempt>.
+	if f.failAll || strings.Count(key, "-") != 3 || !strings.HasSuffix(key, "-1") {
+		return status.Error(codes.Unavailable, "flaky: first try of "+key)
+	}
+	if err := stream.Send(continueReply(req, nil)); err != nil {
+		return err
+	}
+	return noopServer{}.Process(stream)
+}
+
+// TestPrepareReplacesAFailedKey: a key whose first write fails is replaced
+// by a fresh one, and prepare gives up only after prepareAttempts failures
+// in a row, saying so.
+func TestPrepareReplacesAFailedKey(t *testing.T) {
+	for _, failAll := range []bool{false, true} {
+		ctx, cancel := context.WithCancel(context.Background())
+		addr, err := freeAddr()
+		if err != nil {
+			t.Fatal(err)
+		}
+		served := make(chan error, 1)
+		go func() { served <- serveGRPC(ctx, addr, flakyFirstTry{failAll: failAll}) }()
+		if err := (&server{name: "flaky", exited: make(chan error, 1)}).waitUntil(tcpReady(addr)); err != nil {
+			t.Fatal(err)
+		}
+		wl := newWorkload(scenarioReplay, 16, 16)
+		wl.messageTimeout = 10 * time.Second
+		d, err := newDriver(addr, 1, 2, serverNoop, wl)
+		if err != nil {
+			t.Fatal(err)
+		}
+		keys, err := d.prepare(ctx, 5)
+		d.close()
+		cancel()
+		if err := <-served; err != nil {
+			t.Fatal(err)
+		}
+		if failAll {
+			if err == nil || !strings.Contains(err.Error(), "3 keys in a row") {
+				t.Errorf("every write failing: error %v, want one after 3 keys in a row", err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("second tries succeeding: %v", err)
+		}
+		if len(keys) != 5 {
+			t.Fatalf("%d keys, want 5", len(keys))
+		}
+		for _, k := range keys {
+			if strings.Count(k, "-") != 3 || !strings.HasSuffix(k, "-1") {
+				t.Errorf("key %q: not the retry that succeeded", k)
+			}
+		}
 	}
 }
