@@ -279,13 +279,18 @@ func (d *driver) close() {
 	}
 }
 
-// prepare completes n keys through the same filters, for replays.
+// prepareAttempts is how many keys prepare tries for each one it needs.
+const prepareAttempts = 3
+
+// prepare completes n keys through the same filters, for replays. A key
+// whose first write fails (on a loaded machine a call can outlast its
+// budget or the filter's message timeout) is given up and replaced by a
+// fresh one, since a replay of a key left in flight would be answered as
+// a conflict; prepare fails when prepareAttempts keys in a row fail for
+// one slot, with the first reason.
 func (d *driver) prepare(ctx context.Context, n int) ([]string, error) {
 	keys := make([]string, n)
 	prefix := fmt.Sprintf("p%d-%d-", time.Now().UnixNano(), runSeq.Load())
-	for i := range keys {
-		keys[i] = prefix + strconv.Itoa(i)
-	}
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	errs := make([]string, len(d.workers))
@@ -295,12 +300,23 @@ func (d *driver) prepare(ctx context.Context, n int) ([]string, error) {
 			defer wg.Done()
 			for {
 				j := int(next.Add(1)) - 1
-				if j >= n {
+				if j >= n || errs[i] != "" {
 					return
 				}
-				res := w.filter.Do(ctx, w.wl.write(keys[j]), w.wl.upstream)
-				if why := w.wl.check(w.srv, kindFirstWrite, res); why != "" && errs[i] == "" {
-					errs[i] = why
+				for attempt := range prepareAttempts {
+					key := prefix + strconv.Itoa(j)
+					if attempt > 0 {
+						key += "-" + strconv.Itoa(attempt)
+					}
+					res := w.filter.Do(ctx, w.wl.write(key), w.wl.upstream)
+					why := w.wl.check(w.srv, kindFirstWrite, res)
+					if why == "" {
+						keys[j] = key
+						break
+					}
+					if attempt == prepareAttempts-1 {
+						errs[i] = fmt.Sprintf("%s (%d keys in a row)", why, prepareAttempts)
+					}
 				}
 			}
 		}()

@@ -42,8 +42,20 @@ const (
 )
 
 type config struct {
-	scenarios, servers        []string
-	concurrency, conns, reps  int
+	scenarios []string
+	// servers are the measured servers' names in order: noop, floor and
+	// one per idem-extproc build (builds); kinds says what each one is.
+	servers []string
+	kinds   map[string]string
+	builds  []build
+	// concurrencies are the concurrent streams each scenario runs at, one
+	// after the other; concurrency is the one of the run being reported.
+	concurrencies []int
+	concurrency   int
+	conns, reps   int
+	// topologies are the Redis deployments measured, one after the other,
+	// each with servers of its own (topologyStandalone, topologyCluster).
+	topologies                []string
 	slices                    int
 	duration, warmup          time.Duration
 	initialWarmup             time.Duration
@@ -53,7 +65,7 @@ type config struct {
 	duplicateRate, unprotRate float64
 	keyless                   bool
 	reqBody, respBody         int
-	redisURL, serverBin, dir  string
+	redisURL, dir             string
 	serverArgs                []string
 	profileDir                string
 	memoryRecords             int
@@ -62,6 +74,8 @@ type config struct {
 	self string
 	// The flags' raw text.
 	unprotectedKind, scenarioList, serverList, serverArgsText string
+	concurrencyList, topologyList                             string
+	serverBins                                                buildList
 	// progress receives what the tool is doing; out the report.
 	progress, out io.Writer
 }
@@ -108,7 +122,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 		"comma-separated scenarios: first-write (POST, fresh key), replay (POST of a completed key, same body), "+
 			"unprotected (GET; see --unprotected), mixed (see --unprotected-rate and --duplicate-rate)")
 	fs.StringVar(&cfg.serverList, "servers", "noop,floor,idem-extproc", "comma-separated servers to measure: noop, floor, idem-extproc")
-	fs.IntVar(&cfg.concurrency, "concurrency", 32, "concurrent streams (requests in flight)")
+	fs.StringVar(&cfg.concurrencyList, "concurrency", "32", "concurrent streams (requests in flight); a comma-separated list (e.g. 1,4 or 8,32,128,256) measures every scenario at each, and adds the latency and scale sections")
 	fs.IntVar(&cfg.conns, "conns", 2, "gRPC connections the streams share (Envoy opens one per worker thread)")
 	fs.DurationVar(&cfg.duration, "duration", 10*time.Second, "measured time of each server in each run (a scenario's repetition)")
 	fs.IntVar(&cfg.slices, "slices", 5, "slices each server's measured time is cut into; the servers take turns slice by slice, so drift in the machine's speed hits them alike")
@@ -121,8 +135,9 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.StringVar(&cfg.unprotectedKind, "unprotected", "get", "unprotected requests: get (GET, no bodies: two header phases for the no-op) or keyless (POST without a key)")
 	fs.IntVar(&cfg.reqBody, "request-body", 256, "request body size of writes, bytes")
 	fs.IntVar(&cfg.respBody, "response-body", 1024, "response body size of writes, bytes")
-	fs.StringVar(&cfg.redisURL, "redis-url", "", "Redis for idem-extproc and the floor server; empty: start redis-server on a free loopback port")
-	fs.StringVar(&cfg.serverBin, "server-bin", "", "idem-extproc binary to measure (go build ./cmd/idem-extproc); empty: this tool runs the same daemon code itself")
+	fs.StringVar(&cfg.redisURL, "redis-url", "", "Redis for idem-extproc and the floor server; empty: start redis-server on a free loopback port (see --redis)")
+	fs.StringVar(&cfg.topologyList, "redis", topologyStandalone, "Redis the tool starts, a comma-separated list measured one after the other with fresh servers: standalone (one redis-server), cluster (a 3-primary Redis Cluster; Redis CPU is summed over its nodes)")
+	fs.Var(&cfg.serverBins, "server-bin", "idem-extproc binary to measure (go build ./cmd/idem-extproc), or several as label=path, comma-separated or repeated (e.g. base=/tmp/a,new=/tmp/b): each is a server of its own, taking turns with the others, and the report gives each one's ratios to the first; empty: this tool runs the same daemon code itself")
 	fs.StringVar(&cfg.serverArgsText, "server-args", "", "extra idem-extproc flags, space-separated (e.g. --log-level=warn)")
 	fs.StringVar(&cfg.profileDir, "profile-dir", "", "write each server's CPU profile over its whole life (<server>.cpu.pprof) and allocation profile at its exit (<server>.allocs.pprof) here; idem-extproc's only with an empty --server-bin")
 	fs.DurationVar(&cfg.storeTimeout, "store-timeout", idem.DefaultStoreTimeout, "budget of each Redis call of idem-extproc and the floor server (idem-extproc's --store-timeout); the default is the product's")
@@ -144,17 +159,39 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 			errs = append(errs, fmt.Errorf("--scenario: unknown %q", s))
 		}
 	}
-	cfg.servers = splitList(cfg.serverList)
-	for _, s := range cfg.servers {
+	servers := splitList(cfg.serverList)
+	for _, s := range servers {
 		if !slices.Contains([]string{serverNoop, serverFloor, serverIdem}, s) {
 			errs = append(errs, fmt.Errorf("--servers: unknown %q", s))
 		}
 	}
-	if len(cfg.scenarios) == 0 || len(cfg.servers) == 0 {
+	if len(cfg.scenarios) == 0 || len(servers) == 0 {
 		errs = append(errs, errors.New("--scenario and --servers must name at least one each"))
 	}
-	if cfg.concurrency < 1 || cfg.conns < 1 || cfg.reps < 1 || cfg.slices < 1 {
-		errs = append(errs, errors.New("--concurrency, --conns, --reps and --slices must be positive"))
+	var err error
+	if cfg.builds, err = cfg.serverBins.builds(); err != nil {
+		errs = append(errs, err)
+	}
+	cfg.servers, cfg.kinds = expandServers(servers, cfg.builds)
+	if cfg.concurrencies, err = parseCounts(cfg.concurrencyList); err != nil {
+		errs = append(errs, fmt.Errorf("--concurrency: %w", err))
+	} else {
+		cfg.concurrency = cfg.concurrencies[0]
+	}
+	cfg.topologies = splitList(cfg.topologyList)
+	for _, t := range cfg.topologies {
+		if t != topologyStandalone && t != topologyCluster {
+			errs = append(errs, fmt.Errorf("--redis: %q is not standalone or cluster", t))
+		}
+	}
+	switch {
+	case len(cfg.topologies) == 0:
+		errs = append(errs, errors.New("--redis must name standalone, cluster or both"))
+	case cfg.redisURL != "" && !slices.Equal(cfg.topologies, []string{topologyStandalone}):
+		errs = append(errs, errors.New("--redis-url names the one Redis to use: --redis cluster needs the tool to start it"))
+	}
+	if cfg.conns < 1 || cfg.reps < 1 || cfg.slices < 1 {
+		errs = append(errs, errors.New("--conns, --reps and --slices must be positive"))
 	}
 	if cfg.duration <= 0 || cfg.warmup < 0 || cfg.initialWarmup < 0 {
 		errs = append(errs, errors.New("--duration must be positive, --warmup and --initial-warmup not negative"))

@@ -72,7 +72,9 @@ func processSyscalls(pid int) (reads, writes int64, err error) {
 
 // server is one ext_proc server under test, in a process of its own.
 type server struct {
-	name string
+	// name is the server's name in the report; kind is serverNoop,
+	// serverFloor or serverIdem (every idem-extproc build).
+	name, kind string
 	// addr is the ext_proc address; admin the HTTP admin address
 	// (idem-extproc only), serving /metrics.
 	addr, admin string
@@ -301,7 +303,6 @@ func tail(path string) string {
 // serverSpec says how to start each server.
 type serverSpec struct {
 	self      string // this tool's executable, re-run for the reference servers
-	serverBin string // idem-extproc's binary; empty: this tool's serve-idem
 	extraArgs []string
 	redisURL  string
 	// storeTimeout is the floor server's per-call Redis budget
@@ -333,13 +334,23 @@ func (spec serverSpec) profileArgs(name string) []string {
 		"--memprofile=" + filepath.Join(spec.profileDir, name+".allocs.pprof")}
 }
 
-func startServer(ctx context.Context, name string, spec serverSpec) (*server, error) {
+// startServer starts the server name of kind; bin is an idem-extproc
+// build's binary, empty for this tool's own serve-idem.
+func startServer(ctx context.Context, name, kind, bin string, spec serverSpec) (*server, error) {
+	s, err := startServerProcess(name, kind, bin, spec)
+	if s != nil {
+		s.kind = kind
+	}
+	return s, err
+}
+
+func startServerProcess(name, kind, bin string, spec serverSpec) (*server, error) {
 	addr, err := freeAddr()
 	if err != nil {
 		return nil, err
 	}
 	logPath := filepath.Join(spec.dir, name+".log")
-	switch name {
+	switch kind {
 	case serverNoop:
 		s, err := spec.start(name, append([]string{spec.self, "serve-noop", "--listen", addr}, spec.profileArgs(name)...), logPath)
 		if err != nil {
@@ -363,8 +374,8 @@ func startServer(ctx context.Context, name string, spec serverSpec) (*server, er
 	// The operator's default configuration: Redis, the default policy,
 	// metrics on (always), logs at info level as JSON lines, no tracing.
 	args := append([]string{"--listen", addr, "--admin-listen", admin, "--redis-url", spec.redisURL}, spec.extraArgs...)
-	argv := append([]string{spec.serverBin}, args...)
-	if spec.serverBin == "" {
+	argv := append([]string{bin}, args...)
+	if bin == "" {
 		argv = append(append(append([]string{spec.self, "serve-idem"}, spec.profileArgs(name)...), "--"), args...)
 	}
 	s, err := spec.start(name, argv, logPath)

@@ -114,7 +114,14 @@ type floorServer struct {
 }
 
 func newFloorServer(ctx context.Context, redisURL string, storeTimeout time.Duration) (*floorServer, error) {
-	// The daemon's client, with the daemon's budget.
+	// The daemon's client, with the daemon's budget: for a
+	// redis+cluster:// URL a go-redis ClusterClient, as the daemon's, so
+	// on a cluster the floor makes the same calls the same way. Its
+	// ScriptLoad loads the script on every shard (go-redis v9
+	// osscluster_commands.go, ClusterClient.ScriptLoad, ForEachShard),
+	// and EvalSha goes to the node owning its first key's slot (go-redis
+	// command.go, cmdFirstKeyPos; the key is hash-tagged as the
+	// product's: floor:{<key>}).
 	rdb, err := redisstore.NewClient(redisURL, storeTimeout)
 	if err != nil {
 		return nil, err

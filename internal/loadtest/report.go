@@ -65,6 +65,7 @@ type summary struct {
 	phases                   map[int]dist
 	errs                     int
 	rpsByRep, p99ByRep       []float64
+	p50ByRep, cpuByRep       []float64
 	decisions                map[string]float64
 	hasDecisions             bool
 }
@@ -79,6 +80,8 @@ func summarize(rs []*runResult) summary {
 	for _, r := range rs {
 		s.rpsByRep = append(s.rpsByRep, r.rps())
 		s.p99ByRep = append(s.p99ByRep, float64(r.total.p99))
+		s.p50ByRep = append(s.p50ByRep, float64(r.total.p50))
+		s.cpuByRep = append(s.cpuByRep, r.perRequest(r.cpu))
 		cpu = append(cpu, r.perRequest(r.cpu))
 		sys = append(sys, r.syscallsPerRequest())
 		sink = append(sink, r.perRequest(r.sinkCPU))
@@ -139,17 +142,54 @@ func printScenario(cfg *config, sc string, results []*runResult) {
 	}
 
 	printPhases(cfg, sums)
-	if s := sums[serverIdem]; s.hasDecisions {
-		printDecisions(out, s)
+	idems := cfg.idemServers()
+	for _, name := range idems {
+		if s := sums[name]; s.hasDecisions {
+			printDecisions(out, name, s)
+		}
 	}
-	if idem, ok := sums[serverIdem]; ok && idem.runs > 0 {
-		for _, ref := range []string{serverFloor, serverNoop} {
+	for i, name := range idems {
+		idem := sums[name]
+		if idem.runs == 0 {
+			continue
+		}
+		refs := []string{serverFloor, serverNoop}
+		if i > 0 {
+			// Every later build against the first, the base.
+			refs = append([]string{idems[0]}, refs...)
+		}
+		for _, ref := range refs {
 			if r, ok := sums[ref]; ok && r.runs > 0 && r.rps > 0 {
-				fmt.Fprintf(out, "  idem-extproc / %s: throughput %.2f, p99 %.2f, server CPU per request %.2f (medians of %d reps)\n",
-					ref, idem.rps/r.rps, float64(idem.total.p99)/float64(r.total.p99), idem.cpu/r.cpu, idem.runs)
+				fmt.Fprintf(out, "  %s / %s: throughput %.2f %s, p99 %.2f %s, server CPU per request %.2f %s (ratios of medians of %d reps [each rep's])\n",
+					name, ref, idem.rps/r.rps, perRep(idem.rpsByRep, r.rpsByRep),
+					float64(idem.total.p99)/float64(r.total.p99), perRep(idem.p99ByRep, r.p99ByRep),
+					idem.cpu/r.cpu, perRep(idem.cpuByRep, r.cpuByRep), idem.runs)
 			}
 		}
 	}
+}
+
+// perRep is each repetition's ratio a[i]/b[i], in brackets.
+func perRep(a, b []float64) string {
+	var parts []string
+	for i := range min(len(a), len(b)) {
+		if b[i] > 0 {
+			parts = append(parts, fmt.Sprintf("%.2f", a[i]/b[i]))
+		}
+	}
+	return "[" + strings.Join(parts, " ") + "]"
+}
+
+// perRepDiff is each repetition's difference a[i]-b[i] of durations in
+// nanoseconds, in µs, in brackets, and the median of those differences.
+func perRepDiff(a, b []float64) (float64, string) {
+	var parts []string
+	var d []float64
+	for i := range min(len(a), len(b)) {
+		d = append(d, (a[i]-b[i])/1e3)
+		parts = append(parts, fmt.Sprintf("%.0f", d[len(d)-1]))
+	}
+	return median(d), "[" + strings.Join(parts, " ") + "]"
 }
 
 // printRuns prints scenario sc's table: a row per rep and server, the
@@ -220,7 +260,7 @@ func printPhases(cfg *config, sums map[string]summary) {
 
 // printDecisions prints idem-extproc's decisions per second, by name, as
 // its own metrics counted them in its median run s.
-func printDecisions(out io.Writer, s summary) {
+func printDecisions(out io.Writer, name string, s summary) {
 	keys := make([]string, 0, len(s.decisions))
 	for k := range s.decisions {
 		keys = append(keys, k)
@@ -230,69 +270,69 @@ func printDecisions(out io.Writer, s summary) {
 	for _, k := range keys {
 		parts = append(parts, fmt.Sprintf("%s %.0f/s", k, s.decisions[k]))
 	}
-	fmt.Fprintf(out, "  idem-extproc decisions (its own metrics, median run): %s\n", strings.Join(parts, ", "))
+	fmt.Fprintf(out, "  %s decisions (its own metrics, mean of the runs): %s\n", name, strings.Join(parts, ", "))
 }
 
-// printTargets evaluates issue 7's targets from this run's medians.
+// printTargets evaluates issue 17's targets from this run's medians, for
+// each idem-extproc build, at the run's concurrency (the targets are set
+// at 32 streams, the latency target at 1: see printLatency).
 func printTargets(cfg *config, results []*runResult) {
-	idemFW := summarize(pick(results, scenarioFirstWrite, serverIdem))
 	floorFW := summarize(pick(results, scenarioFirstWrite, serverFloor))
-	idemRP := summarize(pick(results, scenarioReplay, serverIdem))
+	noopFW := summarize(pick(results, scenarioFirstWrite, serverNoop))
 	floorRP := summarize(pick(results, scenarioReplay, serverFloor))
-	floorFWRef := summarize(pickReference(results, scenarioReplay, scenarioFirstWrite, serverFloor))
-	idemUP := summarize(pick(results, scenarioUnprotected, serverIdem))
-	noopUP := summarize(pick(results, scenarioUnprotected, serverNoop))
-	if idemFW.runs+idemRP.runs+idemUP.runs == 0 {
-		return
-	}
+	floorUP := summarize(pick(results, scenarioUnprotected, serverFloor))
 	out := cfg.out
-	fmt.Fprintf(out, "\n== targets (issue 7), %d concurrent streams; ratios of medians of %d repetitions, then each repetition's ratio\n",
-		cfg.concurrency, cfg.reps)
-	perRep := func(a, b []float64) string {
-		var parts []string
-		for i := range min(len(a), len(b)) {
-			if b[i] > 0 {
-				parts = append(parts, fmt.Sprintf("%.2f", a[i]/b[i]))
+	header := false
+	for _, name := range cfg.idemServers() {
+		idemFW := summarize(pick(results, scenarioFirstWrite, name))
+		idemRP := summarize(pick(results, scenarioReplay, name))
+		idemUP := summarize(pick(results, scenarioUnprotected, name))
+		if idemFW.runs+idemRP.runs+idemUP.runs == 0 {
+			continue
+		}
+		if !header {
+			fmt.Fprintf(out, "\n== targets (issue 17, set at 32 streams), %d concurrent streams; ratios of medians of %d repetitions, then each repetition's ratio\n",
+				cfg.concurrency, cfg.reps)
+			header = true
+		}
+		if len(cfg.idemServers()) > 1 {
+			fmt.Fprintf(out, "%s:\n", name)
+		}
+		if idemFW.runs > 0 && floorFW.runs > 0 {
+			tp := idemFW.rps / floorFW.rps
+			p99 := float64(idemFW.total.p99) / float64(floorFW.total.p99)
+			fmt.Fprintf(out, "protected first write: throughput %.2f x floor %s (>= 1.15: %s); p99 %.2f x floor %s (<= 1.0: %s); %.0f vs %.0f req/s, p99 %.0f vs %.0f µs\n",
+				tp, perRep(idemFW.rpsByRep, floorFW.rpsByRep), verdict(tp >= 1.15),
+				p99, perRep(idemFW.p99ByRep, floorFW.p99ByRep), verdict(p99 <= 1.0),
+				idemFW.rps, floorFW.rps, us(idemFW.total.p99), us(floorFW.total.p99))
+		}
+		if idemFW.runs > 0 && noopFW.runs > 0 && noopFW.cpu > 0 {
+			c := idemFW.cpu / noopFW.cpu
+			fmt.Fprintf(out, "protected first write: server CPU %.2f x the no-op's %s (<= 1.3: %s); %.1f vs %.1f µs/req\n",
+				c, perRep(idemFW.cpuByRep, noopFW.cpuByRep), verdict(c <= 1.3), idemFW.cpu, noopFW.cpu)
+		}
+		if idemFW.haveAllocs {
+			fmt.Fprintf(out, "protected first write: %.0f heap allocations per request (<= 210: %s)\n", idemFW.allocs, verdict(idemFW.allocs <= 210))
+		}
+		if idemRP.runs > 0 && floorRP.runs > 0 {
+			tp := idemRP.rps / floorRP.rps
+			fmt.Fprintf(out, "replay: throughput %.2f x the floor's replay %s (>= 1.15: %s); %.0f vs %.0f req/s\n",
+				tp, perRep(idemRP.rpsByRep, floorRP.rpsByRep), verdict(tp >= 1.15), idemRP.rps, floorRP.rps)
+		}
+		if idemUP.runs > 0 && floorUP.runs > 0 {
+			tp := idemUP.rps / floorUP.rps
+			fmt.Fprintf(out, "unprotected: throughput %.2f x the floor %s (>= 1.1: %s); %.0f vs %.0f req/s\n",
+				tp, perRep(idemUP.rpsByRep, floorUP.rpsByRep), verdict(tp >= 1.1), idemUP.rps, floorUP.rps)
+		}
+		var allocs []string
+		for _, sc := range cfg.scenarios {
+			if s := summarize(pick(results, sc, name)); s.haveAllocs {
+				allocs = append(allocs, fmt.Sprintf("%s %.0f", sc, s.allocs))
 			}
 		}
-		return "[" + strings.Join(parts, " ") + "]"
-	}
-	if idemFW.runs > 0 && floorFW.runs > 0 {
-		tp := idemFW.rps / floorFW.rps
-		p99 := float64(idemFW.total.p99) / float64(floorFW.total.p99)
-		fmt.Fprintf(out, "protected first write: throughput %.2f x floor %s (>= 0.85: %s); p99 %.2f x floor %s (<= 1.25: %s); %.0f vs %.0f req/s, p99 %.0f vs %.0f µs\n",
-			tp, perRep(idemFW.rpsByRep, floorFW.rpsByRep), verdict(tp >= 0.85),
-			p99, perRep(idemFW.p99ByRep, floorFW.p99ByRep), verdict(p99 <= 1.25),
-			idemFW.rps, floorFW.rps, us(idemFW.total.p99), us(floorFW.total.p99))
-	}
-	if idemRP.runs > 0 && floorFWRef.runs > 0 {
-		tp := idemRP.rps / floorFWRef.rps
-		fmt.Fprintf(out, "replay: throughput %.2f x the floor's protected first write %s (>= 1.3: %s); %.0f vs %.0f req/s, the floor's first write measured taking turns with the replays",
-			tp, perRep(idemRP.rpsByRep, floorFWRef.rpsByRep), verdict(tp >= 1.3), idemRP.rps, floorFWRef.rps)
-		if floorRP.runs > 0 {
-			fmt.Fprintf(out, "; and %.2f x the floor's own replay (%.0f req/s)", idemRP.rps/floorRP.rps, floorRP.rps)
+		if len(allocs) > 0 {
+			slices.Sort(allocs)
+			fmt.Fprintf(out, "heap allocations per request (go_memstats_mallocs_total, gRPC included): %s\n", strings.Join(allocs, ", "))
 		}
-		fmt.Fprintln(out)
-	} else if idemRP.runs > 0 {
-		fmt.Fprintln(out, "replay: the target compares with the floor's first write: measure the floor server too")
-	}
-	if idemUP.runs > 0 && noopUP.runs > 0 {
-		tp := idemUP.rps / noopUP.rps
-		what := "two header phases"
-		if cfg.keyless {
-			what = "four phases (keyless POST)"
-		}
-		fmt.Fprintf(out, "unprotected: throughput %.2f x the no-op's %s %s (>= 1.3: %s); %.0f vs %.0f req/s\n",
-			tp, what, perRep(idemUP.rpsByRep, noopUP.rpsByRep), verdict(tp >= 1.3), idemUP.rps, noopUP.rps)
-	}
-	var allocs []string
-	for _, sc := range cfg.scenarios {
-		if s := summarize(pick(results, sc, serverIdem)); s.haveAllocs {
-			allocs = append(allocs, fmt.Sprintf("%s %.0f", sc, s.allocs))
-		}
-	}
-	if len(allocs) > 0 {
-		slices.Sort(allocs)
-		fmt.Fprintf(out, "idem-extproc heap allocations per request (go_memstats_mallocs_total, gRPC included): %s\n", strings.Join(allocs, ", "))
 	}
 }

@@ -5,7 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"runtime"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -16,6 +19,9 @@ import (
 type runResult struct {
 	rep              int
 	scenario, server string
+	// concurrency is the run's concurrent streams, topology its Redis.
+	concurrency int
+	topology    string
 	// reference marks a run of scenario made during another scenario's
 	// run (during), interleaved with it, as that scenario's target asks:
 	// the floor's first write, measured among the replays.
@@ -92,18 +98,68 @@ func run(ctx context.Context, cfg *config) error {
 			return err
 		}
 	}
-	var rs *redisServer
-	needRedis := cfg.needs(serverFloor) || cfg.needs(serverIdem)
-	if needRedis {
-		var err error
-		if rs, err = connectRedis(cfg.redisURL, dir); err != nil {
+	var results []*runResult
+	var mems []memorySection
+	for i, topo := range cfg.topologies {
+		rr, mem, err := runTopology(ctx, cfg, topo, filepath.Join(dir, topo), i == 0)
+		if err != nil {
+			err = fmt.Errorf("%s Redis: %w", topo, err)
+			if i > 0 {
+				// Keep what the earlier topologies measured.
+				done := *cfg
+				done.topologies = cfg.topologies[:i]
+				if rerr := report(&done, results, mems, dir); rerr != nil {
+					err = errors.Join(err, rerr)
+				}
+			}
 			return err
+		}
+		results = append(results, rr...)
+		mems = append(mems, mem...)
+	}
+	if cfg.profileDir != "" {
+		cfg.logf("profiles in %s", cfg.profileDir)
+	}
+	return report(cfg, results, mems, dir)
+}
+
+// memorySection is the Redis memory figures of one run, measured on its
+// standalone Redis after the servers stopped.
+type memorySection struct {
+	m   memoryFigures
+	err error
+}
+
+// runTopology starts topo's Redis and every server on it, measures them,
+// stops them all, and returns the results and (on a standalone Redis,
+// unless cfg skips it) the memory figures.
+func runTopology(ctx context.Context, cfg *config, topo, dir string, first bool) ([]*runResult, []memorySection, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, nil, err
+	}
+	var rs *redisServer
+	if cfg.needs(serverFloor) || cfg.needs(serverIdem) {
+		var err error
+		if topo == topologyCluster {
+			cfg.logf("starting a 3-primary Redis Cluster")
+			rs, err = startCluster(dir, 3)
+		} else {
+			rs, err = connectRedis(cfg.redisURL, dir)
+		}
+		if err != nil {
+			return nil, nil, err
 		}
 		defer rs.close()
 	}
-	spec := serverSpec{self: cfg.self, serverBin: cfg.serverBin, dir: dir, storeTimeout: cfg.storeTimeout,
+	spec := serverSpec{self: cfg.self, dir: dir, storeTimeout: cfg.storeTimeout,
 		extraArgs:  append([]string{"--store-timeout=" + cfg.storeTimeout.String()}, cfg.serverArgs...),
 		profileDir: cfg.profileDir, logPipe: cfg.logPipe}
+	if cfg.profileDir != "" && len(cfg.topologies) > 1 {
+		spec.profileDir = filepath.Join(cfg.profileDir, topo)
+		if err := os.MkdirAll(spec.profileDir, 0o755); err != nil {
+			return nil, nil, err
+		}
+	}
 	if rs != nil {
 		spec.redisURL = rs.url
 	}
@@ -114,30 +170,33 @@ func run(ctx context.Context, cfg *config) error {
 		}
 	}()
 	if err := startServers(ctx, cfg, spec, servers); err != nil {
-		return err
+		return nil, nil, err
 	}
-	printMachine(ctx, cfg, rs)
-
+	if first {
+		printMachine(ctx, cfg, rs)
+	}
 	ordered := make([]*server, 0, len(cfg.servers))
 	for _, name := range cfg.servers {
 		ordered = append(ordered, servers[name])
 	}
 	if err := warmServers(ctx, cfg, ordered, rs); err != nil {
-		return err
+		return nil, nil, err
 	}
-	results, err := measureAll(ctx, cfg, ordered, rs)
+	results, err := measureAll(ctx, cfg, ordered, rs, topo)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
 	// Stop the servers now: the daemon writes its profiles on the way out.
 	for name, s := range servers {
 		s.stop()
 		delete(servers, name)
 	}
-	if cfg.profileDir != "" {
-		cfg.logf("profiles in %s", cfg.profileDir)
+	var mems []memorySection
+	if rs != nil && !cfg.skipMemory && len(rs.nodes) == 0 {
+		m, err := measureMemory(ctx, rs, jsonBody(cfg.respBody, "id"), cfg.memoryRecords)
+		mems = append(mems, memorySection{m: m, err: err})
 	}
-	return report(ctx, cfg, rs, results, dir)
+	return results, mems, nil
 }
 
 // startServers starts cfg's servers in order into servers, which holds
@@ -145,7 +204,7 @@ func run(ctx context.Context, cfg *config) error {
 func startServers(ctx context.Context, cfg *config, spec serverSpec, servers map[string]*server) error {
 	for _, name := range cfg.servers {
 		cfg.logf("starting %s", name)
-		s, err := startServer(ctx, name, spec)
+		s, err := startServer(ctx, name, cfg.kinds[name], cfg.binOf(name), spec)
 		if s != nil {
 			servers[name] = s
 		}
@@ -156,44 +215,60 @@ func startServers(ctx context.Context, cfg *config, spec serverSpec, servers map
 	return nil
 }
 
-// measureAll measures every scenario on the servers cfg.reps times,
-// logging each result as it comes, and returns them all.
-func measureAll(ctx context.Context, cfg *config, servers []*server, rs *redisServer) ([]*runResult, error) {
+// measureAll measures every scenario on the servers at every concurrency
+// cfg.reps times, logging each result as it comes, and returns them all.
+// Each repetition goes through every concurrency, so that the machine's
+// drift spreads over all of them alike.
+func measureAll(ctx context.Context, cfg *config, servers []*server, rs *redisServer, topo string) ([]*runResult, error) {
 	var results []*runResult
 	for rep := 1; rep <= cfg.reps; rep++ {
-		for _, sc := range cfg.scenarios {
-			if ctx.Err() != nil {
-				return nil, ctx.Err()
+		for _, conc := range cfg.concurrencies {
+			for _, sc := range cfg.scenarios {
+				if ctx.Err() != nil {
+					return nil, ctx.Err()
+				}
+				rr, err := measureScenario(ctx, cfg, servers, rs, sc, rep, conc)
+				if err != nil {
+					return nil, fmt.Errorf("rep %d, %d streams, %s: %w", rep, conc, sc, err)
+				}
+				for _, r := range rr {
+					r.topology = topo
+					cfg.logf("%s rep %d %3d streams %-12s %-13s %8.0f req/s  p99 %6.0f µs  server CPU %5.0f µs/req  errors %d%s",
+						topo, rep, conc, r.scenario, r.server, r.rps(), us(r.total.p99), r.perRequest(r.cpu), r.errs, r.referenceNote())
+				}
+				results = append(results, rr...)
 			}
-			rr, err := measureScenario(ctx, cfg, servers, rs, sc, rep)
-			if err != nil {
-				return nil, fmt.Errorf("rep %d, %s: %w", rep, sc, err)
-			}
-			for _, r := range rr {
-				cfg.logf("rep %d %-12s %-13s %8.0f req/s  p99 %6.0f µs  server CPU %5.0f µs/req  errors %d%s",
-					rep, r.scenario, r.server, r.rps(), us(r.total.p99), r.perRequest(r.cpu), r.errs, r.referenceNote())
-			}
-			results = append(results, rr...)
 		}
 	}
 	return results, nil
 }
 
-// report prints the results, the targets' verdicts, then (with a Redis and
-// unless cfg skips it) the memory figures, and where the logs are when
-// cfg named their directory dir.
-func report(ctx context.Context, cfg *config, rs *redisServer, results []*runResult, dir string) error {
-	for _, sc := range cfg.scenarios {
-		printScenario(cfg, sc, results)
+// report prints, for each Redis topology and concurrency, the results and
+// the targets' verdicts; then the latency and scale sections when the run
+// had more than one concurrency or topology; then the memory figures, and
+// where the logs are when cfg named their directory dir.
+func report(cfg *config, results []*runResult, mems []memorySection, dir string) error {
+	for _, topo := range cfg.topologies {
+		for _, conc := range cfg.concurrencies {
+			cell := cfg.cell(topo, conc)
+			rr := cellResults(results, topo, conc)
+			if len(cfg.topologies) > 1 || len(cfg.concurrencies) > 1 {
+				fmt.Fprintf(cfg.out, "\n#### %s Redis, %d concurrent streams\n", topo, conc)
+			}
+			for _, sc := range cfg.scenarios {
+				printScenario(cell, sc, rr)
+			}
+			printTargets(cell, rr)
+		}
 	}
-	printTargets(cfg, results)
-	if rs != nil && !cfg.skipMemory {
-		m, err := measureMemory(ctx, rs, jsonBody(cfg.respBody, "id"), cfg.memoryRecords)
-		if err != nil {
-			return fmt.Errorf("memory: %w", err)
+	printLatency(cfg, results)
+	printScale(cfg, results)
+	for _, m := range mems {
+		if m.err != nil {
+			return fmt.Errorf("memory: %w", m.err)
 		}
 		fmt.Fprintln(cfg.out)
-		m.print(cfg.out)
+		m.m.print(cfg.out)
 	}
 	if cfg.dir != "" {
 		fmt.Fprintf(cfg.out, "\nlogs: %s\n", dir)
@@ -201,9 +276,29 @@ func report(ctx context.Context, cfg *config, rs *redisServer, results []*runRes
 	return nil
 }
 
-func (cfg *config) needs(server string) bool {
+// cell is cfg as the report of one topology and concurrency sees it.
+func (cfg *config) cell(topo string, conc int) *config {
+	c := *cfg
+	c.concurrency = conc
+	c.topologies = []string{topo}
+	return &c
+}
+
+// cellResults are the results of one topology and concurrency.
+func cellResults(results []*runResult, topo string, conc int) []*runResult {
+	var out []*runResult
+	for _, r := range results {
+		if r.topology == topo && r.concurrency == conc {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// needs reports whether cfg measures a server of kind.
+func (cfg *config) needs(kind string) bool {
 	for _, s := range cfg.servers {
-		if s == server {
+		if cfg.kinds[s] == kind {
 			return true
 		}
 	}
@@ -226,7 +321,7 @@ var metricsWanted = []string{"go_memstats_mallocs_total", "idem_extproc_decision
 // turns, one slice each per round (each slice after its own warm-up), the
 // round's first server rotating. Every server then sees the same machine,
 // and a ratio of two servers' figures compares like with like.
-func measureScenario(ctx context.Context, cfg *config, servers []*server, rs *redisServer, scenario string, rep int) ([]*runResult, error) {
+func measureScenario(ctx context.Context, cfg *config, servers []*server, rs *redisServer, scenario string, rep, conc int) ([]*runResult, error) {
 	parts := participants(servers, scenario)
 	if rs != nil {
 		if err := rs.flush(ctx); err != nil {
@@ -240,7 +335,7 @@ func measureScenario(ctx context.Context, cfg *config, servers []*server, rs *re
 		}
 	}()
 	for _, pt := range parts {
-		st, err := openParticipant(ctx, cfg, pt, rs, scenario, rep)
+		st, err := openParticipant(ctx, cfg, pt, rs, scenario, rep, conc)
 		if st != nil {
 			states = append(states, st)
 		}
@@ -284,7 +379,7 @@ func participants(servers []*server, scenario string) []participant {
 	// on a machine whose speed has since drifted.
 	if scenario == scenarioReplay {
 		for _, srv := range servers {
-			if srv.name == serverFloor {
+			if srv.kind == serverFloor {
 				parts = append(parts, participant{srv: srv, scenario: scenarioFirstWrite, reference: true})
 			}
 		}
@@ -303,18 +398,18 @@ type scenarioState struct {
 
 // openParticipant opens pt's driver, its keys prepared when its workload
 // needs them. A state it returns with an error has a driver to close.
-func openParticipant(ctx context.Context, cfg *config, pt participant, rs *redisServer, scenario string, rep int) (*scenarioState, error) {
+func openParticipant(ctx context.Context, cfg *config, pt participant, rs *redisServer, scenario string, rep, conc int) (*scenarioState, error) {
 	srv := pt.srv
 	wl := newWorkload(pt.scenario, cfg.reqBody, cfg.respBody)
 	wl.keys, wl.duplicateRate, wl.unprotectedRate, wl.keyless = cfg.keys, cfg.duplicateRate, cfg.unprotRate, cfg.keyless
 	wl.messageTimeout = cfg.messageTimeout
-	d, err := newDriver(srv.addr, cfg.conns, cfg.concurrency, srv.name, wl)
+	d, err := newDriver(srv.addr, cfg.conns, conc, srv.kind, wl)
 	if err != nil {
 		return nil, err
 	}
 	st := &scenarioState{srv: srv, d: d, r: &runResult{rep: rep, scenario: pt.scenario, server: srv.name,
-		reference: pt.reference, during: scenario,
-		haveRedisCPU: rs != nil && rs.proc != nil, phases: map[envoysim.Phase]dist{}}}
+		concurrency: conc, reference: pt.reference, during: scenario,
+		haveRedisCPU: rs.ownsProcesses(), phases: map[envoysim.Phase]dist{}}}
 	if wl.needsKeys() {
 		if _, err := d.prepare(ctx, cfg.keys); err != nil {
 			return st, fmt.Errorf("%s: %w", srv.name, err)
@@ -370,18 +465,18 @@ func warmServers(ctx context.Context, cfg *config, servers []*server, rs *redisS
 		cfg.logf("warming %s up for %v", srv.name, cfg.initialWarmup)
 		wl := newWorkload(scenarioMixed, cfg.reqBody, cfg.respBody)
 		wl.keys, wl.duplicateRate, wl.unprotectedRate = 100, 0.3, 0.3
-		d, err := newDriver(srv.addr, cfg.conns, cfg.concurrency, srv.name, wl)
+		d, err := newDriver(srv.addr, cfg.conns, slices.Max(cfg.concurrencies), srv.kind, wl)
 		if err != nil {
 			return err
 		}
-		_, err = d.prepare(ctx, wl.keys)
-		if err == nil {
-			d.warm(ctx, cfg.initialWarmup)
+		// The warm-up is load, not a measurement: a request that fails
+		// here (a stall on a loaded machine) is logged, and a server that
+		// answers wrongly shows its errors in the measured runs.
+		if _, err := d.prepare(ctx, wl.keys); err != nil {
+			cfg.logf("warming %s up (not measured): %v", srv.name, err)
 		}
+		d.warm(ctx, cfg.initialWarmup)
 		d.close()
-		if err != nil {
-			return fmt.Errorf("warming %s up: %w", srv.name, err)
-		}
 	}
 	if rs != nil {
 		return rs.flush(ctx)
@@ -461,18 +556,36 @@ func printMachine(ctx context.Context, cfg *config, rs *redisServer) {
 	if rs != nil {
 		redisVersion = rs.version(ctx)
 	}
-	bin := cfg.serverBin
-	if bin == "" {
-		bin = "this tool's serve-idem (daemon.Main, as cmd/idem-extproc)"
+	var bins []string
+	for _, b := range cfg.builds {
+		bin := b.bin
+		if bin == "" {
+			bin = "this tool's serve-idem (daemon.Main, as cmd/idem-extproc)"
+		}
+		if b.label != serverIdem || len(cfg.builds) > 1 {
+			bin = b.label + " = " + bin
+		}
+		bins = append(bins, bin)
 	}
+	bin := strings.Join(bins, "; ")
 	fmt.Fprintf(cfg.out, "machine: %d CPUs (%s), %s, redis-server %s\n", runtime.NumCPU(), model, runtime.Version(), redisVersion)
-	fmt.Fprintf(cfg.out, "load: %d concurrent streams over %d gRPC connections; per repetition of a scenario each server is measured %v, "+
-		"in %d slices taking turns with the other servers, each after %v of warm-up; %d repetitions\n",
-		cfg.concurrency, cfg.conns, cfg.duration, cfg.slices, cfg.warmup, cfg.reps)
+	concs := make([]string, len(cfg.concurrencies))
+	for i, c := range cfg.concurrencies {
+		concs[i] = strconv.Itoa(c)
+	}
+	fmt.Fprintf(cfg.out, "load: %s concurrent streams over %d gRPC connections; per repetition of a scenario each server is measured %v, "+
+		"in %d slices taking turns with the other servers, each after %v of warm-up; %d repetitions; Redis: %s\n",
+		strings.Join(concs, ", "), cfg.conns, cfg.duration, cfg.slices, cfg.warmup, cfg.reps, strings.Join(cfg.topologies, ", then "))
 	logs := "straight into a file"
 	if cfg.logPipe {
 		logs = "into a pipe drained by a log sink process"
 	}
+	msgTimeout := "the recommended filter's"
+	if cfg.messageTimeout > 0 {
+		msgTimeout = cfg.messageTimeout.String()
+	}
 	fmt.Fprintf(cfg.out, "idem-extproc: %s, --redis-url, default policy, metrics on, JSON logs at info %s, no tracing %s\n",
 		bin, logs, strings.Join(cfg.serverArgs, " "))
+	fmt.Fprintf(cfg.out, "budgets: each Redis call of idem-extproc and the floor %v (--store-timeout), the driver's message_timeout %s\n",
+		cfg.storeTimeout, msgTimeout)
 }
