@@ -11,11 +11,8 @@ import (
 // The options of issue 18: keys, matches and fingerprints drawn from a
 // JSON body, and JSON-RPC answers (docs/mcp.md).
 
-// mcpSessionHeader is MCP's session header (MCP 2025-06-18, Transports,
-// "Session Management"). An agent that reconnects gets a new session and
-// must still be recognised, so it never takes part in a key's scope or a
-// fingerprint.
-const mcpSessionHeader = "mcp-session-id"
+// mcpSessionHeader never scopes nor fingerprints (policy.MCPSessionHeader).
+const mcpSessionHeader = policy.MCPSessionHeader
 
 // pointer parses one RFC 6901 pointer of the file.
 func (b *builder) pointer(v scalar, path string) jsonpointer.Pointer {

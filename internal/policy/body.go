@@ -40,6 +40,12 @@ func (s KeySource) String() string {
 // cannot contain '#'.
 const DerivedNamespaceSuffix = "#derived"
 
+// MCPSessionHeader is MCP's session header (MCP 2025-06-18, Transports,
+// "Session Management"). It never takes part in a key's scope or a
+// fingerprint (an agent that reconnects gets a new session and must still
+// be recognised), and a JSON-RPC policy never stores it.
+const MCPSessionHeader = "mcp-session-id"
+
 // Answers says in which protocol the server answers in the upstream's
 // place (answers).
 type Answers uint8

@@ -341,6 +341,13 @@ func (p *Policy) StoresHeader(name string) bool {
 	if ReservedHeader(name) {
 		return false
 	}
+	if p.Answers == AnswersJSONRPC && name == MCPSessionHeader {
+		// A replay goes to a retry that may come in another session; the
+		// MCP Go SDK client fails a connection whose response names a
+		// session other than its own (go-sdk v1.8.0 mcp/streamable.go,
+		// streamableClientConn.Write, "mismatching session IDs").
+		return false
+	}
 	for _, d := range p.StoredHeaderDeny {
 		if d == name {
 			return false
