@@ -32,6 +32,9 @@ type rpcServer struct {
 	srv   *httptest.Server
 	mu    sync.Mutex
 	calls map[string]int
+	// block, when set, holds a request with x-block: it sends on block
+	// when it arrives, then waits until the test sends on it.
+	block chan struct{}
 }
 
 func newRPCServer(t *testing.T) *rpcServer {
@@ -70,7 +73,12 @@ func (s *rpcServer) serve(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
 	s.calls[name]++
 	n := s.calls[name]
+	block := s.block
 	s.mu.Unlock()
+	if r.Header.Get("x-block") != "" && block != nil {
+		block <- struct{}{} // arrived
+		<-block             // released
+	}
 	w.Header().Set("Mcp-Session-Id", "session-of-"+r.Header.Get("Mcp-Session-Id"))
 	resp := fmt.Sprintf(`{"jsonrpc":"2.0","id":%s,"result":{"content":[{"type":"text","text":"%s ran %d"}]}}`, msg.ID, name, n)
 	switch r.Header.Get("x-answer") {
@@ -273,14 +281,45 @@ default_policy:
   enabled: false
 `, 1))
 	list := `{"jsonrpc":"2.0","id":2,"method":"tools/list"}`
-	a := env.Post("/mcp", "list-1", list, "x-agent", "a")
-	b := env.Post("/mcp", "list-1", list, "x-agent", "a")
+	// No x-agent: under mcp-tools (scoped by it) this would be refused
+	// principal-missing; mcp-rest scopes by authority.
+	a := env.Post("/mcp", "list-1", list)
+	b := env.Post("/mcp", "list-1", list)
 	if a.Status != 200 || b.Header.Get("Idempotent-Replayed") != "true" || b.Body != a.Body || up.count("tools/list") != 1 {
 		t.Fatalf("tools/list under mcp-rest: %d %s / %d %v %s", a.Status, a.Body, b.Status, b.Header, b.Body)
 	}
 	// Under the HTTP policy a conflict is an HTTP problem.
-	if r := env.Post("/mcp", "list-1", `{"jsonrpc":"2.0","id":3,"method":"tools/list"}`, "x-agent", "a"); r.Status != 422 {
+	if r := env.Post("/mcp", "list-1", `{"jsonrpc":"2.0","id":3,"method":"tools/list"}`); r.Status != 422 {
 		t.Fatalf("conflict under mcp-rest: %d %s", r.Status, r.Body)
+	}
+}
+
+// TestJSONRPCInFlightDuplicate: a duplicate of a call still running is
+// answered the in-progress JSON-RPC error, with a retry delay, to its own
+// id; the tool runs once.
+func TestJSONRPCInFlightDuplicate(t *testing.T) {
+	env, up, _ := startMCP(t, mcpPolicies)
+	up.mu.Lock()
+	up.block = make(chan struct{})
+	up.mu.Unlock()
+	done := make(chan harness.Reply, 1)
+	go func() { done <- env.Post("/mcp", "", call("1", "send_email", `{}`), "x-agent", "a", "x-block", "1") }()
+	select {
+	case <-up.block: // the first attempt is at the tool
+	case r := <-done:
+		t.Fatalf("the first call never reached the tool: %d %s", r.Status, r.Body)
+	}
+	dup := env.Post("/mcp", "", call("2", "send_email", `{}`), "x-agent", "a")
+	up.block <- struct{}{} // released before anything can fail the test
+	id, code, data := rpcError(t, dup)
+	if first := <-done; first.Status != 200 || !strings.Contains(first.Body, `"id":1,`) {
+		t.Fatalf("first: %d %s", first.Status, first.Body)
+	}
+	if id != "2" || code != jsonrpc.CodeInProgress || data.Status != 409 || data.RetryAfter != 1 {
+		t.Fatalf("duplicate: id %s code %d data %+v", id, code, data)
+	}
+	if n := up.count("tools/call/send_email"); n != 1 {
+		t.Fatalf("the tool ran %d times", n)
 	}
 }
 
