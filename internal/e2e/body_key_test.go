@@ -255,9 +255,9 @@ func TestJSONRPCReadsPassWithoutAStoreCall(t *testing.T) {
 		}
 	}
 	for _, b := range []string{
-		`[` + call("5", "send_email", `{}`) + `]`, // a batch
+		`[` + call("5", "send_email", `{}`) + `]`,                                               // a batch
 		`{"jsonrpc":"2.0","method":"tools/call","params":{"name":"send_email","arguments":{}}}`, // a notification
-		`{"jsonrpc":"2.0","id":6,"result":{}}`, // a response posted back
+		`{"jsonrpc":"2.0","id":6,"result":{}}`,                                                  // a response posted back
 		`not json`,
 	} {
 		env.Post("/mcp", "", b, "x-agent", "a")
