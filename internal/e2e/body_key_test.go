@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/idem-extproc/idem-extproc/internal/envoysim"
 	"github.com/idem-extproc/idem-extproc/internal/harness"
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/jsonrpc"
@@ -267,6 +268,15 @@ func TestJSONRPCReadsPassWithoutAStoreCall(t *testing.T) {
 	}
 	if n := cs.calls.Load(); n != 0 {
 		t.Fatalf("%d store calls for requests no policy takes", n)
+	}
+	// Passed at the body, they skip the response body phase at the
+	// response headers: nothing of an unprotected answer is buffered.
+	for _, r := range env.Results() {
+		for _, ph := range r.Phases() {
+			if ph == envoysim.PhaseResponseBody {
+				t.Fatalf("an unprotected answer's body was sent to the server: %v", r)
+			}
+		}
 	}
 }
 
