@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -135,19 +136,22 @@ default_policy:
   enabled: false
 `
 
-func startMCP(t *testing.T, doc string) (*harness.Env, *rpcServer, *countingStore) {
+func startMCP(t *testing.T, doc string, logs ...*harness.LogBuffer) (*harness.Env, *rpcServer, *countingStore) {
 	t.Helper()
 	up := newRPCServer(t)
 	cs := &countingStore{}
-	env := harness.Start(t, harness.Options{
+	opts := harness.Options{
 		Policies:    policies(t, doc),
 		UpstreamURL: up.srv.URL,
 		WrapStore: func(st idem.Store) idem.Store {
 			cs.Store = st
 			return cs
 		},
-	})
-	return env, up, cs
+	}
+	if len(logs) > 0 {
+		opts.Logger = slog.New(slog.NewJSONHandler(logs[0], &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return harness.Start(t, opts), up, cs
 }
 
 func call(id, tool, args string) string {
@@ -204,6 +208,21 @@ func TestJSONRPCRetryUnderNewIDIsReplayed(t *testing.T) {
 	env.Post("/mcp", "", call("4", "send_email", `{"to":"b@example.com"}`), "x-agent", "agent-1")
 	if n := up.count("tools/call/send_email"); n != 3 {
 		t.Fatalf("the tool ran %d times, want 3", n)
+	}
+}
+
+// TestDerivedKeyLogsItsHashOnly: the decision line of a derived key names
+// its source and the record id (key_hash), never the members' text.
+func TestDerivedKeyLogsItsHashOnly(t *testing.T) {
+	var logs harness.LogBuffer
+	env, _, _ := startMCP(t, mcpPolicies, &logs)
+	env.Post("/mcp", "", call("1", "send_email", `{"to":"secret-address@example.com"}`), "x-agent", "a")
+	lines := logLines(t, &logs, "decision")
+	if len(lines) != 1 || lines[0]["key_source"] != "derived" || lines[0]["key_hash"] == "" {
+		t.Fatalf("decision lines %v", lines)
+	}
+	if strings.Contains(logs.String(), "secret-address") {
+		t.Fatalf("a body member reached the logs: %s", logs.String())
 	}
 }
 
