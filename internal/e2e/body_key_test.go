@@ -317,6 +317,13 @@ default_policy:
 	if a.Status != 200 || b.Header.Get("Idempotent-Replayed") != "true" || b.Body != a.Body || up.count("tools/list") != 1 {
 		t.Fatalf("tools/list under mcp-rest: %d %s / %d %v %s", a.Status, a.Body, b.Status, b.Header, b.Body)
 	}
+	// A request without a body is decided at its headers (no body phase
+	// comes): no JSON criterion holds, so mcp-rest takes it too.
+	e1 := env.Post("/mcp", "empty-1", "")
+	e2 := env.Post("/mcp", "empty-1", "")
+	if e1.Status != http.StatusAccepted || e2.Header.Get("Idempotent-Replayed") != "true" || up.count("no-id") != 1 {
+		t.Fatalf("bodiless POST under mcp-rest: %d %s / %d %v", e1.Status, e1.Body, e2.Status, e2.Header)
+	}
 	// Under the HTTP policy a conflict is an HTTP problem.
 	if r := env.Post("/mcp", "list-1", `{"jsonrpc":"2.0","id":3,"method":"tools/list"}`); r.Status != 422 {
 		t.Fatalf("conflict under mcp-rest: %d %s", r.Status, r.Body)
