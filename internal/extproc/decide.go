@@ -19,12 +19,18 @@ import (
 // attempt's decision (attempt.Decide): CONTINUE for the first attempt, or
 // an immediate response for any other.
 func (p *processor) decide(ctx context.Context, req *extprocv3.ProcessingRequest) *extprocv3.ProcessingResponse {
+	if p.body != nil && !p.body.resolved {
+		if resp := p.resolveAtBody(ctx, req); resp != nil {
+			return resp
+		}
+	}
 	fp := fingerprint.Compute(fingerprint.Request{
-		Method:  p.method,
-		Path:    p.path,
-		Headers: p.reqHeaders,
-		Body:    p.reqBody,
-		JSON:    p.att.Policy.FingerprintJSON,
+		Method:      p.method,
+		Path:        p.path,
+		Headers:     p.reqHeaders,
+		Body:        p.reqBody,
+		JSON:        p.att.Policy.FingerprintJSON,
+		JSONOptions: p.att.Policy.FingerprintOptions(),
 	}, p.att.Policy.FingerprintHeaders)
 	p.reqBody, p.reqHeaders = nil, nil
 	p.releaseHeld() // the request body is no longer kept
@@ -42,7 +48,14 @@ func (p *processor) decide(ctx context.Context, req *extprocv3.ProcessingRequest
 	}
 	// The decision's name is the metric's (decisions_total): "replayed",
 	// "conflict", not the record's state.
-	p.LogAt(ctx, slog.LevelInfo, "decision", slog.String("decision", string(idem.DecisionFor(res.Outcome))))
+	if p.body != nil {
+		// Decided at the body: say where the key came from (the record id
+		// stands for it; a derived key is a hash, never body text).
+		p.LogAt(ctx, slog.LevelInfo, "decision", slog.String("decision", string(idem.DecisionFor(res.Outcome))),
+			slog.String("key_source", p.att.KeySource().String()))
+	} else {
+		p.LogAt(ctx, slog.LevelInfo, "decision", slog.String("decision", string(idem.DecisionFor(res.Outcome))))
+	}
 	return p.answerFor(req, res)
 }
 

@@ -41,7 +41,6 @@ const (
 type processor struct {
 	srv      *Server
 	policies *policy.Set
-	stage    stage
 	// send writes a message on the stream ahead of the reply being built
 	// (an override_message_timeout before a long wait).
 	send func(*extprocv3.ProcessingResponse) error
@@ -51,6 +50,10 @@ type processor struct {
 	// configuration is assumed and no override is asked for.
 	requestBodyMode, responseBodyMode procmodev3.ProcessingMode_BodySendMode
 	modesKnown                        bool
+	// stage sits next to modesKnown, in what would be padding: a
+	// processor is allocated per request, and this keeps it in the 480
+	// byte size class with body below.
+	stage stage
 
 	// att is the attempt: policy, record, token, what it holds.
 	att        attempt.Attempt
@@ -74,6 +77,9 @@ type processor struct {
 
 	rpc rpcState
 	seq sequence
+	// body is set for a request whose policy is decided at its body
+	// (bodypolicy.go); nil on every other request.
+	body *bodyDecision
 
 	// respAdd are headers the response headers reply adds to the response
 	// the client gets: a shadow policy's decision, a key grace period's
@@ -142,7 +148,7 @@ func (p *processor) handle(ctx context.Context, req *extprocv3.ProcessingRequest
 			// Envoy skipped the request path (mode SKIP): nothing reserved.
 			p.stage = stagePassThrough
 		}
-		return p.withAddedHeaders(continueFor(req)), nil
+		return p.withAddedHeaders(p.passedResponseHeaders(req)), nil
 	case *extprocv3.ProcessingRequest_ResponseBody:
 		if p.stage == stageResponseBody {
 			return p.onResponseBody(ctx, req, r.ResponseBody), nil
@@ -161,18 +167,22 @@ func (p *processor) onRequestHeaders(ctx context.Context, req *extprocv3.Process
 	p.att.RequestID, _ = findHeader(hs, "x-request-id")
 	p.method = method
 
-	matched := p.att.Match(p.policies, policy.Request{
+	preq := policy.Request{
 		Method:    method,
 		Authority: authority,
 		Path:      p.path,
 		RouteName: attrString(attrs, envoyorigin.AttrRouteName),
-	})
+	}
+	matched := p.att.Match(p.policies, preq)
 	if !hasAttr(attrs, envoyorigin.AttrRouteName) {
 		p.routeNameMissing(ctx)
 	}
 	if !matched {
 		p.Decided(idem.DecisionBypassed)
 		return p.passThrough(req)
+	}
+	if p.att.Policy.NeedsBody() {
+		return p.deferToBody(ctx, req, hh, preq, attrs) // bodypolicy.go
 	}
 	rawKey, present := findHeader(hs, p.att.Policy.KeyHeader)
 	lines := 0
@@ -195,6 +205,12 @@ func (p *processor) onRequestHeaders(ctx context.Context, req *extprocv3.Process
 	if hh.GetEndOfStream() {
 		return p.decide(ctx, req)
 	}
+	return p.awaitBody(ctx, req)
+}
+
+// awaitBody asks for a protected request's body, whole, before anything
+// of the request goes upstream.
+func (p *processor) awaitBody(ctx context.Context, req *extprocv3.ProcessingRequest) *extprocv3.ProcessingResponse {
 	if p.budgetFull() {
 		return p.refuse(ctx, req, p.capacityProblem())
 	}

@@ -59,6 +59,10 @@ type Options struct {
 	// MaxBufferedBytes bounds the body bytes all streams buffer together
 	// (extproc.Config); no bound when zero.
 	MaxBufferedBytes int64
+	// UpstreamURL, when set, points the proxy at another upstream (a
+	// JSON-RPC server, say) instead of Env.Upstream, which then sees
+	// nothing.
+	UpstreamURL string
 	// ResponseDelay and RouteTimeout shape the proxy (see envoysim.Proxy).
 	ResponseDelay time.Duration
 	RouteTimeout  time.Duration
@@ -178,6 +182,9 @@ func (e *Env) startProxy() {
 	e.Upstream = NewUpstream()
 	t.Cleanup(e.Upstream.Close)
 	base, _ := url.Parse(e.Upstream.URL())
+	if opts.UpstreamURL != "" {
+		base, _ = url.Parse(opts.UpstreamURL)
+	}
 	e.Proxy = &envoysim.Proxy{
 		Filter:        e.Filter,
 		Upstream:      envoysim.HTTPUpstream(http.DefaultClient, base, opts.RouteTimeout),

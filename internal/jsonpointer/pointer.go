@@ -7,8 +7,8 @@
 // /idempotency_key or /params/arguments/client_order_id, a policy may match
 // on members such as /method and /params/name of a JSON-RPC request, and
 // the fingerprint may include or exclude members by pointer
-// (internal/fingerprint). The attempt does not call it yet; the next step of
-// issue 18 wires it in (docs/mcp.md).
+// (internal/fingerprint). Policies (policy.Policy.MatchBody) and the
+// attempt (attempt.AdmitKeyFrom) read bodies with it (docs/mcp.md).
 package jsonpointer
 
 import (

@@ -4,8 +4,9 @@
 // stored response to the id of the retry it is replayed to, builds the
 // JSON-RPC error responses that stand for the HTTP problems, and takes the
 // final JSON-RPC response out of a stored text/event-stream body (MCP's
-// Streamable HTTP transport). It is protocol-free and not wired into the
-// attempt yet; docs/mcp.md says what the next step wires.
+// Streamable HTTP transport). It is protocol-free; policies with answers:
+// jsonrpc use it (attempt.JSONRPCReplay, extproc's JSON-RPC answers,
+// docs/mcp.md).
 //
 // JSON-RPC 2.0 is https://www.jsonrpc.org/specification; MCP's use of it
 // is the "Base Protocol" of the MCP specification (2025-06-18), whose
