@@ -83,6 +83,10 @@ func (a *Attempt) Admit(scope, key string) *problem.Problem {
 		}
 	}
 	a.Scope = scope
-	a.ID = idem.RecordIDFor(a.Policy.RecordNamespace(), scope, key)
+	ns := a.Policy.RecordNamespace()
+	if a.derived {
+		ns += policy.DerivedNamespaceSuffix // never a key a client sent
+	}
+	a.ID = idem.RecordIDFor(ns, scope, key)
 	return nil
 }

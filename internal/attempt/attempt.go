@@ -81,6 +81,9 @@ type Attempt struct {
 	// once more.
 	retry         func(context.Context) error
 	retryDecision decisionCode
+	// derived: the key was derived from the body (AdmitKeyFrom), so its
+	// record lives in the policy's derived key space.
+	derived bool
 }
 
 // New returns an attempt of srv that talks through conv.

@@ -144,6 +144,8 @@ func (b *builder) build(doc *document) *policy.Set {
 	p.Name = policy.DefaultPolicyName
 	if m := b.match(&dp.Match, "default_policy.match", dp.Enabled.Line); !isEmptyMatch(&m) {
 		p.Match = m
+	} else {
+		p.Match.JSON = m.JSON // body criteria on the default methods
 	}
 	b.apply(p, &dp.settings, "default_policy")
 	b.check(p, &dp.settings, &doc.Defaults, "default_policy", dp.Enabled.Line)
@@ -167,6 +169,10 @@ func clone(p *policy.Policy) *policy.Policy {
 	c.FingerprintHeaders = slices.Clone(p.FingerprintHeaders)
 	c.ResponseRules = slices.Clone(p.ResponseRules)
 	c.StoredHeaderDeny = slices.Clone(p.StoredHeaderDeny)
+	c.KeySources = slices.Clone(p.KeySources)
+	c.KeyDerive = slices.Clone(p.KeyDerive)
+	c.FingerprintInclude = slices.Clone(p.FingerprintInclude)
+	c.FingerprintExclude = slices.Clone(p.FingerprintExclude)
 	return &c
 }
 
@@ -228,6 +234,7 @@ func (b *builder) match(m *match, path string, line int) policy.Match {
 		}
 		out.PathRegex = re
 	}
+	out.JSON = b.jsonMatch(m.JSON, path)
 	return out
 }
 
@@ -379,6 +386,7 @@ func (b *builder) check(p *policy.Policy, s, defaults *settings, path string, li
 		b.errorf(at(s.AdoptShadow, defaults.AdoptShadow), path+".adopt_shadow_records",
 			"only used with enforcement: enforce (it lets an enforcing policy replay what its shadow phase stored)")
 	}
+	b.checkBody(p, s, defaults, path, at)
 	if p.MaxRequestBody == 0 {
 		b.errorf(at(s.MaxRequestBody, defaults.MaxRequestBody), path+".max_request_body",
 			"must be positive: a request body must be read whole to be fingerprinted")

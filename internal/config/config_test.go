@@ -21,7 +21,7 @@ func TestExampleConfigLoads(t *testing.T) {
 	for _, p := range set.Policies {
 		names = append(names, p.Name)
 	}
-	if strings.Join(names, ",") != "payments,orders,internal,default" {
+	if strings.Join(names, ",") != "payments,orders,internal,mcp-tools,default" {
 		t.Fatalf("policies %v", names)
 	}
 	pay := set.Policies[0]
@@ -50,7 +50,7 @@ func TestExampleConfigLoads(t *testing.T) {
 	if set.Policies[2].LeaseExpiry != idem.LeaseExpiryReexecute || set.Policies[2].Scope.Source != policy.ScopePrincipal {
 		t.Fatalf("internal = %+v", set.Policies[2])
 	}
-	if d := set.Policies[3]; d.Name != "default" || d.KeyRequired || d.Scope.Source != policy.ScopeAuthority {
+	if d := set.Policies[4]; d.Name != "default" || d.KeyRequired || d.Scope.Source != policy.ScopeAuthority {
 		t.Fatalf("default = %+v", d)
 	}
 	for _, p := range set.Policies {

@@ -20,6 +20,12 @@ func (b *builder) apply(p *policy.Policy, s *settings, path string) {
 	b.durability(&p.DurabilityRules, s, path)
 	b.rollout(&p.RolloutRules, s, path)
 	b.responses(&p.Responses, s, path)
+	b.bodyKey(&p.KeyRules.BodyKeyRules, s, path)
+	b.fingerprintPointers(&p.BodyRules, s, path)
+	if v := s.Answers; v.Set {
+		p.Answers = oneOf(b, v, path+".answers", []string{"http", "jsonrpc"},
+			[]policy.Answers{policy.AnswersHTTP, policy.AnswersJSONRPC})
+	}
 }
 
 // key parses the key group: key.header, key.required, key.max_length,

@@ -93,6 +93,14 @@ type match struct {
 	Hosts      scalars   `yaml:"hosts"`
 	Methods    scalars   `yaml:"methods"`
 	Path       pathMatch `yaml:"path"`
+	// JSON are body criteria, decided at the request body (issue 18).
+	JSON []jsonCriterion `yaml:"json"`
+}
+
+type jsonCriterion struct {
+	Pointer scalar  `yaml:"pointer"`
+	Equals  scalar  `yaml:"equals"`
+	OneOf   scalars `yaml:"one_of"`
 }
 
 type pathMatch struct {
@@ -124,6 +132,7 @@ type settings struct {
 	Enforcement     scalar           `yaml:"enforcement"`
 	ShadowHeader    scalar           `yaml:"shadow_header"`
 	AdoptShadow     scalar           `yaml:"adopt_shadow_records"`
+	Answers         scalar           `yaml:"answers"`
 }
 
 type keySettings struct {
@@ -131,6 +140,10 @@ type keySettings struct {
 	Required  scalar `yaml:"required"`
 	MaxLength scalar `yaml:"max_length"`
 	WarnUntil scalar `yaml:"warn_until"`
+	// From, Pointer and Derive draw the key from the body (issue 18).
+	From    scalars `yaml:"from"`
+	Pointer scalar  `yaml:"pointer"`
+	Derive  scalars `yaml:"derive"`
 }
 
 type scopeSettings struct {
@@ -148,6 +161,8 @@ type metadataRef struct {
 type fingerprintCfg struct {
 	Headers scalars `yaml:"headers"`
 	JSON    scalar  `yaml:"json"`
+	Include scalars `yaml:"include"`
+	Exclude scalars `yaml:"exclude"`
 }
 
 type responseRule struct {

@@ -19,12 +19,18 @@ import (
 // attempt's decision (attempt.Decide): CONTINUE for the first attempt, or
 // an immediate response for any other.
 func (p *processor) decide(ctx context.Context, req *extprocv3.ProcessingRequest) *extprocv3.ProcessingResponse {
+	if p.body != nil && !p.body.resolved {
+		if resp := p.resolveAtBody(ctx, req); resp != nil {
+			return resp
+		}
+	}
 	fp := fingerprint.Compute(fingerprint.Request{
-		Method:  p.method,
-		Path:    p.path,
-		Headers: p.reqHeaders,
-		Body:    p.reqBody,
-		JSON:    p.att.Policy.FingerprintJSON,
+		Method:      p.method,
+		Path:        p.path,
+		Headers:     p.reqHeaders,
+		Body:        p.reqBody,
+		JSON:        p.att.Policy.FingerprintJSON,
+		JSONOptions: p.att.Policy.FingerprintOptions(),
 	}, p.att.Policy.FingerprintHeaders)
 	p.reqBody, p.reqHeaders = nil, nil
 	p.releaseHeld() // the request body is no longer kept

@@ -60,6 +60,9 @@ const ReplayCode = codes.AlreadyExists
 // problemReply answers with a problem: RFC 9457 for HTTP, a gRPC status
 // for a gRPC call.
 func (p *processor) problemReply(prob *problem.Problem) *extprocv3.ProcessingResponse {
+	if p.answersJSONRPC() {
+		return p.jsonrpcProblem(prob) // jsonrpcanswer.go
+	}
 	if !p.rpc.call {
 		return problemResponse(prob)
 	}
@@ -78,6 +81,9 @@ func (p *processor) problemReply(prob *problem.Problem) *extprocv3.ProcessingRes
 // replayReply answers a retry of a completed operation: the stored
 // response for HTTP, ALREADY_EXISTS naming the original status for gRPC.
 func (p *processor) replayReply(r *idem.Response) *extprocv3.ProcessingResponse {
+	if p.answersJSONRPC() {
+		return p.jsonrpcReplay(r) // jsonrpcanswer.go
+	}
 	if !p.rpc.call {
 		resp, dropped := replayResponse(r, p.att.Policy.StoresHeader)
 		if dropped > 0 {

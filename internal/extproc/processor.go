@@ -74,6 +74,9 @@ type processor struct {
 
 	rpc rpcState
 	seq sequence
+	// body is set for a request whose policy is decided at its body
+	// (bodypolicy.go); nil on every other request.
+	body *bodyDecision
 
 	// respAdd are headers the response headers reply adds to the response
 	// the client gets: a shadow policy's decision, a key grace period's
@@ -161,18 +164,22 @@ func (p *processor) onRequestHeaders(ctx context.Context, req *extprocv3.Process
 	p.att.RequestID, _ = findHeader(hs, "x-request-id")
 	p.method = method
 
-	matched := p.att.Match(p.policies, policy.Request{
+	preq := policy.Request{
 		Method:    method,
 		Authority: authority,
 		Path:      p.path,
 		RouteName: attrString(attrs, envoyorigin.AttrRouteName),
-	})
+	}
+	matched := p.att.Match(p.policies, preq)
 	if !hasAttr(attrs, envoyorigin.AttrRouteName) {
 		p.routeNameMissing(ctx)
 	}
 	if !matched {
 		p.Decided(idem.DecisionBypassed)
 		return p.passThrough(req)
+	}
+	if p.att.Policy.NeedsBody() {
+		return p.deferToBody(ctx, req, hh, preq, attrs) // bodypolicy.go
 	}
 	rawKey, present := findHeader(hs, p.att.Policy.KeyHeader)
 	lines := 0
@@ -195,6 +202,12 @@ func (p *processor) onRequestHeaders(ctx context.Context, req *extprocv3.Process
 	if hh.GetEndOfStream() {
 		return p.decide(ctx, req)
 	}
+	return p.awaitBody(ctx, req)
+}
+
+// awaitBody asks for a protected request's body, whole, before anything
+// of the request goes upstream.
+func (p *processor) awaitBody(ctx context.Context, req *extprocv3.ProcessingRequest) *extprocv3.ProcessingResponse {
 	if p.budgetFull() {
 		return p.refuse(ctx, req, p.capacityProblem())
 	}

@@ -32,6 +32,9 @@ type Match struct {
 	PathExact  string
 	PathPrefix string
 	PathRegex  *regexp.Regexp
+	// JSON are body criteria (match.json): all must hold, judged once the
+	// body is read (MatchBody); Matches ignores them.
+	JSON []JSONCriterion
 }
 
 // Set is an ordered list of policies: the first that matches a request

@@ -9,6 +9,7 @@ import (
 
 	"github.com/idem-extproc/idem-extproc/internal/fingerprint"
 	"github.com/idem-extproc/idem-extproc/internal/idem"
+	"github.com/idem-extproc/idem-extproc/internal/jsonpointer"
 )
 
 // ScopeSource names where a key's scope (its owner) comes from.
@@ -145,6 +146,9 @@ type Policy struct {
 	DurabilityRules
 	RolloutRules
 	Responses
+	// Answers is the protocol of the answers made in the upstream's
+	// place: HTTP (the default) or JSON-RPC (answers: jsonrpc).
+	Answers Answers
 }
 
 // KeyRules are the key group: key.header, key.required, key.max_length,
@@ -159,6 +163,7 @@ type KeyRules struct {
 	// header (and is counted); from it on, it is refused with 400.
 	KeyWarnUntil time.Time
 	MaxKeyLength int
+	BodyKeyRules
 }
 
 // BodyRules are the bodies group: what of a request is fingerprinted and
@@ -176,6 +181,10 @@ type BodyRules struct {
 	// FingerprintJSON canonicalises a JSON body before fingerprinting, so
 	// key order and insignificant whitespace do not make a retry differ.
 	FingerprintJSON bool
+	// FingerprintInclude and FingerprintExclude narrow a JSON body's
+	// fingerprint by pointer (fingerprint.include, fingerprint.exclude;
+	// FingerprintJSON must be on).
+	FingerprintInclude, FingerprintExclude []jsonpointer.Pointer
 	// StoredHeaderDeny lists response headers never stored or replayed, on
 	// top of the hop-by-hop ones (lower case).
 	StoredHeaderDeny []string
@@ -330,6 +339,13 @@ func ReservedHeader(name string) bool {
 // name must be lower case.
 func (p *Policy) StoresHeader(name string) bool {
 	if ReservedHeader(name) {
+		return false
+	}
+	if p.Answers == AnswersJSONRPC && name == MCPSessionHeader {
+		// A replay goes to a retry that may come in another session; the
+		// MCP Go SDK client fails a connection whose response names a
+		// session other than its own (go-sdk v1.8.0 mcp/streamable.go,
+		// streamableClientConn.Write, "mismatching session IDs").
 		return false
 	}
 	for _, d := range p.StoredHeaderDeny {

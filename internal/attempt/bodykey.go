@@ -1,0 +1,162 @@
+package attempt
+
+import (
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/idem-extproc/idem-extproc/internal/fingerprint"
+	"github.com/idem-extproc/idem-extproc/internal/idem"
+	"github.com/idem-extproc/idem-extproc/internal/jsonpointer"
+	"github.com/idem-extproc/idem-extproc/internal/policy"
+	"github.com/idem-extproc/idem-extproc/internal/problem"
+)
+
+// KeyInput is what a request decided at its body offers as its key: the
+// key header's first line and how many lines carried it, and the whole
+// body.
+type KeyInput struct {
+	HeaderRaw   string
+	HeaderLines int
+	Body        []byte
+}
+
+// keyMiss is why one source yielded no key.
+type keyMiss struct {
+	kind   problem.Kind
+	detail string
+}
+
+// AdmitKeyFrom judges a request's key under a policy whose key may come
+// from the body (key.from, issue 18): each source in order, the first
+// that yields a key wins. A key that is there but malformed is refused,
+// whatever follows (it is the client's key, sent wrong). When no source
+// yields one, key.required decides as for a header: 400 with a detail
+// naming what was looked for (the header, the pointer), the grace period,
+// or a pass. A derived key lives in a key space of its own (Admit).
+func (a *Attempt) AdmitKeyFrom(in KeyInput, now time.Time) (Admission, string, *problem.Problem) {
+	p := a.Policy
+	a.derived = false
+	if p.Enforcement == policy.EnforcementOff {
+		a.srv.Observer.Requested(p.Name, in.HeaderLines > 0)
+		a.conv.Decided(idem.DecisionBypassed)
+		return Bypass, "", nil
+	}
+	sources := p.KeySources
+	if len(sources) == 0 {
+		sources = []policy.KeySource{policy.KeyFromHeader}
+	}
+	var misses []keyMiss
+	for _, src := range sources {
+		key, miss, prob := a.keyFrom(src, in)
+		if prob != nil {
+			a.srv.Observer.Requested(p.Name, true)
+			return Refuse, "", prob
+		}
+		if miss.detail != "" {
+			misses = append(misses, miss)
+			continue
+		}
+		a.srv.Observer.Requested(p.Name, src != policy.KeyFromDerived)
+		a.derived = src == policy.KeyFromDerived
+		return Keyed, key, nil
+	}
+	a.srv.Observer.Requested(p.Name, false)
+	switch {
+	case p.KeyRequired && p.KeyGrace(now):
+		return Grace, "", nil
+	case p.KeyRequired:
+		kind, details := problem.KeyMissing, make([]string, 0, len(misses))
+		for _, m := range misses {
+			if m.kind == problem.KeyInvalid {
+				kind = problem.KeyInvalid
+			}
+			details = append(details, m.detail)
+		}
+		return Refuse, "", problem.New(kind, "this endpoint requires an idempotency key: "+strings.Join(details, "; "))
+	}
+	a.conv.Decided(idem.DecisionBypassed)
+	return Bypass, "", nil
+}
+
+// keyFrom reads one source: a key, or why there is none (miss), or the
+// problem of a key sent malformed.
+func (a *Attempt) keyFrom(src policy.KeySource, in KeyInput) (string, keyMiss, *problem.Problem) {
+	p := a.Policy
+	switch src {
+	case policy.KeyFromBody:
+		s, err := jsonpointer.String(in.Body, p.KeyPointer)
+		if err != nil {
+			return "", bodyMiss(p.KeyPointer, err), nil
+		}
+		if err := idem.CheckKey(s, p.MaxKeyLength); err != nil {
+			return "", keyMiss{}, problem.New(problem.KeyInvalid, fmt.Sprintf("the key at %s: %v", p.KeyPointer, err))
+		}
+		return s, keyMiss{}, nil
+	case policy.KeyFromDerived:
+		key, miss := derivedKey(p.KeyDerive, in.Body)
+		return key, miss, nil
+	}
+	if in.HeaderLines == 0 {
+		return "", keyMiss{problem.KeyMissing, "no " + p.KeyHeader + " header"}, nil
+	}
+	adm, key, prob := a.headerKey(in.HeaderRaw, in.HeaderLines)
+	if adm == Refuse {
+		return "", keyMiss{}, prob
+	}
+	return key, keyMiss{}, nil
+}
+
+// headerKey is AdmitKey's judgement of a header key that is present.
+func (a *Attempt) headerKey(raw string, lines int) (Admission, string, *problem.Problem) {
+	if lines > 1 {
+		return Refuse, "", problem.New(problem.KeyInvalid,
+			fmt.Sprintf("invalid Idempotency-Key: sent on %d field lines; the field is a single string", lines))
+	}
+	key, err := idem.ParseKey(raw, a.Policy.MaxKeyLength)
+	if err != nil {
+		return Refuse, "", problem.New(problem.KeyInvalid, err.Error())
+	}
+	return Keyed, key, nil
+}
+
+// bodyMiss words why the body has no key at ptr.
+func bodyMiss(ptr jsonpointer.Pointer, err error) keyMiss {
+	switch {
+	case errors.Is(err, jsonpointer.ErrMissing):
+		return keyMiss{problem.KeyMissing, fmt.Sprintf("the body has no member at %s", ptr)}
+	case errors.Is(err, jsonpointer.ErrNotString):
+		return keyMiss{problem.KeyInvalid, fmt.Sprintf("the member at %s is not a string", ptr)}
+	case errors.Is(err, jsonpointer.ErrDuplicateMember):
+		return keyMiss{problem.KeyInvalid, fmt.Sprintf("the body has a duplicate member name, so the key at %s is ambiguous", ptr)}
+	}
+	return keyMiss{problem.KeyMissing, fmt.Sprintf("the body is not a JSON object, so it has no key at %s", ptr)}
+}
+
+// derivedKey is the key of a client that sends none: the SHA-256 of the
+// canonical JSON of the chosen members (fingerprint.Compute with
+// JSONOptions.Include: an object from pointer to value, an absent member
+// left out, so absent differs from null), in hex. It is never the raw
+// body text, so logs and metrics show no member's value. A body that is
+// not a JSON object, or has none of the members, yields no key.
+func derivedKey(members []jsonpointer.Pointer, body []byte) (string, keyMiss) {
+	vs, err := jsonpointer.Find(body, members...)
+	if err != nil {
+		return "", bodyMiss(members[0], err)
+	}
+	found := false
+	for _, v := range vs {
+		found = found || v.Found()
+	}
+	if !found {
+		names := make([]string, len(members))
+		for i, m := range members {
+			names[i] = m.String()
+		}
+		return "", keyMiss{problem.KeyMissing, "the body has none of the members the key is derived from (" + strings.Join(names, ", ") + ")"}
+	}
+	sum := fingerprint.Compute(fingerprint.Request{Body: body, JSON: true, JSONOptions: fingerprint.JSONOptions{Include: members}}, nil)
+	return hex.EncodeToString(sum[:]), keyMiss{}
+}

@@ -1,0 +1,76 @@
+package extproc
+
+import (
+	"context"
+	"log/slog"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+
+	"github.com/idem-extproc/idem-extproc/internal/attempt"
+	"github.com/idem-extproc/idem-extproc/internal/idem"
+	"github.com/idem-extproc/idem-extproc/internal/jsonrpc"
+	"github.com/idem-extproc/idem-extproc/internal/problem"
+)
+
+// jsonrpcStatus is the HTTP status of every JSON-RPC error answer
+// (answers: jsonrpc). An agent must see the JSON-RPC error, not a
+// transport failure:
+//   - MCP 2025-06-18, Transports, "Sending Messages to the Server": to a
+//     POSTed JSON-RPC request the server answers with Content-Type
+//     application/json (one JSON object) or text/event-stream; an HTTP
+//     error status is for input it cannot accept at all. A JSON-RPC error
+//     response is an answer to the request, so it goes as 200
+//     application/json, as the SDK's own server sends JSON-RPC errors;
+//   - the official Go SDK client (go-sdk v1.8.0 mcp/streamable.go,
+//     streamableClientConn.checkResponse) turns 500, 502, 503, 504 and 429
+//     into a bare "rejected" error without reading the body
+//     (isTransientHTTPStatus), and other non-2xx statuses into an error
+//     that wraps the body's JSON-RPC error only when MCPGODEBUG does not
+//     say noprotocolerrorbody=1; at 200 it delivers the response to the
+//     call (handleJSON), with its code and data intact.
+//
+// The HTTP problem's own status stays in the error's data.status, and
+// Retry-After is still sent (and in data.retryAfter).
+const jsonrpcStatus = 200
+
+// jsonrpcProblem answers with the JSON-RPC error response standing for
+// prob, to the request's own id (null when it could not be read: a body
+// refused before it was whole).
+func (p *processor) jsonrpcProblem(prob *problem.Problem) *extprocv3.ProcessingResponse {
+	body, err := jsonrpc.ErrorResponse(p.body.id, prob)
+	if err != nil {
+		// Every problem kind has a code and the id was checked when read,
+		// so this does not happen; never answer a wrong id, though.
+		body, err = jsonrpc.ErrorResponse(nil, prob)
+		if err != nil {
+			return problemResponse(prob)
+		}
+	}
+	hs := []*corev3.HeaderValueOption{setHeader("content-type", "application/json", false)}
+	if ra := prob.RetryAfterHeader(); ra != "" {
+		hs = append(hs, setHeader("retry-after", ra, false))
+	}
+	return immediate(jsonrpcStatus, hs, body, "idempotency_"+prob.Slug)
+}
+
+// jsonrpcReplay answers a retry with the stored response rewritten to its
+// own id (attempt.JSONRPCReplay), with the replay markers of an HTTP
+// replay. A stored body that is no JSON-RPC response is never replayed to
+// a wrong id: the answer is the outcome-unknown error, since the call did
+// run and what it returned cannot be told.
+func (p *processor) jsonrpcReplay(r *idem.Response) *extprocv3.ProcessingResponse {
+	out, err := attempt.JSONRPCReplay(*r, p.body.id)
+	if err != nil {
+		p.LogAt(context.Background(), slog.LevelWarn, "stored response cannot be replayed as a JSON-RPC response; answering outcome-unknown",
+			slog.String("error", err.Error()))
+		return p.jsonrpcProblem(problem.New(problem.OutcomeUnknown,
+			"an earlier call with this key completed, but its response cannot be replayed as a JSON-RPC response; "+
+				"check the tool's effect before calling again with a new key"))
+	}
+	resp, dropped := replayResponse(&out, p.att.Policy.StoresHeader)
+	if dropped > 0 {
+		p.srv.obs.ReplayHeadersDropped(p.att.Policy.Name, dropped)
+	}
+	return resp
+}

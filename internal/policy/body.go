@@ -1,0 +1,216 @@
+package policy
+
+import (
+	"bytes"
+	"errors"
+
+	"github.com/idem-extproc/idem-extproc/internal/fingerprint"
+	"github.com/idem-extproc/idem-extproc/internal/jsonpointer"
+)
+
+// KeySource names where a policy reads a request's key (key.from, issue 18).
+type KeySource uint8
+
+const (
+	// KeyFromHeader reads the key from the policy's key header (the
+	// default, key.header).
+	KeyFromHeader KeySource = iota
+	// KeyFromBody reads it from a string member of a JSON body, by RFC
+	// 6901 pointer (key.pointer): Square's idempotency_key, say.
+	KeyFromBody
+	// KeyFromDerived makes it: a hash of chosen members of a JSON body
+	// (key.derive), for clients that send no key at all; an identical
+	// retry within the retention is the same operation.
+	KeyFromDerived
+)
+
+func (s KeySource) String() string {
+	switch s {
+	case KeyFromBody:
+		return "body"
+	case KeyFromDerived:
+		return "derived"
+	}
+	return "header"
+}
+
+// DerivedNamespaceSuffix is appended to a policy's record namespace for
+// derived keys, so a derived key never names the record of a key a client
+// sent (in a header or the body), whatever that key's text: policy names
+// cannot contain '#'.
+const DerivedNamespaceSuffix = "#derived"
+
+// MCPSessionHeader is MCP's session header (MCP 2025-06-18, Transports,
+// "Session Management"). It never takes part in a key's scope or a
+// fingerprint (an agent that reconnects gets a new session and must still
+// be recognised), and a JSON-RPC policy never stores it.
+const MCPSessionHeader = "mcp-session-id"
+
+// Answers says in which protocol the server answers in the upstream's
+// place (answers).
+type Answers uint8
+
+const (
+	// AnswersHTTP: RFC 9457 problems and stored HTTP responses (default).
+	AnswersHTTP Answers = iota
+	// AnswersJSONRPC: JSON-RPC 2.0 error responses to the request's own
+	// id, and replays rewritten to that id (MCP, docs/mcp.md).
+	AnswersJSONRPC
+)
+
+func (a Answers) String() string {
+	if a == AnswersJSONRPC {
+		return "jsonrpc"
+	}
+	return "http"
+}
+
+// JSONCriterion is one body criterion of a match (match.json): the string
+// member at Pointer must equal one of OneOf (equals is a list of one).
+type JSONCriterion struct {
+	Pointer jsonpointer.Pointer
+	OneOf   []string
+}
+
+// BodyKeyRules are the body parts of the key group: key.from, key.pointer,
+// key.derive.
+type BodyKeyRules struct {
+	// KeySources are tried in order; the first that yields a key wins.
+	// Empty means the header alone.
+	KeySources []KeySource
+	// KeyPointer locates the key for KeyFromBody.
+	KeyPointer jsonpointer.Pointer
+	// KeyDerive are the members hashed into a KeyFromDerived key.
+	KeyDerive []jsonpointer.Pointer
+}
+
+// KeyFrom reports whether src is one of the policy's key sources.
+func (p *Policy) KeyFrom(src KeySource) bool {
+	if len(p.KeySources) == 0 {
+		return src == KeyFromHeader
+	}
+	for _, s := range p.KeySources {
+		if s == src {
+			return true
+		}
+	}
+	return false
+}
+
+// NeedsBody reports whether the policy decides a request only once its
+// body is read: it matches on the body (match.json), answers in JSON-RPC
+// (which needs the request's id, and passes notifications and batches),
+// or reads its key from the body.
+func (p *Policy) NeedsBody() bool {
+	return len(p.Match.JSON) > 0 || p.Answers == AnswersJSONRPC || p.KeyFrom(KeyFromBody) || p.KeyFrom(KeyFromDerived)
+}
+
+// BodyMiss says why a policy's body criteria did not hold for a body.
+type BodyMiss uint8
+
+const (
+	// BodyMatched: every body criterion holds (or the policy has none).
+	BodyMatched BodyMiss = iota
+	// BodyNotJSON: the body is not one JSON object (not JSON, a scalar,
+	// a duplicate member name, or no body at all).
+	BodyNotJSON
+	// BodyBatch: a top-level array, a JSON-RPC batch (MCP 2025-06-18
+	// no longer allows them): never protected.
+	BodyBatch
+	// BodyNotification: a JSON-RPC message without an id (a
+	// notification), or without a method (a response the client posts
+	// back), on a policy that answers in JSON-RPC: nothing to replay.
+	BodyNotification
+	// BodyCriteria: a match.json criterion does not hold.
+	BodyCriteria
+)
+
+func (m BodyMiss) String() string {
+	return [...]string{"matched", "not-json", "batch", "notification", "criteria"}[m]
+}
+
+var (
+	idPointer     = mustPointer("/id")
+	methodPointer = mustPointer("/method")
+)
+
+func mustPointer(s string) jsonpointer.Pointer {
+	p, err := jsonpointer.Parse(s)
+	if err != nil {
+		panic(err) // constant pointers only
+	}
+	return p
+}
+
+// MatchBody judges the body criteria of p (match.json, and for answers:
+// jsonrpc a JSON-RPC request with an id) on a complete request body, in
+// one pass over it. For a JSON-RPC policy it returns the request's id as
+// sent (a copy), which every answer in the upstream's place carries.
+func (p *Policy) MatchBody(body []byte) (id []byte, miss BodyMiss) {
+	if !p.bodyCriteria() {
+		return nil, BodyMatched
+	}
+	ptrs := make([]jsonpointer.Pointer, 0, 2+len(p.Match.JSON))
+	ptrs = append(ptrs, idPointer, methodPointer)
+	for _, c := range p.Match.JSON {
+		ptrs = append(ptrs, c.Pointer)
+	}
+	vs, err := jsonpointer.Find(body, ptrs...)
+	switch {
+	case errors.Is(err, jsonpointer.ErrTopLevelArray):
+		return nil, BodyBatch
+	case err != nil:
+		return nil, BodyNotJSON
+	}
+	if p.Answers == AnswersJSONRPC {
+		idv, method := vs[0], vs[1]
+		if idv.Kind != jsonpointer.KindString && idv.Kind != jsonpointer.KindNumber {
+			// No id (a notification); null, an object or an array is no
+			// id a request may carry (MCP 2025-06-18, Base Protocol).
+			return nil, BodyNotification
+		}
+		if method.Kind != jsonpointer.KindString {
+			return nil, BodyNotification // a response, not a request
+		}
+		id = bytes.Clone(idv.Raw)
+	}
+	for i, c := range p.Match.JSON {
+		if !vs[2+i].OneOf(c.OneOf...) {
+			return nil, BodyCriteria
+		}
+	}
+	return id, BodyMatched
+}
+
+// BodyCandidates returns the policies a request deferred to its body may
+// end with, in order: first (the first whose header criteria hold, which
+// NeedsBody) and every later one whose header criteria hold, up to and
+// including the first that has no body criteria (it takes every body).
+func (s *Set) BodyCandidates(r Request, first *Policy) []*Policy {
+	var out []*Policy
+	on := false
+	for _, p := range s.Policies {
+		if p == first {
+			on = true
+		}
+		if !on || !p.Match.Matches(r) {
+			continue
+		}
+		out = append(out, p)
+		if !p.bodyCriteria() {
+			break
+		}
+	}
+	return out
+}
+
+// bodyCriteria reports whether the policy takes only some bodies.
+func (p *Policy) bodyCriteria() bool {
+	return len(p.Match.JSON) > 0 || p.Answers == AnswersJSONRPC
+}
+
+// FingerprintOptions are the pointers the fingerprint narrows a JSON body
+// with (fingerprint.include, fingerprint.exclude).
+func (p *Policy) FingerprintOptions() fingerprint.JSONOptions {
+	return fingerprint.JSONOptions{Include: p.FingerprintInclude, Exclude: p.FingerprintExclude}
+}
