@@ -60,6 +60,12 @@ type toolOut struct {
 	ID string `json:"id"`
 }
 
+type paymentIn struct {
+	Amount         int    `json:"amount"`
+	Currency       string `json:"currency"`
+	IdempotencyKey string `json:"idempotency_key,omitempty"`
+}
+
 type lookupIn struct {
 	Query string `json:"query"`
 }
@@ -106,6 +112,10 @@ func (ts *tools) handler(jsonResponse bool) http.Handler {
 			<-ts.gate // the ticket is open; the answer waits (the tool ignores ctx, as a slow backend would)
 		}
 		return nil, toolOut{ID: fmt.Sprintf("ticket-%d-%s", n, in.Title)}, nil
+	})
+	mcp.AddTool(server, &mcp.Tool{Name: "create_payment"}, func(ctx context.Context, req *mcp.CallToolRequest, in paymentIn) (*mcp.CallToolResult, toolOut, error) {
+		n := ts.run("create_payment")
+		return nil, toolOut{ID: fmt.Sprintf("pay-%d-%d%s", n, in.Amount, in.Currency)}, nil
 	})
 	// A read: not in any policy's tool list, so it passes unprotected.
 	mcp.AddTool(server, &mcp.Tool{Name: "lookup"}, func(ctx context.Context, req *mcp.CallToolRequest, in lookupIn) (*mcp.CallToolResult, toolOut, error) {
