@@ -163,9 +163,9 @@ const (
 
 // mcpEnv runs the tools behind envoysim and the server with the given
 // policy document, counting the store's calls.
-func mcpEnv(t *testing.T, doc string, ts *tools, jsonResponse bool, opts harness.Options) (*harness.Env, *countingStore) {
+func mcpEnv(t *testing.T, doc string, ts *tools, jsonResponse bool, opts harness.Options) (*harness.Env, *storeCalls) {
 	t.Helper()
-	cs := &countingStore{}
+	cs := &storeCalls{}
 	opts.Policies = policies(t, doc)
 	opts.UpstreamHandler = ts.handler(jsonResponse)
 	opts.WrapStore = cs.wrap
@@ -664,13 +664,13 @@ func TestMCPSessionTrafficCostsNoRedisCall(t *testing.T) {
 	}
 }
 
-// countingStore counts the server's store calls, keeping the store's
+// storeCalls counts the server's store calls, keeping the store's
 // Watcher so that waits work as without it.
-type countingStore struct {
+type storeCalls struct {
 	calls, reserves atomic.Int64
 }
 
-func (c *countingStore) wrap(st idem.Store) idem.Store {
+func (c *storeCalls) wrap(st idem.Store) idem.Store {
 	cs := &counted{Store: st, c: c}
 	if w, ok := st.(idem.Watcher); ok {
 		return &countedWatcher{counted: cs, w: w}
@@ -680,7 +680,7 @@ func (c *countingStore) wrap(st idem.Store) idem.Store {
 
 type counted struct {
 	idem.Store
-	c *countingStore
+	c *storeCalls
 }
 
 func (s *counted) Reserve(ctx context.Context, r idem.Reservation) (idem.ReserveResult, error) {

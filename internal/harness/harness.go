@@ -64,6 +64,10 @@ type Options struct {
 	// then serves it and its effect log stays empty: the handler counts its
 	// own effects.
 	UpstreamHandler http.Handler
+	// UpstreamURL, when set, points the proxy at another upstream (a
+	// JSON-RPC server, say) instead of Env.Upstream, which then sees
+	// nothing.
+	UpstreamURL string
 	// ResponseDelay and RouteTimeout shape the proxy (see envoysim.Proxy).
 	ResponseDelay time.Duration
 	RouteTimeout  time.Duration
@@ -187,6 +191,9 @@ func (e *Env) startProxy() {
 	}
 	t.Cleanup(e.Upstream.Close)
 	base, _ := url.Parse(e.Upstream.URL())
+	if opts.UpstreamURL != "" {
+		base, _ = url.Parse(opts.UpstreamURL)
+	}
 	e.Proxy = &envoysim.Proxy{
 		Filter:        e.Filter,
 		Upstream:      envoysim.HTTPUpstream(http.DefaultClient, base, opts.RouteTimeout),
