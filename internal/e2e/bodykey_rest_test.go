@@ -69,10 +69,12 @@ func TestBodyKeyChangedBodyRefused(t *testing.T) {
 }
 
 // TestBodyKeyMissingOrMalformed: where the key is required, a body without
-// it is 400 idempotency-key-missing, a key that is not a string or breaks
-// the header keys' rules (1 to 255 visible ASCII characters) is 400
+// it is 400 idempotency-key-missing, a key that is not a string, breaks
+// the header keys' rules (1 to 255 visible ASCII characters) or is sent
+// twice (a duplicate member: which one counts is ambiguous) is 400
 // idempotency-key-invalid, and a body that is not JSON has no key to read:
-// a 400 problem naming the pointer. Nothing reaches the upstream.
+// key-missing. Each problem names the pointer; nothing reaches the
+// upstream.
 func TestBodyKeyMissingOrMalformed(t *testing.T) {
 	env := squareEnv(t)
 	for _, tc := range []struct {
@@ -84,6 +86,7 @@ func TestBodyKeyMissingOrMalformed(t *testing.T) {
 		{"empty", `{"idempotency_key":"","amount_money":{"amount":100,"currency":"USD"}}`, problem.KeyInvalid},
 		{"too long", `{"idempotency_key":"` + strings.Repeat("k", 256) + `"}`, problem.KeyInvalid},
 		{"control character", `{"idempotency_key":"a\u0007b"}`, problem.KeyInvalid},
+		{"twice", `{"idempotency_key":"a","idempotency_key":"b"}`, problem.KeyInvalid},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := wantProblem(t, env.Post("/v2/payments", "", tc.body), tc.want)
@@ -94,15 +97,10 @@ func TestBodyKeyMissingOrMalformed(t *testing.T) {
 	}
 	t.Run("not JSON", func(t *testing.T) {
 		r := env.Post("/v2/payments", "", "idempotency_key=pay-form&amount=100") // a form, sent as application/json
-		// Which of the two key problems a body without JSON gets is the
-		// wiring's choice (mcp-wire.md names both); either names the
-		// pointer and is a 400.
-		kind := problem.KeyMissing
-		if strings.Contains(r.Body, problem.KeyInvalid.Slug) {
-			kind = problem.KeyInvalid
-		}
-		p := wantProblem(t, r, kind)
-		if d, _ := p["detail"].(string); !strings.Contains(d, "/idempotency_key") {
+		// A body that is not JSON has no member to read: key-missing
+		// (attempt's bodyMiss), saying why.
+		p := wantProblem(t, r, problem.KeyMissing)
+		if d, _ := p["detail"].(string); !strings.Contains(d, "/idempotency_key") || !strings.Contains(d, "not a JSON object") {
 			t.Fatalf("detail %q does not name the pointer", d)
 		}
 	})
