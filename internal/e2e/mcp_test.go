@@ -477,10 +477,15 @@ func TestMCPMissingBodyKey(t *testing.T) {
 // TestMCPConcurrentDuplicate: a duplicate arriving while the first call's
 // tool runs waits for its result with wait_for_in_flight, and without it is
 // refused with -32002 request-in-progress (retryAfter in data); the tool
-// runs once either way.
+// runs once either way. The waiting duplicate of an SSE answer gets the
+// stored stream's final response.
 func TestMCPConcurrentDuplicate(t *testing.T) {
-	for _, wait := range []bool{true, false} {
-		t.Run(map[bool]string{true: "wait", false: "refuse"}[wait], func(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		wait, json bool
+	}{{"wait/json", true, true}, {"wait/sse", true, false}, {"refuse/json", false, true}} {
+		wait := tc.wait
+		t.Run(tc.name, func(t *testing.T) {
 			ts := newTools()
 			ts.gate = make(chan struct{})
 			extra, opts := "", harness.Options{}
@@ -494,7 +499,7 @@ func TestMCPConcurrentDuplicate(t *testing.T) {
 				cfg.MaxMessageTimeout = durationpb.New(60 * time.Second)
 				opts.Filter = cfg
 			}
-			env, store := mcpEnv(t, mcpPolicy(headerKey, extra), ts, true, opts)
+			env, store := mcpEnv(t, mcpPolicy(headerKey, extra), ts, tc.json, opts)
 			first, second := connect(t, env), connect(t, env)
 			args := map[string]any{"title": "disk full"}
 			type answer struct {
@@ -661,6 +666,29 @@ func TestMCPSessionTrafficCostsNoRedisCall(t *testing.T) {
 	a.result(t, ctx, "send_email", map[string]any{"to": "fay@example.com"})
 	if store.calls.Load() == 0 {
 		t.Fatal("a protected tools/call made no store call")
+	}
+}
+
+// TestMCPStoreUnavailable: with Redis gone, a fail_closed policy refuses
+// the call with -32004 (retryAfter in data) and the tool does not run. The
+// Go SDK client takes -32004 for its own "server is closing" code (see
+// TestMCPClientGivesUpWhileToolRuns), so the agent sees
+// mcp.ErrConnectionClosed with the message only; the wire carries the
+// code and data.
+func TestMCPStoreUnavailable(t *testing.T) {
+	ts := newTools()
+	env, _ := mcpEnv(t, mcpPolicy(headerKey, ""), ts, true, harness.Options{StoreTimeout: time.Second})
+	a := connect(t, env)
+	env.Redis.Kill()
+	res, err := a.call(withKey("down-1"), "send_email", map[string]any{"to": "gil@example.com"})
+	if data := wantWireError(t, a.wire.call(t, 0), -32004, problem.StoreUnavailable); data.RetryAfter == nil {
+		t.Fatal("store-unavailable carries no retryAfter")
+	}
+	if res != nil || !errors.Is(err, mcp.ErrConnectionClosed) || !strings.Contains(err.Error(), problem.StoreUnavailable.Title) {
+		t.Fatalf("CallTool = %+v, %v; want mcp.ErrConnectionClosed carrying the title", res, err)
+	}
+	if n := ts.Runs("send_email"); n != 0 {
+		t.Fatalf("send_email ran %d times, want 0", n)
 	}
 }
 
