@@ -84,7 +84,7 @@ func (a *Attempt) Admit(scope, key string) *problem.Problem {
 	}
 	a.Scope = scope
 	ns := a.Policy.RecordNamespace()
-	if a.derived {
+	if a.keySource == policy.KeyFromDerived {
 		ns += policy.DerivedNamespaceSuffix // never a key a client sent
 	}
 	a.ID = idem.RecordIDFor(ns, scope, key)

@@ -81,9 +81,9 @@ type Attempt struct {
 	// once more.
 	retry         func(context.Context) error
 	retryDecision decisionCode
-	// derived: the key was derived from the body (AdmitKeyFrom), so its
-	// record lives in the policy's derived key space.
-	derived bool
+	// keySource is where the key came from (AdmitKeyFrom); a derived
+	// key's record lives in the policy's derived key space.
+	keySource policy.KeySource
 }
 
 // New returns an attempt of srv that talks through conv.
@@ -109,6 +109,10 @@ const (
 var settleDecisions = [...]idem.Decision{idem.DecisionStored, idem.DecisionReleased, idem.DecisionMarkedUnknown}
 
 func (c decisionCode) decision() idem.Decision { return settleDecisions[c] }
+
+// KeySource is where the admitted key came from: the header unless the
+// policy reads it from the body (AdmitKeyFrom).
+func (a *Attempt) KeySource() policy.KeySource { return a.keySource }
 
 // PolicyName is the matched policy's name, "" when none matched.
 func (a *Attempt) PolicyName() string {

@@ -38,7 +38,7 @@ type keyMiss struct {
 // or a pass. A derived key lives in a key space of its own (Admit).
 func (a *Attempt) AdmitKeyFrom(in KeyInput, now time.Time) (Admission, string, *problem.Problem) {
 	p := a.Policy
-	a.derived = false
+	a.keySource = policy.KeyFromHeader
 	if p.Enforcement == policy.EnforcementOff {
 		a.srv.Observer.Requested(p.Name, in.HeaderLines > 0)
 		a.conv.Decided(idem.DecisionBypassed)
@@ -60,7 +60,7 @@ func (a *Attempt) AdmitKeyFrom(in KeyInput, now time.Time) (Admission, string, *
 			continue
 		}
 		a.srv.Observer.Requested(p.Name, src != policy.KeyFromDerived)
-		a.derived = src == policy.KeyFromDerived
+		a.keySource = src
 		return Keyed, key, nil
 	}
 	a.srv.Observer.Requested(p.Name, false)

@@ -86,6 +86,9 @@ func TestAdmitKeyFromBody(t *testing.T) {
 			if got != Keyed {
 				return
 			}
+			if tc.derivedSpace != (a.KeySource() == policy.KeyFromDerived) {
+				t.Fatalf("key source %v", a.KeySource())
+			}
 			if tc.derivedSpace && (len(key) != 64 || strings.Contains(key, "send_email")) {
 				t.Fatalf("derived key %q is not a hash", key)
 			}
@@ -129,7 +132,7 @@ func TestDerivedKeyReadsOnlyItsMembers(t *testing.T) {
 	}
 	p := policy.Default()
 	a := New(&Server{}, &reporter{})
-	a.Policy, a.derived = p, true
+	a.Policy, a.keySource = p, policy.KeyFromDerived
 	a.Admit("s", base)
 	b := New(&Server{}, &reporter{})
 	b.Policy = p

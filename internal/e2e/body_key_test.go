@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -12,6 +13,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/idem-extproc/idem-extproc/internal/envoysim"
 	"github.com/idem-extproc/idem-extproc/internal/harness"
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/jsonrpc"
@@ -134,19 +136,22 @@ default_policy:
   enabled: false
 `
 
-func startMCP(t *testing.T, doc string) (*harness.Env, *rpcServer, *countingStore) {
+func startMCP(t *testing.T, doc string, logs ...*harness.LogBuffer) (*harness.Env, *rpcServer, *countingStore) {
 	t.Helper()
 	up := newRPCServer(t)
 	cs := &countingStore{}
-	env := harness.Start(t, harness.Options{
+	opts := harness.Options{
 		Policies:    policies(t, doc),
 		UpstreamURL: up.srv.URL,
 		WrapStore: func(st idem.Store) idem.Store {
 			cs.Store = st
 			return cs
 		},
-	})
-	return env, up, cs
+	}
+	if len(logs) > 0 {
+		opts.Logger = slog.New(slog.NewJSONHandler(logs[0], &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return harness.Start(t, opts), up, cs
 }
 
 func call(id, tool, args string) string {
@@ -206,6 +211,21 @@ func TestJSONRPCRetryUnderNewIDIsReplayed(t *testing.T) {
 	}
 }
 
+// TestDerivedKeyLogsItsHashOnly: the decision line of a derived key names
+// its source and the record id (key_hash), never the members' text.
+func TestDerivedKeyLogsItsHashOnly(t *testing.T) {
+	var logs harness.LogBuffer
+	env, _, _ := startMCP(t, mcpPolicies, &logs)
+	env.Post("/mcp", "", call("1", "send_email", `{"to":"secret-address@example.com"}`), "x-agent", "a")
+	lines := logLines(t, &logs, "decision")
+	if len(lines) != 1 || lines[0]["key_source"] != "derived" || lines[0]["key_hash"] == "" {
+		t.Fatalf("decision lines %v", lines)
+	}
+	if strings.Contains(logs.String(), "secret-address") {
+		t.Fatalf("a body member reached the logs: %s", logs.String())
+	}
+}
+
 // TestJSONRPCConflictIsAJSONRPCError: the same client key for another
 // argument is refused as a JSON-RPC error to the request's own id, with the
 // documented code and the problem in data; the tool runs once.
@@ -255,9 +275,9 @@ func TestJSONRPCReadsPassWithoutAStoreCall(t *testing.T) {
 		}
 	}
 	for _, b := range []string{
-		`[` + call("5", "send_email", `{}`) + `]`, // a batch
+		`[` + call("5", "send_email", `{}`) + `]`,                                               // a batch
 		`{"jsonrpc":"2.0","method":"tools/call","params":{"name":"send_email","arguments":{}}}`, // a notification
-		`{"jsonrpc":"2.0","id":6,"result":{}}`, // a response posted back
+		`{"jsonrpc":"2.0","id":6,"result":{}}`,                                                  // a response posted back
 		`not json`,
 	} {
 		env.Post("/mcp", "", b, "x-agent", "a")
@@ -267,6 +287,15 @@ func TestJSONRPCReadsPassWithoutAStoreCall(t *testing.T) {
 	}
 	if n := cs.calls.Load(); n != 0 {
 		t.Fatalf("%d store calls for requests no policy takes", n)
+	}
+	// Passed at the body, they skip the response body phase at the
+	// response headers: nothing of an unprotected answer is buffered.
+	for _, r := range env.Results() {
+		for _, ph := range r.Phases() {
+			if ph == envoysim.PhaseResponseBody {
+				t.Fatalf("an unprotected answer's body was sent to the server: %v", r)
+			}
+		}
 	}
 }
 

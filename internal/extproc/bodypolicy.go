@@ -127,5 +127,19 @@ func (p *processor) dropRequestBody() {
 	p.releaseHeld()
 }
 
+// passedResponseHeaders answers the response headers of a request that
+// holds no record. A request passed at its body could not skip the
+// response phases then (Envoy honours mode_override only in a reply to a
+// headers message: ext_proc.cc, onReceiveMessage, inHeaderProcessState),
+// so it skips the response body here: an unprotected MCP answer streamed
+// as text/event-stream (a long tool call's progress) is not held whole in
+// Envoy's buffer for a body phase that has nothing to do.
+func (p *processor) passedResponseHeaders(req *extprocv3.ProcessingRequest) *extprocv3.ProcessingResponse {
+	if p.body != nil && !p.att.Held() && !p.rpc.call {
+		return continueWith(req, skipResponseBody)
+	}
+	return continueFor(req)
+}
+
 // answersJSONRPC reports whether this request's answers are JSON-RPC.
 func (p *processor) answersJSONRPC() bool { return p.body != nil && p.body.jsonrpc }

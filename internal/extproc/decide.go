@@ -48,7 +48,14 @@ func (p *processor) decide(ctx context.Context, req *extprocv3.ProcessingRequest
 	}
 	// The decision's name is the metric's (decisions_total): "replayed",
 	// "conflict", not the record's state.
-	p.LogAt(ctx, slog.LevelInfo, "decision", slog.String("decision", string(idem.DecisionFor(res.Outcome))))
+	if p.body != nil {
+		// Decided at the body: say where the key came from (the record id
+		// stands for it; a derived key is a hash, never body text).
+		p.LogAt(ctx, slog.LevelInfo, "decision", slog.String("decision", string(idem.DecisionFor(res.Outcome))),
+			slog.String("key_source", p.att.KeySource().String()))
+	} else {
+		p.LogAt(ctx, slog.LevelInfo, "decision", slog.String("decision", string(idem.DecisionFor(res.Outcome))))
+	}
 	return p.answerFor(req, res)
 }
 

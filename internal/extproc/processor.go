@@ -145,7 +145,7 @@ func (p *processor) handle(ctx context.Context, req *extprocv3.ProcessingRequest
 			// Envoy skipped the request path (mode SKIP): nothing reserved.
 			p.stage = stagePassThrough
 		}
-		return p.withAddedHeaders(continueFor(req)), nil
+		return p.withAddedHeaders(p.passedResponseHeaders(req)), nil
 	case *extprocv3.ProcessingRequest_ResponseBody:
 		if p.stage == stageResponseBody {
 			return p.onResponseBody(ctx, req, r.ResponseBody), nil
