@@ -625,8 +625,8 @@ func TestMCPReconnectedAgentRecognised(t *testing.T) {
 // TestMCPSessionTrafficCostsNoRedisCall: initialize, notifications,
 // tools/list, ping and a call of a tool outside the policy's list pass
 // with no store call and no Redis command, even with an Idempotency-Key on
-// every request; a protected call then does reach the store (so the count
-// can tell).
+// every request, in three messages whose last skips the response body; a
+// protected call then does reach the store (so the count can tell).
 func TestMCPSessionTrafficCostsNoRedisCall(t *testing.T) {
 	ts := newTools()
 	env, store := mcpEnv(t, mcpPolicy(headerKey, ""), ts, false, harness.Options{})
@@ -656,6 +656,14 @@ func TestMCPSessionTrafficCostsNoRedisCall(t *testing.T) {
 	}
 	if after != before || store.calls.Load() != 0 {
 		t.Fatalf("session traffic issued %d Redis commands and %d store calls, want none", after-before, store.calls.Load())
+	}
+	// Each was decided at its body and its answer let through unbuffered:
+	// the response headers' reply skips the response body.
+	for _, r := range env.Results() {
+		ms := r.Messages
+		if len(ms) != 3 || ms[1].Phase != envoysim.PhaseRequestBody || ms[2].Phase != envoysim.PhaseResponseHeaders || ms[2].Reply != "mode_override" {
+			t.Fatalf("session traffic exchange %v, want request headers, body, and response headers answered with a mode_override", r)
+		}
 	}
 	methods := a.wire.methods()
 	for _, m := range []string{"initialize", "notifications/initialized", "tools/list", "ping", "tools/call"} {
