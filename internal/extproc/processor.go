@@ -41,7 +41,6 @@ const (
 type processor struct {
 	srv      *Server
 	policies *policy.Set
-	stage    stage
 	// send writes a message on the stream ahead of the reply being built
 	// (an override_message_timeout before a long wait).
 	send func(*extprocv3.ProcessingResponse) error
@@ -51,6 +50,10 @@ type processor struct {
 	// configuration is assumed and no override is asked for.
 	requestBodyMode, responseBodyMode procmodev3.ProcessingMode_BodySendMode
 	modesKnown                        bool
+	// stage sits next to modesKnown, in what would be padding: a
+	// processor is allocated per request, and this keeps it in the 480
+	// byte size class with body below.
+	stage stage
 
 	// att is the attempt: policy, record, token, what it holds.
 	att        attempt.Attempt
