@@ -29,6 +29,7 @@ var misspellings = []mutation{
 	{file: "envoy/envoy.yaml", from: "    disabled: true", to: "    disable: true"},
 	{file: "envoy/envoy-jwt.yaml", from: "payload_in_metadata:", to: "payload_in_metdata:"},
 	{file: "envoy/envoy-jwt.yaml", from: "max_message_timeout:", to: "max_message_timout:"},
+	{file: "envoy/envoy-mcp.yaml", from: "idle_timeout: 3600s", to: "idle_timout: 3600s"},
 	{file: "docker-compose.yml", from: "depends_on:", to: "depend_on:"},
 	{file: "Dockerfile", from: "EXPOSE 50051", to: "EXPOZE 50051"},
 	{file: "k8s/base/kustomization.yaml", from: "configMapGenerator:", to: "configMapGenerater:"},

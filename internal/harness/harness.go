@@ -59,6 +59,11 @@ type Options struct {
 	// MaxBufferedBytes bounds the body bytes all streams buffer together
 	// (extproc.Config); no bound when zero.
 	MaxBufferedBytes int64
+	// UpstreamHandler, when set, is the application behind the proxy
+	// instead of the counting one (an MCP SDK tool server, say); Env.Upstream
+	// then serves it and its effect log stays empty: the handler counts its
+	// own effects.
+	UpstreamHandler http.Handler
 	// UpstreamURL, when set, points the proxy at another upstream (a
 	// JSON-RPC server, say) instead of Env.Upstream, which then sees
 	// nothing.
@@ -179,7 +184,11 @@ func (e *Env) startFilter() {
 // have seen an ext_proc failure, unless the options expect some.
 func (e *Env) startProxy() {
 	t, opts := e.t, e.opts
-	e.Upstream = NewUpstream()
+	if opts.UpstreamHandler != nil {
+		e.Upstream = ServeHandler(opts.UpstreamHandler)
+	} else {
+		e.Upstream = NewUpstream()
+	}
 	t.Cleanup(e.Upstream.Close)
 	base, _ := url.Parse(e.Upstream.URL())
 	if opts.UpstreamURL != "" {

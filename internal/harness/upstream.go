@@ -50,6 +50,12 @@ func NewUpstream() *Upstream {
 	return u
 }
 
+// ServeHandler starts an upstream that serves h instead of the counting
+// application: its effect log stays empty and ArrivedKey counts nothing.
+func ServeHandler(h http.Handler) *Upstream {
+	return &Upstream{srv: httptest.NewServer(h)}
+}
+
 // URL returns the upstream's base URL.
 func (u *Upstream) URL() string { return u.srv.URL }
 
