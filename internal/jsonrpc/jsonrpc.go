@@ -115,18 +115,20 @@ func validID(id json.RawMessage) bool {
 
 // The JSON-RPC error codes of the idempotency answers, in the range
 // JSON-RPC 2.0 reserves for implementation-defined server errors
-// (-32000 to -32099); documented in docs/mcp.md, "JSON-RPC answers".
+// (-32000 to -32099) and clear of the codes MCP peers keep for their own
+// errors (TestCodesAvoidPeersOwn); documented in docs/mcp.md, "JSON-RPC
+// answers".
 const (
-	CodeKeyReused        = -32001 // problem.KeyReused: same key, different request
-	CodeInProgress       = -32002 // problem.InProgress: the first attempt still runs
-	CodeOutcomeUnknown   = -32003 // problem.OutcomeUnknown
-	CodeStoreUnavailable = -32004 // problem.StoreUnavailable
-	CodeCapacityExceeded = -32005 // problem.CapacityExceeded
-	CodeKeyMissing       = -32010 // problem.KeyMissing
-	CodeKeyInvalid       = -32011 // problem.KeyInvalid
-	CodeBodyTooLarge     = -32012 // problem.BodyTooLarge
-	CodeBodyIncomplete   = -32013 // problem.BodyIncomplete
-	CodePrincipalMissing = -32014 // problem.PrincipalMissing
+	CodeKeyReused        = -32061 // problem.KeyReused: same key, different request
+	CodeInProgress       = -32062 // problem.InProgress: the first attempt still runs
+	CodeOutcomeUnknown   = -32063 // problem.OutcomeUnknown
+	CodeStoreUnavailable = -32064 // problem.StoreUnavailable
+	CodeCapacityExceeded = -32065 // problem.CapacityExceeded
+	CodeKeyMissing       = -32070 // problem.KeyMissing
+	CodeKeyInvalid       = -32071 // problem.KeyInvalid
+	CodeBodyTooLarge     = -32072 // problem.BodyTooLarge
+	CodeBodyIncomplete   = -32073 // problem.BodyIncomplete
+	CodePrincipalMissing = -32074 // problem.PrincipalMissing
 )
 
 var codes = map[string]int{

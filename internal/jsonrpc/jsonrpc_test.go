@@ -100,10 +100,10 @@ func TestErrorResponse(t *testing.T) {
 		kind problem.Kind
 		code int
 	}{
-		{problem.KeyReused, -32001}, {problem.InProgress, -32002}, {problem.OutcomeUnknown, -32003},
-		{problem.StoreUnavailable, -32004}, {problem.CapacityExceeded, -32005}, {problem.KeyMissing, -32010},
-		{problem.KeyInvalid, -32011}, {problem.BodyTooLarge, -32012}, {problem.BodyIncomplete, -32013},
-		{problem.PrincipalMissing, -32014},
+		{problem.KeyReused, -32061}, {problem.InProgress, -32062}, {problem.OutcomeUnknown, -32063},
+		{problem.StoreUnavailable, -32064}, {problem.CapacityExceeded, -32065}, {problem.KeyMissing, -32070},
+		{problem.KeyInvalid, -32071}, {problem.BodyTooLarge, -32072}, {problem.BodyIncomplete, -32073},
+		{problem.PrincipalMissing, -32074},
 	} {
 		p := problem.New(tc.kind, "detail of "+tc.kind.Slug)
 		p.RetryAfter = 2 * time.Second
@@ -223,5 +223,33 @@ func TestHelpersLeaveTheRequestAlone(t *testing.T) {
 	}
 	if string(req) != body {
 		t.Fatalf("the request body became %s", req)
+	}
+}
+
+// TestCodesAvoidPeersOwn: an answer must reach the agent as the error it
+// is. The official Go SDK (go-sdk v1.8.0, internal/jsonrpc2/wire.go) keeps
+// -32001 (ErrUnknown), -32003 (ErrClientClosing), -32004 (ErrServerClosing)
+// and -32005 (ErrRejected), compares errors by code alone (WireError.Is),
+// and its call (mcp/transport.go) reports -32003/-32004 as
+// mcp.ErrConnectionClosed without code or data; mcp/shared.go has -32002
+// (the old resource-not-found), -32020 to -32022 and -32042 (also in the
+// MCP specification). -32000 and -32001 are the TypeScript SDK's
+// ConnectionClosed and RequestTimeout (as projects that copy its ErrorCode
+// enum show; its own repository was not read here).
+func TestCodesAvoidPeersOwn(t *testing.T) {
+	reserved := map[int]bool{-32000: true, -32001: true, -32002: true, -32003: true, -32004: true, -32005: true,
+		-32020: true, -32021: true, -32022: true, -32042: true}
+	seen := map[int]string{}
+	for slug, code := range codes {
+		if reserved[code] {
+			t.Errorf("%s has code %d, which an MCP peer keeps for its own errors", slug, code)
+		}
+		if code < -32099 || code > -32000 {
+			t.Errorf("%s has code %d, outside the server-error range", slug, code)
+		}
+		if other, dup := seen[code]; dup {
+			t.Errorf("%s and %s share code %d", slug, other, code)
+		}
+		seen[code] = slug
 	}
 }
