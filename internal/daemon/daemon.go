@@ -241,11 +241,15 @@ func Main(ctx context.Context, args []string, getenv func(string) string, stderr
 		fmt.Fprintf(stderr, "idem-extproc: configuration error:\n%v\n", err)
 		return 2
 	}
-	// Log lines reach stderr through one writer goroutine, which batches
-	// them when the server is busy (see lineWriter).
-	lw := newLineWriter(stderr)
-	defer lw.Close()
-	log := NewLogger(cfg, lw)
+	// Log records are formatted and written to stderr by one goroutine,
+	// off the request path, in batches when the server is busy (asyncLog).
+	logQueue, log := newAsyncLog(stderr, func(w io.Writer) slog.Handler { return NewLogger(cfg, w).Handler() })
+	defer func() {
+		if n := logQueue.Waits(); n > 0 {
+			log.Warn("the log output was slower than the server: requests waited for it", slog.Uint64("waits", n))
+		}
+		_ = logQueue.Close()
+	}()
 	// go-redis has one logger per process; Main is the process's entry.
 	redis.SetLogger(redisLog{log})
 	d, err := Start(cfg, log, getenv)
