@@ -252,6 +252,15 @@ func Main(ctx context.Context, args []string, getenv func(string) string, stderr
 	}()
 	// go-redis has one logger per process; Main is the process's entry.
 	redis.SetLogger(redisLog{log})
+	// So are the collector's settings.
+	budget := cfg.MaxBufferedBytes
+	if budget == 0 {
+		budget = defaultMaxBufferedBytes(os.ReadFile)
+	}
+	gc := planGC(cfg, budget, getenv, os.ReadFile)
+	percent, limit := gc.apply()
+	log.Info("garbage collector", slog.Int("gc_percent", percent), slog.String("gc_percent_from", gc.percentFrom),
+		slog.Int64("memory_limit", limit), slog.String("memory_limit_from", gc.limitFrom))
 	d, err := Start(cfg, log, getenv)
 	if errors.Is(err, ErrConfig) {
 		fmt.Fprintf(stderr, "idem-extproc: %v\n", err)
