@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"bytes"
 	"context"
 	"io"
 	"log/slog"
@@ -35,21 +36,19 @@ const maxBatchBytes = 256 << 10
 //
 // A record whose values are not plain data (slog.Any, a LogValuer) could
 // change between the call and the formatting, so it is formatted on its
-// caller's goroutine, after every record queued before it; the server's own
-// logs use typed attributes only.
+// caller's goroutine, by a handler of its own, and the line queued in its
+// turn; the server's own logs use typed attributes only.
 type asyncLog struct {
 	out io.Writer
 
 	mu      sync.Mutex
 	room    *sync.Cond // signalled when the goroutine takes the queue
-	idle    *sync.Cond // signalled when the goroutine finished a batch
 	pending []queuedRecord
 	spare   []queuedRecord
-	busy    bool // the goroutine is formatting a batch: it owns formatted
 	closed  bool
 	// formatted is the output being gathered, written to by the handlers
-	// (through batchWriter) only by whoever holds busy, or mu with the
-	// goroutine idle and nothing queued.
+	// (through batchWriter) only by the goroutine, or once it is done by
+	// whoever holds mu.
 	formatted []byte
 
 	waits atomic.Uint64
@@ -58,21 +57,23 @@ type asyncLog struct {
 	done chan struct{}
 }
 
+// queuedRecord is a record to format with h, or a line already formatted.
 type queuedRecord struct {
-	h slog.Handler
-	r slog.Record
+	h    slog.Handler
+	r    slog.Record
+	line []byte
 }
 
 // newAsyncLog starts the writer goroutine of out. format builds the
 // handler that formats records; it must write each record in one call to
 // the writer it is given, as slog's JSON and text handlers do, and must not
-// read the context (records are formatted with context.Background()).
+// read the context (queued records are formatted with
+// context.Background()).
 func newAsyncLog(out io.Writer, format func(io.Writer) slog.Handler) (*asyncLog, *slog.Logger) {
 	q := &asyncLog{out: out, wake: make(chan struct{}, 1), done: make(chan struct{})}
 	q.room = sync.NewCond(&q.mu)
-	q.idle = sync.NewCond(&q.mu)
 	go q.run()
-	return q, slog.New(&asyncHandler{q: q, inner: format(batchWriter{q})})
+	return q, slog.New(&asyncHandler{q: q, inner: format(batchWriter{q}), format: format})
 }
 
 // batchWriter appends the handlers' output to the batch being gathered.
@@ -86,7 +87,7 @@ func (w batchWriter) Write(p []byte) (int, error) {
 // Waits returns how many times a caller found the queue full and waited.
 func (q *asyncLog) Waits() uint64 { return q.waits.Load() }
 
-func (q *asyncLog) enqueue(h slog.Handler, r slog.Record) error {
+func (q *asyncLog) enqueue(item queuedRecord) error {
 	q.mu.Lock()
 	if len(q.pending) >= maxQueuedRecords && !q.closed {
 		q.waits.Add(1)
@@ -96,9 +97,9 @@ func (q *asyncLog) enqueue(h slog.Handler, r slog.Record) error {
 	}
 	if q.closed {
 		q.mu.Unlock()
-		return q.handleNow(h, r)
+		return q.writeNow(item)
 	}
-	q.pending = append(q.pending, queuedRecord{h: h, r: r.Clone()})
+	q.pending = append(q.pending, item)
 	select {
 	case q.wake <- struct{}{}:
 	default: // already woken
@@ -107,27 +108,27 @@ func (q *asyncLog) enqueue(h slog.Handler, r slog.Record) error {
 	return nil
 }
 
-// handleNow formats and writes r on the caller's goroutine, after every
-// record queued before it.
-func (q *asyncLog) handleNow(h slog.Handler, r slog.Record) error {
+// writeNow formats and writes item on the caller's goroutine once the
+// goroutine has written everything queued (after Close).
+func (q *asyncLog) writeNow(item queuedRecord) error {
+	<-q.done
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	for q.busy || len(q.pending) > 0 {
-		if q.closed {
-			q.mu.Unlock()
-			<-q.done // Close is writing what is left
-			q.mu.Lock()
-			continue
-		}
-		q.idle.Wait()
-	}
-	err := h.Handle(context.Background(), r)
+	err := item.write(q)
 	q.flush()
 	return err
 }
 
-// flush writes what was formatted; the caller owns formatted (busy, or mu
-// with the goroutine idle).
+func (item *queuedRecord) write(q *asyncLog) error {
+	if item.line != nil {
+		q.formatted = append(q.formatted, item.line...)
+		return nil
+	}
+	return item.h.Handle(context.Background(), item.r)
+}
+
+// flush writes what was formatted; the caller owns formatted (the
+// goroutine, or mu once it is done).
 func (q *asyncLog) flush() {
 	if len(q.formatted) > 0 {
 		_, _ = q.out.Write(q.formatted)
@@ -152,11 +153,10 @@ func (q *asyncLog) writeQueued() {
 	q.mu.Lock()
 	batch := q.pending
 	q.pending, q.spare = q.spare[:0], nil
-	q.busy = true
 	q.room.Broadcast()
 	q.mu.Unlock()
 	for i := range batch {
-		_ = batch[i].h.Handle(context.Background(), batch[i].r)
+		_ = batch[i].write(q)
 		batch[i] = queuedRecord{} // drop the record's strings
 		if len(q.formatted) >= maxBatchBytes {
 			q.flush()
@@ -165,8 +165,6 @@ func (q *asyncLog) writeQueued() {
 	q.flush()
 	q.mu.Lock()
 	q.spare = batch[:0]
-	q.busy = false
-	q.idle.Broadcast()
 	q.mu.Unlock()
 }
 
@@ -181,43 +179,58 @@ func (q *asyncLog) Close() error {
 	q.closed = true
 	close(q.wake) // the goroutine takes what is queued, then ends
 	q.room.Broadcast()
-	q.idle.Broadcast()
 	q.mu.Unlock()
 	<-q.done
 	return nil
 }
 
 // asyncHandler is the slog.Handler of an asyncLog: inner formats, q
-// queues.
+// queues. format and with rebuild inner over another writer, for a record
+// formatted on its caller's goroutine.
 type asyncHandler struct {
-	q     *asyncLog
-	inner slog.Handler
+	q      *asyncLog
+	inner  slog.Handler
+	format func(io.Writer) slog.Handler
+	with   []func(slog.Handler) slog.Handler
 }
 
 func (h *asyncHandler) Enabled(ctx context.Context, level slog.Level) bool {
 	return h.inner.Enabled(ctx, level)
 }
 
-func (h *asyncHandler) Handle(_ context.Context, r slog.Record) error {
+func (h *asyncHandler) Handle(ctx context.Context, r slog.Record) error {
 	plain := true
 	r.Attrs(func(a slog.Attr) bool {
 		plain = plainValue(a.Value)
 		return plain
 	})
-	if !plain {
-		return h.q.handleNow(h.inner, r)
+	if plain {
+		return h.q.enqueue(queuedRecord{h: h.inner, r: r.Clone()})
 	}
-	return h.q.enqueue(h.inner, r)
+	var line bytes.Buffer
+	own := h.format(&line)
+	for _, w := range h.with {
+		own = w(own)
+	}
+	if err := own.Handle(ctx, r); err != nil {
+		return err
+	}
+	return h.q.enqueue(queuedRecord{line: line.Bytes()})
 }
 
 // WithAttrs and WithGroup are formatted at once by the inner handler (slog's
 // handlers pre-format them), so only records are deferred.
 func (h *asyncHandler) WithAttrs(as []slog.Attr) slog.Handler {
-	return &asyncHandler{q: h.q, inner: h.inner.WithAttrs(as)}
+	return h.derive(func(inner slog.Handler) slog.Handler { return inner.WithAttrs(as) })
 }
 
 func (h *asyncHandler) WithGroup(name string) slog.Handler {
-	return &asyncHandler{q: h.q, inner: h.inner.WithGroup(name)}
+	return h.derive(func(inner slog.Handler) slog.Handler { return inner.WithGroup(name) })
+}
+
+func (h *asyncHandler) derive(w func(slog.Handler) slog.Handler) slog.Handler {
+	return &asyncHandler{q: h.q, inner: w(h.inner), format: h.format,
+		with: append(h.with[:len(h.with):len(h.with)], w)}
 }
 
 // plainValue reports whether v is data that cannot change after the call

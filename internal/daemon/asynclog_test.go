@@ -63,6 +63,25 @@ func TestAsyncLogWritesWhatTheHandlerWrites(t *testing.T) {
 	}
 }
 
+// TestAsyncLogFormatsChangingValuesAtOnce: a value that is not plain data
+// is written as it was when logged, not as it is when the goroutine gets
+// to it, and in its turn among the queued lines.
+func TestAsyncLogFormatsChangingValuesAtOnce(t *testing.T) {
+	release := make(chan struct{})
+	out := &blockingWriter{release: release}
+	q, l := newAsyncLog(out, textFormat)
+	l.Info("before")
+	counts := map[string]int{"n": 1}
+	l.With(slog.String("c", "x")).Info("counts", slog.Any("counts", counts))
+	counts["n"] = 2
+	l.Info("after")
+	close(release)
+	_ = q.Close()
+	if want := "msg=before\nmsg=counts c=x counts=map[n:1]\nmsg=after\n"; out.String() != want {
+		t.Fatalf("output %q, want %q", out.String(), want)
+	}
+}
+
 // dropTimes blanks the time of the lines not stamped with the fixed test
 // time.
 func dropTimes(s string) string {
