@@ -263,6 +263,7 @@ func Main(ctx context.Context, args []string, getenv func(string) string, stderr
 		slog.Int64("memory_limit", limit), slog.String("memory_limit_from", gc.limitFrom))
 	d, err := Start(cfg, log, getenv)
 	if errors.Is(err, ErrConfig) {
+		_ = logQueue.Close() // the lines logged so far first, and no write to stderr beside this one
 		fmt.Fprintf(stderr, "idem-extproc: %v\n", err)
 		return 2
 	}
