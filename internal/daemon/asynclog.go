@@ -5,6 +5,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"runtime"
 	"sync"
 	"sync/atomic"
 )
@@ -28,8 +29,9 @@ const maxBatchBytes = 256 << 10
 // server's CPU on the request path under load.
 //
 // The goroutine never waits on a timer: a record is formatted and written
-// as soon as the goroutine runs, so a quiet server writes each line at once,
-// and only a busy one batches. Lines keep the order in which their records
+// as soon as the goroutine runs (after yielding once to the goroutines ready
+// to run), so a quiet server writes each line at once, and only a busy one
+// batches. Lines keep the order in which their records
 // were queued. Close formats and writes everything queued; later records
 // are written on their caller's goroutine. A crash loses at most the
 // records queued since the goroutine last ran.
@@ -143,6 +145,9 @@ func (q *asyncLog) flush() {
 func (q *asyncLog) run() {
 	defer close(q.done)
 	for range q.wake {
+		// Let the goroutines ready to run go first (their lines join this
+		// batch); on a quiet server there are none and this returns at once.
+		runtime.Gosched()
 		q.writeQueued()
 	}
 	q.writeQueued() // nothing is queued once closed; this is for certainty
