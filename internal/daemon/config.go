@@ -60,7 +60,10 @@ type Config struct {
 	// 0 means defaultMaxBufferedBytes (a quarter of the container's
 	// memory limit, else 256 MiB).
 	MaxBufferedBytes int64
-	LogLevel         slog.Level
+	// GCPercent is the garbage collector's target percent; 0 means
+	// defaultGCPercent unless GOGC is set (gc.go).
+	GCPercent int
+	LogLevel  slog.Level
 	// LogFormat is "json" or "text".
 	LogFormat string
 }
@@ -138,6 +141,7 @@ func defineFlags(fs *flag.FlagSet, cfg *Config, raw *rawFlags) {
 	fs.IntVar(&cfg.MemoryMaxRecords, "memory-max-records", 1_000_000, "in-memory store only: most records held; past it new keys are refused with 503 (or pass under fail_open), so a flood of keys cannot exhaust memory")
 	fs.IntVar(&cfg.MaxMessageSize, "max-message-size", server.DefaultMaxMessageSize, "largest ext_proc message accepted, in bytes, at least 1048576 (1 MiB); above Envoy's buffer limit, since a BUFFERED body is one message")
 	fs.Int64Var(&cfg.MaxBufferedBytes, "max-buffered-bytes", 0, "most body bytes all streams buffer at once (request bodies being fingerprinted, responses being stored); past it new protected requests get 503 idempotency-capacity-exceeded; 0: a quarter of the cgroup's memory.max, else 256 MiB")
+	fs.IntVar(&cfg.GCPercent, "gc-percent", 0, "Go garbage collector target (GOGC): the heap grows by this percent of the live heap between collections; with a value above 100 the server also sets a soft memory limit (90% of the cgroup's memory.max, else twice --max-buffered-bytes plus 64 MiB) unless GOMEMLIMIT is set; 0: 400, or GOGC when that is set")
 	fs.StringVar(&raw.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	fs.StringVar(&cfg.LogFormat, "log-format", "json", "log format: json or text")
 }
@@ -212,6 +216,9 @@ func (c *Config) check(raw rawFlags, where func(string) string) []error {
 	}
 	if c.MaxBufferedBytes < 0 {
 		errs = append(errs, fmt.Errorf("%s: must not be negative (0 picks the default)", where("max-buffered-bytes")))
+	}
+	if c.GCPercent < 0 {
+		errs = append(errs, fmt.Errorf("%s: %d is not a percent above 0 (0 picks the default; GOGC=off turns the collector off)", where("gc-percent"), c.GCPercent))
 	}
 	if c.StoreCheckInterval <= 0 {
 		errs = append(errs, fmt.Errorf("%s: must be positive", where("store-check-interval")))

@@ -241,15 +241,29 @@ func Main(ctx context.Context, args []string, getenv func(string) string, stderr
 		fmt.Fprintf(stderr, "idem-extproc: configuration error:\n%v\n", err)
 		return 2
 	}
-	// Log lines reach stderr through one writer goroutine, which batches
-	// them when the server is busy (see lineWriter).
-	lw := newLineWriter(stderr)
-	defer lw.Close()
-	log := NewLogger(cfg, lw)
+	// Log records are formatted and written to stderr by one goroutine,
+	// off the request path, in batches when the server is busy (asyncLog).
+	logQueue, log := newAsyncLog(stderr, func(w io.Writer) slog.Handler { return NewLogger(cfg, w).Handler() })
+	defer func() {
+		if n := logQueue.Waits(); n > 0 {
+			log.Warn("the log output was slower than the server: requests waited for it", slog.Uint64("waits", n))
+		}
+		_ = logQueue.Close()
+	}()
 	// go-redis has one logger per process; Main is the process's entry.
 	redis.SetLogger(redisLog{log})
+	// So are the collector's settings.
+	budget := cfg.MaxBufferedBytes
+	if budget == 0 {
+		budget = defaultMaxBufferedBytes(os.ReadFile)
+	}
+	gc := planGC(cfg, budget, getenv, os.ReadFile)
+	percent, limit := gc.apply()
+	log.Info("garbage collector", slog.Int("gc_percent", percent), slog.String("gc_percent_from", gc.percentFrom),
+		slog.Int64("memory_limit", limit), slog.String("memory_limit_from", gc.limitFrom))
 	d, err := Start(cfg, log, getenv)
 	if errors.Is(err, ErrConfig) {
+		_ = logQueue.Close() // the lines logged so far first, and no write to stderr beside this one
 		fmt.Fprintf(stderr, "idem-extproc: %v\n", err)
 		return 2
 	}

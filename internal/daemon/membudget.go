@@ -20,10 +20,18 @@ var cgroupMemoryFiles = []string{
 
 // defaultMaxBufferedBytes is a quarter of the container's memory limit,
 // leaving the rest to the Go runtime, the gRPC buffers and each message
-// as it arrives; fallbackMaxBufferedBytes when no limit is set ("max" in
-// v2, a near-2^63 sentinel in v1) or none can be read. readFile is
-// os.ReadFile in production.
+// as it arrives; fallbackMaxBufferedBytes when no limit is set or none can
+// be read. readFile is os.ReadFile in production.
 func defaultMaxBufferedBytes(readFile func(string) ([]byte, error)) int64 {
+	if n, ok := cgroupMemoryLimit(readFile); ok {
+		return n / 4
+	}
+	return fallbackMaxBufferedBytes
+}
+
+// cgroupMemoryLimit reads the container's memory limit; false when none is
+// set ("max" in v2, a near-2^63 sentinel in v1) or none can be read.
+func cgroupMemoryLimit(readFile func(string) ([]byte, error)) (int64, bool) {
 	for _, path := range cgroupMemoryFiles {
 		b, err := readFile(path)
 		if err != nil {
@@ -32,9 +40,9 @@ func defaultMaxBufferedBytes(readFile func(string) ([]byte, error)) int64 {
 		v := strings.TrimSpace(string(b))
 		n, err := strconv.ParseInt(v, 10, 64)
 		if err != nil || n <= 0 || n >= 1<<62 {
-			return fallbackMaxBufferedBytes // "max", or v1's "no limit"
+			return 0, false // "max", or v1's "no limit"
 		}
-		return n / 4
+		return n, true
 	}
-	return fallbackMaxBufferedBytes
+	return 0, false
 }

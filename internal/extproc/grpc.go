@@ -65,15 +65,20 @@ func echoes(m procmodev3.ProcessingMode_BodySendMode) bool {
 	return m == procmodev3.ProcessingMode_GRPC || m == procmodev3.ProcessingMode_FULL_DUPLEX_STREAMED
 }
 
-// requestTarget reads the request's method, path and authority, and learns
+// targetHeaders are the request headers requestTarget keeps, in one copy.
+var targetHeaders = [...]string{":method", ":path", ":authority", "x-request-id"}
+
+// requestTarget reads the request's method, path and authority (and its
+// x-request-id, into the attempt, in the same copy), and learns
 // what kind of client sent it. Envoy sends pseudo-headers; grpc-go sends
 // none, and the request_attributes request.method, request.path and
 // request.host carry them instead (a gRPC call is always a POST).
 func (p *processor) requestTarget(req *extprocv3.ProcessingRequest, hs *corev3.HeaderMap, attrs *structpb.Struct) (method, authority string) {
-	method, hasMethod := findHeader(hs, ":method")
-	path, hasPath := findHeader(hs, ":path")
-	authority, _ = findHeader(hs, ":authority")
-	p.rpc.proxyless = !hasMethod && !hasPath
+	var v [len(targetHeaders)]string
+	found := copyHeaders(hs, targetHeaders[:], v[:])
+	method, authority, p.att.RequestID = v[0], v[2], v[3]
+	path := v[1]
+	p.rpc.proxyless = found&0b11 == 0 // neither :method nor :path
 	if p.rpc.proxyless {
 		method, path, authority = attrString(attrs, "request.method"), attrString(attrs, "request.path"), attrString(attrs, "request.host")
 		if method == "" {
@@ -81,8 +86,8 @@ func (p *processor) requestTarget(req *extprocv3.ProcessingRequest, hs *corev3.H
 		}
 	}
 	p.path = path
-	ct, _ := findHeader(hs, "content-type")
-	p.rpc.call = p.rpc.proxyless || isGRPCContentType(ct) || p.requestBodyMode == procmodev3.ProcessingMode_GRPC
+	ct, _ := headerBytes(hs, "content-type")
+	p.rpc.call = p.rpc.proxyless || isGRPCContentType(string(ct)) || p.requestBodyMode == procmodev3.ProcessingMode_GRPC
 	if fc := req.GetFlowControlInit(); fc != nil && fc.GetInitialWindowDownstreamToSidestream() > 0 {
 		p.rpc.flow, p.rpc.reqWindow = true, fc.GetInitialWindowDownstreamToSidestream()
 	}

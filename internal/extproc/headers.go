@@ -1,7 +1,9 @@
 package extproc
 
 import (
+	"slices"
 	"strconv"
+	"strings"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
@@ -46,6 +48,54 @@ func findHeader(m *corev3.HeaderMap, name string) (string, bool) {
 	return "", false
 }
 
+// headerBytes returns the first value of name in m and whether it was
+// present, without copying it out of the message: for a value only read
+// (compared, parsed) while the message is at hand, never kept.
+func headerBytes(m *corev3.HeaderMap, name string) ([]byte, bool) {
+	for _, h := range m.GetHeaders() {
+		if h.GetKey() == name {
+			if raw := h.GetRawValue(); len(raw) > 0 {
+				return raw, true
+			}
+			return []byte(h.GetValue()), true // not sent by current Envoy (headerValue)
+		}
+	}
+	return nil, false
+}
+
+// copyHeaders sets vals[i] to the first value of names[i] in m, all
+// copied out of the message into one string (one allocation for all the
+// values a request's headers phase keeps, instead of one each), and
+// returns which were present, bit i for names[i]. At most 8 names.
+func copyHeaders(m *corev3.HeaderMap, names []string, vals []string) (present uint8) {
+	var at [8]*corev3.HeaderValue
+	total := 0
+	for _, h := range m.GetHeaders() {
+		for i, n := range names {
+			if present&(1<<i) == 0 && h.GetKey() == n {
+				present |= 1 << i
+				at[i] = h
+				total += len(h.GetRawValue()) + len(h.GetValue())
+				break
+			}
+		}
+	}
+	var b strings.Builder
+	b.Grow(total)
+	ends := [8]int{}
+	for i := range names {
+		if at[i] != nil {
+			writeHeaderValue(&b, at[i])
+		}
+		ends[i] = b.Len()
+	}
+	all, start := b.String(), 0
+	for i := range names {
+		vals[i], start = all[start:ends[i]], ends[i]
+	}
+	return present
+}
+
 // countHeader returns how many field lines named name m holds. Envoy sends
 // each line of a repeated header as its own HeaderValue: its header map
 // joins repeated lines only for the inline headers it knows
@@ -65,14 +115,50 @@ func countHeader(m *corev3.HeaderMap, name string) int {
 
 // keptHeaders appends to into the headers of m whose names keep accepts,
 // in order: a response's headers are copied only when the record will
-// keep them.
+// keep them, and their values into one string (one allocation, not one
+// per header).
 func keptHeaders(m *corev3.HeaderMap, keep func(name string) bool, into []idem.Header) []idem.Header {
+	n, total := 0, 0
 	for _, h := range m.GetHeaders() {
 		if keep(h.GetKey()) {
-			into = append(into, idem.Header{Name: h.GetKey(), Value: headerValue(h)})
+			n++
+			total += len(h.GetRawValue()) + len(h.GetValue())
 		}
 	}
+	into = slices.Grow(into, n)
+	var ends [16]int
+	if n > len(ends) { // rare: a copy each
+		for _, h := range m.GetHeaders() {
+			if keep(h.GetKey()) {
+				into = append(into, idem.Header{Name: h.GetKey(), Value: headerValue(h)})
+			}
+		}
+		return into
+	}
+	var b strings.Builder
+	b.Grow(total)
+	first := len(into)
+	for _, h := range m.GetHeaders() {
+		if keep(h.GetKey()) {
+			writeHeaderValue(&b, h)
+			ends[len(into)-first] = b.Len()
+			into = append(into, idem.Header{Name: h.GetKey()})
+		}
+	}
+	all, start := b.String(), 0
+	for i := range into[first:] {
+		into[first+i].Value, start = all[start:ends[i]], ends[i]
+	}
 	return into
+}
+
+// writeHeaderValue writes h's value (headerValue) to b.
+func writeHeaderValue(b *strings.Builder, h *corev3.HeaderValue) {
+	if raw := h.GetRawValue(); len(raw) > 0 {
+		b.Write(raw)
+		return
+	}
+	b.WriteString(h.GetValue())
 }
 
 // selectHeaders converts the headers of m named in names (few, see

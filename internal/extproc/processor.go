@@ -164,7 +164,6 @@ func (p *processor) onRequestHeaders(ctx context.Context, req *extprocv3.Process
 	hs := hh.GetHeaders()
 	attrs := attributes(req)
 	method, authority := p.requestTarget(req, hs, attrs)
-	p.att.RequestID, _ = findHeader(hs, "x-request-id")
 	p.method = method
 
 	preq := policy.Request{

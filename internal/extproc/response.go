@@ -12,14 +12,14 @@ import (
 )
 
 func (p *processor) onResponseHeaders(ctx context.Context, req *extprocv3.ProcessingRequest, hh *extprocv3.HttpHeaders) *extprocv3.ProcessingResponse {
-	if ct, _ := findHeader(hh.GetHeaders(), "content-type"); p.rpc.proxyless || (p.rpc.call && isGRPCContentType(ct)) {
+	if ct, _ := headerBytes(hh.GetHeaders(), "content-type"); p.rpc.proxyless || (p.rpc.call && isGRPCContentType(string(ct))) {
 		return p.onRPCResponseHeaders(ctx, req, hh, headerList(hh.GetHeaders()))
 	}
 	// Only the status is read here; the headers are copied further down,
 	// and only those the record will keep, once the response is to be
 	// stored at all.
-	statusText, _ := findHeader(hh.GetHeaders(), ":status")
-	status, err := strconv.Atoi(statusText)
+	statusText, _ := headerBytes(hh.GetHeaders(), ":status")
+	status, err := strconv.Atoi(string(statusText))
 	if err != nil {
 		status = 0 // no rule covers 0: the outcome is unknown
 	}

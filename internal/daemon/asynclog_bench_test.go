@@ -1,0 +1,47 @@
+package daemon
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+)
+
+// BenchmarkDecisionLog times what a request's goroutine spends on one
+// decision line (attempt.LogAt's record, handed to the handler), with the
+// output discarded.
+func BenchmarkDecisionLog(b *testing.B) {
+	cfg := Config{LogLevel: slog.LevelInfo, LogFormat: "json"}
+	at := time.Now()
+	// callerTime logs b.N lines from one goroutine and reports the time
+	// spent inside Handle (caller-ns/op): the request path's share, apart
+	// from the writer goroutine's work on the other CPU.
+	callerTime := func(b *testing.B, h slog.Handler) {
+		b.ReportAllocs()
+		var spent time.Duration
+		for b.Loop() {
+			r := benchRecord(at)
+			t0 := time.Now()
+			_ = h.Handle(context.Background(), r)
+			spent += time.Since(t0)
+		}
+		b.ReportMetric(float64(spent.Nanoseconds())/float64(b.N), "caller-ns/op")
+	}
+	b.Run("async_handler", func(b *testing.B) {
+		q, l := newAsyncLog(io.Discard, func(w io.Writer) slog.Handler { return NewLogger(cfg, w).Handler() })
+		defer q.Close()
+		callerTime(b, l.Handler())
+	})
+}
+
+// benchRecord is decisionRecord with its strings made once.
+func benchRecord(at time.Time) slog.Record {
+	r := slog.NewRecord(at, slog.LevelInfo, "decision", 0)
+	r.AddAttrs(slog.String("policy", "orders"), slog.String("key_hash", benchKeyHash),
+		slog.String("scope", ""), slog.String("request_id", "5f0c6f1e-8a53-4d3a-9d2f-2b1d3c4e5f60"),
+		slog.Int("attempt", 1), slog.Float64("latency_ms", 0.123), slog.String("decision", "reserved"))
+	return r
+}
+
+const benchKeyHash = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"

@@ -1,0 +1,95 @@
+package daemon
+
+import (
+	"io/fs"
+	"runtime/debug"
+	"strings"
+	"testing"
+)
+
+// TestPlanGC: the default percent with a soft limit from the cgroup or the
+// body budget; the flag over GOGC; GOGC and GOMEMLIMIT left to the runtime
+// as it read them, a high GOGC still paired with a limit.
+func TestPlanGC(t *testing.T) {
+	cgroup := map[string]string{"/sys/fs/cgroup/memory.max": "536870912\n"}
+	const budget = 128 << 20
+	for _, tc := range []struct {
+		name        string
+		flag        int
+		env, files  map[string]string
+		wantPercent int
+		wantLimit   int64
+	}{
+		{"default, no cgroup limit", 0, nil, nil, defaultGCPercent, 2*budget + gcSoftLimitBase},
+		{"default, cgroup limit", 0, nil, cgroup, defaultGCPercent, 536870912 / 10 * 9},
+		{"flag", 250, nil, nil, 250, 2*budget + gcSoftLimitBase},
+		{"flag over GOGC", 250, map[string]string{"GOGC": "50"}, nil, 250, 2*budget + gcSoftLimitBase},
+		{"flag at most 100: no limit", 100, nil, cgroup, 100, 0},
+		{"GOGC low: left alone", 0, map[string]string{"GOGC": "80"}, cgroup, 0, 0},
+		{"GOGC high: paired with a limit", 0, map[string]string{"GOGC": "800"}, cgroup, 0, 536870912 / 10 * 9},
+		{"GOGC off: paired with a limit", 0, map[string]string{"GOGC": "off"}, nil, 0, 2*budget + gcSoftLimitBase},
+		{"GOMEMLIMIT left alone", 0, map[string]string{"GOMEMLIMIT": "300MiB"}, cgroup, defaultGCPercent, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := planGC(Config{GCPercent: tc.flag}, budget, func(k string) string { return tc.env[k] },
+				func(p string) ([]byte, error) {
+					if v, ok := tc.files[p]; ok {
+						return []byte(v), nil
+					}
+					return nil, fs.ErrNotExist
+				})
+			if got.percent != tc.wantPercent || got.memoryLimit != tc.wantLimit {
+				t.Fatalf("percent %d limit %d (%s, %s), want %d and %d",
+					got.percent, got.memoryLimit, got.percentFrom, got.limitFrom, tc.wantPercent, tc.wantLimit)
+			}
+		})
+	}
+}
+
+// TestGCSettingsApply: the runtime gets the plan's values, and apply
+// reports what is in force.
+func TestGCSettingsApply(t *testing.T) {
+	oldPercent := debug.SetGCPercent(100)
+	oldLimit := debug.SetMemoryLimit(-1)
+	defer func() {
+		debug.SetGCPercent(oldPercent)
+		debug.SetMemoryLimit(oldLimit)
+	}()
+	percent, limit := gcSettings{percent: 321, memoryLimit: 700 << 20}.apply()
+	if percent != 321 || limit != 700<<20 {
+		t.Fatalf("in force: %d, %d", percent, limit)
+	}
+	if p := debug.SetGCPercent(100); p != 321 {
+		t.Fatalf("runtime percent %d", p)
+	}
+	if percent, _ := (gcSettings{}).apply(); percent != 100 {
+		t.Fatalf("an empty plan changed the percent to %d", percent)
+	}
+}
+
+// TestGCPercentFlagErrors: a bad --gc-percent or IDEM_GC_PERCENT stops the
+// start, naming the flag.
+func TestGCPercentFlagErrors(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		env  map[string]string
+		want string
+	}{
+		{[]string{"--gc-percent", "-5"}, nil, "--gc-percent: -5 is not a percent above 0"},
+		{nil, map[string]string{"IDEM_GC_PERCENT": "-1"}, "--gc-percent (from IDEM_GC_PERCENT): -1 is not a percent"},
+		{nil, map[string]string{"IDEM_GC_PERCENT": "lots"}, "IDEM_GC_PERCENT (flag --gc-percent)"},
+	} {
+		_, err := ParseConfig(tc.args, env(tc.env), &strings.Builder{})
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v %v: error %v, want %q", tc.args, tc.env, err, tc.want)
+		}
+	}
+	var usage strings.Builder
+	if _, err := ParseConfig([]string{"--gc-percent", "x"}, env(nil), &usage); err == nil || !strings.Contains(usage.String(), "-gc-percent") {
+		t.Errorf("--gc-percent x: error %v, usage %q", err, usage.String())
+	}
+	cfg, err := ParseConfig([]string{"--gc-percent", "250"}, env(nil), &strings.Builder{})
+	if err != nil || cfg.GCPercent != 250 {
+		t.Fatalf("--gc-percent 250: %+v, %v", cfg.GCPercent, err)
+	}
+}
