@@ -244,6 +244,12 @@ func responseCases() map[string]*extprocv3.ProcessingResponse {
 		"dynamic metadata":            {Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{}}, DynamicMetadata: &structpb.Struct{Fields: map[string]*structpb.Value{"idem": structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{"decision": structpb.NewStringValue("replay")}})}}},
 		"trailers in common response": {Response: &extprocv3.ProcessingResponse_ResponseHeaders{ResponseHeaders: &extprocv3.HeadersResponse{Response: &extprocv3.CommonResponse{Trailers: headerMap("a", "b")}}}},
 	}
+	many := &extprocv3.HeaderMutation{}
+	for i := range 40 { // more nested messages than the encoder's stack of lengths
+		many.SetHeaders = append(many.SetHeaders, set(fmt.Sprintf("x-h%d", i), "v", corev3.HeaderValueOption_ADD_IF_ABSENT))
+	}
+	cases["forty added headers"] = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{ResponseHeaders: &extprocv3.HeadersResponse{
+		Response: &extprocv3.CommonResponse{HeaderMutation: many}}}, ModeOverride: skip}
 	for name, mut := range map[string]*extprocv3.BodyMutation{
 		"body":              {Mutation: &extprocv3.BodyMutation_Body{Body: []byte(`{"id":1}`)}},
 		"empty body":        {Mutation: &extprocv3.BodyMutation_Body{}},

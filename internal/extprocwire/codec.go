@@ -51,7 +51,6 @@ func (c Codec) Marshal(v any) (mem.BufferSlice, error) {
 		return c.std.Marshal(v)
 	}
 	var e encoder
-	e.sizes = e.stack[:0]
 	n, ok := e.response(m)
 	if !ok {
 		return c.std.Marshal(v)

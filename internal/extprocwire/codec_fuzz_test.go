@@ -2,6 +2,7 @@ package extprocwire
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"flag"
 	"fmt"
 	"os"
@@ -149,9 +150,10 @@ func TestSeedCorpus(t *testing.T) {
 			if err := os.MkdirAll(dir, 0o755); err != nil {
 				t.Fatal(err)
 			}
-			for i, s := range seeds {
+			for _, s := range seeds {
 				body := fmt.Sprintf("go test fuzz v1\n[]byte(%q)\n", s)
-				if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("seed-%03d", i)), []byte(body), 0o644); err != nil {
+				sum := sha256.Sum256(s) // named by content, as go test -fuzz names what it finds
+				if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("seed-%x", sum[:8])), []byte(body), 0o644); err != nil {
 					t.Fatal(err)
 				}
 			}

@@ -32,7 +32,6 @@ import (
 // oneof member, invalid UTF-8 in a string) goes to proto.Marshal whole.
 func MarshalResponse(m *extprocv3.ProcessingResponse) ([]byte, error) {
 	var e encoder
-	e.sizes = e.stack[:0]
 	n, ok := e.response(m)
 	if !ok {
 		return proto.Marshal(m)
@@ -46,31 +45,46 @@ func MarshalResponse(m *extprocv3.ProcessingResponse) ([]byte, error) {
 
 // encoder makes two passes over the same fields in the same order: the
 // size pass (the methods without "append") records each nested message's
-// length in sizes, in pre-order, and the append pass reads them back for
-// the length prefixes, so no length is computed twice.
+// length in pre-order, and the append pass reads them back for the length
+// prefixes, so no length is computed twice. The lengths live in stack (no
+// allocation for a response of up to len(stack) nested messages), then in
+// more.
 type encoder struct {
-	sizes []int
-	next  int
+	stack [32]int
+	n     int   // lengths recorded
+	more  []int // lengths beyond stack
+	next  int   // the next length the append pass reads
 	err   error // from a sub-message left to proto.MarshalAppend
-	stack [24]int
 }
 
 // open reserves the slot of a nested message's length in the size pass.
 func (e *encoder) open() int {
-	e.sizes = append(e.sizes, 0)
-	return len(e.sizes) - 1
+	e.n++
+	if e.n > len(e.stack) {
+		e.more = append(e.more, 0)
+	}
+	return e.n - 1
 }
 
 // closeMsg records the nested message's content length n in its slot and
 // returns the field's whole size (tag, length and content).
 func (e *encoder) closeMsg(slot int, num protowire.Number, n int) int {
-	e.sizes[slot] = n
+	if slot < len(e.stack) {
+		e.stack[slot] = n
+	} else {
+		e.more[slot-len(e.stack)] = n
+	}
 	return protowire.SizeTag(num) + protowire.SizeBytes(n)
 }
 
 // head writes a nested message's tag and length in the append pass.
 func (e *encoder) head(b []byte, num protowire.Number) []byte {
-	n := e.sizes[e.next]
+	var n int
+	if e.next < len(e.stack) {
+		n = e.stack[e.next]
+	} else {
+		n = e.more[e.next-len(e.stack)]
+	}
 	e.next++
 	b = protowire.AppendTag(b, num, protowire.BytesType)
 	return protowire.AppendVarint(b, uint64(n))
