@@ -12,6 +12,7 @@ import (
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
 )
 
 var updateCorpus = flag.Bool("update-corpus", false, "rewrite the fuzz seed corpora in testdata/fuzz from the table cases")
@@ -190,6 +191,10 @@ func TestFastPathTakesEnvoysMessages(t *testing.T) {
 		} else if !proto.Equal(m, got) {
 			t.Errorf("%s: decoded %v, want %v", name, got, m)
 		}
+	}
+	attrs := mustMarshal(typicalRequestHeaders().GetAttributes()["envoy.filters.http.ext_proc"])
+	if d := (decoder{own: attrs}); !d.flatStruct(attrs, new(structpb.Struct)) {
+		t.Errorf("the attributes Struct was left to proto")
 	}
 	for name, m := range responseCases() {
 		e := encoder{}

@@ -1,6 +1,7 @@
 package extprocwire
 
 import (
+	"math"
 	"unicode/utf8"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -65,7 +66,7 @@ type field struct {
 }
 
 // next parses the field at the front of b, reporting false for anything
-// but a valid tag with a varint or length-delimited value.
+// but a valid tag with a varint, length-delimited or fixed64 value.
 func next(b []byte) (f field, rest []byte, ok bool) {
 	num, typ, n := protowire.ConsumeTag(b)
 	if n < 0 || num > protowire.MaxValidNumber {
@@ -78,6 +79,8 @@ func next(b []byte) (f field, rest []byte, ok bool) {
 		f.v, n = protowire.ConsumeVarint(b)
 	case protowire.BytesType:
 		f.s, n = protowire.ConsumeBytes(b)
+	case protowire.Fixed64Type: // only Value.number_value takes one
+		f.v, n = protowire.ConsumeFixed64(b)
 	default:
 		return f, nil, false
 	}
@@ -380,11 +383,13 @@ func body(b []byte, hb *extprocv3.HttpBody) bool {
 // into. As in the generic decoder (codec_map.go, consumeMapOfMessage) an
 // entry's missing key is "", its missing value an empty Struct, a value
 // given twice in one entry merges, and a later entry for the same key
-// replaces the earlier one. The Struct itself is left to proto, with the
-// depth budget left at the entry (limit).
+// replaces the earlier one. A flat Struct (flatStruct), the shape of
+// Envoy's attributes, is decoded here; any other is left to proto, with
+// the depth budget left at the entry (limit).
 func (d *decoder) structEntry(b []byte, into map[string]*structpb.Struct, limit int) bool {
 	var key string
 	val := new(structpb.Struct)
+	seen := false
 	for len(b) > 0 {
 		f, rest, ok := next(b)
 		if !ok || !f.isBytes() {
@@ -397,6 +402,14 @@ func (d *decoder) structEntry(b []byte, into map[string]*structpb.Struct, limit 
 				return false
 			}
 		case 2:
+			if !seen && d.flatStruct(f.s, val) {
+				seen = true
+				continue
+			}
+			if !seen {
+				val.Reset() // what flatStruct filled before it gave up
+			}
+			seen = true
 			if (proto.UnmarshalOptions{Merge: true, RecursionLimit: limit}).Unmarshal(f.s, val) != nil {
 				return false
 			}
@@ -475,4 +488,95 @@ func clientWindowUpdate(b []byte, cw *extprocv3.ProcessingRequest_ClientWindowUp
 // number, truncated to int32.
 func bodySendMode(v uint64) procmodev3.ProcessingMode_BodySendMode {
 	return procmodev3.ProcessingMode_BodySendMode(int32(v))
+}
+
+// flatStruct decodes the Struct Envoy sends as attributes
+// (google/protobuf/struct.proto: Struct.fields 1, a map of Value; Value's
+// kind a oneof of null_value 1, number_value 2, string_value 3, bool_value
+// 4, struct_value 5, list_value 6) when every value is a scalar set once:
+// the Values share one array and the strings are substrings of the
+// message. Anything else (a nested Struct or list, a Value or map entry
+// with a field twice, an unknown field) reports false for proto to decode.
+func (d *decoder) flatStruct(b []byte, s *structpb.Struct) bool {
+	n := 0
+	for p := b; len(p) > 0; n++ {
+		f, rest, ok := next(p)
+		if !ok || f.num != 1 || !f.isBytes() {
+			return false
+		}
+		p = rest
+	}
+	if n == 0 {
+		return true
+	}
+	vals := make([]structpb.Value, n)
+	s.Fields = make(map[string]*structpb.Value, n)
+	for i := range vals {
+		f, rest, _ := next(b)
+		b = rest
+		key, ok := d.flatEntry(f.s, &vals[i])
+		if !ok {
+			return false
+		}
+		s.Fields[key] = &vals[i] // a later entry for the same key replaces it, as in proto
+	}
+	return true
+}
+
+// flatEntry decodes one map<string, Value> entry holding its key and its
+// value at most once each (a missing key is "", a missing value an empty
+// Value, as in proto).
+func (d *decoder) flatEntry(b []byte, v *structpb.Value) (string, bool) {
+	var key string
+	var haveKey, haveValue bool
+	for len(b) > 0 {
+		f, rest, ok := next(b)
+		if !ok || !f.isBytes() {
+			return "", false
+		}
+		b = rest
+		switch {
+		case f.num == 1 && !haveKey:
+			haveKey = true
+			if key, ok = d.string(f.s); !ok {
+				return "", false
+			}
+		case f.num == 2 && !haveValue:
+			haveValue = true
+			if !d.flatValue(f.s, v) {
+				return "", false
+			}
+		default:
+			return "", false
+		}
+	}
+	return key, true
+}
+
+// flatValue decodes a Value with at most one field, a scalar kind.
+func (d *decoder) flatValue(b []byte, v *structpb.Value) bool {
+	if len(b) == 0 {
+		return true
+	}
+	f, rest, ok := next(b)
+	if !ok || len(rest) != 0 {
+		return false
+	}
+	switch {
+	case f.num == 1 && f.isVarint(): // an open enum, truncated to int32 as in proto
+		v.Kind = &structpb.Value_NullValue{NullValue: structpb.NullValue(int32(f.v))}
+	case f.num == 2 && f.typ == protowire.Fixed64Type:
+		v.Kind = &structpb.Value_NumberValue{NumberValue: math.Float64frombits(f.v)}
+	case f.num == 3 && f.isBytes():
+		str, ok := d.string(f.s)
+		if !ok {
+			return false
+		}
+		v.Kind = &structpb.Value_StringValue{StringValue: str}
+	case f.num == 4 && f.isVarint():
+		v.Kind = &structpb.Value_BoolValue{BoolValue: f.v != 0}
+	default:
+		return false
+	}
+	return true
 }
