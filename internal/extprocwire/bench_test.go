@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/encoding"
 	grpcproto "google.golang.org/grpc/encoding/proto"
 	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
 // codecs are the two codecs compared: this package's and grpc-go's
@@ -69,6 +70,15 @@ func BenchmarkUnmarshal(b *testing.B) {
 	}
 }
 
+// overwrite is a header option as internal/extproc's setHeader builds it.
+func overwrite(k, v string) *corev3.HeaderValueOption {
+	o := &corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: k, RawValue: []byte(v)},
+		AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD}
+	//lint:ignore SA1019 the server sets the deprecated append too.
+	o.Append = wrapperspb.Bool(false)
+	return o
+}
+
 func BenchmarkMarshal(b *testing.B) {
 	for _, c := range []struct {
 		name string
@@ -80,9 +90,9 @@ func BenchmarkMarshal(b *testing.B) {
 		{"immediate", &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ImmediateResponse{ImmediateResponse: &extprocv3.ImmediateResponse{
 			Status: &typev3.HttpStatus{Code: typev3.StatusCode_Created},
 			Headers: &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{
-				{Header: &corev3.HeaderValue{Key: "content-type", RawValue: []byte("application/json")}, AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD},
-				{Header: &corev3.HeaderValue{Key: "location", RawValue: []byte("/v1/orders/42")}, AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD},
-				{Header: &corev3.HeaderValue{Key: "idempotency-replayed", RawValue: []byte("true")}, AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD},
+				overwrite("content-type", "application/json"),
+				overwrite("location", "/v1/orders/42"),
+				overwrite("idempotency-replayed", "true"),
 			}},
 			Body:    make([]byte, 1024),
 			Details: "idempotency_replay",

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
 // headerMap is a HeaderMap with raw_value set, as Envoy sends headers
@@ -90,6 +91,7 @@ func requestCases() map[string]*extprocv3.ProcessingRequest {
 			ClientWindowUpdate: &extprocv3.ProcessingRequest_ClientWindowUpdate{WindowIncrementSidestreamToUpstream: 10, WindowIncrementSidestreamToDownstream: 20},
 		},
 		"deprecated header attributes": {Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{
+			//lint:ignore SA1019 the deprecated field, still read by internal/extproc.
 			Attributes: map[string]*structpb.Struct{"a": {}, "": {Fields: map[string]*structpb.Value{"n": structpb.NewNumberValue(1.5)}}},
 		}}},
 		"no oneof": {ObservabilityMode: true},
@@ -217,8 +219,13 @@ func trickyRequests() map[string][]byte {
 func responseCases() map[string]*extprocv3.ProcessingResponse {
 	skip := &procmodev3.ProcessingMode{RequestBodyMode: procmodev3.ProcessingMode_NONE, ResponseHeaderMode: procmodev3.ProcessingMode_SKIP,
 		ResponseBodyMode: procmodev3.ProcessingMode_NONE, RequestTrailerMode: procmodev3.ProcessingMode_SKIP, ResponseTrailerMode: procmodev3.ProcessingMode_SKIP}
+	// set is a header option as internal/extproc's setHeader builds it:
+	// the deprecated append beside append_action.
 	set := func(k, v string, action corev3.HeaderValueOption_HeaderAppendAction) *corev3.HeaderValueOption {
-		return &corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: k, RawValue: []byte(v)}, AppendAction: action}
+		o := &corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: k, RawValue: []byte(v)}, AppendAction: action}
+		//lint:ignore SA1019 the server sets it.
+		o.Append = wrapperspb.Bool(action == corev3.HeaderValueOption_APPEND_IF_EXISTS_OR_ADD)
+		return o
 	}
 	cases := map[string]*extprocv3.ProcessingResponse{
 		"CONTINUE request headers":                        {Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{}}},
@@ -239,6 +246,7 @@ func responseCases() map[string]*extprocv3.ProcessingResponse {
 					set("idempotency-replayed", "true", corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD),
 					set("warning", "199 - x", corev3.HeaderValueOption_APPEND_IF_EXISTS_OR_ADD),
 					{Header: &corev3.HeaderValue{Key: "k", Value: "v"}, KeepEmptyValue: true},
+					{Header: &corev3.HeaderValue{Key: "no-append"}},
 				},
 				RemoveHeaders: []string{"x-internal", ""},
 			},
@@ -294,7 +302,16 @@ func fallbackResponses() map[string]*extprocv3.ProcessingResponse {
 	withUnknown := &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{}}}
 	withUnknown.GetRequestHeaders().ProtoReflect().SetUnknown(varField(9, 1))
 	return map[string]*extprocv3.ProcessingResponse{
-		"unknown field":    withUnknown,
+		"unknown field": withUnknown,
+		"unknown field in append": func() *extprocv3.ProcessingResponse {
+			a := wrapperspb.Bool(true)
+			a.ProtoReflect().SetUnknown(varField(7, 1))
+			o := &corev3.HeaderValueOption{}
+			//lint:ignore SA1019 the field under test.
+			o.Append = a
+			return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestTrailers{RequestTrailers: &extprocv3.TrailersResponse{
+				HeaderMutation: &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{o}}}}}
+		}(),
 		"nil oneof member": {Response: &extprocv3.ProcessingResponse_RequestBody{}},
 		"nil header option": {Response: &extprocv3.ProcessingResponse_ResponseHeaders{ResponseHeaders: &extprocv3.HeadersResponse{Response: &extprocv3.CommonResponse{
 			HeaderMutation: &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{nil}}}}}},

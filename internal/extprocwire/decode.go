@@ -264,10 +264,13 @@ func (d *decoder) headers(b []byte, h *extprocv3.HttpHeaders) bool {
 			if !d.headerMap(f.s, h.Headers) {
 				return false
 			}
-		case f.num == 2 && f.isBytes(): // deprecated, Envoy does not send it
+		case f.num == 2 && f.isBytes(): // deprecated, still read by internal/extproc for older Envoys
+			//lint:ignore SA1019 a field proto.Unmarshal reads is read here too.
 			if h.Attributes == nil {
+				//lint:ignore SA1019 as above.
 				h.Attributes = make(map[string]*structpb.Struct, 1)
 			}
+			//lint:ignore SA1019 as above.
 			if !d.structEntry(f.s, h.Attributes, recursionLimit-3) {
 				return false
 			}

@@ -27,7 +27,7 @@ import (
 
 // MarshalResponse encodes m; proto.Unmarshal reads it back proto.Equal to m,
 // and its length is proto.Size(m). What the fast path does not write (unknown
-// fields, the deprecated HeaderValueOption.append, typed_dynamic_metadata,
+// fields, typed_dynamic_metadata,
 // streamed_immediate_response, a nil entry in a repeated field or a nil
 // oneof member, invalid UTF-8 in a string) goes to proto.Marshal whole.
 func MarshalResponse(m *extprocv3.ProcessingResponse) ([]byte, error) {
@@ -166,6 +166,7 @@ func (e *encoder) response(m *extprocv3.ProcessingResponse) (int, bool) {
 		}
 		n += s
 	}
+	//lint:ignore SA1019 a field proto.Marshal writes is written here too.
 	n += sizeVarint(12, boolean(m.RequestDrain))
 	if m.ServerWindowUpdate != nil {
 		w := m.ServerWindowUpdate
@@ -237,6 +238,7 @@ func (e *encoder) appendResponse(b []byte, m *extprocv3.ProcessingResponse) ([]b
 	if m.OverrideMessageTimeout != nil {
 		b = e.appendDuration(b, 10, m.OverrideMessageTimeout)
 	}
+	//lint:ignore SA1019 a field proto.Marshal writes is written here too.
 	b = appendVarint(b, 12, boolean(m.RequestDrain))
 	if w := m.ServerWindowUpdate; w != nil {
 		b = e.head(b, 14)
@@ -383,7 +385,7 @@ func (e *encoder) appendHeaderMutation(b []byte, num protowire.Number, h *extpro
 }
 
 func (e *encoder) headerValueOption(num protowire.Number, o *corev3.HeaderValueOption) (int, bool) {
-	if o == nil || o.Append != nil || !plain(o) {
+	if o == nil || !plain(o) {
 		return 0, false
 	}
 	slot := e.open()
@@ -395,6 +397,17 @@ func (e *encoder) headerValueOption(num protowire.Number, o *corev3.HeaderValueO
 		}
 		n += s
 	}
+	// The deprecated append (a google.protobuf.BoolValue, value 1 in
+	// wrappers.proto) is set on every header the server adds, since
+	// Envoy's ext_proc reads it (internal/extproc reply.go, setHeader).
+	//lint:ignore SA1019 the server sets it; see above.
+	if a := o.Append; a != nil {
+		if !plain(a) {
+			return 0, false
+		}
+		inner := e.open()
+		n += e.closeMsg(inner, 2, sizeVarint(1, boolean(a.Value)))
+	}
 	n += sizeVarint(3, enum(int32(o.AppendAction)))
 	n += sizeVarint(4, boolean(o.KeepEmptyValue))
 	return e.closeMsg(slot, num, n), true
@@ -404,6 +417,11 @@ func (e *encoder) appendHeaderValueOption(b []byte, num protowire.Number, o *cor
 	b = e.head(b, num)
 	if o.Header != nil {
 		b = e.appendHeaderValue(b, 1, o.Header)
+	}
+	//lint:ignore SA1019 the server sets it (headerValueOption).
+	if a := o.Append; a != nil {
+		b = e.head(b, 2)
+		b = appendVarint(b, 1, boolean(a.Value))
 	}
 	b = appendVarint(b, 3, enum(int32(o.AppendAction)))
 	return appendVarint(b, 4, boolean(o.KeepEmptyValue))
