@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/credentials"
 
 	"github.com/idem-extproc/idem-extproc/internal/extproc"
+	"github.com/idem-extproc/idem-extproc/internal/extprocwire"
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/observe"
 )
@@ -46,7 +47,7 @@ func New(cfg Config) (*grpc.Server, idem.Store) {
 		cfg.Store = observe.InstrumentStore(cfg.Store, cfg.Metrics, cfg.TracerProvider)
 		cfg.Observer = cfg.Metrics
 	}
-	gs := NewGRPCServer(cfg.MaxMessageSize, cfg.Creds)
+	gs := NewGRPCServer(cfg.MaxMessageSize, cfg.Creds, extprocwire.ServerOption())
 	extprocv3.RegisterExternalProcessorServer(gs, extproc.New(cfg.Config))
 	return gs, cfg.Store
 }
@@ -55,7 +56,9 @@ func New(cfg Config) (*grpc.Server, idem.Store) {
 // registered: the largest message accepted (DefaultMaxMessageSize when
 // maxMessageSize is zero), stream workers and, when creds is set, TLS. The
 // load tool's reference servers run on it too, so that they differ from
-// idem-extproc only in what they do per message.
+// idem-extproc only in what they do per message and in the extra options
+// New adds (the hand-written ext_proc codec, extprocwire): the floor stays
+// a minimal server on grpc-go's standard codec.
 //
 // Each ext_proc stream is one HTTP request whose handler runs deep
 // (decision, store, Redis client); started on a fresh goroutine it grows
@@ -66,7 +69,7 @@ func New(cfg Config) (*grpc.Server, idem.Store) {
 // holds its worker for the whole HTTP request, upstream time included, so
 // the workers are many: streamWorkersPerCPU per GOMAXPROCS. Idle, each
 // costs a parked goroutine whose stack the garbage collector shrinks.
-func NewGRPCServer(maxMessageSize int, creds credentials.TransportCredentials) *grpc.Server {
+func NewGRPCServer(maxMessageSize int, creds credentials.TransportCredentials, extra ...grpc.ServerOption) *grpc.Server {
 	if maxMessageSize == 0 {
 		maxMessageSize = DefaultMaxMessageSize
 	}
@@ -75,7 +78,7 @@ func NewGRPCServer(maxMessageSize int, creds credentials.TransportCredentials) *
 	if creds != nil {
 		opts = append(opts, grpc.Creds(creds))
 	}
-	return grpc.NewServer(opts...)
+	return grpc.NewServer(append(opts, extra...)...)
 }
 
 // streamWorkersPerCPU sizes the stream workers (NewGRPCServer).
