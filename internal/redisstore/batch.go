@@ -35,7 +35,8 @@ const maxBatches = 2
 // must follow the reservation on the same connection, which a shared
 // pipeline cannot promise.
 type batcher struct {
-	rdb redis.UniversalClient
+	rdb         redis.UniversalClient
+	callTimeout time.Duration // a batch's deadline when no caller has one
 
 	mu      sync.Mutex
 	pending []*scriptCall
@@ -125,6 +126,9 @@ func (b *batcher) exec(batch []*scriptCall) {
 	if len(live) == 0 {
 		return
 	}
+	if deadline.IsZero() {
+		deadline = time.Now().Add(b.callTimeout)
+	}
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
 	cmds := make([]*redis.Cmd, len(live))
@@ -195,8 +199,8 @@ type batchers struct {
 	byNode map[string]*batcher
 }
 
-func newBatchers(rdb redis.UniversalClient) *batchers {
-	bs := &batchers{rdb: rdb, one: batcher{rdb: rdb}}
+func newBatchers(rdb redis.UniversalClient, callTimeout time.Duration) *batchers {
+	bs := &batchers{rdb: rdb, one: batcher{rdb: rdb, callTimeout: callTimeout}}
 	if cc, ok := rdb.(*redis.ClusterClient); ok {
 		bs.cluster, bs.byNode = cc, map[string]*batcher{}
 	}
@@ -219,7 +223,7 @@ func (bs *batchers) run(ctx context.Context, sc *redis.Script, key string, args 
 	bs.mu.Lock()
 	b := bs.byNode[addr]
 	if b == nil {
-		b = &batcher{rdb: bs.rdb}
+		b = &batcher{rdb: bs.rdb, callTimeout: bs.one.callTimeout}
 		bs.byNode[addr] = b
 	}
 	bs.mu.Unlock()

@@ -116,14 +116,14 @@ var _ idem.Store = (*Store)(nil)
 
 // New returns a Store using rdb. The caller keeps ownership of rdb.
 func New(rdb redis.UniversalClient, opts Options) *Store {
-	st := &Store{rdb: rdb, prefix: opts.Prefix, callTimeout: opts.CallTimeout, s: loadScripts(), hub: newHub(rdb),
-		batch: newBatchers(rdb)}
+	st := &Store{rdb: rdb, prefix: opts.Prefix, callTimeout: opts.CallTimeout, s: loadScripts(), hub: newHub(rdb)}
 	if st.prefix == "" {
 		st.prefix = DefaultPrefix
 	}
 	if st.callTimeout <= 0 {
 		st.callTimeout = idem.DefaultStoreTimeout
 	}
+	st.batch = newBatchers(rdb, st.callTimeout)
 	return st
 }
 
