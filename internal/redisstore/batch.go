@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"sync"
 	"time"
@@ -153,9 +154,47 @@ func (b *batcher) exec(batch []*scriptCall) {
 		}
 	}
 	for i, c := range live {
+		if retryAlone(cmds[i].Err()) && c.ctx.Err() == nil {
+			// go-redis retries a lone command after a broken connection or
+			// a LOADING, READONLY, CLUSTERDOWN, TRYAGAIN or MASTERDOWN
+			// reply (error.go, shouldRetry), reloading a cluster's slot map
+			// on the way, but not a pipeline's command that got such a
+			// reply (redis.go generalProcessPipelineFrom and osscluster.go
+			// pipelineReadCmds retry only on transport errors, and only a
+			// few times without a reload). A failover produces exactly
+			// these, so such a call is run again on its own, on its
+			// caller's context, as it would have been without batching.
+			go func() {
+				c.cmd = c.sc.Run(c.ctx, b.rdb, c.keys, c.args...)
+				close(c.done)
+			}()
+			continue
+		}
 		c.cmd = cmds[i]
 		close(c.done)
 	}
+}
+
+// retryAlone reports the errors after which go-redis would have retried a
+// lone command (go-redis v9 error.go, shouldRetry): a connection that
+// broke or could not be made, or a reply saying the node cannot serve the
+// key right now. Context errors are not among them.
+func retryAlone(err error) bool {
+	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	var re redis.Error
+	if !errors.As(err, &re) {
+		return true // transport: EOF, reset, refused, timeout
+	}
+	msg := err.Error()
+	for _, p := range []string{"LOADING ", "READONLY ", "CLUSTERDOWN ", "TRYAGAIN ", "MASTERDOWN ", "NOREPLICAS ",
+		"ERR max number of clients reached"} {
+		if strings.HasPrefix(msg, p) {
+			return true
+		}
+	}
+	return false
 }
 
 // pipeline sends one command per call, made by mk, as one pipeline.
