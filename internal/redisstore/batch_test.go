@@ -263,7 +263,11 @@ func TestBatchAfterScriptFlush(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if n := cmdCalls(t, srv, "eval") - evalsBefore; n != redisstore.MaxBatches+queued {
-		t.Fatalf("%d EVALs, want %d: one per lone renewal and one per batched reservation", n, redisstore.MaxBatches+queued)
+	// Each batched reservation was answered NOSCRIPT and sent again as EVAL
+	// (an error above otherwise); the renewals add one EVAL each, or one in
+	// all when the second's EVALSHA reached Redis after the first's EVAL had
+	// loaded the script.
+	if n := cmdCalls(t, srv, "eval") - evalsBefore; n < queued+1 || n > queued+redisstore.MaxBatches {
+		t.Fatalf("%d EVALs, want %d batched reservations and 1 to %d renewals", n, queued, redisstore.MaxBatches)
 	}
 }
