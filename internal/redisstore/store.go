@@ -109,6 +109,7 @@ type Store struct {
 	callTimeout time.Duration
 	s           scripts
 	hub         *hub
+	batch       *batchers // nil: every call on its own (tests compare)
 }
 
 var _ idem.Store = (*Store)(nil)
@@ -122,6 +123,7 @@ func New(rdb redis.UniversalClient, opts Options) *Store {
 	if st.callTimeout <= 0 {
 		st.callTimeout = idem.DefaultStoreTimeout
 	}
+	st.batch = newBatchers(rdb, st.callTimeout)
 	return st
 }
 
@@ -155,11 +157,11 @@ func (s *Store) Reserve(ctx context.Context, r idem.Reservation) (idem.ReserveRe
 	if r.WaitReplicas > 0 {
 		return s.reserveDurable(ctx, r, args)
 	}
-	v, err := s.s.reserve.Run(ctx, s.rdb, []string{s.Key(r.ID)}, args...).Slice()
+	v, err := s.run(ctx, s.s.reserve, s.Key(r.ID), args...).Slice()
 	if err != nil && isOOM(err) {
 		// Redis is full and refuses writes: answer a known operation all
 		// the same (replay, 409, 422); only a new key is refused.
-		pv, perr := s.s.peek.Run(ctx, s.rdb, []string{s.Key(r.ID)}, r.Fingerprint[:]).Slice()
+		pv, perr := s.run(ctx, s.s.peek, s.Key(r.ID), r.Fingerprint[:]).Slice()
 		if perr == nil && len(pv) > 0 && pv[0] != "absent" {
 			v, err = pv, nil
 		}
@@ -172,6 +174,15 @@ func (s *Store) Reserve(ctx context.Context, r idem.Reservation) (idem.ReserveRe
 		return idem.ReserveResult{}, fmt.Errorf("redisstore: reserve: %w", err)
 	}
 	return res, nil
+}
+
+// run runs the single-key script sc on key, written to Redis together with
+// the concurrent calls of other streams (batch.go).
+func (s *Store) run(ctx context.Context, sc *redis.Script, key string, args ...any) *redis.Cmd {
+	if s.batch == nil {
+		return sc.Run(ctx, s.rdb, []string{key}, args...)
+	}
+	return s.batch.run(ctx, sc, key, args...)
 }
 
 // isOOM reports Redis refusing a write at maxmemory under noeviction.
@@ -242,7 +253,7 @@ func (s *Store) MarkUnknown(ctx context.Context, id idem.RecordID, tok idem.Toke
 func (s *Store) transition(ctx context.Context, op string, sc *redis.Script, id idem.RecordID, args ...any) error {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	n, err := sc.Run(ctx, s.rdb, []string{s.Key(id)}, args...).Int()
+	n, err := s.run(ctx, sc, s.Key(id), args...).Int()
 	if err != nil {
 		return fmt.Errorf("redisstore: %s: %w", op, err)
 	}

@@ -1,0 +1,270 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// maxBatches bounds the batches in flight at once to one Redis node, each
+// on a pooled connection of its own. While they are all out, new calls
+// queue and leave together in the next batch: one write and one read for
+// all of them instead of one each. Chosen by BenchmarkConcurrentScripts
+// (docs/redis.md, "Pipelining").
+const maxBatches = 2
+
+// batcher writes script calls of concurrent callers to Redis together
+// (pipelining), never waiting for a timer:
+//
+//   - a call that finds no batch queued and a batch slot free runs on its
+//     own, right away, on the caller's goroutine and context, exactly as an
+//     unbatched call would: one caller alone pays nothing;
+//   - a call that finds every slot taken (or a batch already queued) joins
+//     the queue; whoever frees a slot next sends the whole queue as one
+//     go-redis pipeline, under a deadline that covers the latest of its
+//     callers' own deadlines;
+//   - a queued caller waits for its reply or its own context, whichever
+//     ends first, and returns the same context error as an unbatched call
+//     at once, even while its batch is still in flight. A call whose caller
+//     left before its batch was formed is not sent.
+//
+// Only single-key scripts go through it. WAIT does not (durable.go): it
+// must follow the reservation on the same connection, which a shared
+// pipeline cannot promise.
+type batcher struct {
+	rdb         redis.UniversalClient
+	callTimeout time.Duration // a batch's deadline when no caller has one
+
+	mu      sync.Mutex
+	pending []*scriptCall
+	busy    int // slots taken: calls running on their own and batches in flight
+}
+
+// scriptCall is one EVALSHA of a script on one key, and its reply.
+type scriptCall struct {
+	ctx  context.Context
+	sc   *redis.Script
+	keys []string
+	args []any
+	cmd  *redis.Cmd    // the reply, set before done is closed
+	done chan struct{} // closed once cmd is set
+}
+
+// run runs sc on keys as one call of ctx, alone or in a batch.
+func (b *batcher) run(ctx context.Context, sc *redis.Script, keys []string, args ...any) *redis.Cmd {
+	b.mu.Lock()
+	if len(b.pending) == 0 && b.busy < maxBatches {
+		b.busy++
+		b.mu.Unlock()
+		cmd := sc.Run(ctx, b.rdb, keys, args...)
+		b.release()
+		return cmd
+	}
+	c := &scriptCall{ctx: ctx, sc: sc, keys: keys, args: args, done: make(chan struct{})}
+	// Every slot is taken, or a queue already waits for the next one to be
+	// freed: whoever frees it sends the queue (release, send).
+	b.pending = append(b.pending, c)
+	b.mu.Unlock()
+	select {
+	case <-c.done:
+		return c.cmd
+	case <-ctx.Done():
+		cmd := redis.NewCmd(ctx)
+		cmd.SetErr(ctx.Err())
+		return cmd
+	}
+}
+
+// release frees the slot of a call that ran on its own; a queue that
+// formed meanwhile is sent in its place.
+func (b *batcher) release() {
+	b.mu.Lock()
+	if len(b.pending) == 0 {
+		b.busy--
+		b.mu.Unlock()
+		return
+	}
+	b.mu.Unlock()
+	go b.send()
+}
+
+// send holds one slot: it sends the queue as one batch, and again while
+// calls queued meanwhile, then frees the slot.
+func (b *batcher) send() {
+	for {
+		b.mu.Lock()
+		batch := b.pending
+		b.pending = nil
+		if len(batch) == 0 {
+			b.busy--
+			b.mu.Unlock()
+			return
+		}
+		b.mu.Unlock()
+		b.exec(batch)
+	}
+}
+
+// exec sends one batch and hands every call its reply.
+func (b *batcher) exec(batch []*scriptCall) {
+	live := batch[:0:0]
+	var deadline time.Time
+	for _, c := range batch {
+		if c.ctx.Err() != nil {
+			continue // its caller has left: not sent
+		}
+		// Every call has a deadline (Store.bound); the batch lasts as long
+		// as the longest.
+		if d, ok := c.ctx.Deadline(); ok && d.After(deadline) {
+			deadline = d
+		}
+		live = append(live, c)
+	}
+	if len(live) == 0 {
+		return
+	}
+	if deadline.IsZero() {
+		deadline = time.Now().Add(b.callTimeout)
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	defer cancel()
+	cmds := make([]*redis.Cmd, len(live))
+	pipeline(ctx, b.rdb, live, cmds, (*redis.Script).EvalSha)
+	// A Redis that restarted or failed over has forgotten the scripts:
+	// go-redis's Script.Run falls back from EVALSHA to EVAL on NOSCRIPT
+	// (go-redis v9 script.go, Script.Run), and so does a batch, for the
+	// calls that got it.
+	var again []*scriptCall
+	var at []int
+	for i, cmd := range cmds {
+		if isNoScript(cmd.Err()) {
+			again = append(again, live[i])
+			at = append(at, i)
+		}
+	}
+	if len(again) > 0 {
+		retried := make([]*redis.Cmd, len(again))
+		pipeline(ctx, b.rdb, again, retried, (*redis.Script).Eval)
+		for j, i := range at {
+			cmds[i] = retried[j]
+		}
+	}
+	for i, c := range live {
+		if retryAlone(cmds[i].Err()) && c.ctx.Err() == nil {
+			// go-redis retries a lone command after a broken connection or
+			// a LOADING, READONLY, CLUSTERDOWN, TRYAGAIN or MASTERDOWN
+			// reply (error.go, shouldRetry), reloading a cluster's slot map
+			// on the way, but not a pipeline's command that got such a
+			// reply (redis.go generalProcessPipelineFrom and osscluster.go
+			// pipelineReadCmds retry only on transport errors, and only a
+			// few times without a reload). A failover produces exactly
+			// these, so such a call is run again on its own, on its
+			// caller's context, as it would have been without batching.
+			go func() {
+				c.cmd = c.sc.Run(c.ctx, b.rdb, c.keys, c.args...)
+				close(c.done)
+			}()
+			continue
+		}
+		c.cmd = cmds[i]
+		close(c.done)
+	}
+}
+
+// retryAlone reports the errors after which go-redis would have retried a
+// lone command (go-redis v9 error.go, shouldRetry): a connection that
+// broke or could not be made, or a reply saying the node cannot serve the
+// key right now. Context errors are not among them.
+func retryAlone(err error) bool {
+	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	var re redis.Error
+	if !errors.As(err, &re) {
+		return true // transport: EOF, reset, refused, timeout
+	}
+	msg := err.Error()
+	for _, p := range []string{"LOADING ", "READONLY ", "CLUSTERDOWN ", "TRYAGAIN ", "MASTERDOWN ", "NOREPLICAS ",
+		"ERR max number of clients reached"} {
+		if strings.HasPrefix(msg, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// pipeline sends one command per call, made by mk, as one pipeline.
+func pipeline(ctx context.Context, rdb redis.UniversalClient, calls []*scriptCall, cmds []*redis.Cmd,
+	mk func(*redis.Script, context.Context, redis.Scripter, []string, ...any) *redis.Cmd) {
+	pipe := rdb.Pipeline()
+	for i, c := range calls {
+		cmds[i] = mk(c.sc, ctx, pipe, c.keys, c.args...)
+	}
+	_, err := pipe.Exec(ctx)
+	if err == nil {
+		return
+	}
+	// go-redis stamps a failed pipeline's error on each command (redis.go
+	// generalProcessPipelineFrom, osscluster.go processPipeline: setCmdsErr);
+	// a command left with neither a reply nor an error was never answered.
+	for _, cmd := range cmds {
+		if cmd.Err() == nil && cmd.Val() == nil {
+			cmd.SetErr(err)
+		}
+	}
+}
+
+// isNoScript reports Redis's answer to an EVALSHA of a script it does not
+// hold (go-redis v9 script.go, isNoScriptErr, tests the same prefix).
+func isNoScript(err error) bool {
+	return err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT ")
+}
+
+// batchers gives each Redis primary a batcher of its own, so that a hung
+// or slow node holds up only the calls for its own keys. A cluster's
+// batch goes through the ClusterClient all the same, which follows MOVED
+// and ASK (go-redis v9 osscluster.go, processPipelineNode, checkMovedErr)
+// when the slot map it routed by is stale.
+type batchers struct {
+	rdb     redis.UniversalClient
+	cluster *redis.ClusterClient // nil: one primary, one batcher
+
+	one    batcher
+	mu     sync.Mutex
+	byNode map[string]*batcher
+}
+
+func newBatchers(rdb redis.UniversalClient, callTimeout time.Duration) *batchers {
+	bs := &batchers{rdb: rdb, one: batcher{rdb: rdb, callTimeout: callTimeout}}
+	if cc, ok := rdb.(*redis.ClusterClient); ok {
+		bs.cluster, bs.byNode = cc, map[string]*batcher{}
+	}
+	return bs
+}
+
+// run runs sc on key, batched with concurrent calls to the same primary.
+func (bs *batchers) run(ctx context.Context, sc *redis.Script, key string, args ...any) *redis.Cmd {
+	keys := []string{key}
+	if bs.cluster == nil {
+		return bs.one.run(ctx, sc, keys, args...)
+	}
+	node, err := bs.cluster.MasterForKey(ctx, key)
+	if err != nil {
+		// No slot map yet (or none to be had): the ClusterClient reports
+		// why, as it would for an unbatched call.
+		return bs.one.run(ctx, sc, keys, args...)
+	}
+	addr := node.Options().Addr
+	bs.mu.Lock()
+	b := bs.byNode[addr]
+	if b == nil {
+		b = &batcher{rdb: bs.rdb, callTimeout: bs.one.callTimeout}
+		bs.byNode[addr] = b
+	}
+	bs.mu.Unlock()
+	return b.run(ctx, sc, keys, args...)
+}

@@ -1,0 +1,17 @@
+package redisstore
+
+// Unbatched makes every script call of s run on its own, as before
+// batching, for tests and benchmarks that compare the two.
+func Unbatched(s *Store) *Store { s.batch = nil; return s }
+
+// Batching reports the batch slots taken and the calls queued on a
+// single-primary store: the events the batching tests wait for.
+func Batching(s *Store) (busy, queued int) {
+	b := &s.batch.one
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.busy, len(b.pending)
+}
+
+// MaxBatches is maxBatches, for tests that fill every slot.
+const MaxBatches = maxBatches
