@@ -204,12 +204,7 @@ func (h *asyncHandler) Enabled(ctx context.Context, level slog.Level) bool {
 }
 
 func (h *asyncHandler) Handle(ctx context.Context, r slog.Record) error {
-	plain := true
-	r.Attrs(func(a slog.Attr) bool {
-		plain = plainValue(a.Value)
-		return plain
-	})
-	if plain {
+	if deferrable(r) {
 		return h.q.enqueue(queuedRecord{h: h.inner, r: r.Clone()})
 	}
 	var line bytes.Buffer
@@ -236,6 +231,20 @@ func (h *asyncHandler) WithGroup(name string) slog.Handler {
 func (h *asyncHandler) derive(w func(slog.Handler) slog.Handler) slog.Handler {
 	return &asyncHandler{q: h.q, inner: w(h.inner), format: h.format,
 		with: append(h.with[:len(h.with):len(h.with)], w)}
+}
+
+// deferrable reports whether r may be formatted later, on the writer: every
+// attribute is plain data, or the empty Attr, which handlers ignore
+// (log/slog's Handler contract: "If an Attr's key and value are both the
+// zero value, ignore the Attr") and which a line's optional field leaves
+// when absent (attempt's settled line without an error).
+func deferrable(r slog.Record) bool {
+	plain := true
+	r.Attrs(func(a slog.Attr) bool {
+		plain = a.Equal(slog.Attr{}) || plainValue(a.Value)
+		return plain
+	})
+	return plain
 }
 
 // plainValue reports whether v is data that cannot change after the call

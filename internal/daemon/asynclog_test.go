@@ -257,3 +257,26 @@ func (b *blockingWriter) String() string {
 	defer b.mu.Unlock()
 	return b.buf.String()
 }
+
+// TestAsyncLogDefersDecisionLines: the lines the request path writes are
+// formatted on the writer, not on the caller. The settled line carries an
+// empty Attr when there is no error (attempt.errAttr); it once sent every
+// settled line down the caller's formatting path.
+func TestAsyncLogDefersDecisionLines(t *testing.T) {
+	for name, attrs := range map[string][]slog.Attr{
+		"decision":          {slog.String("policy", "default"), slog.Int("attempt", 1), slog.Float64("latency_ms", 0.4)},
+		"settled, no error": {slog.String("outcome", "stored"), {}},
+		"group":             {slog.Group("g", slog.String("a", "b"))},
+	} {
+		r := slog.NewRecord(time.Now(), slog.LevelInfo, name, 0)
+		r.AddAttrs(attrs...)
+		if !deferrable(r) {
+			t.Errorf("%s: formatted on the caller", name)
+		}
+	}
+	r := slog.NewRecord(time.Now(), slog.LevelInfo, "changing", 0)
+	r.AddAttrs(slog.Any("m", map[string]int{}))
+	if deferrable(r) {
+		t.Error("a record with a map value was deferred: it may change before it is written")
+	}
+}
