@@ -42,7 +42,7 @@ func TestBinaryVersion(t *testing.T) {
 			t.Errorf("%v: exit %d, stdout %q, stderr %q", args, code, out, errOut)
 		}
 	}
-	p := start(t, freeAddr(t), freeAddr(t))
+	p := start(t, "", "")
 	resp, err := http.Get("http://" + p.admin + "/metrics")
 	if err != nil {
 		t.Fatal(err)
@@ -161,7 +161,7 @@ func TestBinaryConfigCheck(t *testing.T) {
 // (the port taken from IDEM_ADMIN_LISTEN by default) and over gRPC health,
 // and 1 when nothing answers.
 func TestBinaryProbe(t *testing.T) {
-	p := start(t, freeAddr(t), freeAddr(t))
+	p := start(t, "", "")
 	for _, tc := range []struct {
 		env  []string
 		args []string
@@ -204,7 +204,7 @@ func TestBinaryCompletion(t *testing.T) {
 func TestBinaryAdminAdoption(t *testing.T) {
 	tokenFile := filepath.Join(t.TempDir(), "token")
 	writeFile(t, tokenFile, "cli-token\n")
-	p := start(t, freeAddr(t), freeAddr(t), "--admin-token-file", tokenFile)
+	p := start(t, "", "", "--admin-token-file", tokenFile)
 	env := []string{"IDEM_ADMIN_ADDR=http://" + p.admin, "IDEM_ADMIN_TOKEN_FILE=" + tokenFile}
 	out, errOut, code := runBinary(t, env, "admin", "adoption")
 	var report struct {
@@ -261,7 +261,7 @@ func TestImageRunsTheProbeAndTheStamp(t *testing.T) {
 	if test := compose.Services["idem-extproc"].Healthcheck.Test; len(test) > 1 && test[0] == "CMD" {
 		checks["compose healthcheck"] = test[1:]
 	}
-	p := start(t, freeAddr(t), freeAddr(t))
+	p := start(t, "", "")
 	for name, argv := range checks {
 		if len(argv) < 2 || argv[0] != "/usr/local/bin/idem-extproc" {
 			t.Fatalf("%s runs %q, not the image's binary", name, argv)

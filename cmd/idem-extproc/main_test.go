@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -103,14 +104,40 @@ func freeAddr(t *testing.T) string {
 }
 
 // start runs the binary on the given addresses with extra flags and waits
-// until /healthz answers.
+// until /healthz answers. Empty addresses are picked free here (see
+// startEnv).
 func start(t *testing.T, listen, admin string, extra ...string) *process {
 	t.Helper()
 	return startEnv(t, nil, listen, admin, extra...)
 }
 
-// startEnv is start with env added to the test's environment.
+// startEnv is start with env added to the test's environment. A free port
+// found by freeAddr is free only until another process takes it (the
+// packages' tests run in parallel), so when the addresses were picked here
+// and the binary reports one taken at start, it is started again on new
+// ones, up to three times.
 func startEnv(t *testing.T, env []string, listen, admin string, extra ...string) *process {
+	t.Helper()
+	pick := listen == "" && admin == ""
+	for try := 1; ; try++ {
+		if pick {
+			listen, admin = freeAddr(t), freeAddr(t)
+		}
+		p, exitErr := launch(t, env, listen, admin, extra...)
+		if exitErr == nil {
+			return p
+		}
+		if pick && try < 3 && strings.Contains(p.stderr.String(), "address already in use") {
+			t.Logf("a picked port was taken before the server bound it; starting again:\n%s", p.stderr.String())
+			continue
+		}
+		t.Fatalf("server exited at start (%v):\n%s", exitErr, p.stderr.String())
+	}
+}
+
+// launch starts the binary and waits until /healthz answers; it returns
+// the exit error if the binary exits first.
+func launch(t *testing.T, env []string, listen, admin string, extra ...string) (*process, error) {
 	t.Helper()
 	args := append([]string{"--listen", listen, "--admin-listen", admin}, extra...)
 	p := &process{t: t, stderr: &harness.LogBuffer{}, listen: listen, admin: admin, exited: make(chan error, 1)}
@@ -132,7 +159,10 @@ func startEnv(t *testing.T, env []string, listen, admin string, extra ...string)
 	for p.get("/healthz") != http.StatusOK {
 		select {
 		case err := <-p.exited:
-			t.Fatalf("server exited at start (%v):\n%s", err, p.stderr.String())
+			if err == nil {
+				err = errors.New("exit status 0")
+			}
+			return p, err
 		default:
 		}
 		if time.Now().After(deadline) {
@@ -140,7 +170,7 @@ func startEnv(t *testing.T, env []string, listen, admin string, extra ...string)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	return p
+	return p, nil
 }
 
 func (p *process) get(path string) int {
@@ -178,7 +208,7 @@ func recordState(t *testing.T, env *harness.Env, key string) idem.State {
 // --admin-listen and --redis-url and plays Envoy's side against it.
 func TestBinaryWithRedis(t *testing.T) {
 	redis := redistest.Start(t, redistest.Options{})
-	p := start(t, freeAddr(t), freeAddr(t), "--redis-url", redis.URL())
+	p := start(t, "", "", "--redis-url", redis.URL())
 	if code := p.get("/readyz"); code != http.StatusOK {
 		t.Fatalf("/readyz = %d with Redis up", code)
 	}
@@ -235,7 +265,7 @@ func TestBinaryWithRedis(t *testing.T) {
 // deploys does too, wiring (flags, store, server options) included.
 func TestBinaryBehindProxylessGRPC(t *testing.T) {
 	redis := redistest.Start(t, redistest.Options{})
-	p := start(t, freeAddr(t), freeAddr(t), "--redis-url", redis.URL())
+	p := start(t, "", "", "--redis-url", redis.URL())
 	env := grpcxds.Start(t, grpcxds.Options{ServerAddr: p.listen, Redis: redis})
 
 	steps := []struct {
@@ -289,7 +319,7 @@ func TestBinaryBehindProxylessGRPC(t *testing.T) {
 // TestBinaryDefaultsToMemory: with no --redis-url the binary runs on the
 // in-memory store and says it is for one replica only.
 func TestBinaryDefaultsToMemory(t *testing.T) {
-	p := start(t, freeAddr(t), freeAddr(t))
+	p := start(t, "", "")
 	if !strings.Contains(p.stderr.String(), "one replica") {
 		t.Fatalf("no single-replica warning in:\n%s", p.stderr.String())
 	}
@@ -309,7 +339,7 @@ func TestBinaryLogFormats(t *testing.T) {
 		{"text", "decision=reserved", "key_hash="},
 	} {
 		t.Run(tc.format, func(t *testing.T) {
-			p := start(t, freeAddr(t), freeAddr(t), "--log-format", tc.format)
+			p := start(t, "", "", "--log-format", tc.format)
 			env := harness.Start(t, harness.Options{ServerAddr: p.listen, Store: harness.Memory(memstore.Options{})})
 			env.Post("/orders", "fmt-1", `{}`)
 			testwait.Until(t, "a decision line", func() bool { return strings.Contains(p.stderr.String(), tc.decision) })
@@ -325,7 +355,7 @@ func TestBinaryLogFormats(t *testing.T) {
 // nothing reaches the upstream, no record is left behind, and the same key
 // with a body that fits then runs normally.
 func TestBinaryMessageSizeLimit(t *testing.T) {
-	p := start(t, freeAddr(t), freeAddr(t), "--max-message-size", "1048576")
+	p := start(t, "", "", "--max-message-size", "1048576")
 	env := harness.Start(t, harness.Options{ServerAddr: p.listen, Store: harness.Memory(memstore.Options{}), ExpectProcessingErrors: true,
 		FilterOptions: envoysim.Options{BufferLimit: 4 << 20}})
 	big := `{"pad":"` + strings.Repeat("x", 1536<<10) + `"}`
@@ -374,7 +404,7 @@ func TestBinaryExportsTracesOverOTLP(t *testing.T) {
 		_, _ = w.Write(nil)
 	}))
 	t.Cleanup(collector.Close)
-	p := startEnv(t, []string{"OTEL_EXPORTER_OTLP_ENDPOINT=" + collector.URL}, freeAddr(t), freeAddr(t))
+	p := startEnv(t, []string{"OTEL_EXPORTER_OTLP_ENDPOINT=" + collector.URL}, "", "")
 	env := harness.Start(t, harness.Options{ServerAddr: p.listen, Store: harness.Memory(memstore.Options{})})
 	if r := env.Post("/orders", "traced-1", `{}`); r.Status != http.StatusCreated {
 		t.Fatalf("status %d", r.Status)
@@ -400,7 +430,7 @@ func TestBinarySignalsDrain(t *testing.T) {
 	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT} {
 		t.Run(sig.String(), func(t *testing.T) {
 			redis := redistest.Start(t, redistest.Options{})
-			p := start(t, freeAddr(t), freeAddr(t), "--redis-url", redis.URL())
+			p := start(t, "", "", "--redis-url", redis.URL())
 			env := harness.Start(t, harness.Options{ServerAddr: p.listen, Store: harness.OnRedis(redis)})
 			const n = 5
 			replies := make(chan harness.Reply, n)
@@ -441,7 +471,7 @@ func TestBinarySignalsDrain(t *testing.T) {
 // retry is refused (409) and the upstream's effect happens once.
 func TestBinaryDrainIsBounded(t *testing.T) {
 	redis := redistest.Start(t, redistest.Options{})
-	p := start(t, freeAddr(t), freeAddr(t), "--redis-url", redis.URL(), "--drain-timeout", "200ms")
+	p := start(t, "", "", "--redis-url", redis.URL(), "--drain-timeout", "200ms")
 	env := harness.Start(t, harness.Options{ServerAddr: p.listen, Store: harness.OnRedis(redis), ExpectProcessingErrors: true})
 	done := make(chan harness.Reply, 1)
 	go func() { done <- env.Post("/orders", "cut-1", `{}`, "x-upstream-delay", "5s") }()
@@ -581,7 +611,7 @@ func TestBinaryConfigReload(t *testing.T) {
 	redis := redistest.Start(t, redistest.Options{})
 	path := filepath.Join(t.TempDir(), "policies.yaml")
 	writeFile(t, path, fmt.Sprintf(requireKeys, "true"))
-	p := start(t, freeAddr(t), freeAddr(t), "--redis-url", redis.URL(), "--config", path)
+	p := start(t, "", "", "--redis-url", redis.URL(), "--config", path)
 	env := harness.Start(t, harness.Options{ServerAddr: p.listen, Store: harness.OnRedis(redis)})
 
 	if r := env.Post("/orders", "", `{}`); r.Status != http.StatusBadRequest || !strings.Contains(r.Body, "idempotency-key-missing") {
@@ -681,7 +711,7 @@ func TestBinaryAdminCLI(t *testing.T) {
 	redis := redistest.Start(t, redistest.Options{})
 	tokenFile := filepath.Join(t.TempDir(), "token")
 	writeFile(t, tokenFile, "cli-token\n")
-	p := start(t, freeAddr(t), freeAddr(t), "--redis-url", redis.URL(), "--admin-token-file", tokenFile)
+	p := start(t, "", "", "--redis-url", redis.URL(), "--admin-token-file", tokenFile)
 	env := harness.Start(t, harness.Options{ServerAddr: p.listen, Store: harness.OnRedis(redis)})
 	env.Post("/orders", "cli-1", `{}`)
 	scope := strings.TrimPrefix(env.URL, "http://")
@@ -750,7 +780,7 @@ func TestBinaryAdminCLIResolve(t *testing.T) {
 	redis := redistest.Start(t, redistest.Options{})
 	tokenFile := filepath.Join(t.TempDir(), "token")
 	writeFile(t, tokenFile, "cli-token\n")
-	p := start(t, freeAddr(t), freeAddr(t), "--redis-url", redis.URL(), "--admin-token-file", tokenFile)
+	p := start(t, "", "", "--redis-url", redis.URL(), "--admin-token-file", tokenFile)
 	env := harness.Start(t, harness.Options{ServerAddr: p.listen, Store: harness.OnRedis(redis)})
 	scope := strings.TrimPrefix(env.URL, "http://")
 	admin := func(args ...string) (stdout, stderr string, code int) {

@@ -327,11 +327,31 @@ func (c *Cluster) Failover(ctx context.Context, master *Server, mode ...string) 
 	for _, m := range mode {
 		args = append(args, m)
 	}
-	if err := replica.Do(ctx, args...).Err(); err != nil {
-		c.t.Fatalf("redistest: CLUSTER FAILOVER: %v", err)
+	// A manual failover the replica cannot finish within CLUSTER_MF_TIMEOUT
+	// (5000 ms, Redis cluster.h) is aborted with only a log line ("Manual
+	// failover timed out."), which happens when a loaded machine delays the
+	// primary's offset: the replica then never turns primary. So the command
+	// is given again after twice that time, as an operator would.
+	for {
+		if err := replica.Do(ctx, args...).Err(); err != nil {
+			c.t.Fatalf("redistest: CLUSTER FAILOVER: %v", err)
+		}
+		attempt, cancel := context.WithTimeout(ctx, 2*manualFailoverTimeout)
+		err := c.waitFor(attempt, "replica promoted", func() bool {
+			return replica.Info(ctx, "replication", "role") == "master"
+		})
+		cancel()
+		if err == nil || ctx.Err() != nil {
+			break
+		}
+		c.t.Logf("redistest: CLUSTER FAILOVER not done in %v; giving it again", 2*manualFailoverTimeout)
 	}
 	return c.awaitPromotion(ctx, replica, "replica promoted")
 }
+
+// manualFailoverTimeout is Redis's CLUSTER_MF_TIMEOUT (cluster.h): how long
+// a replica has to complete a CLUSTER FAILOVER before it gives up.
+const manualFailoverTimeout = 5 * time.Second
 
 // KillMaster kills master's process and waits until its replica has been
 // elected in its place and the cluster is healthy again. It returns the
