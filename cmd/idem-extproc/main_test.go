@@ -785,17 +785,7 @@ func TestBinaryAdminCLIResolve(t *testing.T) {
 	scope := strings.TrimPrefix(env.URL, "http://")
 	admin := func(args ...string) (stdout, stderr string, code int) {
 		t.Helper()
-		cmd := exec.Command(binary(t), append([]string{"admin"}, args...)...)
-		cmd.Env = append(os.Environ(), "IDEM_ADMIN_ADDR=http://"+p.admin, "IDEM_ADMIN_TOKEN_FILE="+tokenFile)
-		var out, errOut strings.Builder
-		cmd.Stdout, cmd.Stderr = &out, &errOut
-		err := cmd.Run()
-		if ee, ok := err.(*exec.ExitError); ok {
-			code = ee.ExitCode()
-		} else if err != nil {
-			t.Fatal(err)
-		}
-		return out.String(), errOut.String(), code
+		return runBinary(t, []string{"IDEM_ADMIN_ADDR=http://" + p.admin, "IDEM_ADMIN_TOKEN_FILE=" + tokenFile}, append([]string{"admin"}, args...)...)
 	}
 	const body = `{"order":"cli-unknown"}`
 	abandonInFlight(t, env, "cli-u1", body)
