@@ -149,11 +149,7 @@ func (s *Store) bound(ctx context.Context) (context.Context, context.CancelFunc)
 func (s *Store) Reserve(ctx context.Context, r idem.Reservation) (idem.ReserveResult, error) {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	expiry := "u"
-	if r.LeaseExpiry == idem.LeaseExpiryReexecute {
-		expiry = "r"
-	}
-	args := []any{r.Fingerprint[:], r.Token[:], r.Lease.Milliseconds(), r.Retention.Milliseconds(), expiry}
+	args := reserveArgs(&r)
 	if r.WaitReplicas > 0 {
 		return s.reserveDurable(ctx, r, args)
 	}
@@ -174,6 +170,20 @@ func (s *Store) Reserve(ctx context.Context, r idem.Reservation) (idem.ReserveRe
 		return idem.ReserveResult{}, fmt.Errorf("redisstore: reserve: %w", err)
 	}
 	return res, nil
+}
+
+// reserveArgs is ARGV of reserve.lua for r.
+func reserveArgs(r *idem.Reservation) []any {
+	expiry := "u"
+	if r.LeaseExpiry == idem.LeaseExpiryReexecute {
+		expiry = "r"
+	}
+	return []any{r.Fingerprint[:], r.Token[:], r.Lease.Milliseconds(), r.Retention.Milliseconds(), expiry}
+}
+
+// completeArgs is ARGV of complete.lua.
+func completeArgs(tok idem.Token, resp *idem.Response, retention time.Duration) []any {
+	return []any{tok[:], retention.Milliseconds(), encodeResponseHead(resp), resp.Body}
 }
 
 // run runs the single-key script sc on key, written to Redis together with
@@ -234,8 +244,7 @@ func (s *Store) Renew(ctx context.Context, id idem.RecordID, tok idem.Token, lea
 
 // Complete implements idem.Store.
 func (s *Store) Complete(ctx context.Context, id idem.RecordID, tok idem.Token, resp idem.Response, retention time.Duration) error {
-	return s.transition(ctx, "complete", s.s.complete, id, tok[:], retention.Milliseconds(),
-		encodeResponseHead(&resp), resp.Body)
+	return s.transition(ctx, "complete", s.s.complete, id, completeArgs(tok, &resp, retention)...)
 }
 
 // Release implements idem.Store.

@@ -1,0 +1,175 @@
+package redisstore_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/rueidis"
+
+	"github.com/idem-extproc/idem-extproc/internal/idem"
+	"github.com/idem-extproc/idem-extproc/internal/redisstore"
+	"github.com/idem-extproc/idem-extproc/internal/redistest"
+	"github.com/idem-extproc/idem-extproc/internal/storetest"
+)
+
+// BenchmarkScriptClients compares the clients the hot script calls could
+// go through (issue 17): a reservation and its completion (1 KiB body),
+// as one protected first write makes them, EVALSHA of the store's own
+// scripts with the ARGV the store sends (ReserveArgs, CompleteArgs), from
+// 1, 8, 32 and 128 concurrent callers on one redis-server:
+//
+//   - batcher: the store as built, go-redis under the batcher (batch.go);
+//   - rueidis: rueidis v1.0.79's Lua.Exec on a client with automatic
+//     pipelining (its default), caching off, each call under its own
+//     deadline as Store.bound gives it;
+//   - handoff: the batcher with every call handed to long-lived sender
+//     goroutines instead of running on its caller's (HandOff).
+//
+// The variants take turns within each caller count, -count times, so the
+// machine's drift hits all alike. cpu-µs/op is this process's CPU (user
+// and system) per write, redis-cpu-µs/op redis-server's (/proc/PID/stat,
+// clock ticks: use -benchtime of at least 20000x), total-cpu-µs/op their
+// sum: on a machine whose cores the server and Redis share, throughput
+// follows that sum.
+func BenchmarkScriptClients(b *testing.B) {
+	srv := redistest.Start(b, redistest.Options{})
+	pid, err := strconv.Atoi(srv.Info(context.Background(), "server", "process_id"))
+	if err != nil {
+		b.Fatalf("redis-server pid: %v", err)
+	}
+	resp := storetest.BenchResponse()
+	for _, callers := range []int{1, 8, 32, 128} {
+		for _, variant := range []string{"batcher", "rueidis", "handoff"} {
+			b.Run(fmt.Sprintf("callers=%d/%s", callers, variant), func(b *testing.B) {
+				write := benchWriter(b, srv, variant, resp)
+				ctx := context.Background()
+				var next atomic.Int64
+				var wg sync.WaitGroup
+				var failed atomic.Value
+				cpuBefore, redisBefore := processCPU(b), procCPU(b, pid)
+				b.ReportAllocs()
+				b.ResetTimer()
+				for range callers {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						for next.Add(1) <= int64(b.N) {
+							if err := write(ctx); err != nil {
+								failed.Store(err)
+								return
+							}
+						}
+					}()
+				}
+				wg.Wait()
+				b.StopTimer()
+				if err, _ := failed.Load().(error); err != nil {
+					b.Fatal(err)
+				}
+				client := float64(processCPU(b)-cpuBefore) / float64(time.Microsecond) / float64(b.N)
+				server := float64(procCPU(b, pid)-redisBefore) / float64(time.Microsecond) / float64(b.N)
+				b.ReportMetric(client, "cpu-µs/op")
+				b.ReportMetric(server, "redis-cpu-µs/op")
+				b.ReportMetric(client+server, "total-cpu-µs/op")
+			})
+		}
+	}
+}
+
+// benchWriter returns one write of the variant: reserve, then complete.
+func benchWriter(b *testing.B, srv *redistest.Server, variant string, resp idem.Response) func(context.Context) error {
+	const budget = time.Second
+	newReservation := func() idem.Reservation {
+		return idem.Reservation{
+			ID:          idem.RecordIDFor("bench", "scope", idem.NewToken().String()),
+			Fingerprint: idem.Fingerprint{1}, Token: idem.NewToken(),
+			Lease: 5 * time.Second, Retention: 5 * time.Second,
+		}
+	}
+	if variant != "rueidis" {
+		s := redistest.OpenStore(b, srv.URL(), budget)
+		if variant == "handoff" {
+			redisstore.HandOff(s)
+		}
+		return func(ctx context.Context) error {
+			r := newReservation()
+			if _, err := s.Reserve(ctx, r); err != nil {
+				return err
+			}
+			return s.Complete(ctx, r.ID, r.Token, resp, 5*time.Second)
+		}
+	}
+	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{srv.Addr()}, DisableCache: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(c.Close)
+	reserve := rueidis.NewLuaScript(redisstore.ScriptSource("reserve"))
+	complete := rueidis.NewLuaScript(redisstore.ScriptSource("complete"))
+	return func(ctx context.Context) error {
+		r := newReservation()
+		key := []string{redisstore.DefaultPrefix + "{" + string(r.ID) + "}"} // Store.Key
+		rctx, cancel := context.WithTimeout(ctx, budget)
+		v, err := reserve.Exec(rctx, c, key, ruArgs(redisstore.ReserveArgs(&r))).ToArray()
+		cancel()
+		if err != nil {
+			return err
+		}
+		if out, _ := v[0].ToString(); out != "reserved" {
+			return fmt.Errorf("reserve: %s", out)
+		}
+		cctx, cancel := context.WithTimeout(ctx, budget)
+		n, err := complete.Exec(cctx, c, key, ruArgs(redisstore.CompleteArgs(r.Token, &resp, 5*time.Second))).AsInt64()
+		cancel()
+		if err == nil && n != 1 {
+			err = fmt.Errorf("complete: %d", n)
+		}
+		return err
+	}
+}
+
+// ruArgs turns the store's ARGV into rueidis's strings, as go-redis's
+// writer would encode them: bytes as they are (no copy), integers in
+// decimal.
+func ruArgs(args []any) []string {
+	out := make([]string, len(args))
+	for i, a := range args {
+		switch v := a.(type) {
+		case []byte:
+			out[i] = rueidis.BinaryString(v)
+		case string:
+			out[i] = v
+		case int64:
+			out[i] = strconv.FormatInt(v, 10)
+		default:
+			panic(fmt.Sprintf("argument of type %T", a))
+		}
+	}
+	return out
+}
+
+// procCPU is the user and system CPU time of process pid
+// (/proc/PID/stat fields 14 and 15, in clock ticks of 1/100 s: USER_HZ is
+// 100 on Linux's supported architectures).
+func procCPU(b *testing.B, pid int) time.Duration {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	// The command name (field 2) is in parentheses and may hold spaces:
+	// count fields after the last ')'.
+	f := strings.Fields(string(raw[strings.LastIndexByte(string(raw), ')')+1:]))
+	utime, err1 := strconv.ParseInt(f[11], 10, 64)
+	stime, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		b.Fatalf("/proc/%d/stat: %q", pid, raw)
+	}
+	return time.Duration(utime+stime) * 10 * time.Millisecond
+}
