@@ -29,6 +29,9 @@ import (
 //   - rueidis: rueidis v1.0.79's Lua.Exec on a client with automatic
 //     pipelining (its default), caching off, each call under its own
 //     deadline as Store.bound gives it;
+//   - rueidis-1conn: the same on one pipelined connection
+//     (PipelineMultiplex -1) instead of its default of two on two vCPUs
+//     (rueidis.go singleClientMultiplex: log2(GOMAXPROCS), at most 2);
 //   - handoff: the batcher with every call handed to long-lived sender
 //     goroutines instead of running on its caller's (HandOff).
 //
@@ -46,7 +49,7 @@ func BenchmarkScriptClients(b *testing.B) {
 	}
 	resp := storetest.BenchResponse()
 	for _, callers := range []int{1, 8, 32, 128} {
-		for _, variant := range []string{"batcher", "rueidis", "handoff"} {
+		for _, variant := range []string{"batcher", "rueidis", "rueidis-1conn", "handoff"} {
 			b.Run(fmt.Sprintf("callers=%d/%s", callers, variant), func(b *testing.B) {
 				write := benchWriter(b, srv, variant, resp)
 				ctx := context.Background()
@@ -93,7 +96,7 @@ func benchWriter(b *testing.B, srv *redistest.Server, variant string, resp idem.
 			Lease: 5 * time.Second, Retention: 5 * time.Second,
 		}
 	}
-	if variant != "rueidis" {
+	if !strings.HasPrefix(variant, "rueidis") {
 		s := redistest.OpenStore(b, srv.URL(), budget)
 		if variant == "handoff" {
 			redisstore.HandOff(s)
@@ -106,7 +109,11 @@ func benchWriter(b *testing.B, srv *redistest.Server, variant string, resp idem.
 			return s.Complete(ctx, r.ID, r.Token, resp, 5*time.Second)
 		}
 	}
-	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{srv.Addr()}, DisableCache: true})
+	opt := rueidis.ClientOption{InitAddress: []string{srv.Addr()}, DisableCache: true}
+	if variant == "rueidis-1conn" {
+		opt.PipelineMultiplex = -1
+	}
+	c, err := rueidis.NewClient(opt)
 	if err != nil {
 		b.Fatal(err)
 	}
