@@ -275,8 +275,9 @@ func TestBatchAfterScriptFlush(t *testing.T) {
 }
 
 // senderGoroutines returns the ids of the goroutines running a batcher's
-// sender loop, from a dump of every goroutine's stack.
-func senderGoroutines() map[string]bool {
+// sender loop, from a dump of every goroutine's stack, leaving out those
+// in not (goroutine ids are never reused).
+func senderGoroutines(not map[string]bool) map[string]bool {
 	buf := make([]byte, 1<<20)
 	for {
 		n := runtime.Stack(buf, true)
@@ -290,7 +291,9 @@ func senderGoroutines() map[string]bool {
 	for _, g := range strings.Split(string(buf), "\n\n") {
 		if strings.Contains(g, "redisstore.(*batcher).sender(") {
 			id, _, _ := strings.Cut(strings.TrimPrefix(g, "goroutine "), " ")
-			ids[id] = true
+			if !not[id] {
+				ids[id] = true
+			}
 		}
 	}
 	return ids
@@ -332,21 +335,24 @@ func TestBatchesSentByLongLivedSenders(t *testing.T) {
 		}
 		testwait.Until(t, "every slot free", func() bool { b, q := redisstore.Batching(s); return b == 0 && q == 0 })
 	}
+	// Senders of other tests' stores (still ending after their Close, or
+	// never closed) are not this store's.
+	others := senderGoroutines(nil)
 	oneBatch()
-	first := senderGoroutines()
+	first := senderGoroutines(others)
 	if len(first) != redisstore.MaxBatches {
 		t.Fatalf("%d sender goroutines after a batch, want %d", len(first), redisstore.MaxBatches)
 	}
 	oneBatch()
-	if again := senderGoroutines(); fmt.Sprint(again) != fmt.Sprint(first) {
+	if again := senderGoroutines(others); fmt.Sprint(again) != fmt.Sprint(first) {
 		t.Fatalf("senders %v after the second batch, %v after the first: want the same", again, first)
 	}
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	testwait.Until(t, "no sender left after Close", func() bool { return len(senderGoroutines()) == 0 })
+	testwait.Until(t, "no sender left after Close", func() bool { return len(senderGoroutines(others)) == 0 })
 	oneBatch()
-	if left := senderGoroutines(); len(left) != 0 {
+	if left := senderGoroutines(others); len(left) != 0 {
 		t.Fatalf("senders %v started after Close", left)
 	}
 }
