@@ -143,5 +143,8 @@ func (s *Server) serve(ctx context.Context, stream extprocv3.ExternalProcessor_P
 		if err := stream.Send(resp); err != nil {
 			return err
 		}
+		if p.finished() {
+			return nil
+		}
 	}
 }

@@ -67,8 +67,18 @@ func New(cfg Config) (*grpc.Server, idem.Store) {
 // stacks, so a stream they take costs no growth; a stream that finds every
 // worker busy gets a goroutine of its own, as without workers. A stream
 // holds its worker for the whole HTTP request, upstream time included, so
-// the workers are many: streamWorkersPerCPU per GOMAXPROCS. Idle, each
-// costs a parked goroutine whose stack the garbage collector shrinks.
+// the workers are many: streamWorkersPerCPU per GOMAXPROCS.
+//
+// Not too many, though. An idle worker's stack is shrunk by every garbage
+// collection (runtime/stack.go shrinkstack: a goroutine using under a
+// quarter of its stack gets half of it), and grpc-go hands a stream to the
+// worker that has waited longest (server.go serveStreams sends on
+// serverWorkerChannel; a channel's receivers are served in the order they
+// came), so streams rotate through every idle worker and each worker pays
+// the growth again after each collection. Fewer workers than that, each
+// busy more often, grow less: at 32 streams, 32 per CPU took 0.92-0.96x
+// the server CPU per request of 128 per CPU, and 8 per CPU (fewer workers
+// than streams) gave that back (docs/performance.md, "Stream workers").
 func NewGRPCServer(maxMessageSize int, creds credentials.TransportCredentials, extra ...grpc.ServerOption) *grpc.Server {
 	if maxMessageSize == 0 {
 		maxMessageSize = DefaultMaxMessageSize
@@ -82,4 +92,4 @@ func NewGRPCServer(maxMessageSize int, creds credentials.TransportCredentials, e
 }
 
 // streamWorkersPerCPU sizes the stream workers (NewGRPCServer).
-const streamWorkersPerCPU = 128
+const streamWorkersPerCPU = 32

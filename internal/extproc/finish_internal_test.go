@@ -1,0 +1,57 @@
+package extproc
+
+import (
+	"testing"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	procmodev3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+)
+
+// TestFinishedOnlyWhereEnvoyKeepsTheBody: a stream is ended early only past
+// every decision, with nothing owed to a later message, and only in the
+// body modes in which Envoy holds the body itself (finish.go). Removing any
+// one condition from finished fails a case here.
+func TestFinishedOnlyWhereEnvoyKeepsTheBody(t *testing.T) {
+	s := New(Config{})
+	done := func() *processor {
+		p := newProcessor(s, s.cfg.Policies(), nil)
+		p.stage = stagePassThrough
+		p.modesKnown = true
+		p.requestBodyMode, p.responseBodyMode = procmodev3.ProcessingMode_BUFFERED, procmodev3.ProcessingMode_BUFFERED
+		return p
+	}
+	if !done().finished() {
+		t.Fatal("a passed BUFFERED request with nothing owed is not finished")
+	}
+	for m, name := range procmodev3.ProcessingMode_BodySendMode_name {
+		mode := procmodev3.ProcessingMode_BodySendMode(m)
+		want := mode == procmodev3.ProcessingMode_NONE || mode == procmodev3.ProcessingMode_BUFFERED ||
+			mode == procmodev3.ProcessingMode_BUFFERED_PARTIAL
+		p := done()
+		p.requestBodyMode = mode
+		if got := p.finished(); got != want {
+			t.Errorf("request body mode %s: finished %v, want %v", name, got, want)
+		}
+		p = done()
+		p.responseBodyMode = mode
+		if got := p.finished(); got != want {
+			t.Errorf("response body mode %s: finished %v, want %v", name, got, want)
+		}
+	}
+	for name, change := range map[string]func(*processor){
+		"modes unknown":               func(p *processor) { p.modesKnown = false },
+		"reserved, upstream running":  func(p *processor) { p.stage = stageUpstream },
+		"response body being read":    func(p *processor) { p.stage = stageResponseBody },
+		"request body being read":     func(p *processor) { p.stage = stageRequestBody },
+		"a header owed to a response": func(p *processor) { p.respAdd = []*corev3.HeaderValueOption{{}} },
+		"a withheld reply":            func(p *processor) { p.rpc.held = []*extprocv3.ProcessingResponse{{}} },
+		"a gRPC call":                 func(p *processor) { p.rpc.call = true },
+	} {
+		p := done()
+		change(p)
+		if p.finished() {
+			t.Errorf("%s: finished", name)
+		}
+	}
+}
