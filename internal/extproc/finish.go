@@ -5,8 +5,12 @@ import (
 )
 
 // finished reports whether the server needs nothing more of this stream,
-// so that it ends it (returns OK) right after the reply it just sent. A
-// stream the server closes with OK is one Envoy "can ignore ... for the
+// so that it ends it (returns OK) right after the reply it just sent. The
+// protocol allows it: every message is answered "or [by] clos[ing] the
+// stream", which a server may do "to indicate that no more messages are
+// needed" (external_processor.proto, ProcessingRequest.observability_mode
+// and the request_headers ... response_trailers members). A stream the
+// server closes with OK is one Envoy "can ignore ... for the
 // rest of our request and response processing": it sends no further
 // message, and a message it had already sent is let through unchanged
 // (ext_proc.cc Filter::onGrpcClose: processing_complete_, closeStream,
