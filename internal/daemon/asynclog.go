@@ -5,9 +5,9 @@ import (
 	"context"
 	"io"
 	"log/slog"
-	"runtime"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // maxQueuedRecords bounds the records an asyncLog holds: past it, a caller
@@ -28,13 +28,17 @@ const maxBatchBytes = 256 << 10
 // and a write system call per line were a twentieth and a tenth of the
 // server's CPU on the request path under load.
 //
-// The goroutine never waits on a timer: a record is formatted and written
-// as soon as the goroutine runs (after yielding once to the goroutines ready
-// to run), so a quiet server writes each line at once, and only a busy one
-// batches. Lines keep the order in which their records
-// were queued. Close formats and writes everything queued; later records
-// are written on their caller's goroutine. A crash loses at most the
-// records queued since the goroutine last ran.
+// Woken by the first record of a batch, the goroutine lets records gather
+// for logLinger, then formats and writes them all: at most one wake-up and
+// one write per logLinger, however many requests a second the server
+// takes, and none from a request's goroutine while records keep coming (a
+// wake-up per line and a write per line cost a server at one request in
+// flight a tenth of its CPU; docs/performance.md, "The log writer's
+// wake-ups"). A caller that finds the queue full cuts the wait short.
+// Lines keep the order in which their records were queued. Close formats
+// and writes everything queued at once; later records are written on their
+// caller's goroutine. A crash loses at most the records queued since the
+// goroutine last wrote.
 //
 // A record whose values are not plain data (slog.Any, a LogValuer) could
 // change between the call and the formatting, so it is formatted on its
@@ -55,9 +59,17 @@ type asyncLog struct {
 
 	waits atomic.Uint64
 
-	wake chan struct{}
-	done chan struct{}
+	wake    chan struct{}
+	full    chan struct{} // a caller waits for room: the goroutine stops lingering
+	closing chan struct{} // closed by Close: the goroutine stops lingering
+	done    chan struct{}
 }
+
+// logLinger is how long the writer goroutine lets records gather once the
+// first of a batch is queued: one wake-up and one write per batch instead
+// of one per line on a server not busy enough to batch by itself. A line
+// reaches the output at most this late.
+const logLinger = 5 * time.Millisecond
 
 // queuedRecord is a record to format with h, or a line already formatted.
 type queuedRecord struct {
@@ -72,7 +84,7 @@ type queuedRecord struct {
 // read the context (queued records are formatted with
 // context.Background()).
 func newAsyncLog(out io.Writer, format func(io.Writer) slog.Handler) (*asyncLog, *slog.Logger) {
-	q := &asyncLog{out: out, wake: make(chan struct{}, 1), done: make(chan struct{})}
+	q := &asyncLog{out: out, wake: make(chan struct{}, 1), full: make(chan struct{}, 1), closing: make(chan struct{}), done: make(chan struct{})}
 	q.room = sync.NewCond(&q.mu)
 	go q.run()
 	return q, slog.New(&asyncHandler{q: q, inner: format(batchWriter{q}), format: format})
@@ -93,6 +105,10 @@ func (q *asyncLog) enqueue(item queuedRecord) error {
 	q.mu.Lock()
 	if len(q.pending) >= maxQueuedRecords && !q.closed {
 		q.waits.Add(1)
+		select {
+		case q.full <- struct{}{}:
+		default: // already hurried
+		}
 		for len(q.pending) >= maxQueuedRecords && !q.closed {
 			q.room.Wait()
 		}
@@ -144,10 +160,21 @@ func (q *asyncLog) flush() {
 
 func (q *asyncLog) run() {
 	defer close(q.done)
+	linger := time.NewTimer(time.Hour)
+	linger.Stop()
 	for range q.wake {
-		// Let the goroutines ready to run go first (their lines join this
-		// batch); on a quiet server there are none and this returns at once.
-		runtime.Gosched()
+		// Let the records of the next logLinger join this batch. A record
+		// queued meanwhile leaves a wake token, taken right after the
+		// write: under steady load the goroutine runs on its timer alone,
+		// and no request's goroutine has to wake it.
+		linger.Reset(logLinger)
+		select {
+		case <-linger.C:
+		case <-q.full:
+			linger.Stop()
+		case <-q.closing:
+			linger.Stop()
+		}
 		q.writeQueued()
 	}
 	q.writeQueued() // nothing is queued once closed; this is for certainty
@@ -182,6 +209,7 @@ func (q *asyncLog) Close() error {
 		return nil
 	}
 	q.closed = true
+	close(q.closing)
 	close(q.wake) // the goroutine takes what is queued, then ends
 	q.room.Broadcast()
 	q.mu.Unlock()
