@@ -12,7 +12,8 @@ import (
 // allocation and a headers message four (the block, the headers' values
 // and pointers, the one string of the message); before, the wrapper, the
 // message and the HeaderMap were allocations of their own (two for a body,
-// six for headers).
+// six for headers). The string values of a flat attributes Struct share
+// one array of kinds (one allocation each before).
 func TestDecodeAllocations(t *testing.T) {
 	for _, c := range []struct {
 		name string
@@ -22,6 +23,7 @@ func TestDecodeAllocations(t *testing.T) {
 		{"request body", bodyRequest(256, false), 1},
 		{"response body", bodyRequest(1024, true), 1},
 		{"response headers", responseHeadersRequest(), 4},
+		{"request headers with attributes", typicalRequestHeaders(), 12}, // 14 before the string kinds shared an array
 	} {
 		wire := mustMarshal(c.m)
 		var m extprocv3.ProcessingRequest

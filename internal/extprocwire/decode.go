@@ -57,6 +57,10 @@ type decoder struct {
 	// spareMap is a HeaderMap allocated with a headers message (oneof), for
 	// its headers field if the message has one.
 	spareMap *corev3.HeaderMap
+	// strKinds are the string kinds left for the flat Struct being decoded
+	// (flatStruct), strLeft its entries not yet decoded.
+	strKinds []structpb.Value_StringValue
+	strLeft  int
 }
 
 // field is one parsed field: a varint's value or a length-delimited
@@ -544,9 +548,11 @@ func (d *decoder) flatStruct(b []byte, s *structpb.Struct) bool {
 	}
 	vals := make([]structpb.Value, n)
 	s.Fields = make(map[string]*structpb.Value, n)
+	d.strKinds = nil // this Struct's string kinds share one array, made at the first
 	for i := range vals {
 		f, rest, _ := next(b)
 		b = rest
+		d.strLeft = n - i
 		key, ok := d.flatEntry(f.s, &vals[i])
 		if !ok {
 			return false
@@ -605,7 +611,15 @@ func (d *decoder) flatValue(b []byte, v *structpb.Value) bool {
 		if !ok {
 			return false
 		}
-		v.Kind = &structpb.Value_StringValue{StringValue: str}
+		if len(d.strKinds) == 0 {
+			// room for the string values among this Struct's entries yet
+			// to decode: one allocation instead of one per value
+			d.strKinds = make([]structpb.Value_StringValue, max(d.strLeft, 1))
+		}
+		k := &d.strKinds[0]
+		d.strKinds = d.strKinds[1:]
+		k.StringValue = str
+		v.Kind = k
 	case f.num == 4 && f.isVarint():
 		v.Kind = &structpb.Value_BoolValue{BoolValue: f.v != 0}
 	default:
