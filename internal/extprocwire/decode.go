@@ -145,8 +145,12 @@ func (d *decoder) request(b []byte, m *extprocv3.ProcessingRequest) bool {
 				m.MetadataContext = new(corev3.Metadata)
 			}
 			// config.core.v3.Metadata (maps of Struct and Any) is left to
-			// proto; Merge keeps a repeated field's merge semantics.
-			if (proto.UnmarshalOptions{Merge: true, RecursionLimit: recursionLimit - 1}).Unmarshal(f.s, m.MetadataContext) != nil {
+			// proto; Merge keeps a repeated field's merge semantics. An
+			// empty one, which Envoy sends on every message when it
+			// forwards no namespace (source/extensions/filters/http/
+			// ext_proc/ext_proc.cc, Filter::addDynamicMetadata), merges
+			// nothing: proto is not called for it.
+			if len(f.s) > 0 && (proto.UnmarshalOptions{Merge: true, RecursionLimit: recursionLimit - 1}).Unmarshal(f.s, m.MetadataContext) != nil {
 				return false
 			}
 		case f.num == 9 && f.isBytes():
