@@ -38,24 +38,14 @@ func TestDecodeAllocations(t *testing.T) {
 	}
 }
 
-// TestSmallResponsesInOneAllocation: a reply below grpc-go's pooling
-// threshold is one allocation when its bytes fit the block's own array,
-// two when they do not (three before: the BufferSlice's array, the boxed
-// SliceBuffer, the bytes), and of every size in between reads back as the
-// message that was sent.
-func TestSmallResponsesInOneAllocation(t *testing.T) {
-	cont := &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{}}}
+// TestCodecMarshalWritesEverySize: replies of every size around grpc-go's
+// small-buffer cases read back as the message that was sent. (Putting a
+// small reply's BufferSlice, SliceBuffer and bytes in one allocation was
+// tried and dropped: one allocation instead of three, but twice the bytes,
+// and no CPU saved in BenchmarkMarshal or the load tool.)
+func TestCodecMarshalWritesEverySize(t *testing.T) {
 	c := NewCodec()
-	if got := testing.AllocsPerRun(100, func() {
-		data, err := c.Marshal(cont)
-		if err != nil {
-			t.Fatal(err)
-		}
-		data.Free()
-	}); got != 1 {
-		t.Errorf("continue reply: %v allocations, want 1", got)
-	}
-	for n := 0; n <= 2*smallResponseBytes+20; n++ {
+	for n := 0; n <= 200; n++ {
 		m := &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ImmediateResponse{ImmediateResponse: &extprocv3.ImmediateResponse{Body: make([]byte, n)}}}
 		data, err := c.Marshal(m)
 		if err != nil {
@@ -63,11 +53,6 @@ func TestSmallResponsesInOneAllocation(t *testing.T) {
 		}
 		if got, want := data.Materialize(), mustMarshal(m); !bytes.Equal(got, want) {
 			t.Fatalf("body of %d bytes: wrote %x, proto.Marshal %x", n, got, want)
-		}
-		if n == 2*smallResponseBytes {
-			if got := testing.AllocsPerRun(100, func() { d, _ := c.Marshal(m); d.Free() }); got != 2 {
-				t.Errorf("a %d-byte reply: %v allocations, want 2", n, got)
-			}
 		}
 		data.Free()
 	}

@@ -56,20 +56,11 @@ func (c Codec) Marshal(v any) (mem.BufferSlice, error) {
 		return c.std.Marshal(v)
 	}
 	if mem.IsBelowBufferPoolingThreshold(n) {
-		s := new(smallResponse)
-		var b []byte
-		if n <= len(s.data) {
-			b = s.data[:0:n]
-		} else {
-			b = make([]byte, 0, n)
-		}
-		b, err := e.appendResponse(b, m)
+		b, err := e.appendResponse(make([]byte, 0, n), m)
 		if err != nil {
 			return c.std.Marshal(v)
 		}
-		s.buf = b
-		s.slice[0] = &s.buf
-		return s.slice[:], nil
+		return mem.BufferSlice{mem.SliceBuffer(b)}, nil
 	}
 	pool := mem.DefaultBufferPool()
 	buf := pool.Get(n)
@@ -81,24 +72,6 @@ func (c Codec) Marshal(v any) (mem.BufferSlice, error) {
 	*buf = b
 	return mem.BufferSlice{mem.NewBuffer(buf, pool)}, nil
 }
-
-// smallResponse is a response below grpc-go's pooling threshold in one
-// allocation: the BufferSlice's array, its Buffer and, for the continue
-// and mode-override replies that are most of the server's messages, the
-// bytes themselves. mem.BufferSlice{mem.SliceBuffer(b)} was three (the
-// array, the slice header boxed in the interface, the bytes). The Buffer
-// is a *mem.SliceBuffer: SliceBuffer's methods have value receivers
-// (google.golang.org/grpc mem/buffers.go, v1.85.0), so the pointer is a
-// mem.Buffer with the same behaviour (Ref and Free do nothing).
-type smallResponse struct {
-	slice [1]mem.Buffer
-	buf   mem.SliceBuffer
-	data  [smallResponseBytes]byte
-}
-
-// smallResponseBytes holds a continue reply with a mode override (a dozen
-// bytes) with room to spare; larger replies get bytes of their own.
-const smallResponseBytes = 48
 
 // Unmarshal decodes a ProcessingRequest by hand, anything else with the
 // standard codec. The request is copied out of gRPC's buffers once
