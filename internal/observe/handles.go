@@ -70,10 +70,6 @@ func (c *seriesCache[M]) add(k labelPair) M {
 	return m
 }
 
-func counters1(v *prometheus.CounterVec) *seriesCache[prometheus.Counter] {
-	return newSeriesCache(func(k labelPair) prometheus.Counter { return v.WithLabelValues(k.a) })
-}
-
 func counters2(v *prometheus.CounterVec) *seriesCache[prometheus.Counter] {
 	return newSeriesCache(func(k labelPair) prometheus.Counter { return v.WithLabelValues(k.a, k.b) })
 }
