@@ -90,6 +90,13 @@ func newAsyncLog(out io.Writer, format func(io.Writer) slog.Handler) (*asyncLog,
 	return q, slog.New(&asyncHandler{q: q, inner: format(batchWriter{q}), format: format})
 }
 
+// recordAppender is a handler that can append a record's line to the batch
+// itself (jsonLineHandler), saving the copy through batchWriter; false
+// leaves the record to its Handle.
+type recordAppender interface {
+	appendRecord(dst []byte, r slog.Record) ([]byte, bool)
+}
+
 // batchWriter appends the handlers' output to the batch being gathered.
 type batchWriter struct{ q *asyncLog }
 
@@ -141,6 +148,12 @@ func (item *queuedRecord) write(q *asyncLog) error {
 	if item.line != nil {
 		q.formatted = append(q.formatted, item.line...)
 		return nil
+	}
+	if a, ok := item.h.(recordAppender); ok {
+		var done bool
+		if q.formatted, done = a.appendRecord(q.formatted, item.r); done {
+			return nil
+		}
 	}
 	return item.h.Handle(context.Background(), item.r)
 }

@@ -29,10 +29,45 @@ func BenchmarkDecisionLog(b *testing.B) {
 		b.ReportMetric(float64(spent.Nanoseconds())/float64(b.N), "caller-ns/op")
 	}
 	b.Run("async_handler", func(b *testing.B) {
-		q, l := newAsyncLog(io.Discard, func(w io.Writer) slog.Handler { return NewLogger(cfg, w).Handler() })
+		q, l := newAsyncLog(io.Discard, logFormat(cfg))
 		defer q.Close()
 		callerTime(b, l.Handler())
 	})
+	// The writer goroutine's work per line: slog's JSON handler against
+	// jsonLineHandler's appender, into a batch that is reset when full.
+	b.Run("format_slog", func(b *testing.B) {
+		b.ReportAllocs()
+		var w batchSink
+		h := NewLogger(cfg, &w).Handler()
+		r := benchRecord(at)
+		for b.Loop() {
+			_ = h.Handle(context.Background(), r)
+			w.reset()
+		}
+	})
+	b.Run("format_appender", func(b *testing.B) {
+		b.ReportAllocs()
+		h := newJSONLineHandler(io.Discard, &slog.HandlerOptions{Level: cfg.LogLevel}).(*jsonLineHandler)
+		var batch []byte
+		r := benchRecord(at)
+		for b.Loop() {
+			batch, _ = h.appendRecord(batch, r)
+			if len(batch) >= maxBatchBytes {
+				batch = batch[:0]
+			}
+		}
+	})
+}
+
+// batchSink gathers writes as batchWriter does.
+type batchSink struct{ b []byte }
+
+func (s *batchSink) Write(p []byte) (int, error) { s.b = append(s.b, p...); return len(p), nil }
+
+func (s *batchSink) reset() {
+	if len(s.b) >= maxBatchBytes {
+		s.b = s.b[:0]
+	}
 }
 
 // benchRecord is decisionRecord with its strings made once.

@@ -26,7 +26,9 @@ func decisionRecord(t time.Time, i int) slog.Record {
 }
 
 // TestAsyncLogWritesWhatTheHandlerWrites: every field of every line, in
-// both formats, is what the daemon's handler writes when called directly:
+// both formats, is what the daemon's handler (NewLogger: slog's own) writes
+// when called directly, though Main's asyncLog formats JSON lines with
+// jsonLineHandler:
 // decision lines, a logger's own attributes and groups, and a record with
 // a value that is formatted on its caller's goroutine (an error in
 // slog.Any), in the order logged.
@@ -48,7 +50,7 @@ func TestAsyncLogWritesWhatTheHandlerWrites(t *testing.T) {
 			var want bytes.Buffer
 			logAll(NewLogger(cfg, &want))
 			var got syncBuffer
-			q, l := newAsyncLog(&got, func(w io.Writer) slog.Handler { return NewLogger(cfg, w).Handler() })
+			q, l := newAsyncLog(&got, logFormat(cfg)) // as Main does
 			logAll(l)
 			_ = q.Close()
 			// slog stamps records made by Logger methods with time.Now;

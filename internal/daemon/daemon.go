@@ -70,6 +70,17 @@ func NewLogger(cfg Config, w io.Writer) *slog.Logger {
 	return slog.New(slog.NewJSONHandler(w, opts))
 }
 
+// logFormat builds the handler the asyncLog formats with: NewLogger's, with
+// JSON lines written by jsonLineHandler (the same bytes, cheaper to format).
+func logFormat(cfg Config) func(io.Writer) slog.Handler {
+	return func(w io.Writer) slog.Handler {
+		if cfg.LogFormat == "text" {
+			return NewLogger(cfg, w).Handler()
+		}
+		return newJSONLineHandler(w, &slog.HandlerOptions{Level: cfg.LogLevel})
+	}
+}
+
 func (d *Daemon) storeName() string {
 	if d.cfg.RedisURL == "" {
 		return "memory"
@@ -243,7 +254,7 @@ func Main(ctx context.Context, args []string, getenv func(string) string, stderr
 	}
 	// Log records are formatted and written to stderr by one goroutine,
 	// off the request path, in batches when the server is busy (asyncLog).
-	logQueue, log := newAsyncLog(stderr, func(w io.Writer) slog.Handler { return NewLogger(cfg, w).Handler() })
+	logQueue, log := newAsyncLog(stderr, logFormat(cfg))
 	defer func() {
 		if n := logQueue.Waits(); n > 0 {
 			log.Warn("the log output was slower than the server: requests waited for it", slog.Uint64("waits", n))

@@ -95,6 +95,12 @@ func requestCases() map[string]*extprocv3.ProcessingRequest {
 			Attributes: map[string]*structpb.Struct{"a": {}, "": {Fields: map[string]*structpb.Value{"n": structpb.NewNumberValue(1.5)}}},
 		}}},
 		"no oneof": {ObservabilityMode: true},
+		// Envoy's own shape when it forwards no namespace (ext_proc.cc
+		// Filter::addDynamicMetadata sets an empty Metadata).
+		"empty metadata": {
+			Request:         &extprocv3.ProcessingRequest_ResponseBody{ResponseBody: &extprocv3.HttpBody{Body: []byte("x"), EndOfStream: true}},
+			MetadataContext: &corev3.Metadata{},
+		},
 	}
 }
 

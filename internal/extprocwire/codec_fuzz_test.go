@@ -63,6 +63,15 @@ func checkResponse(t *testing.T, m *extprocv3.ProcessingResponse) {
 	if err != nil {
 		return
 	}
+	// The codec writes the same bytes, whichever buffer holds them.
+	data, err := NewCodec().Marshal(m)
+	if err != nil {
+		t.Fatalf("Codec.Marshal: %v, MarshalResponse none (message %v)", err, m)
+	}
+	if got := data.Materialize(); !bytes.Equal(got, b) {
+		t.Fatalf("Codec.Marshal wrote %x, MarshalResponse %x", got, b)
+	}
+	data.Free()
 	back := new(extprocv3.ProcessingResponse)
 	if err := proto.Unmarshal(b, back); err != nil {
 		t.Fatalf("proto.Unmarshal of the fast encoding: %v (message %v, bytes %x)", err, m, b)

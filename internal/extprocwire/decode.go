@@ -54,6 +54,13 @@ const recursionLimit = protowire.DefaultRecursionLimit
 type decoder struct {
 	own []byte // the whole message; every bytes field is a sub-slice
 	str string // own as a string, made at the first non-empty string field
+	// spareMap is a HeaderMap allocated with a headers message (oneof), for
+	// its headers field if the message has one.
+	spareMap *corev3.HeaderMap
+	// strKinds are the string kinds left for the flat Struct being decoded
+	// (flatStruct), strLeft its entries not yet decoded.
+	strKinds []structpb.Value_StringValue
+	strLeft  int
 }
 
 // field is one parsed field: a varint's value or a length-delimited
@@ -138,8 +145,12 @@ func (d *decoder) request(b []byte, m *extprocv3.ProcessingRequest) bool {
 				m.MetadataContext = new(corev3.Metadata)
 			}
 			// config.core.v3.Metadata (maps of Struct and Any) is left to
-			// proto; Merge keeps a repeated field's merge semantics.
-			if (proto.UnmarshalOptions{Merge: true, RecursionLimit: recursionLimit - 1}).Unmarshal(f.s, m.MetadataContext) != nil {
+			// proto; Merge keeps a repeated field's merge semantics. An
+			// empty one, which Envoy sends on every message when it
+			// forwards no namespace (source/extensions/filters/http/
+			// ext_proc/ext_proc.cc, Filter::addDynamicMetadata), merges
+			// nothing: proto is not called for it.
+			if len(f.s) > 0 && (proto.UnmarshalOptions{Merge: true, RecursionLimit: recursionLimit - 1}).Unmarshal(f.s, m.MetadataContext) != nil {
 				return false
 			}
 		case f.num == 9 && f.isBytes():
@@ -182,13 +193,21 @@ func (d *decoder) request(b []byte, m *extprocv3.ProcessingRequest) bool {
 // oneof decodes one member of the request oneof. As in the generic decoder
 // (internal/impl/codec_field.go, initOneofFieldCoders), a member that is
 // already set merges the new bytes into its message; another member
-// replaces it.
+// replaces it. A new member is allocated in one block with its message
+// (and a headers message with the HeaderMap it will likely hold, handed to
+// headers through spareMap): one allocation instead of two or three.
 func (d *decoder) oneof(f field, m *extprocv3.ProcessingRequest) bool {
 	switch f.num {
 	case 2:
 		w, _ := m.Request.(*extprocv3.ProcessingRequest_RequestHeaders)
 		if w == nil {
-			w = new(extprocv3.ProcessingRequest_RequestHeaders)
+			all := new(struct {
+				w  extprocv3.ProcessingRequest_RequestHeaders
+				h  extprocv3.HttpHeaders
+				hm corev3.HeaderMap
+			})
+			w = &all.w
+			w.RequestHeaders, d.spareMap = &all.h, &all.hm
 		}
 		if w.RequestHeaders == nil {
 			w.RequestHeaders = new(extprocv3.HttpHeaders)
@@ -198,7 +217,13 @@ func (d *decoder) oneof(f field, m *extprocv3.ProcessingRequest) bool {
 	case 3:
 		w, _ := m.Request.(*extprocv3.ProcessingRequest_ResponseHeaders)
 		if w == nil {
-			w = new(extprocv3.ProcessingRequest_ResponseHeaders)
+			all := new(struct {
+				w  extprocv3.ProcessingRequest_ResponseHeaders
+				h  extprocv3.HttpHeaders
+				hm corev3.HeaderMap
+			})
+			w = &all.w
+			w.ResponseHeaders, d.spareMap = &all.h, &all.hm
 		}
 		if w.ResponseHeaders == nil {
 			w.ResponseHeaders = new(extprocv3.HttpHeaders)
@@ -208,7 +233,12 @@ func (d *decoder) oneof(f field, m *extprocv3.ProcessingRequest) bool {
 	case 4:
 		w, _ := m.Request.(*extprocv3.ProcessingRequest_RequestBody)
 		if w == nil {
-			w = new(extprocv3.ProcessingRequest_RequestBody)
+			both := new(struct {
+				w extprocv3.ProcessingRequest_RequestBody
+				b extprocv3.HttpBody
+			})
+			w = &both.w
+			w.RequestBody = &both.b
 		}
 		if w.RequestBody == nil {
 			w.RequestBody = new(extprocv3.HttpBody)
@@ -218,7 +248,12 @@ func (d *decoder) oneof(f field, m *extprocv3.ProcessingRequest) bool {
 	case 5:
 		w, _ := m.Request.(*extprocv3.ProcessingRequest_ResponseBody)
 		if w == nil {
-			w = new(extprocv3.ProcessingRequest_ResponseBody)
+			both := new(struct {
+				w extprocv3.ProcessingRequest_ResponseBody
+				b extprocv3.HttpBody
+			})
+			w = &both.w
+			w.ResponseBody = &both.b
 		}
 		if w.ResponseBody == nil {
 			w.ResponseBody = new(extprocv3.HttpBody)
@@ -258,6 +293,9 @@ func (d *decoder) headers(b []byte, h *extprocv3.HttpHeaders) bool {
 		b = rest
 		switch {
 		case f.num == 1 && f.isBytes():
+			if h.Headers == nil {
+				h.Headers, d.spareMap = d.spareMap, nil
+			}
 			if h.Headers == nil {
 				h.Headers = new(corev3.HeaderMap)
 			}
@@ -514,9 +552,11 @@ func (d *decoder) flatStruct(b []byte, s *structpb.Struct) bool {
 	}
 	vals := make([]structpb.Value, n)
 	s.Fields = make(map[string]*structpb.Value, n)
+	d.strKinds = nil // this Struct's string kinds share one array, made at the first
 	for i := range vals {
 		f, rest, _ := next(b)
 		b = rest
+		d.strLeft = n - i
 		key, ok := d.flatEntry(f.s, &vals[i])
 		if !ok {
 			return false
@@ -575,7 +615,15 @@ func (d *decoder) flatValue(b []byte, v *structpb.Value) bool {
 		if !ok {
 			return false
 		}
-		v.Kind = &structpb.Value_StringValue{StringValue: str}
+		if len(d.strKinds) == 0 {
+			// room for the string values among this Struct's entries yet
+			// to decode: one allocation instead of one per value
+			d.strKinds = make([]structpb.Value_StringValue, max(d.strLeft, 1))
+		}
+		k := &d.strKinds[0]
+		d.strKinds = d.strKinds[1:]
+		k.StringValue = str
+		v.Kind = k
 	case f.num == 4 && f.isVarint():
 		v.Kind = &structpb.Value_BoolValue{BoolValue: f.v != 0}
 	default:

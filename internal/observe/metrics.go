@@ -38,6 +38,13 @@ type Metrics struct {
 	missingAttrs   *prometheus.CounterVec
 	droppedHeaders *prometheus.CounterVec
 	started        time.Time
+
+	// The series the request path updates, by label values (seriesCache).
+	decisionSeries *seriesCache[prometheus.Counter]
+	requestSeries  *seriesCache[prometheus.Counter]
+	storeSeries    *seriesCache[prometheus.Observer]
+	replaySeries   *seriesCache[prometheus.Observer]
+	shadowSeries   *seriesCache[prometheus.Counter]
 }
 
 var _ idem.Observer = (*Metrics)(nil)
@@ -103,6 +110,11 @@ func NewMetrics() *Metrics {
 		Help: "Stored headers left out of replays because Envoy would refuse the whole header mutation (a control character, " +
 			"more than 100 headers or 60 KiB).",
 	}, []string{"policy"})
+	m.decisionSeries = counters2(m.decisions)
+	m.requestSeries = counters2(m.requests)
+	m.storeSeries = observers2(m.storeCalls)
+	m.replaySeries = observers1(m.replayAge)
+	m.shadowSeries = counters2(m.shadow)
 	build := newBuildInfo()
 	m.safety = newStoreSafety(m.reg)
 	m.precreate()
@@ -165,12 +177,12 @@ func (m *Metrics) StreamEnded() { m.openStreams.Dec() }
 
 // Decided implements idem.Observer.
 func (m *Metrics) Decided(policy string, d idem.Decision) {
-	m.decisions.WithLabelValues(policyLabel(policy), string(d)).Inc()
+	m.decisionSeries.of(policyLabel(policy), string(d)).Inc()
 }
 
 // Replayed implements idem.Observer.
 func (m *Metrics) Replayed(policy string, age time.Duration) {
-	m.replayAge.WithLabelValues(policyLabel(policy)).Observe(age.Seconds())
+	m.replaySeries.of(policyLabel(policy), "").Observe(age.Seconds())
 }
 
 // SettleFailed implements idem.Observer.
@@ -184,12 +196,12 @@ func (m *Metrics) Requested(policy string, withKey bool) {
 	if withKey {
 		key = "present"
 	}
-	m.requests.WithLabelValues(policyLabel(policy), key).Inc()
+	m.requestSeries.of(policyLabel(policy), key).Inc()
 }
 
 // ShadowDecided implements idem.Observer.
 func (m *Metrics) ShadowDecided(policy string, d idem.ShadowDecision) {
-	m.shadow.WithLabelValues(policyLabel(policy), string(d)).Inc()
+	m.shadowSeries.of(policyLabel(policy), string(d)).Inc()
 }
 
 // KeyWarned implements idem.Observer.
@@ -210,7 +222,7 @@ func (m *Metrics) ReplayHeadersDropped(policy string, n int) {
 
 // ObserveStoreCall times one store call.
 func (m *Metrics) ObserveStoreCall(op, result string, d time.Duration) {
-	m.storeCalls.WithLabelValues(op, result).Observe(d.Seconds())
+	m.storeSeries.of(op, result).Observe(d.Seconds())
 }
 
 // requestPathOps are the store calls a request makes (InstrumentStore's
