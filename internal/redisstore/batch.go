@@ -24,19 +24,13 @@ const maxBatches = 2
 //     own, right away, on the caller's goroutine and context, exactly as an
 //     unbatched call would: one caller alone pays nothing;
 //   - a call that finds every slot taken (or a batch already queued) joins
-//     the queue; whoever frees a slot next hands it to a sender, which
-//     sends the whole queue as one go-redis pipeline, under a deadline that
-//     covers the latest of its callers' own deadlines;
+//     the queue; whoever frees a slot next sends the whole queue as one
+//     go-redis pipeline, under a deadline that covers the latest of its
+//     callers' own deadlines;
 //   - a queued caller waits for its reply or its own context, whichever
 //     ends first, and returns the same context error as an unbatched call
 //     at once, even while its batch is still in flight. A call whose caller
 //     left before its batch was formed is not sent.
-//
-// The senders are maxBatches long-lived goroutines, started with the first
-// queue and stopped by close: a goroutine started per batch (as before)
-// costs its creation and, every time, the growth of a new goroutine's
-// small stack through go-redis's pipeline path (runtime.newstack in the
-// server's profile, issue 17).
 //
 // Only single-key scripts go through it. WAIT does not (durable.go): it
 // must follow the reservation on the same connection, which a shared
@@ -52,15 +46,14 @@ type batcher struct {
 
 	mu      sync.Mutex
 	pending []*scriptCall
-	spare   []*scriptCall // a sent batch's array, emptied, for the next queue
-	busy    int           // slots taken: calls running on their own and batches in flight
-	kick    chan struct{} // one per slot handed to a sender; nil until the first
-	stop    chan struct{} // closed by close
-	closed  bool
+	busy    int // slots taken: calls running on their own and batches in flight
 
-	// handoff (BenchmarkScriptClients' variant (c) only) queues every
-	// call for the senders, even a call that could run on its own.
+	// handoff (BenchmarkScriptClients' variant (c) only) hands every call
+	// to maxBatches long-lived sender goroutines instead of running it on
+	// its caller's goroutine or starting a sender per batch.
 	handoff bool
+	kick    chan struct{} // a sender is to look at pending
+	start   sync.Once
 }
 
 // scriptCall is one EVALSHA of a script on one key, and its reply.
@@ -75,8 +68,11 @@ type scriptCall struct {
 
 // run runs sc on keys as one call of ctx, alone or in a batch.
 func (b *batcher) run(ctx context.Context, sc *redis.Script, keys []string, args ...any) *redis.Cmd {
+	if b.handoff {
+		return b.handOff(ctx, sc, keys, args)
+	}
 	b.mu.Lock()
-	if len(b.pending) == 0 && b.busy < maxBatches && !b.handoff {
+	if len(b.pending) == 0 && b.busy < maxBatches {
 		b.busy++
 		b.mu.Unlock()
 		cmd := sc.Run(ctx, b.rdb, keys, args...)
@@ -85,15 +81,8 @@ func (b *batcher) run(ctx context.Context, sc *redis.Script, keys []string, args
 	}
 	c := &scriptCall{ctx: ctx, sc: sc, keys: keys, args: args, done: make(chan struct{})}
 	// Every slot is taken, or a queue already waits for the next one to be
-	// freed: whoever frees it hands the queue to a sender (release, send).
-	if b.pending == nil {
-		b.pending, b.spare = b.spare, nil
-	}
+	// freed: whoever frees it sends the queue (release, send).
 	b.pending = append(b.pending, c)
-	if b.handoff && b.busy < maxBatches {
-		b.busy++
-		b.handToSender()
-	}
 	b.mu.Unlock()
 	select {
 	case <-c.done:
@@ -105,68 +94,60 @@ func (b *batcher) run(ctx context.Context, sc *redis.Script, keys []string, args
 	}
 }
 
+// handOff queues the call for the long-lived senders and waits for its
+// reply or its caller's context, as a queued call of run does.
+func (b *batcher) handOff(ctx context.Context, sc *redis.Script, keys []string, args []any) *redis.Cmd {
+	b.start.Do(func() {
+		b.kick = make(chan struct{}, 1)
+		for range maxBatches {
+			go b.sender()
+		}
+	})
+	c := &scriptCall{ctx: ctx, sc: sc, keys: keys, args: args, done: make(chan struct{})}
+	b.mu.Lock()
+	b.pending = append(b.pending, c)
+	b.mu.Unlock()
+	select {
+	case b.kick <- struct{}{}:
+	default: // a kick is already pending: its sender takes this call too
+	}
+	select {
+	case <-c.done:
+		return c.cmd
+	case <-ctx.Done():
+		cmd := redis.NewCmd(ctx)
+		cmd.SetErr(ctx.Err())
+		return cmd
+	}
+}
+
+// sender sends the queue, for ever, each time it is kicked.
+func (b *batcher) sender() {
+	for range b.kick {
+		for {
+			b.mu.Lock()
+			batch := b.pending
+			b.pending = nil
+			b.mu.Unlock()
+			if len(batch) == 0 {
+				break
+			}
+			b.exec(batch)
+		}
+	}
+}
+
 // release frees the slot of a call that ran on its own; a queue that
 // formed meanwhile is sent in its place.
 func (b *batcher) release() {
 	b.mu.Lock()
 	if len(b.pending) == 0 {
 		b.busy--
-	} else {
-		b.handToSender()
+		b.mu.Unlock()
+		return
 	}
 	b.mu.Unlock()
-}
-
-// handToSender hands a slot, with a queue to send, to a sender. Called
-// with mu held.
-func (b *batcher) handToSender() {
-	if b.closed {
-		go b.send() // after close: no senders left, one goroutine per batch
-		return
-	}
-	if b.kick == nil {
-		b.kick, b.stop = make(chan struct{}, maxBatches), make(chan struct{})
-		for range maxBatches {
-			go b.sender()
-		}
-	}
-	// Never blocks: each kick is a slot, and there are maxBatches of both
-	// the kick buffer and the slots.
-	b.kick <- struct{}{}
-}
-
-// sender sends the queue each time a slot is handed to it, until close;
-// then it sends what it was already handed, and ends.
-func (b *batcher) sender() {
-	for {
-		select {
-		case <-b.kick:
-			b.send()
-		case <-b.stop:
-			// close set closed first: no kick comes after this drain.
-			for {
-				select {
-				case <-b.kick:
-					b.send()
-				default:
-					return
-				}
-			}
-		}
-	}
-}
-
-// close stops the senders; a later queue is sent by a goroutine of its own.
-func (b *batcher) close() {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.closed {
-		return
-	}
-	b.closed = true
-	if b.stop != nil {
-		close(b.stop)
-	}
+	go b.send()
 }
 
 // send holds one slot: it sends the queue as one batch, and again while
@@ -183,18 +164,12 @@ func (b *batcher) send() {
 		}
 		b.mu.Unlock()
 		b.exec(batch)
-		clear(batch[:cap(batch)]) // exec filtered in place: clear the whole array
-		b.mu.Lock()
-		if b.spare == nil {
-			b.spare = batch[:0]
-		}
-		b.mu.Unlock()
 	}
 }
 
 // exec sends one batch and hands every call its reply.
 func (b *batcher) exec(batch []*scriptCall) {
-	live := batch[:0] // filtered in place: the batch is this sender's alone
+	live := batch[:0:0]
 	var deadline time.Time
 	for _, c := range batch {
 		if c.ctx.Err() != nil {
@@ -319,18 +294,6 @@ type batchers struct {
 	one    batcher
 	mu     sync.Mutex
 	byNode map[string]*batcher
-	closed bool
-}
-
-// close stops the senders of every batcher (batcher.close).
-func (bs *batchers) close() {
-	bs.one.close()
-	bs.mu.Lock()
-	defer bs.mu.Unlock()
-	bs.closed = true
-	for _, b := range bs.byNode {
-		b.close()
-	}
 }
 
 func newBatchers(rdb redis.UniversalClient, callTimeout time.Duration) *batchers {
@@ -357,7 +320,7 @@ func (bs *batchers) run(ctx context.Context, sc *redis.Script, key string, args 
 	bs.mu.Lock()
 	b := bs.byNode[addr]
 	if b == nil {
-		b = &batcher{rdb: bs.rdb, callTimeout: bs.one.callTimeout, closed: bs.closed}
+		b = &batcher{rdb: bs.rdb, callTimeout: bs.one.callTimeout}
 		bs.byNode[addr] = b
 	}
 	bs.mu.Unlock()

@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -271,88 +269,5 @@ func TestBatchAfterScriptFlush(t *testing.T) {
 	// loaded the script.
 	if n := cmdCalls(t, srv, "eval") - evalsBefore; n < queued+1 || n > queued+redisstore.MaxBatches {
 		t.Fatalf("%d EVALs, want %d batched reservations and 1 to %d renewals", n, queued, redisstore.MaxBatches)
-	}
-}
-
-// senderGoroutines returns the ids of the goroutines running a batcher's
-// sender loop, from a dump of every goroutine's stack, leaving out those
-// in not (goroutine ids are never reused).
-func senderGoroutines(not map[string]bool) map[string]bool {
-	buf := make([]byte, 1<<20)
-	for {
-		n := runtime.Stack(buf, true)
-		if n < len(buf) {
-			buf = buf[:n]
-			break
-		}
-		buf = make([]byte, 2*len(buf))
-	}
-	ids := map[string]bool{}
-	for _, g := range strings.Split(string(buf), "\n\n") {
-		if strings.Contains(g, "redisstore.(*batcher).sender(") {
-			id, _, _ := strings.Cut(strings.TrimPrefix(g, "goroutine "), " ")
-			if !not[id] {
-				ids[id] = true
-			}
-		}
-	}
-	return ids
-}
-
-// TestBatchesSentByLongLivedSenders: a queue is sent by one of maxBatches
-// goroutines that outlive their batch (not by a goroutine started per
-// batch, whose small stack grows through go-redis's pipeline path each
-// time: issue 17), the same ones batch after batch; Store.Close ends them,
-// and a store used after Close still sends its queues.
-func TestBatchesSentByLongLivedSenders(t *testing.T) {
-	srv := redistest.Start(t, redistest.Options{})
-	s := redistest.OpenStore(t, srv.URL(), 10*time.Second)
-	ctx := context.Background()
-	if _, err := s.Reserve(ctx, plainReservation()); err != nil { // loads the script
-		t.Fatal(err)
-	}
-	// oneBatch holds every slot with a call hung on its own, queues one
-	// more, and lets Redis answer: the first slot freed sends the queue.
-	oneBatch := func() {
-		t.Helper()
-		srv.Freeze()
-		errs := make(chan error, redisstore.MaxBatches+1)
-		reserve := func() {
-			_, err := s.Reserve(ctx, plainReservation())
-			errs <- err
-		}
-		for range redisstore.MaxBatches {
-			go reserve()
-		}
-		testwait.Until(t, "every slot busy", func() bool { b, _ := redisstore.Batching(s); return b == redisstore.MaxBatches })
-		go reserve()
-		testwait.Until(t, "a call queued", func() bool { _, q := redisstore.Batching(s); return q == 1 })
-		srv.Thaw()
-		for range redisstore.MaxBatches + 1 {
-			if err := <-errs; err != nil {
-				t.Fatal(err)
-			}
-		}
-		testwait.Until(t, "every slot free", func() bool { b, q := redisstore.Batching(s); return b == 0 && q == 0 })
-	}
-	// Senders of other tests' stores (still ending after their Close, or
-	// never closed) are not this store's.
-	others := senderGoroutines(nil)
-	oneBatch()
-	first := senderGoroutines(others)
-	if len(first) != redisstore.MaxBatches {
-		t.Fatalf("%d sender goroutines after a batch, want %d", len(first), redisstore.MaxBatches)
-	}
-	oneBatch()
-	if again := senderGoroutines(others); fmt.Sprint(again) != fmt.Sprint(first) {
-		t.Fatalf("senders %v after the second batch, %v after the first: want the same", again, first)
-	}
-	if err := s.Close(); err != nil {
-		t.Fatal(err)
-	}
-	testwait.Until(t, "no sender left after Close", func() bool { return len(senderGoroutines(others)) == 0 })
-	oneBatch()
-	if left := senderGoroutines(others); len(left) != 0 {
-		t.Fatalf("senders %v started after Close", left)
 	}
 }

@@ -127,16 +127,9 @@ func New(rdb redis.UniversalClient, opts Options) *Store {
 	return st
 }
 
-// Close ends the store's pub/sub connection, if Watch opened one, and the
-// batchers' sender goroutines. The client passed to New stays open, and
-// the store still works: calls are batched as before, each batch sent by a
-// goroutine of its own.
-func (s *Store) Close() error {
-	if s.batch != nil {
-		s.batch.close()
-	}
-	return s.hub.close()
-}
+// Close ends the store's pub/sub connection, if Watch opened one. The
+// client passed to New stays open.
+func (s *Store) Close() error { return s.hub.close() }
 
 // Key returns the Redis key of a record.
 func (s *Store) Key(id idem.RecordID) string { return s.prefix + "{" + string(id) + "}" }
