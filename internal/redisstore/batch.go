@@ -84,12 +84,18 @@ func (b *batcher) run(ctx context.Context, sc *redis.Script, keys []string, args
 	// freed: whoever frees it sends the queue (release, send).
 	b.pending = append(b.pending, c)
 	b.mu.Unlock()
+	return c.wait()
+}
+
+// wait returns the call's reply, or its caller's context error as soon as
+// that context ends, even while the call's batch is in flight.
+func (c *scriptCall) wait() *redis.Cmd {
 	select {
 	case <-c.done:
 		return c.cmd
-	case <-ctx.Done():
-		cmd := redis.NewCmd(ctx)
-		cmd.SetErr(ctx.Err())
+	case <-c.ctx.Done():
+		cmd := redis.NewCmd(c.ctx)
+		cmd.SetErr(c.ctx.Err())
 		return cmd
 	}
 }
@@ -111,14 +117,7 @@ func (b *batcher) handOff(ctx context.Context, sc *redis.Script, keys []string, 
 	case b.kick <- struct{}{}:
 	default: // a kick is already pending: its sender takes this call too
 	}
-	select {
-	case <-c.done:
-		return c.cmd
-	case <-ctx.Done():
-		cmd := redis.NewCmd(ctx)
-		cmd.SetErr(ctx.Err())
-		return cmd
-	}
+	return c.wait()
 }
 
 // sender sends the queue, for ever, each time it is kicked.
