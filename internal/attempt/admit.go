@@ -1,7 +1,6 @@
 package attempt
 
 import (
-	"fmt"
 	"time"
 
 	"github.com/idem-extproc/idem-extproc/internal/idem"
@@ -55,17 +54,7 @@ func (a *Attempt) AdmitKey(raw string, lines int, now time.Time) (Admission, str
 		a.conv.Decided(idem.DecisionBypassed)
 		return Bypass, "", nil
 	}
-	if lines > 1 {
-		// Which line counts would depend on who reads it (this server the
-		// first, many upstreams the last): one record for two keys.
-		return Refuse, "", problem.New(problem.KeyInvalid,
-			fmt.Sprintf("invalid Idempotency-Key: sent on %d field lines; the field is a single string", lines))
-	}
-	key, err := idem.ParseKey(raw, a.Policy.MaxKeyLength)
-	if err != nil {
-		return Refuse, "", problem.New(problem.KeyInvalid, err.Error())
-	}
-	return Keyed, key, nil
+	return a.headerKey(raw, lines)
 }
 
 // Admit names the record of a Keyed request's key in scope, the owner of

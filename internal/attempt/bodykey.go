@@ -112,6 +112,8 @@ func (a *Attempt) keyFrom(src policy.KeySource, in KeyInput) (string, keyMiss, *
 // headerKey is AdmitKey's judgement of a header key that is present.
 func (a *Attempt) headerKey(raw string, lines int) (Admission, string, *problem.Problem) {
 	if lines > 1 {
+		// Which line counts would depend on who reads it (this server the
+		// first, many upstreams the last): one record for two keys.
 		return Refuse, "", problem.New(problem.KeyInvalid,
 			fmt.Sprintf("invalid Idempotency-Key: sent on %d field lines; the field is a single string", lines))
 	}
