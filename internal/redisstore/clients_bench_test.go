@@ -6,8 +6,6 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -52,30 +50,9 @@ func BenchmarkScriptClients(b *testing.B) {
 		for _, variant := range []string{"batcher", "rueidis", "rueidis-1conn", "handoff"} {
 			b.Run(fmt.Sprintf("callers=%d/%s", callers, variant), func(b *testing.B) {
 				write := benchWriter(b, srv, variant, resp)
-				ctx := context.Background()
-				var next atomic.Int64
-				var wg sync.WaitGroup
-				var failed atomic.Value
 				cpuBefore, redisBefore := processCPU(b), procCPU(b, pid)
 				b.ReportAllocs()
-				b.ResetTimer()
-				for range callers {
-					wg.Add(1)
-					go func() {
-						defer wg.Done()
-						for next.Add(1) <= int64(b.N) {
-							if err := write(ctx); err != nil {
-								failed.Store(err)
-								return
-							}
-						}
-					}()
-				}
-				wg.Wait()
-				b.StopTimer()
-				if err, _ := failed.Load().(error); err != nil {
-					b.Fatal(err)
-				}
+				runConcurrently(b, callers, write)
 				client := float64(processCPU(b)-cpuBefore) / float64(time.Microsecond) / float64(b.N)
 				server := float64(procCPU(b, pid)-redisBefore) / float64(time.Microsecond) / float64(b.N)
 				b.ReportMetric(client, "cpu-µs/op")
