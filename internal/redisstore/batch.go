@@ -47,13 +47,6 @@ type batcher struct {
 	mu      sync.Mutex
 	pending []*scriptCall
 	busy    int // slots taken: calls running on their own and batches in flight
-
-	// handoff (BenchmarkScriptClients' variant (c) only) hands every call
-	// to maxBatches long-lived sender goroutines instead of running it on
-	// its caller's goroutine or starting a sender per batch.
-	handoff bool
-	kick    chan struct{} // a sender is to look at pending
-	start   sync.Once
 }
 
 // scriptCall is one EVALSHA of a script on one key, and its reply.
@@ -68,9 +61,6 @@ type scriptCall struct {
 
 // run runs sc on keys as one call of ctx, alone or in a batch.
 func (b *batcher) run(ctx context.Context, sc *redis.Script, keys []string, args ...any) *redis.Cmd {
-	if b.handoff {
-		return b.handOff(ctx, sc, keys, args)
-	}
 	b.mu.Lock()
 	if len(b.pending) == 0 && b.busy < maxBatches {
 		b.busy++
@@ -97,42 +87,6 @@ func (c *scriptCall) wait() *redis.Cmd {
 		cmd := redis.NewCmd(c.ctx)
 		cmd.SetErr(c.ctx.Err())
 		return cmd
-	}
-}
-
-// handOff queues the call for the long-lived senders and waits for its
-// reply or its caller's context, as a queued call of run does.
-func (b *batcher) handOff(ctx context.Context, sc *redis.Script, keys []string, args []any) *redis.Cmd {
-	b.start.Do(func() {
-		b.kick = make(chan struct{}, 1)
-		for range maxBatches {
-			go b.sender()
-		}
-	})
-	c := &scriptCall{ctx: ctx, sc: sc, keys: keys, args: args, done: make(chan struct{})}
-	b.mu.Lock()
-	b.pending = append(b.pending, c)
-	b.mu.Unlock()
-	select {
-	case b.kick <- struct{}{}:
-	default: // a kick is already pending: its sender takes this call too
-	}
-	return c.wait()
-}
-
-// sender sends the queue, for ever, each time it is kicked.
-func (b *batcher) sender() {
-	for range b.kick {
-		for {
-			b.mu.Lock()
-			batch := b.pending
-			b.pending = nil
-			b.mu.Unlock()
-			if len(batch) == 0 {
-				break
-			}
-			b.exec(batch)
-		}
 	}
 }
 

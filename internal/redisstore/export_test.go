@@ -16,10 +16,6 @@ func Batching(s *Store) (busy, queued int) {
 // MaxBatches is maxBatches, for tests that fill every slot.
 const MaxBatches = maxBatches
 
-// HandOff makes a single-primary store hand every script call to
-// long-lived sender goroutines (BenchmarkScriptClients' variant (c)).
-func HandOff(s *Store) *Store { s.batch.one.handoff = true; return s }
-
 // ReserveArgs and CompleteArgs are the ARGV the store sends.
 var (
 	ReserveArgs  = reserveArgs
