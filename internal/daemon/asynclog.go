@@ -33,8 +33,8 @@ const maxBatchBytes = 256 << 10
 // one write per logLinger, however many requests a second the server
 // takes, and none from a request's goroutine while records keep coming (a
 // wake-up per line and a write per line cost a server at one request in
-// flight a tenth of its CPU; docs/performance.md, "The log writer's
-// wake-ups"). A caller that finds the queue full cuts the wait short.
+// flight a tenth of its CPU; docs/performance.md, "Second round"). A
+// caller that finds the queue full cuts the wait short.
 // Lines keep the order in which their records were queued. Close formats
 // and writes everything queued at once; later records are written on their
 // caller's goroutine. A crash loses at most the records queued since the
