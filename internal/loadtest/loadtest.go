@@ -38,7 +38,10 @@ const (
 const (
 	serverNoop  = "noop"
 	serverFloor = "floor"
-	serverIdem  = "idem-extproc"
+	// serverMinimal is the floor's handler on grpc-go's default server,
+	// a goroutine per stream (see refserver.go).
+	serverMinimal = "minimal"
+	serverIdem    = "idem-extproc"
 )
 
 type config struct {
@@ -84,11 +87,11 @@ type config struct {
 //
 //	idem-loadtest [flags]              measure (see --help)
 //	idem-loadtest memory [flags]       print Redis memory per record
-//	idem-loadtest serve-noop|serve-floor|serve-idem ...   (used by the tool itself)
+//	idem-loadtest serve-noop|serve-floor|serve-minimal|serve-idem ...   (used by the tool itself)
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 {
 		switch args[0] {
-		case "serve-noop", "serve-floor":
+		case "serve-noop", "serve-floor", "serve-minimal":
 			return serveReference(ctx, args[0], args[1:], stderr)
 		case "serve-idem":
 			return serveIdem(ctx, args[1:], stderr)
@@ -121,7 +124,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.StringVar(&cfg.scenarioList, "scenario", "first-write,replay,unprotected",
 		"comma-separated scenarios: first-write (POST, fresh key), replay (POST of a completed key, same body), "+
 			"unprotected (GET; see --unprotected), mixed (see --unprotected-rate and --duplicate-rate)")
-	fs.StringVar(&cfg.serverList, "servers", "noop,floor,idem-extproc", "comma-separated servers to measure: noop, floor, idem-extproc")
+	fs.StringVar(&cfg.serverList, "servers", "noop,floor,idem-extproc", "comma-separated servers to measure: noop, floor, minimal (the floor on grpc-go's default server), idem-extproc")
 	fs.StringVar(&cfg.concurrencyList, "concurrency", "32", "concurrent streams (requests in flight); a comma-separated list (e.g. 1,4 or 8,32,128,256) measures every scenario at each, and adds the latency and scale sections")
 	fs.IntVar(&cfg.conns, "conns", 2, "gRPC connections the streams share (Envoy opens one per worker thread)")
 	fs.DurationVar(&cfg.duration, "duration", 10*time.Second, "measured time of each server in each run (a scenario's repetition)")
@@ -161,7 +164,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	}
 	servers := splitList(cfg.serverList)
 	for _, s := range servers {
-		if !slices.Contains([]string{serverNoop, serverFloor, serverIdem}, s) {
+		if !slices.Contains([]string{serverNoop, serverFloor, serverMinimal, serverIdem}, s) {
 			errs = append(errs, fmt.Errorf("--servers: unknown %q", s))
 		}
 	}
@@ -228,13 +231,14 @@ func splitList(s string) []string {
 	return out
 }
 
-// serveReference runs the no-op or the floor server until ctx ends.
+// serveReference runs the no-op, the floor or the minimal server until ctx
+// ends.
 func serveReference(ctx context.Context, which string, args []string, stderr io.Writer) int {
 	fs := flag.NewFlagSet(which, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	listen := fs.String("listen", "127.0.0.1:0", "ext_proc address")
-	redisURL := fs.String("redis-url", "", "Redis (serve-floor)")
-	storeTimeout := fs.Duration("store-timeout", idem.DefaultStoreTimeout, "budget of each Redis call (serve-floor)")
+	redisURL := fs.String("redis-url", "", "Redis (serve-floor, serve-minimal)")
+	storeTimeout := fs.Duration("store-timeout", idem.DefaultStoreTimeout, "budget of each Redis call (serve-floor, serve-minimal)")
 	cpuProfile := fs.String("cpuprofile", "", "CPU profile file")
 	memProfile := fs.String("memprofile", "", "allocation profile file, written at exit")
 	if err := fs.Parse(args); err != nil {
@@ -243,11 +247,15 @@ func serveReference(ctx context.Context, which string, args []string, stderr io.
 	return withProfiles(*cpuProfile, *memProfile, stderr, func() int {
 		var err error
 		if which == "serve-noop" {
-			err = serveGRPC(ctx, *listen, noopServer{})
+			err = serveGRPC(ctx, *listen, noopServer{}, daemonGRPC)
 		} else {
+			newServer := daemonGRPC
+			if which == "serve-minimal" {
+				newServer = defaultGRPC
+			}
 			var f *floorServer
 			if f, err = newFloorServer(ctx, *redisURL, *storeTimeout); err == nil {
-				err = serveGRPC(ctx, *listen, f)
+				err = serveGRPC(ctx, *listen, f, newServer)
 			}
 		}
 		if err != nil {

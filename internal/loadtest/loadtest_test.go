@@ -25,7 +25,7 @@ import (
 func TestMain(m *testing.M) {
 	if len(os.Args) > 1 {
 		switch os.Args[1] {
-		case "serve-noop", "serve-floor", "serve-idem", "log-sink":
+		case "serve-noop", "serve-floor", "serve-minimal", "serve-idem", "log-sink":
 			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 			code := Main(ctx, os.Args[1:], os.Stdout, os.Stderr)
 			stop()
@@ -44,6 +44,7 @@ func TestSmoke(t *testing.T) {
 	code := Main(context.Background(), []string{
 		"-duration=300ms", "-reps=1", "-slices=1", "-warmup=0", "-initial-warmup=100ms",
 		"-concurrency=4", "-keys=20", "-memory-records=50", "-work-dir=" + t.TempDir(),
+		"-servers=noop,floor,minimal,idem-extproc",
 		// A request is judged by its answer, not its speed: a loaded
 		// machine can stall a Redis call past the product's 100 ms.
 		"-store-timeout=5s", "-message-timeout=10s",
@@ -52,12 +53,13 @@ func TestSmoke(t *testing.T) {
 		t.Fatalf("exit %d\n%s\n%s", code, progress.String(), out.String())
 	}
 	report := out.String()
-	for _, want := range []string{"== first-write", "== replay", "== unprotected", "== targets", "completed: MEMORY USAGE"} {
+	for _, want := range []string{"== first-write", "== replay", "== unprotected", "== targets", "completed: MEMORY USAGE",
+		"idem-extproc / minimal: throughput"} {
 		if !strings.Contains(report, want) {
 			t.Errorf("report lacks %q", want)
 		}
 	}
-	if rows := medianErrors(t, report); rows < 9 {
+	if rows := medianErrors(t, report); rows < 12 {
 		t.Errorf("%d median rows, want one per scenario and server\n%s", rows, report)
 	}
 	if t.Failed() {
@@ -113,6 +115,10 @@ func TestParseFlags(t *testing.T) {
 		{name: "a bare binary among several", args: []string{"-server-bin", "/tmp/a,new=/tmp/b"}, err: "label=path"},
 		{name: "a label twice", args: []string{"-server-bin", "a=/tmp/a", "-server-bin", "a=/tmp/b"}, err: `label "a" twice`},
 		{name: "a label that is another server", args: []string{"-server-bin", "floor=/tmp/a,b=/tmp/b"}, err: `label "floor"`},
+		{name: "a label that is the minimal server", args: []string{"-server-bin", "minimal=/tmp/a,b=/tmp/b"}, err: `label "minimal"`},
+		{name: "the minimal server among the others", args: []string{"-servers", "minimal,floor,idem-extproc"},
+			servers: []string{"minimal", "floor", "idem-extproc"}, kinds: map[string]string{"minimal": "minimal", "floor": "floor"}},
+		{name: "an unknown server", args: []string{"-servers", "noop,bare"}, err: `--servers: unknown "bare"`},
 		{name: "no path", args: []string{"-server-bin", "a="}, err: "want label=path"},
 		{name: "zero streams", args: []string{"-concurrency", "1,0"}, err: "--concurrency"},
 		{name: "not a number", args: []string{"-concurrency", "four"}, err: "--concurrency"},
@@ -322,7 +328,7 @@ func TestPrepareReplacesAFailedKey(t *testing.T) {
 			t.Fatal(err)
 		}
 		served := make(chan error, 1)
-		go func() { served <- serveGRPC(ctx, addr, flakyFirstTry{failAll: failAll}) }()
+		go func() { served <- serveGRPC(ctx, addr, flakyFirstTry{failAll: failAll}, daemonGRPC) }()
 		if err := (&server{name: "flaky", exited: make(chan error, 1)}).waitUntil(tcpReady(addr)); err != nil {
 			t.Fatal(err)
 		}

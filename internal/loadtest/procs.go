@@ -358,8 +358,8 @@ func startServerProcess(name, kind, bin string, spec serverSpec) (*server, error
 		}
 		s.addr = addr
 		return s, s.waitUntil(tcpReady(addr))
-	case serverFloor:
-		s, err := spec.start(name, append([]string{spec.self, "serve-floor", "--listen", addr, "--redis-url", spec.redisURL,
+	case serverFloor, serverMinimal:
+		s, err := spec.start(name, append([]string{spec.self, "serve-" + kind, "--listen", addr, "--redis-url", spec.redisURL,
 			"--store-timeout", spec.storeTimeout.String()}, spec.profileArgs(name)...), logPath)
 		if err != nil {
 			return nil, err
