@@ -424,20 +424,32 @@ func measureSlice(ctx context.Context, cfg *config, st *scenarioState, rs *redis
 	var cpu, redisCPU, driverCPU, sinkCPU [2]time.Duration
 	var syscr, syscw [2]int64
 	var errs [2]error
+	// The scrape of idem-extproc's metrics costs it and this process CPU
+	// (rendering and parsing some 30 KB of text) and makes syscalls: the
+	// first is taken before the window's counters are read and the second
+	// after, so that neither is counted as the requests' cost.
+	scrape := func(i int) {
+		if st.srv.admin != "" && errs[i] == nil {
+			st.metrics[i], errs[i] = scrapeMetrics("http://"+st.srv.admin+"/metrics", metricsWanted...)
+		}
+	}
 	mark := func(start bool) {
 		i := 1
 		if start {
 			i = 0
+			scrape(i)
 		}
-		cpu[i], errs[i] = processCPU(st.srv.pid())
+		var err error
+		cpu[i], err = processCPU(st.srv.pid())
+		errs[i] = errors.Join(errs[i], err)
 		syscr[i], syscw[i], _ = processSyscalls(st.srv.pid())
 		sinkCPU[i] = st.srv.sinkCPU()
 		if rs != nil {
 			redisCPU[i], _ = rs.cpu()
 		}
 		driverCPU[i], _ = processCPU(os.Getpid())
-		if st.srv.admin != "" && errs[i] == nil {
-			st.metrics[i], errs[i] = scrapeMetrics("http://"+st.srv.admin+"/metrics", metricsWanted...)
+		if !start {
+			scrape(i)
 		}
 	}
 	elapsed := st.d.measure(ctx, cfg.warmup, slice, mark)
