@@ -54,7 +54,7 @@ func TestSmoke(t *testing.T) {
 	}
 	report := out.String()
 	for _, want := range []string{"== first-write", "== replay", "== unprotected", "== targets", "completed: MEMORY USAGE",
-		"idem-extproc / minimal: throughput"} {
+		"idem-extproc / minimal: throughput", "protected first write: throughput", "x minimal"} {
 		if !strings.Contains(report, want) {
 			t.Errorf("report lacks %q", want)
 		}
