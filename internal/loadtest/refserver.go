@@ -20,10 +20,10 @@ import (
 	idemserver "github.com/idem-extproc/idem-extproc/internal/server"
 )
 
-// The two reference servers the load tool measures idem-extproc against.
-// Each runs in a process of its own (the tool re-executes itself), on the
-// daemon's gRPC server (idemserver.NewGRPCServer), so that the CPU read
-// from /proc is its own.
+// The reference servers the load tool measures idem-extproc against. Each
+// runs in a process of its own (the tool re-executes itself), so that the
+// CPU read from /proc is its own; the no-op and the floor run on the
+// daemon's gRPC server (idemserver.NewGRPCServer), minimal on grpc-go's.
 //
 //   - noop answers every message CONTINUE, in the reply type of the
 //     message, and never overrides the processing mode: the cost of the
@@ -37,7 +37,6 @@ import (
 //     request headers. No policy, no fingerprint, no header conversion,
 //     no encoding, no logging, no metrics: the floor of what any
 //     Redis-backed idempotency server must do.
-
 //   - minimal is the floor's handler on grpc-go's default server
 //     (grpc.NewServer with only the daemon's message size limit): a new
 //     goroutine per stream instead of the daemon's stream workers, the
