@@ -27,15 +27,14 @@ func TestServerEndsAFinishedStream(t *testing.T) {
 	cases := []struct {
 		name string
 		msgs func(key string) seq
-		// ends: the server ends the stream after the last message's reply.
-		ends bool
+		// replay: the key is completed first (by the first write's
+		// messages), so that this request is its replay.
+		replay bool
 	}{
 		{"unprotected, BUFFERED: after the request headers", func(string) seq {
 			return seq{withModes(reqH(false, ""), buffered, buffered)}
-		}, true},
-		{"first write, BUFFERED: after the response body", func(k string) seq {
-			return seq{withModes(reqH(false, k), buffered, buffered), reqB(true), respH(false), respB(true)}
-		}, true},
+		}, false},
+		{"first write, BUFFERED: after the response body", firstWrite, false},
 		{"replay, BUFFERED: after the immediate response", func(k string) seq {
 			return seq{withModes(reqH(false, k), buffered, buffered), reqB(true)}
 		}, true},
@@ -43,19 +42,23 @@ func TestServerEndsAFinishedStream(t *testing.T) {
 	for i, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			key := fmt.Sprintf("finish-%d", i)
-			if tc.name == "replay, BUFFERED: after the immediate response" {
-				// Complete the key first, so that this request is a replay.
-				first := cases[1].msgs(key)
-				exchange(t, c, first, true)
+			if tc.replay {
+				exchange(t, c, firstWrite(key))
 			}
-			exchange(t, c, tc.msgs(key), tc.ends)
+			exchange(t, c, tc.msgs(key))
 		})
 	}
 }
 
-// exchange sends msgs one by one, each answered; with ends, the server must
-// then end the stream with OK on its own.
-func exchange(t *testing.T, c extprocv3.ExternalProcessorClient, msgs []*extprocv3.ProcessingRequest, ends bool) {
+// firstWrite is a protected first write's messages in BUFFERED mode.
+func firstWrite(key string) []*extprocv3.ProcessingRequest {
+	buffered := procmodev3.ProcessingMode_BUFFERED
+	return []*extprocv3.ProcessingRequest{withModes(reqH(false, key), buffered, buffered), reqB(true), respH(false), respB(true)}
+}
+
+// exchange sends msgs one by one, each answered, never half-closing; the
+// server must then end the stream with OK on its own.
+func exchange(t *testing.T, c extprocv3.ExternalProcessorClient, msgs []*extprocv3.ProcessingRequest) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -71,9 +74,6 @@ func exchange(t *testing.T, c extprocv3.ExternalProcessorClient, msgs []*extproc
 		if _, err := st.Recv(); err != nil {
 			t.Fatalf("message %d of %d: no reply, the stream ended with %v", i+1, len(msgs), err)
 		}
-	}
-	if !ends {
-		_ = st.CloseSend()
 	}
 	if _, err := st.Recv(); !errors.Is(err, io.EOF) {
 		t.Fatalf("after the last reply the stream ended with %v, want the server's OK close (io.EOF)", err)
