@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idem-extproc/idem-extproc/internal/procstat"
 	"github.com/idem-extproc/idem-extproc/internal/redisstore"
 	"github.com/redis/go-redis/v9"
 )
@@ -229,7 +230,7 @@ func (r *redisServer) cpu() (time.Duration, bool) {
 	}
 	var total time.Duration
 	for _, p := range procs {
-		d, err := processCPU(p.pid())
+		d, err := procstat.CPU(p.pid())
 		if err != nil {
 			return 0, false
 		}

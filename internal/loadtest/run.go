@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/idem-extproc/idem-extproc/internal/envoysim"
+	"github.com/idem-extproc/idem-extproc/internal/procstat"
 )
 
 // runResult is one measured run of one scenario against one server.
@@ -440,14 +441,14 @@ func measureSlice(ctx context.Context, cfg *config, st *scenarioState, rs *redis
 			scrape(i)
 		}
 		var err error
-		cpu[i], err = processCPU(st.srv.pid())
+		cpu[i], err = procstat.CPU(st.srv.pid())
 		errs[i] = errors.Join(errs[i], err)
-		syscr[i], syscw[i], _ = processSyscalls(st.srv.pid())
+		syscr[i], syscw[i], _ = procstat.Syscalls(st.srv.pid())
 		sinkCPU[i] = st.srv.sinkCPU()
 		if rs != nil {
 			redisCPU[i], _ = rs.cpu()
 		}
-		driverCPU[i], _ = processCPU(os.Getpid())
+		driverCPU[i], _ = procstat.CPU(os.Getpid())
 		if !start {
 			scrape(i)
 		}

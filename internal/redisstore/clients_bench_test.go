@@ -3,7 +3,6 @@ package redisstore_test
 import (
 	"context"
 	"fmt"
-	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -12,6 +11,7 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/idem-extproc/idem-extproc/internal/idem"
+	"github.com/idem-extproc/idem-extproc/internal/procstat"
 	"github.com/idem-extproc/idem-extproc/internal/redisstore"
 	"github.com/idem-extproc/idem-extproc/internal/redistest"
 	"github.com/idem-extproc/idem-extproc/internal/storetest"
@@ -52,11 +52,11 @@ func BenchmarkScriptClients(b *testing.B) {
 		for _, variant := range []string{"batcher", "rueidis", "rueidis-1conn"} {
 			b.Run(fmt.Sprintf("callers=%d/%s", callers, variant), func(b *testing.B) {
 				write := benchWriter(b, srv, variant, resp)
-				cpuBefore, redisBefore := processCPU(b), procCPU(b, pid)
+				cpuBefore, redisBefore := processCPU(b), redisCPU(b, pid)
 				b.ReportAllocs()
 				runConcurrently(b, callers, write)
 				client := float64(processCPU(b)-cpuBefore) / float64(time.Microsecond) / float64(b.N)
-				server := float64(procCPU(b, pid)-redisBefore) / float64(time.Microsecond) / float64(b.N)
+				server := float64(redisCPU(b, pid)-redisBefore) / float64(time.Microsecond) / float64(b.N)
 				b.ReportMetric(client, "cpu-µs/op")
 				b.ReportMetric(server, "redis-cpu-µs/op")
 				b.ReportMetric(client+server, "total-cpu-µs/op")
@@ -138,21 +138,11 @@ func ruArgs(args []any) []string {
 	return out
 }
 
-// procCPU is the user and system CPU time of process pid
-// (/proc/PID/stat fields 14 and 15, in clock ticks of 1/100 s: USER_HZ is
-// 100 on Linux's supported architectures).
-func procCPU(b *testing.B, pid int) time.Duration {
-	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+// redisCPU is redis-server's CPU time so far (procstat.CPU).
+func redisCPU(b *testing.B, pid int) time.Duration {
+	d, err := procstat.CPU(pid)
 	if err != nil {
 		b.Fatal(err)
 	}
-	// The command name (field 2) is in parentheses and may hold spaces:
-	// count fields after the last ')'.
-	f := strings.Fields(string(raw[strings.LastIndexByte(string(raw), ')')+1:]))
-	utime, err1 := strconv.ParseInt(f[11], 10, 64)
-	stime, err2 := strconv.ParseInt(f[12], 10, 64)
-	if err1 != nil || err2 != nil {
-		b.Fatalf("/proc/%d/stat: %q", pid, raw)
-	}
-	return time.Duration(utime+stime) * 10 * time.Millisecond
+	return d
 }
