@@ -44,21 +44,32 @@ func BenchmarkConcurrentScripts(b *testing.B) {
 					redisstore.Unbatched(s)
 				}
 				readsBefore, cpuBefore := benchReads(b, srv), processCPU(b)
-				runConcurrently(b, streams, func(ctx context.Context) error {
-					r := idem.Reservation{
-						ID:          idem.RecordIDFor("bench", "scope", idem.NewToken().String()),
-						Fingerprint: idem.Fingerprint{1}, Token: idem.NewToken(),
-						Lease: 5 * time.Second, Retention: 5 * time.Second,
-					}
-					if _, err := s.Reserve(ctx, r); err != nil {
-						return err
-					}
-					return s.Complete(ctx, r.ID, r.Token, resp, 5*time.Second)
-				})
+				runConcurrently(b, streams, storeWrite(s, resp))
 				b.ReportMetric(float64(benchReads(b, srv)-readsBefore)/float64(b.N), "reads/op")
 				b.ReportMetric(float64(processCPU(b)-cpuBefore)/float64(time.Microsecond)/float64(b.N), "cpu-µs/op")
 			})
 		}
+	}
+}
+
+// benchReservation is a fresh key's reservation, as a first write makes it.
+func benchReservation() idem.Reservation {
+	return idem.Reservation{
+		ID:          idem.RecordIDFor("bench", "scope", idem.NewToken().String()),
+		Fingerprint: idem.Fingerprint{1}, Token: idem.NewToken(),
+		Lease: 5 * time.Second, Retention: 5 * time.Second,
+	}
+}
+
+// storeWrite is one first write's store calls on s: reserve, then complete
+// with resp.
+func storeWrite(s idem.Store, resp idem.Response) func(context.Context) error {
+	return func(ctx context.Context) error {
+		r := benchReservation()
+		if _, err := s.Reserve(ctx, r); err != nil {
+			return err
+		}
+		return s.Complete(ctx, r.ID, r.Token, resp, 5*time.Second)
 	}
 }
 

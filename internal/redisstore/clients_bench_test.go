@@ -68,22 +68,8 @@ func BenchmarkScriptClients(b *testing.B) {
 // benchWriter returns one write of the variant: reserve, then complete.
 func benchWriter(b *testing.B, srv *redistest.Server, variant string, resp idem.Response) func(context.Context) error {
 	const budget = time.Second
-	newReservation := func() idem.Reservation {
-		return idem.Reservation{
-			ID:          idem.RecordIDFor("bench", "scope", idem.NewToken().String()),
-			Fingerprint: idem.Fingerprint{1}, Token: idem.NewToken(),
-			Lease: 5 * time.Second, Retention: 5 * time.Second,
-		}
-	}
 	if !strings.HasPrefix(variant, "rueidis") {
-		s := redistest.OpenStore(b, srv.URL(), budget)
-		return func(ctx context.Context) error {
-			r := newReservation()
-			if _, err := s.Reserve(ctx, r); err != nil {
-				return err
-			}
-			return s.Complete(ctx, r.ID, r.Token, resp, 5*time.Second)
-		}
+		return storeWrite(redistest.OpenStore(b, srv.URL(), budget), resp)
 	}
 	opt := rueidis.ClientOption{InitAddress: []string{srv.Addr()}, DisableCache: true}
 	if variant == "rueidis-1conn" {
@@ -97,7 +83,7 @@ func benchWriter(b *testing.B, srv *redistest.Server, variant string, resp idem.
 	reserve := rueidis.NewLuaScript(redisstore.ScriptSource("reserve"))
 	complete := rueidis.NewLuaScript(redisstore.ScriptSource("complete"))
 	return func(ctx context.Context) error {
-		r := newReservation()
+		r := benchReservation()
 		key := []string{redisstore.DefaultPrefix + "{" + string(r.ID) + "}"} // Store.Key
 		rctx, cancel := context.WithTimeout(ctx, budget)
 		v, err := reserve.Exec(rctx, c, key, ruArgs(redisstore.ReserveArgs(&r))).ToArray()
