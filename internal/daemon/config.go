@@ -61,7 +61,7 @@ type Config struct {
 	// memory limit, else 256 MiB).
 	MaxBufferedBytes int64
 	// GCPercent is the garbage collector's target percent; 0 means
-	// defaultGCPercent unless GOGC is set (gc.go).
+	// DefaultGCPercent unless GOGC is set (gc.go).
 	GCPercent int
 	LogLevel  slog.Level
 	// LogFormat is "json" or "text".

@@ -20,15 +20,15 @@ func TestPlanGC(t *testing.T) {
 		wantPercent int
 		wantLimit   int64
 	}{
-		{"default, no cgroup limit", 0, nil, nil, defaultGCPercent, 2*budget + gcSoftLimitBase},
-		{"default, cgroup limit", 0, nil, cgroup, defaultGCPercent, 536870912 / 10 * 9},
+		{"default, no cgroup limit", 0, nil, nil, DefaultGCPercent, 2*budget + gcSoftLimitBase},
+		{"default, cgroup limit", 0, nil, cgroup, DefaultGCPercent, 536870912 / 10 * 9},
 		{"flag", 250, nil, nil, 250, 2*budget + gcSoftLimitBase},
 		{"flag over GOGC", 250, map[string]string{"GOGC": "50"}, nil, 250, 2*budget + gcSoftLimitBase},
 		{"flag at most 100: no limit", 100, nil, cgroup, 100, 0},
 		{"GOGC low: left alone", 0, map[string]string{"GOGC": "80"}, cgroup, 0, 0},
 		{"GOGC high: paired with a limit", 0, map[string]string{"GOGC": "800"}, cgroup, 0, 536870912 / 10 * 9},
 		{"GOGC off: paired with a limit", 0, map[string]string{"GOGC": "off"}, nil, 0, 2*budget + gcSoftLimitBase},
-		{"GOMEMLIMIT left alone", 0, map[string]string{"GOMEMLIMIT": "300MiB"}, cgroup, defaultGCPercent, 0},
+		{"GOMEMLIMIT left alone", 0, map[string]string{"GOMEMLIMIT": "300MiB"}, cgroup, DefaultGCPercent, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got := planGC(Config{GCPercent: tc.flag}, budget, func(k string) string { return tc.env[k] },

@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime/debug"
 	"runtime/pprof"
 	"slices"
 	"strings"
@@ -41,7 +42,10 @@ const (
 	// serverMinimal is the floor's handler on grpc-go's default server,
 	// a goroutine per stream (see refserver.go).
 	serverMinimal = "minimal"
-	serverIdem    = "idem-extproc"
+	// serverLean is the floor's replies on the product's store and codec
+	// (see refserver.go).
+	serverLean = "lean"
+	serverIdem = "idem-extproc"
 )
 
 type config struct {
@@ -91,7 +95,7 @@ type config struct {
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 {
 		switch args[0] {
-		case "serve-noop", "serve-floor", "serve-minimal":
+		case "serve-noop", "serve-floor", "serve-minimal", "serve-lean":
 			return serveReference(ctx, args[0], args[1:], stderr)
 		case "serve-idem":
 			return serveIdem(ctx, args[1:], stderr)
@@ -124,7 +128,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.StringVar(&cfg.scenarioList, "scenario", "first-write,replay,unprotected",
 		"comma-separated scenarios: first-write (POST, fresh key), replay (POST of a completed key, same body), "+
 			"unprotected (GET; see --unprotected), mixed (see --unprotected-rate and --duplicate-rate)")
-	fs.StringVar(&cfg.serverList, "servers", "noop,floor,idem-extproc", "comma-separated servers to measure: noop, floor, minimal (the floor on grpc-go's default server), idem-extproc")
+	fs.StringVar(&cfg.serverList, "servers", "noop,floor,idem-extproc", "comma-separated servers to measure: noop, floor, minimal (the floor on grpc-go's default server), lean (the floor on the product's store and codec), idem-extproc")
 	fs.StringVar(&cfg.concurrencyList, "concurrency", "32", "concurrent streams (requests in flight); a comma-separated list (e.g. 1,4 or 8,32,128,256) measures every scenario at each, and adds the latency and scale sections")
 	fs.IntVar(&cfg.conns, "conns", 2, "gRPC connections the streams share (Envoy opens one per worker thread)")
 	fs.DurationVar(&cfg.duration, "duration", 10*time.Second, "measured time of each server in each run (a scenario's repetition)")
@@ -164,7 +168,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	}
 	servers := splitList(cfg.serverList)
 	for _, s := range servers {
-		if !slices.Contains([]string{serverNoop, serverFloor, serverMinimal, serverIdem}, s) {
+		if !slices.Contains([]string{serverNoop, serverFloor, serverMinimal, serverLean, serverIdem}, s) {
 			errs = append(errs, fmt.Errorf("--servers: unknown %q", s))
 		}
 	}
@@ -246,9 +250,18 @@ func serveReference(ctx context.Context, which string, args []string, stderr io.
 	}
 	return withProfiles(*cpuProfile, *memProfile, stderr, func() int {
 		var err error
-		if which == "serve-noop" {
+		switch which {
+		case "serve-noop":
 			err = serveGRPC(ctx, *listen, noopServer{}, daemonGRPC)
-		} else {
+		case "serve-lean":
+			// The product's collector setting too, as the daemon makes it
+			// when nothing overrides it (daemon.DefaultGCPercent).
+			debug.SetGCPercent(daemon.DefaultGCPercent)
+			var l *leanServer
+			if l, err = newLeanServer(*redisURL, *storeTimeout); err == nil {
+				err = serveGRPC(ctx, *listen, l, productGRPC)
+			}
+		default:
 			newServer := daemonGRPC
 			if which == "serve-minimal" {
 				newServer = defaultGRPC

@@ -25,7 +25,7 @@ import (
 func TestMain(m *testing.M) {
 	if len(os.Args) > 1 {
 		switch os.Args[1] {
-		case "serve-noop", "serve-floor", "serve-minimal", "serve-idem", "log-sink":
+		case "serve-noop", "serve-floor", "serve-minimal", "serve-lean", "serve-idem", "log-sink":
 			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 			code := Main(ctx, os.Args[1:], os.Stdout, os.Stderr)
 			stop()
@@ -44,7 +44,7 @@ func TestSmoke(t *testing.T) {
 	code := Main(context.Background(), []string{
 		"-duration=300ms", "-reps=1", "-slices=1", "-warmup=0", "-initial-warmup=100ms",
 		"-concurrency=4", "-keys=20", "-memory-records=50", "-work-dir=" + t.TempDir(),
-		"-servers=noop,floor,minimal,idem-extproc",
+		"-servers=noop,floor,minimal,lean,idem-extproc",
 		// A request is judged by its answer, not its speed: a loaded
 		// machine can stall a Redis call past the product's 100 ms.
 		"-store-timeout=5s", "-message-timeout=10s",
@@ -54,12 +54,12 @@ func TestSmoke(t *testing.T) {
 	}
 	report := out.String()
 	for _, want := range []string{"== first-write", "== replay", "== unprotected", "== targets", "completed: MEMORY USAGE",
-		"idem-extproc / minimal: throughput", "protected first write: throughput", "x minimal"} {
+		"idem-extproc / minimal: throughput", "idem-extproc / lean: throughput", "protected first write: throughput", "x minimal"} {
 		if !strings.Contains(report, want) {
 			t.Errorf("report lacks %q", want)
 		}
 	}
-	if rows := medianErrors(t, report); rows < 12 {
+	if rows := medianErrors(t, report); rows < 15 {
 		t.Errorf("%d median rows, want one per scenario and server\n%s", rows, report)
 	}
 	if t.Failed() {
@@ -118,6 +118,9 @@ func TestParseFlags(t *testing.T) {
 		{name: "a label that is the minimal server", args: []string{"-server-bin", "minimal=/tmp/a,b=/tmp/b"}, err: `label "minimal"`},
 		{name: "the minimal server among the others", args: []string{"-servers", "minimal,floor,idem-extproc"},
 			servers: []string{"minimal", "floor", "idem-extproc"}, kinds: map[string]string{"minimal": "minimal", "floor": "floor"}},
+		{name: "a label that is the lean server", args: []string{"-server-bin", "lean=/tmp/a,b=/tmp/b"}, err: `label "lean"`},
+		{name: "the lean server among the others", args: []string{"-servers", "floor,lean,idem-extproc"},
+			servers: []string{"floor", "lean", "idem-extproc"}, kinds: map[string]string{"lean": "lean", "floor": "floor"}},
 		{name: "an unknown server", args: []string{"-servers", "noop,bare"}, err: `--servers: unknown "bare"`},
 		{name: "no path", args: []string{"-server-bin", "a="}, err: "want label=path"},
 		{name: "zero streams", args: []string{"-concurrency", "1,0"}, err: "--concurrency"},

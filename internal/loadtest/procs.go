@@ -307,7 +307,7 @@ func startServerProcess(name, kind, bin string, spec serverSpec) (*server, error
 		}
 		s.addr = addr
 		return s, s.waitUntil(tcpReady(addr))
-	case serverFloor, serverMinimal:
+	case serverFloor, serverMinimal, serverLean:
 		s, err := spec.start(name, append([]string{spec.self, "serve-" + kind, "--listen", addr, "--redis-url", spec.redisURL,
 			"--store-timeout", spec.storeTimeout.String()}, spec.profileArgs(name)...), logPath)
 		if err != nil {

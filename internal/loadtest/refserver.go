@@ -16,6 +16,8 @@ import (
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 
+	"github.com/idem-extproc/idem-extproc/internal/extprocwire"
+	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/redisstore"
 	idemserver "github.com/idem-extproc/idem-extproc/internal/server"
 )
@@ -49,6 +51,12 @@ import (
 // --max-message-size; defaultGRPC is grpc-go's, with the same limit.
 func daemonGRPC() *grpc.Server {
 	return idemserver.NewGRPCServer(idemserver.DefaultMaxMessageSize, nil)
+}
+
+// productGRPC is the daemon's gRPC server with the product's codec, as
+// server.New builds it.
+func productGRPC() *grpc.Server {
+	return idemserver.NewGRPCServer(idemserver.DefaultMaxMessageSize, nil, extprocwire.ServerOption())
 }
 
 func defaultGRPC() *grpc.Server {
@@ -243,4 +251,89 @@ func (f *floorServer) Process(stream extprocv3.ExternalProcessor_ProcessServer) 
 func asString(v any) string {
 	s, _ := v.(string)
 	return s
+}
+
+// leanServer is the floor's replies on the product's own Redis path and
+// wire codec, with none of its logic: the two calls go through
+// redisstore.Store (its batcher, its record encoding, its per-call
+// budget), the server answers with extprocwire's codec on the daemon's
+// gRPC server, and its process runs at the daemon's default GOGC
+// (serveReference). No policy, fingerprint, header conversion, logging or
+// metrics. It bounds what trimming the product's own logic could gain:
+// the product's ratio to lean is what that logic costs.
+type leanServer struct {
+	extprocv3.UnimplementedExternalProcessorServer
+	st            *redisstore.Store
+	storedHeaders []idem.Header
+}
+
+func newLeanServer(redisURL string, storeTimeout time.Duration) (*leanServer, error) {
+	rdb, err := redisstore.NewClient(redisURL, storeTimeout)
+	if err != nil {
+		return nil, err
+	}
+	return &leanServer{
+		st: redisstore.New(rdb, redisstore.Options{Prefix: "lean:", CallTimeout: storeTimeout}),
+		// The floor's stand-in for the stored headers (floorServer).
+		storedHeaders: []idem.Header{{Name: "content-type", Value: "application/json"}, {Name: "location", Value: "/v1/orders/0123"}},
+	}, nil
+}
+
+func (l *leanServer) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
+	ctx := stream.Context()
+	var r idem.Reservation
+	var status int
+	for {
+		req, err := stream.Recv()
+		if err != nil {
+			return nil // the stream's end, however it ends
+		}
+		var resp *extprocv3.ProcessingResponse
+		switch m := req.GetRequest().(type) {
+		case *extprocv3.ProcessingRequest_RequestHeaders:
+			hs := m.RequestHeaders.GetHeaders()
+			k := rawHeader(hs, "idempotency-key")
+			if len(k) == 0 || string(rawHeader(hs, ":method")) != "POST" {
+				resp = continueReply(req, skipEverything)
+				break
+			}
+			r = idem.Reservation{ID: idem.RecordID(k), Fingerprint: idem.Fingerprint{1}, Token: idem.NewToken(),
+				Lease: 30 * time.Second, Retention: 24 * time.Hour}
+			resp = continueReply(req, nil)
+		case *extprocv3.ProcessingRequest_RequestBody:
+			if r.ID == "" {
+				resp = continueReply(req, nil)
+				break
+			}
+			res, err := l.st.Reserve(ctx, r)
+			if err != nil {
+				return err
+			}
+			if res.Outcome == idem.Completed {
+				resp = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ImmediateResponse{
+					ImmediateResponse: &extprocv3.ImmediateResponse{
+						Status: &typev3.HttpStatus{Code: typev3.StatusCode(res.Response.Status)},
+						Body:   res.Response.Body,
+					}}}
+				break
+			}
+			resp = continueReply(req, nil)
+		case *extprocv3.ProcessingRequest_ResponseHeaders:
+			status, _ = strconv.Atoi(string(rawHeader(m.ResponseHeaders.GetHeaders(), ":status")))
+			resp = continueReply(req, nil)
+		case *extprocv3.ProcessingRequest_ResponseBody:
+			if r.ID != "" {
+				if err := l.st.Complete(ctx, r.ID, r.Token, idem.Response{Status: status, Headers: l.storedHeaders,
+					Body: m.ResponseBody.GetBody()}, r.Retention); err != nil {
+					return err
+				}
+			}
+			resp = continueReply(req, nil)
+		default:
+			resp = continueReply(req, nil)
+		}
+		if err := stream.Send(resp); err != nil {
+			return err
+		}
+	}
 }

@@ -153,7 +153,7 @@ func printScenario(cfg *config, sc string, results []*runResult) {
 		if idem.runs == 0 {
 			continue
 		}
-		refs := []string{serverFloor, serverMinimal, serverNoop}
+		refs := []string{serverFloor, serverMinimal, serverLean, serverNoop}
 		if i > 0 {
 			// Every later build against the first, the base.
 			refs = append([]string{idems[0]}, refs...)
