@@ -25,7 +25,8 @@ import (
 // The reference servers the load tool measures idem-extproc against. Each
 // runs in a process of its own (the tool re-executes itself), so that the
 // CPU read from /proc is its own; the no-op and the floor run on the
-// daemon's gRPC server (idemserver.NewGRPCServer), minimal on grpc-go's.
+// daemon's gRPC server (idemserver.NewGRPCServer), lean on it with the
+// product's codec, minimal on grpc-go's.
 //
 //   - noop answers every message CONTINUE, in the reply type of the
 //     message, and never overrides the processing mode: the cost of the
@@ -46,6 +47,10 @@ import (
 //     gRPC tuning, so the product's ratio to it counts only what the
 //     product does per request; its ratio to minimal also counts that
 //     tuning, as a reference server written from scratch would.
+//   - lean is the floor's replies on the product's own parts (its store,
+//     codec and GC setting) with none of its logic (leanServer): the
+//     product's ratio to lean is what its logic costs, and lean's ratio
+//     to the floor is the most that trimming that logic could gain.
 
 // daemonGRPC is the daemon's gRPC server, with its default
 // --max-message-size; defaultGRPC is grpc-go's, with the same limit.
