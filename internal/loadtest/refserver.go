@@ -184,62 +184,65 @@ func rawHeader(m *corev3.HeaderMap, name string) []byte {
 	return nil
 }
 
-func (f *floorServer) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
+// refCalls are one protected request's two store calls, made by a
+// reference server that answers as the floor does (referenceStream).
+type refCalls interface {
+	// reserve reserves the request's key at its request body; for a
+	// completed record it reports the stored status and body to replay.
+	reserve(ctx context.Context) (completed bool, status int, body []byte, err error)
+	// complete stores the upstream's status and body at the response body.
+	complete(ctx context.Context, status int, body []byte) error
+}
+
+// referenceStream serves one stream with the floor's replies: the
+// skip-everything override at the request headers for a request without
+// a key or a GET; for a protected one the store calls open makes (reserve
+// at the request body, answering a completed record with its status and
+// body at once; complete at the response body) and CONTINUE otherwise.
+func referenceStream(stream extprocv3.ExternalProcessor_ProcessServer, open func(key []byte) refCalls) error {
 	ctx := stream.Context()
-	var key string
-	var status []byte
+	var calls refCalls
+	var status int
 	for {
 		req, err := stream.Recv()
 		if err != nil {
 			return nil // the stream's end, however it ends
 		}
 		var resp *extprocv3.ProcessingResponse
-		switch r := req.GetRequest().(type) {
+		switch m := req.GetRequest().(type) {
 		case *extprocv3.ProcessingRequest_RequestHeaders:
-			hs := r.RequestHeaders.GetHeaders()
+			hs := m.RequestHeaders.GetHeaders()
 			k := rawHeader(hs, "idempotency-key")
 			if len(k) == 0 || string(rawHeader(hs, ":method")) != "POST" {
 				resp = continueReply(req, skipEverything)
 				break
 			}
-			key = "floor:{" + string(k) + "}"
+			calls = open(k)
 			resp = continueReply(req, nil)
 		case *extprocv3.ProcessingRequest_RequestBody:
-			if key == "" {
+			if calls == nil {
 				resp = continueReply(req, nil)
 				break
 			}
-			v, err := f.rdb.EvalSha(ctx, f.reserveSHA, []string{key}, f.fingerprint, f.token, f.leaseMs, f.retentionMs, "u").Slice()
+			completed, st, body, err := calls.reserve(ctx)
 			if err != nil {
 				return err
 			}
-			if s, _ := v[0].(string); s == "completed" && len(v) == 4 {
-				// The record's string: its fixed head, then the status
-				// as a uvarint, a flags byte, the floor's own fixed
-				// headers, and the body (redisstore's layout).
-				rec := asString(v[3])
-				st, n := binary.Uvarint([]byte(rec[min(len(rec), redisstore.CompletedHeadLen):]))
-				at := redisstore.CompletedHeadLen + n + 1 + len(f.storedHeaders)
-				if n <= 0 || at > len(rec) {
-					return fmt.Errorf("floor: a completed record of %d bytes that the floor did not write", len(rec))
-				}
+			if completed {
 				resp = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ImmediateResponse{
 					ImmediateResponse: &extprocv3.ImmediateResponse{
 						Status: &typev3.HttpStatus{Code: typev3.StatusCode(st)},
-						Body:   []byte(rec[at:]),
+						Body:   body,
 					}}}
 				break
 			}
 			resp = continueReply(req, nil)
 		case *extprocv3.ProcessingRequest_ResponseHeaders:
-			status = rawHeader(r.ResponseHeaders.GetHeaders(), ":status")
+			status, _ = strconv.Atoi(string(rawHeader(m.ResponseHeaders.GetHeaders(), ":status")))
 			resp = continueReply(req, nil)
 		case *extprocv3.ProcessingRequest_ResponseBody:
-			if key != "" {
-				st, _ := strconv.Atoi(string(status))
-				head := append(binary.AppendUvarint(make([]byte, 0, 3+len(f.storedHeaders)), uint64(st)), 0)
-				if err := f.rdb.EvalSha(ctx, f.complSHA, []string{key}, f.token, f.retentionMs,
-					append(head, f.storedHeaders...), r.ResponseBody.GetBody()).Err(); err != nil {
+			if calls != nil {
+				if err := calls.complete(ctx, status, m.ResponseBody.GetBody()); err != nil {
 					return err
 				}
 			}
@@ -251,6 +254,46 @@ func (f *floorServer) Process(stream extprocv3.ExternalProcessor_ProcessServer) 
 			return err
 		}
 	}
+}
+
+func (f *floorServer) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
+	return referenceStream(stream, func(k []byte) refCalls {
+		return &floorCalls{f: f, key: "floor:{" + string(k) + "}"}
+	})
+}
+
+// floorCalls are the floor's bare EVALSHA calls for one request's key.
+type floorCalls struct {
+	f   *floorServer
+	key string
+}
+
+func (c *floorCalls) reserve(ctx context.Context) (bool, int, []byte, error) {
+	f := c.f
+	v, err := f.rdb.EvalSha(ctx, f.reserveSHA, []string{c.key}, f.fingerprint, f.token, f.leaseMs, f.retentionMs, "u").Slice()
+	if err != nil {
+		return false, 0, nil, err
+	}
+	if s, _ := v[0].(string); s != "completed" || len(v) != 4 {
+		return false, 0, nil, nil
+	}
+	// The record's string: its fixed head, then the status as a uvarint,
+	// a flags byte, the floor's own fixed headers, and the body
+	// (redisstore's layout).
+	rec := asString(v[3])
+	st, n := binary.Uvarint([]byte(rec[min(len(rec), redisstore.CompletedHeadLen):]))
+	at := redisstore.CompletedHeadLen + n + 1 + len(f.storedHeaders)
+	if n <= 0 || at > len(rec) {
+		return false, 0, nil, fmt.Errorf("floor: a completed record of %d bytes that the floor did not write", len(rec))
+	}
+	return true, int(st), []byte(rec[at:]), nil
+}
+
+func (c *floorCalls) complete(ctx context.Context, status int, body []byte) error {
+	f := c.f
+	head := append(binary.AppendUvarint(make([]byte, 0, 3+len(f.storedHeaders)), uint64(status)), 0)
+	return f.rdb.EvalSha(ctx, f.complSHA, []string{c.key}, f.token, f.retentionMs,
+		append(head, f.storedHeaders...), body).Err()
 }
 
 func asString(v any) string {
@@ -285,60 +328,26 @@ func newLeanServer(redisURL string, storeTimeout time.Duration) (*leanServer, er
 }
 
 func (l *leanServer) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
-	ctx := stream.Context()
-	var r idem.Reservation
-	var status int
-	for {
-		req, err := stream.Recv()
-		if err != nil {
-			return nil // the stream's end, however it ends
-		}
-		var resp *extprocv3.ProcessingResponse
-		switch m := req.GetRequest().(type) {
-		case *extprocv3.ProcessingRequest_RequestHeaders:
-			hs := m.RequestHeaders.GetHeaders()
-			k := rawHeader(hs, "idempotency-key")
-			if len(k) == 0 || string(rawHeader(hs, ":method")) != "POST" {
-				resp = continueReply(req, skipEverything)
-				break
-			}
-			r = idem.Reservation{ID: idem.RecordID(k), Fingerprint: idem.Fingerprint{1}, Token: idem.NewToken(),
-				Lease: 30 * time.Second, Retention: 24 * time.Hour}
-			resp = continueReply(req, nil)
-		case *extprocv3.ProcessingRequest_RequestBody:
-			if r.ID == "" {
-				resp = continueReply(req, nil)
-				break
-			}
-			res, err := l.st.Reserve(ctx, r)
-			if err != nil {
-				return err
-			}
-			if res.Outcome == idem.Completed {
-				resp = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ImmediateResponse{
-					ImmediateResponse: &extprocv3.ImmediateResponse{
-						Status: &typev3.HttpStatus{Code: typev3.StatusCode(res.Response.Status)},
-						Body:   res.Response.Body,
-					}}}
-				break
-			}
-			resp = continueReply(req, nil)
-		case *extprocv3.ProcessingRequest_ResponseHeaders:
-			status, _ = strconv.Atoi(string(rawHeader(m.ResponseHeaders.GetHeaders(), ":status")))
-			resp = continueReply(req, nil)
-		case *extprocv3.ProcessingRequest_ResponseBody:
-			if r.ID != "" {
-				if err := l.st.Complete(ctx, r.ID, r.Token, idem.Response{Status: status, Headers: l.storedHeaders,
-					Body: m.ResponseBody.GetBody()}, r.Retention); err != nil {
-					return err
-				}
-			}
-			resp = continueReply(req, nil)
-		default:
-			resp = continueReply(req, nil)
-		}
-		if err := stream.Send(resp); err != nil {
-			return err
-		}
+	return referenceStream(stream, func(k []byte) refCalls {
+		return &leanCalls{l: l, r: idem.Reservation{ID: idem.RecordID(k), Fingerprint: idem.Fingerprint{1},
+			Token: idem.NewToken(), Lease: 30 * time.Second, Retention: 24 * time.Hour}}
+	})
+}
+
+// leanCalls are one request's calls through the product's store.
+type leanCalls struct {
+	l *leanServer
+	r idem.Reservation
+}
+
+func (c *leanCalls) reserve(ctx context.Context) (bool, int, []byte, error) {
+	res, err := c.l.st.Reserve(ctx, c.r)
+	if err != nil || res.Outcome != idem.Completed {
+		return false, 0, nil, err
 	}
+	return true, res.Response.Status, res.Response.Body, nil
+}
+
+func (c *leanCalls) complete(ctx context.Context, status int, body []byte) error {
+	return c.l.st.Complete(ctx, c.r.ID, c.r.Token, idem.Response{Status: status, Headers: c.l.storedHeaders, Body: body}, c.r.Retention)
 }
