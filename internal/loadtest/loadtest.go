@@ -91,7 +91,7 @@ type config struct {
 //
 //	idem-loadtest [flags]              measure (see --help)
 //	idem-loadtest memory [flags]       print Redis memory per record
-//	idem-loadtest serve-noop|serve-floor|serve-minimal|serve-idem ...   (used by the tool itself)
+//	idem-loadtest serve-noop|serve-floor|serve-minimal|serve-lean|serve-idem ...   (used by the tool itself)
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 {
 		switch args[0] {
@@ -235,14 +235,14 @@ func splitList(s string) []string {
 	return out
 }
 
-// serveReference runs the no-op, the floor or the minimal server until ctx
-// ends.
+// serveReference runs the no-op, the floor, the minimal or the lean server
+// until ctx ends.
 func serveReference(ctx context.Context, which string, args []string, stderr io.Writer) int {
 	fs := flag.NewFlagSet(which, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	listen := fs.String("listen", "127.0.0.1:0", "ext_proc address")
-	redisURL := fs.String("redis-url", "", "Redis (serve-floor, serve-minimal)")
-	storeTimeout := fs.Duration("store-timeout", idem.DefaultStoreTimeout, "budget of each Redis call (serve-floor, serve-minimal)")
+	redisURL := fs.String("redis-url", "", "Redis (serve-floor, serve-minimal, serve-lean)")
+	storeTimeout := fs.Duration("store-timeout", idem.DefaultStoreTimeout, "budget of each Redis call (serve-floor, serve-minimal, serve-lean)")
 	cpuProfile := fs.String("cpuprofile", "", "CPU profile file")
 	memProfile := fs.String("memprofile", "", "allocation profile file, written at exit")
 	if err := fs.Parse(args); err != nil {
