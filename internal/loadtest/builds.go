@@ -55,7 +55,7 @@ func (b buildList) builds() ([]build, error) {
 			errs = append(errs, fmt.Errorf("--server-bin: %q: name each of several binaries as label=path", e))
 		case label == "" || bin == "":
 			errs = append(errs, fmt.Errorf("--server-bin: %q: want label=path", e))
-		case label == serverNoop || label == serverFloor || label == serverMinimal || label == serverLean || strings.ContainsAny(label, " \t/"):
+		case isReference(label) || strings.ContainsAny(label, " \t/"):
 			errs = append(errs, fmt.Errorf("--server-bin: label %q: not noop, floor, minimal or lean, no spaces or slashes", label))
 		case slices.ContainsFunc(out, func(o build) bool { return o.label == label }):
 			errs = append(errs, fmt.Errorf("--server-bin: label %q twice", label))

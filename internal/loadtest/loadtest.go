@@ -48,6 +48,24 @@ const (
 	serverIdem = "idem-extproc"
 )
 
+// isReference reports whether name is one of the reference servers, which
+// the tool runs itself as serve-<name> (refserver.go).
+func isReference(name string) bool {
+	switch name {
+	case serverNoop, serverFloor, serverMinimal, serverLean:
+		return true
+	}
+	return false
+}
+
+// selfCommand reports whether arg is a subcommand the tool runs its own
+// executable with: a server (serve-<reference>, serve-idem) or the log
+// sink.
+func selfCommand(arg string) bool {
+	name, serve := strings.CutPrefix(arg, "serve-")
+	return serve && (isReference(name) || name == "idem") || arg == "log-sink"
+}
+
 type config struct {
 	scenarios []string
 	// servers are the measured servers' names in order: noop, floor and
@@ -94,9 +112,10 @@ type config struct {
 //	idem-loadtest serve-noop|serve-floor|serve-minimal|serve-lean|serve-idem ...   (used by the tool itself)
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 {
+		if name, ok := strings.CutPrefix(args[0], "serve-"); ok && isReference(name) {
+			return serveReference(ctx, name, args[1:], stderr)
+		}
 		switch args[0] {
-		case "serve-noop", "serve-floor", "serve-minimal", "serve-lean":
-			return serveReference(ctx, args[0], args[1:], stderr)
 		case "serve-idem":
 			return serveIdem(ctx, args[1:], stderr)
 		case "memory":
@@ -168,7 +187,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	}
 	servers := splitList(cfg.serverList)
 	for _, s := range servers {
-		if !slices.Contains([]string{serverNoop, serverFloor, serverMinimal, serverLean, serverIdem}, s) {
+		if !isReference(s) && s != serverIdem {
 			errs = append(errs, fmt.Errorf("--servers: unknown %q", s))
 		}
 	}
@@ -235,10 +254,10 @@ func splitList(s string) []string {
 	return out
 }
 
-// serveReference runs the no-op, the floor, the minimal or the lean server
-// until ctx ends.
+// serveReference runs the reference server named which (noop, floor,
+// minimal or lean) until ctx ends.
 func serveReference(ctx context.Context, which string, args []string, stderr io.Writer) int {
-	fs := flag.NewFlagSet(which, flag.ContinueOnError)
+	fs := flag.NewFlagSet("serve-"+which, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	listen := fs.String("listen", "127.0.0.1:0", "ext_proc address")
 	redisURL := fs.String("redis-url", "", "Redis (serve-floor, serve-minimal, serve-lean)")
@@ -251,9 +270,9 @@ func serveReference(ctx context.Context, which string, args []string, stderr io.
 	return withProfiles(*cpuProfile, *memProfile, stderr, func() int {
 		var err error
 		switch which {
-		case "serve-noop":
+		case serverNoop:
 			err = serveGRPC(ctx, *listen, noopServer{}, daemonGRPC)
-		case "serve-lean":
+		case serverLean:
 			// The product's collector setting too, as the daemon makes it
 			// when nothing overrides it (daemon.DefaultGCPercent).
 			debug.SetGCPercent(daemon.DefaultGCPercent)
@@ -263,7 +282,7 @@ func serveReference(ctx context.Context, which string, args []string, stderr io.
 			}
 		default:
 			newServer := daemonGRPC
-			if which == "serve-minimal" {
+			if which == serverMinimal {
 				newServer = defaultGRPC
 			}
 			var f *floorServer
@@ -272,7 +291,7 @@ func serveReference(ctx context.Context, which string, args []string, stderr io.
 			}
 		}
 		if err != nil {
-			fmt.Fprintf(stderr, "%s: %v\n", which, err)
+			fmt.Fprintf(stderr, "serve-%s: %v\n", which, err)
 			return 1
 		}
 		return 0

@@ -23,14 +23,11 @@ import (
 // TestMain lets the test binary stand in for idem-loadtest: the tool starts
 // its servers by running its own executable with a serve-* argument.
 func TestMain(m *testing.M) {
-	if len(os.Args) > 1 {
-		switch os.Args[1] {
-		case "serve-noop", "serve-floor", "serve-minimal", "serve-lean", "serve-idem", "log-sink":
-			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-			code := Main(ctx, os.Args[1:], os.Stdout, os.Stderr)
-			stop()
-			os.Exit(code)
-		}
+	if len(os.Args) > 1 && selfCommand(os.Args[1]) {
+		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+		code := Main(ctx, os.Args[1:], os.Stdout, os.Stderr)
+		stop()
+		os.Exit(code)
 	}
 	os.Exit(m.Run())
 }

@@ -139,7 +139,7 @@ func runTopology(ctx context.Context, cfg *config, topo, dir string, first bool)
 		return nil, nil, err
 	}
 	var rs *redisServer
-	if cfg.needs(serverFloor) || cfg.needs(serverMinimal) || cfg.needs(serverLean) || cfg.needs(serverIdem) {
+	if slices.ContainsFunc(cfg.servers, func(s string) bool { return cfg.kinds[s] != serverNoop }) { // all but the no-op use Redis
 		var err error
 		if topo == topologyCluster {
 			cfg.logf("starting a 3-primary Redis Cluster")
