@@ -134,6 +134,10 @@ var skipEverything = &procmodev3.ProcessingMode{
 	ResponseTrailerMode: procmodev3.ProcessingMode_SKIP,
 }
 
+// refLease and refRetention are the lease and retention of the floor's
+// and lean's records.
+const refLease, refRetention = 30 * time.Second, 24 * time.Hour
+
 // floorServer is the floor reference.
 type floorServer struct {
 	extprocv3.UnimplementedExternalProcessorServer
@@ -159,7 +163,7 @@ func newFloorServer(ctx context.Context, redisURL string, storeTimeout time.Dura
 	}
 	f := &floorServer{
 		rdb: rdb, fingerprint: make([]byte, 32), token: []byte("floor-token-0001"),
-		leaseMs: 30_000, retentionMs: 24 * 3_600_000,
+		leaseMs: refLease.Milliseconds(), retentionMs: refRetention.Milliseconds(),
 		// A fixed stand-in for the stored headers: the floor does no
 		// encoding work, but stores about as many bytes.
 		storedHeaders: []byte("\x02\x0ccontent-type\x10application/json\x08location\x0f/v1/orders/0123"),
@@ -330,7 +334,7 @@ func newLeanServer(redisURL string, storeTimeout time.Duration) (*leanServer, er
 func (l *leanServer) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
 	return referenceStream(stream, func(k []byte) refCalls {
 		return &leanCalls{l: l, r: idem.Reservation{ID: idem.RecordID(k), Fingerprint: idem.Fingerprint{1},
-			Token: idem.NewToken(), Lease: 30 * time.Second, Retention: 24 * time.Hour}}
+			Token: idem.NewToken(), Lease: refLease, Retention: refRetention}}
 	})
 }
 
