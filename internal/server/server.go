@@ -58,8 +58,9 @@ func New(cfg Config) (*grpc.Server, idem.Store) {
 // load tool's no-op and floor servers run on it too, so that they differ
 // from idem-extproc only in what they do per message and in the extra
 // options New adds (the hand-written ext_proc codec, extprocwire): the
-// floor stays a minimal server on grpc-go's standard codec. (Its minimal
-// server runs the floor's handler on grpc-go's defaults instead.)
+// floor stays a minimal server on grpc-go's standard codec. (Its lean
+// server takes New's codec as well; its minimal server runs the floor's
+// handler on grpc-go's defaults instead.)
 //
 // Each ext_proc stream is one HTTP request whose handler runs deep
 // (decision, store, Redis client); started on a fresh goroutine it grows
