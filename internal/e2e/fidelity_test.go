@@ -152,8 +152,28 @@ func TestMissingAttributesAreLoud(t *testing.T) {
 		if n := missingCount(t, m, "default", envoyorigin.AttrCodeDetails); n != 2 {
 			t.Fatalf("missing_attribute_total = %v, want 2", n)
 		}
-		if lines := logLines(t, &logs, extproc.MissingAttributeMessage); len(lines) != 1 || lines[0]["attribute"] != envoyorigin.AttrCodeDetails {
-			t.Fatalf("want one warning naming %s, got %v", envoyorigin.AttrCodeDetails, lines)
+		// One warning per attribute, each once for the policy.
+		lines := logLines(t, &logs, extproc.MissingAttributeMessage)
+		if len(lines) != 2 || lines[0]["attribute"] != envoyorigin.AttrCodeDetails || lines[1]["attribute"] != envoyorigin.AttrAttemptCount {
+			t.Fatalf("want one warning naming %s and one naming %s, got %v", envoyorigin.AttrCodeDetails, envoyorigin.AttrAttemptCount, lines)
+		}
+	})
+	t.Run("upstream.request_attempt_count", func(t *testing.T) {
+		// Without the attempt count a connection failure could follow a
+		// retry whose first attempt reached the upstream: it is kept as
+		// outcome unknown, never released, and counted.
+		m := observe.NewMetrics()
+		cfg := envoysim.RecommendedConfig()
+		cfg.ResponseAttributes = []string{envoyorigin.AttrCodeDetails, envoyorigin.AttrFlags}
+		env := harness.Start(t, harness.Options{Filter: cfg, Metrics: m, FilterOptions: envoysim.Options{CloseStreamEarly: true}})
+		if r := exchange(env, "no-count", failWith(envoysim.ConnectFailure)); r.Response.Status != http.StatusServiceUnavailable {
+			t.Fatalf("got %v", r)
+		}
+		if n := missingCount(t, m, "default", envoyorigin.AttrAttemptCount); n != 1 {
+			t.Fatalf("missing_attribute_total = %v, want 1", n)
+		}
+		if st := recordState(t, env, "no-count"); st != idem.StateUnknown {
+			t.Fatalf("record %v after a connection failure without the attempt count, want unknown", st)
 		}
 	})
 	t.Run("principal", func(t *testing.T) {
@@ -225,4 +245,61 @@ func TestReplaySurvivesEnvoysHeaderRules(t *testing.T) {
 func droppedHeaders(t *testing.T, m *observe.Metrics) float64 {
 	t.Helper()
 	return counterTotal(t, m, "idem_extproc_replay_headers_dropped_total")
+}
+
+// TestRouterRetriesNeverReleaseASentAttempt: the first attempt reaches the
+// upstream, which runs the operation and then resets the stream; the router
+// retries, and the request ends in a way that looks like a first attempt
+// that never left (router.cc: the retry circuit breaker's refusal, a last
+// reset retry_on does not cover, a retry that finds no host), or with the
+// retry limit flag. The key must never be released: the operation ran, so
+// a retry gets outcome-unknown and the upstream runs once.
+func TestRouterRetriesNeverReleaseASentAttempt(t *testing.T) {
+	onlyResets := func(f *envoysim.UpstreamFailure, _ *envoysim.Response) bool { return f == envoysim.UpstreamReset }
+	for _, tc := range []struct {
+		name   string
+		policy *envoysim.RetryPolicy
+	}{
+		{"retry circuit breaker refuses", &envoysim.RetryPolicy{NumRetries: 3, OverflowAfter: 2}},
+		{"last reset not retriable", &envoysim.RetryPolicy{NumRetries: 3, RetryOn: onlyResets}},
+		{"retry finds no host", &envoysim.RetryPolicy{NumRetries: 3, NoHostAt: 2}},
+		{"retries exhausted", &envoysim.RetryPolicy{NumRetries: 2}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			env := harness.Start(t, harness.Options{FilterOptions: envoysim.Options{CloseStreamEarly: true}})
+			key := strings.ReplaceAll(tc.name, " ", "-")
+			runs := 0
+			up := func(ctx context.Context, r *envoysim.Request) (*envoysim.Response, error) {
+				if r.Attempt > 1 {
+					return nil, envoysim.ConnectFailure
+				}
+				// The operation runs; its answer is lost to a reset.
+				runs++
+				if _, err := env.Proxy.Upstream(ctx, r); err != nil {
+					t.Errorf("upstream: %v", err)
+				}
+				return nil, envoysim.UpstreamReset
+			}
+			req := &envoysim.Request{
+				Method: http.MethodPost, Path: "/orders", Authority: strings.TrimPrefix(env.URL, "http://"),
+				Headers: []envoysim.Header{{Name: "idempotency-key", Value: key}, {Name: "content-type", Value: "application/json"}},
+				Body:    []byte(`{}`), Retry: tc.policy,
+			}
+			res := env.Filter.Do(context.Background(), req, up)
+			if res.Response == nil || res.Response.Status != http.StatusServiceUnavailable || res.UpstreamAttempts < 2 {
+				t.Fatalf("the client got %v after %d attempts, want Envoy's 503 after a retry", res, res.UpstreamAttempts)
+			}
+			testwait.For(t, func() bool { return recordState(t, env, key) == idem.StateUnknown })
+			retry := exchange(env, key, func(ctx context.Context, r *envoysim.Request) (*envoysim.Response, error) {
+				runs++
+				return env.Proxy.Upstream(ctx, r)
+			})
+			if retry.Response.Status != http.StatusConflict || !strings.Contains(string(retry.Response.Body), problem.OutcomeUnknown.Slug) {
+				t.Fatalf("retry got %v, want 409 %s", retry, problem.OutcomeUnknown.Slug)
+			}
+			if runs != 1 {
+				t.Fatalf("the operation ran %d times, want once", runs)
+			}
+		})
+	}
 }

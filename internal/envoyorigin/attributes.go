@@ -8,7 +8,15 @@ package envoyorigin
 const (
 	AttrCodeDetails = "response.code_details"
 	AttrFlags       = "response.flags"
-	AttrRouteName   = "xds.route_name"
+	// AttrAttemptCount is how many upstream attempts the router made:
+	// context.h Upstream "upstream" + UpstreamRequestAttemptCount
+	// "request_attempt_count", a uint read from StreamInfo::attemptCount().
+	// The router sets it to 1 before the first attempt and increments it in
+	// doRetry (router.cc decodeHeaders, doRetry); 0 when the router never
+	// made an attempt. It is in context.cc on Envoy's main of 2026; the first
+	// release that carries it was not confirmed in the source read here.
+	AttrAttemptCount = "upstream.request_attempt_count"
+	AttrRouteName    = "xds.route_name"
 	// The downstream peer certificate's first URI SAN, first DNS SAN and
 	// subject (context.cc SslExtractorsValues: URISanPeerCertificate,
 	// DNSSanPeerCertificate, SubjectPeerCertificate); absent without TLS.
@@ -20,9 +28,10 @@ const (
 // MissingAttributes are the attributes whose absence the server reports
 // (idem.Observer.MissingAttribute), each with the filter setting that sends it.
 var MissingAttributes = map[string]string{
-	AttrCodeDetails: "response_attributes",
-	AttrRouteName:   "request_attributes",
-	AttrURISanPeer:  "request_attributes",
-	AttrDNSSanPeer:  "request_attributes",
-	AttrSubjectPeer: "request_attributes",
+	AttrCodeDetails:  "response_attributes",
+	AttrAttemptCount: "response_attributes",
+	AttrRouteName:    "request_attributes",
+	AttrURISanPeer:   "request_attributes",
+	AttrDNSSanPeer:   "request_attributes",
+	AttrSubjectPeer:  "request_attributes",
 }

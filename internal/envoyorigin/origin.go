@@ -156,26 +156,84 @@ func ResetReason(details, prefix string) (string, bool) {
 	return rest, rest != ""
 }
 
-// Classify tells who made a response. The details decide when present
-// (hasDetails: the attribute arrived); the flags are the fallback. A
-// response whose details and flags are both absent is taken as the
-// upstream's, as it is in the common case: the caller must make that loud
-// (the filter was not asked for response_attributes). Anything unrecognised
-// stays maybe-sent: never release on a guess.
+// Signals are what the filter sends about a response in the response
+// phase's attributes. The Has fields say whether the attribute arrived at
+// all: Envoy leaves out an attribute the filter was not asked for
+// (ExpressionManager::evaluateAttributes in ext_proc's matching_utils.cc).
+type Signals struct {
+	// Details is response.code_details: StreamInfo::responseCodeDetails().
+	Details    string
+	HasDetails bool
+	// Flags is response.flags: StreamInfo::legacyResponseFlags().
+	Flags uint64
+	// Attempts is upstream.request_attempt_count: StreamInfo::attemptCount(),
+	// 0 when the router never set it (context.cc UpstreamLookupValues:
+	// CreateUint64(attemptCount().value_or(0))).
+	Attempts    uint64
+	HasAttempts bool
+}
+
+// Classify tells who made a response. The details decide when present;
+// the flags are the fallback. A response whose details and flags are both
+// absent is taken as the upstream's, as it is in the common case: the
+// caller must make that loud (the filter was not asked for
+// response_attributes). Details that arrived empty are not the router's:
+// only the router writes via_upstream (router.cc onUpstreamHeaders), and a
+// filter's sendLocalReply stores whatever details it passes, "" included,
+// so an empty value proves nothing and stays maybe-sent. Anything
+// unrecognised stays maybe-sent: never release on a guess.
 //
-// UpstreamRetryLimitExceeded demotes not-sent to maybe-sent: details and
-// flags describe the last attempt only (router.cc onUpstreamAbort), and an
-// earlier attempt that was retried may have reached the upstream.
-func Classify(details string, hasDetails bool, flags uint64) idem.Origin {
-	o := classify(details, hasDetails, flags)
-	if o == idem.OriginNotSent && flags&UpstreamRetryLimitExceeded != 0 {
+// Details and flags describe the last upstream attempt only (router.cc
+// onUpstreamReset and onUpstreamAbort run for the attempt that ended the
+// request), and the router ends a retried request in ways that look like
+// a first attempt that never left: retries exhausted sets
+// UpstreamRetryLimitExceeded, but a retry the circuit breaker refuses
+// (maybeRetryReset, RetryStatus::NoOverflow) sets UpstreamOverflow, a last
+// reset that is not retriable (RetryStatus::No) sets nothing, and a retry
+// that finds no host (doRetry → sendNoHealthyUpstreamResponse) says
+// no_healthy_upstream. So a not-sent origin is demoted to maybe-sent when
+// the router made more than one attempt (Attempts > 1: doRetry increments
+// attempt_count_ before it looks for a host), when the retry limit flag is
+// set, or, without the attempt count, whenever the router itself could
+// have made that answer after a retry.
+func Classify(s Signals) idem.Origin {
+	o := classify(s.Details, s.HasDetails, s.Flags)
+	if o != idem.OriginNotSent {
+		return o
+	}
+	switch {
+	case s.Flags&UpstreamRetryLimitExceeded != 0:
+		return idem.OriginMaybeSent
+	case s.HasAttempts && s.Attempts > 1:
+		return idem.OriginMaybeSent
+	case !s.HasAttempts && routerMayHaveRetried(s):
 		return idem.OriginMaybeSent
 	}
 	return o
 }
 
+// retryEndings are the flags the router sets on a not-sent ending that
+// can follow a retry: a connection failure or overflow of the last attempt
+// (streamResetReasonToResponseFlag), the retry circuit breaker's refusal
+// (maybeRetryReset: UpstreamOverflow) and a retry without a host
+// (sendNoHealthyUpstreamResponse: NoHealthyUpstream).
+const retryEndings = NoHealthyUpstream | UpstreamConnectionFailure | UpstreamOverflow
+
+// routerMayHaveRetried reports whether a not-sent answer could be the
+// router's after a retry: an early upstream reset, or no_healthy_upstream
+// (which doRetry gives too). Answers made before the router ran (no route,
+// direct_response, maintenance mode, drop overload, the local replies of
+// filters) come before any attempt and cannot follow a retry.
+func routerMayHaveRetried(s Signals) bool {
+	if s.HasDetails {
+		_, reset := ResetReason(s.Details, EarlyUpstreamReset)
+		return reset || s.Details == "no_healthy_upstream"
+	}
+	return s.Flags&retryEndings != 0
+}
+
 func classify(details string, hasDetails bool, flags uint64) idem.Origin {
-	if hasDetails && details != "" {
+	if hasDetails {
 		switch {
 		case details == ViaUpstream:
 			return idem.OriginUpstream

@@ -55,7 +55,8 @@ func TestClassifyRealDetails(t *testing.T) {
 		{"upstream_reset_before_response_started{remote_connection_failure|delayed_connect_error:_Connection_refused}",
 			UpstreamConnectionFailure | UpstreamRetryLimitExceeded, idem.OriginMaybeSent},
 	} {
-		if got := Classify(tc.details, true, tc.flags); got != tc.want {
+		// With the attempt count of a request that was not retried.
+		if got := Classify(Signals{Details: tc.details, HasDetails: true, Flags: tc.flags, Attempts: 1, HasAttempts: true}); got != tc.want {
 			t.Errorf("Classify(%q, %#x) = %v, want %v", tc.details, tc.flags, got, tc.want)
 		}
 	}
@@ -77,7 +78,7 @@ func TestClassifyByFlags(t *testing.T) {
 		{0x20 | 0x8000, idem.OriginMaybeSent}, // UF after retries (URX)
 		{1 << 40, idem.OriginMaybeSent},       // a bit no release defines
 	} {
-		if got := Classify("", false, tc.flags); got != tc.want {
+		if got := Classify(Signals{Flags: tc.flags, Attempts: 1, HasAttempts: true}); got != tc.want {
 			t.Errorf("Classify(no details, %#x) = %v, want %v", tc.flags, got, tc.want)
 		}
 	}
@@ -93,6 +94,96 @@ func TestResetReason(t *testing.T) {
 	} {
 		if got, _ := ResetReason(details, EarlyUpstreamReset); got != want {
 			t.Errorf("ResetReason(%q) = %q, want %q", details, got, want)
+		}
+	}
+}
+
+// TestClassifyEmptyDetails: only the router writes via_upstream; a filter's
+// local reply carries whatever details it passed, "" included
+// (filter_manager.cc sendLocalReply sets them as given; Wasm's
+// sendLocalResponse and Go filters commonly pass ""). An empty value that
+// arrived is no proof of the upstream.
+func TestClassifyEmptyDetails(t *testing.T) {
+	for _, flags := range []uint64{0, RateLimited, UpstreamConnectionFailure} {
+		s := Signals{Details: "", HasDetails: true, Flags: flags, Attempts: 0, HasAttempts: true}
+		if got := Classify(s); got != idem.OriginMaybeSent {
+			t.Errorf("Classify(empty details, flags %#x) = %v, want maybe-sent", flags, got)
+		}
+	}
+}
+
+// TestClassifyAfterRouterRetries plays the ways router.cc ends a retried
+// request. Each looks like a first attempt that never left, except for the
+// attempt count.
+func TestClassifyAfterRouterRetries(t *testing.T) {
+	const connRefused = "upstream_reset_before_response_started{remote_connection_failure|delayed_connect_error:_Connection_refused}"
+	for _, tc := range []struct {
+		name string
+		s    Signals
+		want idem.Origin
+	}{
+		// maybeRetryReset, RetryStatus::NoOverflow: the retry circuit breaker
+		// refuses the retry of the last attempt's reset; the flag is
+		// UpstreamOverflow beside the reset's own.
+		{"retry overflow after a retried attempt",
+			Signals{Details: connRefused, HasDetails: true, Flags: UpstreamConnectionFailure | UpstreamOverflow, Attempts: 2, HasAttempts: true},
+			idem.OriginMaybeSent},
+		{"retry overflow after the first attempt only",
+			Signals{Details: connRefused, HasDetails: true, Flags: UpstreamConnectionFailure | UpstreamOverflow, Attempts: 1, HasAttempts: true},
+			idem.OriginNotSent},
+		// RetryStatus::No: the last reset is not retriable; no flag is added.
+		{"last reset not retriable",
+			Signals{Details: connRefused, HasDetails: true, Flags: UpstreamConnectionFailure, Attempts: 3, HasAttempts: true},
+			idem.OriginMaybeSent},
+		// doRetry finds no connection pool: sendNoHealthyUpstreamResponse
+		// after attempt_count_ was incremented.
+		{"retry finds no host",
+			Signals{Details: "no_healthy_upstream", HasDetails: true, Flags: NoHealthyUpstream, Attempts: 2, HasAttempts: true},
+			idem.OriginMaybeSent},
+		// decodeHeaders finds no host before it sets the attempt count.
+		{"no host before the first attempt",
+			Signals{Details: "no_healthy_upstream", HasDetails: true, Flags: NoHealthyUpstream, Attempts: 0, HasAttempts: true},
+			idem.OriginNotSent},
+		{"flags only, retried",
+			Signals{Flags: UpstreamConnectionFailure, Attempts: 2, HasAttempts: true},
+			idem.OriginMaybeSent},
+		// A filter after ext_proc answered: the router made no attempt.
+		{"rate limited", Signals{Details: "request_rate_limited", HasDetails: true, Flags: RateLimited, Attempts: 0, HasAttempts: true},
+			idem.OriginNotSent},
+		// The upstream's own answer after retries is still its answer.
+		{"upstream answer after retries",
+			Signals{Details: ViaUpstream, HasDetails: true, Flags: UpstreamRetryLimitExceeded, Attempts: 3, HasAttempts: true},
+			idem.OriginUpstream},
+	} {
+		if got := Classify(tc.s); got != tc.want {
+			t.Errorf("%s: Classify(%+v) = %v, want %v", tc.name, tc.s, got, tc.want)
+		}
+	}
+}
+
+// TestClassifyWithoutAttemptCount: when the filter was not asked for
+// upstream.request_attempt_count, an answer the router could have made
+// after a retry is never released; answers made before the router ran
+// still are.
+func TestClassifyWithoutAttemptCount(t *testing.T) {
+	for _, tc := range []struct {
+		s    Signals
+		want idem.Origin
+	}{
+		{Signals{Details: "upstream_reset_before_response_started{connection_timeout|connect_timeout}", HasDetails: true, Flags: UpstreamConnectionFailure}, idem.OriginMaybeSent},
+		{Signals{Details: "upstream_reset_before_response_started{overflow}", HasDetails: true, Flags: UpstreamOverflow}, idem.OriginMaybeSent},
+		{Signals{Details: "no_healthy_upstream", HasDetails: true, Flags: NoHealthyUpstream}, idem.OriginMaybeSent},
+		{Signals{Flags: UpstreamConnectionFailure}, idem.OriginMaybeSent},
+		{Signals{Flags: NoHealthyUpstream | UpstreamOverflow}, idem.OriginMaybeSent},
+		{Signals{Details: "route_not_found", HasDetails: true, Flags: NoRouteFound}, idem.OriginNotSent},
+		{Signals{Details: "local_rate_limited", HasDetails: true, Flags: RateLimited}, idem.OriginNotSent},
+		{Signals{Details: "rbac_access_denied_matched_policy[none]", HasDetails: true}, idem.OriginNotSent},
+		{Signals{Flags: RateLimited}, idem.OriginNotSent},
+		{Signals{Details: ViaUpstream, HasDetails: true}, idem.OriginUpstream},
+		{Signals{}, idem.OriginUpstream},
+	} {
+		if got := Classify(tc.s); got != tc.want {
+			t.Errorf("Classify(%+v) = %v, want %v", tc.s, got, tc.want)
 		}
 	}
 }

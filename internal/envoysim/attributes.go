@@ -112,12 +112,24 @@ func (x *exchange) otherAttribute(name string) *structpb.Value {
 		}
 		return structpb.NewNumberValue(float64(x.respStatus))
 	case "response.code_details":
-		return opt(x.respDetails)
+		// Every response sets the details, "" included: the router's
+		// via_upstream (router.cc onUpstreamHeaders) or what a local reply
+		// passed (filter_manager.cc sendLocalReply:
+		// setResponseCodeDetails(details)); CodeDetails is absent only
+		// when nothing set them.
+		if x.respStatus == 0 {
+			return nil
+		}
+		return structpb.NewStringValue(x.respDetails)
 	case "response.flags":
 		if x.respStatus == 0 {
 			return nil
 		}
 		return structpb.NewNumberValue(float64(x.respFlags))
+	// UpstreamLookupValues: attemptCount().value_or(0), a uint, present in
+	// both directions.
+	case "upstream.request_attempt_count":
+		return structpb.NewNumberValue(float64(x.attempts))
 	// PeerWrapper: the downstream remote address.
 	case "source.address":
 		return opt(r.RemoteAddress)

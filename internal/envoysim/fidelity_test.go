@@ -346,3 +346,136 @@ func TestBufferedPartialSendsPastTheLimit(t *testing.T) {
 		}
 	}
 }
+
+// TestRouterRetries plays the ways router.cc ends a request its route
+// retries (RetryStateImpl::shouldRetry's order: not covered → No, no
+// retries left → NoRetryLimitExceeded, circuit breaker → NoOverflow,
+// else doRetry). In every ending but the retry limit, the details and
+// flags are those of a failure that could have been the first attempt's;
+// only upstream.request_attempt_count tells.
+func TestRouterRetries(t *testing.T) {
+	// The first attempt reaches the upstream and is reset; later ones fail
+	// to connect.
+	resetThenRefused := func(calls *int) Upstream {
+		return func(_ context.Context, r *Request) (*Response, error) {
+			*calls++
+			if r.Attempt != *calls {
+				t.Errorf("attempt %d seen as Request.Attempt %d", *calls, r.Attempt)
+			}
+			if r.Attempt == 1 {
+				return nil, UpstreamReset
+			}
+			return nil, ConnectFailure
+		}
+	}
+	onlyResets := func(f *UpstreamFailure, _ *Response) bool { return f == UpstreamReset }
+	for _, tc := range []struct {
+		name     string
+		policy   *RetryPolicy
+		up       func(*int) Upstream
+		calls    int
+		attempts float64
+		status   int
+		details  string
+		flags    uint64
+		body     string
+	}{
+		{"retries exhausted", &RetryPolicy{NumRetries: 2}, resetThenRefused, 3, 3, 503,
+			"upstream_reset_before_response_started{remote_connection_failure|delayed_connect_error:_Connection_refused}",
+			FlagUpstreamConnectionFailure | FlagUpstreamRetryLimitExceeded,
+			"upstream connect error or disconnect/reset before headers. retried and the latest reset reason: remote connection failure, transport failure reason: delayed connect error: Connection refused"},
+		{"retry circuit breaker refuses", &RetryPolicy{NumRetries: 3, OverflowAfter: 2}, resetThenRefused, 2, 2, 503,
+			"upstream_reset_before_response_started{remote_connection_failure|delayed_connect_error:_Connection_refused}",
+			FlagUpstreamConnectionFailure | FlagUpstreamOverflow, ""},
+		{"last reset not retriable", &RetryPolicy{NumRetries: 3, RetryOn: onlyResets}, resetThenRefused, 2, 2, 503,
+			"upstream_reset_before_response_started{remote_connection_failure|delayed_connect_error:_Connection_refused}",
+			FlagUpstreamConnectionFailure, ""},
+		{"retry finds no host", &RetryPolicy{NumRetries: 3, NoHostAt: 2}, resetThenRefused, 1, 2, 503,
+			"no_healthy_upstream", FlagNoHealthyUpstream, "no healthy upstream"},
+		{"no retry policy", nil, resetThenRefused, 1, 1, 503,
+			"upstream_reset_before_response_started{remote_reset}", FlagUpstreamRemoteReset, ""},
+		{"no host before the first attempt", &RetryPolicy{NumRetries: 3},
+			func(calls *int) Upstream {
+				return func(context.Context, *Request) (*Response, error) { *calls++; return nil, NoHealthyUpstream }
+			}, 1, 0, 503, "no_healthy_upstream", FlagNoHealthyUpstream, ""},
+		{"a filter answers", &RetryPolicy{NumRetries: 3},
+			func(calls *int) Upstream {
+				return func(context.Context, *Request) (*Response, error) { *calls++; return nil, RateLimited }
+			}, 1, 0, 429, "request_rate_limited", FlagRateLimited, ""},
+		{"5xx retried, then the upstream's answer", &RetryPolicy{NumRetries: 1},
+			func(calls *int) Upstream {
+				return func(_ context.Context, r *Request) (*Response, error) {
+					*calls++
+					if r.Attempt == 1 {
+						return &Response{Status: 503, Body: []byte("busy")}, nil
+					}
+					return &Response{Status: 201, Body: []byte("made")}, nil
+				}
+			}, 2, 2, 201, "via_upstream", 0, ""},
+		{"5xx retries exhausted", &RetryPolicy{NumRetries: 1},
+			func(calls *int) Upstream {
+				return func(context.Context, *Request) (*Response, error) {
+					*calls++
+					return &Response{Status: 503, Body: []byte("busy")}, nil
+				}
+			}, 2, 2, 503, "via_upstream", FlagUpstreamRetryLimitExceeded, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := RecommendedConfig()
+			s := &scripted{script: continueAll(nil)}
+			req := post("x")
+			req.Retry = tc.policy
+			calls := 0
+			res := start(t, s, cfg, Options{}).Do(context.Background(), req, tc.up(&calls))
+			if calls != tc.calls {
+				t.Errorf("the upstream was called %d times, want %d", calls, tc.calls)
+			}
+			var attrs map[string]*structpb.Value
+			for _, m := range s.received() {
+				if m.GetResponseHeaders() != nil {
+					attrs = m.GetAttributes()["envoy.filters.http.ext_proc"].GetFields()
+				}
+			}
+			if a, ok := attrs["upstream.request_attempt_count"]; !ok || a.GetNumberValue() != tc.attempts {
+				t.Errorf("upstream.request_attempt_count = %v (present %v), want %v", a, ok, tc.attempts)
+			}
+			if float64(res.UpstreamAttempts) != tc.attempts {
+				t.Errorf("Result.UpstreamAttempts = %d, want %v", res.UpstreamAttempts, tc.attempts)
+			}
+			if d := attrs["response.code_details"].GetStringValue(); d != tc.details {
+				t.Errorf("details %q, want %q", d, tc.details)
+			}
+			if fl := uint64(attrs["response.flags"].GetNumberValue()); fl != tc.flags {
+				t.Errorf("flags %#x, want %#x", fl, tc.flags)
+			}
+			if res.Response.Status != tc.status {
+				t.Errorf("status %d, want %d", res.Response.Status, tc.status)
+			}
+			if tc.body != "" && string(res.Response.Body) != tc.body {
+				t.Errorf("body %q, want %q", res.Response.Body, tc.body)
+			}
+		})
+	}
+}
+
+// TestEmptyDetailsArePresent: a local reply whose filter passed "" as its
+// details still sets them (filter_manager.cc sendLocalReply), so
+// response.code_details arrives, empty.
+func TestEmptyDetailsArePresent(t *testing.T) {
+	s := &scripted{script: continueAll(nil)}
+	start(t, s, nil, Options{}).Do(context.Background(), post("x"),
+		func(context.Context, *Request) (*Response, error) {
+			return nil, &UpstreamFailure{Status: 403, Body: "denied by a Wasm filter", Filter: "wasm"}
+		})
+	for _, m := range s.received() {
+		if m.GetResponseHeaders() == nil {
+			continue
+		}
+		d, ok := m.GetAttributes()["envoy.filters.http.ext_proc"].GetFields()["response.code_details"]
+		if !ok || d.GetStringValue() != "" {
+			t.Errorf("response.code_details = %v (present %v), want present and empty", d, ok)
+		}
+		return
+	}
+	t.Fatal("no response headers message")
+}

@@ -93,7 +93,7 @@ func RecommendedConfig() *extprocfilterv3.ExternalProcessor {
 		// certificate's URI SAN for scope.from: principal (absent, and
 		// harmless, without mTLS).
 		RequestAttributes:  []string{"xds.route_name", "connection.uri_san_peer_certificate"},
-		ResponseAttributes: []string{"response.code_details", "response.flags"},
+		ResponseAttributes: []string{"response.code_details", "response.flags", "upstream.request_attempt_count"},
 	}
 }
 
@@ -113,6 +113,9 @@ type exchange struct {
 	respStatus    int
 	respDetails   string
 	respFlags     uint64
+	// attempts is StreamInfo::attemptCount(): the router's attempts, 0
+	// before the first (router.go).
+	attempts int
 	// reqHeaders is the request header map as the connection manager
 	// built it, x-request-id included.
 	reqHeaders []Header
@@ -293,12 +296,13 @@ func (x *exchange) route(ctx context.Context, up Upstream, headers []Header, bod
 	}
 	x.res.UpstreamCalled, x.res.UpstreamRequest = true, upReq
 	start := time.Now()
-	resp, err := up(ctx, upReq)
-	if uf := (*UpstreamFailure)(nil); errors.As(err, &uf) && uf.Filter != "" {
+	end, err := x.runAttempts(ctx, up, upReq)
+	x.res.UpstreamAttempts = x.attempts
+	if end.filter {
 		// A decoder filter after ext_proc answered: the router never ran.
 		x.res.UpstreamCalled, x.res.UpstreamRequest = false, nil
 	}
-	if ctx.Err() != nil {
+	if err != nil || ctx.Err() != nil {
 		// The downstream went away while the upstream worked: Envoy resets
 		// the whole stream, with no local reply to pass through the filter.
 		return nil, errClientGone
@@ -306,13 +310,14 @@ func (x *exchange) route(ctx context.Context, up Upstream, headers []Header, bod
 	if err := x.clientGoneAfter(PhaseUpstream); err != nil {
 		return nil, err
 	}
-	if err != nil {
-		var uf *UpstreamFailure
-		if !errors.As(err, &uf) {
-			uf = ConnectionTermination
+	if end.failure != nil {
+		uf := end.failure
+		if x.attempts > 1 {
+			uf = retriedBody(uf)
 		}
 		return x.localReply(ctx, uf)
 	}
+	resp := end.resp
 	resp.Headers = append(append([]Header(nil), resp.Headers...),
 		Header{"x-envoy-upstream-service-time", strconv.FormatInt(time.Since(start).Milliseconds(), 10)})
 	if resp.Details == "" {

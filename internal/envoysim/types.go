@@ -67,6 +67,13 @@ type Request struct {
 	// PerRoute is the matched route's ExtProcPerRoute, if any.
 	PerRoute *extprocfilterv3.ExtProcPerRoute
 
+	// Retry is the matched route's retry policy; nil for none (router.go).
+	Retry *RetryPolicy
+	// Attempt is the router's attempt number as the upstream receives the
+	// request (1 for the first; x-envoy-attempt-count's value); set by the
+	// router on the copy it sends upstream.
+	Attempt int
+
 	// ResetAfter makes the downstream client go away right after the given
 	// phase completes, as a client timeout or a dropped connection would:
 	// Envoy then resets the side stream (and the upstream request).
@@ -277,6 +284,10 @@ type Result struct {
 	UpstreamCalled bool
 	// UpstreamRequest is the request as the upstream received it.
 	UpstreamRequest *Request
+	// UpstreamAttempts is the router's attempt count, the
+	// upstream.request_attempt_count attribute: 0 when the router made no
+	// attempt.
+	UpstreamAttempts int
 	// ProcessingError is the ext_proc failure Envoy saw (spurious reply,
 	// gRPC error, message timeout, bad mutation), or nil.
 	ProcessingError error

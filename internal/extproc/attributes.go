@@ -57,17 +57,33 @@ func PrincipalAttribute(id policy.PeerIdentity) string {
 
 // responseOrigin classifies a response from its attributes. Without
 // response.code_details a response of Envoy's own (a 504 route timeout, a
-// 503 reset) looks like the upstream's and would be stored and replayed, so
-// its absence is reported.
+// 503 reset) looks like the upstream's and would be stored and replayed;
+// without upstream.request_attempt_count a router failure after a retry
+// looks like a first attempt that never left, and is kept as maybe-sent
+// instead of released. Both absences are reported.
 func (p *processor) responseOrigin(ctx context.Context, attrs *structpb.Struct) idem.Origin {
-	dv, hasDetails := attrs.GetFields()[envoyorigin.AttrCodeDetails]
-	// grpc-go's filter (gRFC A93) makes no local replies of Envoy's kind:
-	// there is nothing for the attribute to tell apart.
-	if !hasDetails && p.att.Held() && !p.rpc.proxyless {
-		p.missingAttribute(ctx, p.att.Policy.Name, envoyorigin.AttrCodeDetails,
-			"Envoy's own error replies cannot be told from the upstream's and are stored as its answer")
+	fields := attrs.GetFields()
+	dv, hasDetails := fields[envoyorigin.AttrCodeDetails]
+	// Envoy sends a CEL uint as a number (matching_utils.cc
+	// evaluateAttributes); any other kind is not a count.
+	_, hasAttempts := fields[envoyorigin.AttrAttemptCount].GetKind().(*structpb.Value_NumberValue)
+	// grpc-go's filter (gRFC A93) makes no local replies of Envoy's kind and
+	// no router retries: there is nothing for the attributes to tell apart.
+	if p.att.Held() && !p.rpc.proxyless {
+		if !hasDetails {
+			p.missingAttribute(ctx, p.att.Policy.Name, envoyorigin.AttrCodeDetails,
+				"Envoy's own error replies cannot be told from the upstream's and are stored as its answer")
+		}
+		if !hasAttempts {
+			p.missingAttribute(ctx, p.att.Policy.Name, envoyorigin.AttrAttemptCount,
+				"a router failure after a retry cannot be told from one that never reached the upstream; such failures are kept as outcome unknown instead of released")
+		}
 	}
-	return envoyorigin.Classify(valueString(dv), hasDetails, attrUint(attrs, envoyorigin.AttrFlags))
+	return envoyorigin.Classify(envoyorigin.Signals{
+		Details: valueString(dv), HasDetails: hasDetails,
+		Flags:    attrUint(attrs, envoyorigin.AttrFlags),
+		Attempts: attrUint(attrs, envoyorigin.AttrAttemptCount), HasAttempts: hasAttempts,
+	})
 }
 
 // hasAttr reports whether Envoy sent the attribute at all (an unnamed

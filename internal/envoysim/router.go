@@ -1,0 +1,141 @@
+package envoysim
+
+import (
+	"context"
+	"errors"
+	"strings"
+)
+
+// FlagUpstreamRetryLimitExceeded is CoreResponseFlag UpstreamRetryLimitExceeded
+// (bit 15 of legacyResponseFlags, envoy/stream_info/stream_info.h).
+const FlagUpstreamRetryLimitExceeded uint64 = 0x8000
+
+// RetryPolicy is a route's retry policy as Envoy's router applies it
+// (source/common/router/router.cc, retry_state_impl.cc). Each attempt calls
+// the Upstream again, with Request.Attempt counting from 1. The router
+// decides after each attempt (RetryStateImpl::shouldRetry, in this order):
+// an ending retry_on does not cover is RetryStatus::No and ends the request
+// with no flag added; a covered ending with no retries left is
+// NoRetryLimitExceeded (flag UpstreamRetryLimitExceeded); a retry the
+// cluster's retry circuit breaker refuses is NoOverflow (flag
+// UpstreamOverflow, router.cc maybeRetryReset and onUpstreamHeaders);
+// otherwise the router retries (doRetry), incrementing the attempt count
+// before it looks for a connection pool, and answers 503
+// no_healthy_upstream when it finds none (sendNoHealthyUpstreamResponse).
+// A request that ends after a retry carries the last attempt's details:
+// nothing in them says an earlier attempt reached the upstream.
+type RetryPolicy struct {
+	// NumRetries is num_retries: how many retries may follow the first
+	// attempt.
+	NumRetries int
+	// RetryOn reports whether the policy's retry_on covers an attempt's
+	// ending: a router failure (f set) or an upstream response (resp set).
+	// nil covers every router failure but the route's global timeout
+	// (onResponseTimeout ends the request without asking the retry state)
+	// and every 5xx response, as retry_on "5xx" does
+	// (RetryStateImpl::wouldRetryFromReset, wouldRetryFromHeaders).
+	RetryOn func(f *UpstreamFailure, resp *Response) bool
+	// OverflowAfter is the attempt after which the retry circuit breaker
+	// refuses the retry (RetryStatus::NoOverflow); 0 never.
+	OverflowAfter int
+	// NoHostAt is the attempt (2 or more) whose doRetry finds no connection
+	// pool; 0 never.
+	NoHostAt int
+}
+
+func (p *RetryPolicy) covers(f *UpstreamFailure, resp *Response) bool {
+	if p.RetryOn != nil {
+		return p.RetryOn(f, resp)
+	}
+	if f != nil {
+		return f != UpstreamTimeout && f.Details != UpstreamTimeout.Details
+	}
+	return resp.Status >= 500
+}
+
+// attemptResult is one attempt's ending: the upstream's response or the
+// router failure Envoy makes a local reply for.
+type attemptResult struct {
+	resp    *Response
+	failure *UpstreamFailure
+	// filter is set when a decoder filter after ext_proc answered: the
+	// router never ran.
+	filter bool
+}
+
+// runAttempts runs the router's attempts for one request: the first, then a
+// retry for as long as the route's RetryPolicy asks for one. It returns
+// the ending that goes downstream, and sets x.attempts as
+// StreamInfo::attemptCount() would read: 0 when the router made no
+// attempt (a filter answered, or decodeHeaders found no host before it
+// set the count), else the number of attempts begun.
+func (x *exchange) runAttempts(ctx context.Context, up Upstream, upReq *Request) (attemptResult, error) {
+	policy := x.req.Retry
+	for attempt := 1; ; attempt++ {
+		req := *upReq
+		req.Attempt = attempt
+		resp, err := up(ctx, &req)
+		if ctx.Err() != nil {
+			return attemptResult{}, ctx.Err()
+		}
+		var end attemptResult
+		switch uf := (*UpstreamFailure)(nil); {
+		case err == nil:
+			end.resp = resp
+		case errors.As(err, &uf) && uf.Filter != "":
+			return attemptResult{failure: uf, filter: true}, nil
+		case errors.As(err, &uf):
+			end.failure = uf
+		default:
+			end.failure = ConnectionTermination
+		}
+		if attempt == 1 && end.failure != nil && end.failure.Details == NoHealthyUpstream.Details {
+			// decodeHeaders: no connection pool, before setAttemptCount and
+			// before the retry state exists.
+			return end, nil
+		}
+		x.attempts = attempt
+		if policy == nil || !policy.covers(end.failure, end.resp) {
+			return end, nil // RetryStatus::No, or no retry state
+		}
+		if attempt > policy.NumRetries {
+			return x.endWithFlag(end, FlagUpstreamRetryLimitExceeded), nil
+		}
+		if policy.OverflowAfter == attempt {
+			return x.endWithFlag(end, FlagUpstreamOverflow), nil
+		}
+		if policy.NoHostAt == attempt+1 {
+			// doRetry: attempt_count_++ and setAttemptCount, then no pool.
+			x.attempts = attempt + 1
+			return attemptResult{failure: NoHealthyUpstream}, nil
+		}
+	}
+}
+
+// endWithFlag is an ending with one more response flag, as the router sets
+// it on the stream before the last attempt's answer goes downstream.
+func (x *exchange) endWithFlag(end attemptResult, flag uint64) attemptResult {
+	if end.resp != nil {
+		r := *end.resp
+		r.Flags |= flag
+		end.resp = &r
+		return end
+	}
+	f := *end.failure
+	f.Flags |= flag
+	end.failure = &f
+	return end
+}
+
+// retriedBody is a reset's local-reply body after a retry: onUpstreamReset
+// writes "retried and the latest " before "reset reason" once is_retry_ is
+// set (doRetry).
+func retriedBody(f *UpstreamFailure) *UpstreamFailure {
+	const plain = "before headers. reset reason:"
+	if !strings.Contains(f.Body, plain) {
+		return f
+	}
+	g := *f
+	g.Body = strings.Replace(f.Body, plain, "before headers. retried and the latest reset reason:", 1)
+	return &g
+}
