@@ -303,3 +303,19 @@ func TestRouterRetriesNeverReleaseASentAttempt(t *testing.T) {
 		})
 	}
 }
+
+// TestEmptyDetailsAreNotTheUpstream: a filter after ext_proc (a Wasm or Go
+// filter) refuses the request with sendLocalReply and empty details. Only
+// the router writes via_upstream, so the refusal is not stored as the
+// operation's answer to be replayed for the whole retention: the outcome
+// is unknown, which an operator can resolve.
+func TestEmptyDetailsAreNotTheUpstream(t *testing.T) {
+	env := harness.Start(t, harness.Options{FilterOptions: envoysim.Options{CloseStreamEarly: true}})
+	refusal := &envoysim.UpstreamFailure{Status: http.StatusForbidden, Body: "denied by a Wasm filter", Filter: "wasm"}
+	if r := exchange(env, "wasm-denied", failWith(refusal)); r.Response.Status != http.StatusForbidden {
+		t.Fatalf("got %v", r)
+	}
+	if st := recordState(t, env, "wasm-denied"); st != idem.StateUnknown {
+		t.Fatalf("record %v after a filter's refusal with empty details, want unknown (never stored as the upstream's answer)", st)
+	}
+}
