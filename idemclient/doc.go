@@ -10,7 +10,8 @@
 // that carries a key and whose body can be sent again (GetBody), and only
 // when the answer says the operation may be asked again: a transport error
 // or timeout, a 503 (with or without Retry-After), 409 request-in-progress
-// (after its Retry-After) and 503 idempotency-store-unavailable. It stops
+// (after its Retry-After), 503 idempotency-store-unavailable and 503
+// idempotency-capacity-exceeded (after its Retry-After). It stops
 // with a *ProblemError on 422 idempotency-key-reused, on 409
 // outcome-unknown (the caller must read the resource before it decides) and
 // on any problem type it does not know. A replayed answer

@@ -45,11 +45,12 @@ var knownProblems = map[string]error{
 	problem.BodyTooLarge.Slug:     nil,
 	problem.BodyIncomplete.Slug:   nil,
 	problem.PrincipalMissing.Slug: nil,
+	problem.CapacityExceeded.Slug: nil,
 }
 
 // ProblemError is an RFC 9457 answer that ended the chain: one the contract
 // says not to retry (422 idempotency-key-reused, 409 outcome-unknown, the
-// 400s and 413s), or one whose type is unknown. The body was read whole
+// 400s, 401 and 413s), or one whose type is unknown. The body was read whole
 // (up to maxProblemBody) and closed.
 type ProblemError struct {
 	Status int

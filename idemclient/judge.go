@@ -70,7 +70,9 @@ func (t *Transport) judge(ctx context.Context, a *attempt, resp *http.Response, 
 			return t.judgeStatus(v, resp, ra, keyed)
 		}
 		switch p.Slug() {
-		case problem.InProgress.Slug, problem.StoreUnavailable.Slug:
+		// The problems docs/problems.md answers with "retry with the same
+		// key": nothing was executed, or another attempt holds the record.
+		case problem.InProgress.Slug, problem.StoreUnavailable.Slug, problem.CapacityExceeded.Slug:
 			v.retry, v.retryAfter, v.why = keyed, ra, p.Slug()
 			if !keyed {
 				v.why += "; not retried without a key and a resendable body"

@@ -74,6 +74,8 @@ func TestWhichAnswersAreRetried(t *testing.T) {
 		{"503 Retry-After", status(503, "Retry-After", "1"), 2, nil, 201},
 		{"store unavailable", prob(problem.StoreUnavailable, "Retry-After", "1"), 2, nil, 201},
 		{"request in progress", prob(problem.InProgress, "Retry-After", "1"), 2, nil, 201},
+		{"capacity exceeded", prob(problem.CapacityExceeded, "Retry-After", "1"), 2, nil, 201},
+		{"capacity exceeded without Retry-After", prob(problem.CapacityExceeded), 2, nil, 201},
 		{"outcome unknown", prob(problem.OutcomeUnknown), 1, ErrOutcomeUnknown, 0},
 		{"key reused", prob(problem.KeyReused), 1, ErrKeyReused, 0},
 		{"key missing", prob(problem.KeyMissing), 1, ErrKeyMissing, 0},
