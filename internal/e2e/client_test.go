@@ -449,3 +449,51 @@ func TestClientRetriesStoreUnavailable(t *testing.T) {
 		t.Fatalf("status %d, replayed %v, effects %d", resp.StatusCode, idemclient.Replayed(resp), env.Upstream.CountKey(quoted("store-down-op")))
 	}
 }
+
+// TestClientRetriesCapacityExceeded: with the server's body budget full it
+// refuses the write with 503 idempotency-capacity-exceeded and
+// Retry-After, having reserved and executed nothing; the client waits and
+// retries with the same key, and once the budget has room the write runs
+// once. Failed before the client knew the type: the chain stopped at the
+// first answer with ErrUnknownProblem.
+func TestClientRetriesCapacityExceeded(t *testing.T) {
+	const limit = 1 << 20
+	env, addr := budgetServer(t, limit)
+	closeHog := hog(t, addr, limit-1000) // less room left than one body
+	t.Cleanup(closeHog)
+	body := `{"pad":"` + strings.Repeat("x", 64<<10) + `"}`
+	var mu sync.Mutex
+	var seen []idemclient.Attempt
+	c := idemclient.NewClient(idemclient.Options{MaxAttempts: 5, OnAttempt: func(a idemclient.Attempt) {
+		mu.Lock()
+		seen = append(seen, a)
+		first := len(seen) == 1
+		mu.Unlock()
+		if !first || a.Outcome != idemclient.OutcomeRetry {
+			return
+		}
+		// Free the budget while the client waits out Retry-After. The
+		// server sees the hog's stream end shortly after it is cancelled:
+		// wait for that with a probe under another key (a refusal records
+		// nothing).
+		closeHog()
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+			if r := env.Post("/orders", "capacity-probe", body); r.Status != problem.CapacityExceeded.Status || time.Now().After(deadline) {
+				return
+			}
+		}
+	}})
+	resp, _, err := clientPost(t, context.Background(), c, env.URL+"/orders", "capacity-op", body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if seen[0].Status != http.StatusServiceUnavailable || seen[0].ProblemType != idemclient.ProblemType(problem.CapacityExceeded.Slug) ||
+		seen[0].Outcome != idemclient.OutcomeRetry || seen[0].Wait < time.Second {
+		t.Fatalf("first attempt %+v, want 503 capacity-exceeded waited out for Retry-After (1 s)", seen[0])
+	}
+	if resp.StatusCode != http.StatusCreated || idemclient.Replayed(resp) || env.Upstream.CountKey(quoted("capacity-op")) != 1 {
+		t.Fatalf("status %d, replayed %v, effects %d", resp.StatusCode, idemclient.Replayed(resp), env.Upstream.CountKey(quoted("capacity-op")))
+	}
+}
