@@ -21,6 +21,9 @@
 // every attempt and every wait, no attempt starts after it and no wait is
 // begun that would end after it. Waits grow exponentially with full jitter
 // and the number of attempts is capped (Options.MaxAttempts).
+// Options.AttemptTimeout bounds one attempt up to its response headers
+// only: a body that streams slowly is read whole, within the request's
+// context.
 //
 // A request without a key has no contract: it is sent once, and retried only
 // when the connection was refused at dial time, before any byte of it was

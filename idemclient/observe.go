@@ -67,6 +67,12 @@ type attempt struct {
 	url       string
 
 	gotConn, wroteHeaders atomic.Bool
+
+	// headers is the race between the response headers and AttemptTimeout
+	// (headersAwaited, headersIn, headersTimedOut); stopTimer stops the
+	// attempt's timer, nil without AttemptTimeout.
+	headers   atomic.Int32
+	stopTimer func() bool
 }
 
 // clientTrace records whether the attempt obtained a connection and wrote

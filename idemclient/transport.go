@@ -2,6 +2,7 @@ package idemclient
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"math/rand/v2"
@@ -59,8 +60,12 @@ type Options struct {
 	// MaxRetryAfter is the longest Retry-After the transport waits for; an
 	// answer asking for longer is returned to the caller as it is.
 	MaxRetryAfter time.Duration
-	// AttemptTimeout, when positive, bounds each attempt (up to its response
-	// headers); the request context's deadline bounds the whole chain.
+	// AttemptTimeout, when positive, bounds each attempt up to its response
+	// headers. The body is not bounded by it: the body of the response
+	// returned, and the problem document the transport reads to judge an
+	// answer, are bounded by the request's context alone, whose deadline
+	// bounds the whole chain. (An answer the transport drops is drained for
+	// connection reuse for at most AttemptTimeout more.)
 	AttemptTimeout time.Duration
 	// KeyHeader names the header the server's policy reads the key from
 	// (a policy's key.header); Idempotency-Key when empty. SetKey and
@@ -106,10 +111,13 @@ type Transport struct {
 	tracer        trace.Tracer
 	onAttempt     func(Attempt)
 
-	// now, sleep and jitter are the clock and randomness, replaced in tests.
-	now    func() time.Time
-	sleep  func(ctx context.Context, d time.Duration) error
-	jitter func(max time.Duration) time.Duration
+	// now, sleep and jitter are the clock and randomness, afterFunc the
+	// attempt timer (time.AfterFunc; it returns the timer's Stop), replaced
+	// in tests.
+	now       func() time.Time
+	sleep     func(ctx context.Context, d time.Duration) error
+	jitter    func(max time.Duration) time.Duration
+	afterFunc func(d time.Duration, f func()) (stop func() bool)
 
 	once sync.Once
 }
@@ -162,8 +170,10 @@ func (t *Transport) setDefaults() {
 	if t.tracer == nil {
 		t.tracer = otel.GetTracerProvider().Tracer(tracerName)
 	}
-	t.now, t.sleep, t.jitter = time.Now, sleepCtx, fullJitter
+	t.now, t.sleep, t.jitter, t.afterFunc = time.Now, sleepCtx, fullJitter, afterFunc
 }
+
+func afterFunc(d time.Duration, f func()) func() bool { return time.AfterFunc(d, f).Stop }
 
 // NewClient returns an http.Client whose transport is New(o).
 func NewClient(o Options) *http.Client { return &http.Client{Transport: New(o)} }
@@ -222,7 +232,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		if err != nil {
 			return nil, &Error{Key: key, Attempts: n - 1, RequestID: a.requestID, Reason: "body could not be sent again", Err: err}
 		}
-		resp, err := t.base.RoundTrip(areq)
+		resp, err := a.headersArrived(t.base.RoundTrip(areq))
 		v := t.judge(ctx, a, resp, err, resendable)
 		if v.retry && n < t.maxAttempts {
 			wait := t.wait(n, v.retryAfter)
@@ -230,8 +240,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 				v.retry, v.gaveUp = false, why
 			} else {
 				a.finish(v, OutcomeRetry, wait)
-				discard(resp)
-				cancel()
+				t.drop(resp, cancel)
 				if err := t.sleep(ctx, wait); err != nil {
 					return nil, &Error{Key: key, Attempts: n, RequestID: a.requestID, Reason: "request context ended while waiting to retry", Err: err}
 				}
@@ -245,14 +254,13 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 }
 
 // end finishes the chain with the last attempt's verdict: its response
-// (whose body cancels the attempt's context once closed), a *ProblemError,
-// or an *Error.
+// (whose body releases the attempt's context once read to its end or
+// closed), a *ProblemError, or an *Error.
 func (t *Transport) end(a *attempt, v verdict, resp *http.Response, err error, cancel context.CancelFunc) (*http.Response, error) {
 	switch {
 	case v.problem != nil:
 		a.finish(v, OutcomeStop, 0)
-		discard(resp)
-		cancel()
+		t.drop(resp, cancel)
 		return nil, v.problem
 	case err != nil:
 		a.finish(v, OutcomeStop, 0)
@@ -268,17 +276,40 @@ func (t *Transport) end(a *attempt, v verdict, resp *http.Response, err error, c
 	} else {
 		a.finish(v, OutcomeDone, 0)
 	}
+	if resp.Body == nil || resp.Body == http.NoBody {
+		// Nothing left to read: net/http has done with the connection
+		// (it cancels its own request then too, transport.go readLoop).
+		cancel()
+		return resp, nil
+	}
 	resp.Body = &cancelOnClose{ReadCloser: resp.Body, cancel: cancel}
 	return resp, nil
 }
 
 // prepare builds attempt a's request: a clone of req with its own context
-// (bounded by AttemptTimeout, traced to see whether anything was written),
-// a fresh body for a retry, and the key, request id and attempt headers.
+// (cut by AttemptTimeout until the response headers arrive, traced to see
+// whether anything was written), a fresh body for a retry, and the key,
+// request id and attempt headers. The cancel it returns also stops the
+// attempt's timer.
 func (t *Transport) prepare(ctx context.Context, req *http.Request, a *attempt) (*http.Request, context.CancelFunc, error) {
 	actx, cancel := ctx, context.CancelFunc(func() {})
 	if t.attemptTO > 0 {
-		actx, cancel = context.WithTimeout(ctx, t.attemptTO)
+		// Not context.WithTimeout: a deadline cannot be lifted, and it would
+		// cut the body too (net/http reads the body under the request's
+		// context). A timer that cancels the context only while the headers
+		// are awaited bounds exactly the wait for them.
+		var cancelCause context.CancelCauseFunc
+		actx, cancelCause = context.WithCancelCause(ctx)
+		d := t.attemptTO
+		a.stopTimer = t.afterFunc(d, func() {
+			if a.headers.CompareAndSwap(headersAwaited, headersTimedOut) {
+				cancelCause(&attemptTimeoutError{after: d})
+			}
+		})
+		cancel = func() {
+			a.stopTimer()
+			cancelCause(nil)
+		}
 	}
 	actx = httptrace.WithClientTrace(actx, a.clientTrace())
 	actx, a.span = t.startSpan(actx, req, a)
@@ -381,6 +412,21 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 	}
 }
 
+// drop discards a response the caller will not get and releases its
+// attempt's context (cancel). Its body is no one's: it is drained only so
+// that the connection can be reused, and for at most AttemptTimeout, after
+// which cancel cuts it (and its connection). Without that bound a server
+// that stalls such a body would hold the whole chain, the headers' timer
+// being stopped.
+func (t *Transport) drop(resp *http.Response, cancel context.CancelFunc) {
+	if resp != nil && t.attemptTO > 0 {
+		stop := t.afterFunc(t.attemptTO, cancel)
+		defer stop()
+	}
+	discard(resp)
+	cancel()
+}
+
 // discard drains a little of a response that is not returned, so its
 // connection can be reused, and closes it.
 func discard(resp *http.Response) {
@@ -397,18 +443,93 @@ func closeBody(r *http.Request) {
 	}
 }
 
-// cancelOnClose releases an attempt's context once the caller has closed
-// the body it returned (cancelling earlier would cut the body short).
+// cancelOnClose releases an attempt's context once the caller has read
+// the body it returned to its end or closed it (cancelling earlier would
+// cut the body short).
 type cancelOnClose struct {
 	io.ReadCloser
 	cancel context.CancelFunc
 	done   atomic.Bool
 }
 
+// Read releases the context at io.EOF. That is safe for the connection:
+// net/http's body returns io.EOF only after its read loop has taken the
+// end of the body and put the connection back to the idle pool
+// (transport.go, bodyEOFSignal's fn waits for eofc), so it no longer
+// watches the request's context.
+func (c *cancelOnClose) Read(p []byte) (int, error) {
+	n, err := c.ReadCloser.Read(p)
+	if err == io.EOF {
+		c.release()
+	}
+	return n, err
+}
+
 func (c *cancelOnClose) Close() error {
 	err := c.ReadCloser.Close()
+	c.release()
+	return err
+}
+
+func (c *cancelOnClose) release() {
 	if c.done.CompareAndSwap(false, true) {
 		c.cancel()
 	}
-	return err
 }
+
+// The states of an attempt's race between its response headers and
+// AttemptTimeout.
+const (
+	headersAwaited int32 = iota
+	headersIn
+	headersTimedOut
+)
+
+// headersArrived ends the race between the attempt's response headers
+// (or its error) and AttemptTimeout. When the headers won, the timer is
+// stopped, so reading the body is bounded by the request's context alone.
+// When the timer won, the attempt's context is cancelled and any body cut:
+// the attempt timed out, whatever the base transport returned in the
+// meantime.
+func (a *attempt) headersArrived(resp *http.Response, err error) (*http.Response, error) {
+	if a.stopTimer == nil {
+		return resp, err
+	}
+	if a.headers.CompareAndSwap(headersAwaited, headersIn) {
+		a.stopTimer()
+		return resp, err
+	}
+	if resp != nil {
+		_ = resp.Body.Close()
+	}
+	var te *attemptTimeoutError
+	if errors.As(err, &te) {
+		// net/http reports the context's cause itself (transport.go,
+		// context.Cause(req.ctx)).
+		return nil, err
+	}
+	// An HTTP/2 round trip reports ctx.Err() (context.Canceled), and a
+	// response that raced the timer reports nothing: say which it was.
+	return nil, &attemptTimeoutError{after: a.t.attemptTO, err: err}
+}
+
+// attemptTimeoutError is an attempt that got no response headers within
+// AttemptTimeout. It matches context.DeadlineExceeded, like the deadline
+// of the request's context, and is a net.Error timeout.
+type attemptTimeoutError struct {
+	after time.Duration
+	err   error // what the base transport returned, if anything
+}
+
+func (e *attemptTimeoutError) Error() string {
+	msg := "idemclient: no response headers within AttemptTimeout (" + e.after.String() + ")"
+	if e.err != nil {
+		msg += ": " + e.err.Error()
+	}
+	return msg
+}
+
+func (e *attemptTimeoutError) Unwrap() error        { return e.err }
+func (e *attemptTimeoutError) Is(target error) bool { return target == context.DeadlineExceeded }
+func (e *attemptTimeoutError) Timeout() bool        { return true }
+func (e *attemptTimeoutError) Temporary() bool      { return true }
