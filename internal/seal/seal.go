@@ -1,15 +1,39 @@
-// Package seal encrypts stored responses at rest with AES-256-GCM.
+// Package seal encrypts stored responses at rest.
 //
 // A sealed response keeps its status readable (operators and metrics use
 // it) and puts its headers and body into one envelope:
 //
-//	version (1 byte, 1) | key id length (1 byte) | key id | nonce (12) | ciphertext and tag
+//	version (1 byte) | key id length (1 byte) | key id | nonce | ciphertext and tag
+//
+// Version 2, which every new envelope uses, is XChaCha20-Poly1305 with a
+// random 24-byte nonce under a key derived from the ring's key. Version 1
+// is AES-256-GCM with a random 12-byte nonce under the ring's key itself;
+// it is only opened, so that records sealed before version 2 keep opening
+// until they expire.
+//
+// Why version 2: a random 96-bit nonce makes AES-GCM safe for about 2^32
+// seals per key, counted over every replica that shares the ring (NIST SP
+// 800-38D §8.3; crypto/cipher.NewGCMWithRandomNonce: "A given key MUST NOT
+// be used to encrypt more than 2^32 messages"), which a busy deployment
+// reaches in weeks. XChaCha20's
+// 192-bit nonce can be drawn at random without that count: a repeat is
+// expected only after about 2^96 seals, and stays below a 2^-32 chance up
+// to 2^80 of them (draft-irtf-cfrg-xchacha, "Motivation for
+// XChaCha20-Poly1305"; golang.org/x/crypto/chacha20poly1305.NewX: "suitable
+// to be generated randomly without risk of collisions"). ChaCha20-Poly1305
+// itself sets no limit on the number of messages sealed under a key
+// (draft-irtf-cfrg-aead-limits-13 §6.3.1); its integrity bound counts
+// forgery attempts, envelopes that fail to open (§6.3.2). XAES-256-GCM
+// would lift the bound as well, but the standard library keeps it internal
+// to its FIPS module and golang.org/x/crypto has none, while
+// XChaCha20-Poly1305 is exported there and widely implemented.
 //
 // The associated data binds the envelope to its record id, status and
 // flags, so an envelope copied under another key, or given another status,
-// does not open. Each envelope names its key, so a key ring can rotate:
-// new records use the first key of the ring, old ones keep opening with
-// the key they name for as long as it stays in the ring.
+// does not open; in version 2 it binds the envelope's header (version and
+// key id) too. Each envelope names its key, so a key ring can rotate: new
+// records use the first key of the ring, old ones keep opening with the
+// key they name for as long as it stays in the ring.
 package seal
 
 import (
@@ -17,7 +41,9 @@ import (
 	"bytes"
 	"crypto/aes"
 	"crypto/cipher"
+	"crypto/hkdf"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/base64"
 	"encoding/binary"
 	"errors"
@@ -27,15 +53,37 @@ import (
 	"strings"
 	"time"
 
+	"golang.org/x/crypto/chacha20poly1305"
+
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/rotated"
 )
 
 // ErrOpen is any failure to open an envelope: a key not in the ring, a
-// damaged or tampered envelope, one moved to another record.
+// damaged or tampered envelope, one moved to another record, an envelope
+// version this server does not know.
 var ErrOpen = errors.New("seal: stored response does not open")
 
-const version = 1
+// Envelope versions.
+const (
+	// versionAESGCM is AES-256-GCM under the ring's key, 12-byte random
+	// nonce. Opened, never sealed.
+	versionAESGCM = 1
+	// versionXChaCha is XChaCha20-Poly1305 under a key derived from the
+	// ring's key (xchachaKeyInfo), 24-byte random nonce.
+	versionXChaCha = 2
+)
+
+// xchachaKeyInfo names the version-2 key derived from a ring key (HKDF,
+// RFC 5869). The ring's 32 bytes stay the AES-256 key of version-1
+// envelopes; deriving the other key keeps each key to one algorithm.
+const xchachaKeyInfo = "idem-extproc seal v2 XChaCha20-Poly1305"
+
+// maxPlaintext is the largest plaintext x/crypto's XChaCha20-Poly1305
+// seals (its Seal panics beyond): 256 GiB less 64 bytes. Stored bodies are
+// bounded far below (max_stored_body is at most 2 GiB); the check keeps a
+// future caller from reaching the panic.
+const maxPlaintext = 1<<38 - 64
 
 // Ring is a key ring loaded from a file; the file is read again when it
 // changes.
@@ -51,7 +99,13 @@ type Ring struct {
 // keySet is what the ring file holds.
 type keySet struct {
 	active string
-	keys   map[string]cipher.AEAD
+	keys   map[string]ringKey
+}
+
+// ringKey is one key of the ring, ready for each envelope version.
+type ringKey struct {
+	aesgcm  cipher.AEAD // opens version 1
+	xchacha cipher.AEAD // seals and opens version 2
 }
 
 // checkEvery bounds how often the ring looks at the file's modification
@@ -88,7 +142,7 @@ func readRing(path string) (keySet, error) {
 		return keySet{}, fmt.Errorf("seal: key ring: %w", err)
 	}
 	defer f.Close()
-	keys := map[string]cipher.AEAD{}
+	keys := map[string]ringKey{}
 	active := ""
 	sc := bufio.NewScanner(f)
 	for n := 1; sc.Scan(); n++ {
@@ -107,9 +161,11 @@ func readRing(path string) (keySet, error) {
 		if _, dup := keys[kid]; dup {
 			return keySet{}, fmt.Errorf("seal: %s:%d: key id %q appears twice", path, n, kid)
 		}
-		block, _ := aes.NewCipher(raw) // 32 bytes: AES-256, cannot fail
-		aead, _ := cipher.NewGCM(block)
-		keys[kid] = aead
+		k, err := newRingKey(raw)
+		if err != nil {
+			return keySet{}, fmt.Errorf("seal: %s:%d: key %q: %w", path, n, kid, err)
+		}
+		keys[kid] = k
 		if active == "" {
 			active = kid
 		}
@@ -123,9 +179,32 @@ func readRing(path string) (keySet, error) {
 	return keySet{active: active, keys: keys}, nil
 }
 
+// newRingKey prepares a 32-byte ring key for both envelope versions. It
+// fails where the process forbids an algorithm (GODEBUG=fips140=only
+// refuses GCM with caller-chosen nonces and ChaCha20-Poly1305 alike).
+func newRingKey(raw []byte) (ringKey, error) {
+	block, err := aes.NewCipher(raw)
+	if err != nil {
+		return ringKey{}, err
+	}
+	gcm, err := cipher.NewGCM(block)
+	if err != nil {
+		return ringKey{}, err
+	}
+	sub, err := hkdf.Key(sha256.New, raw, nil, xchachaKeyInfo, chacha20poly1305.KeySize)
+	if err != nil {
+		return ringKey{}, err
+	}
+	x, err := chacha20poly1305.NewX(sub)
+	if err != nil {
+		return ringKey{}, err
+	}
+	return ringKey{aesgcm: gcm, xchacha: x}, nil
+}
+
 // current returns the keys in force, reloaded when the file changed
 // (package rotated): a file that does not load leaves the ring as it was.
-func (r *Ring) current() (string, map[string]cipher.AEAD) {
+func (r *Ring) current() (string, map[string]ringKey) {
 	ks := r.keys.Current()
 	return ks.active, ks.keys
 }
@@ -136,26 +215,113 @@ func (r *Ring) ActiveKey() string {
 	return active
 }
 
-func aad(id idem.RecordID, resp *idem.Response) []byte {
+// aadV1 is version 1's associated data: the record id, status and
+// body-omitted flag.
+func aadV1(id idem.RecordID, resp *idem.Response) []byte {
 	b := make([]byte, 0, 64)
 	b = append(b, "idem-extproc seal v1\x00"...)
 	b = append(b, id...)
 	b = binary.AppendUvarint(b, uint64(resp.Status))
-	if resp.BodyOmitted {
-		b = append(b, 1)
-	} else {
-		b = append(b, 0)
-	}
-	return b
+	return appendFlags(b, resp)
 }
 
-// Seal encrypts resp's headers and body for the record id.
+// aadV2 is version 2's associated data: the envelope's header (version
+// and key id), then the record id, status and body-omitted flag.
+func aadV2(header []byte, id idem.RecordID, resp *idem.Response) []byte {
+	b := make([]byte, 0, 64+len(header))
+	b = append(b, "idem-extproc seal v2\x00"...)
+	b = append(b, header...)
+	b = binary.AppendUvarint(b, uint64(len(id)))
+	b = append(b, id...)
+	b = binary.AppendUvarint(b, uint64(resp.Status))
+	return appendFlags(b, resp)
+}
+
+func appendFlags(b []byte, resp *idem.Response) []byte {
+	if resp.BodyOmitted {
+		return append(b, 1)
+	}
+	return append(b, 0)
+}
+
+// Seal encrypts resp's headers and body for the record id, in a version-2
+// envelope under the ring's first key.
 func (r *Ring) Seal(id idem.RecordID, resp idem.Response) (idem.Response, error) {
 	if resp.Sealed {
 		return resp, nil
 	}
 	kid, keys := r.current()
-	aead := keys[kid]
+	aead := keys[kid].xchacha
+	plain := encodeContents(resp)
+	if uint64(len(plain)) > maxPlaintext {
+		return idem.Response{}, fmt.Errorf("seal: response of %d bytes is too large to seal", len(plain))
+	}
+	env := make([]byte, 0, 2+len(kid)+aead.NonceSize()+len(plain)+aead.Overhead())
+	env = append(env, versionXChaCha, byte(len(kid)))
+	env = append(env, kid...)
+	header := env
+	nonce := env[len(env) : len(env)+aead.NonceSize()]
+	if _, err := rand.Read(nonce); err != nil {
+		return idem.Response{}, fmt.Errorf("seal: nonce: %w", err)
+	}
+	env = env[:len(env)+aead.NonceSize()]
+	out := idem.Response{Status: resp.Status, BodyOmitted: resp.BodyOmitted, Sealed: true}
+	out.Body = aead.Seal(env, nonce, plain, aadV2(header, id, &out))
+	return out, nil
+}
+
+// Open decrypts a sealed response of the record id, in an envelope of
+// either version. An unsealed response is returned as it is.
+func (r *Ring) Open(id idem.RecordID, resp idem.Response) (idem.Response, error) {
+	if !resp.Sealed {
+		return resp, nil
+	}
+	env := resp.Body
+	if len(env) == 0 {
+		return idem.Response{}, fmt.Errorf("%w: empty envelope", ErrOpen)
+	}
+	if v := env[0]; v != versionAESGCM && v != versionXChaCha {
+		return idem.Response{}, fmt.Errorf("%w: unknown envelope version %d (this server opens versions %d and %d)",
+			ErrOpen, v, versionAESGCM, versionXChaCha)
+	}
+	if len(env) < 2 || len(env) < 2+int(env[1]) {
+		return idem.Response{}, fmt.Errorf("%w: truncated envelope: %d bytes end inside its header", ErrOpen, len(env))
+	}
+	header := env[:2+int(env[1])]
+	kid := string(header[2:])
+	_, keys := r.current()
+	key, ok := keys[kid]
+	if !ok {
+		return idem.Response{}, fmt.Errorf("%w: key %q is not in the ring", ErrOpen, kid)
+	}
+	var aead cipher.AEAD
+	var ad []byte
+	if env[0] == versionAESGCM {
+		aead, ad = key.aesgcm, aadV1(id, &resp)
+	} else {
+		aead, ad = key.xchacha, aadV2(header, id, &resp)
+	}
+	rest := env[len(header):]
+	if len(rest) < aead.NonceSize()+aead.Overhead() {
+		return idem.Response{}, fmt.Errorf("%w: truncated envelope: version %d needs at least %d bytes after its header, has %d",
+			ErrOpen, env[0], aead.NonceSize()+aead.Overhead(), len(rest))
+	}
+	plain, err := aead.Open(nil, rest[:aead.NonceSize()], rest[aead.NonceSize():], ad)
+	if err != nil {
+		return idem.Response{}, fmt.Errorf("%w: authentication failed (version %d, key %q)", ErrOpen, env[0], kid)
+	}
+	out, err := decodeContents(plain)
+	if err != nil {
+		return idem.Response{}, fmt.Errorf("%w: %w", ErrOpen, err)
+	}
+	out.Status, out.BodyOmitted = resp.Status, resp.BodyOmitted
+	return out, nil
+}
+
+// encodeContents is what an envelope encrypts, the same in every version:
+// uvarint header count, per header uvarint name length, name, uvarint
+// value length, value; then the body.
+func encodeContents(resp idem.Response) []byte {
 	plain := binary.AppendUvarint(nil, uint64(len(resp.Headers)))
 	for _, h := range resp.Headers {
 		plain = binary.AppendUvarint(plain, uint64(len(h.Name)))
@@ -163,55 +329,24 @@ func (r *Ring) Seal(id idem.RecordID, resp idem.Response) (idem.Response, error)
 		plain = binary.AppendUvarint(plain, uint64(len(h.Value)))
 		plain = append(plain, h.Value...)
 	}
-	plain = append(plain, resp.Body...)
-	env := make([]byte, 0, 2+len(kid)+aead.NonceSize()+len(plain)+aead.Overhead())
-	env = append(env, version, byte(len(kid)))
-	env = append(env, kid...)
-	nonce := env[len(env) : len(env)+aead.NonceSize()]
-	if _, err := rand.Read(nonce); err != nil {
-		return idem.Response{}, fmt.Errorf("seal: nonce: %w", err)
-	}
-	env = env[:len(env)+aead.NonceSize()]
-	out := idem.Response{Status: resp.Status, BodyOmitted: resp.BodyOmitted, Sealed: true}
-	out.Body = aead.Seal(env, nonce, plain, aad(id, &out))
-	return out, nil
+	return append(plain, resp.Body...)
 }
 
-// Open decrypts a sealed response of the record id. An unsealed response
-// is returned as it is.
-func (r *Ring) Open(id idem.RecordID, resp idem.Response) (idem.Response, error) {
-	if !resp.Sealed {
-		return resp, nil
-	}
-	env := resp.Body
-	if len(env) < 2 || env[0] != version || len(env) < 2+int(env[1]) {
-		return idem.Response{}, fmt.Errorf("%w: malformed envelope", ErrOpen)
-	}
-	kid := string(env[2 : 2+int(env[1])])
-	_, keys := r.current()
-	aead, ok := keys[kid]
-	if !ok {
-		return idem.Response{}, fmt.Errorf("%w: key %q is not in the ring", ErrOpen, kid)
-	}
-	rest := env[2+int(env[1]):]
-	if len(rest) < aead.NonceSize() {
-		return idem.Response{}, fmt.Errorf("%w: malformed envelope", ErrOpen)
-	}
-	plain, err := aead.Open(nil, rest[:aead.NonceSize()], rest[aead.NonceSize():], aad(id, &resp))
-	if err != nil {
-		return idem.Response{}, fmt.Errorf("%w: authentication failed", ErrOpen)
-	}
-	out := idem.Response{Status: resp.Status, BodyOmitted: resp.BodyOmitted}
+// decodeContents reverses encodeContents. Only authenticated plaintext
+// reaches it, yet it checks every length: a key that leaked lets anyone
+// seal anything.
+func decodeContents(plain []byte) (idem.Response, error) {
+	var out idem.Response
 	rd := bytes.NewReader(plain)
 	n, err := binary.ReadUvarint(rd)
 	if err != nil || n > uint64(len(plain)) {
-		return idem.Response{}, fmt.Errorf("%w: malformed contents", ErrOpen)
+		return idem.Response{}, errors.New("malformed contents: header count")
 	}
 	for range n {
 		name, err1 := readString(rd)
 		value, err2 := readString(rd)
 		if err1 != nil || err2 != nil {
-			return idem.Response{}, fmt.Errorf("%w: malformed contents", ErrOpen)
+			return idem.Response{}, errors.New("malformed contents: a header runs past the end")
 		}
 		out.Headers = append(out.Headers, idem.Header{Name: name, Value: value})
 	}
