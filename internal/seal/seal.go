@@ -15,12 +15,12 @@
 // seals per key, counted over every replica that shares the ring (NIST SP
 // 800-38D §8.3; crypto/cipher.NewGCMWithRandomNonce: "A given key MUST NOT
 // be used to encrypt more than 2^32 messages"), which a busy deployment
-// reaches in weeks. XChaCha20's
-// 192-bit nonce can be drawn at random without that count: a repeat is
-// expected only after about 2^96 seals, and stays below a 2^-32 chance up
-// to 2^80 of them (draft-irtf-cfrg-xchacha, "Motivation for
-// XChaCha20-Poly1305"; golang.org/x/crypto/chacha20poly1305.NewX: "suitable
-// to be generated randomly without risk of collisions"). ChaCha20-Poly1305
+// reaches in weeks. XChaCha20's 192-bit nonce can be drawn at random
+// without that count: a repeat is expected only after about 2^96 seals,
+// and stays below a 2^-32 chance up to 2^80 of them
+// (draft-irtf-cfrg-xchacha, "Motivation for XChaCha20-Poly1305";
+// golang.org/x/crypto/chacha20poly1305.NewX: "suitable to be generated
+// randomly without risk of collisions"). ChaCha20-Poly1305
 // itself sets no limit on the number of messages sealed under a key
 // (draft-irtf-cfrg-aead-limits-13 §6.3.1); its integrity bound counts
 // forgery attempts, envelopes that fail to open (§6.3.2). XAES-256-GCM
