@@ -107,6 +107,14 @@ func (p *processor) resolveAtBody(ctx context.Context, req *extprocv3.Processing
 			p.dropRequestBody()
 			return p.refuse(ctx, req, prob)
 		}
+		// The body was read under the limit of the policy that deferred
+		// it; the policy that takes it holds it to its own, in the order
+		// the headers path keeps: a request it would pass or refuse for
+		// its key never gets this far there either.
+		if limit := c.pol.MaxRequestBody; len(p.reqBody) > limit {
+			p.dropRequestBody()
+			return p.refuse(ctx, req, bodyTooLarge(limit))
+		}
 		p.reqHeaders = c.fpHeaders
 		return nil
 	}
