@@ -395,12 +395,13 @@ func TestJSONRPCUnrewritableReplayIsOutcomeUnknown(t *testing.T) {
 }
 
 // TestJSONRPCBodyTooLarge: a body over the policy's max_request_body is
-// refused with the 413-equivalent JSON-RPC error (null id: the body was
-// not read whole).
+// refused with the 413-equivalent JSON-RPC error, to the call's own id:
+// the body arrived whole (one message in BUFFERED mode), so its id could
+// be read.
 func TestJSONRPCBodyTooLarge(t *testing.T) {
 	env, up, _ := startMCP(t, mcpPolicies)
 	id, code, data := rpcError(t, env.Post("/mcp", "", call("1", "send_email", `{"text":"`+strings.Repeat("x", 5000)+`"}`), "x-agent", "a"))
-	if id != "null" || code != jsonrpc.CodeBodyTooLarge || data.Status != 413 {
+	if id != "1" || code != jsonrpc.CodeBodyTooLarge || data.Status != 413 {
 		t.Fatalf("id %s code %d data %+v", id, code, data)
 	}
 	if n := up.count("tools/call/send_email"); n != 0 {

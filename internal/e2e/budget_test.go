@@ -32,6 +32,13 @@ func budgetServer(t *testing.T, limit int64) (*harness.Env, string) {
 // client uploads. Closing it ends the stream.
 func hog(t *testing.T, addr string, n int) (closeHog func()) {
 	t.Helper()
+	return hogAt(t, addr, "/orders", n)
+}
+
+// hogAt is hog for a request to path, with the extra headers given (name,
+// value pairs).
+func hogAt(t *testing.T, addr, path string, n int, extra ...string) (closeHog func()) {
+	t.Helper()
 	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
@@ -42,8 +49,11 @@ func hog(t *testing.T, addr string, n int) (closeHog func()) {
 		t.Fatal(err)
 	}
 	hs := &corev3.HeaderMap{}
-	for _, kv := range [][2]string{{":method", "POST"}, {":path", "/orders"}, {":authority", "api.example"}, {"idempotency-key", "hog"}} {
+	for _, kv := range [][2]string{{":method", "POST"}, {":path", path}, {":authority", "api.example"}, {"idempotency-key", "hog"}} {
 		hs.Headers = append(hs.Headers, &corev3.HeaderValue{Key: kv[0], RawValue: []byte(kv[1])})
+	}
+	for i := 0; i+1 < len(extra); i += 2 {
+		hs.Headers = append(hs.Headers, &corev3.HeaderValue{Key: extra[i], RawValue: []byte(extra[i+1])})
 	}
 	for _, m := range []*extprocv3.ProcessingRequest{
 		{

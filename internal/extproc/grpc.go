@@ -121,7 +121,7 @@ func (p *processor) awaitRequestBody(ctx context.Context, req *extprocv3.Process
 // end_of_stream_without_message) decides.
 func (p *processor) onStreamedRequestBody(ctx context.Context, req *extprocv3.ProcessingRequest, body *extprocv3.HttpBody) *extprocv3.ProcessingResponse {
 	if prob := p.takeRequestBody(body); prob != nil {
-		return p.refuse(ctx, req, prob)
+		return p.refuseUnread(ctx, req, prob, body.GetBody())
 	}
 	if body.GetEndOfStream() {
 		return p.decide(ctx, req)

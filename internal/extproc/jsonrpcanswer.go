@@ -35,23 +35,50 @@ import (
 const jsonrpcStatus = 200
 
 // jsonrpcProblem answers with the JSON-RPC error response standing for
-// prob, to the request's own id (null when it could not be read: a body
-// refused before it was whole).
+// prob, to the request's own id, at jsonrpcStatus. When no id could be
+// read from the body (none arrived yet, or none in the bytes that did:
+// refuseUnread) the id is null, as JSON-RPC 2.0 section 5 asks, and the
+// HTTP status is the problem's own: such a message cannot be answered as
+// the request it may be (MCP 2025-06-18, Transports, "Sending Messages to
+// the Server": input the server cannot accept gets an HTTP error status,
+// and its body may be a JSON-RPC error response without an id). A client
+// then sees the call fail rather than a response to no call, which the Go
+// SDK client would take for a broken connection (go-sdk v1.8.0
+// mcp/streamable.go handleJSON) and the TypeScript one could match to no
+// request; a 503 it even retries without closing the session
+// (isTransientHTTPStatus).
 func (p *processor) jsonrpcProblem(prob *problem.Problem) *extprocv3.ProcessingResponse {
-	body, err := jsonrpc.ErrorResponse(p.body.id, prob)
+	id, status := p.body.id, jsonrpcStatus
+	body, err := jsonrpc.ErrorResponse(id, prob)
 	if err != nil {
 		// Every problem kind has a code and the id was checked when read,
 		// so this does not happen; never answer a wrong id, though.
+		id = nil
 		body, err = jsonrpc.ErrorResponse(nil, prob)
 		if err != nil {
 			return problemResponse(prob)
 		}
 	}
+	if id == nil {
+		status = prob.Status
+	}
 	hs := []*corev3.HeaderValueOption{setHeader("content-type", "application/json", false)}
 	if ra := prob.RetryAfterHeader(); ra != "" {
 		hs = append(hs, setHeader("retry-after", ra, false))
 	}
-	return immediate(jsonrpcStatus, hs, body, "idempotency_"+prob.Slug)
+	return immediate(status, hs, body, "idempotency_"+prob.Slug)
+}
+
+// refuseUnread refuses a request whose body is refused before it was read
+// whole: over a limit or the server's budget (chunk is the message that
+// did not fit), or cut at Envoy's buffer. A JSON-RPC answer made before
+// the body decided the policy still goes to the request's id when the
+// bytes at hand carry it (jsonrpc.ScanID).
+func (p *processor) refuseUnread(ctx context.Context, req *extprocv3.ProcessingRequest, prob *problem.Problem, chunk []byte) *extprocv3.ProcessingResponse {
+	if d := p.body; d != nil && d.jsonrpc && d.id == nil {
+		d.id = jsonrpc.ScanID(p.reqBody, chunk)
+	}
+	return p.refuse(ctx, req, prob)
 }
 
 // jsonrpcReplay answers a retry with the stored response rewritten to its

@@ -210,7 +210,10 @@ func (p *processor) onRequestHeaders(ctx context.Context, req *extprocv3.Process
 // awaitBody asks for a protected request's body, whole, before anything
 // of the request goes upstream.
 func (p *processor) awaitBody(ctx context.Context, req *extprocv3.ProcessingRequest) *extprocv3.ProcessingResponse {
-	if p.budgetFull() {
+	if p.budgetFull() && !p.answersJSONRPC() {
+		// A JSON-RPC answer here could not carry the request's id, which
+		// only its body holds: such a request is refused at its body,
+		// where the budget refuses it still if it stays full.
 		return p.refuse(ctx, req, p.capacityProblem())
 	}
 	p.stage = stageRequestBody
@@ -286,7 +289,7 @@ func (p *processor) onRequestBody(ctx context.Context, req *extprocv3.Processing
 		return p.onStreamedRequestBody(ctx, req, body)
 	}
 	if prob := p.takeRequestBody(body); prob != nil {
-		return p.refuse(ctx, req, prob)
+		return p.refuseUnread(ctx, req, prob, body.GetBody())
 	}
 	switch {
 	case body.GetEndOfStream():
@@ -294,8 +297,8 @@ func (p *processor) onRequestBody(ctx context.Context, req *extprocv3.Processing
 		// end_of_stream is false in BUFFERED mode only because trailers
 		// follow: the body itself is whole.
 	case p.requestBodyMode == procmodev3.ProcessingMode_BUFFERED_PARTIAL:
-		return p.refuse(ctx, req, problem.New(problem.BodyIncomplete,
-			"the request body exceeds the proxy's buffer and cannot be fingerprinted"))
+		return p.refuseUnread(ctx, req, problem.New(problem.BodyIncomplete,
+			"the request body exceeds the proxy's buffer and cannot be fingerprinted"), nil)
 	default:
 		// STREAMED: more chunks follow.
 		return continueFor(req)

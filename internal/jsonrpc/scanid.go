@@ -1,0 +1,235 @@
+package jsonrpc
+
+import (
+	"bytes"
+	"encoding/json"
+	"unicode/utf8"
+)
+
+// ScanID reads the id of a JSON-RPC request from a body that could not be
+// read whole, given as the parts that arrived in order: a body refused
+// while it was still arriving (over a limit, cut at a proxy's buffer), or
+// one that ParseRequest refuses further in (nesting deeper than the
+// reader's limit, a duplicate member name inside params, text that is not
+// UTF-8). An answer in the upstream's place then still goes to the
+// request's own id: JSON-RPC 2.0 section 5 asks for a null id only when
+// there was an error in detecting the id, and the official MCP Go SDK
+// client fails its whole connection on a response whose id is null (go-sdk
+// v1.8.0 mcp/streamable.go, handleJSON: jsonrpc.DecodeMessage refuses a
+// message with neither a method nor a valid id, and the error goes to
+// c.fail), where it hands a response with its call's id to that call.
+//
+// Only the top-level object is read: each member's name, and each value
+// skipped by its strings and brackets without looking inside, as a
+// reader with no nesting limit would. The id is detected when the bytes
+// up to it are such an object's members, it is a JSON string or number of
+// valid UTF-8, and no second top-level "id" member was seen (two readers
+// may take either one). Anything after the id may be cut short or
+// malformed: that is why the body could not be read. ScanID returns a
+// copy of the id as sent, or nil when none was detected.
+func ScanID(parts ...[]byte) json.RawMessage {
+	s := idScanner{}
+	for _, part := range parts {
+		for _, c := range part {
+			if !s.feed(c) {
+				return s.result()
+			}
+		}
+	}
+	s.stop() // the end of the bytes
+	return s.result()
+}
+
+// idScanner is ScanID's state: one byte at a time, so that the parts need
+// not be joined.
+type idScanner struct {
+	state scanState
+	// name holds the current member name as sent (escapes undecoded), up
+	// to maxName bytes; long is set past that: such a name is not "id".
+	name []byte
+	long bool
+	// In a skipped value: nesting depth, inside a string, after a
+	// backslash.
+	depth            int
+	inString, escape bool
+	// reading: the value being read is the top-level id's; id holds it.
+	reading bool
+	id      []byte
+	// ids counts the top-level id members; bad is set for one whose value
+	// is no string or number, or was cut short.
+	ids int
+	bad bool
+}
+
+type scanState uint8
+
+const (
+	scanOpen       scanState = iota // before the top-level '{'
+	scanKeyOrClose                  // after '{': a name or '}'
+	scanKey                         // after ',': a name
+	scanName                        // inside a name
+	scanColon                       // after a name
+	scanValue                       // after ':'
+	scanString                      // inside a string value
+	scanNested                      // inside an object or array value
+	scanScalar                      // inside a number or literal
+	scanAfter                       // after a value: ',' or '}'
+	scanDone                        // the object closed, or a fault
+)
+
+// maxName bounds the bytes of a member name kept: "id" escaped in full,
+// `"\u0069\u0064"`, is 14.
+const maxName = 16
+
+func isSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
+
+// feed takes one byte; false stops the scan (the object closed, a fault,
+// or a second id: nothing later can change the result).
+func (s *idScanner) feed(c byte) bool {
+	switch s.state {
+	case scanOpen:
+		switch {
+		case isSpace(c):
+		case c == '{':
+			s.state = scanKeyOrClose
+		default:
+			return s.stop()
+		}
+	case scanKeyOrClose, scanKey:
+		switch {
+		case isSpace(c):
+		case c == '"':
+			s.state, s.name, s.long, s.escape = scanName, append(s.name[:0], c), false, false
+		default: // '}' closes the object (after '{' only), anything else is a fault: done either way
+			return s.stop()
+		}
+	case scanName:
+		if len(s.name) < maxName {
+			s.name = append(s.name, c)
+		} else {
+			s.long = true
+		}
+		switch {
+		case s.escape:
+			s.escape = false
+		case c == '\\':
+			s.escape = true
+		case c == '"':
+			s.state = scanColon
+		}
+	case scanColon:
+		switch {
+		case isSpace(c):
+		case c == ':':
+			s.state = scanValue
+			if s.reading = s.nameIsID(); s.reading {
+				if s.ids++; s.ids > 1 {
+					return s.stop()
+				}
+			}
+		default:
+			return s.stop()
+		}
+	case scanValue:
+		if isSpace(c) {
+			return true
+		}
+		if s.reading {
+			if c != '"' && c != '-' && (c < '0' || c > '9') {
+				s.reading, s.bad = false, true // null, an object, an array: no id a request may carry
+			} else {
+				s.id = append(s.id, c)
+			}
+		}
+		switch {
+		case c == '"':
+			s.state, s.escape = scanString, false
+		case c == '{' || c == '[':
+			s.state, s.depth, s.inString, s.escape = scanNested, 1, false, false
+		default:
+			s.state = scanScalar
+		}
+	case scanString:
+		if s.reading {
+			s.id = append(s.id, c)
+		}
+		switch {
+		case s.escape:
+			s.escape = false
+		case c == '\\':
+			s.escape = true
+		case c == '"':
+			s.state, s.reading = scanAfter, false
+		}
+	case scanNested:
+		switch {
+		case s.inString && s.escape:
+			s.escape = false
+		case s.inString && c == '\\':
+			s.escape = true
+		case s.inString:
+			s.inString = c != '"'
+		case c == '"':
+			s.inString = true
+		case c == '{' || c == '[':
+			s.depth++
+		case c == '}' || c == ']':
+			if s.depth--; s.depth == 0 {
+				s.state = scanAfter
+			}
+		}
+	case scanScalar:
+		if isSpace(c) || c == ',' || c == '}' {
+			s.state, s.reading = scanAfter, false
+			return s.feed(c)
+		}
+		if s.reading {
+			s.id = append(s.id, c)
+		}
+	case scanAfter:
+		switch {
+		case isSpace(c):
+		case c == ',':
+			s.state = scanKey
+		default: // '}' closes the object, anything else is a fault
+			return s.stop()
+		}
+	default:
+		return false
+	}
+	return true
+}
+
+// nameIsID reports whether the name just read, decoded, is "id".
+func (s *idScanner) nameIsID() bool {
+	if s.long {
+		return false
+	}
+	if string(s.name) == `"id"` {
+		return true
+	}
+	if bytes.IndexByte(s.name, '\\') < 0 {
+		return false
+	}
+	var name string
+	return json.Unmarshal(s.name, &name) == nil && name == "id"
+}
+
+// stop ends the scan where it is: an id whose value was still being read
+// was cut short (a number cut at the end of the bytes may look whole).
+func (s *idScanner) stop() bool {
+	if s.reading {
+		s.reading, s.bad = false, true
+	}
+	s.state = scanDone
+	return false
+}
+
+// result is the id detected: one top-level id, a whole string or number
+// (validID), of valid UTF-8.
+func (s *idScanner) result() json.RawMessage {
+	if s.ids != 1 || s.bad || !utf8.Valid(s.id) || !validID(s.id) {
+		return nil
+	}
+	return bytes.Clone(s.id)
+}
