@@ -52,7 +52,9 @@ func (a *Attempt) AdmitKeyFrom(in KeyInput, now time.Time) (Admission, string, *
 	for _, src := range sources {
 		key, miss, prob := a.keyFrom(src, in)
 		if prob != nil {
-			a.srv.Observer.Requested(p.Name, true)
+			// A key sent malformed, or a body that may hold one and cannot
+			// be read: whether a key was sent is known for the header only.
+			a.srv.Observer.Requested(p.Name, prob.Kind != problem.BodyUnreadable || in.HeaderLines > 0)
 			return Refuse, "", prob
 		}
 		if miss.detail != "" {
@@ -82,12 +84,23 @@ func (a *Attempt) AdmitKeyFrom(in KeyInput, now time.Time) (Admission, string, *
 }
 
 // keyFrom reads one source: a key, or why there is none (miss), or the
-// problem of a key sent malformed.
+// problem of a key sent malformed. A body source that meets a body it
+// cannot read (policy.ErrBodyUnreadable) refuses the request whatever
+// key.required says: the key may be in it, as the upstream reads it, and
+// the request would pass unprotected although the client sent one (for a
+// derived key, although the body would have yielded one).
 func (a *Attempt) keyFrom(src policy.KeySource, in KeyInput) (string, keyMiss, *problem.Problem) {
 	p := a.Policy
 	switch src {
 	case policy.KeyFromBody:
-		s, err := jsonpointer.String(in.Body, p.KeyPointer)
+		vs, err := policy.FindInBody(in.Body, p.KeyPointer)
+		if errors.Is(err, policy.ErrBodyUnreadable) {
+			return "", keyMiss{}, UnreadableProblem(err)
+		}
+		var s string
+		if err == nil {
+			s, err = vs[0].Text()
+		}
 		if err != nil {
 			return "", bodyMiss(p.KeyPointer, err), nil
 		}
@@ -96,7 +109,10 @@ func (a *Attempt) keyFrom(src policy.KeySource, in KeyInput) (string, keyMiss, *
 		}
 		return s, keyMiss{}, nil
 	case policy.KeyFromDerived:
-		key, miss := derivedKey(p.KeyDerive, in.Body)
+		key, miss, err := derivedKey(p.KeyDerive, in.Body)
+		if err != nil {
+			return "", keyMiss{}, UnreadableProblem(err)
+		}
 		return key, miss, nil
 	}
 	if in.HeaderLines == 0 {
@@ -131,8 +147,6 @@ func bodyMiss(ptr jsonpointer.Pointer, err error) keyMiss {
 		return keyMiss{problem.KeyMissing, fmt.Sprintf("the body has no member at %s", ptr)}
 	case errors.Is(err, jsonpointer.ErrNotString):
 		return keyMiss{problem.KeyInvalid, fmt.Sprintf("the member at %s is not a string", ptr)}
-	case errors.Is(err, jsonpointer.ErrDuplicateMember):
-		return keyMiss{problem.KeyInvalid, fmt.Sprintf("the body has a duplicate member name, so the key at %s is ambiguous", ptr)}
 	}
 	return keyMiss{problem.KeyMissing, fmt.Sprintf("the body is not a JSON object, so it has no key at %s", ptr)}
 }
@@ -142,11 +156,15 @@ func bodyMiss(ptr jsonpointer.Pointer, err error) keyMiss {
 // JSONOptions.Include: an object from pointer to value, an absent member
 // left out, so absent differs from null), in hex. It is never the raw
 // body text, so logs and metrics show no member's value. A body that is
-// not a JSON object, or has none of the members, yields no key.
-func derivedKey(members []jsonpointer.Pointer, body []byte) (string, keyMiss) {
-	vs, err := jsonpointer.Find(body, members...)
+// not a JSON object, or has none of the members, yields no key; one that
+// cannot be read is the error (policy.ErrBodyUnreadable).
+func derivedKey(members []jsonpointer.Pointer, body []byte) (string, keyMiss, error) {
+	vs, err := policy.FindInBody(body, members...)
+	if errors.Is(err, policy.ErrBodyUnreadable) {
+		return "", keyMiss{}, err
+	}
 	if err != nil {
-		return "", bodyMiss(members[0], err)
+		return "", bodyMiss(members[0], err), nil
 	}
 	found := false
 	for _, v := range vs {
@@ -157,8 +175,44 @@ func derivedKey(members []jsonpointer.Pointer, body []byte) (string, keyMiss) {
 		for i, m := range members {
 			names[i] = m.String()
 		}
-		return "", keyMiss{problem.KeyMissing, "the body has none of the members the key is derived from (" + strings.Join(names, ", ") + ")"}
+		return "", keyMiss{problem.KeyMissing, "the body has none of the members the key is derived from (" + strings.Join(names, ", ") + ")"}, nil
 	}
 	sum := fingerprint.Compute(fingerprint.Request{Body: body, JSON: true, JSONOptions: fingerprint.JSONOptions{Include: members}}, nil)
-	return hex.EncodeToString(sum[:]), keyMiss{}
+	return hex.EncodeToString(sum[:]), keyMiss{}, nil
+}
+
+// AdmitUnreadable judges a request under a policy with body criteria
+// whose body cannot be read (policy.BodyUnreadable), so whether the
+// criteria hold cannot be told, while another reader upstream may well
+// take the body for a call that meets them. The request is refused
+// (UnreadableProblem) unless the policy would let it pass unprotected
+// whatever its body said, which is then a Bypass of this policy only (the
+// caller goes on to the next): under enforcement: off, and when the key
+// comes from the header alone, none was sent, and none is required (or a
+// grace period lets a request without one pass). A key the client sent
+// in the header asks for protection that cannot be given without reading
+// the body, and a key from the body or derived from it cannot be read:
+// both refuse, whatever key.required says. A shadow policy's refusal is
+// counted, never made: the caller answers a Refuse as any other.
+func (a *Attempt) AdmitUnreadable(cause error, headerLines int, now time.Time) (Admission, *problem.Problem) {
+	p := a.Policy
+	if p.Enforcement == policy.EnforcementOff {
+		return Bypass, nil
+	}
+	fromBody := p.KeyFrom(policy.KeyFromBody) || p.KeyFrom(policy.KeyFromDerived)
+	headerKey := p.KeyFrom(policy.KeyFromHeader) && headerLines > 0
+	if !fromBody && !headerKey && !(p.KeyRequired && !p.KeyGrace(now)) {
+		return Bypass, nil
+	}
+	a.srv.Observer.Requested(p.Name, headerKey)
+	return Refuse, UnreadableProblem(cause)
+}
+
+// UnreadableProblem is the answer to a body a policy must read and cannot
+// (policy.ErrBodyUnreadable): 400 request-body-unreadable, or in JSON-RPC
+// the parse error -32700. Nothing was reserved or executed.
+func UnreadableProblem(cause error) *problem.Problem {
+	return problem.New(problem.BodyUnreadable, fmt.Sprintf(
+		"%v; this endpoint protects some requests by what their body says, so a body it cannot read is refused, "+
+			"not passed unprotected; send one JSON object, in UTF-8, nested at most 200 levels, each member name once", cause))
 }

@@ -53,15 +53,22 @@ func TestAdmitKeyFromBody(t *testing.T) {
 		{"body key with a comma is one key", body(true), KeyInput{Body: []byte(`{"idempotency_key":"a,b"}`)}, Keyed, "", "", "a,b", false},
 		{"body key missing, required", body(true), KeyInput{Body: []byte(`{"amount":5}`)}, Refuse, problem.KeyMissing.Slug, "/idempotency_key", "", false},
 		{"body key missing, optional", body(false), KeyInput{Body: []byte(`{"amount":5}`)}, Bypass, "", "", "", false},
-		{"body not JSON, required", body(true), KeyInput{Body: []byte(`amount=5`)}, Refuse, problem.KeyMissing.Slug, "not a JSON object", "", false},
+		{"body not an object, required", body(true), KeyInput{Body: []byte(`"k-1"`)}, Refuse, problem.KeyMissing.Slug, "not a JSON object", "", false},
 		{"no body, required", body(true), KeyInput{}, Refuse, problem.KeyMissing.Slug, "/idempotency_key", "", false},
-		{"body not JSON, optional", body(false), KeyInput{Body: []byte(`amount=5`)}, Bypass, "", "", "", false},
+		{"body not an object, optional", body(false), KeyInput{Body: []byte(`"k-1"`)}, Bypass, "", "", "", false},
+		{"no body, optional", body(false), KeyInput{Body: []byte(" ")}, Bypass, "", "", "", false},
+		// A body that cannot be read may hold the key: refused, required or not.
+		{"body not JSON, required", body(true), KeyInput{Body: []byte(`idempotency_key=k-1`)}, Refuse, problem.BodyUnreadable.Slug, "cannot be read", "", false},
+		{"body not JSON, optional", body(false), KeyInput{Body: []byte(`idempotency_key=k-1`)}, Refuse, problem.BodyUnreadable.Slug, "cannot be read", "", false},
+		{"body not UTF-8, optional", body(false), KeyInput{Body: []byte("{\"idempotency_key\":\"k-1\",\"n\":\"\xff\"}")}, Refuse, problem.BodyUnreadable.Slug, "UTF-8", "", false},
 		{"body key not a string, required", body(true), KeyInput{Body: []byte(`{"idempotency_key":7}`)}, Refuse, problem.KeyInvalid.Slug, "/idempotency_key", "", false},
 		{"body key not a string, optional", body(false), KeyInput{Body: []byte(`{"idempotency_key":7}`)}, Bypass, "", "", "", false},
 		{"body key too long", body(false), KeyInput{Body: []byte(`{"idempotency_key":"` + strings.Repeat("k", 256) + `"}`)}, Refuse, problem.KeyInvalid.Slug, "/idempotency_key", "", false},
 		{"body key not visible ASCII", body(false), KeyInput{Body: []byte(`{"idempotency_key":"a b"}`)}, Refuse, problem.KeyInvalid.Slug, "/idempotency_key", "", false},
 		{"body key empty", body(false), KeyInput{Body: []byte(`{"idempotency_key":""}`)}, Refuse, problem.KeyInvalid.Slug, "empty", "", false},
-		{"duplicate member", body(true), KeyInput{Body: []byte(`{"idempotency_key":"a","idempotency_key":"b"}`)}, Refuse, problem.KeyInvalid.Slug, "duplicate", "", false},
+		{"duplicate member", body(false), KeyInput{Body: []byte(`{"idempotency_key":"a","idempotency_key":"b"}`)}, Refuse, problem.BodyUnreadable.Slug, "duplicate", "", false},
+		{"derived, deep body, optional", derived(false, policy.KeyFromDerived), KeyInput{Body: []byte(`{"params":{"name":"a","arguments":` + strings.Repeat("[", 250) + strings.Repeat("]", 250) + `}}`)}, Refuse, problem.BodyUnreadable.Slug, "nested deeper", "", false},
+		{"header first, body unread", derived(true, policy.KeyFromHeader, policy.KeyFromDerived), KeyInput{HeaderRaw: "h-2", HeaderLines: 1, Body: []byte(`{"a":1,"a":2}`)}, Keyed, "", "", "h-2", false},
 		{"derived", derived(true, policy.KeyFromDerived), KeyInput{Body: []byte(call)}, Keyed, "", "", "", true},
 		{"derived, no member", derived(true, policy.KeyFromDerived), KeyInput{Body: []byte(`{"id":1,"method":"x"}`)}, Refuse, problem.KeyMissing.Slug, "/params/name", "", false},
 		{"header first", derived(true, policy.KeyFromHeader, policy.KeyFromDerived), KeyInput{HeaderRaw: "h-1", HeaderLines: 1, Body: []byte(call)}, Keyed, "", "", "h-1", false},
@@ -112,9 +119,9 @@ func TestDerivedKeyReadsOnlyItsMembers(t *testing.T) {
 	members := []jsonpointer.Pointer{ptr(t, "/params/name"), ptr(t, "/params/arguments")}
 	key := func(body string) string {
 		t.Helper()
-		k, miss := derivedKey(members, []byte(body))
-		if miss.detail != "" {
-			t.Fatalf("%s: %s", body, miss.detail)
+		k, miss, err := derivedKey(members, []byte(body))
+		if miss.detail != "" || err != nil {
+			t.Fatalf("%s: %s %v", body, miss.detail, err)
 		}
 		return k
 	}
@@ -139,5 +146,53 @@ func TestDerivedKeyReadsOnlyItsMembers(t *testing.T) {
 	b.Admit("s", base) // a client sending the derived key's text as its own key
 	if a.ID == b.ID {
 		t.Fatal("a derived key shares the record of a client key of the same text")
+	}
+}
+
+// TestAdmitUnreadable: a body that cannot be read under a policy with body
+// criteria is refused unless the policy would pass the request whatever
+// its body said.
+func TestAdmitUnreadable(t *testing.T) {
+	now := time.Date(2026, 6, 1, 0, 0, 0, 0, time.UTC)
+	pol := func(required bool, enf policy.Enforcement, sources ...policy.KeySource) *policy.Policy {
+		p := policy.Default()
+		p.KeyRequired, p.Enforcement, p.KeySources = required, enf, sources
+		if len(sources) > 0 && sources[len(sources)-1] == policy.KeyFromDerived {
+			p.KeyDerive = []jsonpointer.Pointer{ptr(t, "/params")}
+		}
+		return p
+	}
+	grace := pol(true, policy.EnforcementEnforce)
+	grace.KeyWarnUntil = now.Add(time.Hour)
+	cause := policy.ErrBodyUnreadable
+	for _, tc := range []struct {
+		name        string
+		pol         *policy.Policy
+		headerLines int
+		want        Admission
+	}{
+		{"required", pol(true, policy.EnforcementEnforce), 0, Refuse},
+		{"required, shadow (the caller only counts it)", pol(true, policy.EnforcementShadow), 0, Refuse},
+		{"required, off", pol(true, policy.EnforcementOff), 1, Bypass},
+		{"optional, no key", pol(false, policy.EnforcementEnforce), 0, Bypass},
+		{"optional, a header key", pol(false, policy.EnforcementEnforce), 1, Refuse},
+		{"required in its grace period, no key", grace, 0, Bypass},
+		{"required in its grace period, a header key", grace, 1, Refuse},
+		{"optional, key from the body", pol(false, policy.EnforcementEnforce, policy.KeyFromBody), 0, Refuse},
+		{"optional, derived", pol(false, policy.EnforcementEnforce, policy.KeyFromHeader, policy.KeyFromDerived), 0, Refuse},
+		{"optional, body key only, a header line", pol(false, policy.EnforcementEnforce, policy.KeyFromBody), 1, Refuse},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			obs := &adoption{}
+			a := New(&Server{Observer: obs}, &reporter{})
+			a.Policy = tc.pol
+			got, prob := a.AdmitUnreadable(cause, tc.headerLines, now)
+			if got != tc.want || (got == Refuse) != (prob != nil) || (prob != nil && prob.Slug != problem.BodyUnreadable.Slug) {
+				t.Fatalf("admission %v %+v, want %v", got, prob, tc.want)
+			}
+			if n := obs.withKey + obs.without; (got == Refuse) != (n == 1) {
+				t.Fatalf("adoption counted %+v", obs)
+			}
+		})
 	}
 }

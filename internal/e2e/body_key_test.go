@@ -253,9 +253,9 @@ func TestJSONRPCConflictIsAJSONRPCError(t *testing.T) {
 }
 
 // TestJSONRPCReadsPassWithoutAStoreCall: initialize, tools/list, another
-// tool, notifications, responses, batches and bodies that are not JSON
-// match no policy: they reach the server unprotected, twice when sent
-// twice, and cost no store call.
+// tool, notifications, responses and batches match no policy: they reach
+// the server unprotected, twice when sent twice, and cost no store call.
+// (A body that is not JSON is refused: TestUnreadableBodyRefused.)
 func TestJSONRPCReadsPassWithoutAStoreCall(t *testing.T) {
 	env, up, cs := startMCP(t, mcpPolicies)
 	bodies := map[string]string{
@@ -278,12 +278,11 @@ func TestJSONRPCReadsPassWithoutAStoreCall(t *testing.T) {
 		`[` + call("5", "send_email", `{}`) + `]`,                                               // a batch
 		`{"jsonrpc":"2.0","method":"tools/call","params":{"name":"send_email","arguments":{}}}`, // a notification
 		`{"jsonrpc":"2.0","id":6,"result":{}}`,                                                  // a response posted back
-		`not json`,
 	} {
 		env.Post("/mcp", "", b, "x-agent", "a")
 	}
-	if n, resp := up.count("no-id"), up.count(""); n != 2+3 || resp != 1 {
-		t.Errorf("unprotected messages without an id reached the server %d times, want 5; the response %d, want 1", n, resp)
+	if n, resp := up.count("no-id"), up.count(""); n != 2+2 || resp != 1 {
+		t.Errorf("unprotected messages without an id reached the server %d times, want 4; the response %d, want 1", n, resp)
 	}
 	if n := cs.calls.Load(); n != 0 {
 		t.Fatalf("%d store calls for requests no policy takes", n)

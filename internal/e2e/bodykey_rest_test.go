@@ -69,12 +69,12 @@ func TestBodyKeyChangedBodyRefused(t *testing.T) {
 }
 
 // TestBodyKeyMissingOrMalformed: where the key is required, a body without
-// it is 400 idempotency-key-missing, a key that is not a string, breaks
-// the header keys' rules (1 to 255 visible ASCII characters) or is sent
-// twice (a duplicate member: which one counts is ambiguous) is 400
-// idempotency-key-invalid, and a body that is not JSON has no key to read:
-// key-missing. Each problem names the pointer; nothing reaches the
-// upstream.
+// it is 400 idempotency-key-missing, a key that is not a string or breaks
+// the header keys' rules (1 to 255 visible ASCII characters) is 400
+// idempotency-key-invalid; each problem names the pointer. A body that
+// cannot be read (sent twice, a duplicate member: which one counts is
+// ambiguous; not JSON) is 400 request-body-unreadable, saying why. Nothing
+// reaches the upstream.
 func TestBodyKeyMissingOrMalformed(t *testing.T) {
 	env := squareEnv(t)
 	for _, tc := range []struct {
@@ -86,7 +86,6 @@ func TestBodyKeyMissingOrMalformed(t *testing.T) {
 		{"empty", `{"idempotency_key":"","amount_money":{"amount":100,"currency":"USD"}}`, problem.KeyInvalid},
 		{"too long", `{"idempotency_key":"` + strings.Repeat("k", 256) + `"}`, problem.KeyInvalid},
 		{"control character", `{"idempotency_key":"a\u0007b"}`, problem.KeyInvalid},
-		{"twice", `{"idempotency_key":"a","idempotency_key":"b"}`, problem.KeyInvalid},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := wantProblem(t, env.Post("/v2/payments", "", tc.body), tc.want)
@@ -95,27 +94,32 @@ func TestBodyKeyMissingOrMalformed(t *testing.T) {
 			}
 		})
 	}
-	t.Run("not JSON", func(t *testing.T) {
-		r := env.Post("/v2/payments", "", "idempotency_key=pay-form&amount=100") // a form, sent as application/json
-		// A body that is not JSON has no member to read: key-missing
-		// (attempt's bodyMiss), saying why.
-		p := wantProblem(t, r, problem.KeyMissing)
-		if d, _ := p["detail"].(string); !strings.Contains(d, "/idempotency_key") || !strings.Contains(d, "not a JSON object") {
-			t.Fatalf("detail %q does not name the pointer", d)
-		}
-	})
+	for _, tc := range []struct{ name, body, why string }{
+		{"twice", `{"idempotency_key":"a","idempotency_key":"b"}`, "duplicate member"},
+		{"not JSON", "idempotency_key=pay-form&amount=100", "not JSON"}, // a form, sent as application/json
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := wantProblem(t, env.Post("/v2/payments", "", tc.body), problem.BodyUnreadable)
+			if d, _ := p["detail"].(string); !strings.Contains(d, tc.why) {
+				t.Fatalf("detail %q does not say why", d)
+			}
+		})
+	}
 	if n := payments(env, "/v2/payments"); n != 0 {
 		t.Fatalf("payments executed %d times, want 0", n)
 	}
 }
 
 // TestBodyKeyOptional: where the key is optional, a body without one (or
-// not JSON) passes unprotected, every time; one with a key is protected.
+// no body at all) passes unprotected, every time; one with a key is
+// protected. A body that cannot be read may hold a key, so it is refused
+// (400 request-body-unreadable), never passed unprotected.
 func TestBodyKeyOptional(t *testing.T) {
 	env := squareEnv(t)
 	for range 2 {
 		wantStatus(t, env.Post("/v2/refunds", "", `{"payment_id":"p-1","amount_money":{"amount":5,"currency":"USD"}}`), http.StatusCreated)
-		wantStatus(t, env.Post("/v2/refunds", "", "not json"), http.StatusCreated)
+		wantStatus(t, env.Post("/v2/refunds", "", ""), http.StatusCreated)
+		wantProblem(t, env.Post("/v2/refunds", "", "not json"), problem.BodyUnreadable)
 	}
 	if n := payments(env, "/v2/refunds"); n != 4 {
 		t.Fatalf("keyless refunds executed %d times, want 4 (unprotected)", n)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/idem-extproc/idem-extproc/internal/attempt"
 	"github.com/idem-extproc/idem-extproc/internal/idem"
+	"github.com/idem-extproc/idem-extproc/internal/jsonrpc"
 	"github.com/idem-extproc/idem-extproc/internal/policy"
 )
 
@@ -85,6 +86,14 @@ func (p *processor) resolveAtBody(ctx context.Context, req *extprocv3.Processing
 	for _, c := range d.cands {
 		p.att.Policy = c.pol
 		id, m := c.pol.MatchBody(p.reqBody)
+		if m == policy.BodyUnreadable {
+			// Whether this policy applies cannot be told, and a reader
+			// upstream may take the body for a call it protects: refused
+			// unless the policy would pass it whatever it said.
+			if resp := p.refuseUnreadable(ctx, req, c); resp != nil {
+				return resp
+			}
+		}
 		if m != policy.BodyMatched {
 			miss = m
 			continue
@@ -126,6 +135,25 @@ func (p *processor) resolveAtBody(ctx context.Context, req *extprocv3.Processing
 	p.att.Policy, d.jsonrpc = nil, false
 	p.dropRequestBody()
 	return p.passThrough(req)
+}
+
+// refuseUnreadable answers a body candidate c cannot read
+// (attempt.AdmitUnreadable): the refusal, in c's answers (a JSON-RPC one
+// to the id the body's first bytes carry, jsonrpc.ScanID; counted and
+// passed on a shadow policy), or nil when c would pass the request
+// whatever its body said, and the next candidate is tried.
+func (p *processor) refuseUnreadable(ctx context.Context, req *extprocv3.ProcessingRequest, c bodyCandidate) *extprocv3.ProcessingResponse {
+	_, cause := policy.FindInBody(p.reqBody)
+	adm, prob := p.att.AdmitUnreadable(cause, c.keyLines, p.srv.cfg.Now())
+	if adm != attempt.Refuse {
+		return nil
+	}
+	d := p.body
+	if d.jsonrpc = c.pol.Answers == policy.AnswersJSONRPC; d.jsonrpc {
+		d.id = jsonrpc.ScanID(p.reqBody)
+	}
+	p.dropRequestBody()
+	return p.refuse(ctx, req, prob)
 }
 
 // dropRequestBody lets go of a request body that will not be

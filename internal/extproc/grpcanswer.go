@@ -35,7 +35,9 @@ import (
 //   - a request too large to fingerprint: RESOURCE_EXHAUSTED, as gRPC
 //     answers an over-limit message;
 //   - no principal to scope the key: UNAUTHENTICATED;
-//   - the server's body budget full: transient too, UNAVAILABLE.
+//   - the server's body budget full: transient too, UNAVAILABLE;
+//   - a body a policy must read and cannot: the client's to fix,
+//     INVALID_ARGUMENT.
 var grpcCodes = map[string]codes.Code{
 	problem.KeyMissing.Slug:       codes.InvalidArgument,
 	problem.KeyInvalid.Slug:       codes.InvalidArgument,
@@ -47,6 +49,7 @@ var grpcCodes = map[string]codes.Code{
 	problem.BodyIncomplete.Slug:   codes.ResourceExhausted,
 	problem.PrincipalMissing.Slug: codes.Unauthenticated,
 	problem.CapacityExceeded.Slug: codes.Unavailable,
+	problem.BodyUnreadable.Slug:   codes.InvalidArgument,
 }
 
 // ReplayCode is the gRPC status of a retry of a completed call: the

@@ -136,6 +136,11 @@ func Find(body []byte, ptrs ...Pointer) ([]Value, error) {
 // maxDepth bounds nesting as the fingerprint's canonicaliser does.
 const maxDepth = 200
 
+// errTooDeep is the ErrNotJSON of a body nested deeper than maxDepth: it
+// may be JSON to a reader with a higher limit, and the message says why
+// this one stopped.
+var errTooDeep = fmt.Errorf("%w: nested deeper than %d levels", ErrNotJSON, maxDepth)
+
 type scanner struct {
 	data  []byte
 	pos   int
@@ -161,7 +166,7 @@ func (s *scanner) skipSpace() {
 // pointers whose first depth tokens lead here.
 func (s *scanner) value(depth int, live []int) error {
 	if depth > maxDepth {
-		return s.fail(ErrNotJSON)
+		return s.fail(errTooDeep)
 	}
 	if s.pos >= len(s.data) {
 		return s.fail(ErrNotJSON)

@@ -129,6 +129,11 @@ const (
 	CodeBodyTooLarge     = -32072 // problem.BodyTooLarge
 	CodeBodyIncomplete   = -32073 // problem.BodyIncomplete
 	CodePrincipalMissing = -32074 // problem.PrincipalMissing
+	// CodeParseError is JSON-RPC 2.0's own "Parse error" (section 5.1:
+	// invalid JSON was received by the server), for problem.BodyUnreadable:
+	// a body the server cannot read as JSON, which a client's JSON-RPC
+	// library already knows as such.
+	CodeParseError = -32700
 )
 
 var codes = map[string]int{
@@ -142,6 +147,7 @@ var codes = map[string]int{
 	problem.BodyTooLarge.Slug:     CodeBodyTooLarge,
 	problem.BodyIncomplete.Slug:   CodeBodyIncomplete,
 	problem.PrincipalMissing.Slug: CodePrincipalMissing,
+	problem.BodyUnreadable.Slug:   CodeParseError,
 }
 
 // Code returns the JSON-RPC error code that stands for problem kind k.

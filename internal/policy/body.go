@@ -3,6 +3,8 @@ package policy
 import (
 	"bytes"
 	"errors"
+	"fmt"
+	"unicode/utf8"
 
 	"github.com/idem-extproc/idem-extproc/internal/fingerprint"
 	"github.com/idem-extproc/idem-extproc/internal/jsonpointer"
@@ -111,8 +113,9 @@ type BodyMiss uint8
 const (
 	// BodyMatched: every body criterion holds (or the policy has none).
 	BodyMatched BodyMiss = iota
-	// BodyNotJSON: the body is not one JSON object (not JSON, a scalar,
-	// a duplicate member name, or no body at all).
+	// BodyNotJSON: the body is read and is not an object (a string,
+	// number, boolean or null), or there is no body at all (none, or
+	// white space only): no JSON reader takes it for a call.
 	BodyNotJSON
 	// BodyBatch: a top-level array, a JSON-RPC batch (MCP 2025-06-18
 	// no longer allows them): never protected.
@@ -123,10 +126,47 @@ const (
 	BodyNotification
 	// BodyCriteria: a match.json criterion does not hold.
 	BodyCriteria
+	// BodyUnreadable: the body cannot be read (ErrBodyUnreadable), so
+	// whether the criteria hold cannot be told: another reader may well
+	// take it for a call that meets them. It is not a miss like the
+	// others: see attempt.AdmitUnreadable.
+	BodyUnreadable
 )
 
 func (m BodyMiss) String() string {
-	return [...]string{"matched", "not-json", "batch", "notification", "criteria"}[m]
+	return [...]string{"matched", "not-json", "batch", "notification", "criteria", "unreadable"}[m]
+}
+
+// ErrBodyUnreadable: a request body that is there but is not JSON this
+// server reads whole: not JSON by RFC 8259 (a syntax error anywhere,
+// a trailing comma, nesting deeper than the reader's limit), an object
+// with two members of one name, or text that is not UTF-8 (RFC 8259
+// section 8.1; MCP 2025-06-18, Transports: JSON-RPC messages MUST be
+// UTF-8). Other readers differ on each: Go's encoding/json nests up to
+// 10000 levels, takes the last of two names and replaces bytes that are
+// not UTF-8; the MCP Go SDK nests up to 1000 (go-sdk v1.8.0
+// internal/json); lenient readers take trailing commas. Such a body may
+// be a call the policy protects, read otherwise upstream.
+var ErrBodyUnreadable = errors.New("the body cannot be read as JSON")
+
+// FindInBody reads the values at ptrs in a request body, as body criteria
+// and keys from the body do: jsonpointer.Find, with ErrBodyUnreadable
+// (wrapping the reason) for a body that is not blank and that Find
+// refuses as not JSON or for a duplicate member name, or that is not
+// UTF-8. A blank body (none, or white space only) fails with Find's
+// jsonpointer.ErrNotJSON: there is no body, which no reader takes for a
+// call. An array or a scalar fails as with Find.
+func FindInBody(body []byte, ptrs ...jsonpointer.Pointer) ([]jsonpointer.Value, error) {
+	blank := len(bytes.TrimLeft(body, " \t\r\n")) == 0
+	if !blank && !utf8.Valid(body) {
+		return nil, fmt.Errorf("%w: it is not UTF-8", ErrBodyUnreadable)
+	}
+	vs, err := jsonpointer.Find(body, ptrs...)
+	switch {
+	case err == nil, blank, errors.Is(err, jsonpointer.ErrTopLevelArray), errors.Is(err, jsonpointer.ErrNotObject):
+		return vs, err
+	}
+	return nil, fmt.Errorf("%w: %w", ErrBodyUnreadable, err)
 }
 
 var (
@@ -155,8 +195,10 @@ func (p *Policy) MatchBody(body []byte) (id []byte, miss BodyMiss) {
 	for _, c := range p.Match.JSON {
 		ptrs = append(ptrs, c.Pointer)
 	}
-	vs, err := jsonpointer.Find(body, ptrs...)
+	vs, err := FindInBody(body, ptrs...)
 	switch {
+	case errors.Is(err, ErrBodyUnreadable):
+		return nil, BodyUnreadable
 	case errors.Is(err, jsonpointer.ErrTopLevelArray):
 		return nil, BodyBatch
 	case err != nil:

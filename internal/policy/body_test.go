@@ -1,6 +1,8 @@
 package policy
 
 import (
+	"errors"
+	"strings"
 	"testing"
 
 	"github.com/idem-extproc/idem-extproc/internal/jsonpointer"
@@ -38,10 +40,15 @@ func TestMatchBody(t *testing.T) {
 		{`{"jsonrpc":"2.0","id":null,"method":"tools/call","params":{"name":"send_email"}}`, BodyNotification, ""},
 		{`{"jsonrpc":"2.0","id":1,"result":{}}`, BodyNotification, ""},
 		{`[{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"send_email"}}]`, BodyBatch, ""},
-		{`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"send_email"}`, BodyNotJSON, ""},
+		{`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"send_email"}`, BodyUnreadable, ""},
 		{``, BodyNotJSON, ""},
+		{" \r\n", BodyNotJSON, ""},
 		{`"tools/call"`, BodyNotJSON, ""},
-		{`{"id":1,"method":"tools/call","method":"x","params":{"name":"send_email"}}`, BodyNotJSON, ""},
+		{`{"id":1,"method":"tools/call","method":"x","params":{"name":"send_email"}}`, BodyUnreadable, ""},
+		{`{"id":1,"method":"tools/call","params":{"name":"send_email","arguments":{},}}`, BodyUnreadable, ""},
+		{"{\"id\":1,\"method\":\"tools/call\",\"params\":{\"name\":\"send_email\",\"x\":\"\xff\"}}", BodyUnreadable, ""},
+		{`{"id":1,"method":"tools/call","params":{"name":"send_email","x":` + strings.Repeat("[", 201) + strings.Repeat("]", 201) + `}}`, BodyUnreadable, ""},
+		{`not json`, BodyUnreadable, ""},
 		{`{"id":1,"method":"tools/call","params":{"name":["send_email"]}}`, BodyCriteria, ""},
 	} {
 		id, miss := p.MatchBody([]byte(tc.body))
@@ -58,6 +65,29 @@ func TestMatchBody(t *testing.T) {
 	rest.Match.JSON = []JSONCriterion{{Pointer: mustPointer("/kind"), OneOf: []string{"charge"}}}
 	if _, miss := rest.MatchBody([]byte(`{"kind":"charge"}`)); miss != BodyMatched {
 		t.Fatalf("REST body criteria: %v", miss)
+	}
+}
+
+// TestFindInBody: what counts as a body that cannot be read, and why.
+func TestFindInBody(t *testing.T) {
+	for _, tc := range []struct {
+		body, why string
+	}{
+		{`{"a":1,"a":2}`, "duplicate member"},
+		{"{\"a\":\"\xc3\"}", "not UTF-8"},
+		{`{"a":` + strings.Repeat("[", 250) + strings.Repeat("]", 250) + `}`, "nested deeper than 200"},
+		{`{"a":1,}`, "not JSON"},
+		{`{"a":1} {}`, "not JSON"},
+	} {
+		_, err := FindInBody([]byte(tc.body))
+		if !errors.Is(err, ErrBodyUnreadable) || !strings.Contains(err.Error(), tc.why) {
+			t.Errorf("FindInBody(%q) = %v, want unreadable: %s", tc.body, err, tc.why)
+		}
+	}
+	for _, body := range []string{``, "\n", `[1]`, `"x"`, `{"a":"\u00e9"}`} {
+		if _, err := FindInBody([]byte(body)); errors.Is(err, ErrBodyUnreadable) {
+			t.Errorf("FindInBody(%q) = %v: it is read", body, err)
+		}
 	}
 }
 

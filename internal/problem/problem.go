@@ -35,6 +35,7 @@ var (
 	BodyIncomplete   = Kind{"request-body-incomplete", "Request body did not arrive whole", 413}
 	PrincipalMissing = Kind{"principal-missing", "The request's principal is required to scope its Idempotency-Key", 401}
 	CapacityExceeded = Kind{"idempotency-capacity-exceeded", "The idempotency server has no room to buffer this request now", 503}
+	BodyUnreadable   = Kind{"request-body-unreadable", "Request body cannot be read as JSON", 400}
 )
 
 // Problem is one answer: a kind with the specific detail of this case.
