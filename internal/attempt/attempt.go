@@ -84,6 +84,8 @@ type Attempt struct {
 	// keySource is where the key came from (AdmitKeyFrom); a derived
 	// key's record lives in the policy's derived key space.
 	keySource policy.KeySource
+	// origin is the origin of the response ActionFor judged.
+	origin idem.Origin
 }
 
 // New returns an attempt of srv that talks through conv.

@@ -1,7 +1,9 @@
 package attempt
 
 import (
+	"context"
 	"errors"
+	"log/slog"
 	"mime"
 	"slices"
 
@@ -31,14 +33,7 @@ func JSONRPCReplay(rs idem.Response, id []byte) (idem.Response, error) {
 		return rs, errBodyOmitted
 	}
 	body, headers := rs.Body, rs.Headers
-	ct := ""
-	for _, h := range rs.Headers {
-		if h.Name == "content-type" {
-			ct = h.Value
-			break
-		}
-	}
-	if mt, _, _ := mime.ParseMediaType(ct); mt == "text/event-stream" {
+	if eventStream(rs) {
 		final, err := jsonrpc.FinalResponse(body, nil)
 		if err != nil {
 			return rs, err
@@ -58,4 +53,89 @@ func JSONRPCReplay(rs idem.Response, id []byte) (idem.Response, error) {
 	}
 	rs.Body, rs.Headers = out, slices.Clip(headers)
 	return rs, nil
+}
+
+// eventStream reports whether a response's content-type is
+// text/event-stream.
+func eventStream(rs idem.Response) bool {
+	for _, h := range rs.Headers {
+		if h.Name == "content-type" {
+			mt, _, _ := mime.ParseMediaType(h.Value)
+			return mt == "text/event-stream"
+		}
+	}
+	return false
+}
+
+// TransportRefused reports whether rs, the upstream's own answer to the
+// JSON-RPC call whose id is id (answers: jsonrpc), is the MCP Streamable
+// HTTP transport refusing the call before dispatching it, rather than the
+// call's outcome: a status the transport sends for a request it does not
+// take, and a body that holds no JSON-RPC response to the call. The tool
+// then never ran, and the record is released (SettleCall), so that the
+// agent's retry (in a new session, with a fresh token) runs it; storing it
+// would answer every retry with -32063 for the whole retention.
+//
+// The statuses, as the MCP specification gives them for the transport and
+// its authorization (MCP 2025-06-18, Basic, Transports and Authorization;
+// 2026-07-28, Basic, Transports, Streamable HTTP, the newest revision):
+//   - 404: a terminated or unknown session ("MUST respond to requests
+//     containing that session ID with HTTP 404 Not Found", 2025-06-18
+//     Session Management; the Go SDK writes "session not found" as
+//     text/plain, go-sdk v1.8.0 mcp/streamable.go); in 2026-07-28 also a
+//     method the server does not implement, with a JSON-RPC -32601 error;
+//   - 400: a request without the session id a server requires, an invalid
+//     or unsupported MCP-Protocol-Version, input the server cannot accept;
+//     in 2026-07-28 also a header that does not match the body (-32020);
+//   - 401 and 403: an invalid or expired token, insufficient scope
+//     (Authorization, "Error Handling"; servers "MUST validate access tokens
+//     before processing the request"), and in 2025-11-25 and later an
+//     invalid Origin (403);
+//   - 405: a method the endpoint does not serve;
+//   - 406 and 415: not named by the specification; RFC 9110 §15.5.7 and
+//     §15.5.16 make them a refusal of the request's media types (Accept,
+//     Content-Type), which SDKs check before they read the message (go-sdk
+//     v1.8.0 answers a wrong Content-Type 415 in mcp/streamable.go).
+//
+// What the specification leaves unclear, and is therefore stored: a 5xx
+// (a tool server's 500, or a gateway's 502 or 504, may come after the tool
+// ran); a 413 (no revision names it); a 2xx that is no JSON-RPC response
+// to the call (the server took the request); and any status whose body is
+// a JSON-RPC response to this very call, as the 2026-07-28 revision sends
+// with its 400 and 404 refusals: it answers the call, and is replayed to
+// the retry's id. A body omitted from the record (larger than
+// max_stored_body, or cut short) cannot be read, so its response is
+// stored too.
+func TransportRefused(rs idem.Response, id []byte) bool {
+	switch rs.Status {
+	case 400, 401, 403, 404, 405, 406, 415:
+	default:
+		return false
+	}
+	if rs.BodyOmitted || id == nil {
+		return false
+	}
+	if eventStream(rs) {
+		_, err := jsonrpc.FinalResponse(rs.Body, id)
+		return err != nil
+	}
+	return !jsonrpc.ResponseTo(rs.Body, id)
+}
+
+// SettleCall settles the record with rs, the response to the JSON-RPC
+// call whose id is id (answers: jsonrpc), that the response rules said to
+// store: completed with it, unless it is the upstream's transport refusing
+// the call (TransportRefused), which never ran it: then the record is
+// released. attrs are added to the settled line.
+func (a *Attempt) SettleCall(ctx context.Context, rs idem.Response, id []byte, attrs ...slog.Attr) {
+	if !a.Held() {
+		return
+	}
+	if a.origin != idem.OriginUpstream || !TransportRefused(rs, id) {
+		a.SettleStored(ctx, rs, attrs...)
+		return
+	}
+	a.settleWith(ctx, codeReleased, func(ctx context.Context) error {
+		return a.srv.Store.Release(ctx, a.ID, a.Token)
+	}, append(attrs, slog.String("reason", "transport refused the call"))...)
 }

@@ -42,3 +42,40 @@ func TestJSONRPCReplay(t *testing.T) {
 		}
 	}
 }
+
+// TestTransportRefused: the statuses the MCP transport refuses a call
+// with, carrying no JSON-RPC response to the call, are refusals; a 5xx, a
+// 413, a 2xx, a JSON-RPC response to the call at any status, and a body
+// that was not kept are not.
+func TestTransportRefused(t *testing.T) {
+	plain := []idem.Header{{Name: "content-type", Value: "text/plain"}}
+	js := []idem.Header{{Name: "content-type", Value: "application/json"}}
+	sse := []idem.Header{{Name: "content-type", Value: "text/event-stream"}}
+	for _, tc := range []struct {
+		name string
+		rs   idem.Response
+		want bool
+	}{
+		{"404 text", idem.Response{Status: 404, Headers: plain, Body: []byte("session not found\n")}, true},
+		{"400 empty", idem.Response{Status: 400}, true},
+		{"401", idem.Response{Status: 401, Headers: js, Body: []byte(`{"error":"invalid_token"}`)}, true},
+		{"403 error without id", idem.Response{Status: 403, Headers: js, Body: []byte(`{"jsonrpc":"2.0","id":null,"error":{"code":-32000,"message":"x"}}`)}, true},
+		{"405", idem.Response{Status: 405, Headers: plain}, true},
+		{"406 error to another id", idem.Response{Status: 406, Headers: js, Body: []byte(`{"jsonrpc":"2.0","id":"server-error","error":{"code":-32600,"message":"x"}}`)}, true},
+		{"415", idem.Response{Status: 415, Headers: plain}, true},
+		{"404 stream without the response", idem.Response{Status: 404, Headers: sse, Body: []byte("data: {\"jsonrpc\":\"2.0\",\"method\":\"x\"}\n\n")}, true},
+
+		{"404 error to the call", idem.Response{Status: 404, Headers: js, Body: []byte(`{"jsonrpc":"2.0","id":7,"error":{"code":-32601,"message":"x"}}`)}, false},
+		{"400 stream with the response", idem.Response{Status: 400, Headers: sse, Body: []byte("data: {\"jsonrpc\":\"2.0\",\"id\":7,\"error\":{\"code\":-32020,\"message\":\"x\"}}\n\n")}, false},
+		{"404 body not kept", idem.Response{Status: 404, Headers: plain, BodyOmitted: true}, false},
+		{"413", idem.Response{Status: 413, Headers: plain}, false},
+		{"500", idem.Response{Status: 500, Headers: plain}, false},
+		{"502", idem.Response{Status: 502, Headers: plain}, false},
+		{"200 not JSON-RPC", idem.Response{Status: 200, Headers: plain, Body: []byte("ok")}, false},
+		{"202", idem.Response{Status: 202}, false},
+	} {
+		if got := TransportRefused(tc.rs, []byte(`7`)); got != tc.want {
+			t.Errorf("%s: TransportRefused = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}

@@ -11,8 +11,10 @@ import (
 
 // ActionFor is what a response proves about the operation, by the policy's
 // response rules: the one place a response is judged, for HTTP and gRPC
-// answers alike. A response no rule covers is unknown.
+// answers alike. A response no rule covers is unknown. The origin is kept
+// for SettleCall.
 func (a *Attempt) ActionFor(origin idem.Origin, status int) idem.Action {
+	a.origin = origin
 	return idem.DecideResponse(a.Policy.ResponseRules, origin, status)
 }
 

@@ -229,3 +229,35 @@ func TestSettleWithoutHoldIsNothing(t *testing.T) {
 		t.Fatalf("state %v, decisions %v", f.state(t), f.rep.decisions)
 	}
 }
+
+// TestSettleCall: the transport's refusal of a call, answered by the
+// upstream, releases the record; the same answer from Envoy under a rule
+// that stores it, and the call's own answer, complete it.
+func TestSettleCall(t *testing.T) {
+	refusal := idem.Response{Status: 404, Headers: []idem.Header{{Name: "content-type", Value: "text/plain"}}, Body: []byte("session not found")}
+	answer := idem.Response{Status: 200, Headers: []idem.Header{{Name: "content-type", Value: "application/json"}},
+		Body: []byte(`{"jsonrpc":"2.0","id":3,"result":{}}`)}
+	for _, tc := range []struct {
+		name   string
+		origin idem.Origin
+		rs     idem.Response
+		want   idem.State
+		d      idem.Decision
+	}{
+		{"upstream refusal", idem.OriginUpstream, refusal, 0, idem.DecisionReleased},
+		{"Envoy's 404, stored by a rule", idem.OriginNotSent, refusal, idem.StateCompleted, idem.DecisionStored},
+		{"the call's answer", idem.OriginUpstream, answer, idem.StateCompleted, idem.DecisionStored},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := held(t, policy.Default(), nil)
+			f.att.ActionFor(tc.origin, tc.rs.Status)
+			f.att.SettleCall(context.Background(), tc.rs, []byte(`3`))
+			if got := f.state(t); got != tc.want || f.att.Held() {
+				t.Fatalf("state %v (held %v), want %v", got, f.att.Held(), tc.want)
+			}
+			if len(f.rep.decisions) != 1 || f.rep.decisions[0] != tc.d {
+				t.Fatalf("decisions %v, want %v", f.rep.decisions, tc.d)
+			}
+		})
+	}
+}

@@ -72,12 +72,18 @@ func (p *processor) onResponseBody(ctx context.Context, req *extprocv3.Processin
 }
 
 // settleStored completes the record with the response read so far
-// (attempt.SettleStored).
+// (attempt.SettleStored); a JSON-RPC call's response is judged once more
+// whole (attempt.SettleCall: the transport's refusal of the call is
+// released).
 func (p *processor) settleStored(ctx context.Context) {
 	if !p.att.Held() {
 		return
 	}
 	p.stage = stagePassThrough
+	if p.answersJSONRPC() {
+		p.att.SettleCall(ctx, p.response(), p.body.id, slog.Int("status", p.respStatus), slog.Bool("body_omitted", p.respTooLarge))
+		return
+	}
 	p.att.SettleStored(ctx, p.response(), slog.Int("status", p.respStatus), slog.Bool("body_omitted", p.respTooLarge))
 }
 

@@ -195,6 +195,13 @@ func ErrorResponse(id json.RawMessage, p *problem.Problem) ([]byte, error) {
 	}}})
 }
 
+// ResponseTo reports whether msg is one JSON-RPC response (with a result
+// or an error) to the request whose id is id.
+func ResponseTo(msg []byte, id json.RawMessage) bool {
+	v, ok := isResponse(msg)
+	return ok && sameID(v, id)
+}
+
 // isResponse reports whether msg is a JSON-RPC response: an object with
 // an id and a result or an error, and no method (JSON-RPC 2.0 section 5;
 // a request or notification carries a method).
