@@ -27,8 +27,10 @@ type bodyDecision struct {
 	cands    []bodyCandidate
 	resolved bool
 	// jsonrpc: answers in the upstream's place are JSON-RPC responses to
-	// id (nil until the body is read: null, as JSON-RPC 2.0 §5 asks when
-	// the id could not be read).
+	// id: the one the matching policy read, or for a body refused before
+	// that, the one its bytes at hand carry (jsonrpc.ScanID). nil, answered
+	// as null (JSON-RPC 2.0 §5), when none could be read
+	// (jsonrpcProblem).
 	jsonrpc bool
 	id      []byte
 }
