@@ -46,6 +46,7 @@ var knownProblems = map[string]error{
 	problem.BodyIncomplete.Slug:   nil,
 	problem.PrincipalMissing.Slug: nil,
 	problem.CapacityExceeded.Slug: nil,
+	problem.BodyUnreadable.Slug:   nil,
 }
 
 // ProblemError is an RFC 9457 answer that ended the chain: one the contract
