@@ -128,26 +128,38 @@ func TestBinaryUsageErrors(t *testing.T) {
 }
 
 // TestBinaryConfigCheck: `config check` accepts the shipped example and
-// prints its effective policies (defaults filled in) as YAML; an invalid
-// file exits 1 with the server's file:line messages.
+// prints its effective policies (defaults filled in) as a policy file; an
+// invalid file exits 1 with the server's file:line messages.
 func TestBinaryConfigCheck(t *testing.T) {
 	out, _, code := runBinary(t, nil, "config", "check", "../../examples/policies.yaml")
 	if code != 0 {
 		t.Fatalf("config check of the example: exit %d\n%s", code, out)
 	}
-	var doc effectiveDoc
+	type rule struct{ Status, Origin, Action string }
+	var doc struct {
+		Policies []struct {
+			Name, Retention, Lease string
+			Key                    struct{ Required bool }
+			Responses              []rule
+			Durability             string
+			DurabilityTimeout      string `yaml:"durability_timeout"`
+		}
+		DefaultPolicy struct{ Enabled bool } `yaml:"default_policy"`
+	}
 	if err := yaml.Unmarshal([]byte(out), &doc); err != nil {
 		t.Fatalf("output is not YAML: %v\n%s", err, out)
 	}
-	if len(doc.Policies) < 2 || doc.Policies[0].Name != "payments" || doc.Policies[len(doc.Policies)-1].Name != "default" {
-		t.Fatalf("policies not in match order, the default last:\n%s", out)
+	if len(doc.Policies) < 2 || doc.Policies[0].Name != "payments" || !doc.DefaultPolicy.Enabled {
+		t.Fatalf("policies not in match order, the default policy apart:\n%s", out)
 	}
 	pay := doc.Policies[0]
-	// From the example: retention 72h, required key; from the built-in
-	// defaults: the 30s lease and the default response rules after its own.
-	if pay.Retention != "72h" || !pay.Key.Required || pay.Lease != "30s" || len(pay.Responses) < 2 ||
-		pay.Responses[len(pay.Responses)-1] != (effectiveRule{Status: "any", Origin: "envoy_maybe_sent", Action: "unknown"}) {
-		t.Fatalf("payments policy: %+v", pay)
+	// From the example: retention 72h, a required key, its own response
+	// rule; from the built-in defaults: the 30s lease and the replicas'
+	// 50ms wait.
+	if pay.Retention != "72h" || !pay.Key.Required || pay.Lease != "30s" ||
+		len(pay.Responses) != 1 || pay.Responses[0] != (rule{Status: "5xx", Origin: "upstream", Action: "unknown"}) ||
+		pay.Durability != "replicated" || pay.DurabilityTimeout != "50ms" {
+		t.Fatalf("payments policy: %+v\n%s", pay, out)
 	}
 	bad := filepath.Join(t.TempDir(), "bad.yaml")
 	writeFile(t, bad, "policies:\n  - name: x\n    match: {methods: [POST]}\n    retention: 1h\n    lease: 2h\n")

@@ -23,8 +23,10 @@ func (b *builder) pointer(v scalar, path string) jsonpointer.Pointer {
 	return p
 }
 
+// pointers parses a list of pointers; an empty list is nil, as if it were
+// not there.
 func (b *builder) pointers(v scalars, path string) []jsonpointer.Pointer {
-	out := make([]jsonpointer.Pointer, 0, len(v.Items))
+	var out []jsonpointer.Pointer
 	for i, s := range v.Items {
 		out = append(out, b.pointer(s, fmt.Sprintf("%s[%d]", path, i)))
 	}
@@ -65,8 +67,7 @@ func (b *builder) bodyKey(r *policy.BodyKeyRules, s *settings, path string) {
 	if k.From.Set {
 		r.KeySources = nil
 		for i, v := range k.From.Items {
-			src := oneOf(b, v, fmt.Sprintf("%s.key.from[%d]", path, i), []string{"header", "body", "derived"},
-				[]policy.KeySource{policy.KeyFromHeader, policy.KeyFromBody, policy.KeyFromDerived})
+			src := oneOf(b, v, fmt.Sprintf("%s.key.from[%d]", path, i), keySources)
 			if slices.Contains(r.KeySources, src) {
 				b.errorf(v.Line, fmt.Sprintf("%s.key.from[%d]", path, i), "%q is listed twice", v.Value)
 			}

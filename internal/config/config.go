@@ -129,6 +129,7 @@ func (b *builder) build(doc *document) *policy.Set {
 		}
 		b.apply(p, &np.settings, path)
 		b.check(p, &np.settings, &doc.Defaults, path, np.Name.Line)
+		fill(p)
 		set.Policies = append(set.Policies, p)
 	}
 	dp := &doc.DefaultPolicy
@@ -149,10 +150,22 @@ func (b *builder) build(doc *document) *policy.Set {
 	}
 	b.apply(p, &dp.settings, "default_policy")
 	b.check(p, &dp.settings, &doc.Defaults, "default_policy", dp.Enabled.Line)
+	fill(p)
 	if enabled {
 		set.Policies = append(set.Policies, p)
 	}
 	return set
+}
+
+// fill writes into p the defaults that apply where a setting is left out
+// but that the built-in policy cannot hold, since they depend on another
+// setting (durability_replicas and durability_timeout exist only with
+// durability: replicated): the policy then says what is in force (config
+// check prints it), and a file that writes them out means the same policy.
+func fill(p *policy.Policy) {
+	if p.Durability == policy.DurabilityReplicated {
+		p.DurabilityReplicas, p.DurabilityTimeout = p.WaitReplicas()
+	}
 }
 
 func firstLine(np *namedPolicy) int {
@@ -255,26 +268,18 @@ func (b *builder) scope(p *policy.Policy, s *scopeSettings, path string) {
 		}
 		return
 	}
-	sc := policy.Scope{}
-	switch s.From.Value {
-	case "authority":
-		sc.Source = policy.ScopeAuthority
-	case "none":
-		sc.Source = policy.ScopeNone
-	case "principal":
-		sc.Source = policy.ScopePrincipal
+	sc := policy.Scope{Source: oneOf(b, s.From, path+".from", scopeSources)}
+	switch sc.Source {
+	case policy.ScopePrincipal:
 		if v := s.PeerIdentity; v.Set {
-			sc.PeerIdentity = oneOf(b, v, path+".peer_identity", []string{"uri_san", "dns_san", "subject"},
-				[]policy.PeerIdentity{policy.PeerURISAN, policy.PeerDNSSAN, policy.PeerSubject})
+			sc.PeerIdentity = oneOf(b, v, path+".peer_identity", peerIdentities)
 		}
-	case "header":
-		sc.Source = policy.ScopeHeader
+	case policy.ScopeHeader:
 		if !s.Header.Set || !methodPattern.MatchString(s.Header.Value) {
 			b.errorf(s.From.Line, path+".header", "a header name is required with from: header")
 		}
 		sc.Header = strings.ToLower(s.Header.Value)
-	case "metadata":
-		sc.Source = policy.ScopeMetadata
+	case policy.ScopeMetadata:
 		if !s.Metadata.Namespace.Set || s.Metadata.Namespace.Value == "" || len(s.Metadata.Path.Items) == 0 {
 			b.errorf(s.From.Line, path+".metadata", "namespace and path are required with from: metadata")
 		}
@@ -282,8 +287,6 @@ func (b *builder) scope(p *policy.Policy, s *scopeSettings, path string) {
 		for _, seg := range s.Metadata.Path.Items {
 			sc.Path = append(sc.Path, seg.Value)
 		}
-	default:
-		b.errorf(s.From.Line, path+".from", "%q is not one of authority, none, header, metadata, principal", s.From.Value)
 	}
 	if sc.Source != policy.ScopePrincipal && s.PeerIdentity.Set {
 		b.errorf(s.PeerIdentity.Line, path+".peer_identity", "only used with from: principal")

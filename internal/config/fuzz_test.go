@@ -2,19 +2,24 @@ package config
 
 import (
 	"os"
+	"reflect"
 	"testing"
 	"time"
 
 	"github.com/idem-extproc/idem-extproc/internal/policy"
 )
 
-// FuzzParse: no document makes Parse panic or hang, and whatever it
-// accepts is a policy set the server can run. (On this project's 2-core
+// FuzzParse: no document makes Parse panic or hang, whatever it accepts
+// is a policy set the server can run, and Marshal writes it as a file that
+// Parse reads as the same set (config check's promise). (On this project's 2-core
 // machines, run it with -fuzzminimizetime 0: the minimizer, not Parse,
 // stalls on some inputs.)
 func FuzzParse(f *testing.F) {
 	if b, err := os.ReadFile(example); err == nil {
 		f.Add(b)
+	}
+	for _, s := range printCases {
+		f.Add([]byte(s))
 	}
 	for _, s := range []string{
 		"", "policies: []", "defaults: {lease: 1s, retention: 2s}",
@@ -52,6 +57,17 @@ func FuzzParse(f *testing.F) {
 			if p.Lease <= 0 || p.Lease >= p.Retention || p.MaxRequestBody <= 0 || p.MaxKeyLength < 1 || p.MaxKeyLength > 255 {
 				t.Fatalf("accepted an unworkable policy: %+v", p)
 			}
+		}
+		out, err := Marshal(r.set)
+		if err != nil {
+			t.Fatalf("Marshal of an accepted set: %v", err)
+		}
+		again, err := Parse("printed.yaml", out)
+		if err != nil {
+			t.Fatalf("the printout of %q does not load: %v\n%s", doc, err, out)
+		}
+		if !reflect.DeepEqual(again, r.set) {
+			t.Fatalf("the printout of %q loads as other policies:\n%s", doc, out)
 		}
 	})
 }

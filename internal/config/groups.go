@@ -23,8 +23,7 @@ func (b *builder) apply(p *policy.Policy, s *settings, path string) {
 	b.bodyKey(&p.KeyRules.BodyKeyRules, s, path)
 	b.fingerprintPointers(&p.BodyRules, s, path)
 	if v := s.Answers; v.Set {
-		p.Answers = oneOf(b, v, path+".answers", []string{"http", "jsonrpc"},
-			[]policy.Answers{policy.AnswersHTTP, policy.AnswersJSONRPC})
+		p.Answers = oneOf(b, v, path+".answers", answerModes)
 	}
 }
 
@@ -96,16 +95,13 @@ func (b *builder) durability(r *policy.DurabilityRules, s *settings, path string
 		r.Lease = b.duration(v, path+".lease", 100*time.Millisecond)
 	}
 	if v := s.OnLeaseExpiry; v.Set {
-		r.LeaseExpiry = oneOf(b, v, path+".on_lease_expiry", []string{"unknown", "reexecute"},
-			[]idem.LeaseExpiry{idem.LeaseExpiryUnknown, idem.LeaseExpiryReexecute})
+		r.LeaseExpiry = oneOf(b, v, path+".on_lease_expiry", leaseExpiries)
 	}
 	if v := s.StoreFailure; v.Set {
-		r.FailureMode = oneOf(b, v, path+".store_failure", []string{"fail_closed", "fail_open"},
-			[]policy.FailureMode{policy.FailClosed, policy.FailOpen})
+		r.FailureMode = oneOf(b, v, path+".store_failure", failureModes)
 	}
 	if v := s.Durability; v.Set {
-		r.Durability = oneOf(b, v, path+".durability", []string{"async", "replicated"},
-			[]policy.Durability{policy.DurabilityAsync, policy.DurabilityReplicated})
+		r.Durability = oneOf(b, v, path+".durability", durabilities)
 	}
 	if v := s.DurabilityReps; v.Set {
 		n, err := strconv.Atoi(v.Value)
@@ -126,16 +122,11 @@ func (b *builder) durability(r *policy.DurabilityRules, s *settings, path string
 // adopt_shadow_records.
 func (b *builder) rollout(r *policy.RolloutRules, s *settings, path string) {
 	if v := s.Enforcement; v.Set {
-		switch v.Value {
-		case "enforce":
-			r.Enforcement = policy.EnforcementEnforce
-		case "shadow":
-			r.Enforcement = policy.EnforcementShadow
-		case "off":
-			r.Enforcement = policy.EnforcementOff
-		default:
+		e, ok := enforcements.parse(v.Value)
+		if !ok {
 			b.errorf(v.Line, path+".enforcement", "%q is not off, shadow or enforce", v.Value)
 		}
+		r.Enforcement = e
 	}
 	if v := s.ShadowHeader; v.Set {
 		h := strings.ToLower(strings.TrimSpace(v.Value))

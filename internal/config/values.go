@@ -1,22 +1,76 @@
 package config
 
 import (
+	"fmt"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/idem-extproc/idem-extproc/internal/idem"
+	"github.com/idem-extproc/idem-extproc/internal/policy"
 )
 
-// oneOf reads a value that must be one of names, returning the matching
-// value of values (same order).
-func oneOf[T any](b *builder, v scalar, path string, names []string, values []T) T {
-	for i, n := range names {
-		if v.Value == n {
-			return values[i]
+// enum is the file's names for the values of one setting, read by the
+// loader (oneOf) and written by Marshal (name) from the same table, so the
+// two cannot spell a value differently.
+type enum[T comparable] []struct {
+	name  string
+	value T
+}
+
+func (e enum[T]) parse(s string) (T, bool) {
+	for _, c := range e {
+		if c.name == s {
+			return c.value, true
 		}
 	}
-	b.errorf(v.Line, path, "%q is not one of %s", v.Value, strings.Join(names, ", "))
 	var zero T
-	return zero
+	return zero, false
+}
+
+// name returns the file's name for v.
+func (e enum[T]) name(v T) (scalar, error) {
+	for _, c := range e {
+		if c.value == v {
+			return str(c.name), nil
+		}
+	}
+	return scalar{}, fmt.Errorf("%v has no name in a policy file", v)
+}
+
+func (e enum[T]) names() []string {
+	out := make([]string, 0, len(e))
+	for _, c := range e {
+		out = append(out, c.name)
+	}
+	return out
+}
+
+var (
+	keySources = enum[policy.KeySource]{
+		{"header", policy.KeyFromHeader}, {"body", policy.KeyFromBody}, {"derived", policy.KeyFromDerived}}
+	scopeSources = enum[policy.ScopeSource]{
+		{"authority", policy.ScopeAuthority}, {"none", policy.ScopeNone}, {"header", policy.ScopeHeader},
+		{"metadata", policy.ScopeMetadata}, {"principal", policy.ScopePrincipal}}
+	peerIdentities = enum[policy.PeerIdentity]{
+		{"uri_san", policy.PeerURISAN}, {"dns_san", policy.PeerDNSSAN}, {"subject", policy.PeerSubject}}
+	answerModes   = enum[policy.Answers]{{"http", policy.AnswersHTTP}, {"jsonrpc", policy.AnswersJSONRPC}}
+	leaseExpiries = enum[idem.LeaseExpiry]{
+		{"unknown", idem.LeaseExpiryUnknown}, {"reexecute", idem.LeaseExpiryReexecute}}
+	failureModes = enum[policy.FailureMode]{{"fail_closed", policy.FailClosed}, {"fail_open", policy.FailOpen}}
+	durabilities = enum[policy.Durability]{
+		{"async", policy.DurabilityAsync}, {"replicated", policy.DurabilityReplicated}}
+	enforcements = enum[policy.Enforcement]{
+		{"enforce", policy.EnforcementEnforce}, {"shadow", policy.EnforcementShadow}, {"off", policy.EnforcementOff}}
+)
+
+// oneOf reads a value that must be one of e's names.
+func oneOf[T comparable](b *builder, v scalar, path string, e enum[T]) T {
+	x, ok := e.parse(v.Value)
+	if !ok {
+		b.errorf(v.Line, path, "%q is not one of %s", v.Value, strings.Join(e.names(), ", "))
+	}
+	return x
 }
 
 func (b *builder) boolean(v scalar, path string) bool {

@@ -12,6 +12,24 @@ type scalar struct {
 	Value string
 	Line  int
 	Set   bool
+	// Tag, when Marshal sets it (!!bool, !!int), writes Value plain; a
+	// scalar without one is written as a YAML string, quoted when it would
+	// read as something else. Decoding leaves it empty.
+	Tag string
+}
+
+// IsZero leaves a setting the printer did not set out of the file
+// (omitempty).
+func (s scalar) IsZero() bool { return !s.Set }
+
+func (s scalar) MarshalYAML() (any, error) { return s.node() }
+
+func (s scalar) node() (*yaml.Node, error) {
+	if s.Tag != "" {
+		return &yaml.Node{Kind: yaml.ScalarNode, Tag: s.Tag, Value: s.Value}, nil
+	}
+	var n yaml.Node
+	return &n, n.Encode(s.Value)
 }
 
 func (s *scalar) UnmarshalYAML(n *yaml.Node) error {
@@ -49,6 +67,21 @@ func (s *scalars) UnmarshalYAML(n *yaml.Node) error {
 	return fmt.Errorf("line %d: expected a list, found a %s", n.Line, kindName(n.Kind))
 }
 
+func (s scalars) IsZero() bool { return !s.Set }
+
+// MarshalYAML writes the list on one line, as the examples do.
+func (s scalars) MarshalYAML() (any, error) {
+	n := &yaml.Node{Kind: yaml.SequenceNode, Style: yaml.FlowStyle}
+	for _, v := range s.Items {
+		c, err := v.node()
+		if err != nil {
+			return nil, err
+		}
+		n.Content = append(n.Content, c)
+	}
+	return n, nil
+}
+
 func kindName(k yaml.Kind) string {
 	switch k {
 	case yaml.MappingNode:
@@ -65,11 +98,11 @@ func kindName(k yaml.Kind) string {
 type document struct {
 	// Defaults are settings every policy starts from (the built-in defaults
 	// fill what it leaves out).
-	Defaults settings `yaml:"defaults"`
+	Defaults settings `yaml:"defaults,omitempty"`
 	// Policies are matched in order; the first that matches applies.
 	Policies []namedPolicy `yaml:"policies"`
 	// DefaultPolicy protects what no listed policy matches.
-	DefaultPolicy defaultPolicy `yaml:"default_policy"`
+	DefaultPolicy defaultPolicy `yaml:"default_policy,omitempty"`
 }
 
 // Structs below have no UnmarshalYAML of their own: yaml.v3's Node.Decode
@@ -77,100 +110,100 @@ type document struct {
 // fields must be reported everywhere.
 
 type namedPolicy struct {
-	Name     scalar `yaml:"name"`
-	Match    match  `yaml:"match"`
+	Name     scalar `yaml:"name,omitempty"`
+	Match    match  `yaml:"match,omitempty"`
 	settings `yaml:",inline"`
 }
 
 type defaultPolicy struct {
-	Enabled  scalar `yaml:"enabled"`
-	Match    match  `yaml:"match"`
+	Enabled  scalar `yaml:"enabled,omitempty"`
+	Match    match  `yaml:"match,omitempty"`
 	settings `yaml:",inline"`
 }
 
 type match struct {
-	RouteNames scalars   `yaml:"route_names"`
-	Hosts      scalars   `yaml:"hosts"`
-	Methods    scalars   `yaml:"methods"`
-	Path       pathMatch `yaml:"path"`
+	RouteNames scalars   `yaml:"route_names,omitempty"`
+	Hosts      scalars   `yaml:"hosts,omitempty"`
+	Methods    scalars   `yaml:"methods,omitempty"`
+	Path       pathMatch `yaml:"path,omitempty"`
 	// JSON are body criteria, decided at the request body (issue 18).
-	JSON []jsonCriterion `yaml:"json"`
+	JSON []jsonCriterion `yaml:"json,omitempty"`
 }
 
 type jsonCriterion struct {
-	Pointer scalar  `yaml:"pointer"`
-	Equals  scalar  `yaml:"equals"`
-	OneOf   scalars `yaml:"one_of"`
+	Pointer scalar  `yaml:"pointer,omitempty"`
+	Equals  scalar  `yaml:"equals,omitempty"`
+	OneOf   scalars `yaml:"one_of,omitempty"`
 }
 
 type pathMatch struct {
-	Exact  scalar `yaml:"exact"`
-	Prefix scalar `yaml:"prefix"`
-	Regex  scalar `yaml:"regex"`
+	Exact  scalar `yaml:"exact,omitempty"`
+	Prefix scalar `yaml:"prefix,omitempty"`
+	Regex  scalar `yaml:"regex,omitempty"`
 }
 
 // settings are everything a policy says about how it protects.
 type settings struct {
-	Key             keySettings      `yaml:"key"`
-	Scope           scopeSettings    `yaml:"scope"`
-	Retention       scalar           `yaml:"retention"`
-	Lease           scalar           `yaml:"lease"`
-	RetryAfter      scalar           `yaml:"retry_after"`
-	MaxRequestBody  scalar           `yaml:"max_request_body"`
-	MaxStoredBody   scalar           `yaml:"max_stored_body"`
-	StoreFailure    scalar           `yaml:"store_failure"`
-	Fingerprint     fingerprintCfg   `yaml:"fingerprint"`
+	Key             keySettings      `yaml:"key,omitempty"`
+	Scope           scopeSettings    `yaml:"scope,omitempty"`
+	Retention       scalar           `yaml:"retention,omitempty"`
+	Lease           scalar           `yaml:"lease,omitempty"`
+	RetryAfter      scalar           `yaml:"retry_after,omitempty"`
+	MaxRequestBody  scalar           `yaml:"max_request_body,omitempty"`
+	MaxStoredBody   scalar           `yaml:"max_stored_body,omitempty"`
+	StoreFailure    scalar           `yaml:"store_failure,omitempty"`
+	Fingerprint     fingerprintCfg   `yaml:"fingerprint,omitempty"`
 	Responses       []responseRule   `yaml:"responses"`
-	OnStreamReset   scalar           `yaml:"on_stream_reset"`
-	OnLeaseExpiry   scalar           `yaml:"on_lease_expiry"`
-	StoredHeaders   storedHeadersCfg `yaml:"stored_headers"`
-	WaitForInFlight scalar           `yaml:"wait_for_in_flight"`
-	Encrypt         scalar           `yaml:"encrypt"`
-	Durability      scalar           `yaml:"durability"`
-	DurabilityReps  scalar           `yaml:"durability_replicas"`
-	DurabilityWait  scalar           `yaml:"durability_timeout"`
-	Enforcement     scalar           `yaml:"enforcement"`
-	ShadowHeader    scalar           `yaml:"shadow_header"`
-	AdoptShadow     scalar           `yaml:"adopt_shadow_records"`
-	Answers         scalar           `yaml:"answers"`
+	OnStreamReset   scalar           `yaml:"on_stream_reset,omitempty"`
+	OnLeaseExpiry   scalar           `yaml:"on_lease_expiry,omitempty"`
+	StoredHeaders   storedHeadersCfg `yaml:"stored_headers,omitempty"`
+	WaitForInFlight scalar           `yaml:"wait_for_in_flight,omitempty"`
+	Encrypt         scalar           `yaml:"encrypt,omitempty"`
+	Durability      scalar           `yaml:"durability,omitempty"`
+	DurabilityReps  scalar           `yaml:"durability_replicas,omitempty"`
+	DurabilityWait  scalar           `yaml:"durability_timeout,omitempty"`
+	Enforcement     scalar           `yaml:"enforcement,omitempty"`
+	ShadowHeader    scalar           `yaml:"shadow_header,omitempty"`
+	AdoptShadow     scalar           `yaml:"adopt_shadow_records,omitempty"`
+	Answers         scalar           `yaml:"answers,omitempty"`
 }
 
 type keySettings struct {
-	Header    scalar `yaml:"header"`
-	Required  scalar `yaml:"required"`
-	MaxLength scalar `yaml:"max_length"`
-	WarnUntil scalar `yaml:"warn_until"`
+	Header    scalar `yaml:"header,omitempty"`
+	Required  scalar `yaml:"required,omitempty"`
+	MaxLength scalar `yaml:"max_length,omitempty"`
+	WarnUntil scalar `yaml:"warn_until,omitempty"`
 	// From, Pointer and Derive draw the key from the body (issue 18).
-	From    scalars `yaml:"from"`
-	Pointer scalar  `yaml:"pointer"`
-	Derive  scalars `yaml:"derive"`
+	From    scalars `yaml:"from,omitempty"`
+	Pointer scalar  `yaml:"pointer,omitempty"`
+	Derive  scalars `yaml:"derive,omitempty"`
 }
 
 type scopeSettings struct {
-	From         scalar      `yaml:"from"`
-	Header       scalar      `yaml:"header"`
-	Metadata     metadataRef `yaml:"metadata"`
-	PeerIdentity scalar      `yaml:"peer_identity"`
+	From         scalar      `yaml:"from,omitempty"`
+	Header       scalar      `yaml:"header,omitempty"`
+	Metadata     metadataRef `yaml:"metadata,omitempty"`
+	PeerIdentity scalar      `yaml:"peer_identity,omitempty"`
 }
 
 type metadataRef struct {
-	Namespace scalar  `yaml:"namespace"`
-	Path      scalars `yaml:"path"`
+	Namespace scalar  `yaml:"namespace,omitempty"`
+	Path      scalars `yaml:"path,omitempty"`
 }
 
 type fingerprintCfg struct {
-	Headers scalars `yaml:"headers"`
-	JSON    scalar  `yaml:"json"`
-	Include scalars `yaml:"include"`
-	Exclude scalars `yaml:"exclude"`
+	Headers scalars `yaml:"headers,omitempty"`
+	JSON    scalar  `yaml:"json,omitempty"`
+	Include scalars `yaml:"include,omitempty"`
+	Exclude scalars `yaml:"exclude,omitempty"`
 }
 
 type responseRule struct {
-	Status scalar `yaml:"status"`
-	Origin scalar `yaml:"origin"`
-	Action scalar `yaml:"action"`
+	Status scalar `yaml:"status,omitempty"`
+	Origin scalar `yaml:"origin,omitempty"`
+	Action scalar `yaml:"action,omitempty"`
 }
 
 type storedHeadersCfg struct {
-	Deny scalars `yaml:"deny"`
+	Deny scalars `yaml:"deny,omitempty"`
 }

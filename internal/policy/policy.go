@@ -254,7 +254,7 @@ const (
 )
 
 // Default returns the policy used when no configuration is given: POST and
-// PATCH with an optional Idempotency-Key, scoped by :authority, kept 24 h,
+// PATCH with an optional Idempotency-Key (from the header), scoped by :authority, kept 24 h,
 // a 30 s lease, 1 MiB bodies, failing closed.
 func Default() *Policy {
 	return &Policy{
@@ -263,6 +263,7 @@ func Default() *Policy {
 		KeyRules: KeyRules{
 			KeyHeader:    DefaultKeyHeader,
 			MaxKeyLength: idem.MaxKeyLength,
+			BodyKeyRules: BodyKeyRules{KeySources: []KeySource{KeyFromHeader}},
 		},
 		Scope: Scope{Source: ScopeAuthority},
 		BodyRules: BodyRules{

@@ -1,0 +1,152 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"reflect"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/idem-extproc/idem-extproc/internal/config"
+)
+
+// TestConfigCheckRoundTrips runs `config check` on every policy file the
+// repository ships and loads what it prints: the printout must be a policy
+// file the loader accepts, and mean exactly the policies of the original.
+// That is what "the effective policies" promises: every setting in force,
+// spelt as the file spells it.
+func TestConfigCheckRoundTrips(t *testing.T) {
+	examples := policyExamples(t, "../..")
+	for _, ex := range examples {
+		t.Run(ex.name, func(t *testing.T) {
+			want, err := config.Parse(ex.name, ex.data)
+			if err != nil {
+				t.Fatalf("a shipped policy file does not load: %v", err)
+			}
+			path := filepath.Join(t.TempDir(), "policies.yaml")
+			if err := os.WriteFile(path, ex.data, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			var stdout, stderr bytes.Buffer
+			if code := run(context.Background(), []string{"config", "check", path}, func(string) string { return "" }, &stdout, &stderr); code != 0 {
+				t.Fatalf("config check: exit %d\n%s", code, stderr.String())
+			}
+			got, err := config.Parse("printed", stdout.Bytes())
+			if err != nil {
+				t.Fatalf("the printout does not load:\n%v\n--- printout:\n%s", err, stdout.String())
+			}
+			if !reflect.DeepEqual(got, want) {
+				for i := range max(len(got.Policies), len(want.Policies)) {
+					switch {
+					case i >= len(got.Policies):
+						t.Errorf("policy %q is missing from the printout", want.Policies[i].Name)
+					case i >= len(want.Policies):
+						t.Errorf("the printout has an extra policy %q", got.Policies[i].Name)
+					case !reflect.DeepEqual(got.Policies[i], want.Policies[i]):
+						t.Errorf("policy %q differs once printed and loaded:\n got %+v\nwant %+v", want.Policies[i].Name, *got.Policies[i], *want.Policies[i])
+					}
+				}
+				t.Logf("printout:\n%s", stdout.String())
+			}
+		})
+	}
+}
+
+// example is one policy file the repository ships: a file of its own, the
+// policy a Helm values file embeds, or a code block of the documentation.
+type example struct {
+	name string
+	data []byte
+}
+
+// policyFileKeys are the top-level keys of a policy file (README
+// "Configuration"); a YAML document whose keys are all among them is one.
+var policyFileKeys = map[string]bool{"defaults": true, "policies": true, "default_policy": true}
+
+// yamlBlock is a fenced YAML code block of a Markdown file.
+var yamlBlock = regexp.MustCompile("(?ms)^```ya?ml\n(.*?)^```")
+
+// policyExamples finds every policy file under root: YAML files whose
+// top-level keys are a policy file's, the `policy` string of Helm values
+// files, and the YAML code blocks of Markdown files shaped like a policy
+// file (a block that elides with "…" is a sketch, not a file). Found by
+// shape rather than listed, so a new example is covered when it is added.
+func policyExamples(t *testing.T, root string) []example {
+	t.Helper()
+	var out []example
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if d.Name() == ".git" || d.Name() == "node_modules" {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		rel, _ := filepath.Rel(root, path)
+		switch filepath.Ext(path) {
+		case ".yaml", ".yml":
+			data, err := os.ReadFile(path)
+			if err != nil {
+				return err
+			}
+			var top map[string]any
+			if yaml.Unmarshal(data, &top) != nil || len(top) == 0 {
+				return nil // a template, or several documents: not a policy file
+			}
+			if isPolicyFile(top) {
+				out = append(out, example{rel, data})
+			} else if s, ok := top["policy"].(string); ok && strings.Contains(filepath.Base(path), "values") {
+				out = append(out, example{rel + "#policy", []byte(s)})
+			}
+		case ".md":
+			data, err := os.ReadFile(path)
+			if err != nil {
+				return err
+			}
+			for _, m := range yamlBlock.FindAllSubmatchIndex(data, -1) {
+				block := data[m[2]:m[3]]
+				var top map[string]any
+				if bytes.Contains(block, []byte("…")) || yaml.Unmarshal(block, &top) != nil || len(top) == 0 || !isPolicyFile(top) {
+					continue
+				}
+				line := bytes.Count(data[:m[0]], []byte("\n")) + 1
+				out = append(out, example{rel + ":" + strconv.Itoa(line), block})
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The finder must see what is known to be there, or it proves nothing.
+	names := make([]string, 0, len(out))
+	for _, ex := range out {
+		names = append(names, ex.name)
+	}
+	all := strings.Join(names, " ")
+	for _, known := range []string{"examples/policies.yaml", "examples/mcp-policies.yaml", "k8s/base/policy.yaml",
+		"charts/idem-extproc/values.yaml#policy", "README.md:", "docs/mcp.md:"} {
+		if !strings.Contains(all, known) {
+			t.Errorf("policy example %s not found (found: %s)", known, all)
+		}
+	}
+	return out
+}
+
+func isPolicyFile(top map[string]any) bool {
+	for k := range top {
+		if !policyFileKeys[k] {
+			return false
+		}
+	}
+	return true
+}
