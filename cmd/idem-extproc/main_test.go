@@ -706,7 +706,8 @@ func TestBinaryBadConfigFile(t *testing.T) {
 }
 
 // TestBinaryAdminCLI: `idem-extproc admin` reads and purges records through
-// a running server's admin API.
+// a running server's admin API, named by the default policy's scope: the
+// request's :authority, port included.
 func TestBinaryAdminCLI(t *testing.T) {
 	redis := redistest.Start(t, redistest.Options{})
 	tokenFile := filepath.Join(t.TempDir(), "token")
@@ -724,6 +725,12 @@ func TestBinaryAdminCLI(t *testing.T) {
 	out, err := admin("get", "--policy", "default", "--scope", scope, "--key", "cli-1")
 	if err != nil || !strings.Contains(out, `"state":"completed"`) {
 		t.Fatalf("admin get: %v\n%s", err, out)
+	}
+	// The default policy's scope is the :authority with its port: the
+	// host alone names another record.
+	host, _, _ := strings.Cut(scope, ":")
+	if out, err := admin("get", "--policy", "default", "--scope", host, "--key", "cli-1"); err == nil || !strings.Contains(out, "404") {
+		t.Fatalf("admin get with the host alone found the record of %s: %v\n%s", scope, err, out)
 	}
 	if out, err := admin("purge", "--policy", "default", "--scope", scope, "--key", "cli-1"); err != nil || !strings.Contains(out, "purged") {
 		t.Fatalf("admin purge: %v\n%s", err, out)
@@ -805,10 +812,11 @@ func TestBinaryAdminCLIResolve(t *testing.T) {
 		{append([]string{"resolve", "release"}, name...), 2, `unexpected argument "release"`},
 		{append([]string{"resolv", "--action", "release"}, name...), 2, `unknown subcommand "resolv"`},
 		{append([]string{"resolve", "--action", "release", "--header", "no-colon"}, name...), 2, "want name:value"},
-		// Refused by the server, its reason passed on (exit 1).
-		{[]string{"resolve", "--action", "release"}, 1, "400 Bad Request: name the record by id, or by policy, scope and key"},
-		{[]string{"resolve", "--action", "release", "--id", "cli-u1"}, 1, "32-hex-digit"},
+		{[]string{"resolve", "--action", "release"}, 2, "name the record: --id"},
+		{[]string{"resolve", "--action", "release", "--id", "cli-u1"}, 2, "32-hex-digit"},
 		{append([]string{"resolve", "--action", "release", "--token-file", "/nonexistent/token"}, name...), 2, "--token-file"},
+		// Refused by the server, its reason passed on (exit 1).
+		{[]string{"resolve", "--action", "release", "--policy", "nosuch", "--scope", scope, "--key", "cli-u1"}, 1, `400 Bad Request: no policy "nosuch" in force`},
 	} {
 		stdout, stderr, code := admin(c.args...)
 		if code != c.code || !strings.Contains(stderr, c.want) || stdout != "" {

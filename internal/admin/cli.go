@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -14,6 +15,8 @@ import (
 	"os"
 	"strings"
 	"time"
+
+	"github.com/idem-extproc/idem-extproc/internal/idem"
 )
 
 // headerFlags collects repeated --header name:value flags.
@@ -60,7 +63,9 @@ func defineFlags(cmd string, getenv func(string) string) (*flag.FlagSet, *cliFla
 	}
 	fs.StringVar(&f.id, "id", "", "record id: the key_hash of the server's logs")
 	fs.StringVar(&f.policy, "policy", "", "policy name (with --scope and --key, or with --id for resolve's retention)")
-	fs.StringVar(&f.scope, "scope", "", "the key's scope (for the default policy: the request's host)")
+	fs.StringVar(&f.scope, "scope", "", "the key's scope as the server read it (the scope field of its logs). With scope.from: authority\n"+
+		"(the default) the request's :authority as Envoy sent it, port included when it has one\n"+
+		"(api.example.com, api.example.com:8443, localhost:8080); \"\" with scope.from: none")
 	fs.StringVar(&f.key, "key", "", "the Idempotency-Key as the client sent it")
 	if cmd == "resolve" {
 		fs.StringVar(&f.action, "action", "", "release (the next attempt runs) or complete (store the given response)")
@@ -136,6 +141,11 @@ func checkCLI(cmd string, fs *flag.FlagSet, f *cliFlags) error {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected argument %q: every option is a flag (--action release, --id …)", fs.Arg(0))
 	}
+	if cmd != "adoption" {
+		if err := checkRecordName(fs, f); err != nil {
+			return err
+		}
+	}
 	if cmd == "resolve" {
 		if err := checkResolve(fs, f.action, f.status); err != nil {
 			return err
@@ -143,6 +153,39 @@ func checkCLI(cmd string, fs *flag.FlagSet, f *cliFlags) error {
 	}
 	if f.tokenFile == "" {
 		return errors.New("no bearer token: set --token-file or IDEM_ADMIN_TOKEN_FILE")
+	}
+	return nil
+}
+
+// checkRecordName refuses a record command that names no record, or names
+// one in a way the server refuses with 400 (admin.target): those are
+// mistakes in the command line, not refusals.
+func checkRecordName(fs *flag.FlagSet, f *cliFlags) error {
+	given := map[string]bool{}
+	fs.Visit(func(fl *flag.Flag) { given[fl.Name] = true })
+	if given["id"] {
+		if given["scope"] || given["key"] {
+			return errors.New("name the record by --id, or by --policy, --scope and --key, not both")
+		}
+		if b, err := hex.DecodeString(f.id); err != nil || len(b) != 16 {
+			return fmt.Errorf("--id %q: want the 32-hex-digit key_hash of the server's logs", f.id)
+		}
+		return nil
+	}
+	var missing []string
+	for _, name := range []string{"policy", "scope", "key"} {
+		if !given[name] {
+			missing = append(missing, "--"+name)
+		}
+	}
+	switch {
+	case len(missing) == 3:
+		return errors.New("name the record: --id (the key_hash of the server's logs), or --policy, --scope and --key")
+	case len(missing) > 0:
+		return fmt.Errorf("name the record by --policy, --scope and --key: missing %s", strings.Join(missing, " and "))
+	}
+	if _, err := idem.ParseKey(f.key, 0); err != nil {
+		return fmt.Errorf("--key: %w", err)
 	}
 	return nil
 }
@@ -184,10 +227,14 @@ func send(ctx context.Context, cmd string, f *cliFlags, method, path string, pay
 		return 2
 	}
 	q := url.Values{}
-	for name, v := range map[string]string{"id": f.id, "policy": f.policy, "scope": f.scope, "key": f.key} {
+	for name, v := range map[string]string{"id": f.id, "policy": f.policy, "key": f.key} {
 		if v != "" {
 			q.Set(name, v)
 		}
+	}
+	if f.id == "" && cmd != "adoption" {
+		// Even empty: the scope of a scope.from: none policy is "".
+		q.Set("scope", f.scope)
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
