@@ -3,9 +3,14 @@
 //
 //	go build -ldflags "-X github.com/idem-extproc/idem-extproc/internal/version.version=v0.1.0" ./cmd/idem-extproc
 //
-// Without the stamp the module version Go recorded in the binary is used
-// (`go install …@v0.1.0` records it; a build from a checkout records
-// "(devel)"), and the VCS revision when Go recorded one.
+// Without the stamp the module version Go recorded in the binary is used,
+// and the VCS revision when Go recorded one: `go install …@v0.1.0` records
+// v0.1.0; go build and go install in a git clone record the commit as a
+// pseudo-version (v0.0.0-<commit time>-<revision prefix>, "+dirty" with
+// uncommitted changes) and its revision; go run, -buildvcs=false and a tree
+// Go does not take for a git repository (no .git directory: a source
+// archive, a git worktree) record "(devel)" and no revision
+// (cmd/go/internal/load/pkg.go, setBuildInfo).
 package version
 
 import (

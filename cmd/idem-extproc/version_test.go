@@ -1,0 +1,87 @@
+package main
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+// TestBinaryVersionUnstamped builds the binary from a fresh git clone of
+// this repository without the release stamp, as a newcomer does, and
+// checks what README says it reports. Go records the main module's version
+// from the VCS when it finds a repository (go build and go install do by
+// default, go run only with -buildvcs=true): the commit as a pseudo-version
+// (cmd/go/internal/load/pkg.go, setBuildInfo; "+dirty" with uncommitted
+// changes), and the revision. With -buildvcs=false, or in a tree Go does not
+// take for a git repository (it looks for a .git directory:
+// cmd/go/internal/vcs/vcs.go, vcsGit.RootNames; a git worktree's .git is a
+// file), it records "(devel)" and no revision.
+func TestBinaryVersionUnstamped(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary from a fresh clone")
+	}
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, claim := range []string{"`-buildvcs=false`", "`(devel)`", "`+dirty`", "pseudo-version"} {
+		if !strings.Contains(string(readme), claim) {
+			t.Errorf("README.md does not say %s about an unstamped build's version", claim)
+		}
+	}
+
+	top, err := exec.Command("git", "-C", "../..", "rev-parse", "--show-toplevel").Output()
+	if err != nil {
+		t.Skipf("not in a git checkout (%v): nothing to clone", err)
+	}
+	src := filepath.Join(t.TempDir(), "src")
+	if out, err := exec.Command("git", "clone", "-q", strings.TrimSpace(string(top)), src).CombinedOutput(); err != nil {
+		t.Skipf("git clone of this checkout: %v\n%s", err, out)
+	}
+	rev, err := exec.Command("git", "-C", src, "rev-parse", "HEAD").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	revision := strings.TrimSpace(string(rev))
+	version := func(buildvcs string) string {
+		t.Helper()
+		bin := filepath.Join(t.TempDir(), "idem-extproc")
+		cmd := exec.Command("go", "build", buildvcs, "-o", bin, "./cmd/idem-extproc")
+		cmd.Dir = src
+		// The module cache has every dependency (this test's binary needs
+		// them too): never reach for the network.
+		cmd.Env = append(os.Environ(), "GOPROXY=off", "GOWORK=off")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("go build %s: %v\n%s", buildvcs, err, out)
+		}
+		out, err := exec.Command(bin, "version").Output()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.TrimSpace(string(out))
+	}
+
+	// The commit's pseudo-version (v0.0.0-<commit time>-<12 hex of the
+	// revision>, its base taken from an earlier tag when there is one:
+	// go.dev/ref/mod#pseudo-versions), or a tag of the commit itself.
+	line := regexp.MustCompile(`^idem-extproc (\S+) \(revision ([0-9a-f]{40}), go`)
+	tags, err := exec.Command("git", "-C", src, "tag", "--points-at", "HEAD").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := version("-buildvcs=true")
+	m := line.FindStringSubmatch(got)
+	switch {
+	case m == nil || m[2] != revision:
+		t.Errorf("a build from a clone of %s reports %q, want that revision", revision, got)
+	case !regexp.MustCompile(`^v[0-9]+\.[0-9]+\.[0-9]+-(?:0\.)?[0-9]{14}-`+revision[:12]+`$`).MatchString(m[1]) &&
+		!strings.Contains("\n"+string(tags), "\n"+m[1]+"\n"):
+		t.Errorf("a build from a clone of %s reports version %q, want its pseudo-version or tag", revision, m[1])
+	}
+	if got := version("-buildvcs=false"); !strings.HasPrefix(got, "idem-extproc (devel) (revision unknown, go") {
+		t.Errorf("a build with -buildvcs=false reports %q, want (devel) and no revision", got)
+	}
+}
