@@ -237,11 +237,11 @@ func unresponses(rules []idem.ResponseRule) ([]responseRule, error) {
 			return nil, fmt.Errorf("responses: status %d-%d is outside 100-599, which a file cannot write", r.MinStatus, r.MaxStatus)
 		}
 		origin := ""
-		if any := origins["any"]; i+len(any) <= len(own) && sameExceptOrigin(own[i:i+len(any)], any) {
-			origin, i = "any", i+len(any)-1
+		if all := origins["any"]; i+len(all) <= len(own) && sameExceptOrigin(own[i:i+len(all)], all) {
+			origin, i = "any", i+len(all)-1
 		} else {
-			for name, os := range origins {
-				if len(os) == 1 && os[0] == r.Origin {
+			for name, group := range origins {
+				if len(group) == 1 && group[0] == r.Origin {
 					origin = name
 				}
 			}
