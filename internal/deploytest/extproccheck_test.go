@@ -25,9 +25,15 @@ const extProcFilterName = "envoy.filters.http.ext_proc"
 const messageTimeoutMargin = 100 * time.Millisecond
 
 // The attributes the server reads (docs/design.md §4, §7).
+// upstream.request_attempt_count is how many times the router sent the
+// request upstream (Envoy's CEL context, UpstreamLookupValues, from 1.33:
+// changelogs/1.33.0.yaml): the response phase describes only the last
+// attempt, so without it a response that follows a router retry looks like
+// a first attempt, and one the last attempt never sent could release a key
+// whose earlier attempt reached the upstream.
 var (
 	requiredRequestAttributes  = []string{"xds.route_name"}
-	requiredResponseAttributes = []string{"response.code_details", "response.flags"}
+	requiredResponseAttributes = []string{"response.code_details", "response.flags", "upstream.request_attempt_count"}
 )
 
 // checkExtProc reports every way c differs from what idem-extproc needs
