@@ -3,6 +3,7 @@ package deploytest
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -18,8 +19,10 @@ import (
 	jwtv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/jwt_authn/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	upstreamhttpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
+	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/idem-extproc/idem-extproc/internal/envoysim"
 	"github.com/idem-extproc/idem-extproc/internal/idem"
@@ -251,7 +254,8 @@ func checkExtProcCluster(c *clusterv3.Cluster, name string) error {
 // checkRoutes applies the route rules of docs/deployment.md: read-only
 // routes disable the filter, and only they; protected routes have an
 // explicit timeout that, with the ext_proc phases, fits inside the
-// recommended client timeout; no Envoy retries on protected routes.
+// recommended client timeout; no Envoy retries on protected routes, from
+// the route, its virtual host or the clusters it sends to.
 func checkRoutes(cfg *envoyConfig, rc *routev3.RouteConfiguration, ep *extprocv3.ExternalProcessor) error {
 	if rc == nil {
 		return errors.New("no static route_config: the route rules cannot be checked")
@@ -259,6 +263,7 @@ func checkRoutes(cfg *envoyConfig, rc *routev3.RouteConfiguration, ep *extprocv3
 	var errs []error
 	fail := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
 	disabledSomewhere := false
+	protectedBy := map[string][]string{} // cluster -> the protected routes that send to it
 	for _, vh := range rc.GetVirtualHosts() {
 		if vh.GetRetryPolicy() != nil {
 			fail("virtual host %s: retry_policy would re-send writes past the ext_proc filter", vh.GetName())
@@ -276,8 +281,11 @@ func checkRoutes(cfg *envoyConfig, rc *routev3.RouteConfiguration, ep *extprocv3
 			if err != nil {
 				fail("route %s: %v", name, err)
 			}
-			if c := r.GetRoute().GetCluster(); c != "" && cfg.clusters[c] == nil {
-				fail("route %s: undefined cluster %q", name, c)
+			clusters := routeClusters(cfg, r)
+			for _, c := range clusters {
+				if cfg.clusters[c] == nil {
+					fail("route %s: undefined cluster %q", name, c)
+				}
 			}
 			if disabled {
 				disabledSomewhere = true
@@ -290,6 +298,9 @@ func checkRoutes(cfg *envoyConfig, rc *routev3.RouteConfiguration, ep *extprocv3
 			}
 			if r.GetRoute().GetRetryPolicy() != nil {
 				fail("route %s: retry_policy would re-send writes past the ext_proc filter", name)
+			}
+			for _, c := range clusters {
+				protectedBy[c] = append(protectedBy[c], name)
 			}
 			to := r.GetRoute().GetTimeout()
 			if to == nil || to.AsDuration() <= 0 {
@@ -316,7 +327,62 @@ func checkRoutes(cfg *envoyConfig, rc *routev3.RouteConfiguration, ep *extprocv3
 	if !disabledSomewhere {
 		fail("no route disables the ext_proc filter: read-only routes should (ExtProcPerRoute.disabled)")
 	}
+	for _, c := range slices.Sorted(maps.Keys(protectedBy)) {
+		if err := checkClusterRetries(cfg.clusters[c], c); err != nil {
+			fail("%v (protected routes %s)", err, strings.Join(protectedBy[c], ", "))
+		}
+	}
 	return errors.Join(errs...)
+}
+
+// routeClusters lists the clusters a route may send to: its cluster or its
+// weighted clusters. A route that picks the cluster from the request
+// (cluster_header, a cluster specifier plugin) may reach any cluster, so it
+// gets them all.
+func routeClusters(cfg *envoyConfig, r *routev3.Route) []string {
+	a := r.GetRoute()
+	switch {
+	case a == nil:
+		return nil // a redirect or a direct response: no upstream
+	case a.GetCluster() != "":
+		return []string{a.GetCluster()}
+	case a.GetWeightedClusters() != nil:
+		var out []string
+		for _, wc := range a.GetWeightedClusters().GetClusters() {
+			if n := wc.GetName(); n != "" && !slices.Contains(out, n) {
+				out = append(out, n)
+			}
+		}
+		return out
+	}
+	return slices.Sorted(maps.Keys(cfg.clusters))
+}
+
+// checkClusterRetries refuses a retry policy on a cluster that protected
+// routes send to. Since Envoy 1.37, HttpProtocolOptions.retry_policy
+// (field 11, in typed_extension_protocol_options under
+// httpProtocolOptsName) retries every request routed to the cluster and
+// overrides the route's retry policy entirely (go-control-plane envoy
+// v1.40.0 extensions/upstreams/http/v3/http_protocol_options.pb.go, from
+// envoyproxy/envoy api/envoy/extensions/upstreams/http/v3/
+// http_protocol_options.proto; changelogs/1.37.0.yaml; envoy test
+// test/integration/cluster_http_protocol_options_integration_test.cc
+// PrecedenceClusterOverridesRouteRetryPolicy). So a protected route with no
+// retry_policy of its own still retries, past the ext_proc filter, when its
+// cluster has one.
+func checkClusterRetries(c *clusterv3.Cluster, name string) error {
+	opts, ok := c.GetTypedExtensionProtocolOptions()[httpProtocolOptsName]
+	if !ok {
+		return nil
+	}
+	hpo, err := typedConfig[*upstreamhttpv3.HttpProtocolOptions](opts)
+	if err != nil {
+		return fmt.Errorf("cluster %s: %w", name, err)
+	}
+	if hpo.GetRetryPolicy() != nil {
+		return fmt.Errorf("cluster %s: HttpProtocolOptions.retry_policy overrides the routes' and would re-send writes past the ext_proc filter", name)
+	}
+	return nil
 }
 
 // extProcDisabled reads a route's ExtProcPerRoute. Only "disabled: true"
@@ -431,5 +497,74 @@ func TestEnvoyFilterMatchesRecommendedConfig(t *testing.T) {
 				t.Errorf("%s: the filter differs from envoysim.RecommendedConfig():\n got %v\nwant %v", path, got, want)
 			}
 		}
+	}
+}
+
+// TestClusterRetryPolicyOnEveryRouteToIt: a cluster's retry policy is
+// refused whichever way a protected route reaches the cluster (its
+// cluster, one of its weighted clusters, a cluster named by a request
+// header), and left alone on a cluster only read-only routes use.
+func TestClusterRetryPolicyOnEveryRouteToIt(t *testing.T) {
+	protocolOptions := func(retry *routev3.RetryPolicy) map[string]*anypb.Any {
+		a, err := anypb.New(&upstreamhttpv3.HttpProtocolOptions{
+			UpstreamProtocolOptions: &upstreamhttpv3.HttpProtocolOptions_ExplicitHttpConfig_{
+				ExplicitHttpConfig: &upstreamhttpv3.HttpProtocolOptions_ExplicitHttpConfig{
+					ProtocolConfig: &upstreamhttpv3.HttpProtocolOptions_ExplicitHttpConfig_HttpProtocolOptions{},
+				},
+			},
+			RetryPolicy: retry,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return map[string]*anypb.Any{httpProtocolOptsName: a}
+	}
+	disabled, err := anypb.New(&extprocv3.ExtProcPerRoute{Override: &extprocv3.ExtProcPerRoute_Disabled{Disabled: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := &envoyConfig{clusters: map[string]*clusterv3.Cluster{
+		"plain":    {Name: "plain", TypedExtensionProtocolOptions: protocolOptions(nil)},
+		"retrying": {Name: "retrying", TypedExtensionProtocolOptions: protocolOptions(&routev3.RetryPolicy{RetryOn: "5xx"})},
+	}}
+	read := &routev3.Route{
+		Name: "read",
+		Match: &routev3.RouteMatch{Headers: []*routev3.HeaderMatcher{{
+			Name: ":method",
+			HeaderMatchSpecifier: &routev3.HeaderMatcher_StringMatch{StringMatch: &matcherv3.StringMatcher{
+				MatchPattern: &matcherv3.StringMatcher_SafeRegex{SafeRegex: &matcherv3.RegexMatcher{Regex: "^(GET|HEAD|OPTIONS)$"}},
+			}},
+		}}},
+		Action:               &routev3.Route_Route{Route: &routev3.RouteAction{ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: "retrying"}}},
+		TypedPerFilterConfig: map[string]*anypb.Any{extProcFilterName: disabled},
+	}
+	write := func(a *routev3.RouteAction) *routev3.Route {
+		a.Timeout = durationpb.New(10 * time.Second)
+		return &routev3.Route{Name: "write", Action: &routev3.Route_Route{Route: a}}
+	}
+	for _, tc := range []struct {
+		name   string
+		action *routev3.RouteAction
+		refuse bool
+	}{
+		{"cluster", &routev3.RouteAction{ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: "retrying"}}, true},
+		{"weighted clusters", &routev3.RouteAction{ClusterSpecifier: &routev3.RouteAction_WeightedClusters{WeightedClusters: &routev3.WeightedCluster{
+			Clusters: []*routev3.WeightedCluster_ClusterWeight{{Name: "plain"}, {Name: "retrying"}},
+		}}}, true},
+		{"cluster_header", &routev3.RouteAction{ClusterSpecifier: &routev3.RouteAction_ClusterHeader{ClusterHeader: "x-cluster"}}, true},
+		{"a cluster without retries", &routev3.RouteAction{ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: "plain"}}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rc := &routev3.RouteConfiguration{VirtualHosts: []*routev3.VirtualHost{{
+				Name: "vh", Routes: []*routev3.Route{read, write(tc.action)},
+			}}}
+			err := checkRoutes(cfg, rc, envoysim.RecommendedConfig())
+			switch {
+			case tc.refuse && (err == nil || !strings.Contains(err.Error(), "cluster retrying: HttpProtocolOptions.retry_policy")):
+				t.Fatalf("a protected route reaching a retrying cluster: got %v, want the cluster's retry_policy refused", err)
+			case !tc.refuse && err != nil:
+				t.Fatalf("retries on a cluster only a read-only route uses: %v", err)
+			}
+		})
 	}
 }

@@ -239,6 +239,13 @@ var brokenSettings = []mutation{
 	{file: "envoy/envoy.yaml", from: "- connection.uri_san_peer_certificate", to: "- source.principal", want: "source.principal is not an Envoy attribute"},
 	{file: "envoy/envoy-jwt.yaml", from: "- connection.uri_san_peer_certificate", to: "- connection.dns_san_peer_certificate", want: "lacks connection.uri_san_peer_certificate"},
 	{file: "envoy/envoy-jwt.yaml", from: "          - name: envoy.filters.http.jwt_authn", to: "          - name: envoy.filters.http.jwt_authn_off", want: "jwt_authn"},
+	// A cluster-level retry policy (HttpProtocolOptions.retry_policy, Envoy
+	// 1.37+) overrides the route's, so a protected route without one still
+	// retries through its cluster.
+	{file: "envoy/envoy.yaml", from: "  - name: orders\n    type: STRICT_DNS\n", to: "  - name: orders\n    type: STRICT_DNS\n" + clusterRetryPolicy,
+		want: "cluster orders: HttpProtocolOptions.retry_policy"},
+	{file: "envoy/envoy-mcp.yaml", from: "  - name: mcp_server\n    type: STRICT_DNS\n", to: "  - name: mcp_server\n    type: STRICT_DNS\n" + clusterRetryPolicy,
+		want: "cluster mcp_server: HttpProtocolOptions.retry_policy"},
 	{file: "docker-compose.yml", from: "IDEM_STORE_TIMEOUT: 100ms", to: "IDEM_STORE_TIMEOUT: 250ms", want: "store-timeout"},
 	{file: "docker-compose.yml", from: "IDEM_LOG_LEVEL:", to: "IDEM_LOGLEVEL:", want: "IDEM_LOGLEVEL"},
 	{file: "Dockerfile", from: "-trimpath", to: "", want: "trimpath"},
@@ -285,3 +292,16 @@ func TestBrokenSettingFails(t *testing.T) {
 		})
 	}
 }
+
+// clusterRetryPolicy is the typed_extension_protocol_options of a cluster
+// that retries every request it carries: the Envoy 1.37 field
+// HttpProtocolOptions.retry_policy.
+const clusterRetryPolicy = `    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config:
+          http_protocol_options: {}
+        retry_policy:
+          retry_on: 5xx,reset
+          num_retries: 2
+`
