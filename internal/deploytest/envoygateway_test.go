@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"regexp"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -226,6 +227,13 @@ func checkEnvoyGatewayObjects(objs []k8sObject) error {
 				}
 				continue
 			}
+			// Envoy Gateway turns the rule's retry into the route's
+			// retry_policy (internal/gatewayapi/route.go
+			// processRouteRetry, internal/xds/translator/route.go
+			// buildRetryPolicy, v1.9).
+			if rule.Retry != nil {
+				fail("%s: retry would re-send writes past the ext_proc filter (Envoy Gateway writes it as the route's retry_policy); remove it", where)
+			}
 			if rule.Timeouts == nil || rule.Timeouts.Request == nil {
 				fail("%s: set timeouts.request (the route-timeout rule)", where)
 				continue
@@ -238,7 +246,76 @@ func checkEnvoyGatewayObjects(objs []k8sObject) error {
 			}
 		}
 	}
+	if err := checkEGRetryPolicies(objs, targeted); err != nil {
+		errs = append(errs, err)
+	}
 	return errors.Join(errs...)
+}
+
+// checkEGRetryPolicies refuses a BackendTrafficPolicy retry that reaches a
+// protected route (protected: namespace/name of HTTPRoute -> its filter).
+// spec.retry (ClusterSettings.Retry, inline in BackendTrafficPolicySpec:
+// api/v1alpha1/shared_types.go and backendtrafficpolicy_types.go, v1.9)
+// becomes the retry of every route the policy reaches
+// (internal/gatewayapi/backendtrafficpolicy.go buildTrafficFeatures,
+// ir.HTTPRoute.GetRetry) and so the route's retry_policy; a policy on a
+// Gateway reaches the routes attached to it. Unset, Envoy Gateway
+// configures no retries ("If not set, retry will be disabled"); set
+// without numRetries, it retries twice (retry_types.go). Any retry is
+// refused, whatever numRetries says: with a retry_policy in place, a
+// trusted x-envoy-max-retries header takes precedence over its count
+// (Envoy's router filter docs, x-envoy-max-retries).
+func checkEGRetryPolicies(objs []k8sObject, protected map[string]*extprocv3.ExternalProcessor) error {
+	var errs []error
+	for _, p := range objectsOf[egv1a1.BackendTrafficPolicy](objs) {
+		if p.Spec.Retry == nil {
+			continue
+		}
+		where := "BackendTrafficPolicy " + p.Namespace + "/" + p.Name
+		if len(p.Spec.TargetSelectors) > 0 {
+			errs = append(errs, fmt.Errorf("%s: retry with targetSelectors: these tests cannot tell whether it reaches a protected route; name the targets in targetRefs", where))
+			continue
+		}
+		refs := slices.Clone(p.Spec.TargetRefs)
+		//lint:ignore SA1019 the deprecated field still attaches the policy.
+		if ref := p.Spec.TargetRef; ref != nil {
+			refs = append(refs, *ref)
+		}
+		for _, ref := range refs {
+			for _, r := range objectsOf[gwv1.HTTPRoute](objs) {
+				if protected[r.Namespace+"/"+r.Name] == nil || !egPolicyReaches(p.Namespace, ref, r) {
+					continue
+				}
+				errs = append(errs, fmt.Errorf("%s: retry reaches protected HTTPRoute %s/%s through %s %s and would re-send writes past the ext_proc filter; remove it",
+					where, r.Namespace, r.Name, ref.Kind, ref.Name))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// egPolicyReaches reports whether a policy in namespace ns with target ref
+// applies to route r: the route itself, or a Gateway (any of its
+// listeners) the route attaches to. Policy targets are local to the
+// policy's namespace (gwv1.LocalPolicyTargetReferenceWithSectionName).
+func egPolicyReaches(ns string, ref gwv1.LocalPolicyTargetReferenceWithSectionName, r *gwv1.HTTPRoute) bool {
+	if ref.Group != gwv1.GroupName {
+		return false
+	}
+	switch ref.Kind {
+	case "HTTPRoute":
+		return r.Namespace == ns && r.Name == string(ref.Name)
+	case "Gateway":
+		return slices.ContainsFunc(r.Spec.ParentRefs, func(pr gwv1.ParentReference) bool {
+			prNS := r.Namespace
+			if pr.Namespace != nil {
+				prNS = string(*pr.Namespace)
+			}
+			isGateway := pr.Kind == nil || *pr.Kind == "Gateway"
+			return isGateway && prNS == ns && pr.Name == ref.Name
+		})
+	}
+	return false
 }
 
 // checkEGBackend checks where and how an ExtProc calls the server.
@@ -484,5 +561,81 @@ func TestEGSortFiltersFollowsEnvoyGateway(t *testing.T) {
 	router := egSortFilters([]egv1a1.FilterPosition{{Name: egv1a1.EnvoyFilterRouter, Before: ptr(egv1a1.EnvoyFilterFault)}})
 	if router[len(router)-1] != egv1a1.EnvoyFilterRouter {
 		t.Errorf("the router moved: %v", router)
+	}
+}
+
+// TestEGRetryRefusedOnProtectedRoutesOnly: a BackendTrafficPolicy retry is
+// refused when it reaches the protected route (directly, through its
+// Gateway, through the deprecated targetRef, or through selectors that
+// cannot be evaluated here) and left alone on the read-only route; an
+// HTTPRoute rule's retry likewise.
+func TestEGRetryRefusedOnProtectedRoutesOnly(t *testing.T) {
+	base, err := buildObjects(loadTree(t, k8sDir), k8sDir+"/overlays/envoy-gateway")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := checkEnvoyGatewayObjects(base); err != nil {
+		t.Fatalf("the overlay itself: %v", err)
+	}
+	ref := func(kind, name string) gwv1.LocalPolicyTargetReferenceWithSectionName {
+		return gwv1.LocalPolicyTargetReferenceWithSectionName{LocalPolicyTargetReference: gwv1.LocalPolicyTargetReference{
+			Group: gwv1.GroupName, Kind: gwv1.Kind(kind), Name: gwv1.ObjectName(name),
+		}}
+	}
+	policy := func(ns string, retry *egv1a1.Retry, targets egv1a1.PolicyTargetReferences) k8sObject {
+		p := &egv1a1.BackendTrafficPolicy{}
+		p.Namespace, p.Name = ns, "retries"
+		p.Spec.PolicyTargetReferences = targets
+		p.Spec.Retry = retry
+		return k8sObject{apiVersion: egv1a1.GroupVersion.String(), kind: egv1a1.KindBackendTrafficPolicy, namespace: ns, name: p.Name, obj: p}
+	}
+	twice := &egv1a1.Retry{NumRetries: new(int32(2))}
+	never := &egv1a1.Retry{NumRetries: new(int32(0))}
+	withRouteRetry := func(route string) []k8sObject {
+		var out []k8sObject
+		for _, o := range base {
+			if r, ok := o.obj.(*gwv1.HTTPRoute); ok && r.Name == route {
+				r = r.DeepCopy()
+				r.Spec.Rules[0].Retry = &gwv1.HTTPRouteRetry{Attempts: new(2)}
+				o.obj = r
+			}
+			out = append(out, o)
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name   string
+		objs   []k8sObject
+		refuse string // "" when the build must pass
+	}{
+		{"policy on the write route", append(slices.Clone(base), policy("orders", twice, egv1a1.PolicyTargetReferences{TargetRefs: []gwv1.LocalPolicyTargetReferenceWithSectionName{ref("HTTPRoute", "orders-write")}})),
+			"retry reaches protected HTTPRoute orders/orders-write"},
+		{"policy with numRetries 0 on the write route", append(slices.Clone(base), policy("orders", never, egv1a1.PolicyTargetReferences{TargetRefs: []gwv1.LocalPolicyTargetReferenceWithSectionName{ref("HTTPRoute", "orders-write")}})),
+			"retry reaches protected HTTPRoute orders/orders-write"},
+		{"policy on the Gateway", append(slices.Clone(base), policy("envoy-gateway-system", twice, egv1a1.PolicyTargetReferences{TargetRefs: []gwv1.LocalPolicyTargetReferenceWithSectionName{ref("Gateway", "eg")}})),
+			"through Gateway eg"},
+		//lint:ignore SA1019 the deprecated field still attaches a policy: it is what is checked.
+		{"policy on the Gateway, deprecated targetRef", append(slices.Clone(base), policy("envoy-gateway-system", twice, egv1a1.PolicyTargetReferences{TargetRef: new(ref("Gateway", "eg"))})),
+			"through Gateway eg"},
+		{"policy by selector", append(slices.Clone(base), policy("orders", twice, egv1a1.PolicyTargetReferences{TargetSelectors: []egv1a1.TargetSelector{{Kind: "HTTPRoute"}}})),
+			"targetSelectors"},
+		{"policy on a Gateway of that name in another namespace", append(slices.Clone(base), policy("orders", twice, egv1a1.PolicyTargetReferences{TargetRefs: []gwv1.LocalPolicyTargetReferenceWithSectionName{ref("Gateway", "eg")}})),
+			""},
+		{"policy on the read route", append(slices.Clone(base), policy("orders", twice, egv1a1.PolicyTargetReferences{TargetRefs: []gwv1.LocalPolicyTargetReferenceWithSectionName{ref("HTTPRoute", "orders-read")}})),
+			""},
+		{"policy without retry on the Gateway", append(slices.Clone(base), policy("envoy-gateway-system", nil, egv1a1.PolicyTargetReferences{TargetRefs: []gwv1.LocalPolicyTargetReferenceWithSectionName{ref("Gateway", "eg")}})),
+			""},
+		{"retry on the write route's rule", withRouteRetry("orders-write"), "orders-write rule 0: retry"},
+		{"retry on the read route's rule", withRouteRetry("orders-read"), ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := checkEnvoyGatewayObjects(tc.objs)
+			switch {
+			case tc.refuse == "" && err != nil:
+				t.Fatalf("refused: %v", err)
+			case tc.refuse != "" && (err == nil || !strings.Contains(err.Error(), tc.refuse)):
+				t.Fatalf("got %v, want a refusal naming %q", err, tc.refuse)
+			}
+		})
 	}
 }

@@ -77,6 +77,7 @@ var k8sDecoders = map[string]func(j []byte) (any, error){
 	"gateway.envoyproxy.io/v1alpha1/EnvoyExtensionPolicy": strictAs[egv1a1.EnvoyExtensionPolicy],
 	"gateway.envoyproxy.io/v1alpha1/ClientTrafficPolicy":  strictAs[egv1a1.ClientTrafficPolicy],
 	"gateway.envoyproxy.io/v1alpha1/EnvoyProxy":           strictAs[egv1a1.EnvoyProxy],
+	"gateway.envoyproxy.io/v1alpha1/BackendTrafficPolicy": strictAs[egv1a1.BackendTrafficPolicy],
 	"gateway.networking.k8s.io/v1/HTTPRoute":              strictAs[gwv1.HTTPRoute],
 	"gateway.networking.k8s.io/v1beta1/ReferenceGrant":    strictAs[gwv1beta1.ReferenceGrant],
 }

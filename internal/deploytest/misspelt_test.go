@@ -246,6 +246,15 @@ var brokenSettings = []mutation{
 		want: "cluster orders: HttpProtocolOptions.retry_policy"},
 	{file: "envoy/envoy-mcp.yaml", from: "  - name: mcp_server\n    type: STRICT_DNS\n", to: "  - name: mcp_server\n    type: STRICT_DNS\n" + clusterRetryPolicy,
 		want: "cluster mcp_server: HttpProtocolOptions.retry_policy"},
+	// Envoy Gateway writes a route's retry_policy from the HTTPRoute rule's
+	// retry and from a BackendTrafficPolicy's retry on the route or its
+	// Gateway.
+	{file: "k8s/overlays/envoy-gateway/orders-httproutes.yaml", from: "    timeouts:\n      request: 10s\n---\n",
+		to: "    timeouts:\n      request: 10s\n    retry:\n      attempts: 2\n---\n", want: "rule 0: retry"},
+	{file: "k8s/overlays/envoy-gateway/orders-httproutes.yaml", from: "    timeouts:\n      request: 10s\n---\n",
+		to: "    timeouts:\n      request: 10s\n---\n" + egRetryPolicy("orders", "HTTPRoute", "orders-write"), want: "BackendTrafficPolicy orders/retries: retry"},
+	{file: "k8s/overlays/envoy-gateway/orders-httproutes.yaml", from: "    timeouts:\n      request: 10s\n---\n",
+		to: "    timeouts:\n      request: 10s\n---\n" + egRetryPolicy("envoy-gateway-system", "Gateway", "eg"), want: "BackendTrafficPolicy envoy-gateway-system/retries: retry"},
 	{file: "docker-compose.yml", from: "IDEM_STORE_TIMEOUT: 100ms", to: "IDEM_STORE_TIMEOUT: 250ms", want: "store-timeout"},
 	{file: "docker-compose.yml", from: "IDEM_LOG_LEVEL:", to: "IDEM_LOGLEVEL:", want: "IDEM_LOGLEVEL"},
 	{file: "Dockerfile", from: "-trimpath", to: "", want: "trimpath"},
@@ -305,3 +314,23 @@ const clusterRetryPolicy = `    typed_extension_protocol_options:
           retry_on: 5xx,reset
           num_retries: 2
 `
+
+// egRetryPolicy is a BackendTrafficPolicy document that retries the
+// requests of its target (Envoy Gateway's own default: 2 retries).
+func egRetryPolicy(namespace, kind, name string) string {
+	return `apiVersion: gateway.envoyproxy.io/v1alpha1
+kind: BackendTrafficPolicy
+metadata:
+  name: retries
+  namespace: ` + namespace + `
+spec:
+  targetRefs:
+  - group: gateway.networking.k8s.io
+    kind: ` + kind + `
+    name: ` + name + `
+  retry:
+    retryOn:
+      triggers: [connect-failure, reset]
+---
+`
+}
