@@ -294,8 +294,20 @@ func checkVirtualServices(objs []k8sObject, exempt map[string]bool, ep *extprocv
 			} else if life := maxProtectedLifetime(r.GetTimeout().AsDuration(), ep); life >= recommendedClientTimeout {
 				fail("%s: timeout plus four message_timeouts is %v, not under the %v client timeout", where, life, recommendedClientTimeout)
 			}
-			if r.GetRetries() == nil || r.GetRetries().GetAttempts() != 0 {
-				fail("%s: set retries.attempts: 0; Istio's default retries re-send writes past ext_proc", where)
+			// Without retries Istio retries anyway: HTTPRoute.retries
+			// defaults to 2 attempts on connect-failure, refused-stream,
+			// unavailable and cancelled, or to the mesh's
+			// defaultHttpRetryPolicy (istio/api networking/v1alpha3/
+			// virtual_service.proto, HTTPRoute.retries; mesh/v1alpha1/
+			// config.proto default_http_retry_policy). Only attempts: 0
+			// turns retries off (HTTPRetry.attempts: "If `0`, retries will
+			// be disabled"; istio/istio pilot/pkg/networking/core/route/
+			// retry/retry.go ConvertPolicy returns no policy for it).
+			switch rt := r.GetRetries(); {
+			case rt == nil:
+				fail("%s: no retries: Istio then retries twice (or as the mesh's defaultHttpRetryPolicy says) and re-sends writes past ext_proc; set retries.attempts: 0", where)
+			case rt.GetAttempts() != 0:
+				fail("%s: retries.attempts %d re-sends writes past ext_proc; set retries.attempts: 0", where, rt.GetAttempts())
 			}
 		}
 	}
