@@ -253,7 +253,9 @@ func TestJSONRPCConflictIsAJSONRPCError(t *testing.T) {
 }
 
 // TestJSONRPCReadsPassWithoutAStoreCall: initialize, tools/list, another
-// tool, notifications, responses and batches match no policy: they reach
+// tool, notifications, responses and batches of unprotected calls match no
+// policy (a batch holding a protected call is refused:
+// TestUnreadableBodyRefused): they reach
 // the server unprotected, twice when sent twice, and cost no store call.
 // (A body that is not JSON is refused: TestUnreadableBodyRefused.)
 func TestJSONRPCReadsPassWithoutAStoreCall(t *testing.T) {
@@ -275,7 +277,7 @@ func TestJSONRPCReadsPassWithoutAStoreCall(t *testing.T) {
 		}
 	}
 	for _, b := range []string{
-		`[` + call("5", "send_email", `{}`) + `]`,                                               // a batch
+		`[` + call("5", "get_weather", `{}`) + `]`,                                              // a batch of unprotected calls
 		`{"jsonrpc":"2.0","method":"tools/call","params":{"name":"send_email","arguments":{}}}`, // a notification
 		`{"jsonrpc":"2.0","id":6,"result":{}}`,                                                  // a response posted back
 	} {

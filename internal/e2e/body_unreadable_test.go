@@ -59,9 +59,26 @@ func TestUnreadableBodyRefused(t *testing.T) {
 	if n := up.count("tools/call/send_email"); n != 0 {
 		t.Fatalf("send_email ran %d times from bodies the server cannot read", n)
 	}
-	// No body, a scalar, a batch and a notification are read, and meet no
-	// criteria: they pass.
-	for _, b := range []string{"", `"tools/call"`, `[` + call("5", "send_email", `{}`) + `]`, `{"jsonrpc":"2.0","method":"notifications/x"}`} {
+	// A batch holding a protected call is refused as a whole: batches are
+	// never protected, and a server may run the calls in one (the MCP Go
+	// SDK's does when MCP-Protocol-Version is absent or before 2025-06-18:
+	// go-sdk v1.8.0 mcp/streamable.go servePOST). No id names a batch.
+	for _, b := range []string{
+		`[` + call("5", "send_email", `{}`) + `]`,
+		`[{"jsonrpc":"2.0","id":6,"method":"tools/list"},` + call("7", "send_email", `{}`) + `]`,
+		`[{"jsonrpc":"2.0","id":8,"method":"tools/list"},` + unreadable[0].body + `]`,
+	} {
+		id, code, data := rpcErrorAt(t, env.Post("/mcp", "", b, "x-agent", "a"), 400)
+		if id != "null" || code != jsonrpc.CodeParseError || data.Type != problem.TypeBase+problem.BodyUnreadable.Slug {
+			t.Errorf("batch %.60s: id %s code %d data %+v, want -32700 to a null id", b, id, code, data)
+		}
+	}
+	if n := up.count("tools/call/send_email"); n != 0 {
+		t.Fatalf("send_email ran %d times from a batch", n)
+	}
+	// No body, a scalar, a batch of calls the policy does not protect and
+	// a notification are read, and meet no criteria: they pass.
+	for _, b := range []string{"", `"tools/call"`, `[{"jsonrpc":"2.0","id":9,"method":"tools/list"},` + call("10", "get_weather", `{}`) + `]`, `{"jsonrpc":"2.0","method":"notifications/x"}`} {
 		if r := env.Post("/mcp", "", b, "x-agent", "a"); r.Status >= 300 {
 			t.Fatalf("readable body %q: %d %s", b, r.Status, r.Body)
 		}

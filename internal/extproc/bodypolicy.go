@@ -145,8 +145,7 @@ func (p *processor) resolveAtBody(ctx context.Context, req *extprocv3.Processing
 // passed on a shadow policy), or nil when c would pass the request
 // whatever its body said, and the next candidate is tried.
 func (p *processor) refuseUnreadable(ctx context.Context, req *extprocv3.ProcessingRequest, c bodyCandidate) *extprocv3.ProcessingResponse {
-	_, cause := policy.FindInBody(p.reqBody)
-	adm, prob := p.att.AdmitUnreadable(cause, c.keyLines, p.srv.cfg.Now())
+	adm, prob := p.att.AdmitUnreadable(policy.UnreadableCause(p.reqBody), c.keyLines, p.srv.cfg.Now())
 	if adm != attempt.Refuse {
 		return nil
 	}

@@ -2,6 +2,7 @@ package policy
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"unicode/utf8"
@@ -118,7 +119,9 @@ const (
 	// white space only): no JSON reader takes it for a call.
 	BodyNotJSON
 	// BodyBatch: a top-level array, a JSON-RPC batch (MCP 2025-06-18
-	// no longer allows them): never protected.
+	// no longer allows them) none of whose messages meets the criteria:
+	// never protected. A batch holding one that does is BodyUnreadable
+	// (ErrProtectedBatch).
 	BodyBatch
 	// BodyNotification: a JSON-RPC message without an id (a
 	// notification), or without a method (a response the client posts
@@ -200,7 +203,7 @@ func (p *Policy) MatchBody(body []byte) (id []byte, miss BodyMiss) {
 	case errors.Is(err, ErrBodyUnreadable):
 		return nil, BodyUnreadable
 	case errors.Is(err, jsonpointer.ErrTopLevelArray):
-		return nil, BodyBatch
+		return nil, p.matchBatch(body)
 	case err != nil:
 		return nil, BodyNotJSON
 	}
@@ -222,6 +225,42 @@ func (p *Policy) MatchBody(body []byte) (id []byte, miss BodyMiss) {
 		}
 	}
 	return id, BodyMatched
+}
+
+// ErrProtectedBatch: a JSON-RPC batch (a top-level array) holding a message
+// that meets the policy's body criteria. A batch is never protected: it has
+// no one answer to store under one key. But servers still run the calls in
+// one: JSON-RPC 2.0 §6 defines batches, MCP 2025-03-26 allows them, and the
+// MCP Go SDK's server (go-sdk v1.8.0 mcp/streamable.go, servePOST) accepts a
+// batch whenever the MCP-Protocol-Version header is absent or older than
+// 2025-06-18. So such a batch is refused like a body that cannot be read,
+// never passed unprotected.
+var ErrProtectedBatch = fmt.Errorf("%w: a JSON-RPC batch holds a call this endpoint protects, and batches are never protected", ErrBodyUnreadable)
+
+// matchBatch judges a batch by its messages: BodyUnreadable (for
+// ErrProtectedBatch) when one of them meets the body criteria or cannot be
+// read, BodyBatch when none does.
+func (p *Policy) matchBatch(body []byte) BodyMiss {
+	var msgs []json.RawMessage
+	if err := json.Unmarshal(body, &msgs); err != nil {
+		return BodyUnreadable // Find read it whole already; not reached
+	}
+	for _, m := range msgs {
+		if _, miss := p.MatchBody(m); miss == BodyMatched || miss == BodyUnreadable {
+			return BodyUnreadable
+		}
+	}
+	return BodyBatch
+}
+
+// UnreadableCause says why MatchBody found a body BodyUnreadable: the
+// ErrBodyUnreadable of FindInBody, or ErrProtectedBatch.
+func UnreadableCause(body []byte) error {
+	_, err := FindInBody(body)
+	if errors.Is(err, jsonpointer.ErrTopLevelArray) {
+		return ErrProtectedBatch
+	}
+	return err
 }
 
 // BodyCandidates returns the policies a request deferred to its body may

@@ -39,7 +39,16 @@ func TestMatchBody(t *testing.T) {
 		{`{"jsonrpc":"2.0","method":"tools/call","params":{"name":"send_email"}}`, BodyNotification, ""},
 		{`{"jsonrpc":"2.0","id":null,"method":"tools/call","params":{"name":"send_email"}}`, BodyNotification, ""},
 		{`{"jsonrpc":"2.0","id":1,"result":{}}`, BodyNotification, ""},
-		{`[{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"send_email"}}]`, BodyBatch, ""},
+		// A batch holding a protected call, or one that cannot be read, is
+		// refused as unreadable (ErrProtectedBatch); a batch of others passes.
+		{`[{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"send_email"}}]`, BodyUnreadable, ""},
+		{`[{"jsonrpc":"2.0","id":1,"method":"tools/list"},{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"open_ticket"}}]`, BodyUnreadable, ""},
+		{`[{"jsonrpc":"2.0","id":1,"method":"tools/list"},{"id":2,"method":"tools/call","method":"x","params":{"name":"send_email"}}]`, BodyUnreadable, ""},
+		{`[{"jsonrpc":"2.0","id":1,"method":"tools/list"},{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"get_weather"}}]`, BodyBatch, ""},
+		{`[{"jsonrpc":"2.0","method":"tools/call","params":{"name":"send_email"}}]`, BodyBatch, ""},
+		{`[]`, BodyBatch, ""},
+		// A batch nested in a batch is no JSON-RPC request, but refusing it costs nothing.
+		{`[[{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"send_email"}}]]`, BodyUnreadable, ""},
 		{`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"send_email"}`, BodyUnreadable, ""},
 		{``, BodyNotJSON, ""},
 		{" \r\n", BodyNotJSON, ""},
