@@ -119,6 +119,9 @@ func TestMetricsFollowDecisions(t *testing.T) {
 	r.env.Post("/orders", "m-1", `{"other":1}`)
 	r.env.Post("/orders", "", `{}`)
 	r.env.Post("/orders", `"`, `{}`)
+	// The client has its answer before Envoy ends the last gRPC stream: wait
+	// for the server to see every stream end before reading the gauges.
+	testwait.Until(t, "open_streams 0", func() bool { return metricValue(scrape(t, r.d), "idem_extproc_open_streams") == "0" })
 	m := scrape(t, r.d)
 	for prefix, want := range map[string]string{
 		`idem_extproc_decisions_total{decision="reserved",policy="default"}`:        "1",
