@@ -30,7 +30,7 @@ type keyMiss struct {
 }
 
 // AdmitKeyFrom judges a request's key under a policy whose key may come
-// from the body (key.from, issue 18): each source in order, the first
+// from the body (key.from): each source in order, the first
 // that yields a key wins. A key that is there but malformed is refused,
 // whatever follows (it is the client's key, sent wrong). When no source
 // yields one, key.required decides as for a header: 400 with a detail

@@ -8,7 +8,7 @@ import (
 	"github.com/idem-extproc/idem-extproc/internal/policy"
 )
 
-// The options of issue 18: keys, matches and fingerprints drawn from a
+// The body options: keys, matches and fingerprints drawn from a
 // JSON body, and JSON-RPC answers (docs/mcp.md).
 
 // mcpSessionHeader never scopes nor fingerprints (policy.MCPSessionHeader).

@@ -31,7 +31,7 @@ policies:
     fingerprint: {json: true, include: [/amount_money, /source_id, /note], exclude: [/amount_money/ts]}
 `
 
-// TestBodyOptionsParse: the issue 18 syntax as the task writes it.
+// TestBodyOptionsParse: the body options' syntax as docs/mcp.md writes it.
 func TestBodyOptionsParse(t *testing.T) {
 	set, err := Parse("mcp.yaml", []byte(mcpPolicy))
 	if err != nil {

@@ -126,7 +126,7 @@ type match struct {
 	Hosts      scalars   `yaml:"hosts,omitempty"`
 	Methods    scalars   `yaml:"methods,omitempty"`
 	Path       pathMatch `yaml:"path,omitempty"`
-	// JSON are body criteria, decided at the request body (issue 18).
+	// JSON are body criteria, decided at the request body.
 	JSON []jsonCriterion `yaml:"json,omitempty"`
 }
 
@@ -173,7 +173,7 @@ type keySettings struct {
 	Required  scalar `yaml:"required,omitempty"`
 	MaxLength scalar `yaml:"max_length,omitempty"`
 	WarnUntil scalar `yaml:"warn_until,omitempty"`
-	// From, Pointer and Derive draw the key from the body (issue 18).
+	// From, Pointer and Derive draw the key from the body.
 	From    scalars `yaml:"from,omitempty"`
 	Pointer scalar  `yaml:"pointer,omitempty"`
 	Derive  scalars `yaml:"derive,omitempty"`

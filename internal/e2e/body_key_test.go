@@ -20,7 +20,7 @@ import (
 	"github.com/idem-extproc/idem-extproc/internal/problem"
 )
 
-// Issue 18 through envoysim, the real server and a real redis-server: a
+// Keys and policies from the body through envoysim, the real server and a real redis-server: a
 // policy decided at the request body, keys from the body or derived, and
 // JSON-RPC answers. The MCP SDK's own client and server are exercised in
 // the other end-to-end tests; here a small JSON-RPC tool server lets each

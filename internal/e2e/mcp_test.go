@@ -26,7 +26,7 @@ import (
 	"github.com/idem-extproc/idem-extproc/internal/testwait"
 )
 
-// The end-to-end tests of issue 18's MCP support: the official MCP Go SDK
+// The end-to-end tests of the MCP support: the official MCP Go SDK
 // (github.com/modelcontextprotocol/go-sdk) is both the agent (a
 // ClientSession over StreamableClientTransport) and the tool server
 // (NewStreamableHTTPHandler), with envoysim, the real ext_proc server and a

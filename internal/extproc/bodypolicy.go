@@ -13,7 +13,7 @@ import (
 	"github.com/idem-extproc/idem-extproc/internal/policy"
 )
 
-// Requests whose policy is decided at the body (issue 18): the policy that
+// Requests whose policy is decided at the body: the policy that
 // matched at the headers has body criteria (match.json, answers: jsonrpc)
 // or reads its key from the body. The rules are the policy's and the
 // attempt's (policy.MatchBody, attempt.AdmitKeyFrom); this file only keeps

@@ -80,8 +80,8 @@ func BenchmarkCompute(b *testing.B) {
 	}
 }
 
-// canonicalSizes are the body sizes the JSON canonicaliser is measured at
-// (issue 18): a typical request, a large one, and the body limit's order.
+// canonicalSizes are the body sizes the JSON canonicaliser is measured
+// at: a typical request, a large one, and the body limit's order.
 var canonicalSizes = []struct {
 	name string
 	size int

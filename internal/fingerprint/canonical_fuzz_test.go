@@ -7,7 +7,7 @@ import (
 
 // FuzzCanonicalMatchesReference: the streaming canonicaliser accepts
 // exactly the bodies the token-by-token one it replaced accepted, and
-// writes byte for byte the same canonical form (issue 18).
+// writes byte for byte the same canonical form.
 func FuzzCanonicalMatchesReference(f *testing.F) {
 	for _, s := range []string{
 		`{"b":1,"a":2}`, " {\n \"a\" : [ 1 , 2 ] ,\t\"b\":{\"d\":null,\"c\":true} } ", `"\u0041\u00e9"`,

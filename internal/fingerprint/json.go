@@ -19,7 +19,7 @@ var errNotCanonical = errors.New("not canonicalisable JSON")
 const maxJSONDepth = 200
 
 // JSONOptions narrows the JSON body that takes part in a fingerprint, by
-// RFC 6901 pointer (issue 18), so that a JSON-RPC retry under a new "id",
+// RFC 6901 pointer, so that a JSON-RPC retry under a new "id",
 // or with a new progress token in "params._meta", is the same operation
 // while a changed argument is not.
 //

@@ -1,7 +1,7 @@
 package fingerprint
 
 // reference_test.go keeps the tree-free but token-by-token canonicaliser that
-// CanonicalJSON replaced (it cost 100–190 ms on 1 MiB, issue 18), unchanged
+// CanonicalJSON replaced (it cost 100–190 ms on 1 MiB), unchanged
 // but for its names, as the reference the differential fuzz test
 // FuzzCanonicalMatchesReference and the benchmarks compare against.
 

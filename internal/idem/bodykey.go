@@ -3,7 +3,7 @@ package idem
 import "fmt"
 
 // CheckKey applies the key rules to a key that arrived as it is, not as
-// a header field (a JSON body member, issue 18): 1 to maxLen characters
+// a header field (a JSON body member): 1 to maxLen characters
 // of visible ASCII (0x21-0x7E), as ParseKey asks of a header's key once
 // unquoted. There is no field syntax to undo, so a comma is a character
 // like any other.

@@ -9,7 +9,7 @@ import (
 )
 
 // The errors Find and String return, for a policy's `required` rule to
-// map to problems (issue 18).
+// map to problems.
 var (
 	// ErrNotJSON: the body is not exactly one JSON value (RFC 8259); the
 	// error is a *SyntaxError naming the byte offset.

@@ -2,7 +2,7 @@
 // they address from a JSON request body in one pass, without decoding the
 // body into a tree.
 //
-// It is one of the protocol-free parts of issue 18 (keys and policies from
+// It is one of the protocol-free parts of the body options (keys and policies from
 // the body): a policy's key may be drawn from a body member such as
 // /idempotency_key or /params/arguments/client_order_id, a policy may match
 // on members such as /method and /params/name of a JSON-RPC request, and

@@ -1,5 +1,5 @@
 // Package jsonrpc holds the JSON-RPC 2.0 helpers the idempotency answers
-// of MCP policies need (issue 18): it tells a request's id, a
+// of MCP policies need: it tells a request's id, a
 // notification (no id) and a batch (an array) apart, rewrites the id of a
 // stored response to the id of the retry it is replayed to, builds the
 // JSON-RPC error responses that stand for the HTTP problems, and takes the

@@ -273,7 +273,7 @@ func printDecisions(out io.Writer, name string, s summary) {
 	fmt.Fprintf(out, "  %s decisions (its own metrics, mean of the runs): %s\n", name, strings.Join(parts, ", "))
 }
 
-// Issue 17's throughput targets: idem-extproc's throughput over the
+// The throughput targets: idem-extproc's throughput over the
 // reference's, at 32 streams (printTargets, printAgainstMinimal).
 const (
 	wantWriteRatio       = 1.15
@@ -281,7 +281,7 @@ const (
 	wantUnprotectedRatio = 1.1
 )
 
-// printTargets evaluates issue 17's targets from this run's medians, for
+// printTargets evaluates the throughput targets from this run's medians, for
 // each idem-extproc build, at the run's concurrency (the targets are set
 // at 32 streams, the latency target at 1: see printLatency).
 func printTargets(cfg *config, results []*runResult) {
@@ -299,7 +299,7 @@ func printTargets(cfg *config, results []*runResult) {
 			continue
 		}
 		if !header {
-			fmt.Fprintf(out, "\n== targets (issue 17, set at 32 streams), %d concurrent streams; ratios of medians of %d repetitions, then each repetition's ratio\n",
+			fmt.Fprintf(out, "\n== targets (set at 32 streams), %d concurrent streams; ratios of medians of %d repetitions, then each repetition's ratio\n",
 				cfg.concurrency, cfg.reps)
 			header = true
 		}

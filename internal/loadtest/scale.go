@@ -6,7 +6,7 @@ import (
 	"text/tabwriter"
 )
 
-// latencyTarget is issue 17's target at one stream: at most this much
+// latencyTarget is the latency target at one stream: at most this much
 // added p50 over the floor, and a p99 at most p99Ratio times the floor's.
 const (
 	latencyTargetStreams  = 1
@@ -78,7 +78,7 @@ func printLatency(cfg *config, results []*runResult) {
 		fmt.Fprintf(out, "  %s, %s Redis, %d streams, each rep: +p50 over floor %s µs, +p99 over floor %s µs, p99 / floor %s\n",
 			l.name, l.topo, l.conc, l.d50, l.d99, l.r99)
 		if l.conc == latencyTargetStreams {
-			fmt.Fprintf(out, "  target at 1 stream (issue 17), %s: added p50 over the floor %.0f µs (<= %.0f: %s); p99 %.2f x the floor's (<= %.2f: %s)\n",
+			fmt.Fprintf(out, "  target at 1 stream, %s: added p50 over the floor %.0f µs (<= %.0f: %s); p99 %.2f x the floor's (<= %.2f: %s)\n",
 				l.name, l.a50, latencyTargetAddedP50, verdict(l.a50 <= latencyTargetAddedP50), l.q99, latencyTargetP99Ratio, verdict(l.q99 <= latencyTargetP99Ratio))
 		}
 	}

@@ -11,7 +11,7 @@ import (
 	"github.com/idem-extproc/idem-extproc/internal/jsonpointer"
 )
 
-// KeySource names where a policy reads a request's key (key.from, issue 18).
+// KeySource names where a policy reads a request's key (key.from).
 type KeySource uint8
 
 const (

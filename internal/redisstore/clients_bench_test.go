@@ -18,7 +18,7 @@ import (
 )
 
 // BenchmarkScriptClients compares the clients the hot script calls could
-// go through (issue 17): a reservation and its completion (1 KiB body),
+// go through: a reservation and its completion (1 KiB body),
 // as one protected first write makes them, EVALSHA of the store's own
 // scripts with the ARGV the store sends (ReserveArgs, CompleteArgs), from
 // 1, 8, 32 and 128 concurrent callers on one redis-server:

@@ -11,7 +11,7 @@ import (
 )
 
 // TestRecordMemory holds Redis's own account (MEMORY USAGE) of one record to
-// the bounds issue 7 sets: at most 200 bytes in flight, at most 1.5 KiB once
+// these bounds: at most 200 bytes in flight, at most 1.5 KiB once
 // completed with a 1 KiB body. A hash holding that body would be converted
 // to a hashtable and take about 2.1 KiB; the completed record is a string
 // for that reason (codec.go). The figures are Redis's allocator's sizes, the
