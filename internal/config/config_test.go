@@ -174,6 +174,29 @@ func TestAllMistakesReportedTogether(t *testing.T) {
 	}
 }
 
+// TestWrongValueReportedAlone: a value that does not parse is one mistake,
+// reported once; the checks that compare settings do not go on to judge
+// the zero it would leave (`lease: 30s must be shorter than retention 0s`
+// for every policy after `retention: later`).
+func TestWrongValueReportedAlone(t *testing.T) {
+	for _, tc := range []struct{ name, yaml, want string }{
+		{"duration", "defaults:\n  retention: later\n", "bad.yaml:2: defaults.retention: \"later\" is not a duration"},
+		{"duration in a policy", "policies:\n  - name: a\n    match: {methods: [POST]}\n    lease: 2 min\n", "bad.yaml:4: policies[0].lease: \"2 min\" is not a duration"},
+		{"size", "defaults:\n  max_request_body: 1MB\n", "bad.yaml:2: defaults.max_request_body: \"1MB\" is not a size"},
+		{"duration below the minimum", "defaults:\n  retention: 500ms\n", "bad.yaml:2: defaults.retention: 500ms is below the minimum 1s"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Parse("bad.yaml", []byte(tc.yaml))
+			if err == nil {
+				t.Fatal("no error")
+			}
+			if lines := strings.Split(err.Error(), "\n"); len(lines) != 1 || !strings.HasPrefix(lines[0], tc.want) {
+				t.Fatalf("want the one line\n\t%s…\ngot:\n%v", tc.want, err)
+			}
+		})
+	}
+}
+
 func TestLoadMissingFile(t *testing.T) {
 	_, err := Load(filepath.Join(t.TempDir(), "nope.yaml"))
 	if err == nil || !strings.Contains(err.Error(), "nope.yaml") {

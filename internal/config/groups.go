@@ -38,14 +38,15 @@ func (b *builder) key(r *policy.KeyRules, s *settings, path string) {
 		r.KeyHeader = h
 	}
 	if v := s.Key.Required; v.Set {
-		r.KeyRequired = b.boolean(v, path+".key.required")
+		b.boolean(&r.KeyRequired, v, path+".key.required")
 	}
 	if v := s.Key.MaxLength; v.Set {
 		n, err := strconv.Atoi(v.Value)
 		if err != nil || n < 1 || n > idem.MaxKeyLength {
 			b.errorf(v.Line, path+".key.max_length", "%q is not a length from 1 to %d", v.Value, idem.MaxKeyLength)
+		} else {
+			r.MaxKeyLength = n
 		}
-		r.MaxKeyLength = n
 	}
 	if v := s.Key.WarnUntil; v.Set {
 		r.KeyWarnUntil = b.date(v, path+".key.warn_until")
@@ -56,10 +57,10 @@ func (b *builder) key(r *policy.KeyRules, s *settings, path string) {
 // fingerprint, stored_headers.
 func (b *builder) bodies(r *policy.BodyRules, s *settings, path string) {
 	if v := s.MaxRequestBody; v.Set {
-		r.MaxRequestBody = b.size(v, path+".max_request_body")
+		b.size(&r.MaxRequestBody, v, path+".max_request_body")
 	}
 	if v := s.MaxStoredBody; v.Set {
-		r.MaxStoredBody = b.size(v, path+".max_stored_body")
+		b.size(&r.MaxStoredBody, v, path+".max_stored_body")
 	}
 	if v := s.Fingerprint.Headers; v.Set {
 		names := make([]string, 0, len(v.Items))
@@ -72,7 +73,7 @@ func (b *builder) bodies(r *policy.BodyRules, s *settings, path string) {
 		r.FingerprintHeaders = fingerprint.Normalize(names)
 	}
 	if v := s.Fingerprint.JSON; v.Set {
-		r.FingerprintJSON = b.boolean(v, path+".fingerprint.json")
+		b.boolean(&r.FingerprintJSON, v, path+".fingerprint.json")
 	}
 	if v := s.StoredHeaders.Deny; v.Set {
 		for i, h := range v.Items {
@@ -89,10 +90,10 @@ func (b *builder) bodies(r *policy.BodyRules, s *settings, path string) {
 // durability_timeout, encrypt.
 func (b *builder) durability(r *policy.DurabilityRules, s *settings, path string) {
 	if v := s.Retention; v.Set {
-		r.Retention = b.duration(v, path+".retention", time.Second)
+		b.duration(&r.Retention, v, path+".retention", time.Second)
 	}
 	if v := s.Lease; v.Set {
-		r.Lease = b.duration(v, path+".lease", 100*time.Millisecond)
+		b.duration(&r.Lease, v, path+".lease", 100*time.Millisecond)
 	}
 	if v := s.OnLeaseExpiry; v.Set {
 		r.LeaseExpiry = oneOf(b, v, path+".on_lease_expiry", leaseExpiries)
@@ -107,14 +108,15 @@ func (b *builder) durability(r *policy.DurabilityRules, s *settings, path string
 		n, err := strconv.Atoi(v.Value)
 		if err != nil || n < 1 || n > 16 {
 			b.errorf(v.Line, path+".durability_replicas", "%q is not a replica count from 1 to 16", v.Value)
+		} else {
+			r.DurabilityReplicas = n
 		}
-		r.DurabilityReplicas = n
 	}
 	if v := s.DurabilityWait; v.Set {
-		r.DurabilityTimeout = b.duration(v, path+".durability_timeout", time.Millisecond)
+		b.duration(&r.DurabilityTimeout, v, path+".durability_timeout", time.Millisecond)
 	}
 	if v := s.Encrypt; v.Set {
-		r.Encrypt = b.boolean(v, path+".encrypt")
+		b.boolean(&r.Encrypt, v, path+".encrypt")
 	}
 }
 
@@ -136,7 +138,7 @@ func (b *builder) rollout(r *policy.RolloutRules, s *settings, path string) {
 		r.ShadowHeader = h
 	}
 	if v := s.AdoptShadow; v.Set {
-		r.AdoptShadowRecords = b.boolean(v, path+".adopt_shadow_records")
+		b.boolean(&r.AdoptShadowRecords, v, path+".adopt_shadow_records")
 	}
 }
 
@@ -160,9 +162,9 @@ func (b *builder) responses(r *policy.Responses, s *settings, path string) {
 		}
 	}
 	if v := s.RetryAfter; v.Set {
-		r.RetryAfter = b.duration(v, path+".retry_after", time.Second)
+		b.duration(&r.RetryAfter, v, path+".retry_after", time.Second)
 	}
 	if v := s.WaitForInFlight; v.Set {
-		r.WaitForInFlight = b.duration(v, path+".wait_for_in_flight", 0)
+		b.duration(&r.WaitForInFlight, v, path+".wait_for_in_flight", 0)
 	}
 }

@@ -73,23 +73,31 @@ func oneOf[T comparable](b *builder, v scalar, path string, e enum[T]) T {
 	return x
 }
 
-func (b *builder) boolean(v scalar, path string) bool {
+// The readers below set *dst only when the value is right: a wrong one
+// leaves the setting as it was (from defaults: or built in), so the checks
+// that compare settings judge what is in force rather than a zero nobody
+// wrote (`lease 30s must be shorter than retention 0s` after `retention:
+// later`).
+
+func (b *builder) boolean(dst *bool, v scalar, path string) {
 	x, err := strconv.ParseBool(v.Value)
 	if err != nil {
 		b.errorf(v.Line, path, "%q is not true or false", v.Value)
+		return
 	}
-	return x
+	*dst = x
 }
 
-func (b *builder) duration(v scalar, path string, min time.Duration) time.Duration {
+func (b *builder) duration(dst *time.Duration, v scalar, path string, min time.Duration) {
 	d, err := time.ParseDuration(v.Value)
 	switch {
 	case err != nil:
 		b.errorf(v.Line, path, "%q is not a duration (such as 30s, 5m, 24h; the largest unit is h: write 7 days as 168h)", v.Value)
 	case d < min || d < 0:
 		b.errorf(v.Line, path, "%v is below the minimum %v", d, min)
+	default:
+		*dst = d
 	}
-	return d
 }
 
 // date reads an RFC 3339 date-time, or a full date meaning its first
@@ -108,7 +116,7 @@ func (b *builder) date(v scalar, path string) time.Time {
 
 // size reads a byte count: a number, or a number with KiB, MiB or GiB, or
 // with Ki, Mi or Gi as Kubernetes writes the same units.
-func (b *builder) size(v scalar, path string) int {
+func (b *builder) size(dst *int, v scalar, path string) {
 	s := strings.TrimSpace(v.Value)
 	mult := 1
 	for suffix, m := range map[string]int{"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30} {
@@ -119,9 +127,9 @@ func (b *builder) size(v scalar, path string) int {
 	n, err := strconv.Atoi(s)
 	if err != nil || n < 0 || n > (1<<31)/mult {
 		b.errorf(v.Line, path, "%q is not a size (a byte count, or with KiB, MiB or GiB, or Ki, Mi, Gi; up to 2GiB)", v.Value)
-		return 0
+		return
 	}
-	return n * mult
+	*dst = n * mult
 }
 
 // shortDuration writes d as a file would: 2h, 1h30m, 90s, not 2h0m0s.
