@@ -38,7 +38,7 @@ func (b *builder) pointers(v scalars, path string) []jsonpointer.Pointer {
 func (b *builder) jsonMatch(cs []jsonCriterion, path string) []policy.JSONCriterion {
 	var out []policy.JSONCriterion
 	for i, c := range cs {
-		at := fmt.Sprintf("%s.json[%d]", path, i)
+		at := b.entry(path+".json", i)
 		if !c.Pointer.Set {
 			b.errorf(firstSet(c.Equals, scalar{Line: c.OneOf.Line, Set: c.OneOf.Set}), at+".pointer", "missing; name the member the criterion reads")
 			continue

@@ -27,36 +27,46 @@ type shape struct {
 // than one document. These are what an in-place rewrite caught half way
 // usually leaves; a cut at a line boundary that leaves a valid smaller
 // document is not seen here (see Source for the end marker that catches
-// it).
-func checkComplete(name string, data []byte) (shape, error) {
-	var sh shape
+// it). A document that is not YAML, empty or two documents is an error:
+// nothing further can be read from it. A key with no value is a problem
+// reported with every other mistake of the file (a null sets nothing, so
+// the rest still decodes); doc is the document's root, for paths.
+func checkComplete(name string, data []byte) (sh shape, doc *yaml.Node, found problems, err error) {
 	sh.ended = endsWithMarker(data)
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	var root yaml.Node
 	if err := dec.Decode(&root); err != nil {
 		if errors.Is(err, io.EOF) {
-			return sh, fmt.Errorf("%s: the file is empty; an empty file is taken for a truncated one and refused "+
+			return sh, nil, nil, fmt.Errorf("%s: the file is empty; an empty file is taken for a truncated one and refused "+
 				"(write `policies: []` to protect only with default_policy)", name)
 		}
-		return sh, yamlError(name, err)
+		return sh, nil, nil, yamlError(name, err)
 	}
 	var next yaml.Node
 	if err := dec.Decode(&next); err == nil {
-		return sh, fmt.Errorf("%s:%d: a second YAML document; the file holds exactly one", name, next.Line)
+		return sh, nil, nil, fmt.Errorf("%s:%d: a second YAML document; the file holds exactly one", name, next.Line)
 	} else if !errors.Is(err, io.EOF) {
-		return sh, yamlError(name, err)
+		return sh, nil, nil, yamlError(name, err)
 	}
-	doc := &root
+	doc = &root
 	if doc.Kind == yaml.DocumentNode && len(doc.Content) == 1 {
 		doc = doc.Content[0]
 	}
 	if isNull(doc) {
-		return sh, fmt.Errorf("%s: the file holds no settings; an empty file is taken for a truncated one and refused "+
+		return sh, nil, nil, fmt.Errorf("%s: the file holds no settings; an empty file is taken for a truncated one and refused "+
 			"(write `policies: []` to protect only with default_policy)", name)
 	}
-	var errs []error
-	walkNulls(doc, "", func(line int, path string) {
-		errs = append(errs, fmt.Errorf("%s:%d: %s: no value (a file cut short?); write a value or delete the line", name, line, path))
+	walk(doc, "", func(k, v *yaml.Node, path string) {
+		// No option of the file takes null, so each is a mistake or a cut.
+		if !isNull(v) {
+			return
+		}
+		line := v.Line
+		if k != nil {
+			line = k.Line // `key:` alone: the line of the key, which names it
+		}
+		found = append(found, problem{line: line, unset: path,
+			err: fmt.Errorf("%s:%d: %s: no value (a file cut short?); write a value or delete the line", name, line, path)})
 	})
 	if doc.Kind == yaml.MappingNode {
 		for i := 0; i+1 < len(doc.Content); i += 2 {
@@ -65,17 +75,18 @@ func checkComplete(name string, data []byte) (shape, error) {
 			}
 		}
 	}
-	return sh, errors.Join(errs...)
+	return sh, doc, found, nil
 }
 
 func isNull(n *yaml.Node) bool {
 	return n.Kind == yaml.ScalarNode && n.Tag == "!!null"
 }
 
-// walkNulls calls found for every mapping value and list item that is
-// null: `key:` with nothing after it, or `- ` alone. No option of the file
-// takes null, so each is a mistake or a cut.
-func walkNulls(n *yaml.Node, path string, found func(line int, path string)) {
+// walk calls visit for every mapping value (with its key) and list item
+// (with a nil key) under n, with its path in the file (policies[0].match),
+// in document order. Aliases are not followed: what they name is visited
+// where it is written.
+func walk(n *yaml.Node, path string, visit func(key, value *yaml.Node, path string)) {
 	switch n.Kind {
 	case yaml.MappingNode:
 		for i := 0; i+1 < len(n.Content); i += 2 {
@@ -84,20 +95,14 @@ func walkNulls(n *yaml.Node, path string, found func(line int, path string)) {
 			if path != "" {
 				p = path + "." + k.Value
 			}
-			if isNull(v) {
-				found(k.Line, p)
-				continue
-			}
-			walkNulls(v, p, found)
+			visit(k, v, p)
+			walk(v, p, visit)
 		}
 	case yaml.SequenceNode:
 		for i, c := range n.Content {
 			p := fmt.Sprintf("%s[%d]", path, i)
-			if isNull(c) {
-				found(c.Line, p)
-				continue
-			}
-			walkNulls(c, p, found)
+			visit(nil, c, p)
+			walk(c, p, visit)
 		}
 	}
 }

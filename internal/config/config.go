@@ -1,7 +1,8 @@
 // Package config reads the policy configuration file: YAML, validated
 // strictly (an unknown field, a bad duration, an invalid regex or an
-// impossible combination is an error naming the file, line and field), and
-// turned into a policy.Set. Watcher reloads it on change.
+// impossible combination is an error naming the file, line and field; one
+// load reports every mistake it finds, in file order), and turned into a
+// policy.Set. Watcher reloads it on change.
 package config
 
 import (
@@ -41,19 +42,30 @@ func Parse(name string, data []byte) (*policy.Set, error) {
 }
 
 func parse(name string, data []byte) (*policy.Set, shape, error) {
-	sh, err := checkComplete(name, data)
+	sh, root, found, err := checkComplete(name, data)
 	if err != nil {
 		return nil, sh, err
 	}
 	var doc document
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
+	x := newNodeIndex(root)
 	if err := dec.Decode(&doc); err != nil && !errors.Is(err, io.EOF) {
-		return nil, sh, yamlError(name, err)
+		var te *yaml.TypeError
+		if !errors.As(err, &te) {
+			return nil, sh, yamlError(name, err)
+		}
+		// yaml.v3 decodes the rest of the document after each of these
+		// mistakes: the checks below see all of it, so one unknown field
+		// does not hide the mistakes elsewhere.
+		found = append(found, decodeProblems(name, te, x)...)
+		if len(te.Errors) == 0 { // never from yaml.v3; still a refusal
+			found = append(found, problem{err: fmt.Errorf("%s: %w", name, err)})
+		}
 	}
-	b := builder{file: name}
+	b := newBuilder(name, found, x.dropped(found))
 	set := b.build(&doc)
-	if err := errors.Join(b.errs...); err != nil {
+	if err := b.errs.join(); err != nil {
 		return nil, sh, err
 	}
 	if len(set.Policies) == 0 && !sh.explicitlyEmpty {
@@ -66,38 +78,59 @@ func parse(name string, data []byte) (*policy.Set, shape, error) {
 // linePrefix matches the "line N: " yaml.v3 starts its messages with.
 var linePrefix = regexp.MustCompile(`^(?:yaml: )?line (\d+): `)
 
-// yamlError rewrites yaml.v3's errors ("yaml: unmarshal errors:\n  line 7:
-// field x not found in type ...") as "file:7: unknown field x", one line
-// per problem.
+// yamlError rewrites an error that stops yaml.v3 (a document that is not
+// YAML: "yaml: line 7: did not find expected key") as "file:7: did not
+// find expected key". The mistakes it decodes on after are a TypeError,
+// which decodeProblems reports instead.
 func yamlError(name string, err error) error {
-	msgs := []string{err.Error()}
-	var te *yaml.TypeError
-	if errors.As(err, &te) {
-		msgs = te.Errors
+	m := strings.TrimSpace(err.Error())
+	if sm := linePrefix.FindStringSubmatch(m); sm != nil {
+		return fmt.Errorf("%s:%s: %s", name, sm[1], m[len(sm[0]):])
 	}
-	errs := make([]error, 0, len(msgs))
-	for _, m := range msgs {
-		m = strings.TrimSpace(m)
-		if i := strings.Index(m, " not found in type "); i >= 0 {
-			m = strings.Replace(m[:i], "field ", "unknown field ", 1)
-		}
-		if sm := linePrefix.FindStringSubmatch(m); sm != nil {
-			errs = append(errs, fmt.Errorf("%s:%s: %s", name, sm[1], m[len(sm[0]):]))
-			continue
-		}
-		errs = append(errs, fmt.Errorf("%s: %s", name, strings.TrimPrefix(m, "yaml: ")))
-	}
-	return errors.Join(errs...)
+	return fmt.Errorf("%s: %s", name, strings.TrimPrefix(m, "yaml: "))
 }
 
 // builder turns a document into policies, collecting every mistake.
 type builder struct {
 	file string
-	errs []error
+	errs problems
+	// unset are the parts of the document that mistakes found while
+	// decoding left undecoded (problem.unset).
+	unset []string
+	// dropped are the list entries decoding left out (nodeIndex.dropped).
+	dropped map[string][]int
+}
+
+// newBuilder starts a build with the mistakes found while decoding.
+func newBuilder(file string, found problems, dropped map[string][]int) *builder {
+	b := &builder{file: file, errs: found, dropped: dropped}
+	for _, p := range found {
+		if p.unset != "" {
+			b.unset = append(b.unset, p.unset)
+		}
+	}
+	return b
 }
 
 func (b *builder) errorf(line int, path, format string, args ...any) {
-	b.errs = append(b.errs, fmt.Errorf("%s:%d: %s: %s", b.file, line, path, fmt.Sprintf(format, args...)))
+	for _, u := range b.unset {
+		if path == u || strings.HasPrefix(path, u+".") || strings.HasPrefix(path, u+"[") {
+			return // that mistake again, reported as found while decoding
+		}
+	}
+	b.errs = append(b.errs, problem{line: line, err: fmt.Errorf("%s:%d: %s: %s", b.file, line, path, fmt.Sprintf(format, args...))})
+}
+
+// entry is the path of the i-th decoded entry of the list at path, counted
+// in the file: the entries decoding left out (reported already) are not in
+// the decoded list, and the entries after them moved up.
+func (b *builder) entry(list string, i int) string {
+	for _, d := range b.dropped[list] { // in file order
+		if d <= i {
+			i++
+		}
+	}
+	return fmt.Sprintf("%s[%d]", list, i)
 }
 
 // Names become part of every record's id; keep them stable and plain.
@@ -107,9 +140,9 @@ func (b *builder) build(doc *document) *policy.Set {
 	base := policy.Default()
 	b.apply(base, &doc.Defaults, "defaults")
 	set := &policy.Set{}
-	seen := map[string]int{}
+	seen := map[string]string{}
 	for i, np := range doc.Policies {
-		path := fmt.Sprintf("policies[%d]", i)
+		path := b.entry("policies", i)
 		p := clone(base)
 		switch {
 		case !np.Name.Set:
@@ -118,9 +151,9 @@ func (b *builder) build(doc *document) *policy.Set {
 			b.errorf(np.Name.Line, path+".name", "%q must be 1 to 63 lower-case letters, digits, '.', '_' or '-', start with a letter or a digit, and not be %q", np.Name.Value, policy.DefaultPolicyName)
 		default:
 			if prev, dup := seen[np.Name.Value]; dup {
-				b.errorf(np.Name.Line, path+".name", "%q is already the name of policies[%d]", np.Name.Value, prev)
+				b.errorf(np.Name.Line, path+".name", "%q is already the name of %s", np.Name.Value, prev)
 			}
-			seen[np.Name.Value] = i
+			seen[np.Name.Value] = path
 		}
 		p.Name = np.Name.Value
 		p.Match = b.match(&np.Match, path+".match", np.Name.Line)

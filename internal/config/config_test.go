@@ -2,6 +2,7 @@ package config
 
 import (
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -106,8 +107,13 @@ func TestMistakesNameFileLineAndField(t *testing.T) {
 		name, yaml string
 		want       []string
 	}{
-		{"unknown field", "policies:\n  - name: a\n    match: {methods: [POST]}\n    retentoin: 1h\n", []string{"bad.yaml:4:", `unknown field retentoin`}},
-		{"unknown nested field", "defaults:\n  key:\n    requierd: true\n", []string{"bad.yaml:3:", "unknown field requierd"}},
+		{"unknown field", "policies:\n  - name: a\n    match: {methods: [POST]}\n    retentoin: 1h\n", []string{"bad.yaml:4:", "policies[0].retentoin: unknown field; did you mean retention?"}},
+		{"unknown nested field", "defaults:\n  key:\n    requierd: true\n", []string{"bad.yaml:3:", "defaults.key.requierd: unknown field; did you mean required?"}},
+		{"unknown top-level field", "polices: []\n", []string{"bad.yaml:1:", "polices: unknown field; did you mean policies?"}},
+		{"unknown field like no other", "defaults:\n  colour: blue\n", []string{"bad.yaml:2:", "defaults.colour: unknown field"}},
+		{"mapping where a value belongs", "defaults:\n  retention: {hours: 2}\n", []string{"bad.yaml:2:", "defaults.retention: expected a single value, found a mapping"}},
+		{"value where a mapping belongs", "defaults:\n  key: Idempotency-Key\n", []string{"bad.yaml:2:", "defaults.key: expected a mapping, found a scalar"}},
+		{"mapping where a list belongs", "defaults:\n  responses: {status: 500, action: store}\n", []string{"bad.yaml:2:", "defaults.responses: expected a list, found a mapping"}},
 		{"bad duration", "defaults:\n  lease: 30 seconds\n", []string{"bad.yaml:2:", "defaults.lease", `"30 seconds" is not a duration`}},
 		{"duration too small", "defaults:\n  retry_after: 10ms\n", []string{"bad.yaml:2:", "defaults.retry_after", "minimum"}},
 		{"bad regex", "policies:\n  - name: a\n    match:\n      path: {regex: '^/v1/(orders'}\n", []string{"bad.yaml:4:", "policies[0].match.path.regex", "invalid regular expression"}},
@@ -136,7 +142,7 @@ func TestMistakesNameFileLineAndField(t *testing.T) {
 		{"zero request body", "defaults:\n  max_request_body: 0\n", []string{"bad.yaml:2:", "max_request_body", "positive"}},
 		{"key length over 255", "defaults:\n  key: {max_length: 300}\n", []string{"bad.yaml:2:", "defaults.key.max_length"}},
 		{"bad boolean", "defaults:\n  key: {required: yes please}\n", []string{"bad.yaml:2:", "defaults.key.required"}},
-		{"list where a value belongs", "defaults:\n  lease: [30s]\n", []string{"bad.yaml:2:", "single value"}},
+		{"list where a value belongs", "defaults:\n  lease: [30s]\n", []string{"bad.yaml:2:", "defaults.lease: expected a single value, found a list"}},
 		{"bad durability", "defaults:\n  durability: quorum\n", []string{"bad.yaml:2:", "defaults.durability"}},
 		{"durability replicas without replicated", "defaults:\n  durability_replicas: 2\n", []string{"bad.yaml:2:", ".durability", "need durability: replicated"}},
 		{"durability wait too long", "defaults:\n  durability: replicated\n  durability_timeout: 2s\n", []string{"bad.yaml:3:", "durability_timeout"}},
@@ -194,6 +200,187 @@ func TestWrongValueReportedAlone(t *testing.T) {
 				t.Fatalf("want the one line\n\t%s…\ngot:\n%v", tc.want, err)
 			}
 		})
+	}
+}
+
+// TestEveryMistakeInOneLoad: unrelated mistakes in different parts of the
+// file (an unknown field in one policy, a bad duration in another, an
+// unknown field in default_policy) are all reported by one load, in file
+// order, each naming its line and its path, so that fixing a file takes one
+// run rather than one per mistake.
+func TestEveryMistakeInOneLoad(t *testing.T) {
+	_, err := Parse("bad.yaml", []byte(`policies:
+  - name: orders
+    match:
+      methods: [POST]
+      path: {pathprefix: /orders}
+  - name: payments
+    match: {methods: [POST], path: {prefix: /payments}}
+    retention: 2 days
+default_policy:
+  enabled: true
+  retentoin: 1h
+`))
+	if err == nil {
+		t.Fatal("no error")
+	}
+	want := []string{
+		"bad.yaml:5: policies[0].match.path.pathprefix: unknown field; did you mean prefix?",
+		`bad.yaml:8: policies[1].retention: "2 days" is not a duration`,
+		"bad.yaml:11: default_policy.retentoin: unknown field; did you mean retention?",
+	}
+	lines := strings.Split(err.Error(), "\n")
+	if len(lines) != len(want) {
+		t.Errorf("%d lines, want one per mistake (%d):\n%v", len(lines), len(want), err)
+	}
+	for i, w := range want {
+		if i >= len(lines) || !strings.HasPrefix(lines[i], w) {
+			t.Errorf("line %d: want it to start with\n\t%s\nthe error:\n%v", i+1, w, err)
+		}
+	}
+}
+
+// TestDecodingMistakesDoNotStopTheChecks: a key with no value, a value of
+// the wrong kind and an unknown field are found while the file is decoded;
+// the rest of the file is still checked and its mistakes reported with
+// them, and a field found wrong while decoding is reported once (not again
+// as "missing" by the checks that find it unset).
+func TestDecodingMistakesDoNotStopTheChecks(t *testing.T) {
+	_, err := Parse("bad.yaml", []byte(`policies:
+  - name:
+    match: {methods: [POST]}
+    retentoin: 1h
+  - name: [b]
+    match: {methods: [POST], path: {regex: '(orders'}}
+defaults:
+  lease: 2 min
+`))
+	if err == nil {
+		t.Fatal("no error")
+	}
+	want := []string{
+		"bad.yaml:2: policies[0].name: no value",
+		"bad.yaml:4: policies[0].retentoin: unknown field; did you mean retention?",
+		"bad.yaml:5: policies[1].name: expected a single value, found a list",
+		"bad.yaml:6: policies[1].match.path.regex: invalid regular expression",
+		`bad.yaml:8: defaults.lease: "2 min" is not a duration`,
+	}
+	lines := strings.Split(err.Error(), "\n")
+	if len(lines) != len(want) {
+		t.Errorf("%d lines, want one per mistake (%d):\n%v", len(lines), len(want), err)
+	}
+	for i, w := range want {
+		if i >= len(lines) || !strings.HasPrefix(lines[i], w) {
+			t.Errorf("line %d: want it to start with\n\t%s\nthe error:\n%v", i+1, w, err)
+		}
+	}
+}
+
+// TestMistakesAfterAnEntryLeftOut: yaml.v3 leaves out of a list an entry
+// it cannot decode (null, not a mapping, a key twice); the mistakes of the
+// entries after it are still named by their place in the file, not by
+// their place in what was decoded.
+func TestMistakesAfterAnEntryLeftOut(t *testing.T) {
+	for _, tc := range []struct {
+		name, yaml string
+		want       []string
+	}{
+		{"a policy that is a value", `policies:
+  - orders
+  - name: b
+    match: {methods: [POST]}
+    lease: soon
+`, []string{"bad.yaml:2: policies[0]: expected a mapping, found a scalar", `bad.yaml:5: policies[1].lease: "soon" is not a duration`}},
+		{"a policy with no value", `policies:
+  -
+  - name: b
+    match: {methods: [POST]}
+  - name: b
+    match: {methods: [PUT]}
+`, []string{"bad.yaml:2: policies[0]: no value", `bad.yaml:5: policies[2].name: "b" is already the name of policies[1]`}},
+		{"a policy with a key twice", `policies:
+  - name: a
+    match: {methods: [POST]}
+    lease: 1s
+    lease: 2s
+  - name: b
+    match: {methods: [POST]}
+    lease: soon
+`, []string{"bad.yaml:5: policies[0].lease: already defined at line 4", `bad.yaml:8: policies[1].lease: "soon" is not a duration`}},
+		{"a response rule that is a list", `defaults:
+  responses:
+    - [500, store]
+    - {status: 6xx, action: store}
+`, []string{"bad.yaml:3: defaults.responses[0]: expected a mapping, found a list", "bad.yaml:4: defaults.responses[1].status"}},
+		{"a body criterion with a key twice", `policies:
+  - name: a
+    match:
+      methods: [POST]
+      json:
+        - {pointer: /method, equals: a, equals: b}
+        - {pointer: method, equals: tools/call}
+`, []string{"bad.yaml:6: policies[0].match.json[0].equals: already defined at line 6", `bad.yaml:7: policies[0].match.json[1].pointer: "method" is not a JSON Pointer`}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Parse("bad.yaml", []byte(tc.yaml))
+			if err == nil {
+				t.Fatal("no error")
+			}
+			lines := strings.Split(err.Error(), "\n")
+			if len(lines) != len(tc.want) {
+				t.Errorf("%d lines, want %d:\n%v", len(lines), len(tc.want), err)
+			}
+			for i, w := range tc.want {
+				if i >= len(lines) || !strings.HasPrefix(lines[i], w) {
+					t.Errorf("line %d: want it to start with\n\t%s\nthe error:\n%v", i+1, w, err)
+				}
+			}
+		})
+	}
+}
+
+// TestUnknownFieldInAMergedMapping: a key yaml.v3 finds unknown through a
+// merge (`<<: *anchor`) is where the anchor is written; reported there by
+// path, and again, without one, for the policy that merges it.
+func TestUnknownFieldInAMergedMapping(t *testing.T) {
+	_, err := Parse("bad.yaml", []byte(`defaults: &d
+  retentoin: 1h
+policies:
+  - name: a
+    match: {methods: [POST]}
+    <<: *d
+`))
+	if err == nil || !strings.Contains(err.Error(), "bad.yaml:2: defaults.retentoin: unknown field; did you mean retention?") {
+		t.Fatalf("error %v", err)
+	}
+}
+
+func TestSuggest(t *testing.T) {
+	known := fieldsOf("config.namedPolicy")
+	if !slices.Contains(known, "name") || !slices.Contains(known, "retention") || !slices.Contains(known, "answers") {
+		t.Fatalf("the keys of a policy, its inline settings included: %v", known)
+	}
+	for unknown, want := range map[string]string{
+		"retentoin":      "retention", // letters swapped
+		"retension":      "retention",
+		"retryAfter":     "retry_after", // case and '_'
+		"retry-after":    "retry_after",
+		"nam":            "name",
+		"mach":           "match",
+		"lease_duration": "lease", // a key within it
+		"timeout":        "",
+		"colour":         "",
+		"enabled":        "", // a default_policy key, not a policy's
+	} {
+		if got := suggest(unknown, known); got != want {
+			t.Errorf("suggest(%q) = %q, want %q", unknown, got, want)
+		}
+	}
+	if got := suggest("pathprefix", fieldsOf("config.pathMatch")); got != "prefix" {
+		t.Errorf("suggest(pathprefix) = %q, want prefix", got)
+	}
+	if got := fieldsOf("config.nothing"); got != nil {
+		t.Errorf("fieldsOf an unknown type = %v", got)
 	}
 }
 

@@ -148,7 +148,7 @@ func (b *builder) responses(r *policy.Responses, s *settings, path string) {
 	if len(s.Responses) > 0 {
 		rules := make([]idem.ResponseRule, 0, len(s.Responses))
 		for i := range s.Responses {
-			rules = append(rules, b.responseRules(&s.Responses[i], fmt.Sprintf("%s.responses[%d]", path, i))...)
+			rules = append(rules, b.responseRules(&s.Responses[i], b.entry(path+".responses", i))...)
 		}
 		// The policy's rules come first; the defaults cover the rest.
 		r.ResponseRules = append(rules, idem.DefaultResponseRules()...)

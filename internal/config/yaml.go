@@ -34,7 +34,7 @@ func (s scalar) node() (*yaml.Node, error) {
 
 func (s *scalar) UnmarshalYAML(n *yaml.Node) error {
 	if n.Kind != yaml.ScalarNode {
-		return fmt.Errorf("line %d: expected a single value, found a %s", n.Line, kindName(n.Kind))
+		return wrongKind(n, "a single value")
 	}
 	*s = scalar{Value: n.Value, Line: n.Line, Set: true}
 	return nil
@@ -64,7 +64,15 @@ func (s *scalars) UnmarshalYAML(n *yaml.Node) error {
 		}
 		return nil
 	}
-	return fmt.Errorf("line %d: expected a list, found a %s", n.Line, kindName(n.Kind))
+	return wrongKind(n, "a list")
+}
+
+// wrongKind reports a value of the wrong kind as a yaml.TypeError, which
+// yaml.v3 collects and decodes on after (any other error would stop it at
+// the first mistake). The column lets decodeProblems name the field.
+func wrongKind(n *yaml.Node, want string) error {
+	return &yaml.TypeError{Errors: []string{
+		fmt.Sprintf("line %d: column %d: expected %s, found a %s", n.Line, n.Column, want, kindName(n.Kind))}}
 }
 
 func (s scalars) IsZero() bool { return !s.Set }
