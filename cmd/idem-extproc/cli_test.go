@@ -169,6 +169,54 @@ func TestBinaryConfigCheck(t *testing.T) {
 	}
 }
 
+// threeMistakes is a policy file with three unrelated mistakes: an unknown
+// field in one policy, a bad duration in another, an unknown field in
+// default_policy.
+const threeMistakes = `policies:
+  - name: orders
+    match:
+      methods: [POST]
+      path: {pathprefix: /orders}
+  - name: payments
+    match: {methods: [POST], path: {prefix: /payments}}
+    retention: 2 days
+default_policy:
+  enabled: true
+  retentoin: 1h
+`
+
+// threeMistakesReport is what a load of threeMistakes at path reports, one
+// line per mistake in file order (each line's start).
+func threeMistakesReport(path string) []string {
+	return []string{
+		path + ":5: policies[0].match.path.pathprefix: unknown field; did you mean prefix?",
+		path + `:8: policies[1].retention: "2 days" is not a duration`,
+		path + ":11: default_policy.retentoin: unknown field; did you mean retention?",
+	}
+}
+
+// TestBinaryConfigCheckReportsEveryMistake: `config check` on a file with
+// several mistakes names them all in one run, one line each on stderr, and
+// exits 1 with nothing on stdout.
+func TestBinaryConfigCheckReportsEveryMistake(t *testing.T) {
+	bad := filepath.Join(t.TempDir(), "bad.yaml")
+	writeFile(t, bad, threeMistakes)
+	stdout, errOut, code := runBinary(t, nil, "config", "check", bad)
+	if code != 1 || stdout != "" {
+		t.Fatalf("exit %d, stdout %q; want 1 and nothing", code, stdout)
+	}
+	lines := strings.Split(strings.TrimSuffix(errOut, "\n"), "\n")
+	want := threeMistakesReport(bad)
+	if len(lines) != len(want) {
+		t.Errorf("%d lines on stderr, want one per mistake (%d):\n%s", len(lines), len(want), errOut)
+	}
+	for i, w := range want {
+		if i >= len(lines) || !strings.HasPrefix(lines[i], w) {
+			t.Errorf("line %d: want it to start with\n\t%s\nstderr:\n%s", i+1, w, errOut)
+		}
+	}
+}
+
 // TestBinaryProbe: `probe` exits 0 against a ready server, over /readyz
 // (the port taken from IDEM_ADMIN_LISTEN by default) and over gRPC health,
 // and 1 when nothing answers.

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -695,13 +696,32 @@ func TestBinaryCrashedReservationTurnsUnknown(t *testing.T) {
 	}
 }
 
+// TestBinaryBadConfigFile: a server started on a policy file with mistakes
+// exits 2, its message's first line saying it is the configuration, and
+// names every mistake of the file, one a line.
 func TestBinaryBadConfigFile(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "policies.yaml")
-	writeFile(t, path, "policies:\n  - name: a\n    match: {methods: [POST]}\n    retentoin: 1h\n")
-	out, err := exec.Command(binary(t), "--config", path).CombinedOutput()
-	ee, ok := err.(*exec.ExitError)
-	if !ok || ee.ExitCode() != 2 || !strings.Contains(string(out), path+":4: unknown field retentoin") {
-		t.Fatalf("exit %v, output %s", err, out)
+	writeFile(t, path, threeMistakes)
+	cmd := exec.Command(binary(t), "--config", path)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	err := cmd.Run()
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 2 {
+		t.Fatalf("exit %v, want 2; stderr %s", err, stderr.String())
+	}
+	_, msg, ok := strings.Cut(stderr.String(), "idem-extproc: configuration error: ")
+	if !ok {
+		t.Fatalf("no configuration error line:\n%s", stderr.String())
+	}
+	lines := strings.Split(strings.TrimSuffix(msg, "\n"), "\n")
+	want := threeMistakesReport(path)
+	if len(lines) != len(want) {
+		t.Errorf("%d lines, want one per mistake (%d):\n%s", len(lines), len(want), msg)
+	}
+	for i, w := range want {
+		if i >= len(lines) || !strings.HasPrefix(lines[i], w) {
+			t.Errorf("line %d: want it to start with\n\t%s\nstderr:\n%s", i+1, w, stderr.String())
+		}
 	}
 }
 
