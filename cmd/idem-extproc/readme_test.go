@@ -30,6 +30,7 @@ policies:
       required: true
     lease: 2h
 `},
+	"policies.yaml:5: policies[0].match.path.pathprefix: unknown field; did you mean prefix?": {policy: threeMistakes},
 	"policies.yaml: the file is empty":                                    {policy: "\n"},
 	"policies.yaml:4: policies[0].key: no value":                          {policy: "policies:\n  - name: orders\n    match: {methods: [POST]}\n    key:\n"},
 	"--max-message-size: 65536 is below 1 MiB, the smallest Envoy buffer": {args: []string{"--max-message-size", "65536"}},
