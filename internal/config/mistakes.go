@@ -154,7 +154,10 @@ func (x *nodeIndex) key(line int, name string) (string, bool) {
 // dropped lists, by the path of their list, the entries yaml.v3 left out
 // of a Go slice, in file order: an entry it could not decode (null, not a
 // mapping, or a mapping with a key twice: problem.unset is the entry) is
-// not in the slice, and the entries after it move up.
+// not in the slice, and the entries after it move up (go.yaml.in/yaml/v3
+// decode.go: decoder.sequence keeps only the entries decoder.unmarshal
+// reports good; decoder.mapping reports a mapping with a duplicate key
+// bad, decoder.null a null struct).
 func (x *nodeIndex) dropped(found problems) map[string][]int {
 	out := map[string][]int{}
 	for _, p := range found {
@@ -183,7 +186,8 @@ var (
 )
 
 // decodeProblems turns the mistakes yaml.v3 found while decoding (it goes
-// on decoding after each, and reports them together in a TypeError) into
+// on decoding after each, and reports them together in a TypeError:
+// go.yaml.in/yaml/v3 decode.go, decoder.terrors) into
 // problems naming the field by its path: `file:12:
 // policies[1].match.path.pathprefix: unknown field; did you mean prefix?`.
 // A message that cannot be tied to a field keeps yaml.v3's words.

@@ -68,8 +68,10 @@ func (s *scalars) UnmarshalYAML(n *yaml.Node) error {
 }
 
 // wrongKind reports a value of the wrong kind as a yaml.TypeError, which
-// yaml.v3 collects and decodes on after (any other error would stop it at
-// the first mistake). The column lets decodeProblems name the field.
+// yaml.v3 collects and decodes on after; any other error from an
+// UnmarshalYAML stops it at the first mistake (go.yaml.in/yaml/v3
+// decode.go, decoder.callUnmarshaler). The column lets decodeProblems name
+// the field.
 func wrongKind(n *yaml.Node, want string) error {
 	return &yaml.TypeError{Errors: []string{
 		fmt.Sprintf("line %d: column %d: expected %s, found a %s", n.Line, n.Column, want, kindName(n.Kind))}}
