@@ -2,7 +2,8 @@
 // free loopback port with its own directory, and can kill, hang and restart
 // them to inject faults. StartCluster and StartSentinel build a Redis
 // Cluster and a Sentinel group from such processes and fail them over;
-// LinkProxy freezes a replica's replication stream.
+// LinkProxy freezes a replica's replication stream; DelayLink slows or
+// holds back a client's link and heals it.
 package redistest
 
 import (
