@@ -20,6 +20,17 @@ var ErrNotHolder = errors.New("idem: reservation not held by this token")
 // request through as protected.
 var ErrNotDurable = errors.New("idem: reservation not confirmed by enough replicas")
 
+// ErrCancelled: the reservation's token was cancelled (Store.Cancel)
+// before the reservation reached the store. Nothing was reserved; the
+// attempt that asked had given up on it already.
+var ErrCancelled = errors.New("idem: reservation cancelled by its own attempt before it reached the store")
+
+// ErrRefused wraps a store error that proves the call changed nothing and
+// never will: the store refused it before acting (the in-memory store when
+// full or when the caller's context had ended). A Reserve that failed so
+// leaves nothing to cancel.
+var ErrRefused = errors.New("idem: refused before any change")
+
 // LeaseExpiry says what an expired lease means.
 type LeaseExpiry uint8
 
@@ -83,6 +94,29 @@ func (o Outcome) String() string {
 	return "invalid"
 }
 
+// CancelResult is what Store.Cancel found.
+type CancelResult uint8
+
+const (
+	// CancelReleased: the token's reservation had reached the store and
+	// is deleted.
+	CancelReleased CancelResult = iota + 1
+	// CancelNotHeld: the token held no record (its reservation had not
+	// reached the store, or found the record taken or settled); there was
+	// nothing of its own to undo.
+	CancelNotHeld
+)
+
+func (c CancelResult) String() string {
+	switch c {
+	case CancelReleased:
+		return "released"
+	case CancelNotHeld:
+		return "not_held"
+	}
+	return "invalid"
+}
+
 // ReserveResult is the answer to a Reservation.
 type ReserveResult struct {
 	Outcome Outcome
@@ -96,9 +130,11 @@ type ReserveResult struct {
 }
 
 // Store keeps idempotency records. Every method is atomic with respect to
-// the others on the same id. Errors other than ErrNotFound and ErrNotHolder
-// mean the store could not be asked (it is unreachable, slow or broken):
-// callers must then assume nothing about the record.
+// the others on the same id. Errors other than ErrNotFound, ErrNotHolder
+// and ErrCancelled mean the store could not be asked (it is unreachable,
+// slow or broken): callers must then assume nothing about the record,
+// unless the error wraps ErrRefused. A call that timed out may still reach
+// the store later; Cancel exists for the Reserve calls among them.
 type Store interface {
 	// Reserve creates the record for r.Token unless one exists, and reports
 	// what it found. Repeating a Reserve with the same token is harmless,
@@ -114,6 +150,16 @@ type Store interface {
 	Release(ctx context.Context, id RecordID, tok Token) error
 	// MarkUnknown turns the token's in-flight record into StateUnknown.
 	MarkUnknown(ctx context.Context, id RecordID, tok Token, retention time.Duration) error
+	// Cancel undoes a Reserve whose caller gave up without knowing whether
+	// it reached the store, and never let its request through: whichever
+	// comes first, the reservation or the cancel, no reservation by tok
+	// remains. If the token holds the record (in flight, or turned unknown
+	// when its lease ran out) the record is deleted, as Release does; a
+	// completed record, or one another token holds, is left alone. Either
+	// way, for hold from now, a Reserve with tok changes nothing and fails
+	// with ErrCancelled: a reservation still on its way is refused when it
+	// arrives. Repeating a Cancel is harmless.
+	Cancel(ctx context.Context, id RecordID, tok Token, hold time.Duration) (CancelResult, error)
 	// Get reads a record without changing it.
 	Get(ctx context.Context, id RecordID) (Record, error)
 	// Ping reports whether the store answers.

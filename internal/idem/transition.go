@@ -105,6 +105,20 @@ func ApplyRelease(cur *Record, tok Token) (Change, error) {
 	return Change{Delete: true}, nil
 }
 
+// ApplyCancel undoes tok's reservation for an attempt that gave up on it
+// before letting its request through: the record is deleted when tok holds
+// it and it did not complete (in flight, or turned unknown when its lease
+// ran out while nobody ran the operation). Anything else is left as it is.
+// The store also keeps, for the hold Cancel was given, the fact that tok
+// was cancelled, and refuses a later Reserve with it (ErrCancelled) before
+// ApplyReserve is consulted.
+func ApplyCancel(cur *Record, tok Token) (Change, CancelResult) {
+	if cur == nil || cur.Token != tok || cur.State == StateCompleted {
+		return Change{}, CancelNotHeld
+	}
+	return Change{Delete: true}, CancelReleased
+}
+
 // ApplyMarkUnknown turns tok's in-flight record into StateUnknown.
 func ApplyMarkUnknown(cur *Record, tok Token, retention time.Duration) (Change, error) {
 	if err := holds(cur, tok); err != nil {

@@ -274,7 +274,9 @@ type floorCalls struct {
 
 func (c *floorCalls) reserve(ctx context.Context) (bool, int, []byte, error) {
 	f := c.f
-	v, err := f.rdb.EvalSha(ctx, f.reserveSHA, []string{c.key}, f.fingerprint, f.token, f.leaseMs, f.retentionMs, "u").Slice()
+	// KEYS as the product's: the record and the token's cancel marker.
+	keys := []string{c.key, redisstore.CancelledKey(c.key, idem.Token(f.token))}
+	v, err := f.rdb.EvalSha(ctx, f.reserveSHA, keys, f.fingerprint, f.token, f.leaseMs, f.retentionMs, "u").Slice()
 	if err != nil {
 		return false, 0, nil, err
 	}

@@ -7,7 +7,7 @@ package memstore
 
 import (
 	"context"
-	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -32,8 +32,9 @@ type Options struct {
 // DefaultMaxRecords is the record limit when Options.MaxRecords is zero.
 const DefaultMaxRecords = 1_000_000
 
-// ErrFull: the store holds MaxRecords live records.
-var ErrFull = errors.New("memstore: record limit reached")
+// ErrFull: the store holds MaxRecords live records (or as many cancelled
+// tokens). It wraps idem.ErrRefused: the call changed nothing.
+var ErrFull = fmt.Errorf("memstore: record limit reached: %w", idem.ErrRefused)
 
 // Store implements idem.Store in memory.
 type Store struct {
@@ -43,11 +44,19 @@ type Store struct {
 
 	mu      sync.Mutex
 	records map[idem.RecordID]*entry
+	// cancelled holds, until when, the tokens whose reservations were
+	// cancelled (Cancel).
+	cancelled map[cancelKey]time.Time
 	// watchers wait for an in-flight record to settle.
 	watchers map[idem.RecordID][]chan struct{}
 
 	stop chan struct{}
 	done chan struct{}
+}
+
+type cancelKey struct {
+	id  idem.RecordID
+	tok idem.Token
 }
 
 type entry struct {
@@ -64,11 +73,12 @@ var (
 // New returns an empty store with a background sweeper; Close stops it.
 func New(opts Options) *Store {
 	s := &Store{
-		now:      opts.Now,
-		records:  make(map[idem.RecordID]*entry),
-		watchers: make(map[idem.RecordID][]chan struct{}),
-		stop:     make(chan struct{}),
-		done:     make(chan struct{}),
+		now:       opts.Now,
+		records:   make(map[idem.RecordID]*entry),
+		cancelled: make(map[cancelKey]time.Time),
+		watchers:  make(map[idem.RecordID][]chan struct{}),
+		stop:      make(chan struct{}),
+		done:      make(chan struct{}),
 	}
 	if s.now == nil {
 		s.now = time.Now
@@ -132,6 +142,18 @@ func (s *Store) sweepLocked(now time.Time) {
 			delete(s.records, id)
 		}
 	}
+	for k, until := range s.cancelled {
+		if !now.Before(until) {
+			delete(s.cancelled, k)
+		}
+	}
+}
+
+// isCancelled reports whether tok's reservations of id are refused now.
+// Callers hold s.mu.
+func (s *Store) isCancelled(id idem.RecordID, tok idem.Token, now time.Time) bool {
+	until, ok := s.cancelled[cancelKey{id, tok}]
+	return ok && now.Before(until)
 }
 
 // current returns the live record under id, or nil. Callers hold s.mu.
@@ -208,14 +230,18 @@ func (s *Store) Watch(ctx context.Context, id idem.RecordID) (<-chan struct{}, f
 	return ch, stop, nil
 }
 
-// Reserve implements idem.Store.
+// Reserve implements idem.Store. Its errors all wrap idem.ErrRefused: a
+// call in memory either happens at once or not at all.
 func (s *Store) Reserve(ctx context.Context, r idem.Reservation) (idem.ReserveResult, error) {
 	if err := ctx.Err(); err != nil {
-		return idem.ReserveResult{}, err
+		return idem.ReserveResult{}, fmt.Errorf("memstore: reserve: %w: %w", idem.ErrRefused, err)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.now()
+	if s.isCancelled(r.ID, r.Token, now) {
+		return idem.ReserveResult{}, fmt.Errorf("memstore: reserve: %w", idem.ErrCancelled)
+	}
 	cur := s.current(r.ID, now)
 	if cur == nil && len(s.records) >= s.maxRecords {
 		// Expired records may be holding the room; look at most once a
@@ -259,6 +285,31 @@ func (s *Store) MarkUnknown(ctx context.Context, id idem.RecordID, tok idem.Toke
 	return s.transition(ctx, id, func(cur *idem.Record, _ time.Time) (idem.Change, error) {
 		return idem.ApplyMarkUnknown(cur, tok, retention)
 	})
+}
+
+// Cancel implements idem.Store. The cancelled tokens are bounded like the
+// records: past MaxRecords of them, Cancel fails with ErrFull.
+func (s *Store) Cancel(ctx context.Context, id idem.RecordID, tok idem.Token, hold time.Duration) (idem.CancelResult, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	k := cancelKey{id, tok}
+	if _, ok := s.cancelled[k]; !ok && len(s.cancelled) >= s.maxRecords {
+		if now.Sub(s.lastSweep) >= time.Second {
+			s.lastSweep = now
+			s.sweepLocked(now)
+		}
+		if len(s.cancelled) >= s.maxRecords {
+			return 0, ErrFull
+		}
+	}
+	c, res := idem.ApplyCancel(s.current(id, now), tok)
+	s.apply(id, now, c)
+	s.cancelled[k] = now.Add(hold)
+	return res, nil
 }
 
 // Get implements idem.Store.

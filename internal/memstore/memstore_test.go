@@ -35,8 +35,8 @@ func TestMaxRecords(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := reserve("one too many", time.Minute); !errors.Is(err, memstore.ErrFull) {
-		t.Fatalf("error %v, want ErrFull", err)
+	if err := reserve("one too many", time.Minute); !errors.Is(err, memstore.ErrFull) || !errors.Is(err, idem.ErrRefused) {
+		t.Fatalf("error %v, want ErrFull, which changed nothing (idem.ErrRefused)", err)
 	}
 	// An existing record is still answered when full.
 	if err := reserve("0", time.Minute); err != nil {
@@ -49,6 +49,44 @@ func TestMaxRecords(t *testing.T) {
 	}
 	if n := s.Len(); n != 1 {
 		t.Fatalf("live records %d, want 1", n)
+	}
+}
+
+// TestRefusedReserveChangesNothing: a reservation the store did not act
+// on says so (idem.ErrRefused), so its attempt has nothing to cancel.
+func TestRefusedReserveChangesNothing(t *testing.T) {
+	s := memstore.New(memstore.Options{})
+	t.Cleanup(func() { _ = s.Close() })
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err := s.Reserve(ctx, idem.Reservation{ID: "k", Token: idem.NewToken(), Lease: time.Second, Retention: time.Minute})
+	if !errors.Is(err, idem.ErrRefused) || !errors.Is(err, context.Canceled) {
+		t.Fatalf("error %v, want the context's, refused", err)
+	}
+}
+
+// TestCancelledTokensAreBounded: cancelled tokens are held like records,
+// no more of them than MaxRecords, and dropped once their hold ends.
+func TestCancelledTokensAreBounded(t *testing.T) {
+	now := time.Unix(1_000_000, 0)
+	s := memstore.New(memstore.Options{MaxRecords: 2, Now: func() time.Time { return now }})
+	t.Cleanup(func() { _ = s.Close() })
+	ctx := context.Background()
+	cancel := func(key string) error {
+		_, err := s.Cancel(ctx, idem.RecordIDFor("p", "s", key), idem.NewToken(), time.Minute)
+		return err
+	}
+	for i := range 2 {
+		if err := cancel(fmt.Sprint(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := cancel("one too many"); !errors.Is(err, memstore.ErrFull) {
+		t.Fatalf("error %v, want ErrFull", err)
+	}
+	now = now.Add(2 * time.Minute)
+	if err := cancel("after their hold"); err != nil {
+		t.Fatalf("after the holds ended: %v", err)
 	}
 }
 

@@ -161,6 +161,14 @@ func (s *Store) MarkUnknown(ctx context.Context, id idem.RecordID, tok idem.Toke
 	return err
 }
 
+// Cancel implements idem.Store.
+func (s *Store) Cancel(ctx context.Context, id idem.RecordID, tok idem.Token, hold time.Duration) (idem.CancelResult, error) {
+	ctx, c := s.begin(ctx, "cancel")
+	res, err := s.inner.Cancel(ctx, id, tok, hold)
+	c.end(err)
+	return res, err
+}
+
 // Get implements idem.Store.
 func (s *Store) Get(ctx context.Context, id idem.RecordID) (idem.Record, error) {
 	ctx, c := s.begin(ctx, "get")

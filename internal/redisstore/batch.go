@@ -32,7 +32,8 @@ const maxBatches = 2
 //     at once, even while its batch is still in flight. A call whose caller
 //     left before its batch was formed is not sent.
 //
-// Only single-key scripts go through it. WAIT does not (durable.go): it
+// Only scripts on one record go through it (its key, and for reserve the
+// token's cancel marker in the same slot). WAIT does not (durable.go): it
 // must follow the reservation on the same connection, which a shared
 // pipeline cannot promise.
 //
@@ -257,13 +258,13 @@ func newBatchers(rdb redis.UniversalClient, callTimeout time.Duration) *batchers
 	return bs
 }
 
-// run runs sc on key, batched with concurrent calls to the same primary.
-func (bs *batchers) run(ctx context.Context, sc *redis.Script, key string, args ...any) *redis.Cmd {
-	keys := []string{key}
+// run runs sc on keys, batched with concurrent calls to the same primary.
+// The keys share one hash tag; the first one routes the call.
+func (bs *batchers) run(ctx context.Context, sc *redis.Script, keys []string, args ...any) *redis.Cmd {
 	if bs.cluster == nil {
 		return bs.one.run(ctx, sc, keys, args...)
 	}
-	node, err := bs.cluster.MasterForKey(ctx, key)
+	node, err := bs.cluster.MasterForKey(ctx, keys[0])
 	if err != nil {
 		// No slot map yet (or none to be had): the ClusterClient reports
 		// why, as it would for an unbatched call.

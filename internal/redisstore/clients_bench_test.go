@@ -86,7 +86,8 @@ func benchWriter(b *testing.B, srv *redistest.Server, variant string, resp idem.
 		r := benchReservation()
 		key := []string{redisstore.DefaultPrefix + "{" + string(r.ID) + "}"} // Store.Key
 		rctx, cancel := context.WithTimeout(ctx, budget)
-		v, err := reserve.Exec(rctx, c, key, ruArgs(redisstore.ReserveArgs(&r))).ToArray()
+		keys := []string{key[0], redisstore.CancelledKey(key[0], r.Token)} // reserve.lua's KEYS
+		v, err := reserve.Exec(rctx, c, keys, ruArgs(redisstore.ReserveArgs(&r))).ToArray()
 		cancel()
 		if err != nil {
 			return err

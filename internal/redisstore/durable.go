@@ -44,7 +44,7 @@ func (s *Store) reserveDurable(ctx context.Context, r idem.Reservation, args []a
 	for attempt := 0; ; attempt++ {
 		conn, err = s.connFor(ctx, key)
 		if err == nil {
-			v, err = s.s.reserve.Run(ctx, conn, []string{key}, args...).Slice()
+			v, err = s.s.reserve.Run(ctx, conn, reserveKeys(key, r.Token), args...).Slice()
 			if err == nil {
 				break
 			}

@@ -1,12 +1,13 @@
 // Package redisstore keeps idempotency records in Redis.
 //
-// Each record is one hash under prefix + "{" + record id + "}": a single
-// key, so every script touches one Cluster slot, and a hash of (policy,
-// scope, key), so client keys never appear in Redis. Every state change is
-// one Lua script (scripts/*.lua) run with EVALSHA; each mirrors the
-// transition rules of package idem and checks the attempt's token. Lease
-// expiry is judged by Redis TIME inside the scripts, so the servers' clocks
-// do not matter.
+// Each record is one key, prefix + "{" + record id + "}": the id is a hash
+// of (policy, scope, key), so client keys never appear in Redis, and the
+// braces are a Cluster hash tag. Every state change is one Lua script
+// (scripts/*.lua) run with EVALSHA on one record; each mirrors the
+// transition rules of package idem and checks the attempt's token. The
+// only other keys a script touches are a token's cancel marker beside its
+// record (CancelledKey), in the record's slot. Lease expiry is judged by
+// Redis TIME inside the scripts, so the servers' clocks do not matter.
 package redisstore
 
 import (
@@ -38,13 +39,15 @@ var (
 	markUnknownLua string
 	//go:embed scripts/peek.lua
 	peekLua string
+	//go:embed scripts/cancel.lua
+	cancelLua string
 )
 
 // scripts are built once per Store; redis.Script caches the SHA and falls
 // back from EVALSHA to EVAL when a restarted Redis has forgotten them.
 type scripts struct {
 	reserve, renew, complete, release, markUnknown, watch, peek *redis.Script
-	purge, resolve                                              *redis.Script
+	cancel, purge, resolve                                      *redis.Script
 }
 
 func loadScripts() scripts {
@@ -56,6 +59,7 @@ func loadScripts() scripts {
 		markUnknown: redis.NewScript(markUnknownLua),
 		watch:       redis.NewScript(watchLua),
 		peek:        redis.NewScript(peekLua),
+		cancel:      redis.NewScript(cancelLua),
 		purge:       redis.NewScript(purgeLua),
 		resolve:     redis.NewScript(resolveLua),
 	}
@@ -79,6 +83,8 @@ func ScriptSource(name string) string {
 		return markUnknownLua
 	case "peek":
 		return peekLua
+	case "cancel":
+		return cancelLua
 	case "watch":
 		return watchLua
 	case "purge":
@@ -134,6 +140,15 @@ func (s *Store) Close() error { return s.hub.close() }
 // Key returns the Redis key of a record.
 func (s *Store) Key(id idem.RecordID) string { return s.prefix + "{" + string(id) + "}" }
 
+// CancelledKey returns the key of the marker that says tok's reservation
+// of the record under recordKey was cancelled (cancel.lua), which
+// reserve.lua reads as its KEYS[2]. It extends the record's key, so it
+// carries the same hash tag and sits in the record's Cluster slot; no
+// record's key has anything after its closing brace.
+func CancelledKey(recordKey string, tok idem.Token) string {
+	return recordKey + ":cancelled:" + tok.String()
+}
+
 // bound limits a call to the store's call timeout. A caller whose own
 // deadline comes first (the server bounds each call by the same budget)
 // keeps its context: a second timer could only fire later, and each costs
@@ -153,11 +168,11 @@ func (s *Store) Reserve(ctx context.Context, r idem.Reservation) (idem.ReserveRe
 	if r.WaitReplicas > 0 {
 		return s.reserveDurable(ctx, r, args)
 	}
-	v, err := s.run(ctx, s.s.reserve, s.Key(r.ID), args...).Slice()
+	v, err := s.run(ctx, s.s.reserve, reserveKeys(s.Key(r.ID), r.Token), args...).Slice()
 	if err != nil && isOOM(err) {
 		// Redis is full and refuses writes: answer a known operation all
 		// the same (replay, 409, 422); only a new key is refused.
-		pv, perr := s.run(ctx, s.s.peek, s.Key(r.ID), r.Fingerprint[:]).Slice()
+		pv, perr := s.run(ctx, s.s.peek, []string{s.Key(r.ID)}, r.Fingerprint[:]).Slice()
 		if perr == nil && len(pv) > 0 && pv[0] != "absent" {
 			v, err = pv, nil
 		}
@@ -170,6 +185,12 @@ func (s *Store) Reserve(ctx context.Context, r idem.Reservation) (idem.ReserveRe
 		return idem.ReserveResult{}, fmt.Errorf("redisstore: reserve: %w", err)
 	}
 	return res, nil
+}
+
+// reserveKeys is KEYS of reserve.lua: the record's key and the token's
+// cancel marker.
+func reserveKeys(key string, tok idem.Token) []string {
+	return []string{key, CancelledKey(key, tok)}
 }
 
 // reserveArgs is ARGV of reserve.lua for r.
@@ -186,13 +207,14 @@ func completeArgs(tok idem.Token, resp *idem.Response, retention time.Duration) 
 	return []any{tok[:], retention.Milliseconds(), encodeResponseHead(resp), resp.Body}
 }
 
-// run runs the single-key script sc on key, written to Redis together with
-// the concurrent calls of other streams (batch.go).
-func (s *Store) run(ctx context.Context, sc *redis.Script, key string, args ...any) *redis.Cmd {
+// run runs the script sc on keys, which all share the first one's hash
+// tag (one Cluster slot), written to Redis together with the concurrent
+// calls of other streams (batch.go).
+func (s *Store) run(ctx context.Context, sc *redis.Script, keys []string, args ...any) *redis.Cmd {
 	if s.batch == nil {
-		return sc.Run(ctx, s.rdb, []string{key}, args...)
+		return sc.Run(ctx, s.rdb, keys, args...)
 	}
-	return s.batch.run(ctx, sc, key, args...)
+	return s.batch.run(ctx, sc, keys, args...)
 }
 
 // isOOM reports Redis refusing a write at maxmemory under noeviction.
@@ -220,6 +242,8 @@ func parseReserve(v []any) (idem.ReserveResult, error) {
 		res.Outcome = idem.InFlight
 	case "unknown":
 		res.Outcome = idem.Unknown
+	case "cancelled":
+		return idem.ReserveResult{}, idem.ErrCancelled
 	case "completed":
 		rec, _ := v[3].(string)
 		if len(v) != 4 || len(rec) < CompletedHeadLen {
@@ -257,12 +281,27 @@ func (s *Store) MarkUnknown(ctx context.Context, id idem.RecordID, tok idem.Toke
 	return s.transition(ctx, "mark_unknown", s.s.markUnknown, id, tok[:], retention.Milliseconds())
 }
 
+// Cancel implements idem.Store.
+func (s *Store) Cancel(ctx context.Context, id idem.RecordID, tok idem.Token, hold time.Duration) (idem.CancelResult, error) {
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	key := s.Key(id)
+	n, err := s.run(ctx, s.s.cancel, []string{key, CancelledKey(key, tok)}, tok[:], max(hold.Milliseconds(), 1)).Int()
+	if err != nil {
+		return 0, fmt.Errorf("redisstore: cancel: %w", err)
+	}
+	if n == 1 {
+		return idem.CancelReleased, nil
+	}
+	return idem.CancelNotHeld, nil
+}
+
 // transition runs a token-checked script whose reply is 1 (applied), 0 (no
 // record) or -1 (token does not hold the record).
 func (s *Store) transition(ctx context.Context, op string, sc *redis.Script, id idem.RecordID, args ...any) error {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	n, err := s.run(ctx, sc, s.Key(id), args...).Int()
+	n, err := s.run(ctx, sc, []string{s.Key(id)}, args...).Int()
 	if err != nil {
 		return fmt.Errorf("redisstore: %s: %w", op, err)
 	}

@@ -51,7 +51,7 @@ func (c *FakeClock) Advance(d time.Duration) {
 }
 
 // RunProperty drives random interleavings of Reserve, Renew, Complete,
-// Release, MarkUnknown and lease expiry from many attempts (tokens) over a
+// Release, MarkUnknown, Cancel and lease expiry from many attempts (tokens) over a
 // few records, and checks every answer and every record against a simple
 // model written from the contract (docs/design.md §2-§3), independent of package
 // idem's transition functions.
@@ -110,14 +110,18 @@ type machine struct {
 	ids    []idem.RecordID
 	tokens map[idem.RecordID][]idem.Token
 	model  map[idem.RecordID]*modelRecord
-	log    []string
+	// cancelled holds the tokens cancelled per record: the model's holds
+	// outlast the run.
+	cancelled map[idem.RecordID]map[idem.Token]bool
+	log       []string
 	// seen counts what the run exercised, for the log.
 	seen map[string]int
 }
 
 func newMachine(t *testing.T, s idem.Store, seed uint64, clock *FakeClock) *machine {
 	m := &machine{t: t, s: s, rng: rand.New(rand.NewPCG(seed, 0x1de)), clock: clock, seed: seed,
-		tokens: map[idem.RecordID][]idem.Token{}, model: map[idem.RecordID]*modelRecord{}, seen: map[string]int{}}
+		tokens: map[idem.RecordID][]idem.Token{}, model: map[idem.RecordID]*modelRecord{}, seen: map[string]int{},
+		cancelled: map[idem.RecordID]map[idem.Token]bool{}}
 	for range 3 {
 		m.ids = append(m.ids, m.newID())
 	}
@@ -200,12 +204,14 @@ func (m *machine) step(n int) {
 		m.reserve(id)
 	case r < 45:
 		m.renew(id)
-	case r < 60:
+	case r < 58:
 		m.complete(id)
-	case r < 70:
+	case r < 66:
 		m.release(id)
-	case r < 80:
+	case r < 74:
 		m.markUnknown(id)
+	case r < 80:
+		m.cancel(id)
 	case r < 87:
 		m.expire()
 	default:
@@ -222,6 +228,8 @@ func errClass(err error) string {
 		return "not_found"
 	case errors.Is(err, idem.ErrNotHolder):
 		return "not_holder"
+	case errors.Is(err, idem.ErrCancelled):
+		return "cancelled"
 	}
 	return "error: " + err.Error()
 }
@@ -246,6 +254,14 @@ func (m *machine) reserve(id idem.RecordID) {
 	hi := m.now()
 	m.log = append(m.log, fmt.Sprintf("reserve(%s, fp%d, %s, %v, expiry=%d) = %v attempt %d, %s",
 		id[:6], fp[0], tokName, lease, expiry, res.Outcome, res.Attempt, errClass(err)))
+	if m.cancelled[id][tok] {
+		// Cancelled: refused, whatever the record.
+		m.seen["reserve:cancelled"]++
+		if !errors.Is(err, idem.ErrCancelled) {
+			m.fail("Reserve by a cancelled token = %v attempt %d, %s; model says cancelled", res.Outcome, res.Attempt, errClass(err))
+		}
+		return
+	}
 	if err != nil {
 		m.fail("Reserve: %v", err)
 	}
@@ -418,6 +434,33 @@ func (m *machine) markUnknown(id idem.RecordID) {
 	m.seen["markunknown:"+want]++
 	if got := errClass(err); got != want {
 		m.fail("MarkUnknown = %s, model says %s", got, want)
+	}
+}
+
+// cancel undoes the token's reservation: its record, unless completed, is
+// deleted; the token's later reservations are refused.
+func (m *machine) cancel(id idem.RecordID) {
+	m.t.Helper()
+	tok, tokName := m.pickToken(id)
+	ctx, cancel := m.ctx()
+	defer cancel()
+	res, err := m.s.Cancel(ctx, id, tok, time.Hour)
+	m.log = append(m.log, fmt.Sprintf("cancel(%s, %s) = %v, %s", id[:6], tokName, res, errClass(err)))
+	if err != nil {
+		m.fail("Cancel: %v", err)
+	}
+	want := idem.CancelNotHeld
+	if cur := m.model[id]; cur != nil && cur.tok == tok && cur.state != idem.StateCompleted {
+		want = idem.CancelReleased
+		delete(m.model, id)
+	}
+	if m.cancelled[id] == nil {
+		m.cancelled[id] = map[idem.Token]bool{}
+	}
+	m.cancelled[id][tok] = true
+	m.seen["cancel:"+want.String()]++
+	if res != want {
+		m.fail("Cancel = %v, model says %v", res, want)
 	}
 }
 

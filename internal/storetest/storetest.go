@@ -77,6 +77,21 @@ func mustReserve(t *testing.T, s idem.Store, r idem.Reservation, want idem.Outco
 	return res
 }
 
+// cancelHold is the hold the suite's cancels ask for, unless a case is
+// about its end.
+const cancelHold = time.Minute
+
+func mustCancel(t *testing.T, s idem.Store, id idem.RecordID, tok idem.Token, want idem.CancelResult) {
+	t.Helper()
+	got, err := s.Cancel(ctx(t), id, tok, cancelHold)
+	if err != nil {
+		t.Fatalf("Cancel: %v", err)
+	}
+	if got != want {
+		t.Fatalf("Cancel = %v, want %v", got, want)
+	}
+}
+
 func wantErr(t *testing.T, op string, err, want error) {
 	t.Helper()
 	if !errors.Is(err, want) {
@@ -367,6 +382,81 @@ var cases = []contractCase{
 			t.Fatalf("attempts = %d, want %d", rec.Attempts, n)
 		}
 	}},
+	// Cancel: an attempt gave up on its Reserve without knowing whether it
+	// reached the store, and never let its request through. Whichever
+	// arrives first, no reservation by its token may remain.
+	{"cancel before the reservation arrives refuses it", func(t *testing.T, s idem.Store) {
+		id, tok := newID(), idem.NewToken()
+		mustCancel(t, s, id, tok, idem.CancelNotHeld)
+		mustCancel(t, s, id, tok, idem.CancelNotHeld) // repeatable
+		_, err := s.Reserve(ctx(t), reservation(id, fpA, tok, longLease))
+		wantErr(t, "Reserve after its Cancel", err, idem.ErrCancelled)
+		wantErr(t, "Get after a refused Reserve", getErr(t, s, id), idem.ErrNotFound)
+		// The next attempt, with its own token, runs the operation.
+		mustReserve(t, s, reservation(id, fpA, idem.NewToken(), longLease), idem.Reserved, 1)
+	}},
+	{"cancel after the reservation arrived releases it", func(t *testing.T, s idem.Store) {
+		id, tok := newID(), idem.NewToken()
+		mustReserve(t, s, reservation(id, fpA, tok, longLease), idem.Reserved, 1)
+		mustCancel(t, s, id, tok, idem.CancelReleased)
+		wantErr(t, "Get after Cancel", getErr(t, s, id), idem.ErrNotFound)
+		// A second copy of the same reservation (a client's retry of the
+		// command) arriving now changes nothing either.
+		_, err := s.Reserve(ctx(t), reservation(id, fpA, tok, longLease))
+		wantErr(t, "Reserve after its Cancel", err, idem.ErrCancelled)
+		mustCancel(t, s, id, tok, idem.CancelNotHeld)
+		mustReserve(t, s, reservation(id, fpA, idem.NewToken(), longLease), idem.Reserved, 1)
+	}},
+	{"cancel never touches another token's record", func(t *testing.T, s idem.Store) {
+		id, holder, other := newID(), idem.NewToken(), idem.NewToken()
+		mustReserve(t, s, reservation(id, fpA, holder, longLease), idem.Reserved, 1)
+		mustCancel(t, s, id, other, idem.CancelNotHeld)
+		rec, err := s.Get(ctx(t), id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rec.State != idem.StateInFlight || rec.Token != holder || rec.Attempts != 1 {
+			t.Fatalf("after another token's Cancel: state %v, attempts %d, holder kept %v", rec.State, rec.Attempts, rec.Token == holder)
+		}
+		// Only the cancelled token is refused; the holder goes on.
+		_, err = s.Reserve(ctx(t), reservation(id, fpA, other, longLease))
+		wantErr(t, "Reserve by the cancelled token", err, idem.ErrCancelled)
+		mustReserve(t, s, reservation(id, fpA, holder, longLease), idem.Reserved, 1)
+		if err := s.Complete(ctx(t), id, holder, sampleResponse(), retention); err != nil {
+			t.Fatal(err)
+		}
+		mustReserve(t, s, reservation(id, fpA, idem.NewToken(), longLease), idem.Completed, 2)
+	}},
+	{"cancel of a completed record does nothing", func(t *testing.T, s idem.Store) {
+		id, tok := newID(), idem.NewToken()
+		mustReserve(t, s, reservation(id, fpA, tok, longLease), idem.Reserved, 1)
+		if err := s.Complete(ctx(t), id, tok, sampleResponse(), retention); err != nil {
+			t.Fatal(err)
+		}
+		mustCancel(t, s, id, tok, idem.CancelNotHeld)
+		res := mustReserve(t, s, reservation(id, fpA, idem.NewToken(), longLease), idem.Completed, 2)
+		assertResponse(t, res.Response, sampleResponse())
+	}},
+	{"cancel releases a record its lease turned unknown", func(t *testing.T, s idem.Store) {
+		// The reservation landed after its attempt gave up; nobody renewed
+		// it, and the next attempt found its lease over. Nothing ran.
+		id, tok := newID(), idem.NewToken()
+		mustReserve(t, s, reservation(id, fpA, tok, shortLease), idem.Reserved, 1)
+		time.Sleep(pastLease)
+		mustReserve(t, s, reservation(id, fpA, idem.NewToken(), longLease), idem.Unknown, 2)
+		mustCancel(t, s, id, tok, idem.CancelReleased)
+		mustReserve(t, s, reservation(id, fpA, idem.NewToken(), longLease), idem.Reserved, 1)
+	}},
+	{"a cancel's hold ends", func(t *testing.T, s idem.Store) {
+		// The hold bounds what a cancelled token costs the store, and how
+		// late a reservation may arrive and still be refused.
+		id, tok := newID(), idem.NewToken()
+		if _, err := s.Cancel(ctx(t), id, tok, shortLease); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(pastLease)
+		mustReserve(t, s, reservation(id, fpA, tok, longLease), idem.Reserved, 1)
+	}},
 	{"watch wakes when an in-flight record settles", func(t *testing.T, s idem.Store) {
 		w, ok := s.(idem.Watcher)
 		if !ok {
@@ -377,6 +467,10 @@ var cases = []contractCase{
 				return s.Complete(ctx(t), id, tok, sampleResponse(), retention)
 			},
 			"release": func(s idem.Store, id idem.RecordID, tok idem.Token) error { return s.Release(ctx(t), id, tok) },
+			"cancel": func(s idem.Store, id idem.RecordID, tok idem.Token) error {
+				_, err := s.Cancel(ctx(t), id, tok, longLease)
+				return err
+			},
 			"mark unknown": func(s idem.Store, id idem.RecordID, tok idem.Token) error {
 				return s.MarkUnknown(ctx(t), id, tok, retention)
 			},

@@ -2,6 +2,8 @@
 -- Mirrors idem.ApplyReserve; the store contract suite holds both to it.
 --
 -- KEYS[1]  record key
+-- KEYS[2]  the attempt token's cancel marker (CancelledKey: the record's
+--          hash tag, so one Cluster slot)
 -- ARGV[1]  request fingerprint (32 raw bytes)
 -- ARGV[2]  attempt token (16 raw bytes)
 -- ARGV[3]  lease, milliseconds
@@ -9,7 +11,9 @@
 -- ARGV[5]  on lease expiry: "u" (mark unknown) or "r" (re-execute)
 --
 -- Returns {outcome, attempt, created_ms} where outcome is one of
--- "reserved", "mismatch", "in_flight", "unknown"; or, for a completed
+-- "reserved", "mismatch", "in_flight", "unknown", or "cancelled" when the
+-- attempt cancelled this reservation before it arrived (cancel.lua: it
+-- then changes nothing); or, for a completed
 -- record, {"completed", attempt, created_ms, record} where record is the
 -- whole stored string (the caller decodes the response after its head).
 -- Lease expiry is judged by the server's TIME, never the caller's clock.
@@ -24,6 +28,10 @@
 -- those waiters.
 
 local key = KEYS[1]
+if redis.call('EXISTS', KEYS[2]) == 1 then
+  -- Its attempt gave up on it and cancelled it: it arrived too late.
+  return {'cancelled', 0, 0}
+end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
