@@ -18,6 +18,7 @@ package attempt
 import (
 	"context"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/idem-extproc/idem-extproc/internal/idem"
@@ -36,8 +37,12 @@ type Server struct {
 	Log *slog.Logger
 	// StoreTimeout bounds each store call made while Envoy waits.
 	StoreTimeout time.Duration
-	// SettleAtEndTimeout bounds the settling done once the stream ended.
+	// SettleAtEndTimeout bounds the settling done once the stream ended,
+	// and the cancel of a reservation given up on (cancel.go).
 	SettleAtEndTimeout time.Duration
+
+	// cancelling counts the cancels running (cancel.go).
+	cancelling atomic.Int32
 }
 
 // Conversation is the attempt's side of the protocol's conversation: it

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/idem-extproc/idem-extproc/internal/idem"
+	"github.com/idem-extproc/idem-extproc/internal/policy"
 )
 
 // unusable is a store the attempt can reach but not use: the policy seals
@@ -34,6 +35,13 @@ var errNoKeyRing = errors.New("policy asks for encryption and the server has no 
 // (wait_for_in_flight, with a store that can watch); a completed record's
 // response is opened when sealed. An error means no answer: the store
 // could not be asked or used (Unreachable tells which).
+//
+// After an error the request goes on only under a policy that fails open
+// (and only when Unreachable): otherwise the caller refuses it (503), and
+// Decide has already started undoing the reservation the failed call may
+// still make (cancel.go). Under fail_open the request runs unprotected, so
+// such a reservation is left to turn unknown: the effect may have
+// happened.
 func (a *Attempt) Decide(ctx context.Context, fp idem.Fingerprint) (idem.ReserveResult, error) {
 	a.Token = idem.NewToken()
 	if a.Policy.Encrypt && a.srv.Sealer == nil {
@@ -44,6 +52,9 @@ func (a *Attempt) Decide(ctx context.Context, fp idem.Fingerprint) (idem.Reserve
 	}
 	res, err := a.reserve(ctx, fp)
 	if err != nil {
+		if a.Policy.FailureMode != policy.FailOpen {
+			a.giveUp(ctx, err)
+		}
 		return res, err
 	}
 	a.Number = res.Attempt
@@ -132,6 +143,9 @@ func (a *Attempt) reread(ctx context.Context, fp idem.Fingerprint, first idem.Re
 		// the operation now.
 		res, err := a.reserve(ctx, fp)
 		if err != nil {
+			// The duplicate is answered 409, as when the wait began; a
+			// reservation this call may still make is undone.
+			a.giveUp(ctx, err)
 			return first, true
 		}
 		return res, true
@@ -158,7 +172,9 @@ func (a *Attempt) reread(ctx context.Context, fp idem.Fingerprint, first idem.Re
 // stores nothing, so it never overwrites the first one's record. It does
 // not wait for an attempt in flight either (wait_for_in_flight): shadow
 // adds no latency beyond the reservation. A store that cannot be asked or
-// used is ShadowStoreError, with the error.
+// used is ShadowStoreError, with the error; the request goes on all the
+// same, so a reservation the failed call may still make is not cancelled
+// (cancel.go): the upstream ran.
 func (a *Attempt) DecideShadow(ctx context.Context, fp idem.Fingerprint) (idem.ShadowDecision, error) {
 	a.Token = idem.NewToken()
 	if a.Policy.Encrypt && a.srv.Sealer == nil {

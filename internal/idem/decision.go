@@ -84,21 +84,55 @@ type Observer interface {
 	// because Envoy would refuse them (a control character, or past its
 	// header count or size limit).
 	ReplayHeadersDropped(policy string, n int)
+	// ReservationCancelled reports how the cancel of a reservation its
+	// attempt gave up on ended (Store.Cancel).
+	ReservationCancelled(policy string, o CancelOutcome)
+}
+
+// CancelOutcome is how the cancel of a reservation its attempt gave up on
+// ended: the store's answer, or why there was none. Its values are the
+// reservation_cancels_total label values.
+type CancelOutcome string
+
+// The cancel outcomes.
+const (
+	// CancelOutcomeReleased: the reservation had reached the store; it is
+	// deleted.
+	CancelOutcomeReleased CancelOutcome = "released"
+	// CancelOutcomeNotHeld: it had not (or found the key held or settled
+	// by another attempt); should it still arrive, it is refused.
+	CancelOutcomeNotHeld CancelOutcome = "not_held"
+	// CancelOutcomeFailed: the store could not be asked within the
+	// cancel's time. A reservation that reached it stays: the key answers
+	// request-in-progress, then outcome-unknown.
+	CancelOutcomeFailed CancelOutcome = "failed"
+	// CancelOutcomeDropped: too many cancels were running to start one;
+	// the same holds as for failed.
+	CancelOutcomeDropped CancelOutcome = "dropped"
+)
+
+// CancelOutcomeOf names the store's answer to a cancel.
+func CancelOutcomeOf(r CancelResult) CancelOutcome {
+	if r == CancelReleased {
+		return CancelOutcomeReleased
+	}
+	return CancelOutcomeNotHeld
 }
 
 // NopObserver observes nothing.
 type NopObserver struct{}
 
-func (NopObserver) StreamStarted()                       {}
-func (NopObserver) StreamEnded()                         {}
-func (NopObserver) Decided(string, Decision)             {}
-func (NopObserver) Replayed(string, time.Duration)       {}
-func (NopObserver) SettleFailed(policy, op string)       {}
-func (NopObserver) Requested(string, bool)               {}
-func (NopObserver) ShadowDecided(string, ShadowDecision) {}
-func (NopObserver) KeyWarned(string)                     {}
-func (NopObserver) MissingAttribute(string, string)      {}
-func (NopObserver) ReplayHeadersDropped(string, int)     {}
+func (NopObserver) StreamStarted()                             {}
+func (NopObserver) StreamEnded()                               {}
+func (NopObserver) Decided(string, Decision)                   {}
+func (NopObserver) Replayed(string, time.Duration)             {}
+func (NopObserver) SettleFailed(policy, op string)             {}
+func (NopObserver) Requested(string, bool)                     {}
+func (NopObserver) ShadowDecided(string, ShadowDecision)       {}
+func (NopObserver) KeyWarned(string)                           {}
+func (NopObserver) MissingAttribute(string, string)            {}
+func (NopObserver) ReplayHeadersDropped(string, int)           {}
+func (NopObserver) ReservationCancelled(string, CancelOutcome) {}
 
 // Sealer encrypts stored responses at rest (package seal implements it):
 // the server seals what a policy with encrypt stores and opens what it

@@ -37,6 +37,7 @@ type Metrics struct {
 	safety         *storeSafety
 	missingAttrs   *prometheus.CounterVec
 	droppedHeaders *prometheus.CounterVec
+	cancels        *prometheus.CounterVec
 	started        time.Time
 
 	// The series the request path updates, by label values (seriesCache).
@@ -110,6 +111,12 @@ func NewMetrics() *Metrics {
 		Help: "Stored headers left out of replays because Envoy would refuse the whole header mutation (a control character, " +
 			"more than 100 headers or 60 KiB).",
 	}, []string{"policy"})
+	m.cancels = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Name: "reservation_cancels_total",
+		Help: "Reservations whose call ran past the store budget (the request was refused), undone by their server: released " +
+			"(it had reached the store), not_held (it had not; refused should it arrive), failed or dropped (not undone: if it " +
+			"reached the store, the key answers request-in-progress, then outcome-unknown).",
+	}, []string{"policy", "result"})
 	m.decisionSeries = counters2(m.decisions)
 	m.requestSeries = counters2(m.requests)
 	m.storeSeries = observers2(m.storeCalls)
@@ -119,7 +126,7 @@ func NewMetrics() *Metrics {
 	m.safety = newStoreSafety(m.reg)
 	m.precreate()
 	m.reg.MustRegister(m.decisions, m.storeCalls, m.openStreams, m.replayAge, m.settleFailures, m.reloads, m.adminActions,
-		m.requests, m.shadow, m.keyWarnings, m.missingAttrs, m.droppedHeaders, build,
+		m.requests, m.shadow, m.keyWarnings, m.missingAttrs, m.droppedHeaders, m.cancels, build,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -218,6 +225,11 @@ func (m *Metrics) MissingAttribute(policy, attribute string) {
 // ReplayHeadersDropped counts stored headers left out of a replay.
 func (m *Metrics) ReplayHeadersDropped(policy string, n int) {
 	m.droppedHeaders.WithLabelValues(policyLabel(policy)).Add(float64(n))
+}
+
+// ReservationCancelled implements idem.Observer.
+func (m *Metrics) ReservationCancelled(policy string, o idem.CancelOutcome) {
+	m.cancels.WithLabelValues(policyLabel(policy), string(o)).Inc()
 }
 
 // ObserveStoreCall times one store call.
