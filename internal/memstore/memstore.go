@@ -230,8 +230,8 @@ func (s *Store) Watch(ctx context.Context, id idem.RecordID) (<-chan struct{}, f
 	return ch, stop, nil
 }
 
-// Reserve implements idem.Store. Its errors all wrap idem.ErrRefused: a
-// call in memory either happens at once or not at all.
+// Reserve implements idem.Store. A call in memory happens at once or not
+// at all: its errors are idem.ErrCancelled or wrap idem.ErrRefused.
 func (s *Store) Reserve(ctx context.Context, r idem.Reservation) (idem.ReserveResult, error) {
 	if err := ctx.Err(); err != nil {
 		return idem.ReserveResult{}, fmt.Errorf("memstore: reserve: %w: %w", idem.ErrRefused, err)

@@ -32,10 +32,10 @@ const maxBatches = 2
 //     at once, even while its batch is still in flight. A call whose caller
 //     left before its batch was formed is not sent.
 //
-// Only scripts on one record go through it (its key, and for reserve the
-// token's cancel marker in the same slot). WAIT does not (durable.go): it
-// must follow the reservation on the same connection, which a shared
-// pipeline cannot promise.
+// Only scripts on one record go through it (its key, and for reserve and
+// cancel the token's cancel marker in the same slot). WAIT does not
+// (durable.go): it must follow the reservation on the same connection,
+// which a shared pipeline cannot promise.
 //
 // Why this over go-redis and not rueidis's automatic pipelining:
 // BenchmarkScriptClients measured rueidis v1.0.79 12-18 % cheaper in total

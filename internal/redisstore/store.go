@@ -146,7 +146,7 @@ func (s *Store) Key(id idem.RecordID) string { return s.prefix + "{" + string(id
 // carries the same hash tag and sits in the record's Cluster slot; no
 // record's key has anything after its closing brace.
 func CancelledKey(recordKey string, tok idem.Token) string {
-	return recordKey + ":cancelled:" + tok.String()
+	return recordKey + ":cancelled:" + tok.String() // one allocation (testing.AllocsPerRun)
 }
 
 // bound limits a call to the store's call timeout. A caller whose own
