@@ -229,15 +229,7 @@ default_policy:
 		`bad.yaml:8: policies[1].retention: "2 days" is not a duration`,
 		"bad.yaml:11: default_policy.retentoin: unknown field; did you mean retention?",
 	}
-	lines := strings.Split(err.Error(), "\n")
-	if len(lines) != len(want) {
-		t.Errorf("%d lines, want one per mistake (%d):\n%v", len(lines), len(want), err)
-	}
-	for i, w := range want {
-		if i >= len(lines) || !strings.HasPrefix(lines[i], w) {
-			t.Errorf("line %d: want it to start with\n\t%s\nthe error:\n%v", i+1, w, err)
-		}
-	}
+	wantMistakes(t, err, want)
 }
 
 // TestDecodingMistakesDoNotStopTheChecks: a key with no value, a value of
@@ -265,15 +257,7 @@ defaults:
 		"bad.yaml:6: policies[1].match.path.regex: invalid regular expression",
 		`bad.yaml:8: defaults.lease: "2 min" is not a duration`,
 	}
-	lines := strings.Split(err.Error(), "\n")
-	if len(lines) != len(want) {
-		t.Errorf("%d lines, want one per mistake (%d):\n%v", len(lines), len(want), err)
-	}
-	for i, w := range want {
-		if i >= len(lines) || !strings.HasPrefix(lines[i], w) {
-			t.Errorf("line %d: want it to start with\n\t%s\nthe error:\n%v", i+1, w, err)
-		}
-	}
+	wantMistakes(t, err, want)
 }
 
 // TestMistakesAfterAnEntryLeftOut: yaml.v3 leaves out of a list an entry
@@ -326,15 +310,7 @@ func TestMistakesAfterAnEntryLeftOut(t *testing.T) {
 			if err == nil {
 				t.Fatal("no error")
 			}
-			lines := strings.Split(err.Error(), "\n")
-			if len(lines) != len(tc.want) {
-				t.Errorf("%d lines, want %d:\n%v", len(lines), len(tc.want), err)
-			}
-			for i, w := range tc.want {
-				if i >= len(lines) || !strings.HasPrefix(lines[i], w) {
-					t.Errorf("line %d: want it to start with\n\t%s\nthe error:\n%v", i+1, w, err)
-				}
-			}
+			wantMistakes(t, err, tc.want)
 		})
 	}
 }
@@ -455,6 +431,21 @@ func TestPeerIdentity(t *testing.T) {
 		}
 		if got := set.Policies[len(set.Policies)-1].Scope.PeerIdentity; got != want {
 			t.Errorf("%q: peer identity %v, want %v", doc, got, want)
+		}
+	}
+}
+
+// wantMistakes checks that err names one mistake a line, each line
+// starting with its want, in order.
+func wantMistakes(t *testing.T, err error, want []string) {
+	t.Helper()
+	lines := strings.Split(err.Error(), "\n")
+	if len(lines) != len(want) {
+		t.Errorf("%d lines, want one per mistake (%d):\n%v", len(lines), len(want), err)
+	}
+	for i, w := range want {
+		if i >= len(lines) || !strings.HasPrefix(lines[i], w) {
+			t.Errorf("line %d: want it to start with\n\t%s\nthe error:\n%v", i+1, w, err)
 		}
 	}
 }
