@@ -233,8 +233,12 @@ func TestHelmChartRefusesWhatCannotWork(t *testing.T) {
 		overrides map[string]any
 		want      string
 	}{
-		{"", map[string]any{"redis": map[string]any{"existingSecret": ""}}, "redis.url or redis.existingSecret is required"},
-		{"", map[string]any{"encryption": map[string]any{"existingSecret": ""}}, "encryption.existingSecret or encryption.keys is required"},
+		// No image: the chart has no registry to guess, and a default
+		// would end in ImagePullBackOff rather than in this message.
+		{"", nil, "image.repository is required"},
+		{prod, map[string]any{"image": map[string]any{"repository": ""}}, "image.repository is required"},
+		{prod, map[string]any{"redis": map[string]any{"existingSecret": ""}}, "redis.url or redis.existingSecret is required"},
+		{prod, map[string]any{"encryption": map[string]any{"existingSecret": ""}}, "encryption.existingSecret or encryption.keys is required"},
 		{prod, map[string]any{"resources": map[string]any{"limits": map[string]any{"memory": "512M"}}}, `resources.limits.memory "512M": write it in Mi or Gi`},
 		{prod, map[string]any{"metrics": map[string]any{"serviceMonitor": map[string]any{"enabled": true}, "podMonitor": map[string]any{"enabled": true}}}, "not both"},
 		{prod, map[string]any{"autoscaling": map[string]any{"minReplicas": 1}}, "minReplicas must be at least 2"},
@@ -626,23 +630,43 @@ func TestPrometheusOperatorComponent(t *testing.T) {
 }
 
 // TestHelmTemplateWithHelmsDefaults renders the chart as a bare
-// `helm template charts/idem-extproc` does: no values, and Helm's own
-// default capabilities (chartutil.DefaultCapabilities, whose Kubernetes
-// version is 1.20 unless Helm's build sets another), which a kubeVersion
-// constraint in Chart.yaml would refuse.
+// `helm template charts/idem-extproc --set image.repository=idem-extproc`
+// does: only the value the chart requires, and Helm's own default
+// capabilities (chartutil.DefaultCapabilities, whose Kubernetes version is
+// 1.20 unless Helm's build sets another), which a kubeVersion constraint in
+// Chart.yaml would refuse. Without the image the render stops on it, not on
+// anything else.
 func TestHelmTemplateWithHelmsDefaults(t *testing.T) {
 	ch, err := loader.Load(filepath.Join(repoRoot, chartDir))
 	if err != nil {
 		t.Fatal(err)
 	}
-	inst := action.NewInstall(&action.Configuration{Log: func(string, ...any) {}})
-	inst.DryRun, inst.ClientOnly, inst.Replace = true, true, true
-	inst.ReleaseName, inst.Namespace = serverName, serverNamespace
-	rel, err := inst.Run(ch, map[string]any{})
+	render := func(vals map[string]any) (string, error) {
+		inst := action.NewInstall(&action.Configuration{Log: func(string, ...any) {}})
+		inst.DryRun, inst.ClientOnly, inst.Replace = true, true, true
+		inst.ReleaseName, inst.Namespace = serverName, serverNamespace
+		rel, err := inst.Run(ch, vals)
+		if err != nil {
+			return "", err
+		}
+		return rel.Manifest, nil
+	}
+	if _, err := render(map[string]any{}); err == nil || !strings.Contains(err.Error(), "image.repository is required") {
+		t.Errorf("without values: got %v, want the image.repository message", err)
+	}
+	manifest, err := render(map[string]any{"image": map[string]any{"repository": "idem-extproc"}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := decodeManifests(rel.Manifest); err != nil {
+	objs, err := decodeManifests(manifest)
+	if err != nil {
 		t.Fatal(err)
+	}
+	dep := objectNamed[appsv1.Deployment](objs, serverNamespace, serverName)
+	if dep == nil {
+		t.Fatal("no Deployment")
+	}
+	if got, want := serverContainer(dep).Image, "idem-extproc:"+ch.Metadata.AppVersion; got != want {
+		t.Errorf("image %q, want %q (the repository at the chart's appVersion)", got, want)
 	}
 }

@@ -31,10 +31,15 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end }}
 
+{{/*
+The server's image. No default repository: none serves the image, and a
+placeholder would only show up as ImagePullBackOff.
+*/}}
 {{- define "idem-extproc.image" -}}
+{{- $repo := required "image.repository is required: build the image from the repository's Dockerfile, push it or load it into your cluster (docs/deployment.md, \"The image\"), and set it with --set image.repository=<registry>/idem-extproc" .Values.image.repository }}
 {{- $tag := .Values.image.tag | default .Chart.AppVersion }}
 {{- if eq $tag "latest" }}{{ fail "image.tag: pin a version, not latest" }}{{ end }}
-{{- printf "%s:%s" .Values.image.repository $tag }}
+{{- printf "%s:%s" $repo $tag }}
 {{- end }}
 
 {{/* The Secret holding the Redis URL. */}}
