@@ -68,7 +68,7 @@ func shippedEnvoyDocs(t *testing.T) []envoy136Doc {
 		docs = append(docs, envoy136Doc{Name: fmt.Sprintf("README.md http_filters[%d]", i), Type: httpFilterType, JSON: f})
 	}
 
-	fsys := loadTree(t, k8sDir)
+	fsys := loadK8s(t)
 	for _, dir := range kustomizations(t) {
 		objs, err := buildObjects(fsys, dir)
 		if err != nil {

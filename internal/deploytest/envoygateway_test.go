@@ -570,7 +570,7 @@ func TestEGSortFiltersFollowsEnvoyGateway(t *testing.T) {
 // cannot be evaluated here) and left alone on the read-only route; an
 // HTTPRoute rule's retry likewise.
 func TestEGRetryRefusedOnProtectedRoutesOnly(t *testing.T) {
-	base, err := buildObjects(loadTree(t, k8sDir), k8sDir+"/overlays/envoy-gateway")
+	base, err := buildObjects(loadK8s(t), k8sDir+"/overlays/envoy-gateway")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -261,7 +261,7 @@ func TestHelmChartMirrorsTheBase(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	base, err := buildObjects(loadTree(t, k8sDir), k8sDir+"/base")
+	base, err := buildObjects(loadK8s(t), k8sDir+"/base")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -585,7 +585,7 @@ func TestHelmChartRulesFileIsTheOne(t *testing.T) {
 // TestKustomizeMemoryAndSpread holds every kustomize build to the same
 // GOMEMLIMIT and topology spread rules as the chart.
 func TestKustomizeMemoryAndSpread(t *testing.T) {
-	fsys := loadTree(t, k8sDir)
+	fsys := loadK8s(t)
 	for _, dir := range kustomizations(t) {
 		objs, err := buildObjects(fsys, dir)
 		if err != nil {
@@ -602,7 +602,7 @@ func TestKustomizeMemoryAndSpread(t *testing.T) {
 // decode strictly into the operator's types, scrape the server's Service
 // and carry the rules file's alerts.
 func TestPrometheusOperatorComponent(t *testing.T) {
-	fsys := loadTree(t, k8sDir)
+	fsys := loadK8s(t)
 	for _, dir := range kustomizations(t) {
 		if strings.HasSuffix(dir, "/prometheus-operator") {
 			continue // it is the base with the component (TestKustomizations builds it)

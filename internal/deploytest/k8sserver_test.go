@@ -149,8 +149,8 @@ func checkServerObjects(objs []k8sObject) error {
 	if err != nil || !sel.Matches(labels.Set(pod.Labels)) {
 		fail("Deployment selector %v does not select its own pods", dep.Spec.Selector)
 	}
-	if i := strings.LastIndex(c.Image, ":"); i < 0 || c.Image[i+1:] == "latest" {
-		fail("image %q is not pinned to a version", c.Image)
+	if err := checkImage(c.Image); err != nil {
+		fail("%v", err)
 	}
 	if u, err := url.Parse(cfg.RedisURL); err != nil || u.Host == "" {
 		fail("--redis-url %q: the server would run the in-memory store, one replica only", cfg.RedisURL)

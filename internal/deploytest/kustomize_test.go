@@ -244,7 +244,7 @@ func checkKustomization(fsys filesys.FileSystem, dir string) error {
 // TestKustomizations builds the base and every overlay in-process and
 // checks each.
 func TestKustomizations(t *testing.T) {
-	fsys := loadTree(t, k8sDir)
+	fsys := loadK8s(t)
 	for _, dir := range kustomizations(t) {
 		t.Run(strings.TrimPrefix(dir, k8sDir+"/"), func(t *testing.T) {
 			if err := checkKustomization(fsys, dir); err != nil {
@@ -257,7 +257,7 @@ func TestKustomizations(t *testing.T) {
 // TestDevRedisComposesWithEveryOverlay proves the dev Redis component adds
 // cleanly to the mesh and gateway overlays too, as the docs say.
 func TestDevRedisComposesWithEveryOverlay(t *testing.T) {
-	fsys := loadTree(t, k8sDir)
+	fsys := loadK8s(t)
 	for _, dir := range kustomizations(t) {
 		if !strings.Contains(dir, "/overlays/") || strings.HasSuffix(dir, "/dev") {
 			continue

@@ -183,6 +183,7 @@ func checkChangedFile(t *testing.T, file string, data []byte) error {
 		if err := fsys.WriteFile("/"+file, data); err != nil {
 			t.Fatal(err)
 		}
+		withTestImages(t, fsys) // after the change, which may be to a kustomization.yaml
 		// The first build that includes the file and fails is enough.
 		for _, dir := range kustomizationsWith(t, file) {
 			if err := checkKustomization(fsys, dir); err != nil {

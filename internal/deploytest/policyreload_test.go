@@ -13,7 +13,7 @@ import (
 // of renaming it and rolling every pod; the env ConfigMap keeps its hash,
 // since variables are read only at start.
 func TestPolicyConfigMapNameIsStable(t *testing.T) {
-	fsys := loadTree(t, k8sDir)
+	fsys := loadK8s(t)
 	for _, dir := range kustomizations(t) {
 		t.Run(strings.TrimPrefix(dir, k8sDir+"/"), func(t *testing.T) {
 			objs, err := buildObjects(fsys, dir)
