@@ -99,7 +99,7 @@ func checkImage(image string) error {
 	}
 	switch {
 	case tag == "" && digest == "":
-		return fmt.Errorf("image %q has no tag: set the image you built (docs/deployment.md, \"The image\")", image)
+		return fmt.Errorf("image %q has no tag: set the image you built (docs/deployment.md, \"Setting the image\")", image)
 	case tag == "latest":
 		return fmt.Errorf("image %q is not pinned to a version", image)
 	}

@@ -36,7 +36,7 @@ The server's image. No default repository: none serves the image, and a
 placeholder would only show up as ImagePullBackOff.
 */}}
 {{- define "idem-extproc.image" -}}
-{{- $repo := required "image.repository is required: build the image from the repository's Dockerfile, push it or load it into your cluster (docs/deployment.md, \"The image\"), and set it with --set image.repository=<registry>/idem-extproc" .Values.image.repository }}
+{{- $repo := required "image.repository is required: build the image from the repository's Dockerfile, push it or load it into your cluster (docs/deployment.md, \"Setting the image\"), and set it with --set image.repository=<registry>/idem-extproc" .Values.image.repository }}
 {{- $tag := .Values.image.tag | default .Chart.AppVersion }}
 {{- if eq $tag "latest" }}{{ fail "image.tag: pin a version, not latest" }}{{ end }}
 {{- printf "%s:%s" $repo $tag }}
