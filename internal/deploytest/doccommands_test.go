@@ -324,3 +324,57 @@ func TestDocumentedOverlaySnippets(t *testing.T) {
 		t.Errorf("found %d kustomization snippets in %s, want the images: and patches: ones", n, deploymentDoc)
 	}
 }
+
+// TestMonitoringDocNamesEveryAlert: the table of docs/deployment.md's "What
+// to monitor" names exactly the alerts of observability/prometheus-rules.yaml,
+// each with its severity, so that the page cannot drift from the rules.
+func TestMonitoringDocNamesEveryAlert(t *testing.T) {
+	var rules struct {
+		Groups []struct {
+			Rules []struct {
+				Alert  string            `json:"alert"`
+				Labels map[string]string `json:"labels"`
+			} `json:"rules"`
+		} `json:"groups"`
+	}
+	if err := yaml.Unmarshal(readFile(t, filepath.Join(repoRoot, "observability", "prometheus-rules.yaml")), &rules); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{}
+	for _, g := range rules.Groups {
+		for _, r := range g.Rules {
+			want[r.Alert] = r.Labels["severity"]
+		}
+	}
+	_, sec, ok := strings.Cut(string(readFile(t, filepath.Join(repoRoot, deploymentDoc))), "\n### What to monitor\n")
+	if !ok {
+		t.Fatalf("%s has no section \"What to monitor\"", deploymentDoc)
+	}
+	if i := strings.Index(sec, "\n#"); i >= 0 {
+		sec = sec[:i]
+	}
+	got := map[string]string{}
+	for _, l := range strings.Split(sec, "\n") {
+		cells := strings.Split(strings.Trim(strings.TrimSpace(l), "|"), "|")
+		if len(cells) < 2 {
+			continue
+		}
+		name := strings.Trim(strings.TrimSpace(cells[0]), "`")
+		if strings.HasPrefix(name, "Idem") {
+			got[name] = strings.TrimSpace(cells[1])
+		}
+	}
+	for a, sev := range want {
+		if got[a] != sev {
+			t.Errorf("alert %s (severity %s): the page's table says %q", a, sev, got[a])
+		}
+	}
+	for a := range got {
+		if _, ok := want[a]; !ok {
+			t.Errorf("the page's table names %s, which observability/prometheus-rules.yaml does not have", a)
+		}
+	}
+	if len(want) == 0 {
+		t.Fatal("no alerts in observability/prometheus-rules.yaml")
+	}
+}
