@@ -14,6 +14,8 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"slices"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -28,6 +30,7 @@ import (
 	"github.com/idem-extproc/idem-extproc/internal/config"
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/observe"
+	"github.com/idem-extproc/idem-extproc/internal/policy"
 )
 
 // ErrConfig marks a startup failure caused by the configuration: the
@@ -58,6 +61,10 @@ type Daemon struct {
 	stopWatch context.CancelFunc
 	// safety checks the Redis store's settings and data (Redis only).
 	safety *storeSafety
+	// reloadMu guards onReload, which OnReload adds to while the file
+	// watcher may be reporting a reload.
+	reloadMu sync.Mutex
+	onReload []func(*policy.Set, error)
 }
 
 // NewLogger builds the daemon's logger from its configuration (the server
@@ -145,6 +152,33 @@ func (d *Daemon) reloadOnHangup(ctx context.Context) {
 
 // Reload reads the configuration file again, as SIGHUP does.
 func (d *Daemon) Reload() error { return d.policies.Reload() }
+
+// Policies returns the policies in force.
+func (d *Daemon) Policies() *policy.Set { return d.policies.Current() }
+
+// OnReload adds f to those told of every reload that found the
+// configuration file changed (by the file watcher, SIGHUP or Reload): set
+// is the policies in force after it, the new ones or, when the reload was
+// rejected, the ones that stay, and err why it was rejected. f runs on the
+// reloading goroutine, in the order of the reloads; the next reload waits
+// for it. A reload that ends before OnReload returns may not be told:
+// read Policies after OnReload to start from what is in force.
+func (d *Daemon) OnReload(f func(set *policy.Set, err error)) {
+	d.reloadMu.Lock()
+	defer d.reloadMu.Unlock()
+	d.onReload = append(d.onReload, f)
+}
+
+// reloaded tells the OnReload functions of a reload.
+func (d *Daemon) reloaded(err error) {
+	d.reloadMu.Lock()
+	fs := slices.Clone(d.onReload)
+	d.reloadMu.Unlock()
+	set := d.policies.Current()
+	for _, f := range fs {
+		f(set, err)
+	}
+}
 
 // Addr returns the ext_proc listener's address.
 func (d *Daemon) Addr() string { return d.lis.Addr().String() }

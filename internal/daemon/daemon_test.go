@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -186,6 +187,70 @@ func TestConfigReloadMetric(t *testing.T) {
 	// The file watcher may have reloaded too: at least one of each.
 	if ok == "" || ok == "0" || rejected == "" || rejected == "0" {
 		t.Fatalf("reloads ok=%q rejected=%q", ok, rejected)
+	}
+}
+
+// TestOnReloadTellsWhatIsInForce: a function given to OnReload is told of
+// an accepted reload with the new policies and of a rejected one with its
+// error and the policies that stay; Policies follows.
+func TestOnReloadTellsWhatIsInForce(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "p.yaml")
+	file := func(name string) []byte {
+		return []byte("policies:\n  - name: " + name + "\n    match: {methods: [POST]}\n")
+	}
+	if err := os.WriteFile(path, file("first"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r := run(t, "--config", path)
+	type told struct {
+		names []string
+		err   error
+	}
+	var mu sync.Mutex
+	var reports []told
+	r.d.OnReload(func(set *policy.Set, err error) {
+		var names []string
+		for _, p := range set.Policies {
+			names = append(names, p.Name)
+		}
+		mu.Lock()
+		reports = append(reports, told{names, err})
+		mu.Unlock()
+	})
+	last := func() told {
+		mu.Lock()
+		defer mu.Unlock()
+		if len(reports) == 0 {
+			return told{}
+		}
+		return reports[len(reports)-1]
+	}
+	if got := r.d.Policies().Policies[0].Name; got != "first" {
+		t.Fatalf("in force at start: %q", got)
+	}
+
+	if err := os.WriteFile(path, file("second"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.d.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	// Reload or the file watcher, whichever read the change first, told.
+	if got := last(); got.err != nil || strings.Join(got.names, ",") != "second,default" {
+		t.Fatalf("after an accepted reload: told %v, %v; want second,default and no error", got.names, got.err)
+	}
+
+	if err := os.WriteFile(path, []byte("policies:\n  - name: third\n    retention: never\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.d.Reload(); err == nil {
+		t.Fatal("a bad file must be rejected")
+	}
+	if got := last(); got.err == nil || !strings.Contains(got.err.Error(), "retention") || strings.Join(got.names, ",") != "second,default" {
+		t.Fatalf("after a rejected reload: told %v, %v; want second,default and the error naming retention", got.names, got.err)
+	}
+	if got := r.d.Policies().Policies[0].Name; got != "second" {
+		t.Fatalf("in force after the rejected reload: %q", got)
 	}
 }
 

@@ -207,6 +207,7 @@ func (d *Daemon) serve(files startFiles, tp trace.TracerProvider) {
 		if err == nil {
 			d.metrics.KnowPolicies(policyNames(d.policies.Current()))
 		}
+		d.reloaded(err)
 	}
 	if err := d.policies.Watch(d.watchCtx); err != nil {
 		d.log.Warn("configuration file not watched; reload with SIGHUP", slog.String("error", err.Error()))
