@@ -290,3 +290,41 @@ func sizeName(n int) string {
 	}
 	return strconv.Itoa(n)
 }
+
+// Describe writes what decides the answer a request gets under p, as
+// Marshal writes it (the file's own keys and spelling) and one line per
+// setting: its name, match, key, scope, fingerprint, retention,
+// store_failure, wait_for_in_flight, enforcement, answers and its own
+// response rules (the built-in ones follow them). The rest of its
+// settings (lease, body limits, durability, ...) are Marshal's to print.
+func Describe(p *policy.Policy) ([]byte, error) {
+	var s settings
+	err := unapply(&s, p)
+	m, merr := unmatch(&p.Match)
+	if err := errors.Join(err, merr); err != nil {
+		return nil, fmt.Errorf("config: policy %q: %w", p.Name, err)
+	}
+	sum := struct {
+		Name            scalar         `yaml:"name"`
+		Match           match          `yaml:"match,flow"`
+		Key             keySettings    `yaml:"key,flow"`
+		Scope           scopeSettings  `yaml:"scope,flow"`
+		Fingerprint     fingerprintCfg `yaml:"fingerprint,flow"`
+		Retention       scalar         `yaml:"retention"`
+		StoreFailure    scalar         `yaml:"store_failure"`
+		WaitForInFlight scalar         `yaml:"wait_for_in_flight"`
+		Enforcement     scalar         `yaml:"enforcement"`
+		Answers         scalar         `yaml:"answers"`
+		Responses       []responseRule `yaml:"responses,flow"`
+	}{str(p.Name), m, s.Key, s.Scope, s.Fingerprint, s.Retention, s.StoreFailure, s.WaitForInFlight, s.Enforcement, s.Answers, s.Responses}
+	var out bytes.Buffer
+	enc := yaml.NewEncoder(&out)
+	enc.SetIndent(2)
+	if err := enc.Encode(sum); err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	if err := enc.Close(); err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	return out.Bytes(), nil
+}

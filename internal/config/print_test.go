@@ -296,3 +296,84 @@ func TestDurabilityDefaultsAreInForce(t *testing.T) {
 			policy.DefaultDurabilityReplicas, policy.DefaultDurabilityTimeout)
 	}
 }
+
+// TestDescribeLoadsAsTheSameSettings: for each policy of printCases and the
+// example, Describe writes one line per setting it covers, and those lines,
+// loaded as a policy file, give a policy with the same match, key, scope,
+// fingerprint, retention, store failure, waiting, enforcement, answers and
+// response rules: it says what the policy in force does, in the file's own
+// words.
+func TestDescribeLoadsAsTheSameSettings(t *testing.T) {
+	cases := map[string]string{}
+	for k, v := range printCases {
+		cases[k] = v
+	}
+	ex, err := os.ReadFile(example)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases["example"] = string(ex)
+	type described struct {
+		Match                                  policy.Match
+		Key                                    policy.KeyRules
+		Scope                                  policy.Scope
+		FingerprintHeaders                     []string
+		FingerprintJSON                        bool
+		FingerprintInclude, FingerprintExclude any
+		Retention, WaitForInFlight             any
+		FailureMode                            policy.FailureMode
+		Enforcement                            policy.Enforcement
+		Answers                                policy.Answers
+		ResponseRules                          []idem.ResponseRule
+	}
+	what := func(p *policy.Policy) described {
+		return described{p.Match, p.KeyRules, p.Scope, p.FingerprintHeaders, p.FingerprintJSON, p.FingerprintInclude,
+			p.FingerprintExclude, p.Retention, p.WaitForInFlight, p.FailureMode, p.Enforcement, p.Answers, p.ResponseRules}
+	}
+	n := 0
+	for name, doc := range cases {
+		set, err := Parse("in.yaml", []byte(doc))
+		if err != nil {
+			t.Fatalf("%s: the case does not load: %v", name, err)
+		}
+		for _, p := range set.Policies {
+			out, err := Describe(p)
+			if err != nil {
+				t.Fatalf("%s: Describe(%q): %v", name, p.Name, err)
+			}
+			lines := strings.Split(strings.TrimSuffix(string(out), "\n"), "\n")
+			if len(lines) != 11 {
+				t.Errorf("%s: policy %q: %d lines, want one per setting (11):\n%s", name, p.Name, len(lines), out)
+			}
+			// Loaded back: a listed policy, or the default policy under
+			// its own key (a listed policy cannot be named default).
+			file := "policies:\n"
+			for i, l := range lines {
+				if i == 0 {
+					file += "  - " + l + "\n"
+				} else {
+					file += "    " + l + "\n"
+				}
+			}
+			file += "default_policy: {enabled: false}\n"
+			if p.Name == policy.DefaultPolicyName {
+				file = "policies: []\ndefault_policy:\n  enabled: true\n"
+				for _, l := range lines[1:] {
+					file += "  " + l + "\n"
+				}
+			}
+			back, err := Parse("described.yaml", []byte(file))
+			if err != nil {
+				t.Errorf("%s: policy %q: the description does not load: %v\n%s", name, p.Name, err, file)
+				continue
+			}
+			if got, want := what(back.Policies[0]), what(p); !reflect.DeepEqual(got, want) {
+				t.Errorf("%s: policy %q: described as\n%s\nwhich loads as %+v\nwant %+v", name, p.Name, out, got, want)
+			}
+			n++
+		}
+	}
+	if n < 10 {
+		t.Fatalf("only %d policies described", n)
+	}
+}
