@@ -2,15 +2,16 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"net/url"
-	"strings"
 	"time"
 
+	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -22,72 +23,123 @@ import (
 )
 
 // Settings of the demo's Envoy-like front, those of envoy/envoy.yaml: the
-// filter's message_timeout and the route timeout.
+// filter's message_timeout and max_message_timeout, and the route timeout.
 const (
-	demoMessageTimeout = 300 * time.Millisecond
-	demoRouteTimeout   = 10 * time.Second
+	demoMessageTimeout    = 300 * time.Millisecond
+	demoMaxMessageTimeout = 2500 * time.Millisecond
+	demoRouteTimeout      = 10 * time.Second
+)
+
+// The routes of envoy/envoy.yaml's orders virtual host, which the demo's
+// front has too: reads go by orders-read, where the ext_proc filter is
+// disabled, everything else by orders-write.
+const (
+	demoReadRoute  = "orders-read"
+	demoWriteRoute = "orders-write"
 )
 
 // demoArrivedLine is what the demo writes to stderr when a POST reaches the
 // demo upstream (so a retry sent after it meets a reservation).
 const demoArrivedLine = "demo upstream: POST /orders arrived"
 
+// demoFlags are the demo's flags. Those that are also the server's are
+// handed to it as they are, so that it checks, loads and reloads them as
+// it always does.
+type demoFlags struct {
+	addr, logLevel string
+	config         string
+	redisURL       string
+	adminTokenFile string
+	upstream       string
+}
+
 func demoCommand(e env) *cobra.Command {
-	var addr, logLevel string
+	var f demoFlags
 	cmd := &cobra.Command{
 		Use:   "demo [flags]",
 		Short: "Try it without Docker: the server, an Envoy-like front and a demo upstream on loopback",
-		Long: "Start, on loopback and in this one process, the server (in-memory store, default policy), an\n" +
-			"Envoy-like HTTP front that runs every request through the server with this project's own ext_proc\n" +
-			"client (internal/envoysim, the filter settings of envoy/envoy.yaml), and demo-orders, an orders API\n" +
-			"whose counter shows how many orders were really created. It prints the curl commands that show a\n" +
-			"replay, a 422 and a 409, and serves until interrupted. Nothing here is for production.",
+		Long: "Start, on loopback and in this one process, the server, an Envoy-like HTTP front that runs every\n" +
+			"request through it with this project's own ext_proc client (internal/envoysim, with the filter settings\n" +
+			"and routes of envoy/envoy.yaml), and demo-orders, an orders API whose counter shows how many orders\n" +
+			"were really created (or, with --upstream, your own API).\n\n" +
+			"It prints, for each policy in force, what it matches and how it keys, scopes and keeps requests, with\n" +
+			"curl commands that show a replay through the front and, with --admin-token-file, the idem-extproc admin\n" +
+			"commands that look the record up and purge it. With --config it prints them again each time the\n" +
+			"policy file changes (or says why the change was rejected). Without --config and --upstream it first\n" +
+			"prints the commands that show a replay, a 422 and a 409. It serves until interrupted; nothing here is\n" +
+			"for production.",
+		Example: "  idem-extproc demo\n" +
+			"  idem-extproc demo --config policies.yaml --admin-token-file token --redis-url redis://localhost:6379/0\n" +
+			"  idem-extproc demo --config policies.yaml --upstream http://127.0.0.1:3000",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return runDemo(cmd.Context(), e, addr, logLevel)
+			return runDemo(cmd.Context(), e, f)
 		},
 	}
-	cmd.Flags().StringVar(&addr, "addr", "127.0.0.1:8080", "address of the Envoy-like front the curl commands use (127.0.0.1:0 picks a free port)")
-	cmd.Flags().StringVar(&logLevel, "log-level", "warn", "the server's log level: debug, info (a line per decision), warn or error")
+	server := daemon.Flags()
+	fl := cmd.Flags()
+	fl.StringVar(&f.addr, "addr", "127.0.0.1:8080", "address of the Envoy-like front the curl commands use (127.0.0.1:0 picks a free port)")
+	fl.StringVar(&f.logLevel, "log-level", "warn", "the server's log level: debug, info (a line per decision), warn or error")
+	fl.StringVar(&f.config, "config", "", "the server's "+server.Lookup("config").Usage)
+	fl.StringVar(&f.redisURL, "redis-url", "", "the server's "+server.Lookup("redis-url").Usage)
+	fl.StringVar(&f.adminTokenFile, "admin-token-file", "", "the server's "+server.Lookup("admin-token-file").Usage+
+		"; the demo then prints idem-extproc admin commands that use it")
+	fl.StringVar(&f.upstream, "upstream", "", "the API the front sends requests to, http://host:port (no path); empty: demo-orders")
 	return cmd
 }
 
-func runDemo(ctx context.Context, e env, addr, logLevel string) error {
+func runDemo(ctx context.Context, e env, f demoFlags) error {
+	upstream, err := demoUpstreamURL(f.upstream)
+	if err != nil {
+		fmt.Fprintf(e.stderr, "idem-extproc demo: --upstream: %v\n", err)
+		return exitUsage
+	}
 	// The server, as `idem-extproc --listen 127.0.0.1:0 ...` would run it,
-	// without the caller's IDEM_* environment: the demo always uses the
-	// in-memory store and the default policy.
-	cfg, err := daemon.ParseConfig([]string{"--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0",
-		"--log-format", "text", "--log-level", logLevel, "--drain-timeout", "2s"}, func(string) string { return "" }, e.stderr)
+	// without the caller's IDEM_* environment: only the demo's own flags
+	// reach it, checked as the server checks them.
+	args := []string{"--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0",
+		"--log-format", "text", "--log-level", f.logLevel, "--drain-timeout", "2s"}
+	for _, a := range []struct{ flag, value string }{{"config", f.config}, {"redis-url", f.redisURL}, {"admin-token-file", f.adminTokenFile}} {
+		if a.value != "" {
+			args = append(args, "--"+a.flag, a.value)
+		}
+	}
+	cfg, err := daemon.ParseConfig(args, func(string) string { return "" }, e.stderr)
 	if err != nil {
 		fmt.Fprintf(e.stderr, "idem-extproc demo: %v\n", err)
 		return exitUsage
 	}
 	log := daemon.NewLogger(cfg, e.stderr)
 	d, err := daemon.Start(cfg, log, func(string) string { return "" })
+	if errors.Is(err, daemon.ErrConfig) {
+		fmt.Fprintf(e.stderr, "idem-extproc demo: %v\n", err)
+		return exitUsage
+	}
 	if err != nil {
 		fmt.Fprintf(e.stderr, "idem-extproc demo: %v\n", err)
 		return exitFailure
 	}
 	defer d.Shutdown()
 
-	// The demo upstream.
-	orders := &demoorders.Server{MaxDelay: demoRouteTimeout / 2}
-	upLis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return err
-	}
-	up := &http.Server{ReadHeaderTimeout: 5 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method == http.MethodPost && r.URL.Path == "/orders" {
-			fmt.Fprintln(e.stderr, demoArrivedLine)
+	if upstream == nil {
+		orders := &demoorders.Server{MaxDelay: demoRouteTimeout / 2}
+		upLis, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return err
 		}
-		orders.Handler().ServeHTTP(w, r)
-	})}
-	go func() { _ = up.Serve(upLis) }()
-	defer up.Close()
+		up := &http.Server{ReadHeaderTimeout: 5 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Method == http.MethodPost && r.URL.Path == "/orders" {
+				fmt.Fprintln(e.stderr, demoArrivedLine)
+			}
+			orders.Handler().ServeHTTP(w, r)
+		})}
+		go func() { _ = up.Serve(upLis) }()
+		defer up.Close()
+		upstream = &url.URL{Scheme: "http", Host: upLis.Addr().String()}
+	}
 
-	// The Envoy-like front: envoysim's ext_proc client, the filter of
-	// envoy/envoy.yaml (RecommendedConfig with its message_timeout), and a
-	// router to the upstream.
+	// The Envoy-like front: envoysim's ext_proc client with the filter and
+	// the routes of envoy/envoy.yaml, and a router to the upstream.
 	cc, err := grpc.NewClient(d.Addr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		return err
@@ -95,14 +147,15 @@ func runDemo(ctx context.Context, e env, addr, logLevel string) error {
 	defer cc.Close()
 	filterCfg := envoysim.RecommendedConfig()
 	filterCfg.MessageTimeout = durationpb.New(demoMessageTimeout)
-	base := &url.URL{Scheme: "http", Host: upLis.Addr().String()}
+	filterCfg.MaxMessageTimeout = durationpb.New(demoMaxMessageTimeout)
 	proxy := &envoysim.Proxy{
 		Filter:   envoysim.NewFilter(cc, filterCfg, envoysim.Options{}),
-		Upstream: envoysim.HTTPUpstream(http.DefaultClient, base, demoRouteTimeout),
+		Upstream: envoysim.HTTPUpstream(http.DefaultClient, upstream, demoRouteTimeout),
+		Route:    demoRoute,
 	}
-	frontLis, err := net.Listen("tcp", addr)
+	frontLis, err := net.Listen("tcp", f.addr)
 	if err != nil {
-		fmt.Fprintf(e.stderr, "idem-extproc demo: --addr %s: %v\n", addr, err)
+		fmt.Fprintf(e.stderr, "idem-extproc demo: --addr %s: %v\n", f.addr, err)
 		return exitFailure
 	}
 	front := &http.Server{Handler: proxy, ReadHeaderTimeout: 5 * time.Second}
@@ -110,7 +163,14 @@ func runDemo(ctx context.Context, e env, addr, logLevel string) error {
 	go func() { errc <- front.Serve(frontLis) }()
 	defer front.Close()
 
-	printDemo(e.stdout, "http://"+frontLis.Addr().String(), d.AdminAddr())
+	p := &demoPrinter{
+		w: e.stdout, front: frontLis.Addr().String(), admin: d.AdminAddr(), run: runID(),
+		config: f.config, redisURL: f.redisURL, tokenFile: f.adminTokenFile, upstream: f.upstream,
+	}
+	// Told first, read after: a reload in between is printed twice rather
+	// than missed (daemon.Daemon.OnReload).
+	d.OnReload(p.reloaded)
+	p.start(d.Policies())
 	select {
 	case <-ctx.Done():
 		fmt.Fprintln(e.stderr, "idem-extproc demo: stopping")
@@ -123,37 +183,49 @@ func runDemo(ctx context.Context, e env, addr, logLevel string) error {
 	}
 }
 
-// demoSteps are the exchanges the demo prints, in order; TestBinaryDemo
-// runs the printed commands.
-func demoSteps(front string) []demoStep {
-	create := `curl -si -X POST '` + front + `/orders' -H 'Idempotency-Key: order-1' -H 'Content-Type: application/json' -d '{"item":"book","qty":1}'`
-	count := `curl -si '` + front + `/orders/count'`
-	slow := `curl -si -X POST '` + front + `/orders?delay=3s' -H 'Idempotency-Key: order-2' -H 'Content-Type: application/json' -d '{"item":"pen","qty":1}'`
-	return []demoStep{
-		{comment: "1. Create an order, then send the same request again: the stored answer, marked\n#    idempotent-replayed: true. The counter shows one order.",
-			lines: []string{create, create, count}},
-		{comment: "2. Reuse the key for a different request: 422 idempotency-key-reused, nothing created.",
-			lines: []string{strings.Replace(create, `"qty":1`, `"qty":2`, 1), count}},
-		{comment: "3. Retry while the first attempt still runs (?delay=3s slows the upstream): 409 request-in-progress\n#    with Retry-After: 1; the first attempt completes, and the counter shows two orders.",
-			lines: []string{slow + " &", "sleep 1", slow, "wait", count}},
-	}
-}
-
-type demoStep struct {
-	comment string
-	lines   []string
-}
-
-func printDemo(w io.Writer, front, admin string) {
-	fmt.Fprintf(w, "idem-extproc demo: an Envoy-like front on %s runs every request through the idem-extproc server\n", front)
-	fmt.Fprintf(w, "(in-memory store, default policy: POST and PATCH with an Idempotency-Key) to demo-orders.\n")
-	fmt.Fprintf(w, "The server's /metrics and /readyz are on http://%s. Stop with Ctrl-C. In another terminal:\n\n", admin)
-	for _, s := range demoSteps(front) {
-		fmt.Fprintf(w, "# %s\n", s.comment)
-		for _, l := range s.lines {
-			fmt.Fprintln(w, l)
+// demoRoute is the route envoy/envoy.yaml's orders virtual host picks: the
+// filter is disabled on orders-read (GET, HEAD and OPTIONS), so reads cost
+// no ext_proc stream.
+func demoRoute(r *http.Request) (string, *extprocfilterv3.ExtProcPerRoute) {
+	if demoReadMethod(r.Method) {
+		return demoReadRoute, &extprocfilterv3.ExtProcPerRoute{
+			Override: &extprocfilterv3.ExtProcPerRoute_Disabled{Disabled: true},
 		}
-		fmt.Fprintln(w)
 	}
-	fmt.Fprintln(w, "# ready")
+	return demoWriteRoute, nil
+}
+
+// demoReadMethod reports whether envoy/envoy.yaml's orders-read route takes
+// method (its ":method" regex ^(GET|HEAD|OPTIONS)$).
+func demoReadMethod(method string) bool {
+	return method == http.MethodGet || method == http.MethodHead || method == http.MethodOptions
+}
+
+// demoUpstreamURL checks --upstream: nil for demo-orders. The front keeps
+// each request's own path and query (envoysim.HTTPUpstream), so a path in
+// the URL would be dropped silently: it is refused instead.
+func demoUpstreamURL(s string) (*url.URL, error) {
+	if s == "" {
+		return nil, nil
+	}
+	u, err := url.Parse(s)
+	if err != nil {
+		return nil, err
+	}
+	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("%q: want http://host:port or https://host:port", s)
+	}
+	if (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.User != nil {
+		return nil, fmt.Errorf("%q: want only a scheme, host and port: each request keeps its own path", s)
+	}
+	u.Path = ""
+	return u, nil
+}
+
+// runID tells this run's keys from an earlier run's in a store that kept
+// them (Redis): the printed commands would otherwise meet old records.
+func runID() string {
+	b := make([]byte, 3)
+	_, _ = rand.Read(b) // it never returns an error (crypto/rand, Go 1.24+)
+	return hex.EncodeToString(b)
 }

@@ -1,0 +1,196 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/idem-extproc/idem-extproc/internal/redistest"
+)
+
+// demoPoliciesV1 are the first policies of TestBinaryDemoOwnSetup: two the
+// demo can show, one it cannot (the front sets no JWT metadata) and one
+// that an earlier policy shadows. The end marker guards the reloads.
+const demoPoliciesV1 = `policies:
+  - name: orders
+    match: {methods: [POST], path: {prefix: /orders}}
+    key: {required: true}
+    retention: 1h
+  - name: tenants
+    match: {methods: [GET, PUT], path: {exact: /tenant/things}}
+    scope: {from: header, header: x-tenant}
+  - name: payments
+    match: {hosts: [pay.example.com]}
+    scope: {from: metadata, metadata: {namespace: envoy.filters.http.jwt_authn, path: [jwt_payload, sub]}}
+  - name: later-orders
+    match: {methods: [POST], path: {prefix: /orders/x}}
+default_policy: {enabled: false}
+...
+`
+
+// demoPoliciesV2 replace them: a policy by route name with its key in the
+// body, a shadow one, and a JSON-RPC one demo-orders cannot serve.
+const demoPoliciesV2 = `policies:
+  - name: orders-v2
+    match: {route_names: [orders-write], methods: [POST], path: {exact: /orders}}
+    key: {from: [body], pointer: /idempotency_key, required: true}
+    fingerprint: {json: true}
+  - name: audit
+    match: {methods: [PATCH]}
+    enforcement: shadow
+  - name: mcp
+    match: {path: {exact: /mcp}}
+    answers: jsonrpc
+default_policy: {enabled: false}
+...
+`
+
+// TestBinaryDemoOwnSetup starts the binary's demo as one tries one's own
+// policies: a policy file, a real Redis and an admin token. It runs the
+// commands printed for each policy (curl through the front, idem-extproc
+// admin get and purge), then rewrites the file and runs what the demo
+// prints for the reloaded policies, then writes a broken file and finds
+// the rejection reported and the policies in force unchanged.
+func TestBinaryDemoOwnSetup(t *testing.T) {
+	redis := redistest.Start(t, redistest.Options{})
+	dir := t.TempDir()
+	policies, token := filepath.Join(dir, "policies.yaml"), filepath.Join(dir, "token")
+	writeFile(t, policies, demoPoliciesV1)
+	writeFile(t, token, "demo-admin-token\n")
+	d := startDemo(t, "--config", policies, "--admin-token-file", token, "--redis-url", redis.URL())
+
+	first := d.block()
+	if heading := strings.Join(first[:3], "\n"); !strings.Contains(heading, "Redis") || !strings.Contains(heading, policies) {
+		t.Errorf("the heading does not name the store and the policy file:\n%s", heading)
+	}
+	if printedLine(first, "# 1. ") != "" {
+		t.Error("with --config the demo printed the steps made for the default policy")
+	}
+	_, section := splitDemoBlock(t, first)
+	got := runPolicyExamples(t, section, demoOrdersHits(d))
+	want := map[string]string{
+		"orders":       "",
+		"tenants":      "",
+		"payments":     "scope.from: metadata",
+		"later-orders": `taken by policy "orders"`,
+	}
+	if !sameOutcomes(got, want) {
+		t.Fatalf("policies printed %q, want %q", got, want)
+	}
+	// The records are Redis's, not the in-memory store's.
+	if n, err := redis.Do(context.Background(), "DBSIZE").Int(); err != nil || n == 0 {
+		t.Fatalf("Redis holds %d keys (%v); the demo's records should be there", n, err)
+	}
+
+	writeFile(t, policies, demoPoliciesV2)
+	second := d.block()
+	if printedLine(second, "# "+policies+" changed and was reloaded") == "" {
+		t.Fatalf("the reload is not reported:\n%s", strings.Join(second, "\n"))
+	}
+	got = runPolicyExamples(t, second, demoOrdersHits(d))
+	want = map[string]string{"orders-v2": "", "audit": "", "mcp": "answers: jsonrpc"}
+	if !sameOutcomes(got, want) {
+		t.Fatalf("after the reload, policies printed %q, want %q", got, want)
+	}
+
+	writeFile(t, policies, strings.Replace(demoPoliciesV2, "fingerprint: {json: true}", "fingerprint: {jsn: true}", 1))
+	third := d.block()
+	if printedLine(third, "# "+policies+" changed and was rejected") == "" || !strings.Contains(strings.Join(third, "\n"), "jsn") {
+		t.Fatalf("the rejected reload is not reported with its mistake:\n%s", strings.Join(third, "\n"))
+	}
+	// orders-v2 is still in force: its request, printed after the reload
+	// and last sent after a purge, is now answered from storage.
+	again := sendCurl(t, 0, printedLine(second, "curl "))
+	if !again.replayed {
+		t.Fatalf("after the rejected reload the request of orders-v2 got %d replayed=%v: the policies in force changed", again.status, again.replayed)
+	}
+}
+
+// TestBinaryDemoUpstream sends the front's requests to an API of the
+// test's own (--upstream), a JSON-RPC one for an answers: jsonrpc policy,
+// and runs the printed commands: each reaches that API exactly when it
+// should.
+func TestBinaryDemoUpstream(t *testing.T) {
+	var mu sync.Mutex
+	hits := map[string]int{}
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		hits[r.Method+" "+r.URL.Path]++
+		n := hits[r.Method+" "+r.URL.Path]
+		mu.Unlock()
+		if r.URL.Path == "/mcp" {
+			var call struct {
+				ID json.RawMessage `json:"id"`
+			}
+			_ = json.Unmarshal(body, &call)
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = w.Write([]byte(`{"jsonrpc":"2.0","id":` + string(call.ID) + `,"result":{"n":` + strconv.Itoa(n) + `}}`))
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write([]byte("created " + strconv.Itoa(n)))
+	}))
+	t.Cleanup(api.Close)
+	dir := t.TempDir()
+	policies, token := filepath.Join(dir, "policies.yaml"), filepath.Join(dir, "token")
+	writeFile(t, policies, `policies:
+  - name: tools
+    match: {methods: [POST], path: {exact: /mcp}, json: [{pointer: /method, equals: tools/call}]}
+    answers: jsonrpc
+    fingerprint: {json: true}
+`)
+	writeFile(t, token, "demo-admin-token\n")
+	d := startDemo(t, "--config", policies, "--admin-token-file", token, "--upstream", api.URL)
+	first := d.block()
+	if !strings.Contains(strings.Join(first[:3], "\n"), api.URL) {
+		t.Errorf("the heading does not name the upstream:\n%s", strings.Join(first[:3], "\n"))
+	}
+	_, section := splitDemoBlock(t, first)
+	got := runPolicyExamples(t, section, func(method, path string) (int, bool) {
+		mu.Lock()
+		defer mu.Unlock()
+		return hits[method+" "+path], true
+	})
+	if want := map[string]string{"tools": "", "default": ""}; !sameOutcomes(got, want) {
+		t.Fatalf("policies printed %q, want %q", got, want)
+	}
+}
+
+// TestBinaryDemoRefusesBadFlags: each of the demo's own-setup flags, given
+// wrong, stops the demo at start with exit code 2 and a message naming the
+// flag, as the server's start does.
+func TestBinaryDemoRefusesBadFlags(t *testing.T) {
+	dir := t.TempDir()
+	missing := filepath.Join(dir, "missing")
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--upstream", "http://127.0.0.1:9/api"}, "--upstream"},
+		{[]string{"--upstream", "127.0.0.1:9"}, "--upstream"},
+		{[]string{"--redis-url", "http://127.0.0.1:6379"}, "--redis-url"},
+		{[]string{"--config", missing}, "--config"},
+		{[]string{"--admin-token-file", missing}, "--admin-token-file"},
+	} {
+		t.Run(strings.Join(c.args, " "), func(t *testing.T) {
+			out, err := exec.Command(binary(t), append([]string{"demo", "--addr", "127.0.0.1:0"}, c.args...)...).CombinedOutput()
+			var ee *exec.ExitError
+			if !errors.As(err, &ee) || ee.ExitCode() != 2 {
+				t.Fatalf("exit %v, want 2; output:\n%s", err, out)
+			}
+			if !strings.Contains(string(out), c.want) {
+				t.Fatalf("the message does not name %s:\n%s", c.want, out)
+			}
+		})
+	}
+}
