@@ -27,13 +27,16 @@ type demoRun struct {
 	lines  []string
 	// read is how many lines the blocks taken so far hold.
 	read int
+	// exited is closed when the process has ended, with exitErr set.
+	exited  chan struct{}
+	exitErr error
 }
 
 // startDemo runs the binary's demo with args after --addr 127.0.0.1:0.
 func startDemo(t *testing.T, args ...string) *demoRun {
 	t.Helper()
 	cmd := exec.Command(binary(t), append([]string{"demo", "--addr", "127.0.0.1:0"}, args...)...)
-	d := &demoRun{t: t, stderr: &harness.LogBuffer{}}
+	d := &demoRun{t: t, stderr: &harness.LogBuffer{}, exited: make(chan struct{})}
 	cmd.Stderr = d.stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	stdout, err := cmd.StdoutPipe()
@@ -50,10 +53,14 @@ func startDemo(t *testing.T, args ...string) *demoRun {
 			d.lines = append(d.lines, sc.Text())
 			d.mu.Unlock()
 		}
+		// Wait only once stdout is read to its end (os/exec: Wait closes
+		// the pipe).
+		d.exitErr = cmd.Wait()
+		close(d.exited)
 	}()
 	t.Cleanup(func() {
 		_ = cmd.Process.Signal(syscall.SIGTERM)
-		_ = cmd.Wait()
+		<-d.exited
 		if t.Failed() {
 			d.mu.Lock()
 			t.Logf("demo stdout:\n%s", strings.Join(d.lines, "\n"))
@@ -68,7 +75,14 @@ func startDemo(t *testing.T, args ...string) *demoRun {
 func (d *demoRun) block() []string {
 	d.t.Helper()
 	var out []string
+	ended := false
 	testwait.Until(d.t, "the demo's next block", func() bool {
+		select {
+		case <-d.exited:
+			ended = true
+			return true
+		default:
+		}
 		d.mu.Lock()
 		defer d.mu.Unlock()
 		for i := d.read; i < len(d.lines); i++ {
@@ -80,6 +94,9 @@ func (d *demoRun) block() []string {
 		}
 		return false
 	})
+	if ended {
+		d.t.Fatalf("the demo ended (%v) before printing its next block", d.exitErr)
+	}
 	d.t.Logf("the demo printed:\n%s", strings.Join(out, "\n"))
 	return out
 }

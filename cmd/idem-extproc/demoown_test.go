@@ -176,11 +176,11 @@ func TestBinaryDemoRefusesBadFlags(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"--upstream", "http://127.0.0.1:9/api"}, "--upstream"},
-		{[]string{"--upstream", "127.0.0.1:9"}, "--upstream"},
-		{[]string{"--redis-url", "http://127.0.0.1:6379"}, "--redis-url"},
-		{[]string{"--config", missing}, "--config"},
-		{[]string{"--admin-token-file", missing}, "--admin-token-file"},
+		{[]string{"--upstream", "http://127.0.0.1:9/api"}, "--upstream: \"http://127.0.0.1:9/api\": want only a scheme, host and port"},
+		{[]string{"--upstream", "127.0.0.1:9"}, "--upstream: "},
+		{[]string{"--redis-url", "http://127.0.0.1:6379"}, "--redis-url: "},
+		{[]string{"--config", missing}, "--config: "},
+		{[]string{"--admin-token-file", missing}, "--admin-token-file: "},
 	} {
 		t.Run(strings.Join(c.args, " "), func(t *testing.T) {
 			out, err := exec.Command(binary(t), append([]string{"demo", "--addr", "127.0.0.1:0"}, c.args...)...).CombinedOutput()
