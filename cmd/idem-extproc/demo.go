@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"path/filepath"
 	"time"
 
 	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
@@ -83,7 +84,7 @@ func demoCommand(e env) *cobra.Command {
 	fl.StringVar(&f.config, "config", "", "the server's "+server.Lookup("config").Usage)
 	fl.StringVar(&f.redisURL, "redis-url", "", "the server's "+server.Lookup("redis-url").Usage)
 	fl.StringVar(&f.adminTokenFile, "admin-token-file", "", "the server's "+server.Lookup("admin-token-file").Usage+
-		"; the demo then prints idem-extproc admin commands that use it")
+		" (with it, the demo prints the idem-extproc admin commands that use it)")
 	fl.StringVar(&f.upstream, "upstream", "", "the API the front sends requests to, http://host:port (no path); empty: demo-orders")
 	return cmd
 }
@@ -165,7 +166,8 @@ func runDemo(ctx context.Context, e env, f demoFlags) error {
 
 	p := &demoPrinter{
 		w: e.stdout, front: frontLis.Addr().String(), admin: d.AdminAddr(), run: runID(),
-		config: f.config, redisURL: f.redisURL, tokenFile: f.adminTokenFile, upstream: f.upstream,
+		// Absolute, so that the printed commands work from any directory.
+		config: absPath(f.config), redisURL: f.redisURL, tokenFile: absPath(f.adminTokenFile), upstream: f.upstream,
 	}
 	// Told first, read after: a reload in between is printed twice rather
 	// than missed (daemon.Daemon.OnReload).
@@ -220,6 +222,18 @@ func demoUpstreamURL(s string) (*url.URL, error) {
 	}
 	u.Path = ""
 	return u, nil
+}
+
+// absPath makes path absolute, or leaves it as it is when it cannot (the
+// server has read it already, so the working directory exists).
+func absPath(path string) string {
+	if path == "" {
+		return ""
+	}
+	if abs, err := filepath.Abs(path); err == nil {
+		return abs
+	}
+	return path
 }
 
 // runID tells this run's keys from an earlier run's in a store that kept

@@ -35,7 +35,14 @@ type demoRun struct {
 // startDemo runs the binary's demo with args after --addr 127.0.0.1:0.
 func startDemo(t *testing.T, args ...string) *demoRun {
 	t.Helper()
+	return startDemoIn(t, "", args...)
+}
+
+// startDemoIn is startDemo in the working directory dir ("": the test's).
+func startDemoIn(t *testing.T, dir string, args ...string) *demoRun {
+	t.Helper()
 	cmd := exec.Command(binary(t), append([]string{"demo", "--addr", "127.0.0.1:0"}, args...)...)
+	cmd.Dir = dir
 	d := &demoRun{t: t, stderr: &harness.LogBuffer{}, exited: make(chan struct{})}
 	cmd.Stderr = d.stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}

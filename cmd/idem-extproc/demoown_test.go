@@ -118,7 +118,8 @@ func TestBinaryDemoOwnSetup(t *testing.T) {
 // TestBinaryDemoUpstream sends the front's requests to an API of the
 // test's own (--upstream), a JSON-RPC one for an answers: jsonrpc policy,
 // and runs the printed commands: each reaches that API exactly when it
-// should.
+// should. The demo runs in another directory than the commands, with the
+// files named relative to it.
 func TestBinaryDemoUpstream(t *testing.T) {
 	var mu sync.Mutex
 	hits := map[string]int{}
@@ -150,7 +151,9 @@ func TestBinaryDemoUpstream(t *testing.T) {
     fingerprint: {json: true}
 `)
 	writeFile(t, token, "demo-admin-token\n")
-	d := startDemo(t, "--config", policies, "--admin-token-file", token, "--upstream", api.URL)
+	// Files named relative to the demo's directory: the printed commands,
+	// run from the test's, must still find them.
+	d := startDemoIn(t, dir, "--config", "policies.yaml", "--admin-token-file", "token", "--upstream", api.URL)
 	first := d.block()
 	if !strings.Contains(strings.Join(first[:3], "\n"), api.URL) {
 		t.Errorf("the heading does not name the upstream:\n%s", strings.Join(first[:3], "\n"))
