@@ -51,6 +51,7 @@ type demoFlags struct {
 	config         string
 	redisURL       string
 	adminTokenFile string
+	keysFile       string
 	upstream       string
 }
 
@@ -85,6 +86,7 @@ func demoCommand(e env) *cobra.Command {
 	fl.StringVar(&f.redisURL, "redis-url", "", "the server's "+server.Lookup("redis-url").Usage)
 	fl.StringVar(&f.adminTokenFile, "admin-token-file", "", "the server's "+server.Lookup("admin-token-file").Usage+
 		" (with it, the demo prints the idem-extproc admin commands that use it)")
+	fl.StringVar(&f.keysFile, "encryption-keys-file", "", "the server's "+server.Lookup("encryption-keys-file").Usage)
 	fl.StringVar(&f.upstream, "upstream", "", "the API the front sends requests to, http://host:port (no path); empty: demo-orders")
 	return cmd
 }
@@ -100,7 +102,8 @@ func runDemo(ctx context.Context, e env, f demoFlags) error {
 	// reach it, checked as the server checks them.
 	args := []string{"--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0",
 		"--log-format", "text", "--log-level", f.logLevel, "--drain-timeout", "2s"}
-	for _, a := range []struct{ flag, value string }{{"config", f.config}, {"redis-url", f.redisURL}, {"admin-token-file", f.adminTokenFile}} {
+	for _, a := range []struct{ flag, value string }{{"config", f.config}, {"redis-url", f.redisURL}, {"admin-token-file", f.adminTokenFile},
+		{"encryption-keys-file", f.keysFile}} {
 		if a.value != "" {
 			args = append(args, "--"+a.flag, a.value)
 		}
