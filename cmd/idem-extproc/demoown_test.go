@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -15,56 +16,46 @@ import (
 	"testing"
 
 	"github.com/idem-extproc/idem-extproc/internal/redistest"
+	"github.com/idem-extproc/idem-extproc/internal/testwait"
 )
 
-// demoPoliciesV1 are the first policies of TestBinaryDemoOwnSetup: two the
-// demo can show, one it cannot (the front sets no JWT metadata) and one
-// that an earlier policy shadows. The end marker guards the reloads.
-const demoPoliciesV1 = `policies:
-  - name: orders
-    match: {methods: [POST], path: {prefix: /orders}}
-    key: {required: true}
-    retention: 1h
-  - name: tenants
-    match: {methods: [GET, PUT], path: {exact: /tenant/things}}
-    scope: {from: header, header: x-tenant}
+// demoPoliciesV2 replace examples/demo-policies.yaml in
+// TestBinaryDemoOwnSetup: a policy by route name with its key in the
+// body, and three the demo cannot show: one scoped by JWT metadata, which
+// the front does not set, one an earlier policy shadows, and a JSON-RPC
+// one demo-orders cannot serve.
+const demoPoliciesV2 = `policies:
+  - name: orders-v2
+    match: {route_names: [orders-write], methods: [POST], path: {prefix: /orders}}
+    key: {from: [body], pointer: /idempotency_key, required: true}
+    fingerprint: {json: true}
   - name: payments
     match: {hosts: [pay.example.com]}
     scope: {from: metadata, metadata: {namespace: envoy.filters.http.jwt_authn, path: [jwt_payload, sub]}}
   - name: later-orders
     match: {methods: [POST], path: {prefix: /orders/x}}
-default_policy: {enabled: false}
-...
-`
-
-// demoPoliciesV2 replace them: a policy by route name with its key in the
-// body, a shadow one, and a JSON-RPC one demo-orders cannot serve.
-const demoPoliciesV2 = `policies:
-  - name: orders-v2
-    match: {route_names: [orders-write], methods: [POST], path: {exact: /orders}}
-    key: {from: [body], pointer: /idempotency_key, required: true}
-    fingerprint: {json: true}
-  - name: audit
-    match: {methods: [PATCH]}
-    enforcement: shadow
   - name: mcp
     match: {path: {exact: /mcp}}
     answers: jsonrpc
 default_policy: {enabled: false}
-...
 `
 
-// TestBinaryDemoOwnSetup starts the binary's demo as one tries one's own
-// policies: a policy file, a real Redis and an admin token. It runs the
-// commands printed for each policy (curl through the front, idem-extproc
-// admin get and purge), then rewrites the file and runs what the demo
-// prints for the reloaded policies, then writes a broken file and finds
-// the rejection reported and the policies in force unchanged.
+// TestBinaryDemoOwnSetup starts the binary's demo as README.md has one try
+// one's own policies: a copy of examples/demo-policies.yaml, a real Redis
+// and an admin token. It runs the commands printed for each policy (curl
+// through the front, idem-extproc admin get and purge), then rewrites the
+// file and runs what the demo prints for the reloaded policies, then
+// writes a broken file and finds the rejection reported and the policies
+// in force unchanged.
 func TestBinaryDemoOwnSetup(t *testing.T) {
 	redis := redistest.Start(t, redistest.Options{})
 	dir := t.TempDir()
 	policies, token := filepath.Join(dir, "policies.yaml"), filepath.Join(dir, "token")
-	writeFile(t, policies, demoPoliciesV1)
+	example, err := os.ReadFile("../../examples/demo-policies.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, policies, string(example))
 	writeFile(t, token, "demo-admin-token\n")
 	d := startDemo(t, "--config", policies, "--admin-token-file", token, "--redis-url", redis.URL())
 
@@ -77,12 +68,7 @@ func TestBinaryDemoOwnSetup(t *testing.T) {
 	}
 	_, section := splitDemoBlock(t, first)
 	got := runPolicyExamples(t, section, demoOrdersHits(d))
-	want := map[string]string{
-		"orders":       "",
-		"tenants":      "",
-		"payments":     "scope.from: metadata",
-		"later-orders": `taken by policy "orders"`,
-	}
+	want := map[string]string{"shop-orders": "", "partner-orders": "", "beta-rollout": "", "default": ""}
 	if !sameOutcomes(got, want) {
 		t.Fatalf("policies printed %q, want %q", got, want)
 	}
@@ -97,12 +83,18 @@ func TestBinaryDemoOwnSetup(t *testing.T) {
 		t.Fatalf("the reload is not reported:\n%s", strings.Join(second, "\n"))
 	}
 	got = runPolicyExamples(t, second, demoOrdersHits(d))
-	want = map[string]string{"orders-v2": "", "audit": "", "mcp": "answers: jsonrpc"}
+	want = map[string]string{
+		"orders-v2":    "",
+		"payments":     "scope.from: metadata",
+		"later-orders": `taken by policy "orders-v2"`,
+		"mcp":          "answers: jsonrpc",
+	}
 	if !sameOutcomes(got, want) {
 		t.Fatalf("after the reload, policies printed %q, want %q", got, want)
 	}
 
-	writeFile(t, policies, strings.Replace(demoPoliciesV2, "fingerprint: {json: true}", "fingerprint: {jsn: true}", 1))
+	broken := strings.Replace(demoPoliciesV2, "fingerprint: {json: true}", "fingerprint: {jsn: true}", 1)
+	writeFile(t, policies, broken)
 	third := d.block()
 	if printedLine(third, "# "+policies+" changed and was rejected") == "" || !strings.Contains(strings.Join(third, "\n"), "jsn") {
 		t.Fatalf("the rejected reload is not reported with its mistake:\n%s", strings.Join(third, "\n"))
@@ -112,6 +104,17 @@ func TestBinaryDemoOwnSetup(t *testing.T) {
 	again := sendCurl(t, 0, printedLine(second, "curl "))
 	if !again.replayed {
 		t.Fatalf("after the rejected reload the request of orders-v2 got %d replayed=%v: the policies in force changed", again.status, again.replayed)
+	}
+
+	// The same broken file again is rejected again (the server logs it)
+	// but not printed again: the next block is the next change.
+	rejections := func() int { return strings.Count(d.stderr.String(), "configuration reload rejected") }
+	before := rejections()
+	writeFile(t, policies, broken)
+	testwait.Until(t, "the broken file read again", func() bool { return rejections() > before })
+	writeFile(t, policies, strings.ReplaceAll(demoPoliciesV2, "orders-v2", "orders-v3"))
+	if fourth := d.block(); printedLine(fourth, "# "+policies+" changed and was reloaded") == "" || printedLine(fourth, "#   name: orders-v3") == "" {
+		t.Fatalf("the block after the fixed file is not its reload:\n%s", strings.Join(fourth, "\n"))
 	}
 }
 
@@ -184,6 +187,7 @@ func TestBinaryDemoRefusesBadFlags(t *testing.T) {
 		{[]string{"--redis-url", "http://127.0.0.1:6379"}, "--redis-url: "},
 		{[]string{"--config", missing}, "--config: "},
 		{[]string{"--admin-token-file", missing}, "--admin-token-file: "},
+		{[]string{"--encryption-keys-file", missing}, "--encryption-keys-file: "},
 	} {
 		t.Run(strings.Join(c.args, " "), func(t *testing.T) {
 			out, err := exec.Command(binary(t), append([]string{"demo", "--addr", "127.0.0.1:0"}, c.args...)...).CombinedOutput()

@@ -35,6 +35,10 @@ type demoPrinter struct {
 	// blocks counts the policy listings printed, so that each one's keys
 	// are new.
 	blocks int
+	// rejected is the last rejection printed, until a reload succeeds: the
+	// watcher reads a rejected file again on its next change event (an
+	// editor's rename makes several), and config.Source reports it again.
+	rejected string
 }
 
 func (p *demoPrinter) start(set *policy.Set) {
@@ -72,6 +76,13 @@ func (p *demoPrinter) start(set *policy.Set) {
 func (p *demoPrinter) reloaded(set *policy.Set, err error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if err != nil && err.Error() == p.rejected {
+		return // said already
+	}
+	p.rejected = ""
+	if err != nil {
+		p.rejected = err.Error()
+	}
 	fmt.Fprintln(p.w)
 	if err != nil {
 		fmt.Fprintf(p.w, "# %s changed and was rejected; the policies in force stay as they were:\n", p.config)
