@@ -419,8 +419,9 @@ func mustJSON(v any) []byte {
 }
 
 // shellQuote writes s as one sh word: as it is when it has nothing sh
-// reads specially, else in single quotes (s holds none: demoExampleFor and
-// the flags' values are checked or quoted as the caller gave them).
+// reads specially, else in single quotes, a quote inside it written '"'"'.
+// (demoExampleFor refuses requests with quotes, so that the curl commands
+// stay ones TestBinaryDemo's parser reads.)
 func shellQuote(s string) string {
 	if s != "" && strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./:@,+=") == "" {
 		return s
