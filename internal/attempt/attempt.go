@@ -89,8 +89,10 @@ type Attempt struct {
 	// keySource is where the key came from (AdmitKeyFrom); a derived
 	// key's record lives in the policy's derived key space.
 	keySource policy.KeySource
-	// origin is the origin of the response ActionFor judged.
-	origin idem.Origin
+	// origin is the origin of the response ActionFor judged, retried
+	// whether an earlier upstream attempt may have been sent.
+	origin  idem.Origin
+	retried bool
 }
 
 // New returns an attempt of srv that talks through conv.

@@ -135,6 +135,12 @@ func (a *Attempt) SettleCall(ctx context.Context, rs idem.Response, id []byte, a
 		a.SettleStored(ctx, rs, attrs...)
 		return
 	}
+	if a.retried {
+		// The last attempt was refused, an earlier one may have run the
+		// call (ActionFor): neither stored as its outcome nor released.
+		a.Settle(ctx, idem.ActionUnknown)
+		return
+	}
 	a.settleWith(ctx, codeReleased, func(ctx context.Context) error {
 		return a.srv.Store.Release(ctx, a.ID, a.Token)
 	}, append(attrs, slog.String("reason", "transport refused the call"))...)

@@ -11,11 +11,20 @@ import (
 
 // ActionFor is what a response proves about the operation, by the policy's
 // response rules: the one place a response is judged, for HTTP and gRPC
-// answers alike. A response no rule covers is unknown. The origin is kept
-// for SettleCall.
-func (a *Attempt) ActionFor(origin idem.Origin, status int) idem.Action {
-	a.origin = origin
-	return idem.DecideResponse(a.Policy.ResponseRules, origin, status)
+// answers alike. A response no rule covers is unknown. retried says that
+// the proxy may have sent the request upstream more than once (a router
+// retry): the response then describes the last attempt only, and proves
+// nothing about the earlier ones, so what the rules would release (an
+// upstream 429, a reply that proves the last attempt never left) is
+// unknown instead: releasing could run an operation that already ran. The
+// origin and retried are kept for SettleCall.
+func (a *Attempt) ActionFor(origin idem.Origin, status int, retried bool) idem.Action {
+	a.origin, a.retried = origin, retried
+	act := idem.DecideResponse(a.Policy.ResponseRules, origin, status)
+	if retried && act == idem.ActionRelease {
+		return idem.ActionUnknown
+	}
+	return act
 }
 
 // SettleStored completes the record with resp as the operation's result.

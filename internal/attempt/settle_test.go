@@ -122,22 +122,27 @@ func TestResponseDecisionTable(t *testing.T) {
 		name     string
 		origin   idem.Origin
 		status   int
+		retried  bool
 		want     idem.State
 		decision idem.Decision
 	}{
-		{"upstream 201", idem.OriginUpstream, 201, idem.StateCompleted, idem.DecisionStored},
-		{"upstream 500 is stored", idem.OriginUpstream, 500, idem.StateCompleted, idem.DecisionStored},
-		{"upstream 408", idem.OriginUpstream, 408, released, idem.DecisionReleased},
-		{"upstream 425", idem.OriginUpstream, 425, released, idem.DecisionReleased},
-		{"upstream 429", idem.OriginUpstream, 429, released, idem.DecisionReleased},
-		{"not sent 503", idem.OriginNotSent, 503, released, idem.DecisionReleased},
-		{"maybe sent 504", idem.OriginMaybeSent, 504, idem.StateUnknown, idem.DecisionMarkedUnknown},
-		{"status not a number", idem.OriginUpstream, 0, idem.StateUnknown, idem.DecisionMarkedUnknown},
+		{"upstream 201", idem.OriginUpstream, 201, false, idem.StateCompleted, idem.DecisionStored},
+		{"upstream 500 is stored", idem.OriginUpstream, 500, false, idem.StateCompleted, idem.DecisionStored},
+		{"upstream 408", idem.OriginUpstream, 408, false, released, idem.DecisionReleased},
+		{"upstream 425", idem.OriginUpstream, 425, false, released, idem.DecisionReleased},
+		{"upstream 429", idem.OriginUpstream, 429, false, released, idem.DecisionReleased},
+		{"not sent 503", idem.OriginNotSent, 503, false, released, idem.DecisionReleased},
+		{"maybe sent 504", idem.OriginMaybeSent, 504, false, idem.StateUnknown, idem.DecisionMarkedUnknown},
+		{"status not a number", idem.OriginUpstream, 0, false, idem.StateUnknown, idem.DecisionMarkedUnknown},
+		// After a router retry the last attempt's answer proves nothing
+		// about the earlier ones: nothing is released.
+		{"upstream 429 after a retry", idem.OriginUpstream, 429, true, idem.StateUnknown, idem.DecisionMarkedUnknown},
+		{"upstream 201 after a retry is stored", idem.OriginUpstream, 201, true, idem.StateCompleted, idem.DecisionStored},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := held(t, policy.Default(), nil)
 			ctx := context.Background()
-			if a := f.att.ActionFor(tc.origin, tc.status); a == idem.ActionStore {
+			if a := f.att.ActionFor(tc.origin, tc.status, tc.retried); a == idem.ActionStore {
 				f.att.SettleStored(ctx, idem.Response{Status: tc.status})
 			} else {
 				f.att.Settle(ctx, a)
@@ -238,19 +243,23 @@ func TestSettleCall(t *testing.T) {
 	answer := idem.Response{Status: 200, Headers: []idem.Header{{Name: "content-type", Value: "application/json"}},
 		Body: []byte(`{"jsonrpc":"2.0","id":3,"result":{}}`)}
 	for _, tc := range []struct {
-		name   string
-		origin idem.Origin
-		rs     idem.Response
-		want   idem.State
-		d      idem.Decision
+		name    string
+		origin  idem.Origin
+		retried bool
+		rs      idem.Response
+		want    idem.State
+		d       idem.Decision
 	}{
-		{"upstream refusal", idem.OriginUpstream, refusal, 0, idem.DecisionReleased},
-		{"Envoy's 404, stored by a rule", idem.OriginNotSent, refusal, idem.StateCompleted, idem.DecisionStored},
-		{"the call's answer", idem.OriginUpstream, answer, idem.StateCompleted, idem.DecisionStored},
+		{"upstream refusal", idem.OriginUpstream, false, refusal, 0, idem.DecisionReleased},
+		{"Envoy's 404, stored by a rule", idem.OriginNotSent, false, refusal, idem.StateCompleted, idem.DecisionStored},
+		{"the call's answer", idem.OriginUpstream, false, answer, idem.StateCompleted, idem.DecisionStored},
+		// A router retry's last attempt refused: an earlier one may have
+		// run the call.
+		{"upstream refusal after a retry", idem.OriginUpstream, true, refusal, idem.StateUnknown, idem.DecisionMarkedUnknown},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := held(t, policy.Default(), nil)
-			f.att.ActionFor(tc.origin, tc.rs.Status)
+			f.att.ActionFor(tc.origin, tc.rs.Status, tc.retried)
 			f.att.SettleCall(context.Background(), tc.rs, []byte(`3`))
 			if got := f.state(t); got != tc.want || f.att.Held() {
 				t.Fatalf("state %v (held %v), want %v", got, f.att.Held(), tc.want)

@@ -256,14 +256,23 @@ func droppedHeaders(t *testing.T, m *observe.Metrics) float64 {
 // a retry gets outcome-unknown and the upstream runs once.
 func TestRouterRetriesNeverReleaseASentAttempt(t *testing.T) {
 	onlyResets := func(f *envoysim.UpstreamFailure, _ *envoysim.Response) bool { return f == envoysim.UpstreamReset }
+	refused := func() (*envoysim.Response, error) { return nil, envoysim.ConnectFailure }
+	// The upstream's own 429 on the retry: the default rules release a 429
+	// of a single attempt, never one after a retry.
+	tooMany := func() (*envoysim.Response, error) {
+		return &envoysim.Response{Status: http.StatusTooManyRequests, Body: []byte("slow down")}, nil
+	}
 	for _, tc := range []struct {
 		name   string
 		policy *envoysim.RetryPolicy
+		later  func() (*envoysim.Response, error)
+		status int
 	}{
-		{"retry circuit breaker refuses", &envoysim.RetryPolicy{NumRetries: 3, OverflowAfter: 2}},
-		{"last reset not retriable", &envoysim.RetryPolicy{NumRetries: 3, RetryOn: onlyResets}},
-		{"retry finds no host", &envoysim.RetryPolicy{NumRetries: 3, NoHostAt: 2}},
-		{"retries exhausted", &envoysim.RetryPolicy{NumRetries: 2}},
+		{"retry circuit breaker refuses", &envoysim.RetryPolicy{NumRetries: 3, OverflowAfter: 2}, refused, 503},
+		{"last reset not retriable", &envoysim.RetryPolicy{NumRetries: 3, RetryOn: onlyResets}, refused, 503},
+		{"retry finds no host", &envoysim.RetryPolicy{NumRetries: 3, NoHostAt: 2}, refused, 503},
+		{"retries exhausted", &envoysim.RetryPolicy{NumRetries: 2}, refused, 503},
+		{"the upstream's 429 on the retry", &envoysim.RetryPolicy{NumRetries: 3, RetryOn: onlyResets}, tooMany, 429},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			env := harness.Start(t, harness.Options{FilterOptions: envoysim.Options{CloseStreamEarly: true}})
@@ -271,7 +280,7 @@ func TestRouterRetriesNeverReleaseASentAttempt(t *testing.T) {
 			runs := 0
 			up := func(ctx context.Context, r *envoysim.Request) (*envoysim.Response, error) {
 				if r.Attempt > 1 {
-					return nil, envoysim.ConnectFailure
+					return tc.later()
 				}
 				// The operation runs; its answer is lost to a reset.
 				runs++
@@ -286,8 +295,8 @@ func TestRouterRetriesNeverReleaseASentAttempt(t *testing.T) {
 				Body:    []byte(`{}`), Retry: tc.policy,
 			}
 			res := env.Filter.Do(context.Background(), req, up)
-			if res.Response == nil || res.Response.Status != http.StatusServiceUnavailable || res.UpstreamAttempts < 2 {
-				t.Fatalf("the client got %v after %d attempts, want Envoy's 503 after a retry", res, res.UpstreamAttempts)
+			if res.Response == nil || res.Response.Status != tc.status || res.UpstreamAttempts < 2 {
+				t.Fatalf("the client got %v after %d attempts, want %d after a retry", res, res.UpstreamAttempts, tc.status)
 			}
 			testwait.For(t, func() bool { return recordState(t, env, key) == idem.StateUnknown })
 			retry := exchange(env, key, func(ctx context.Context, r *envoysim.Request) (*envoysim.Response, error) {

@@ -198,18 +198,26 @@ type Signals struct {
 // have made that answer after a retry.
 func Classify(s Signals) idem.Origin {
 	o := classify(s.Details, s.HasDetails, s.Flags)
-	if o != idem.OriginNotSent {
-		return o
-	}
-	switch {
-	case s.Flags&UpstreamRetryLimitExceeded != 0:
-		return idem.OriginMaybeSent
-	case s.HasAttempts && s.Attempts > 1:
-		return idem.OriginMaybeSent
-	case !s.HasAttempts && routerMayHaveRetried(s):
+	if o == idem.OriginNotSent && s.MayHaveRetried() {
 		return idem.OriginMaybeSent
 	}
 	return o
+}
+
+// MayHaveRetried reports whether the router may have made more than one
+// upstream attempt for this request, so that an earlier one may have
+// reached the upstream whatever the last one says: the retry limit flag
+// is set, or the attempt count is above 1, or, without the count, the
+// router made this answer (the upstream's own, or a failure it can make
+// after a retry). Answers made before the router ran are never retried.
+func (s Signals) MayHaveRetried() bool {
+	switch {
+	case s.Flags&UpstreamRetryLimitExceeded != 0:
+		return true
+	case s.HasAttempts:
+		return s.Attempts > 1
+	}
+	return routerMayHaveRetried(s)
 }
 
 // retryEndings are the flags the router sets on a not-sent ending that
@@ -219,17 +227,19 @@ func Classify(s Signals) idem.Origin {
 // (sendNoHealthyUpstreamResponse: NoHealthyUpstream).
 const retryEndings = NoHealthyUpstream | UpstreamConnectionFailure | UpstreamOverflow
 
-// routerMayHaveRetried reports whether a not-sent answer could be the
-// router's after a retry: an early upstream reset, or no_healthy_upstream
-// (which doRetry gives too). Answers made before the router ran (no route,
+// routerMayHaveRetried reports whether an answer could be the router's
+// after a retry: the upstream's own (via_upstream, or no flag without
+// details), an early upstream reset, or no_healthy_upstream (which doRetry
+// gives too). Answers made before the router ran (no route,
 // direct_response, maintenance mode, drop overload, the local replies of
-// filters) come before any attempt and cannot follow a retry.
+// filters) come before any attempt and cannot follow a retry; the router's
+// other failures are maybe-sent already.
 func routerMayHaveRetried(s Signals) bool {
 	if s.HasDetails {
 		_, reset := ResetReason(s.Details, EarlyUpstreamReset)
-		return reset || s.Details == "no_healthy_upstream"
+		return reset || s.Details == "no_healthy_upstream" || s.Details == ViaUpstream
 	}
-	return s.Flags&retryEndings != 0
+	return s.Flags == 0 || s.Flags&retryEndings != 0
 }
 
 func classify(details string, hasDetails bool, flags uint64) idem.Origin {

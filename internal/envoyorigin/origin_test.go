@@ -187,3 +187,28 @@ func TestClassifyWithoutAttemptCount(t *testing.T) {
 		}
 	}
 }
+
+// TestMayHaveRetried: whether an earlier upstream attempt may have been
+// sent, whatever the last one says.
+func TestMayHaveRetried(t *testing.T) {
+	for _, tc := range []struct {
+		s    Signals
+		want bool
+	}{
+		{Signals{Details: ViaUpstream, HasDetails: true, Attempts: 1, HasAttempts: true}, false},
+		{Signals{Details: ViaUpstream, HasDetails: true, Attempts: 2, HasAttempts: true}, true},
+		{Signals{Details: ViaUpstream, HasDetails: true, Flags: UpstreamRetryLimitExceeded, Attempts: 1, HasAttempts: true}, true},
+		{Signals{Details: "request_rate_limited", HasDetails: true, Flags: RateLimited, Attempts: 0, HasAttempts: true}, false},
+		// Without the count: every answer the router made may follow a
+		// retry; a filter's before the router cannot.
+		{Signals{Details: ViaUpstream, HasDetails: true}, true},
+		{Signals{}, true},
+		{Signals{Details: "upstream_reset_before_response_started{overflow}", HasDetails: true, Flags: UpstreamOverflow}, true},
+		{Signals{Details: "local_rate_limited", HasDetails: true, Flags: RateLimited}, false},
+		{Signals{Flags: RateLimited}, false},
+	} {
+		if got := tc.s.MayHaveRetried(); got != tc.want {
+			t.Errorf("%+v: MayHaveRetried %v, want %v", tc.s, got, tc.want)
+		}
+	}
+}

@@ -60,8 +60,9 @@ func PrincipalAttribute(id policy.PeerIdentity) string {
 // 503 reset) looks like the upstream's and would be stored and replayed;
 // without upstream.request_attempt_count a router failure after a retry
 // looks like a first attempt that never left, and is kept as maybe-sent
-// instead of released. Both absences are reported.
-func (p *processor) responseOrigin(ctx context.Context, attrs *structpb.Struct) idem.Origin {
+// instead of released. Both absences are reported. retried says whether an
+// earlier upstream attempt may have been sent (Signals.MayHaveRetried).
+func (p *processor) responseOrigin(ctx context.Context, attrs *structpb.Struct) (origin idem.Origin, retried bool) {
 	fields := attrs.GetFields()
 	dv, hasDetails := fields[envoyorigin.AttrCodeDetails]
 	// Envoy sends a CEL uint as a number (matching_utils.cc
@@ -79,11 +80,13 @@ func (p *processor) responseOrigin(ctx context.Context, attrs *structpb.Struct) 
 				"a router failure after a retry cannot be told from one that never reached the upstream; such failures are kept as outcome unknown instead of released")
 		}
 	}
-	return envoyorigin.Classify(envoyorigin.Signals{
+	s := envoyorigin.Signals{
 		Details: valueString(dv), HasDetails: hasDetails,
 		Flags:    attrUint(attrs, envoyorigin.AttrFlags),
 		Attempts: attrUint(attrs, envoyorigin.AttrAttemptCount), HasAttempts: hasAttempts,
-	})
+	}
+	// grpc-go's client makes one attempt per call (gRFC A93 has no router).
+	return envoyorigin.Classify(s), s.MayHaveRetried() && !p.rpc.proxyless
 }
 
 // hasAttr reports whether Envoy sent the attribute at all (an unnamed

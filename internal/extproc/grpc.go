@@ -44,6 +44,8 @@ type rpcState struct {
 	// response: the response is a gRPC response (its status decides).
 	response bool
 	origin   idem.Origin
+	// retried: an earlier upstream attempt may have been sent.
+	retried bool
 	// messages counts response messages.
 	messages int
 

@@ -19,7 +19,7 @@ import (
 func (p *processor) onRPCResponseHeaders(ctx context.Context, req *extprocv3.ProcessingRequest, hh *extprocv3.HttpHeaders, hs []idem.Header) *extprocv3.ProcessingResponse {
 	p.rpc.response = true
 	attrs := attributes(req)
-	p.rpc.origin = p.responseOrigin(ctx, attrs)
+	p.rpc.origin, p.rpc.retried = p.responseOrigin(ctx, attrs)
 	ct, _ := firstHeader(hs, "content-type")
 	if p.rpc.proxyless && !isGRPCContentType(ct) {
 		// grpc-go forwards the upstream's header metadata; with no
@@ -118,7 +118,7 @@ func (p *processor) settleRPC(ctx context.Context, carrier []idem.Header) {
 		status = httpStatusFor(code)
 		p.respHeaders = withStatus(p.respHeaders, code, msg)
 	}
-	action := p.att.ActionFor(p.rpc.origin, status)
+	action := p.att.ActionFor(p.rpc.origin, status, p.rpc.retried)
 	p.LogAt(ctx, slog.LevelDebug, "grpc response", slog.String("grpc_status", codeName(code)),
 		slog.Bool("status_known", known), slog.String("origin", p.rpc.origin.String()), slog.String("action", action.String()))
 	if action == idem.ActionStore {

@@ -24,8 +24,8 @@ func (p *processor) onResponseHeaders(ctx context.Context, req *extprocv3.Proces
 		status = 0 // no rule covers 0: the outcome is unknown
 	}
 	attrs := attributes(req)
-	origin := p.responseOrigin(ctx, attrs)
-	action := p.att.ActionFor(origin, status)
+	origin, retried := p.responseOrigin(ctx, attrs)
+	action := p.att.ActionFor(origin, status, retried)
 	p.LogAt(ctx, slog.LevelDebug, "response",
 		slog.Int("status", status), slog.String("origin", origin.String()), slog.String("action", action.String()))
 
