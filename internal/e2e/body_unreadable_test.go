@@ -146,6 +146,17 @@ default_policy: {enabled: false}
 	catchAll := `  - name: mcp-rest
     match: {methods: [POST], path: {exact: /mcp}}
 `
+	// A shadow policy first, an enforced one after it: the shadow one
+	// protects nothing, so the enforced one still refuses.
+	enforcedAfter := `  - name: mcp-enforced
+    match:
+      methods: [POST]
+      path: {exact: /mcp}
+      json: [{pointer: /method, equals: tools/call}, {pointer: /params/name, one_of: [send_email]}]
+    key: {required: true}
+    scope: {from: header, header: x-agent}
+    answers: jsonrpc
+`
 	for _, tc := range []struct {
 		name, doc, key string
 		refused        bool
@@ -158,6 +169,7 @@ default_policy: {enabled: false}
 		{"optional, a key", policy(`{required: false}`, ""), "k-1", true, false},
 		{"optional derived", policy(`{from: derived, derive: [/params/name, /params/arguments]}`, ""), "", true, false},
 		{"required, then a catch-all", policy(`{required: true}`, catchAll), "k-2", true, false},
+		{"shadow, then an enforced one", policy(`{required: true}`, "    enforcement: shadow\n"+enforcedAfter), "", true, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m := observe.NewMetrics()

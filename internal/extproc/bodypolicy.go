@@ -85,13 +85,24 @@ func (p *processor) resolveAtBody(ctx context.Context, req *extprocv3.Processing
 	d.resolved = true
 	first := p.att.Policy
 	miss := policy.BodyMatched
-	for _, c := range d.cands {
+	var shadow *bodyCandidate
+	for i, c := range d.cands {
 		p.att.Policy = c.pol
 		id, m := c.pol.MatchBody(p.reqBody)
 		if m == policy.BodyUnreadable {
 			// Whether this policy applies cannot be told, and a reader
 			// upstream may take the body for a call it protects: refused
-			// unless the policy would pass it whatever it said.
+			// unless the policy would pass it whatever it said. A shadow
+			// policy protects nothing, so it does not end the search: a
+			// later enforced one may still refuse; its would-reject is
+			// counted below if none does.
+			if c.pol.Enforcement == policy.EnforcementShadow {
+				if shadow == nil {
+					shadow = &d.cands[i]
+				}
+				miss = m
+				continue
+			}
 			if resp := p.refuseUnreadable(ctx, req, c); resp != nil {
 				return resp
 			}
@@ -128,6 +139,12 @@ func (p *processor) resolveAtBody(ctx context.Context, req *extprocv3.Processing
 		}
 		p.reqHeaders = c.fpHeaders
 		return nil
+	}
+	if shadow != nil {
+		p.att.Policy = shadow.pol
+		if resp := p.refuseUnreadable(ctx, req, *shadow); resp != nil {
+			return resp
+		}
 	}
 	// Counted as bypassed under the policy that matched at the headers, so
 	// that an MCP route's reads, notifications and batches show there.

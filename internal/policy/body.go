@@ -239,13 +239,19 @@ var ErrProtectedBatch = fmt.Errorf("%w: a JSON-RPC batch holds a call this endpo
 
 // matchBatch judges a batch by its messages: BodyUnreadable (for
 // ErrProtectedBatch) when one of them meets the body criteria or cannot be
-// read, BodyBatch when none does.
+// read, BodyBatch when none does. An element that is itself an array is no
+// message (JSON-RPC 2.0 §6: a batch holds Request objects) and is not
+// looked into: reading nested arrays level by level would cost time
+// quadratic in their depth.
 func (p *Policy) matchBatch(body []byte) BodyMiss {
 	var msgs []json.RawMessage
 	if err := json.Unmarshal(body, &msgs); err != nil {
 		return BodyUnreadable // Find read it whole already; not reached
 	}
 	for _, m := range msgs {
+		if t := bytes.TrimLeft(m, " \t\r\n"); len(t) > 0 && t[0] == '[' {
+			continue
+		}
 		if _, miss := p.MatchBody(m); miss == BodyMatched || miss == BodyUnreadable {
 			return BodyUnreadable
 		}

@@ -15,10 +15,12 @@
 -- Publishes on the channel KEYS[1] when a duplicate waits (see watch.lua).
 --
 -- The record is deleted before the marker is written: under maxmemory
--- with noeviction, Redis refuses a script's first write that may grow
--- memory, and DEL is not one, so a record that landed is still undone;
--- only the marker is then refused (the call fails and is retried), and a
--- reservation arriving meanwhile is refused the same way.
+-- with noeviction, Redis checks memory only before a script's first change
+-- (script.c, scriptVerifyOOM), and DEL is not refused, so a record that
+-- landed is still undone and the marker written after it. When the token
+-- held no record, the marker is the script's first change and is refused
+-- (the call fails and is retried); a reservation arriving meanwhile is
+-- refused by the same check.
 
 local held = 0
 if redis.call('TYPE', KEYS[1])['ok'] == 'hash' then
