@@ -37,8 +37,8 @@ policies:
 }
 
 // errorPages are the pages that quote the binary's error messages: the
-// README and the reference page of the flags.
-var errorPages = []string{"README.md", "docs/flags.md"}
+// README and the reference pages of the flags and the policy file.
+var errorPages = []string{"README.md", "docs/flags.md", "docs/configuration.md"}
 
 // docExample finds the error messages a page quotes: code spans that start
 // with a policy file's name and line, or with a flag and a colon.
