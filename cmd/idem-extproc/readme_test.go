@@ -34,11 +34,14 @@ policies:
 	"policies.yaml: the file is empty":                                    {policy: "\n"},
 	"policies.yaml:4: policies[0].key: no value":                          {policy: "policies:\n  - name: orders\n    match: {methods: [POST]}\n    key:\n"},
 	"--max-message-size: 65536 is below 1 MiB, the smallest Envoy buffer": {args: []string{"--max-message-size", "65536"}},
+	"policies.yaml:4: policies[0].scope.header: mcp-session-id must not scope keys: an MCP agent that reconnects gets a new session and must still be recognised": {
+		policy: "policies:\n  - name: mcp-tools\n    match: {methods: [POST], path: {exact: /mcp}}\n    scope: {from: header, header: mcp-session-id}\n"},
 }
 
 // errorPages are the pages that quote the binary's error messages: the
-// README and the reference pages of the flags and the policy file.
-var errorPages = []string{"README.md", "docs/flags.md", "docs/configuration.md"}
+// README, the reference pages of the flags and the policy file, and the MCP
+// walkthrough's common mistakes.
+var errorPages = []string{"README.md", "docs/flags.md", "docs/configuration.md", "docs/mcp-walkthrough.md"}
 
 // docExample finds the error messages a page quotes: code spans that start
 // with a policy file's name and line, or with a flag and a colon.
