@@ -135,7 +135,7 @@ func policyExamples(t *testing.T, root string) []example {
 	}
 	all := strings.Join(names, " ")
 	for _, known := range []string{"examples/policies.yaml", "examples/mcp-policies.yaml", "k8s/base/policy.yaml",
-		"charts/idem-extproc/values.yaml#policy", "docs/mcp.md:", "docs/operations.md:"} {
+		"charts/idem-extproc/values.yaml#policy", "README.md:", "docs/mcp.md:", "docs/operations.md:"} {
 		if !strings.Contains(all, known) {
 			t.Errorf("policy example %s not found (found: %s)", known, all)
 		}
