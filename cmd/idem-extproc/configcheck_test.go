@@ -66,8 +66,9 @@ type example struct {
 	data []byte
 }
 
-// policyFileKeys are the top-level keys of a policy file (README
-// "Configuration"); a YAML document whose keys are all among them is one.
+// policyFileKeys are the top-level keys of a policy file
+// (docs/configuration.md, "The document"); a YAML document whose keys are
+// all among them is one.
 var policyFileKeys = map[string]bool{"defaults": true, "policies": true, "default_policy": true}
 
 // yamlBlock is a fenced YAML code block of a Markdown file.
@@ -134,7 +135,7 @@ func policyExamples(t *testing.T, root string) []example {
 	}
 	all := strings.Join(names, " ")
 	for _, known := range []string{"examples/policies.yaml", "examples/mcp-policies.yaml", "k8s/base/policy.yaml",
-		"charts/idem-extproc/values.yaml#policy", "README.md:", "docs/mcp.md:"} {
+		"charts/idem-extproc/values.yaml#policy", "README.md:", "docs/mcp.md:", "docs/operations.md:"} {
 		if !strings.Contains(all, known) {
 			t.Errorf("policy example %s not found (found: %s)", known, all)
 		}

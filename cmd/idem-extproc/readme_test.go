@@ -9,9 +9,9 @@ import (
 	"testing"
 )
 
-// readmeMistakes makes each error message README.md quotes: the flags or
-// the policy file (written as policies.yaml) that produce it.
-var readmeMistakes = map[string]struct {
+// docMistakes makes each error message the documentation quotes: the flags
+// or the policy file (written as policies.yaml) that produce it.
+var docMistakes = map[string]struct {
 	args   []string
 	policy string
 }{
@@ -34,33 +34,40 @@ policies:
 	"policies.yaml: the file is empty":                                    {policy: "\n"},
 	"policies.yaml:4: policies[0].key: no value":                          {policy: "policies:\n  - name: orders\n    match: {methods: [POST]}\n    key:\n"},
 	"--max-message-size: 65536 is below 1 MiB, the smallest Envoy buffer": {args: []string{"--max-message-size", "65536"}},
+	"policies.yaml:4: policies[0].scope.header: mcp-session-id must not scope keys: an MCP agent that reconnects gets a new session and must still be recognised": {
+		policy: "policies:\n  - name: mcp-tools\n    match: {methods: [POST], path: {exact: /mcp}}\n    scope: {from: header, header: mcp-session-id}\n"},
 }
 
-// readmeExample finds the error messages README.md quotes: code spans that
-// start with a policy file's name and line, or with a flag and a colon.
-var readmeExample = regexp.MustCompile("`((?:policies\\.yaml(?::[0-9]+)?|--[a-z-]+): [^`]+)`")
+// errorPages are the pages that quote the binary's error messages: the
+// README, the reference pages of the flags and the policy file, and the MCP
+// walkthrough's common mistakes.
+var errorPages = []string{"README.md", "docs/flags.md", "docs/configuration.md", "docs/mcp-walkthrough.md"}
 
-// TestREADMEErrorExamplesAreTheBinarys runs the binary on each mistake
-// whose message README.md quotes and finds the quote, verbatim, in what it
-// prints as it exits 2: the README cannot drift from the messages.
-func TestREADMEErrorExamplesAreTheBinarys(t *testing.T) {
-	readme, err := os.ReadFile("../../README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	found := map[string]bool{}
-	for _, m := range readmeExample.FindAllStringSubmatch(string(readme), -1) {
-		found[m[1]] = true
-	}
-	for quote := range found {
-		if _, ok := readmeMistakes[quote]; !ok {
-			t.Errorf("README.md quotes %q, which no case here produces: add one", quote)
+// docExample finds the error messages a page quotes: code spans that start
+// with a policy file's name and line, or with a flag and a colon.
+var docExample = regexp.MustCompile("`((?:policies\\.yaml(?::[0-9]+)?|--[a-z-]+): [^`]+)`")
+
+// TestDocumentedErrorExamplesAreTheBinarys runs the binary on each mistake
+// whose message the documentation quotes and finds the quote, verbatim, in
+// what it prints as it exits 2: the pages cannot drift from the messages.
+func TestDocumentedErrorExamplesAreTheBinarys(t *testing.T) {
+	found := map[string]string{} // quote → the page quoting it
+	for _, page := range errorPages {
+		doc, err := os.ReadFile(filepath.Join("../..", page))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range docExample.FindAllStringSubmatch(string(doc), -1) {
+			found[m[1]] = page
+			if _, ok := docMistakes[m[1]]; !ok {
+				t.Errorf("%s quotes %q, which no case here produces: add one", page, m[1])
+			}
 		}
 	}
-	for quote, mistake := range readmeMistakes {
+	for quote, mistake := range docMistakes {
 		t.Run(quote, func(t *testing.T) {
-			if !found[quote] {
-				t.Fatalf("README.md no longer quotes %q: drop the case", quote)
+			if found[quote] == "" {
+				t.Fatalf("no page of %v quotes %q any more: drop the case", errorPages, quote)
 			}
 			dir := t.TempDir()
 			args := append([]string{"--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"}, mistake.args...)
@@ -69,7 +76,7 @@ func TestREADMEErrorExamplesAreTheBinarys(t *testing.T) {
 				if err := os.WriteFile(path, []byte(mistake.policy), 0o600); err != nil {
 					t.Fatal(err)
 				}
-				// Run where the file is, naming it as README does.
+				// Run where the file is, naming it as the pages do.
 				args = append(args, "--config", "policies.yaml")
 			}
 			cmd := exec.Command(binary(t), args...)
@@ -79,7 +86,7 @@ func TestREADMEErrorExamplesAreTheBinarys(t *testing.T) {
 				t.Fatalf("exit %v, want 2; output:\n%s", err, out)
 			}
 			if !strings.Contains(string(out), quote) {
-				t.Fatalf("the binary says\n%s\nnot README's %q", out, quote)
+				t.Fatalf("the binary says\n%s\nnot %s's %q", out, found[quote], quote)
 			}
 		})
 	}

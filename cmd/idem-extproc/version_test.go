@@ -11,7 +11,7 @@ import (
 
 // TestBinaryVersionUnstamped builds the binary from a fresh git clone of
 // this repository without the release stamp, as a newcomer does, and
-// checks what README says it reports. Go records the main module's version
+// checks what docs/flags.md ("Versions") says it reports. Go records the main module's version
 // from the VCS when it finds a repository (go build and go install do by
 // default, go run only with -buildvcs=true): the commit as a pseudo-version
 // (cmd/go/internal/load/pkg.go, setBuildInfo; "+dirty" with uncommitted
@@ -23,13 +23,13 @@ func TestBinaryVersionUnstamped(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the binary from a fresh clone")
 	}
-	readme, err := os.ReadFile("../../README.md")
+	doc, err := os.ReadFile("../../docs/flags.md")
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, claim := range []string{"`-buildvcs=false`", "`(devel)`", "`+dirty`", "pseudo-version"} {
-		if !strings.Contains(string(readme), claim) {
-			t.Errorf("README.md does not say %s about an unstamped build's version", claim)
+		if !strings.Contains(string(doc), claim) {
+			t.Errorf("docs/flags.md does not say %s about an unstamped build's version", claim)
 		}
 	}
 

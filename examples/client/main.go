@@ -39,7 +39,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	key := fs.String("key", "", "the operation key (a new UUIDv7 when empty)")
 	deadline := fs.Duration("deadline", 45*time.Second, "one deadline for the whole chain of attempts")
 	// 15 s: longer than what Envoy may spend on one protected request
-	// (README, "The route-timeout rule"), so that Envoy, not the client,
+	// (docs/envoy.md, "The route-timeout rule"), so that Envoy, not the client,
 	// sees how a slow attempt ended.
 	perAttempt := fs.Duration("attempt-timeout", 15*time.Second, "the longest one attempt may wait for its response headers")
 	if err := fs.Parse(args); err != nil {

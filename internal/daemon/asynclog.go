@@ -33,7 +33,7 @@ const maxBatchBytes = 256 << 10
 // one write per logLinger, however many requests a second the server
 // takes, and none from a request's goroutine while records keep coming (a
 // wake-up per line and a write per line cost a server at one request in
-// flight a tenth of its CPU; docs/performance.md, "Second round"). A
+// flight a tenth of its CPU; docs/performance.md, "History of changes"). A
 // caller that finds the queue full cuts the wait short.
 // Lines keep the order in which their records were queued. Close formats
 // and writes everything queued at once; later records are written on their

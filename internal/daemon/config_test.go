@@ -111,10 +111,10 @@ func TestMainConfigErrorExitsTwo(t *testing.T) {
 	}
 }
 
-// TestEveryFlagIsDocumented: each flag has a row in README.md's flags
+// TestEveryFlagIsDocumented: each flag has a row in docs/flags.md's flags
 // table, with its environment variable.
 func TestEveryFlagIsDocumented(t *testing.T) {
-	readme, err := os.ReadFile("../../README.md")
+	doc, err := os.ReadFile("../../docs/flags.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -129,8 +129,8 @@ func TestEveryFlagIsDocumented(t *testing.T) {
 		name := strings.Fields(strings.TrimPrefix(line, "-"))[0]
 		n++
 		for _, want := range []string{"`--" + name + "`", "`" + EnvName(name) + "`"} {
-			if !strings.Contains(string(readme), want) {
-				t.Errorf("README.md does not document %s", want)
+			if !strings.Contains(string(doc), want) {
+				t.Errorf("docs/flags.md does not document %s", want)
 			}
 		}
 	}

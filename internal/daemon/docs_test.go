@@ -35,7 +35,7 @@ func TestDecisionLogsNameTheMetricsDecision(t *testing.T) {
 	}
 }
 
-// TestHelpSaysWhatTheFlagsDo: --help tells what README's flag table
+// TestHelpSaysWhatTheFlagsDo: --help tells what docs/flags.md's flag table
 // tells for the flags whose help fell short of it.
 func TestHelpSaysWhatTheFlagsDo(t *testing.T) {
 	var usage strings.Builder

@@ -41,7 +41,7 @@ const (
 // shippedEnvoyDocs gathers every Envoy configuration the repository ships,
 // in the form Envoy receives it: each envoy/*.yaml as a bootstrap, each
 // Istio EnvoyFilter patch value as the HttpFilter or (partial) Route it
-// inserts or merges, the README's filter block, and the filter Envoy
+// inserts or merges, docs/envoy.md's filter block, and the filter Envoy
 // Gateway makes of each EnvoyExtensionPolicy.
 func shippedEnvoyDocs(t *testing.T) []envoy136Doc {
 	t.Helper()
@@ -54,18 +54,14 @@ func shippedEnvoyDocs(t *testing.T) []envoy136Doc {
 		docs = append(docs, envoy136Doc{Name: filepath.Base(path), Type: bootstrapType, JSON: j})
 	}
 
-	readme := string(readFile(t, filepath.Join(repoRoot, "README.md")))
-	_, section, _ := strings.Cut(readme, "\n## Envoy\n")
-	_, block, _ := strings.Cut(section, "```yaml\n")
-	block, _, _ = strings.Cut(block, "```")
 	var doc struct {
 		HTTPFilters []json.RawMessage `json:"http_filters"`
 	}
-	if err := yaml.UnmarshalStrict([]byte(block), &doc); err != nil || len(doc.HTTPFilters) == 0 {
-		t.Fatalf("README's Envoy section has no filter block: %v", err)
+	if err := yaml.UnmarshalStrict([]byte(documentedFilterBlock(t)), &doc); err != nil || len(doc.HTTPFilters) == 0 {
+		t.Fatalf("%s has no filter block: %v", envoyDoc, err)
 	}
 	for i, f := range doc.HTTPFilters {
-		docs = append(docs, envoy136Doc{Name: fmt.Sprintf("README.md http_filters[%d]", i), Type: httpFilterType, JSON: f})
+		docs = append(docs, envoy136Doc{Name: fmt.Sprintf("%s http_filters[%d]", envoyDoc, i), Type: httpFilterType, JSON: f})
 	}
 
 	fsys := loadK8s(t)

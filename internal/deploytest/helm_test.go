@@ -431,7 +431,8 @@ func parseGoMemLimit(s string) (int64, error) {
 // checkHotReload: the policy ConfigMap the pods mount keeps one name across
 // changes, and nothing in the pod template changes with its content, so
 // that a new policy is reloaded by the running pods (the kubelet updates
-// the mount) instead of rolling them, as the README promises.
+// the mount) instead of rolling them, as docs/deployment.md ("Helm")
+// promises.
 func checkHotReload(objs []k8sObject) error {
 	srv, err := findServer(objs)
 	if err != nil {

@@ -52,7 +52,7 @@ func needsOf(where string, set *policy.Set) filterNeeds {
 
 // examplePolicyNeeds: the plain Envoy files are written for the policies
 // of examples/policies.yaml (envoy-jwt.yaml forwards the jwt_authn payload
-// its payments policy scopes by; the README points there for every
+// its payments policy scopes by; docs/configuration.md points there for every
 // option), so they must serve every one of them.
 func examplePolicyNeeds() (filterNeeds, error) {
 	set, err := config.Load(filepath.Join(repoRoot, examplePoliciesFile))

@@ -24,8 +24,8 @@ import (
 
 // The client's end-to-end tests: idemclient in front of the Envoy-faithful
 // proxy, the real server over ext_proc gRPC, a real redis-server and the
-// counting upstream, so the article's outcomes are checked from the
-// caller's seat.
+// counting upstream, so the outcomes of docs/client.md are checked from
+// the caller's seat.
 
 // lossyFront is an HTTP front for env's proxy that loses the answer of
 // the requests lose picks. Such a request still runs to its end through
@@ -93,7 +93,7 @@ func clientPost(t *testing.T, ctx context.Context, c *http.Client, url, key, bod
 // quoted is the key as the upstream receives it from idemclient.
 func quoted(key string) string { return strconv.Quote(key) }
 
-// TestClientArticleOutcomes plays the article's four outcomes for one
+// TestClientArticleOutcomes plays the four outcomes of one
 // operation from the caller's seat: the first request succeeds; a timeout
 // after the write is retried by the client and answered with the replay,
 // one effect; the same request again gets the same answer; a changed body

@@ -19,7 +19,7 @@ import (
 // (internal/xds/httpfilter/extproc ext_proc.go, failProcStream,
 // triggerBypass). Ending the stream here saves the wait for Envoy's own
 // close, and lets grpc-go write the reply and the stream's trailers in one
-// write (docs/performance.md, "Second round").
+// write (docs/performance.md, "History of changes").
 //
 // It holds only when nothing could still be wanted: the request is past
 // every decision (stagePassThrough: answered by the server, passed, or its

@@ -46,8 +46,8 @@ import (
 // the request side (mode SKIP); the processor then passes the request
 // through. A response body or trailers before response headers, or a
 // request body or trailers before request headers, is refused: the
-// documented configuration sends both headers phases (README, "Envoy
-// configuration"), and without them there is no status to record.
+// documented configuration sends both headers phases (docs/envoy.md,
+// "The filter"), and without them there is no status to record.
 type sequence struct {
 	reqHeaders, reqEnded   bool
 	respHeaders, respEnded bool

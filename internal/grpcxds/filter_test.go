@@ -24,7 +24,6 @@ import (
 // serve to grpc-go clients, each found by the heading of its section: the
 // first YAML block after it is the filter list.
 var documentedFilters = []struct{ file, heading string }{
-	{"../../README.md", "## Proxyless gRPC"},
 	{"../../docs/grpc.md", "## grpc-go (proxyless)"},
 }
 
@@ -46,8 +45,8 @@ var filterSettings = []struct{ field, why string }{
 	{"mutation_rules", "could drop the headers the server sets"},
 }
 
-// TestDocumentedFilterIsFilterConfig: the ext_proc filter README.md and
-// docs/grpc.md give for grpc-go decodes strictly into the Envoy API and
+// TestDocumentedFilterIsFilterConfig: the ext_proc filter docs/grpc.md
+// gives for grpc-go decodes strictly into the Envoy API and
 // equals FilterConfig, which the proxyless tests serve, apart from the
 // target address. Otherwise the tests would prove a configuration nobody
 // is told to deploy.

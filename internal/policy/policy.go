@@ -133,7 +133,7 @@ const (
 )
 
 // Policy is one set of rules, in the groups the policy file documents them
-// in (README.md, the policy file): each group is parsed and checked together
+// in (docs/configuration.md): each group is parsed and checked together
 // (internal/config). The groups are embedded, so a rule reads as p.Lease
 // wherever it is used.
 type Policy struct {

@@ -80,7 +80,8 @@ func New(cfg Config) (*grpc.Server, idem.Store) {
 // the growth again after each collection. Fewer workers than that, each
 // busy more often, grow less: at 32 streams, 32 per CPU took 0.92-0.96x
 // the server CPU per request of 128 per CPU, and 8 per CPU (fewer workers
-// than streams) gave that back (docs/performance.md, "Second round").
+// than streams) gave that back (docs/performance.md, "History of
+// changes").
 func NewGRPCServer(maxMessageSize int, creds credentials.TransportCredentials, extra ...grpc.ServerOption) *grpc.Server {
 	if maxMessageSize == 0 {
 		maxMessageSize = DefaultMaxMessageSize

@@ -3,7 +3,7 @@
 // shipped files claim to load on (status_on_error and max_message_timeout
 // exist from there; docs/envoy-compatibility.md). The deployment tests in
 // internal/deploytest gather every shipped configuration (envoy/*.yaml, the
-// Istio EnvoyFilter patches, the README's filter block, the filter Envoy
+// Istio EnvoyFilter patches, docs/envoy.md's filter block, the filter Envoy
 // Gateway makes of the policy), send them here on stdin as a JSON array of
 // documents, and read one JSON result per document on stdout.
 //
