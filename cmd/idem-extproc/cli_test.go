@@ -171,19 +171,14 @@ func TestBinaryConfigCheck(t *testing.T) {
 
 // threeMistakes is a policy file with three unrelated mistakes: an unknown
 // field in one policy, a bad duration in another, an unknown field in
-// default_policy.
-const threeMistakes = `policies:
-  - name: orders
-    match:
-      methods: [POST]
-      path: {pathprefix: /orders}
-  - name: payments
-    match: {methods: [POST], path: {prefix: /payments}}
-    retention: 2 days
-default_policy:
-  enabled: true
-  retentoin: 1h
-`
+// default_policy. internal/config's TestEveryMistakeInOneLoad loads it too.
+var threeMistakes = func() string {
+	b, err := os.ReadFile("../../internal/config/testdata/three-mistakes.yaml")
+	if err != nil {
+		panic(err) // a fixture of the repository
+	}
+	return string(b)
+}()
 
 // threeMistakesReport is what a load of threeMistakes at path reports, one
 // line per mistake in file order (each line's start).

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -209,18 +210,11 @@ func TestWrongValueReportedAlone(t *testing.T) {
 // order, each naming its line and its path, so that fixing a file takes one
 // run rather than one per mistake.
 func TestEveryMistakeInOneLoad(t *testing.T) {
-	_, err := Parse("bad.yaml", []byte(`policies:
-  - name: orders
-    match:
-      methods: [POST]
-      path: {pathprefix: /orders}
-  - name: payments
-    match: {methods: [POST], path: {prefix: /payments}}
-    retention: 2 days
-default_policy:
-  enabled: true
-  retentoin: 1h
-`))
+	doc, err := os.ReadFile("testdata/three-mistakes.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = Parse("bad.yaml", doc)
 	if err == nil {
 		t.Fatal("no error")
 	}

@@ -87,15 +87,7 @@ defaults:
 // TestMarshalRoundTrips: what Marshal writes, Parse reads back as the same
 // policies, for the shipped example and for each form of each option.
 func TestMarshalRoundTrips(t *testing.T) {
-	cases := map[string]string{}
-	for k, v := range printCases {
-		cases[k] = v
-	}
-	ex, err := os.ReadFile(example)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cases["example"] = string(ex)
+	cases := casesWithExample(t)
 	for name, doc := range cases {
 		t.Run(name, func(t *testing.T) {
 			want, err := Parse("in.yaml", []byte(doc))
@@ -304,15 +296,7 @@ func TestDurabilityDefaultsAreInForce(t *testing.T) {
 // response rules: it says what the policy in force does, in the file's own
 // words.
 func TestDescribeLoadsAsTheSameSettings(t *testing.T) {
-	cases := map[string]string{}
-	for k, v := range printCases {
-		cases[k] = v
-	}
-	ex, err := os.ReadFile(example)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cases["example"] = string(ex)
+	cases := casesWithExample(t)
 	type described struct {
 		Match                                  policy.Match
 		Key                                    policy.KeyRules
@@ -376,4 +360,19 @@ func TestDescribeLoadsAsTheSameSettings(t *testing.T) {
 	if n < 10 {
 		t.Fatalf("only %d policies described", n)
 	}
+}
+
+// casesWithExample is printCases and the shipped example, by name.
+func casesWithExample(t *testing.T) map[string]string {
+	t.Helper()
+	cases := map[string]string{}
+	for k, v := range printCases {
+		cases[k] = v
+	}
+	ex, err := os.ReadFile(example)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases["example"] = string(ex)
+	return cases
 }
