@@ -17,7 +17,9 @@ package attempt
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -41,8 +43,29 @@ type Server struct {
 	// and the cancel of a reservation given up on (cancel.go).
 	SettleAtEndTimeout time.Duration
 
-	// cancelling counts the cancels running (cancel.go).
+	// cancelling counts the cancels running (cancel.go); background
+	// tracks them for Wait.
 	cancelling atomic.Int32
+	background sync.WaitGroup
+}
+
+// Wait waits, until ctx ends, for the work attempts left running after
+// their answers: the cancels of reservations given up on (cancel.go). A
+// shutdown waits for them before it closes the store, so that a cancel
+// under way is finished, or fails and says so, rather than vanishing with
+// the process.
+func (s *Server) Wait(ctx context.Context) error {
+	done := make(chan struct{})
+	go func() {
+		s.background.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("background work still running: %w", ctx.Err())
+	}
 }
 
 // Conversation is the attempt's side of the protocol's conversation: it

@@ -77,7 +77,9 @@ func (a *Attempt) giveUp(ctx context.Context, err error) {
 		return
 	}
 	base := context.WithoutCancel(ctx) // the stream's span, not its end
+	s.background.Add(1)
 	go func() {
+		defer s.background.Done()
 		defer s.cancelling.Add(-1)
 		cctx, cancel := context.WithTimeout(base, s.SettleAtEndTimeout)
 		defer cancel()

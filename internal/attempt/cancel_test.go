@@ -275,3 +275,24 @@ func TestCancelKeepsTryingWithinItsTime(t *testing.T) {
 	}
 	testwait.Until(t, "no cancel running once the last ended", func() bool { return d.srv.cancelling.Load() == 0 })
 }
+
+// TestWaitForCancels: a shutdown's Wait returns only once the cancels
+// under way have ended, and says so when its time runs out first.
+func TestWaitForCancels(t *testing.T) {
+	l := &late{landed: true, block: make(chan struct{})}
+	d, obs := lateDecider(t, policy.Default(), l)
+	if _, err := d.attempt(d.conv).Decide(context.Background(), fp1); err == nil {
+		t.Fatal("Decide succeeded")
+	}
+	testwait.Until(t, "the cancel asked the store", func() bool { return len(l.cancelled()) == 1 })
+	short, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := d.srv.Wait(short); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Wait with a cancel blocked: %v, want the context's error", err)
+	}
+	close(l.block)
+	if err := d.srv.Wait(context.Background()); err != nil {
+		t.Fatalf("Wait: %v", err)
+	}
+	wantOutcome(t, obs, idem.CancelOutcomeReleased)
+}

@@ -28,6 +28,7 @@ import (
 
 	"github.com/idem-extproc/idem-extproc/internal/admin"
 	"github.com/idem-extproc/idem-extproc/internal/config"
+	"github.com/idem-extproc/idem-extproc/internal/extproc"
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/observe"
 	"github.com/idem-extproc/idem-extproc/internal/policy"
@@ -55,6 +56,8 @@ type Daemon struct {
 	errc     chan error
 	// cleanup holds what Start opened, closed newest first (startup.go).
 	cleanup cleanupStack
+	// ext is the ext_proc server; Shutdown waits for its background work.
+	ext *extproc.Server
 	// watchCtx ends, by stopWatch, the configuration watcher, the SIGHUP
 	// handler and the health checker.
 	watchCtx  context.Context
@@ -98,6 +101,11 @@ func (d *Daemon) storeName() string {
 // healthCheckInterval is how often the gRPC health status follows the
 // store.
 const healthCheckInterval = 2 * time.Second
+
+// backgroundDrain bounds how long a shutdown waits for the cancels its
+// attempts left running: one settle timeout (extproc's
+// SettleAtEndTimeout default, 5 s), which bounds each of them.
+const backgroundDrain = 5 * time.Second
 
 // checkHealth keeps the standard gRPC health service (which Envoy's gRPC
 // health checks ask) in step with the store until ctx ends: SERVING while
@@ -269,6 +277,15 @@ func (d *Daemon) Shutdown() {
 	if d.admin != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		_ = d.admin.Shutdown(ctx)
+		cancel()
+	}
+	if d.ext != nil {
+		// The cancels of reservations given up on run after their answers,
+		// each bounded by its own settle timeout (5 s); they need the store.
+		ctx, cancel := context.WithTimeout(context.Background(), backgroundDrain)
+		if err := d.ext.Wait(ctx); err != nil {
+			d.log.Warn("closing the store with cancels still running; they fail and are counted", slog.String("error", err.Error()))
+		}
 		cancel()
 	}
 	d.cleanup.unwind() // the store, then tracing

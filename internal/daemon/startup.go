@@ -217,7 +217,7 @@ func (d *Daemon) serve(files startFiles, tp trace.TracerProvider) {
 	if budget == 0 {
 		budget = defaultMaxBufferedBytes(os.ReadFile)
 	}
-	d.grpc, d.store = server.New(server.Config{
+	d.grpc, d.store, d.ext = server.New(server.Config{
 		Config: extproc.Config{
 			Store: d.store, TracerProvider: tp, Policies: d.policies.Current, Logger: d.log,
 			StoreTimeout: d.cfg.StoreTimeout, MaxBufferedBytes: budget, Sealer: files.sealer,

@@ -106,6 +106,11 @@ func New(cfg Config) *Server {
 	return s
 }
 
+// Wait waits, until ctx ends, for the work the server's attempts left
+// running after their answers (attempt.Server.Wait): a shutdown calls it
+// before it closes the store.
+func (s *Server) Wait(ctx context.Context) error { return s.att.Wait(ctx) }
+
 // Process serves one ext_proc stream, that is one HTTP request.
 func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
 	ctx := stream.Context()

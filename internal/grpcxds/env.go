@@ -103,7 +103,7 @@ func (e *Env) serve(t testing.TB, opts Options) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	gs, _ := server.New(server.Config{Config: cfg})
+	gs, _, _ := server.New(server.Config{Config: cfg})
 	go func() { _ = gs.Serve(lis) }()
 	t.Cleanup(gs.Stop)
 	return lis.Addr().String()

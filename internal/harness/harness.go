@@ -227,7 +227,7 @@ func (e *Env) serve(lis net.Listener) {
 	if e.opts.WrapStore != nil {
 		st = e.opts.WrapStore(st)
 	}
-	gs, _ := server.New(server.Config{
+	gs, _, _ := server.New(server.Config{
 		Config: extproc.Config{
 			Store:            st,
 			Policies:         e.policies(),

@@ -40,16 +40,18 @@ const DefaultMaxMessageSize = 32 << 20
 
 // New builds the gRPC server with ext_proc registered, not yet serving (the
 // caller may register more services, such as health, then Serve). It also
-// returns the store the ext_proc server calls: cfg.Store, instrumented
-// when cfg.Metrics is set.
-func New(cfg Config) (*grpc.Server, idem.Store) {
+// returns the store the ext_proc server calls (cfg.Store, instrumented
+// when cfg.Metrics is set) and the ext_proc server, whose Wait a shutdown
+// calls before it closes that store.
+func New(cfg Config) (*grpc.Server, idem.Store, *extproc.Server) {
 	if cfg.Metrics != nil {
 		cfg.Store = observe.InstrumentStore(cfg.Store, cfg.Metrics, cfg.TracerProvider)
 		cfg.Observer = cfg.Metrics
 	}
 	gs := NewGRPCServer(cfg.MaxMessageSize, cfg.Creds, extprocwire.ServerOption())
-	extprocv3.RegisterExternalProcessorServer(gs, extproc.New(cfg.Config))
-	return gs, cfg.Store
+	ext := extproc.New(cfg.Config)
+	extprocv3.RegisterExternalProcessorServer(gs, ext)
+	return gs, cfg.Store, ext
 }
 
 // NewGRPCServer is the gRPC server ext_proc is served on, with nothing

@@ -15,12 +15,12 @@ import (
 func TestMetricsWrapTheStore(t *testing.T) {
 	st := memstore.New(memstore.Options{})
 	t.Cleanup(func() { _ = st.Close() })
-	gs, bare := New(Config{Config: extproc.Config{Store: st}})
+	gs, bare, _ := New(Config{Config: extproc.Config{Store: st}})
 	gs.Stop()
 	if bare != st {
 		t.Fatalf("without Metrics the store is %T, want the memstore itself", bare)
 	}
-	gs, wrapped := New(Config{Config: extproc.Config{Store: st}, Metrics: observe.NewMetrics()})
+	gs, wrapped, _ := New(Config{Config: extproc.Config{Store: st}, Metrics: observe.NewMetrics()})
 	gs.Stop()
 	// The instrumented store keeps exactly the capabilities of the one it
 	// wraps (observe.InstrumentStore): the memstore watches and administers.
