@@ -159,23 +159,11 @@ func call(id, tool, args string) string {
 		`,"_meta":{"progressToken":` + id + `}}}`
 }
 
-// rpcError decodes a JSON-RPC error answer.
+// rpcError decodes a JSON-RPC error answer, sent at 200 as the call's own
+// answer would be.
 func rpcError(t *testing.T, r harness.Reply) (id string, code int, data jsonrpc.ErrorData) {
 	t.Helper()
-	var m struct {
-		ID    json.RawMessage `json:"id"`
-		Error *struct {
-			Code int               `json:"code"`
-			Data jsonrpc.ErrorData `json:"data"`
-		} `json:"error"`
-	}
-	if err := json.Unmarshal([]byte(r.Body), &m); err != nil || m.Error == nil {
-		t.Fatalf("not a JSON-RPC error (%d %v): %s", r.Status, err, r.Body)
-	}
-	if r.Status != http.StatusOK || r.Header.Get("Content-Type") != "application/json" {
-		t.Fatalf("JSON-RPC error answered %d %q, want 200 application/json", r.Status, r.Header.Get("Content-Type"))
-	}
-	return string(m.ID), m.Error.Code, m.Error.Data
+	return rpcErrorAt(t, r, http.StatusOK)
 }
 
 // TestJSONRPCRetryUnderNewIDIsReplayed: an agent's retry of a tool call

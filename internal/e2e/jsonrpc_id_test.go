@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"encoding/json"
 	"errors"
 	"strings"
 	"testing"
@@ -84,20 +83,9 @@ func TestJSONRPCIDOfABodyNotReadWhole(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			env, up := startMCPWith(t, mcpPolicies, tc.opts)
 			r := env.Post("/mcp", "", tc.body, "x-agent", "a")
-			var m struct {
-				ID    json.RawMessage `json:"id"`
-				Error *struct {
-					Code int               `json:"code"`
-					Data jsonrpc.ErrorData `json:"data"`
-				} `json:"error"`
-			}
-			if err := json.Unmarshal([]byte(r.Body), &m); err != nil || m.Error == nil {
-				t.Fatalf("not a JSON-RPC error (%d %v): %s", r.Status, err, r.Body)
-			}
-			if r.Status != tc.status || r.Header.Get("Content-Type") != "application/json" || string(m.ID) != tc.id ||
-				m.Error.Code != tc.code || m.Error.Data.Type != problem.TypeBase+tc.kind.Slug {
-				t.Fatalf("answer %d %q %s, want %d application/json, error %d to id %s", r.Status, r.Header.Get("Content-Type"), r.Body,
-					tc.status, tc.code, tc.id)
+			id, code, data := rpcErrorAt(t, r, tc.status)
+			if id != tc.id || code != tc.code || data.Type != problem.TypeBase+tc.kind.Slug {
+				t.Fatalf("answer %d %s, want error %d to id %s", r.Status, r.Body, tc.code, tc.id)
 			}
 			if n := up.count("tools/call/send_email"); n != 0 {
 				t.Fatalf("send_email ran %d times", n)
