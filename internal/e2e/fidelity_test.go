@@ -175,6 +175,14 @@ func TestMissingAttributesAreLoud(t *testing.T) {
 		if st := recordState(t, env, "no-count"); st != idem.StateUnknown {
 			t.Fatalf("record %v after a connection failure without the attempt count, want unknown", st)
 		}
+		// The upstream's own 429, which a single attempt's would release.
+		tooMany := func(context.Context, *envoysim.Request) (*envoysim.Response, error) {
+			return &envoysim.Response{Status: http.StatusTooManyRequests}, nil
+		}
+		if r := exchange(env, "no-count-429", tooMany); r.Response.Status != http.StatusTooManyRequests {
+			t.Fatalf("got %v", r)
+		}
+		testwait.For(t, func() bool { return recordState(t, env, "no-count-429") == idem.StateUnknown })
 	})
 	t.Run("principal", func(t *testing.T) {
 		m := observe.NewMetrics()

@@ -77,7 +77,7 @@ func (p *processor) responseOrigin(ctx context.Context, attrs *structpb.Struct) 
 		}
 		if !hasAttempts {
 			p.missingAttribute(ctx, p.att.Policy.Name, envoyorigin.AttrAttemptCount,
-				"a router failure after a retry cannot be told from one that never reached the upstream; such failures are kept as outcome unknown instead of released")
+				"a response after a router retry cannot be told from a first attempt's; what would be released (a connection failure, an overflow, the upstream's 408/425/429) is kept as outcome unknown instead")
 		}
 	}
 	s := envoyorigin.Signals{
