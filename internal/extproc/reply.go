@@ -85,7 +85,8 @@ func continueWith(req *extprocv3.ProcessingRequest, mode *procmodev3.ProcessingM
 // skipEverything is the override for a request the server has no further
 // interest in. Header modes must be SKIP explicitly, while body modes are
 // always copied from an override, so leaving them unset means NONE
-// (processor_state.cc, and EXTPROC-NOTES "mode_override").
+// (ext_proc.cc effectiveModeOverride; the mode_override row of
+// internal/envoysim/FIDELITY.md).
 var skipEverything = &procmodev3.ProcessingMode{
 	RequestHeaderMode:   procmodev3.ProcessingMode_SKIP,
 	ResponseHeaderMode:  procmodev3.ProcessingMode_SKIP,
