@@ -398,6 +398,11 @@ func TestRouterRetries(t *testing.T) {
 			func(calls *int) Upstream {
 				return func(context.Context, *Request) (*Response, error) { *calls++; return nil, NoHealthyUpstream }
 			}, 1, 0, 503, "no_healthy_upstream", FlagNoHealthyUpstream, ""},
+		// wouldRetryFromReset never retries an overflow (Policy5xxResetOverflow).
+		{"an overflow is not retried", &RetryPolicy{NumRetries: 3},
+			func(calls *int) Upstream {
+				return func(context.Context, *Request) (*Response, error) { *calls++; return nil, UpstreamOverflow }
+			}, 1, 1, 503, "upstream_reset_before_response_started{overflow}", FlagUpstreamOverflow, ""},
 		{"a filter answers", &RetryPolicy{NumRetries: 3},
 			func(calls *int) Upstream {
 				return func(context.Context, *Request) (*Response, error) { *calls++; return nil, RateLimited }

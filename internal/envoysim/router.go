@@ -30,10 +30,12 @@ type RetryPolicy struct {
 	NumRetries int
 	// RetryOn reports whether the policy's retry_on covers an attempt's
 	// ending: a router failure (f set) or an upstream response (resp set).
-	// nil covers every router failure but the route's global timeout
-	// (onResponseTimeout ends the request without asking the retry state)
-	// and every 5xx response, as retry_on "5xx" does
-	// (RetryStateImpl::wouldRetryFromReset, wouldRetryFromHeaders).
+	// nil is retry_on "5xx": every upstream reset but an overflow
+	// (RetryStateImpl::wouldRetryFromReset: "we never retry if the reset
+	// reason is overflow"; test Policy5xxResetOverflow) and every 5xx
+	// response (wouldRetryFromHeaders). The route's global timeout ends the
+	// request without asking the retry state (onResponseTimeout; test
+	// RouterTest.UpstreamTimeout), and no healthy upstream is no reset.
 	RetryOn func(f *UpstreamFailure, resp *Response) bool
 	// OverflowAfter is the attempt after which the retry circuit breaker
 	// refuses the retry (RetryStatus::NoOverflow); 0 never.
@@ -48,7 +50,11 @@ func (p *RetryPolicy) covers(f *UpstreamFailure, resp *Response) bool {
 		return p.RetryOn(f, resp)
 	}
 	if f != nil {
-		return f != UpstreamTimeout && f.Details != UpstreamTimeout.Details
+		switch f.Details {
+		case UpstreamTimeout.Details, UpstreamOverflow.Details, NoHealthyUpstream.Details:
+			return false
+		}
+		return true
 	}
 	return resp.Status >= 500
 }
