@@ -35,7 +35,8 @@ const waitMargin = 5 * time.Millisecond
 // let through, so releasing it is safe. If the release fails too, the
 // record's lease ends and it turns unknown: never a second execution.
 func (s *Store) reserveDurable(ctx context.Context, r idem.Reservation, args []any) (idem.ReserveResult, error) {
-	key := s.Key(r.ID)
+	keys := s.markerKeys(r.ID, r.Token)
+	key := keys[0]
 	var (
 		conn *redis.Conn
 		v    []any
@@ -44,7 +45,7 @@ func (s *Store) reserveDurable(ctx context.Context, r idem.Reservation, args []a
 	for attempt := 0; ; attempt++ {
 		conn, err = s.connFor(ctx, key)
 		if err == nil {
-			v, err = s.s.reserve.Run(ctx, conn, reserveKeys(key, r.Token), args...).Slice()
+			v, err = s.s.reserve.Run(ctx, conn, keys, args...).Slice()
 			if err == nil {
 				break
 			}
