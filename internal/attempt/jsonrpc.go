@@ -126,22 +126,12 @@ func TransportRefused(rs idem.Response, id []byte) bool {
 // call whose id is id (answers: jsonrpc), that the response rules said to
 // store: completed with it, unless it is the upstream's transport refusing
 // the call (TransportRefused), which never ran it: then the record is
-// released. attrs are added to the settled line.
+// released (unknown when an earlier attempt may have run it:
+// unlessRetried). attrs are added to the settled line.
 func (a *Attempt) SettleCall(ctx context.Context, rs idem.Response, id []byte, attrs ...slog.Attr) {
-	if !a.Held() {
-		return
-	}
 	if a.origin != idem.OriginUpstream || !TransportRefused(rs, id) {
 		a.SettleStored(ctx, rs, attrs...)
 		return
 	}
-	if a.retried {
-		// The last attempt was refused, an earlier one may have run the
-		// call (ActionFor): neither stored as its outcome nor released.
-		a.Settle(ctx, idem.ActionUnknown)
-		return
-	}
-	a.settleWith(ctx, codeReleased, func(ctx context.Context) error {
-		return a.srv.Store.Release(ctx, a.ID, a.Token)
-	}, append(attrs, slog.String("reason", "transport refused the call"))...)
+	a.Settle(ctx, a.unlessRetried(idem.ActionRelease), append(attrs, slog.String("reason", "transport refused the call"))...)
 }

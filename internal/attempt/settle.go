@@ -20,8 +20,14 @@ import (
 // origin and retried are kept for SettleCall.
 func (a *Attempt) ActionFor(origin idem.Origin, status int, retried bool) idem.Action {
 	a.origin, a.retried = origin, retried
-	act := idem.DecideResponse(a.Policy.ResponseRules, origin, status)
-	if retried && act == idem.ActionRelease {
+	return a.unlessRetried(idem.DecideResponse(a.Policy.ResponseRules, origin, status))
+}
+
+// unlessRetried is act, but unknown for a release when an earlier upstream
+// attempt may have been sent (ActionFor's retried): a release needs proof
+// that the operation never ran, which the last attempt cannot give.
+func (a *Attempt) unlessRetried(act idem.Action) idem.Action {
+	if a.retried && act == idem.ActionRelease {
 		return idem.ActionUnknown
 	}
 	return act
@@ -51,8 +57,8 @@ func (a *Attempt) SettleStored(ctx context.Context, resp idem.Response, attrs ..
 }
 
 // Settle releases the record (ActionRelease) or marks it unknown (any
-// other action).
-func (a *Attempt) Settle(ctx context.Context, action idem.Action) {
+// other action). attrs are added to the settled line.
+func (a *Attempt) Settle(ctx context.Context, action idem.Action, attrs ...slog.Attr) {
 	if !a.Held() {
 		return
 	}
@@ -62,7 +68,7 @@ func (a *Attempt) Settle(ctx context.Context, action idem.Action) {
 	if action == idem.ActionRelease {
 		d, op = codeReleased, func(ctx context.Context) error { return a.srv.Store.Release(ctx, a.ID, a.Token) }
 	}
-	a.settleWith(ctx, d, op)
+	a.settleWith(ctx, d, op, attrs...)
 }
 
 // settleWith applies the attempt's last transition. It does not end with the
