@@ -107,14 +107,12 @@ const (
 	CancelNotHeld
 )
 
+// String is the outcome's name (CancelOutcomeOf), the metric's label.
 func (c CancelResult) String() string {
-	switch c {
-	case CancelReleased:
-		return "released"
-	case CancelNotHeld:
-		return "not_held"
+	if c != CancelReleased && c != CancelNotHeld {
+		return "invalid"
 	}
-	return "invalid"
+	return string(CancelOutcomeOf(c))
 }
 
 // ReserveResult is the answer to a Reservation.
