@@ -244,13 +244,7 @@ func (s *Store) Reserve(ctx context.Context, r idem.Reservation) (idem.ReserveRe
 	}
 	cur := s.current(r.ID, now)
 	if cur == nil && len(s.records) >= s.maxRecords {
-		// Expired records may be holding the room; look at most once a
-		// second, so a flood does not turn every call into a full scan.
-		if now.Sub(s.lastSweep) >= time.Second {
-			s.lastSweep = now
-			s.sweepLocked(now)
-		}
-		if len(s.records) >= s.maxRecords {
+		if s.sweepIfDue(now); len(s.records) >= s.maxRecords {
 			return idem.ReserveResult{}, ErrFull
 		}
 	}
@@ -298,11 +292,7 @@ func (s *Store) Cancel(ctx context.Context, id idem.RecordID, tok idem.Token, ho
 	now := s.now()
 	k := cancelKey{id, tok}
 	if _, ok := s.cancelled[k]; !ok && len(s.cancelled) >= s.maxRecords {
-		if now.Sub(s.lastSweep) >= time.Second {
-			s.lastSweep = now
-			s.sweepLocked(now)
-		}
-		if len(s.cancelled) >= s.maxRecords {
+		if s.sweepIfDue(now); len(s.cancelled) >= s.maxRecords {
 			return 0, ErrFull
 		}
 	}
@@ -310,6 +300,16 @@ func (s *Store) Cancel(ctx context.Context, id idem.RecordID, tok idem.Token, ho
 	s.apply(id, now, c)
 	s.cancelled[k] = now.Add(hold)
 	return res, nil
+}
+
+// sweepIfDue sweeps expired records and cancel marks when the store is
+// full: they may be holding the room. It looks at most once a second, so
+// that a flood does not turn every call into a full scan.
+func (s *Store) sweepIfDue(now time.Time) {
+	if now.Sub(s.lastSweep) >= time.Second {
+		s.lastSweep = now
+		s.sweepLocked(now)
+	}
 }
 
 // Get implements idem.Store.
