@@ -102,11 +102,6 @@ func (d *Daemon) storeName() string {
 // store.
 const healthCheckInterval = 2 * time.Second
 
-// backgroundDrain bounds how long a shutdown waits for the cancels its
-// attempts left running: one settle timeout (extproc's
-// SettleAtEndTimeout default, 5 s), which bounds each of them.
-const backgroundDrain = 5 * time.Second
-
 // checkHealth keeps the standard gRPC health service (which Envoy's gRPC
 // health checks ask) in step with the store until ctx ends: SERVING while
 // the store answers, NOT_SERVING otherwise.
@@ -281,8 +276,9 @@ func (d *Daemon) Shutdown() {
 	}
 	if d.ext != nil {
 		// The cancels of reservations given up on run after their answers,
-		// each bounded by its own settle timeout (5 s); they need the store.
-		ctx, cancel := context.WithTimeout(context.Background(), backgroundDrain)
+		// each bounded by the settle timeout the daemon leaves at its
+		// default; they need the store.
+		ctx, cancel := context.WithTimeout(context.Background(), extproc.DefaultSettleAtEndTimeout)
 		if err := d.ext.Wait(ctx); err != nil {
 			d.log.Warn("closing the store with cancels still running; they fail and are counted", slog.String("error", err.Error()))
 		}

@@ -37,8 +37,8 @@ type Config struct {
 	// StoreTimeout bounds each store call; idem.DefaultStoreTimeout when zero.
 	StoreTimeout time.Duration
 	// SettleAtEndTimeout bounds the store call that settles a record after its
-	// stream ended; it runs while no one waits, so it may be longer. Five
-	// seconds when zero.
+	// stream ended; it runs while no one waits, so it may be longer.
+	// DefaultSettleAtEndTimeout when zero.
 	SettleAtEndTimeout time.Duration
 	// Observer is told every decision; none when nil.
 	Observer idem.Observer
@@ -72,13 +72,16 @@ type Server struct {
 	att attempt.Server
 }
 
+// DefaultSettleAtEndTimeout is Config.SettleAtEndTimeout when unset.
+const DefaultSettleAtEndTimeout = 5 * time.Second
+
 // New returns a Server.
 func New(cfg Config) *Server {
 	if cfg.StoreTimeout <= 0 {
 		cfg.StoreTimeout = idem.DefaultStoreTimeout
 	}
 	if cfg.SettleAtEndTimeout <= 0 {
-		cfg.SettleAtEndTimeout = 5 * time.Second
+		cfg.SettleAtEndTimeout = DefaultSettleAtEndTimeout
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
