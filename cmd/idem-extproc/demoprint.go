@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 
@@ -244,7 +245,7 @@ func demoExampleFor(set *policy.Set, pol *policy.Policy, front, key string) (dem
 		why = append(why, "scope.from: principal reads the client's certificate, and the demo's front takes no TLS")
 	}
 	m := &pol.Match
-	if len(m.RouteNames) > 0 && !containsString(m.RouteNames, demoWriteRoute) {
+	if len(m.RouteNames) > 0 && !slices.Contains(m.RouteNames, demoWriteRoute) {
 		why = append(why, fmt.Sprintf("match.route_names: the demo's front has the routes of envoy/envoy.yaml, %s (every write) "+
 			"and %s (reads, where the filter is off)", demoWriteRoute, demoReadRoute))
 	}
@@ -427,13 +428,4 @@ func shellQuote(s string) string {
 		return s
 	}
 	return "'" + strings.ReplaceAll(s, "'", `'"'"'`) + "'"
-}
-
-func containsString(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
