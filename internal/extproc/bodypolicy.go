@@ -9,7 +9,6 @@ import (
 
 	"github.com/idem-extproc/idem-extproc/internal/attempt"
 	"github.com/idem-extproc/idem-extproc/internal/idem"
-	"github.com/idem-extproc/idem-extproc/internal/jsonrpc"
 	"github.com/idem-extproc/idem-extproc/internal/policy"
 )
 
@@ -86,9 +85,10 @@ func (p *processor) resolveAtBody(ctx context.Context, req *extprocv3.Processing
 	first := p.att.Policy
 	miss := policy.BodyMatched
 	var shadow *bodyCandidate
+	var shadowWhy error
 	for i, c := range d.cands {
 		p.att.Policy = c.pol
-		id, m := c.pol.MatchBody(p.reqBody)
+		id, m, why := c.pol.MatchBodyWhy(p.reqBody)
 		if m == policy.BodyUnreadable {
 			// Whether this policy applies cannot be told, and a reader
 			// upstream may take the body for a call it protects: refused
@@ -98,12 +98,12 @@ func (p *processor) resolveAtBody(ctx context.Context, req *extprocv3.Processing
 			// counted below if none does.
 			if c.pol.Enforcement == policy.EnforcementShadow {
 				if shadow == nil {
-					shadow = &d.cands[i]
+					shadow, shadowWhy = &d.cands[i], why
 				}
 				miss = m
 				continue
 			}
-			if resp := p.refuseUnreadable(ctx, req, c); resp != nil {
+			if resp := p.refuseUnreadable(ctx, req, c, why); resp != nil {
 				return resp
 			}
 		}
@@ -142,7 +142,7 @@ func (p *processor) resolveAtBody(ctx context.Context, req *extprocv3.Processing
 	}
 	if shadow != nil {
 		p.att.Policy = shadow.pol
-		if resp := p.refuseUnreadable(ctx, req, *shadow); resp != nil {
+		if resp := p.refuseUnreadable(ctx, req, *shadow, shadowWhy); resp != nil {
 			return resp
 		}
 	}
@@ -161,17 +161,15 @@ func (p *processor) resolveAtBody(ctx context.Context, req *extprocv3.Processing
 // to the id the body's first bytes carry, jsonrpc.ScanID; counted and
 // passed on a shadow policy), or nil when c would pass the request
 // whatever its body said, and the next candidate is tried.
-func (p *processor) refuseUnreadable(ctx context.Context, req *extprocv3.ProcessingRequest, c bodyCandidate) *extprocv3.ProcessingResponse {
-	adm, prob := p.att.AdmitUnreadable(policy.UnreadableCause(p.reqBody), c.keyLines, p.srv.cfg.Now())
+func (p *processor) refuseUnreadable(ctx context.Context, req *extprocv3.ProcessingRequest, c bodyCandidate, why error) *extprocv3.ProcessingResponse {
+	adm, prob := p.att.AdmitUnreadable(why, c.keyLines, p.srv.cfg.Now())
 	if adm != attempt.Refuse {
 		return nil
 	}
-	d := p.body
-	if d.jsonrpc = c.pol.Answers == policy.AnswersJSONRPC; d.jsonrpc {
-		d.id = jsonrpc.ScanID(p.reqBody)
-	}
+	p.body.jsonrpc = c.pol.Answers == policy.AnswersJSONRPC
+	resp := p.refuseUnread(ctx, req, prob, nil)
 	p.dropRequestBody()
-	return p.refuse(ctx, req, prob)
+	return resp
 }
 
 // dropRequestBody lets go of a request body that will not be

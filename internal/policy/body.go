@@ -190,8 +190,15 @@ func mustPointer(s string) jsonpointer.Pointer {
 // one pass over it. For a JSON-RPC policy it returns the request's id as
 // sent (a copy), which every answer in the upstream's place carries.
 func (p *Policy) MatchBody(body []byte) (id []byte, miss BodyMiss) {
+	id, miss, _ = p.MatchBodyWhy(body)
+	return id, miss
+}
+
+// MatchBodyWhy is MatchBody, and for BodyUnreadable the reason: the
+// ErrBodyUnreadable of FindInBody, or ErrProtectedBatch.
+func (p *Policy) MatchBodyWhy(body []byte) (id []byte, miss BodyMiss, unreadable error) {
 	if !p.bodyCriteria() {
-		return nil, BodyMatched
+		return nil, BodyMatched, nil
 	}
 	ptrs := make([]jsonpointer.Pointer, 0, 2+len(p.Match.JSON))
 	ptrs = append(ptrs, idPointer, methodPointer)
@@ -201,30 +208,33 @@ func (p *Policy) MatchBody(body []byte) (id []byte, miss BodyMiss) {
 	vs, err := FindInBody(body, ptrs...)
 	switch {
 	case errors.Is(err, ErrBodyUnreadable):
-		return nil, BodyUnreadable
+		return nil, BodyUnreadable, err
 	case errors.Is(err, jsonpointer.ErrTopLevelArray):
-		return nil, p.matchBatch(body)
+		if m := p.matchBatch(body); m == BodyUnreadable {
+			return nil, m, ErrProtectedBatch
+		}
+		return nil, BodyBatch, nil
 	case err != nil:
-		return nil, BodyNotJSON
+		return nil, BodyNotJSON, nil
 	}
 	if p.Answers == AnswersJSONRPC {
 		idv, method := vs[0], vs[1]
 		if idv.Kind != jsonpointer.KindString && idv.Kind != jsonpointer.KindNumber {
 			// No id (a notification); null, an object or an array is no
 			// id a request may carry (MCP 2025-06-18, Base Protocol).
-			return nil, BodyNotification
+			return nil, BodyNotification, nil
 		}
 		if method.Kind != jsonpointer.KindString {
-			return nil, BodyNotification // a response, not a request
+			return nil, BodyNotification, nil // a response, not a request
 		}
 		id = bytes.Clone(idv.Raw)
 	}
 	for i, c := range p.Match.JSON {
 		if !vs[2+i].OneOf(c.OneOf...) {
-			return nil, BodyCriteria
+			return nil, BodyCriteria, nil
 		}
 	}
-	return id, BodyMatched
+	return id, BodyMatched, nil
 }
 
 // ErrProtectedBatch: a JSON-RPC batch (a top-level array) holding a message
@@ -257,16 +267,6 @@ func (p *Policy) matchBatch(body []byte) BodyMiss {
 		}
 	}
 	return BodyBatch
-}
-
-// UnreadableCause says why MatchBody found a body BodyUnreadable: the
-// ErrBodyUnreadable of FindInBody, or ErrProtectedBatch.
-func UnreadableCause(body []byte) error {
-	_, err := FindInBody(body)
-	if errors.Is(err, jsonpointer.ErrTopLevelArray) {
-		return ErrProtectedBatch
-	}
-	return err
 }
 
 // BodyCandidates returns the policies a request deferred to its body may
