@@ -338,14 +338,12 @@ func demoExampleFor(set *policy.Set, pol *policy.Policy, front, key string) (dem
 		authority = ex.host
 	}
 	r := policy.Request{Method: ex.method, Authority: authority, Path: ex.path, RouteName: demoWriteRoute}
-	for _, q := range set.Policies {
-		if !q.Match.Matches(r) {
+	// The server's own choice: the first policy whose header criteria hold,
+	// then at the body the first candidate whose body criteria hold
+	// (extproc's resolveAtBody).
+	for _, q := range set.BodyCandidates(r, set.Match(r)) {
+		if _, miss := q.MatchBody(ex.body); miss != policy.BodyMatched {
 			continue
-		}
-		if len(q.Match.JSON) > 0 || q.Answers == policy.AnswersJSONRPC {
-			if _, miss := q.MatchBody(ex.body); miss != policy.BodyMatched {
-				continue
-			}
 		}
 		if q != pol {
 			return ex, fmt.Errorf("the request made from it (%s %s) is taken by policy %q, listed before it", ex.method, ex.path, q.Name)
