@@ -121,6 +121,7 @@ func TestBinaryDemo(t *testing.T) {
 	printed := d.block()
 	steps, policies := splitDemoBlock(t, printed)
 	runDemoSteps(t, d, steps)
+	testwait.Until(t, "the upstream's arrival lines", func() bool { return d.arrivals() >= 2 })
 	if n := d.arrivals(); n != 2 {
 		t.Fatalf("%d POSTs reached the upstream, want 2: the first create and the slow one (no replay, 422 or 409)", n)
 	}
@@ -379,6 +380,9 @@ func runPolicyBlock(t *testing.T, name, enforcement string, cmds []string, hits 
 		}
 	}
 	if known {
+		// demo-orders' arrival lines go through the background log
+		// writer: they may come after the answer.
+		testwait.Until(t, "the upstream's arrival lines", func() bool { n, _ := hits(req.Method, req.URL.Path); return n-hitsBefore >= ran })
 		if n, _ := hits(req.Method, req.URL.Path); n-hitsBefore != ran {
 			t.Errorf("policy %q: %d of its requests reached the upstream, want %d", name, n-hitsBefore, ran)
 		}
