@@ -157,6 +157,8 @@ func (a *Attempt) reread(ctx context.Context, fp idem.Fingerprint, first idem.Re
 		return idem.ReserveResult{Outcome: idem.Completed, Attempt: first.Attempt, Response: rec.Response, CreatedAt: rec.CreatedAt}, true
 	case rec.State == idem.StateUnknown:
 		return idem.ReserveResult{Outcome: idem.Unknown, Attempt: first.Attempt, CreatedAt: rec.CreatedAt}, true
+	case rec.State == idem.StateMoved:
+		return first, true // handed over meanwhile: the first answer stands
 	}
 	return first, false
 }

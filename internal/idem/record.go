@@ -19,6 +19,12 @@ const (
 	StateCompleted
 	// StateUnknown: the effect may or may not have happened.
 	StateUnknown
+	// StateMoved: the key is arbitrated in another region's store now
+	// (Record.Home). The record is the tombstone a hand-over left
+	// (Reservation.HandOverTo) where the key's scope used to live, so that
+	// a reservation arriving here from a server that still holds the older
+	// map is sent on instead of running the operation a second time.
+	StateMoved
 )
 
 func (s State) String() string {
@@ -29,6 +35,8 @@ func (s State) String() string {
 		return "completed"
 	case StateUnknown:
 		return "unknown"
+	case StateMoved:
+		return "moved"
 	}
 	return "invalid"
 }
@@ -108,4 +116,6 @@ type Record struct {
 	Attempts int
 	// Response is set for completed records.
 	Response *Response
+	// Home is the region a moved record's key is arbitrated in now.
+	Home string
 }

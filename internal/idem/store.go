@@ -60,6 +60,15 @@ type Reservation struct {
 	// store without replicas of its own (in memory) ignores it.
 	WaitReplicas int
 	WaitTimeout  time.Duration
+	// HandOverTo, when set, names the region that arbitrates the key from
+	// now on, and makes this store the key's former home: the call
+	// reserves nothing. It reports the record the store holds as a
+	// reservation would (Mismatch, InFlight, Completed, Unknown, with the
+	// same lease expiry rules), and where there is none, or the lease
+	// expiry would free the record for a new attempt, it leaves a
+	// tombstone (StateMoved) naming HandOverTo for Retention and reports
+	// HandedOver. From then on a Reserve without HandOverTo reports Moved.
+	HandOverTo string
 }
 
 // Outcome is what a reservation attempt found.
@@ -76,6 +85,13 @@ const (
 	Completed
 	// Unknown: the operation's outcome is unknown.
 	Unknown
+	// Moved: the key is arbitrated in another region's store now
+	// (ReserveResult.Home); nothing was reserved here.
+	Moved
+	// HandedOver: a hand-over (Reservation.HandOverTo) found no record
+	// that holds the key here; a tombstone names the new home, which may
+	// reserve the key now.
+	HandedOver
 )
 
 func (o Outcome) String() string {
@@ -90,6 +106,10 @@ func (o Outcome) String() string {
 		return "completed"
 	case Unknown:
 		return "unknown"
+	case Moved:
+		return "moved"
+	case HandedOver:
+		return "handed_over"
 	}
 	return "invalid"
 }
@@ -125,6 +145,9 @@ type ReserveResult struct {
 	Response *Response
 	// CreatedAt is when the record was first reserved (zero for Mismatch).
 	CreatedAt time.Time
+	// Home is the region that arbitrates the key, for Moved and
+	// HandedOver.
+	Home string
 }
 
 // Store keeps idempotency records. Every method is atomic with respect to

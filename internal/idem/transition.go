@@ -16,6 +16,12 @@ type Change struct {
 // none exists) at the store's time now. It is the reference statement of
 // the reserve rules; reserve.lua implements the same.
 func ApplyReserve(cur *Record, now time.Time, r Reservation) (Change, ReserveResult) {
+	if r.HandOverTo != "" {
+		return applyHandOver(cur, now, r)
+	}
+	if cur != nil && cur.State == StateMoved {
+		return Change{}, ReserveResult{Outcome: Moved, Home: cur.Home}
+	}
 	if cur == nil {
 		next := &Record{
 			State:       StateInFlight,
@@ -62,6 +68,27 @@ func ApplyReserve(cur *Record, now time.Time, r Reservation) (Change, ReserveRes
 	next.LeaseUntil = time.Time{}
 	res.Outcome = Unknown
 	return Change{Next: &next, TTL: r.Retention}, res
+}
+
+// applyHandOver is ApplyReserve for a hand-over (Reservation.HandOverTo):
+// where a reservation would be made, a tombstone is left instead.
+func applyHandOver(cur *Record, now time.Time, r Reservation) (Change, ReserveResult) {
+	if cur != nil && cur.State == StateMoved {
+		if cur.Home != r.HandOverTo {
+			// Handed over to another region already: two maps disagree
+			// on the key's home, and neither may reserve it.
+			return Change{}, ReserveResult{Outcome: Moved, Home: cur.Home}
+		}
+		return Change{}, ReserveResult{Outcome: HandedOver, Home: cur.Home}
+	}
+	home := r.HandOverTo
+	r.HandOverTo = ""
+	ch, res := ApplyReserve(cur, now, r)
+	if res.Outcome != Reserved {
+		return ch, res
+	}
+	tomb := &Record{State: StateMoved, Home: home, CreatedAt: now}
+	return Change{Next: tomb, TTL: r.Retention}, ReserveResult{Outcome: HandedOver, Home: tomb.Home, CreatedAt: now}
 }
 
 // ApplyRenew extends the lease of tok's in-flight record.
@@ -140,7 +167,7 @@ func holds(cur *Record, tok Token) error {
 	if cur == nil {
 		return ErrNotFound
 	}
-	if cur.Token != tok {
+	if cur.Token != tok || cur.State == StateMoved {
 		return ErrNotHolder
 	}
 	return nil

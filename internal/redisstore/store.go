@@ -208,6 +208,9 @@ func (s *Store) Reserve(ctx context.Context, r idem.Reservation) (idem.ReserveRe
 	if err != nil {
 		return idem.ReserveResult{}, fmt.Errorf("redisstore: reserve: %w", err)
 	}
+	if res.Outcome == idem.Moved && r.HandOverTo != "" && res.Home == r.HandOverTo {
+		res.Outcome = idem.HandedOver // the tombstone peek.lua read is this hand-over's
+	}
 	return res, nil
 }
 
@@ -217,7 +220,7 @@ func reserveArgs(r *idem.Reservation) []any {
 	if r.LeaseExpiry == idem.LeaseExpiryReexecute {
 		expiry = "r"
 	}
-	return []any{r.Fingerprint[:], r.Token[:], r.Lease.Milliseconds(), r.Retention.Milliseconds(), expiry}
+	return []any{r.Fingerprint[:], r.Token[:], r.Lease.Milliseconds(), r.Retention.Milliseconds(), expiry, r.HandOverTo}
 }
 
 // completeArgs is ARGV of complete.lua.
@@ -262,6 +265,15 @@ func parseReserve(v []any) (idem.ReserveResult, error) {
 		res.Outcome = idem.Unknown
 	case "cancelled":
 		return idem.ReserveResult{}, idem.ErrCancelled
+	case "moved", "handed_over":
+		res.Outcome = idem.Moved
+		if outcome == "handed_over" {
+			res.Outcome = idem.HandedOver
+		}
+		if len(v) != 4 {
+			return idem.ReserveResult{}, fmt.Errorf("%s reply of %d elements", outcome, len(v))
+		}
+		res.Home, _ = v[3].(string)
 	case "completed":
 		rec, _ := v[3].(string)
 		if len(v) != 4 || len(rec) < CompletedHeadLen {
@@ -369,6 +381,13 @@ func parseRecord(m map[string]string) (idem.Record, error) {
 		rec.State = idem.StateInFlight
 	case "u":
 		rec.State = idem.StateUnknown
+	case "m":
+		rec.State = idem.StateMoved
+		rec.Home = m["h"]
+		if ms, err := strconv.ParseInt(m["c"], 10, 64); err == nil {
+			rec.CreatedAt = time.UnixMilli(ms)
+		}
+		return rec, nil
 	default:
 		return rec, fmt.Errorf("unexpected state %q", m["s"])
 	}

@@ -581,6 +581,84 @@ var cases = []contractCase{
 		}
 		mustReserve(t, s, reservation(id, fpA, idem.NewToken(), longLease), idem.Reserved, 1)
 	}},
+	{"a hand-over leaves a tombstone that sends later reservations on", func(t *testing.T, s idem.Store) {
+		id := newID()
+		hand := reservation(id, fpA, idem.NewToken(), longLease)
+		hand.HandOverTo = "region-b"
+		res, err := s.Reserve(ctx(t), hand)
+		if err != nil || res.Outcome != idem.HandedOver || res.Home != "region-b" {
+			t.Fatalf("hand-over of an absent key = %+v, %v; want handed_over to region-b", res, err)
+		}
+		// A server still on the older map: sent on, nothing reserved.
+		tok := idem.NewToken()
+		res, err = s.Reserve(ctx(t), reservation(id, fpB, tok, longLease))
+		if err != nil || res.Outcome != idem.Moved || res.Home != "region-b" {
+			t.Fatalf("reserve after the hand-over = %+v, %v; want moved to region-b", res, err)
+		}
+		rec, err := s.Get(ctx(t), id)
+		if err != nil || rec.State != idem.StateMoved || rec.Home != "region-b" {
+			t.Fatalf("Get of the tombstone = %+v, %v", rec, err)
+		}
+		// The tombstone is nobody's reservation.
+		wantErr(t, "Complete on a tombstone", s.Complete(ctx(t), id, tok, sampleResponse(), retention), idem.ErrNotHolder)
+		wantErr(t, "Release on a tombstone", s.Release(ctx(t), id, tok), idem.ErrNotHolder)
+		wantErr(t, "MarkUnknown on a tombstone", s.MarkUnknown(ctx(t), id, tok, retention), idem.ErrNotHolder)
+		wantErr(t, "Renew on a tombstone", s.Renew(ctx(t), id, tok, longLease), idem.ErrNotHolder)
+		mustCancel(t, s, id, tok, idem.CancelNotHeld)
+		// The same hand-over again (a retry, or another attempt): harmless.
+		hand.Token = idem.NewToken()
+		if res, err = s.Reserve(ctx(t), hand); err != nil || res.Outcome != idem.HandedOver {
+			t.Fatalf("second hand-over = %+v, %v; want handed_over", res, err)
+		}
+		// A hand-over to a third region is refused: the maps disagree.
+		hand.HandOverTo = "region-c"
+		if res, err = s.Reserve(ctx(t), hand); err != nil || res.Outcome != idem.Moved || res.Home != "region-b" {
+			t.Fatalf("hand-over to another region = %+v, %v; want moved to region-b", res, err)
+		}
+	}},
+	{"a hand-over reports the record it finds and leaves it", func(t *testing.T, s idem.Store) {
+		id, tok := newID(), idem.NewToken()
+		mustReserve(t, s, reservation(id, fpA, tok, longLease), idem.Reserved, 1)
+		hand := reservation(id, fpA, idem.NewToken(), longLease)
+		hand.HandOverTo = "region-b"
+		mustReserve(t, s, hand, idem.InFlight, 2)
+		mismatch := hand
+		mismatch.Fingerprint = fpB
+		mustReserve(t, s, mismatch, idem.Mismatch, 0)
+		// The holder is still the holder: its answer completes the record
+		// where it was reserved.
+		if err := s.Complete(ctx(t), id, tok, sampleResponse(), retention); err != nil {
+			t.Fatal(err)
+		}
+		res := mustReserve(t, s, hand, idem.Completed, 3)
+		assertResponse(t, res.Response, sampleResponse())
+		// An unknown record stays unknown.
+		id, tok = newID(), idem.NewToken()
+		mustReserve(t, s, reservation(id, fpA, tok, longLease), idem.Reserved, 1)
+		if err := s.MarkUnknown(ctx(t), id, tok, retention); err != nil {
+			t.Fatal(err)
+		}
+		hand.ID = id
+		mustReserve(t, s, hand, idem.Unknown, 2)
+	}},
+	{"a hand-over of an expired lease follows the lease expiry rule", func(t *testing.T, s idem.Store) {
+		// Under LeaseExpiryUnknown the record turns unknown, as for a
+		// reservation; under LeaseExpiryReexecute the key is free, so the
+		// tombstone takes its place.
+		id := newID()
+		mustReserve(t, s, reservation(id, fpA, idem.NewToken(), shortLease), idem.Reserved, 1)
+		reexec := newID()
+		mustReserve(t, s, reservation(reexec, fpA, idem.NewToken(), shortLease), idem.Reserved, 1)
+		time.Sleep(2 * shortLease)
+		hand := reservation(id, fpA, idem.NewToken(), longLease)
+		hand.HandOverTo = "region-b"
+		mustReserve(t, s, hand, idem.Unknown, 2)
+		hand.ID, hand.LeaseExpiry = reexec, idem.LeaseExpiryReexecute
+		res, err := s.Reserve(ctx(t), hand)
+		if err != nil || res.Outcome != idem.HandedOver {
+			t.Fatalf("hand-over of a free key = %+v, %v; want handed_over", res, err)
+		}
+	}},
 	{"ping answers", func(t *testing.T, s idem.Store) {
 		if err := s.Ping(ctx(t)); err != nil {
 			t.Fatal(err)

@@ -23,6 +23,9 @@ local state = cur[1]
 if not state then
   return {'absent', 0, 0}
 end
+if state == 'm' then
+  return {'moved', 0, 0, redis.call('HGET', KEYS[1], 'h')}
+end
 if cur[2] ~= ARGV[1] then
   return {'mismatch', 0, 0}
 end

@@ -9,18 +9,26 @@
 -- ARGV[3]  lease, milliseconds
 -- ARGV[4]  retention, milliseconds
 -- ARGV[5]  on lease expiry: "u" (mark unknown) or "r" (re-execute)
+-- ARGV[6]  "" to reserve; or the region a hand-over gives the key to
+--          (idem.Reservation.HandOverTo): where a reservation would be
+--          made, a moved tombstone naming it is left instead
 --
 -- Returns {outcome, attempt, created_ms} where outcome is one of
 -- "reserved", "mismatch", "in_flight", "unknown", or "cancelled" when the
 -- attempt cancelled this reservation before it arrived (cancel.lua: it
 -- then changes nothing); or, for a completed
 -- record, {"completed", attempt, created_ms, record} where record is the
--- whole stored string (the caller decodes the response after its head).
+-- whole stored string (the caller decodes the response after its head);
+-- or {"moved", 0, 0, home} for a key a hand-over gave to another region,
+-- {"handed_over", 0, created_ms, home} for a hand-over that left (or
+-- found) its tombstone.
 -- Lease expiry is judged by the server's TIME, never the caller's clock.
 --
 -- An in-flight or unknown record is a hash: s state (i in flight, u
 -- unknown), f fingerprint, t token, l lease end (ms), a attempts, c created
 -- (ms), w set while a duplicate waits for the record to settle (watch.lua).
+-- A moved tombstone is a hash: s m, h the region the key moved to, c
+-- created (ms).
 -- A completed record is a string (complete.lua; codec.go gives its
 -- layout): "c", fingerprint (32), token (16), attempts (10 digits),
 -- created ms (15 digits), then the encoded response.
@@ -45,9 +53,25 @@ if redis.call('TYPE', key)['ok'] == 'string' then
   return {'completed', attempt, tonumber(string.sub(rec, 60, 74)), rec}
 end
 
-local cur = redis.call('HMGET', key, 's', 'f', 't', 'l', 'a', 'c', 'w')
+local cur = redis.call('HMGET', key, 's', 'f', 't', 'l', 'a', 'c', 'w', 'h')
 local state = cur[1]
+local handover = ARGV[6]
+if state == 'm' then
+  if handover ~= '' and handover == cur[8] then
+    return {'handed_over', 0, tonumber(cur[6]), cur[8]}
+  end
+  return {'moved', 0, 0, cur[8]}
+end
+local function tombstone()
+  redis.call('DEL', key)
+  redis.call('HSET', key, 's', 'm', 'h', handover, 'c', now)
+  redis.call('PEXPIRE', key, ARGV[4])
+  return {'handed_over', 0, now, handover}
+end
 if not state then
+  if handover ~= '' then
+    return tombstone()
+  end
   redis.call('HSET', key, 's', 'i', 'f', ARGV[1], 't', ARGV[2],
     'l', now + tonumber(ARGV[3]), 'a', 1, 'c', now)
   redis.call('PEXPIRE', key, ARGV[4])
@@ -75,6 +99,9 @@ if cur[7] then
   redis.call('PUBLISH', key, 'x')
 end
 if ARGV[5] == 'r' then
+  if handover ~= '' then
+    return tombstone()
+  end
   redis.call('HSET', key, 't', ARGV[2], 'l', now + tonumber(ARGV[3]))
   redis.call('PEXPIRE', key, ARGV[4])
   return {'reserved', attempt, created}
