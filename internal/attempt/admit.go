@@ -77,5 +77,8 @@ func (a *Attempt) Admit(scope, key string) *problem.Problem {
 		ns += policy.DerivedNamespaceSuffix // never a key a client sent
 	}
 	a.ID = idem.RecordIDFor(ns, scope, key)
+	if a.srv.Homes != nil && a.Policy.Homes != nil {
+		a.store, a.budget = a.srv.Homes.StoreFor(a.Policy, scope, key)
+	}
 	return nil
 }

@@ -30,6 +30,11 @@ import (
 // Server is what every attempt of one server shares.
 type Server struct {
 	Store idem.Store
+	// Homes, when set, finds the store that arbitrates the keys of a
+	// policy with a homes map (policy.Homes): another region's, for a
+	// scope homed there. Without it, or for a policy without homes, every
+	// key lives in Store.
+	Homes HomeFinder
 	// Sealer seals and opens the responses of policies with Encrypt; nil
 	// when the server has no key ring.
 	Sealer   idem.Sealer
@@ -68,6 +73,15 @@ func (s *Server) Wait(ctx context.Context) error {
 	}
 }
 
+// HomeFinder finds where the keys of a scope are arbitrated when they live
+// in several regions' stores (package region).
+type HomeFinder interface {
+	// StoreFor returns the store one attempt of p's key in scope calls for
+	// its whole life, and the budget of each of its calls while the proxy
+	// waits. A home the finder cannot use gives a store whose calls fail.
+	StoreFor(p *policy.Policy, scope, key string) (idem.Store, time.Duration)
+}
+
 // Conversation is the attempt's side of the protocol's conversation: it
 // puts a decision on the request's metrics and span, and tells the proxy
 // about a wait. (Log lines are the attempt's own, LogAt: a variadic call
@@ -101,6 +115,11 @@ type Attempt struct {
 	// Started is when the attempt's stream began: its lines' latency.
 	Started time.Time
 
+	// store is the store of this attempt's record (Server.Homes), and
+	// budget the time of each of its calls while the proxy waits.
+	store  idem.Store
+	budget time.Duration
+
 	// renew keeps the lease alive; it is set exactly while this attempt
 	// holds the record and has not settled it (Held).
 	renew *renewer
@@ -120,7 +139,7 @@ type Attempt struct {
 
 // New returns an attempt of srv that talks through conv.
 func New(srv *Server, conv Conversation) Attempt {
-	return Attempt{srv: srv, conv: conv, Started: time.Now()}
+	return Attempt{srv: srv, conv: conv, Started: time.Now(), store: srv.Store, budget: srv.StoreTimeout}
 }
 
 // Held reports whether this attempt holds the record and has not settled
@@ -156,5 +175,5 @@ func (a *Attempt) PolicyName() string {
 
 // StoreCtx bounds one store call made while Envoy waits.
 func (a *Attempt) StoreCtx(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(ctx, a.srv.StoreTimeout)
+	return context.WithTimeout(ctx, a.budget)
 }

@@ -3,6 +3,7 @@ package attempt
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/idem-extproc/idem-extproc/internal/idem"
@@ -50,7 +51,15 @@ func (a *Attempt) Decide(ctx context.Context, fp idem.Fingerprint) (idem.Reserve
 		// this guards other embeddings.)
 		return idem.ReserveResult{}, unusable{errNoKeyRing}
 	}
+	if a.budget > a.srv.StoreTimeout {
+		// The home is far away: ask the proxy for the time the store
+		// calls need (the proxy may refuse; then its own timer stands).
+		_ = a.conv.BeforeWait(2*a.budget + a.Policy.WaitForInFlight)
+	}
 	res, err := a.reserve(ctx, fp)
+	if err == nil {
+		err = homeElsewhere(res)
+	}
 	if err != nil {
 		if a.Policy.FailureMode != policy.FailOpen {
 			a.giveUp(ctx, err)
@@ -59,7 +68,7 @@ func (a *Attempt) Decide(ctx context.Context, fp idem.Fingerprint) (idem.Reserve
 	}
 	a.Number = res.Attempt
 	if res.Outcome == idem.InFlight && a.Policy.WaitForInFlight > 0 {
-		if w, ok := a.srv.Store.(idem.Watcher); ok {
+		if w, ok := a.store.(idem.Watcher); ok {
 			res = a.awaitFirst(ctx, w, fp, res)
 		}
 	}
@@ -75,6 +84,16 @@ func (a *Attempt) Decide(ctx context.Context, fp idem.Fingerprint) (idem.Reserve
 	return res, nil
 }
 
+// homeElsewhere turns the outcomes of a store that no longer arbitrates
+// the key into an error: without a finder that follows the key to its
+// new home (Server.Homes), this server cannot ask the store that does.
+func homeElsewhere(res idem.ReserveResult) error {
+	if res.Outcome == idem.Moved || res.Outcome == idem.HandedOver {
+		return fmt.Errorf("the key is arbitrated in region %q, which this server's store does not reach", res.Home)
+	}
+	return nil
+}
+
 func (a *Attempt) open(r idem.Response) (idem.Response, error) {
 	if a.srv.Sealer == nil {
 		return idem.Response{}, errors.New("a stored response is sealed and the server has no key ring")
@@ -88,7 +107,7 @@ func (a *Attempt) reserve(ctx context.Context, fp idem.Fingerprint) (idem.Reserv
 	sctx, cancel := a.StoreCtx(ctx)
 	defer cancel()
 	waitReplicas, waitTimeout := a.Policy.WaitReplicas()
-	return a.srv.Store.Reserve(sctx, idem.Reservation{
+	return a.store.Reserve(sctx, idem.Reservation{
 		ID:           a.ID,
 		Fingerprint:  fp,
 		Token:        a.Token,
@@ -107,7 +126,7 @@ func (a *Attempt) reserve(ctx context.Context, fp idem.Fingerprint) (idem.Reserv
 // was released, or the outcome found when the wait ends.
 func (a *Attempt) awaitFirst(ctx context.Context, w idem.Watcher, fp idem.Fingerprint, first idem.ReserveResult) idem.ReserveResult {
 	deadline := time.Now().Add(a.Policy.WaitForInFlight)
-	if err := a.conv.BeforeWait(a.Policy.WaitForInFlight + 2*a.srv.StoreTimeout); err != nil {
+	if err := a.conv.BeforeWait(a.Policy.WaitForInFlight + 2*a.budget); err != nil {
 		return first
 	}
 	wctx, cancel := context.WithDeadline(ctx, deadline)
@@ -135,7 +154,7 @@ func (a *Attempt) awaitFirst(ctx context.Context, w idem.Watcher, fp idem.Finger
 // may have settled, and reports what to answer if it did.
 func (a *Attempt) reread(ctx context.Context, fp idem.Fingerprint, first idem.ReserveResult) (idem.ReserveResult, bool) {
 	sctx, scancel := a.StoreCtx(ctx)
-	rec, err := a.srv.Store.Get(sctx, a.ID)
+	rec, err := a.store.Get(sctx, a.ID)
 	scancel()
 	switch {
 	case errors.Is(err, idem.ErrNotFound):
@@ -183,6 +202,9 @@ func (a *Attempt) DecideShadow(ctx context.Context, fp idem.Fingerprint) (idem.S
 		return idem.ShadowStoreError, errNoKeyRing
 	}
 	res, err := a.reserve(ctx, fp)
+	if err == nil {
+		err = homeElsewhere(res)
+	}
 	if err != nil {
 		return idem.ShadowStoreError, err
 	}

@@ -34,12 +34,12 @@ func (a *Attempt) startRenewer(base context.Context) *renewer {
 	if base.Done() != nil {
 		base = context.WithoutCancel(base)
 	}
-	s, id, tok, lease := a.srv, a.ID, a.Token, a.Policy.Lease
+	s, st, budget, id, tok, lease := a.srv, a.store, a.budget, a.ID, a.Token, a.Policy.Lease
 	r := &renewer{}
 	every := lease / 2
 	tick := func() {
-		ctx, cancel := context.WithTimeout(base, s.StoreTimeout)
-		err := s.Store.Renew(ctx, id, tok, lease)
+		ctx, cancel := context.WithTimeout(base, budget)
+		err := st.Renew(ctx, id, tok, lease)
 		cancel()
 		next := every
 		if err != nil {

@@ -187,6 +187,10 @@ func (b *builder) build(doc *document) *policy.Set {
 	if enabled {
 		set.Policies = append(set.Policies, p)
 	}
+	set.Homes = b.homes(&doc.Homes)
+	for _, p := range set.Policies {
+		p.Homes = set.Homes
+	}
 	return set
 }
 

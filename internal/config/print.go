@@ -67,6 +67,7 @@ func unparse(set *policy.Set) (*document, error) {
 	if !hasDefault {
 		doc.DefaultPolicy.Enabled = boolScalar(false)
 	}
+	doc.Homes = unhomes(set.Homes)
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("config: %w", err)
 	}

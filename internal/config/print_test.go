@@ -13,6 +13,20 @@ import (
 // printCases are files that take each option in each of its forms, and
 // values that YAML would read as something else when written plain.
 var printCases = map[string]string{
+	"homes in three regions": `
+policies:
+  - name: orders
+    match: {methods: [POST], path: {prefix: /orders}}
+    scope: {from: header, header: x-tenant}
+homes:
+  epoch: 4
+  default: eu-west
+  key_clock_skew: 30s
+  rules:
+    - {scopes: [acme, 'us-*'], region: us-east}
+    - {scopes: [globex], region: ap-south, moved_from: eu-west, moved_at: '2026-11-30T10:00:00Z'}
+    - {scopes: [initech], region: us-east, moved_from: ap-south, moved_at: '2026-12-01T08:00:00Z', lost: true}
+`,
 	"every scope and key source": `
 defaults:
   retention: 1h30m

@@ -113,6 +113,9 @@ type document struct {
 	Policies []namedPolicy `yaml:"policies"`
 	// DefaultPolicy protects what no listed policy matches.
 	DefaultPolicy defaultPolicy `yaml:"default_policy,omitempty"`
+	// Homes places each scope's keys in one region's store, for a fleet
+	// in several regions.
+	Homes homesDoc `yaml:"homes,omitempty"`
 }
 
 // Structs below have no UnmarshalYAML of their own: yaml.v3's Node.Decode

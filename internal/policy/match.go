@@ -41,6 +41,9 @@ type Match struct {
 // applies. A request no policy matches is not protected.
 type Set struct {
 	Policies []*Policy
+	// Homes, when set, spreads the scopes' keys over several regions'
+	// stores; every policy's Homes points to it.
+	Homes *Homes
 }
 
 // DefaultSet holds only the default policy.

@@ -149,6 +149,9 @@ type Policy struct {
 	// Answers is the protocol of the answers made in the upstream's
 	// place: HTTP (the default) or JSON-RPC (answers: jsonrpc).
 	Answers Answers
+	// Homes is the set's map of scopes to regions (Set.Homes); nil when
+	// every key lives in the server's own store.
+	Homes *Homes
 }
 
 // KeyRules are the key group: key.header, key.required, key.max_length,

@@ -1,0 +1,248 @@
+// Package region keeps one uniqueness scope across regions: each scope has
+// a home region whose store arbitrates all its keys (policy.Homes), and a
+// server in any region calls that store for the keys of that scope. A
+// scope moved from one home to another is handed over key by key
+// (idem.Reservation.HandOverTo), so that no key is ever reserved in two
+// stores; a home declared lost quarantines the keys it may have seen.
+// docs/regions.md says what is promised and what is not.
+package region
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/idem-extproc/idem-extproc/internal/idem"
+	"github.com/idem-extproc/idem-extproc/internal/policy"
+)
+
+// Store is one region's store, as this server reaches it.
+type Store struct {
+	idem.Store
+	// Budget bounds each call to it while the proxy waits (Budget).
+	Budget time.Duration
+}
+
+// Observer counts what crossing regions does. Its region labels are the
+// regions' names from the server's configuration.
+type Observer interface {
+	// HandedOver counts a hand-over asked of from's store, by the
+	// outcome it reported ("handed_over", "completed", "error", …).
+	HandedOver(from, outcome string)
+	// Moved counts a reservation a store answered Moved: this server's
+	// map is older than the store's tombstone, which sent it to home.
+	Moved(home string)
+	// Quarantined counts a key answered as of unknown outcome because the
+	// lost region that may have seen it could not be asked.
+	Quarantined(lost string)
+}
+
+// Router finds each scope's home and its store (attempt.HomeFinder).
+type Router struct {
+	local  string
+	stores map[string]Store
+	obs    Observer
+	now    func() time.Time
+}
+
+// NewRouter routes keys among stores, the store of every region this
+// server knows by name; local is the server's own region. obs may be nil.
+func NewRouter(local string, stores map[string]Store, obs Observer) (*Router, error) {
+	if _, ok := stores[local]; !ok {
+		return nil, fmt.Errorf("region: no store for the server's own region %q", local)
+	}
+	if obs == nil {
+		obs = nopObserver{}
+	}
+	return &Router{local: local, stores: stores, obs: obs, now: time.Now}, nil
+}
+
+// Local is the server's own region.
+func (r *Router) Local() string { return r.local }
+
+// Check reports every region homes names that the router has no store
+// for, naming the map's field, so a policy file that names one is refused
+// before it is used.
+func (r *Router) Check(h *policy.Homes) error {
+	if h == nil {
+		return nil
+	}
+	var errs []error
+	for _, name := range h.Regions() {
+		if _, ok := r.stores[name]; !ok {
+			errs = append(errs, fmt.Errorf("homes: region %q has no store on this server (known: %s; --region-redis names them)", name, r.names()))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (r *Router) names() string {
+	s := ""
+	for name := range r.stores {
+		if s != "" {
+			s += ", "
+		}
+		s += name
+	}
+	return s
+}
+
+// StoreFor implements attempt.HomeFinder: the store that arbitrates key in
+// scope under p, for one attempt, and the budget of each of its calls.
+func (r *Router) StoreFor(p *policy.Policy, scope, key string) (idem.Store, time.Duration) {
+	now := r.now()
+	home := p.Homes.For(p, scope, now)
+	hs, ok := r.stores[home.Region]
+	if !ok {
+		return refused{fmt.Errorf("region: scope's home %q has no store on this server", home.Region)}, r.stores[r.local].Budget
+	}
+	// Even a home at this server goes through attemptStore: a tombstone
+	// newer than this server's map sends the key on (Reserve).
+	a := &attemptStore{r: r, home: home.Region, pinned: hs}
+	budget := hs.Budget
+	if home.From != "" && !(home.Lost && newerThan(key, home.Since, p.Homes.KeyClockSkew, now)) {
+		from, ok := r.stores[home.From]
+		if !ok {
+			return refused{fmt.Errorf("region: former home %q has no store on this server", home.From)}, budget
+		}
+		a.from, a.fromName, a.lost = from, home.From, home.Lost
+		budget += from.Budget
+	}
+	return a, budget
+}
+
+// attemptStore is one attempt's view of its key's home: a store in another
+// region, or a home that must first hand the key over from its former one.
+// Once a reservation found where the record lives, every later call of the
+// attempt goes there (pinned), whatever map a reload brings meanwhile.
+type attemptStore struct {
+	r      *Router
+	home   string
+	pinned Store
+	// from is the former home while a move's window lasts (unset once
+	// the key is handed over, or when the key proves it is newer than a
+	// lost home's failover); lost says it was declared lost.
+	from     Store
+	fromName string
+	lost     bool
+}
+
+// Reserve hands the key over from its former home first, if it has one:
+// a record there is answered from there (and the attempt stays with it);
+// only once the former home left a tombstone does the new home reserve.
+// A Moved answer (the store's tombstone is newer than this server's map)
+// is followed once, to the region it names.
+func (s *attemptStore) Reserve(ctx context.Context, rv idem.Reservation) (idem.ReserveResult, error) {
+	if s.from.Store != nil {
+		hand := rv
+		hand.HandOverTo = s.home
+		res, err := s.from.Reserve(ctx, hand)
+		switch {
+		case err != nil && s.lost:
+			// The lost region cannot say whether it saw the key: its
+			// outcome is unknown, and nothing runs.
+			s.r.obs.HandedOver(s.fromName, "error")
+			s.r.obs.Quarantined(s.fromName)
+			return idem.ReserveResult{Outcome: idem.Unknown}, nil
+		case err != nil:
+			s.r.obs.HandedOver(s.fromName, "error")
+			return res, fmt.Errorf("region: hand-over from %q: %w", s.fromName, err)
+		case res.Outcome == idem.Moved:
+			s.r.obs.HandedOver(s.fromName, "moved")
+			return idem.ReserveResult{}, fmt.Errorf("region: %q handed the key over to %q already, not to %q: the homes maps disagree",
+				s.fromName, res.Home, s.home)
+		case res.Outcome != idem.HandedOver:
+			// The former home holds the record: it stays the record's store.
+			s.r.obs.HandedOver(s.fromName, res.Outcome.String())
+			s.pinned, s.from = s.from, Store{}
+			return res, nil
+		}
+		s.r.obs.HandedOver(s.fromName, "handed_over")
+		s.from = Store{}
+	}
+	res, err := s.pinned.Reserve(ctx, rv)
+	if err != nil || res.Outcome != idem.Moved {
+		return res, err
+	}
+	s.r.obs.Moved(res.Home)
+	next, ok := s.r.stores[res.Home]
+	if !ok || res.Home == s.home {
+		return idem.ReserveResult{}, fmt.Errorf("region: the key moved to %q, which this server cannot follow", res.Home)
+	}
+	s.home, s.pinned = res.Home, next
+	res, err = next.Reserve(ctx, rv)
+	if err == nil && res.Outcome == idem.Moved {
+		return idem.ReserveResult{}, fmt.Errorf("region: the key moved on from %q to %q: not followed twice", s.home, res.Home)
+	}
+	return res, err
+}
+
+func (s *attemptStore) Renew(ctx context.Context, id idem.RecordID, tok idem.Token, lease time.Duration) error {
+	return s.pinned.Renew(ctx, id, tok, lease)
+}
+
+func (s *attemptStore) Complete(ctx context.Context, id idem.RecordID, tok idem.Token, resp idem.Response, retention time.Duration) error {
+	return s.pinned.Complete(ctx, id, tok, resp, retention)
+}
+
+func (s *attemptStore) Release(ctx context.Context, id idem.RecordID, tok idem.Token) error {
+	return s.pinned.Release(ctx, id, tok)
+}
+
+func (s *attemptStore) MarkUnknown(ctx context.Context, id idem.RecordID, tok idem.Token, retention time.Duration) error {
+	return s.pinned.MarkUnknown(ctx, id, tok, retention)
+}
+
+// Cancel undoes the attempt's reservation where it may have been made:
+// the store it is pinned to. A hand-over reserves nothing, so the former
+// home holds nothing of the token's.
+func (s *attemptStore) Cancel(ctx context.Context, id idem.RecordID, tok idem.Token, hold time.Duration) (idem.CancelResult, error) {
+	return s.pinned.Cancel(ctx, id, tok, hold)
+}
+
+func (s *attemptStore) Get(ctx context.Context, id idem.RecordID) (idem.Record, error) {
+	return s.pinned.Get(ctx, id)
+}
+
+func (s *attemptStore) Ping(ctx context.Context) error { return s.pinned.Ping(ctx) }
+
+// Watch lets a duplicate wait on the store that holds the record.
+func (s *attemptStore) Watch(ctx context.Context, id idem.RecordID) (<-chan struct{}, func(), error) {
+	w, ok := s.pinned.Store.(idem.Watcher)
+	if !ok {
+		return nil, nil, errors.New("region: the record's store cannot watch")
+	}
+	return w.Watch(ctx, id)
+}
+
+// refused is the store of a home this server has no store for: every call
+// fails before anything is asked, so nothing is left to cancel.
+type refused struct{ err error }
+
+func (r refused) fail() error { return fmt.Errorf("%w: %w", idem.ErrRefused, r.err) }
+
+func (r refused) Reserve(context.Context, idem.Reservation) (idem.ReserveResult, error) {
+	return idem.ReserveResult{}, r.fail()
+}
+func (r refused) Renew(context.Context, idem.RecordID, idem.Token, time.Duration) error {
+	return r.fail()
+}
+func (r refused) Complete(context.Context, idem.RecordID, idem.Token, idem.Response, time.Duration) error {
+	return r.fail()
+}
+func (r refused) Release(context.Context, idem.RecordID, idem.Token) error { return r.fail() }
+func (r refused) MarkUnknown(context.Context, idem.RecordID, idem.Token, time.Duration) error {
+	return r.fail()
+}
+func (r refused) Cancel(context.Context, idem.RecordID, idem.Token, time.Duration) (idem.CancelResult, error) {
+	return 0, r.fail()
+}
+func (r refused) Get(context.Context, idem.RecordID) (idem.Record, error) { return idem.Record{}, r.fail() }
+func (r refused) Ping(context.Context) error                               { return r.fail() }
+
+type nopObserver struct{}
+
+func (nopObserver) HandedOver(string, string) {}
+func (nopObserver) Moved(string)              {}
+func (nopObserver) Quarantined(string)        {}

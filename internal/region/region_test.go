@@ -1,0 +1,220 @@
+package region
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idem-extproc/idem-extproc/internal/idem"
+	"github.com/idem-extproc/idem-extproc/internal/memstore"
+	"github.com/idem-extproc/idem-extproc/internal/policy"
+)
+
+const budget = 100 * time.Millisecond
+
+type counts struct {
+	mu sync.Mutex
+	m  map[string]int
+}
+
+func (c *counts) add(k string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.m == nil {
+		c.m = map[string]int{}
+	}
+	c.m[k]++
+}
+
+func (c *counts) get(k string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.m[k]
+}
+
+func (c *counts) HandedOver(from, outcome string) { c.add("handover:" + from + ":" + outcome) }
+func (c *counts) Moved(home string)               { c.add("moved:" + home) }
+func (c *counts) Quarantined(lost string)         { c.add("quarantined:" + lost) }
+
+// down is a region whose store cannot be reached.
+type down struct{ idem.Store }
+
+func (down) Reserve(context.Context, idem.Reservation) (idem.ReserveResult, error) {
+	return idem.ReserveResult{}, errors.New("dial tcp: connection refused")
+}
+
+type fleet struct {
+	stores map[string]Store
+	obs    *counts
+}
+
+func newFleet(names ...string) *fleet {
+	f := &fleet{stores: map[string]Store{}, obs: &counts{}}
+	for _, n := range names {
+		f.stores[n] = Store{Store: memstore.New(memstore.Options{}), Budget: budget}
+	}
+	return f
+}
+
+// router is region name's server holding homes.
+func (f *fleet) router(t *testing.T, name string) *Router {
+	t.Helper()
+	r, err := NewRouter(name, f.stores, f.obs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func withHomes(h *policy.Homes) *policy.Policy {
+	p := policy.Default()
+	p.Homes = h
+	return p
+}
+
+func reserve(t *testing.T, r *Router, p *policy.Policy, scope, key string, fp idem.Fingerprint) (idem.Store, idem.ReserveResult, error) {
+	t.Helper()
+	st, _ := r.StoreFor(p, scope, key)
+	res, err := st.Reserve(context.Background(), idem.Reservation{
+		ID: idem.RecordIDFor(p.Name, scope, key), Fingerprint: fp, Token: idem.NewToken(),
+		Lease: time.Minute, Retention: p.Retention,
+	})
+	return st, res, err
+}
+
+func TestHomeElsewhereIsOneStoreForEveryRegion(t *testing.T) {
+	f := newFleet("eu", "us", "ap")
+	p := withHomes(&policy.Homes{Epoch: 1, Default: "eu", Rules: []policy.HomeRule{{Scopes: []string{"acme"}, Region: "us"}}})
+	fp := idem.Fingerprint{1}
+	// The first attempt enters ap, its retry eu: both ask us.
+	st, res, err := reserve(t, f.router(t, "ap"), p, "acme", "k1", fp)
+	if err != nil || res.Outcome != idem.Reserved {
+		t.Fatalf("first = %v, %v", res.Outcome, err)
+	}
+	if _, err := f.stores["us"].Get(context.Background(), idem.RecordIDFor(p.Name, "acme", "k1")); err != nil {
+		t.Fatalf("the record is not in us: %v", err)
+	}
+	_, res, err = reserve(t, f.router(t, "eu"), p, "acme", "k1", fp)
+	if err != nil || res.Outcome != idem.InFlight {
+		t.Fatalf("retry in eu = %v, %v; want in_flight", res.Outcome, err)
+	}
+	if st.(*attemptStore).pinned.Store != f.stores["us"].Store {
+		t.Errorf("the attempt's store is not us")
+	}
+}
+
+func TestMoveHandsOverEachKey(t *testing.T) {
+	f := newFleet("eu", "us")
+	old := withHomes(&policy.Homes{Epoch: 1, Default: "eu"})
+	moved := withHomes(&policy.Homes{Epoch: 2, Default: "eu", Rules: []policy.HomeRule{
+		{Scopes: []string{"acme"}, Region: "us", MovedFrom: "eu", MovedAt: time.Now()}}})
+	fp := idem.Fingerprint{1}
+	eu, us := f.router(t, "eu"), f.router(t, "us")
+
+	// A key reserved in eu before the move is found there, and completed
+	// there by its holder; the new home answers from it.
+	ctx := context.Background()
+	st, res, err := reserve(t, eu, old, "acme", "before", fp)
+	if err != nil || res.Outcome != idem.Reserved {
+		t.Fatal(res, err)
+	}
+	_, res, err = reserve(t, us, moved, "acme", "before", fp)
+	if err != nil || res.Outcome != idem.InFlight {
+		t.Fatalf("new home while eu's attempt runs = %v, %v; want in_flight", res.Outcome, err)
+	}
+	id := idem.RecordIDFor(old.Name, "acme", "before")
+	rec, _ := f.stores["eu"].Get(ctx, id)
+	if err := st.Complete(ctx, id, rec.Token, idem.Response{Status: 201, Body: []byte("made")}, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	_, res, err = reserve(t, us, moved, "acme", "before", fp)
+	if err != nil || res.Outcome != idem.Completed || string(res.Response.Body) != "made" {
+		t.Fatalf("new home after eu completed = %+v, %v; want eu's answer", res, err)
+	}
+	if _, err := f.stores["us"].Get(ctx, id); !errors.Is(err, idem.ErrNotFound) {
+		t.Errorf("us made a record of a key eu holds: %v", err)
+	}
+
+	// A new key: eu gets a tombstone, us the record; a server still on
+	// the old map is sent on to us and finds the record there.
+	_, res, err = reserve(t, us, moved, "acme", "after", fp)
+	if err != nil || res.Outcome != idem.Reserved {
+		t.Fatalf("new key at the new home = %v, %v", res.Outcome, err)
+	}
+	st, res, err = reserve(t, eu, old, "acme", "after", fp)
+	if err != nil || res.Outcome != idem.InFlight {
+		t.Fatalf("old map = %v, %v; want in_flight from us", res.Outcome, err)
+	}
+	if f.obs.get("moved:us") != 1 {
+		t.Errorf("moved answers = %v", f.obs.m)
+	}
+	if st.(*attemptStore).home != "us" {
+		t.Errorf("the old map's attempt is not pinned to us")
+	}
+}
+
+func TestLostHomeQuarantinesKeysItMayHaveSeen(t *testing.T) {
+	f := newFleet("eu", "us")
+	f.stores["ap"] = Store{Store: down{}, Budget: budget}
+	failover := time.Now().Add(-time.Hour)
+	p := withHomes(&policy.Homes{Epoch: 3, Default: "eu", KeyClockSkew: time.Minute, Rules: []policy.HomeRule{
+		{Scopes: []string{"acme"}, Region: "us", MovedFrom: "ap", MovedAt: failover, Lost: true}}})
+	us := f.router(t, "us")
+	fp := idem.Fingerprint{1}
+	for _, key := range []string{
+		"order-17", // not a UUIDv7: proves nothing
+		uuidv7(failover.Add(-time.Minute)),
+		uuidv7(failover.Add(30 * time.Second)),   // within the skew
+		uuidv7(time.Now().Add(10 * time.Minute)), // from the future
+	} {
+		_, res, err := reserve(t, us, p, "acme", key, fp)
+		if err != nil || res.Outcome != idem.Unknown {
+			t.Errorf("key %s = %v, %v; want unknown (quarantined)", key, res.Outcome, err)
+		}
+	}
+	if n := f.obs.get("quarantined:ap"); n != 4 {
+		t.Errorf("quarantined = %d", n)
+	}
+	key := uuidv7(failover.Add(2 * time.Minute))
+	if _, res, err := reserve(t, us, p, "acme", key, fp); err != nil || res.Outcome != idem.Reserved {
+		t.Errorf("a key made after the failover = %v, %v; want reserved", res.Outcome, err)
+	}
+	// A move (not a loss) whose former home is down fails: nothing runs.
+	p.Homes.Rules[0].Lost = false
+	if _, _, err := reserve(t, us, p, "acme", "order-18", fp); err == nil || !strings.Contains(err.Error(), "hand-over") {
+		t.Errorf("moved from a region that cannot be asked: %v", err)
+	}
+}
+
+func TestUnknownRegionIsRefused(t *testing.T) {
+	f := newFleet("eu")
+	p := withHomes(&policy.Homes{Epoch: 1, Default: "mars"})
+	r := f.router(t, "eu")
+	if err := r.Check(p.Homes); err == nil || !strings.Contains(err.Error(), `"mars"`) {
+		t.Errorf("Check = %v", err)
+	}
+	if _, _, err := reserve(t, r, p, "s", "k", idem.Fingerprint{}); !errors.Is(err, idem.ErrRefused) {
+		t.Errorf("reserve = %v, want refused", err)
+	}
+}
+
+func TestUUIDv7Time(t *testing.T) {
+	at := time.UnixMilli(1764500000123)
+	if ms, ok := uuidv7Time(uuidv7(at)); !ok || ms != at.UnixMilli() {
+		t.Errorf("uuidv7Time = %d, %v", ms, ok)
+	}
+	for _, s := range []string{"", "0190a3b4-5c6d-4e7f-8a9b-0c1d2e3f4a5b" /* v4 */, "0190a3b4-5c6d-7e7f-ca9b-0c1d2e3f4a5b" /* variant */, "0190a3b45c6d7e7f8a9b0c1d2e3f4a5b0000"} {
+		if _, ok := uuidv7Time(s); ok {
+			t.Errorf("%q read as a UUIDv7", s)
+		}
+	}
+}
+
+func uuidv7(at time.Time) string {
+	ms := at.UnixMilli()
+	return fmt.Sprintf("%08x-%04x-7abc-8def-0123456789ab", ms>>16, ms&0xffff)
+}
