@@ -238,8 +238,10 @@ func (r refused) MarkUnknown(context.Context, idem.RecordID, idem.Token, time.Du
 func (r refused) Cancel(context.Context, idem.RecordID, idem.Token, time.Duration) (idem.CancelResult, error) {
 	return 0, r.fail()
 }
-func (r refused) Get(context.Context, idem.RecordID) (idem.Record, error) { return idem.Record{}, r.fail() }
-func (r refused) Ping(context.Context) error                               { return r.fail() }
+func (r refused) Get(context.Context, idem.RecordID) (idem.Record, error) {
+	return idem.Record{}, r.fail()
+}
+func (r refused) Ping(context.Context) error { return r.fail() }
 
 type nopObserver struct{}
 
