@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"regexp"
 	"errors"
 	"flag"
 	"fmt"
@@ -43,6 +44,17 @@ type Config struct {
 	TLSAllowedSANs                           []string
 	// StoreTimeout bounds each store call made while Envoy waits.
 	StoreTimeout time.Duration
+	// Region is this server's region; RegionRedis the store of every
+	// other region a homes map may name (docs/regions.md).
+	Region      string
+	RegionRedis regionStores
+	// RegionIdleConns are the connections kept open to each other region's
+	// store; RegionPingInterval how often each region's store is pinged
+	// (keeping them warm, measuring the round trip); RegionDefaultRTT the
+	// round trip assumed for a region that does not answer at start.
+	RegionIdleConns    int
+	RegionPingInterval time.Duration
+	RegionDefaultRTT   time.Duration
 	// DrainTimeout bounds how long open streams may run after SIGTERM.
 	DrainTimeout time.Duration
 	// AllowEvictingRedis lets the server start on a Redis whose
@@ -135,6 +147,11 @@ func defineFlags(fs *flag.FlagSet, cfg *Config, raw *rawFlags) {
 	fs.StringVar(&cfg.TLSClientCAFile, "tls-client-ca-file", "", "PEM CA bundle: require Envoy's client certificate signed by it (mutual TLS)")
 	fs.StringVar(&raw.allowedSANs, "tls-allowed-sans", "", "comma-separated client identities admitted (URI SANs such as spiffe://cluster.local/ns/istio-system/sa/gateway, or DNS names); empty: any client certificate the CA signed")
 	fs.DurationVar(&cfg.StoreTimeout, "store-timeout", idem.DefaultStoreTimeout, "budget of each store call (a reservation, with its replica WAIT under durability: replicated; a completion; a renewal); a call past it is a store failure: 503 under fail_closed, pass-through under fail_open. Keep it under the ext_proc filter's message_timeout (200ms by default, 300ms in the shipped configs) with room for the server's own work")
+	fs.StringVar(&cfg.Region, "region", "", "this server's region, as the policy file's homes section names regions; with --region-redis, the keys of a scope homed in another region are arbitrated by that region's store (docs/regions.md); empty: every key lives in this server's store")
+	fs.Var(&cfg.RegionRedis, "region-redis", "the store of each other region: name=redis-url pairs separated by spaces (the flag may be repeated); the Redis files (--redis-password-file, --redis-ca-file, …) apply to them too; needs --region")
+	fs.IntVar(&cfg.RegionIdleConns, "region-idle-conns", 8, "connections kept open to each other region's store (per node), so that a first write rarely pays a new connection's round trips")
+	fs.DurationVar(&cfg.RegionPingInterval, "region-ping-interval", 5*time.Second, "how often every region's store is pinged: keeps idle connections warm and updates idem_region_store_rtt_seconds")
+	fs.DurationVar(&cfg.RegionDefaultRTT, "region-default-rtt", 150*time.Millisecond, "round trip assumed for a region whose store does not answer at start, until a restart measures it; each call to another region's store gets --store-timeout plus three round trips")
 	fs.DurationVar(&cfg.DrainTimeout, "drain-timeout", 15*time.Second, "how long open streams may finish after SIGTERM/SIGINT")
 	fs.BoolVar(&cfg.AllowEvictingRedis, "allow-evicting-redis", false, "start even when a Redis primary's maxmemory-policy may evict records (anything but noeviction); they can then vanish and their retries run again")
 	fs.DurationVar(&cfg.StoreCheckInterval, "store-check-interval", 30*time.Second, "how often each Redis primary's eviction policy, persistence, replicas and marker record are checked again after the check at start")
@@ -185,7 +202,11 @@ func (c *Config) check(raw rawFlags, where func(string) string) []error {
 	}
 	if c.StoreTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("%s: must be positive", where("store-timeout")))
+	} else if c.StoreTimeout > maxStoreTimeout {
+		errs = append(errs, fmt.Errorf("%s: %v is above %v: Envoy's ext_proc message_timeout (200ms by default) would end the request first; "+
+			"a far store's calls get their round trips added (--region-redis)", where("store-timeout"), c.StoreTimeout, maxStoreTimeout))
 	}
+	errs = append(errs, c.checkRegions(where)...)
 	for _, san := range strings.Split(raw.allowedSANs, ",") {
 		if san = strings.TrimSpace(san); san != "" {
 			c.TLSAllowedSANs = append(c.TLSAllowedSANs, san)
@@ -251,3 +272,41 @@ func checkListenAddr(addr string) error {
 	}
 	return nil
 }
+
+// maxStoreTimeout is the largest --store-timeout: a budget beyond any
+// ext_proc message timeout a deployment sets is a mistake, not a choice.
+const maxStoreTimeout = 10 * time.Second
+
+func (c *Config) checkRegions(where func(string) string) []error {
+	var errs []error
+	if c.Region == "" {
+		if len(c.RegionRedis) > 0 {
+			errs = append(errs, fmt.Errorf("%s: needs --region, this server's own region", where("region-redis")))
+		}
+		return errs
+	}
+	if !regionName.MatchString(c.Region) {
+		errs = append(errs, fmt.Errorf("%s: %q is not a region name (1 to 63 lower-case letters, digits, '.', '_' or '-')", where("region"), c.Region))
+	}
+	for name := range c.RegionRedis {
+		switch {
+		case name == c.Region:
+			errs = append(errs, fmt.Errorf("%s: names this server's own region %q, whose store is --redis-url", where("region-redis"), name))
+		case !regionName.MatchString(name):
+			errs = append(errs, fmt.Errorf("%s: %q is not a region name", where("region-redis"), name))
+		}
+	}
+	if c.RegionIdleConns < 0 {
+		errs = append(errs, fmt.Errorf("%s: must not be negative", where("region-idle-conns")))
+	}
+	if c.RegionPingInterval <= 0 {
+		errs = append(errs, fmt.Errorf("%s: must be positive", where("region-ping-interval")))
+	}
+	if c.RegionDefaultRTT <= 0 {
+		errs = append(errs, fmt.Errorf("%s: must be positive", where("region-default-rtt")))
+	}
+	return errs
+}
+
+// regionName is a region's name, as the policy file writes it.
+var regionName = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)

@@ -32,6 +32,7 @@ import (
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/observe"
 	"github.com/idem-extproc/idem-extproc/internal/policy"
+	"github.com/idem-extproc/idem-extproc/internal/region"
 )
 
 // ErrConfig marks a startup failure caused by the configuration: the
@@ -64,6 +65,10 @@ type Daemon struct {
 	stopWatch context.CancelFunc
 	// safety checks the Redis store's settings and data (Redis only).
 	safety *storeSafety
+	// router finds each scope's home region's store; regionMetrics counts
+	// its work (both nil without --region).
+	router        *region.Router
+	regionMetrics *observe.Regions
 	// reloadMu guards onReload, which OnReload adds to while the file
 	// watcher may be reporting a reload.
 	reloadMu sync.Mutex

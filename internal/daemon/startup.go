@@ -154,6 +154,9 @@ func (d *Daemon) open(getenv func(string) string) (trace.TracerProvider, error) 
 		return nil, fmt.Errorf("%w: --config: %w", ErrConfig, err)
 	}
 	d.policies.AlsoCheck(func(set *policy.Set) error { return set.CheckStore(d.store) })
+	if err := d.openRegions(); err != nil {
+		return nil, err
+	}
 	if d.lis, err = net.Listen("tcp", d.cfg.Listen); err != nil {
 		return nil, fmt.Errorf("--listen %s: %w", d.cfg.Listen, err)
 	}
@@ -221,15 +224,20 @@ func (d *Daemon) serve(files startFiles, tp trace.TracerProvider) {
 		Config: extproc.Config{
 			Store: d.store, TracerProvider: tp, Policies: d.policies.Current, Logger: d.log,
 			StoreTimeout: d.cfg.StoreTimeout, MaxBufferedBytes: budget, Sealer: files.sealer,
+			Homes: d.homes(),
 		},
 		Metrics: d.metrics, MaxMessageSize: d.cfg.MaxMessageSize, Creds: files.creds,
 	})
+	if d.router != nil {
+		d.router.UseLocal(d.store) // instrumented now
+	}
 	d.health = health.NewServer()
 	healthpb.RegisterHealthServer(d.grpc, d.health)
 	d.checkHealth(d.watchCtx)
 	if d.safety != nil {
 		d.safety.watch(d.watchCtx)
 	}
+	d.keepRegionsWarm(d.watchCtx)
 	go func() { d.errc <- d.grpc.Serve(d.lis) }()
 	if d.adminLis != nil {
 		d.admin = &http.Server{Handler: d.adminHandler(), ReadHeaderTimeout: 5 * time.Second}

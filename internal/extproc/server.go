@@ -36,6 +36,9 @@ type Config struct {
 	Logger   *slog.Logger
 	// StoreTimeout bounds each store call; idem.DefaultStoreTimeout when zero.
 	StoreTimeout time.Duration
+	// Homes finds the store of a scope homed in another region (package
+	// region); nil when every key lives in Store.
+	Homes attempt.HomeFinder
 	// SettleAtEndTimeout bounds the store call that settles a record after its
 	// stream ended; it runs while no one waits, so it may be longer.
 	// DefaultSettleAtEndTimeout when zero.
@@ -98,7 +101,7 @@ func New(cfg Config) *Server {
 	if s.obs == nil {
 		s.obs = idem.NopObserver{}
 	}
-	s.att = attempt.Server{Store: cfg.Store, Sealer: cfg.Sealer, Observer: s.obs, Log: log,
+	s.att = attempt.Server{Store: cfg.Store, Homes: cfg.Homes, Sealer: cfg.Sealer, Observer: s.obs, Log: log,
 		StoreTimeout: cfg.StoreTimeout, SettleAtEndTimeout: cfg.SettleAtEndTimeout}
 	if cfg.MaxBufferedBytes > 0 {
 		s.budget = &bodyBudget{limit: cfg.MaxBufferedBytes}

@@ -33,6 +33,18 @@ func NewClient(rawURL string, callTimeout time.Duration) (redis.UniversalClient,
 // NewSecureClient is NewClient with credentials and TLS material read from
 // files (see Security).
 func NewSecureClient(rawURL string, callTimeout time.Duration, sec Security) (redis.UniversalClient, error) {
+	return newClient(rawURL, callTimeout, sec, 0)
+}
+
+// NewRemoteClient is NewSecureClient for a store in another region: it
+// keeps idle connections open, at least minIdle per node, so that a call
+// rarely pays for opening one (two round trips or more, which a budget
+// made of the region's round trip does not cover twice).
+func NewRemoteClient(rawURL string, callTimeout time.Duration, sec Security, minIdle int) (redis.UniversalClient, error) {
+	return newClient(rawURL, callTimeout, sec, minIdle)
+}
+
+func newClient(rawURL string, callTimeout time.Duration, sec Security, minIdle int) (redis.UniversalClient, error) {
 	_, simple, multi, err := parseURL(rawURL)
 	if err != nil {
 		return nil, err
@@ -79,6 +91,7 @@ func NewSecureClient(rawURL string, callTimeout time.Duration, sec Security) (re
 		// smaller than the concurrent streams makes them queue for a
 		// connection inside their budget.
 		simple.PoolSize = max(simple.PoolSize, minPoolSize())
+		simple.MinIdleConns = max(simple.MinIdleConns, minIdle)
 		// CLIENT SETINFO on every new connection is noise in INFO
 		// commandstats and buys nothing here.
 		simple.DisableIdentity = true
@@ -96,6 +109,7 @@ func NewSecureClient(rawURL string, callTimeout time.Duration, sec Security) (re
 	multi.MaxRedirects = 3
 	multi.PoolTimeout = callTimeout
 	multi.PoolSize = max(multi.PoolSize, minPoolSize())
+	multi.MinIdleConns = max(multi.MinIdleConns, minIdle)
 	multi.DisableIdentity = true
 	multi.MaintNotificationsConfig = noMaintNotifications()
 	if multi.IsClusterMode {

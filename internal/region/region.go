@@ -36,6 +36,8 @@ type Observer interface {
 	// Quarantined counts a key answered as of unknown outcome because the
 	// lost region that may have seen it could not be asked.
 	Quarantined(lost string)
+	// StoreCall times one call to region's store.
+	StoreCall(region, op string, err error, d time.Duration)
 }
 
 // Router finds each scope's home and its store (attempt.HomeFinder).
@@ -58,8 +60,39 @@ func NewRouter(local string, stores map[string]Store, obs Observer) (*Router, er
 	return &Router{local: local, stores: stores, obs: obs, now: time.Now}, nil
 }
 
+// UseLocal replaces the store of the server's own region (by the same
+// store wrapped in the server's instrumentation, once it exists). Call it
+// before the router is used.
+func (r *Router) UseLocal(st idem.Store) {
+	r.stores[r.local] = Store{Store: st, Budget: r.stores[r.local].Budget}
+}
+
 // Local is the server's own region.
 func (r *Router) Local() string { return r.local }
+
+// KeepWarm pings every region's store each period until ctx ends, so
+// that the connections a remote store's client keeps stay open and a
+// first write does not pay a new connection's round trips, and reports
+// each round trip to rtt. Each ping is bounded by its store's budget.
+func (r *Router) KeepWarm(ctx context.Context, period time.Duration, rtt func(region string, d time.Duration)) {
+	t := time.NewTicker(period)
+	defer t.Stop()
+	for {
+		for name, st := range r.stores {
+			pctx, cancel := context.WithTimeout(ctx, st.Budget)
+			start := time.Now()
+			if err := st.Ping(pctx); err == nil {
+				rtt(name, time.Since(start))
+			}
+			cancel()
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
 
 // Check reports every region homes names that the router has no store
 // for, naming the map's field, so a policy file that names one is refused
@@ -137,7 +170,9 @@ func (s *attemptStore) Reserve(ctx context.Context, rv idem.Reservation) (idem.R
 	if s.from.Store != nil {
 		hand := rv
 		hand.HandOverTo = s.home
+		start := time.Now()
 		res, err := s.from.Reserve(ctx, hand)
+		s.r.obs.StoreCall(s.fromName, "handover", err, time.Since(start))
 		switch {
 		case err != nil && s.lost:
 			// The lost region cannot say whether it saw the key: its
@@ -161,7 +196,9 @@ func (s *attemptStore) Reserve(ctx context.Context, rv idem.Reservation) (idem.R
 		s.r.obs.HandedOver(s.fromName, "handed_over")
 		s.from = Store{}
 	}
+	start := time.Now()
 	res, err := s.pinned.Reserve(ctx, rv)
+	s.r.obs.StoreCall(s.home, "reserve", err, time.Since(start))
 	if err != nil || res.Outcome != idem.Moved {
 		return res, err
 	}
@@ -171,38 +208,51 @@ func (s *attemptStore) Reserve(ctx context.Context, rv idem.Reservation) (idem.R
 		return idem.ReserveResult{}, fmt.Errorf("region: the key moved to %q, which this server cannot follow", res.Home)
 	}
 	s.home, s.pinned = res.Home, next
+	start = time.Now()
 	res, err = next.Reserve(ctx, rv)
+	s.r.obs.StoreCall(s.home, "reserve", err, time.Since(start))
 	if err == nil && res.Outcome == idem.Moved {
 		return idem.ReserveResult{}, fmt.Errorf("region: the key moved on from %q to %q: not followed twice", s.home, res.Home)
 	}
 	return res, err
 }
 
-func (s *attemptStore) Renew(ctx context.Context, id idem.RecordID, tok idem.Token, lease time.Duration) error {
+func (s *attemptStore) Renew(ctx context.Context, id idem.RecordID, tok idem.Token, lease time.Duration) (err error) {
+	defer s.timed("renew", time.Now(), &err)
 	return s.pinned.Renew(ctx, id, tok, lease)
 }
 
-func (s *attemptStore) Complete(ctx context.Context, id idem.RecordID, tok idem.Token, resp idem.Response, retention time.Duration) error {
+func (s *attemptStore) Complete(ctx context.Context, id idem.RecordID, tok idem.Token, resp idem.Response, retention time.Duration) (err error) {
+	defer s.timed("complete", time.Now(), &err)
 	return s.pinned.Complete(ctx, id, tok, resp, retention)
 }
 
-func (s *attemptStore) Release(ctx context.Context, id idem.RecordID, tok idem.Token) error {
+func (s *attemptStore) Release(ctx context.Context, id idem.RecordID, tok idem.Token) (err error) {
+	defer s.timed("release", time.Now(), &err)
 	return s.pinned.Release(ctx, id, tok)
 }
 
-func (s *attemptStore) MarkUnknown(ctx context.Context, id idem.RecordID, tok idem.Token, retention time.Duration) error {
+func (s *attemptStore) MarkUnknown(ctx context.Context, id idem.RecordID, tok idem.Token, retention time.Duration) (err error) {
+	defer s.timed("mark_unknown", time.Now(), &err)
 	return s.pinned.MarkUnknown(ctx, id, tok, retention)
 }
 
 // Cancel undoes the attempt's reservation where it may have been made:
 // the store it is pinned to. A hand-over reserves nothing, so the former
 // home holds nothing of the token's.
-func (s *attemptStore) Cancel(ctx context.Context, id idem.RecordID, tok idem.Token, hold time.Duration) (idem.CancelResult, error) {
+func (s *attemptStore) Cancel(ctx context.Context, id idem.RecordID, tok idem.Token, hold time.Duration) (_ idem.CancelResult, err error) {
+	defer s.timed("cancel", time.Now(), &err)
 	return s.pinned.Cancel(ctx, id, tok, hold)
 }
 
-func (s *attemptStore) Get(ctx context.Context, id idem.RecordID) (idem.Record, error) {
+func (s *attemptStore) Get(ctx context.Context, id idem.RecordID) (_ idem.Record, err error) {
+	defer s.timed("get", time.Now(), &err)
 	return s.pinned.Get(ctx, id)
+}
+
+// timed reports one call to the pinned store's region.
+func (s *attemptStore) timed(op string, start time.Time, err *error) {
+	s.r.obs.StoreCall(s.home, op, *err, time.Since(start))
 }
 
 func (s *attemptStore) Ping(ctx context.Context) error { return s.pinned.Ping(ctx) }
@@ -245,6 +295,7 @@ func (r refused) Ping(context.Context) error { return r.fail() }
 
 type nopObserver struct{}
 
-func (nopObserver) HandedOver(string, string) {}
-func (nopObserver) Moved(string)              {}
-func (nopObserver) Quarantined(string)        {}
+func (nopObserver) HandedOver(string, string)                      {}
+func (nopObserver) Moved(string)                                   {}
+func (nopObserver) Quarantined(string)                             {}
+func (nopObserver) StoreCall(string, string, error, time.Duration) {}

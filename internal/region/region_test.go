@@ -39,6 +39,9 @@ func (c *counts) get(k string) int {
 func (c *counts) HandedOver(from, outcome string) { c.add("handover:" + from + ":" + outcome) }
 func (c *counts) Moved(home string)               { c.add("moved:" + home) }
 func (c *counts) Quarantined(lost string)         { c.add("quarantined:" + lost) }
+func (c *counts) StoreCall(region, op string, err error, _ time.Duration) {
+	c.add("call:" + region + ":" + op)
+}
 
 // down is a region whose store cannot be reached.
 type down struct{ idem.Store }

@@ -1,0 +1,218 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/idem-extproc/idem-extproc/internal/attempt"
+	"github.com/idem-extproc/idem-extproc/internal/idem"
+	"github.com/idem-extproc/idem-extproc/internal/observe"
+	"github.com/idem-extproc/idem-extproc/internal/policy"
+	"github.com/idem-extproc/idem-extproc/internal/redisstore"
+	"github.com/idem-extproc/idem-extproc/internal/region"
+)
+
+// regionStores is --region-redis: the store of every other region, as
+// name=URL pairs separated by white space; the flag may be repeated.
+type regionStores map[string]string
+
+func (r *regionStores) String() string {
+	if r == nil {
+		return ""
+	}
+	var parts []string
+	for _, name := range slices.Sorted(mapKeys(*r)) {
+		parts = append(parts, name+"="+(*r)[name])
+	}
+	return strings.Join(parts, " ")
+}
+
+func mapKeys(m map[string]string) func(func(string) bool) {
+	return func(yield func(string) bool) {
+		for k := range m {
+			if !yield(k) {
+				return
+			}
+		}
+	}
+}
+
+func (r *regionStores) Set(v string) error {
+	if *r == nil {
+		*r = regionStores{}
+	}
+	for _, pair := range strings.Fields(v) {
+		name, url, ok := strings.Cut(pair, "=")
+		if !ok || name == "" || url == "" {
+			return fmt.Errorf("%q is not name=redis-url", pair)
+		}
+		if _, dup := (*r)[name]; dup {
+			return fmt.Errorf("region %q is named twice", name)
+		}
+		if _, err := redisstore.ParseURL(url); err != nil {
+			return fmt.Errorf("region %q: %w", name, err)
+		}
+		(*r)[name] = url
+	}
+	return nil
+}
+
+// Round trips the budgets of a remote region's calls are made of: the
+// call itself, and a connection the client opens for it (TCP's handshake
+// and the client's HELLO, one round trip each; TLS adds more, which the
+// measured round trip of a TLS store's PING does not show: give such a
+// store a larger --store-timeout).
+const remoteBudgetRTTs = 3
+
+// rttSamples PINGs measure a store's round trip at start, after one that
+// opens the connection.
+const rttSamples = 5
+
+// measureRTT is the median round trip of rttSamples PINGs to st on a
+// connection already open.
+func measureRTT(ctx context.Context, st idem.Store) (time.Duration, error) {
+	if err := st.Ping(ctx); err != nil {
+		return 0, err
+	}
+	var ds []time.Duration
+	for range rttSamples {
+		start := time.Now()
+		if err := st.Ping(ctx); err != nil {
+			return 0, err
+		}
+		ds = append(ds, time.Since(start))
+	}
+	slices.Sort(ds)
+	return ds[len(ds)/2], nil
+}
+
+// remoteBudget is the budget of each call to a store rtt away: the local
+// budget, which covers the work at both ends, plus the round trips a call
+// over a fresh connection pays.
+func remoteBudget(local, rtt time.Duration) time.Duration {
+	return local + remoteBudgetRTTs*rtt
+}
+
+// openRegions opens the other regions' stores, measures their round trips,
+// and builds the router every homes map goes through. Without --region
+// there is none, and a policy file with a homes section is refused.
+func (d *Daemon) openRegions() error {
+	if d.cfg.Region == "" {
+		d.policies.AlsoCheck(needRegion)
+		return needRegion(d.policies.Current())
+	}
+	names := append([]string{d.cfg.Region}, slices.Sorted(mapKeys(d.cfg.RegionRedis))...)
+	d.regionMetrics = d.metrics.Regions(names)
+	stores := map[string]region.Store{}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	rtt, err := measureRTT(ctx, d.store)
+	if err != nil {
+		d.log.Warn("own region's store does not answer; its round trip is unmeasured", slog.String("error", err.Error()))
+	} else if rtt*2 > d.cfg.StoreTimeout {
+		return fmt.Errorf("%w: --store-timeout %v is below two round trips to this region's store (measured %v)",
+			ErrConfig, d.cfg.StoreTimeout, rtt)
+	}
+	stores[d.cfg.Region] = region.Store{Store: d.store, Budget: d.cfg.StoreTimeout}
+	var errs []error
+	for _, name := range names[1:] {
+		st, budget, err := d.openRegion(ctx, name, d.cfg.RegionRedis[name])
+		if err != nil {
+			errs = append(errs, fmt.Errorf("--region-redis %s: %w", name, err))
+			continue
+		}
+		stores[name] = region.Store{Store: st, Budget: budget}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	r, err := region.NewRouter(d.cfg.Region, stores, d.regionMetrics)
+	if err != nil {
+		return err
+	}
+	if err := r.Check(d.policies.Current().Homes); err != nil {
+		return fmt.Errorf("%w: --config: %w", ErrConfig, err)
+	}
+	d.policies.AlsoCheck(func(set *policy.Set) error { return r.Check(set.Homes) })
+	d.router = r
+	return nil
+}
+
+// openRegion opens one other region's store. Its round trip is measured
+// over a first client; the store's client then gets the budget made of it
+// and keeps connections open (MinIdleConns), so that a first write in a
+// burst does not pay for a new one.
+func (d *Daemon) openRegion(ctx context.Context, name, url string) (idem.Store, time.Duration, error) {
+	probe, err := redisstore.NewSecureClient(url, 2*time.Second, d.cfg.RedisSecurity)
+	if err != nil {
+		return nil, 0, err
+	}
+	start := time.Now()
+	err = probe.Ping(ctx).Err()
+	var rtt time.Duration
+	if err == nil {
+		ds := make([]time.Duration, 0, rttSamples)
+		for range rttSamples {
+			start = time.Now()
+			if err = probe.Ping(ctx).Err(); err != nil {
+				break
+			}
+			ds = append(ds, time.Since(start))
+		}
+		if err == nil {
+			slices.Sort(ds)
+			rtt = ds[len(ds)/2]
+		}
+	}
+	_ = probe.Close()
+	if err != nil {
+		// Not fatal: a region may be down when this one starts. Its calls
+		// get the largest budget Envoy's timers are likely to allow until
+		// a restart measures it.
+		d.log.Warn("region's store does not answer at start; budget from --region-default-rtt", slog.String("region", name),
+			slog.String("error", err.Error()))
+		rtt = d.cfg.RegionDefaultRTT
+	}
+	budget := remoteBudget(d.cfg.StoreTimeout, rtt)
+	rdb, err := redisstore.NewRemoteClient(url, budget, d.cfg.RedisSecurity, d.cfg.RegionIdleConns)
+	if err != nil {
+		return nil, 0, err
+	}
+	d.cleanup.push(func() { _ = rdb.Close() })
+	st := redisstore.New(rdb, redisstore.Options{CallTimeout: budget})
+	d.cleanup.push(func() { _ = st.Close() })
+	d.regionMetrics.RoundTrip(name, rtt)
+	d.log.Info("region's store", slog.String("region", name), slog.Duration("rtt", rtt), slog.Duration("budget", budget))
+	return st, budget, nil
+}
+
+// needRegion refuses a homes map on a server that does not know its region.
+func needRegion(set *policy.Set) error {
+	if set.Homes != nil {
+		return errors.New("homes: the file places scopes in regions, and this server has no --region (and --region-redis for the others)")
+	}
+	return nil
+}
+
+// keepRegionsWarm pings every region's store each --region-ping-interval.
+func (d *Daemon) keepRegionsWarm(ctx context.Context) {
+	if d.router == nil {
+		return
+	}
+	go d.router.KeepWarm(ctx, d.cfg.RegionPingInterval, d.regionMetrics.RoundTrip)
+}
+
+var _ region.Observer = (*observe.Regions)(nil)
+
+// homes is the ext_proc server's home finder: the router, or none.
+func (d *Daemon) homes() attempt.HomeFinder {
+	if d.router == nil {
+		return nil
+	}
+	return d.router
+}

@@ -1,0 +1,84 @@
+package observe
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Regions counts what crossing regions does (package region): the store
+// calls each home region answers, hand-overs, moved answers, quarantined
+// keys, and the measured round trip to each region's store.
+type Regions struct {
+	calls       *prometheus.HistogramVec
+	handovers   *prometheus.CounterVec
+	moved       *prometheus.CounterVec
+	quarantined *prometheus.CounterVec
+	rtt         *prometheus.GaugeVec
+	epoch       prometheus.Gauge
+}
+
+// Regions registers the region metrics on m's registry; the daemon calls
+// it once, when the server knows other regions.
+func (m *Metrics) Regions(names []string) *Regions {
+	r := &Regions{
+		calls: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: Namespace, Name: "region_store_call_duration_seconds",
+			Help:    "Store calls made for keys homed by a homes map, by the home region that answered, operation and result (ok, not_found, not_holder, timeout, error, refused).",
+			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .15, .2, .3, .5, 1, 2},
+		}, []string{"region", "op", "result"}),
+		handovers: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Name: "region_handovers_total",
+			Help: "Keys of a moved scope asked of their former home (from) first, by what it answered: handed_over (a tombstone now sends the key on), in_flight, completed, unknown, mismatch (the former home holds the record), moved (maps disagree) or error.",
+		}, []string{"from", "outcome"}),
+		moved: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Name: "region_moved_total",
+			Help: "Reservations a store answered with a tombstone newer than this server's homes map, followed to the region it names (home).",
+		}, []string{"home"}),
+		quarantined: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Name: "region_quarantined_total",
+			Help: "Keys answered outcome-unknown because the region declared lost that may have seen them could not be asked.",
+		}, []string{"lost"}),
+		rtt: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: Namespace, Name: "region_store_rtt_seconds",
+			Help: "Round trip of a PING to each region's store on a warm connection, measured every few seconds.",
+		}, []string{"region"}),
+		epoch: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: Namespace, Name: "homes_epoch",
+			Help: "Epoch of the homes map the server holds (0: none).",
+		}),
+	}
+	for _, n := range names {
+		for _, op := range []string{"reserve", "complete"} {
+			r.calls.WithLabelValues(n, op, "error")
+			r.calls.WithLabelValues(n, op, "timeout")
+		}
+		r.quarantined.WithLabelValues(n)
+		r.moved.WithLabelValues(n)
+		r.handovers.WithLabelValues(n, "error")
+	}
+	m.reg.MustRegister(r.calls, r.handovers, r.moved, r.quarantined, r.rtt, r.epoch)
+	return r
+}
+
+// StoreCall times one call to region's store.
+func (r *Regions) StoreCall(region, op string, err error, d time.Duration) {
+	r.calls.WithLabelValues(region, op, result(err)).Observe(d.Seconds())
+}
+
+// HandedOver implements region.Observer.
+func (r *Regions) HandedOver(from, outcome string) { r.handovers.WithLabelValues(from, outcome).Inc() }
+
+// Moved implements region.Observer.
+func (r *Regions) Moved(home string) { r.moved.WithLabelValues(home).Inc() }
+
+// Quarantined implements region.Observer.
+func (r *Regions) Quarantined(lost string) { r.quarantined.WithLabelValues(lost).Inc() }
+
+// RoundTrip records region's measured round trip.
+func (r *Regions) RoundTrip(region string, d time.Duration) {
+	r.rtt.WithLabelValues(region).Set(d.Seconds())
+}
+
+// Epoch records the homes map's epoch.
+func (r *Regions) Epoch(n int) { r.epoch.Set(float64(n)) }
