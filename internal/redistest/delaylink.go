@@ -1,6 +1,7 @@
 package redistest
 
 import (
+	"math/rand/v2"
 	"net"
 	"sync"
 	"testing"
@@ -41,7 +42,10 @@ type DelayLink struct {
 // direction is how one direction treats the bytes that enter it.
 type direction struct {
 	delay time.Duration
-	hold  bool
+	// jitter adds up to this much to each read's delay, at random; bytes
+	// still keep their order.
+	jitter time.Duration
+	hold   bool
 }
 
 type linkConn struct {
@@ -85,6 +89,30 @@ func (l *DelayLink) SetDelay(up, down time.Duration) {
 	l.mu.Lock()
 	l.up.delay, l.down.delay = up, down
 	l.mu.Unlock()
+}
+
+// SetJitter adds to each later read's delay a random part up to up and
+// down, in each direction: a WAN's varying round trip.
+func (l *DelayLink) SetJitter(up, down time.Duration) {
+	l.mu.Lock()
+	l.up.jitter, l.down.jitter = up, down
+	l.mu.Unlock()
+}
+
+// Reset cuts every connection now, with a TCP reset (SO_LINGER 0) on both
+// sides, as a middlebox or a peer's crash does; what was in the link is
+// lost. The link keeps accepting connections.
+func (l *DelayLink) Reset() {
+	l.mu.Lock()
+	conns := l.conns
+	l.conns = map[*linkConn]bool{}
+	l.mu.Unlock()
+	for c := range conns {
+		_ = c.client.SetLinger(0)
+		_ = c.server.SetLinger(0)
+		_ = c.client.Close()
+		_ = c.server.Close()
+	}
 }
 
 // Hold holds back every byte in the directions named (up: client to
@@ -178,6 +206,9 @@ func (l *DelayLink) pipe(c *linkConn, src, dst *net.TCPConn, dir *direction, fro
 			if n > 0 {
 				l.mu.Lock()
 				due := time.Now().Add(dir.delay)
+				if dir.jitter > 0 {
+					due = due.Add(rand.N(dir.jitter))
+				}
 				l.held++
 				l.mu.Unlock()
 				queue <- chunk{b: buf[:n], due: due}

@@ -78,3 +78,46 @@ func TestDelayLinkKeepsOrder(t *testing.T) {
 		t.Fatalf("k = %q, want second: the later SET overtook the delayed one", v)
 	}
 }
+
+// TestDelayLinkJitterAndReset: jitter adds to the delay, never below it
+// and never reordering a connection's replies; Reset cuts the
+// connections open, and the link serves new ones.
+func TestDelayLinkJitterAndReset(t *testing.T) {
+	srv := Start(t, Options{})
+	link := NewDelayLink(t, srv.Addr())
+	c := redis.NewClient(&redis.Options{Addr: link.Addr(), MaxRetries: -1, PoolSize: 1,
+		ContextTimeoutEnabled: true, DisableIdentity: true, Protocol: 2})
+	t.Cleanup(func() { _ = c.Close() })
+	ctx := context.Background()
+	if err := c.Ping(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	link.SetDelay(5*time.Millisecond, 5*time.Millisecond)
+	link.SetJitter(10*time.Millisecond, 0)
+	for i := range 10 {
+		start := time.Now()
+		got, err := c.Echo(ctx, fmt.Sprint(i)).Result()
+		if err != nil || got != fmt.Sprint(i) {
+			t.Fatalf("echo %d = %q, %v", i, got, err)
+		}
+		if d := time.Since(start); d < 10*time.Millisecond {
+			t.Fatalf("round trip %v, below the two delays", d)
+		}
+	}
+	before, err := c.ClientID(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	link.Reset()
+	// The client finds its connection dead (go-redis checks a pooled
+	// connection before use) or fails once; either way the next
+	// command runs on a new connection.
+	_ = c.Ping(ctx).Err()
+	after, err := c.ClientID(ctx).Result()
+	if err != nil {
+		t.Fatalf("after the reset: %v", err)
+	}
+	if after == before {
+		t.Fatalf("client id %d before and after the reset: the connection was not cut", after)
+	}
+}
