@@ -1,0 +1,79 @@
+package multiregion_test
+
+import (
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+)
+
+// BenchmarkRegionPaths measures what a client sees on each path through
+// the bed's WAN, at three round trips between regions, with the product's
+// store budget (100 ms, plus three round trips for a far store). Each
+// iteration is one request entering eu:
+//
+//   - local: the scope's home is eu (today's path);
+//   - remote: the home is us: reservation and settlement cross the WAN
+//     (this is also what one global Redis costs every region but its own);
+//   - handover: the scope moved from ap to us: ap is asked first;
+//   - replay: the same key again, answered from the home's record.
+//
+// It reports p50 and p99 in milliseconds, and the requests not answered
+// 2xx (a slow machine may miss a budget; a benchmark never fails on time).
+//
+//	go test ./test/multiregion -run '^$' -bench RegionPaths -benchtime 100x
+func BenchmarkRegionPaths(b *testing.B) {
+	for _, rtt := range []time.Duration{30 * time.Millisecond, 80 * time.Millisecond, 150 * time.Millisecond} {
+		b.Run(fmt.Sprintf("rtt=%v", rtt), func(b *testing.B) {
+			bed := newBed(b, bedOptions{rtt: rtt, storeTimeout: 100 * time.Millisecond})
+			bed.setHomes(2, fmt.Sprintf(`homes:
+  epoch: 2
+  default: eu
+  rules:
+    - {scopes: [t-moved], region: us, moved_from: ap, moved_at: '%s'}
+    - {scopes: ['t-us-*'], region: us}
+    - {scopes: ['t-ap-*'], region: ap}
+`, time.Now().UTC().Format(time.RFC3339)), regionNames...)
+			for _, path := range []struct{ name, tenant string }{
+				{"local", "t-eu-1"}, {"remote", "t-us-1"}, {"handover", "t-moved"},
+			} {
+				keys := make([]string, 0, b.N)
+				b.Run(path.name+"/first-write", func(b *testing.B) {
+					keys = keys[:0]
+					measure(b, func(int) int {
+						k := newKey(false)
+						keys = append(keys, k)
+						return bed.post("eu", k, path.tenant, `{"n":1}`, 10*time.Second).Status
+					})
+				})
+				b.Run(path.name+"/replay", func(b *testing.B) {
+					measure(b, func(i int) int {
+						return bed.post("eu", keys[i%len(keys)], path.tenant, `{"n":1}`, 10*time.Second).Status
+					})
+				})
+			}
+		})
+	}
+}
+
+// measure times b.N calls of do and reports their percentiles.
+func measure(b *testing.B, do func(i int) int) {
+	ds := make([]time.Duration, 0, b.N)
+	failed := 0
+	b.ResetTimer()
+	for i := range b.N {
+		start := time.Now()
+		if st := do(i); st < 200 || st > 299 {
+			failed++
+		}
+		ds = append(ds, time.Since(start))
+	}
+	b.StopTimer()
+	slices.Sort(ds)
+	pct := func(p float64) float64 {
+		return float64(ds[min(len(ds)-1, int(p*float64(len(ds))))].Microseconds()) / 1000
+	}
+	b.ReportMetric(pct(0.50), "p50-ms")
+	b.ReportMetric(pct(0.99), "p99-ms")
+	b.ReportMetric(float64(failed), "not-2xx")
+}
