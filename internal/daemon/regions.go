@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/idem-extproc/idem-extproc/internal/attempt"
@@ -119,17 +120,34 @@ func (d *Daemon) openRegions() error {
 			ErrConfig, d.cfg.StoreTimeout, rtt)
 	}
 	stores[d.cfg.Region] = region.Store{Store: d.store, Budget: d.cfg.StoreTimeout}
-	var errs []error
-	for _, name := range names[1:] {
-		st, budget, err := d.openRegion(ctx, name, d.cfg.RegionRedis[name])
-		if err != nil {
-			errs = append(errs, fmt.Errorf("--region-redis %s: %w", name, err))
-			continue
-		}
-		stores[name] = region.Store{Store: st, Budget: budget}
+	// Every region at once: each costs several of its round trips.
+	opened := make([]region.Store, len(names))
+	errs := make([]error, len(names))
+	var (
+		wg sync.WaitGroup
+		mu sync.Mutex
+	)
+	push := func(f func()) { // d.cleanup, from the goroutines below
+		mu.Lock()
+		defer mu.Unlock()
+		d.cleanup.push(f)
 	}
+	for i, name := range names[1:] {
+		wg.Go(func() {
+			st, budget, err := d.openRegion(ctx, name, d.cfg.RegionRedis[name], push)
+			if err != nil {
+				errs[i] = fmt.Errorf("--region-redis %s: %w", name, err)
+				return
+			}
+			opened[i] = region.Store{Store: st, Budget: budget}
+		})
+	}
+	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
 		return err
+	}
+	for i, name := range names[1:] {
+		stores[name] = opened[i]
 	}
 	r, err := region.NewRouter(d.cfg.Region, stores, d.regionMetrics)
 	if err != nil {
@@ -147,7 +165,7 @@ func (d *Daemon) openRegions() error {
 // over a first client; the store's client then gets the budget made of it
 // and keeps connections open (MinIdleConns), so that a first write in a
 // burst does not pay for a new one.
-func (d *Daemon) openRegion(ctx context.Context, name, url string) (idem.Store, time.Duration, error) {
+func (d *Daemon) openRegion(ctx context.Context, name, url string, push func(func())) (idem.Store, time.Duration, error) {
 	probe, err := redisstore.NewSecureClient(url, 2*time.Second, d.cfg.RedisSecurity)
 	if err != nil {
 		return nil, 0, err
@@ -183,9 +201,13 @@ func (d *Daemon) openRegion(ctx context.Context, name, url string) (idem.Store, 
 	if err != nil {
 		return nil, 0, err
 	}
-	d.cleanup.push(func() { _ = rdb.Close() })
+	push(func() { _ = rdb.Close() })
 	st := redisstore.New(rdb, redisstore.Options{CallTimeout: budget})
-	d.cleanup.push(func() { _ = st.Close() })
+	push(func() { _ = st.Close() })
+	if err := st.LoadScripts(ctx); err != nil {
+		d.log.Warn("region's store scripts not loaded; its first calls pay one more round trip", slog.String("region", name),
+			slog.String("error", err.Error()))
+	}
 	d.regionMetrics.RoundTrip(name, rtt)
 	d.log.Info("region's store", slog.String("region", name), slog.Duration("rtt", rtt), slog.Duration("budget", budget))
 	return st, budget, nil

@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -64,6 +65,28 @@ func loadScripts() scripts {
 		purge:       redis.NewScript(purgeLua),
 		resolve:     redis.NewScript(resolveLua),
 	}
+}
+
+// LoadScripts loads the store's scripts into Redis (every primary of a
+// cluster: go-redis's ClusterClient.ScriptLoad runs on each shard,
+// osscluster_commands.go), so that no call pays the round trip of an
+// EVALSHA refused with NOSCRIPT and sent again as EVAL. It matters for a
+// store a round trip of tens of milliseconds away (another region); a
+// restarted Redis forgets them, and its first calls pay that trip once.
+func (s *Store) LoadScripts(ctx context.Context) error {
+	all := []*redis.Script{s.s.reserve, s.s.renew, s.s.complete, s.s.release, s.s.markUnknown,
+		s.s.watch, s.s.peek, s.s.cancel}
+	// At once, each on a connection of its own: one round trip, not eight.
+	errs := make([]error, len(all))
+	var wg sync.WaitGroup
+	for i, sc := range all {
+		wg.Go(func() { errs[i] = sc.Load(ctx, s.rdb).Err() })
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("redisstore: script load: %w", err)
+	}
+	return nil
 }
 
 // ScriptSource returns the Lua source of the store's script named like its

@@ -21,7 +21,11 @@ import (
 	"testing"
 	"time"
 
+	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	"google.golang.org/protobuf/types/known/durationpb"
+
 	"github.com/idem-extproc/idem-extproc/internal/daemon"
+	"github.com/idem-extproc/idem-extproc/internal/envoysim"
 	"github.com/idem-extproc/idem-extproc/internal/harness"
 	"github.com/idem-extproc/idem-extproc/internal/redistest"
 	"github.com/idem-extproc/idem-extproc/internal/testwait"
@@ -60,6 +64,10 @@ type bedOptions struct {
 	storeTimeout time.Duration
 	// persist keeps each Redis's data across a kill (append-only file).
 	persist bool
+	// messageTimeout and maxMessageTimeout, when set, are the filter's
+	// timers (the shipped configs': 300 ms and 2.5 s) instead of the
+	// harness's generous one.
+	messageTimeout, maxMessageTimeout time.Duration
 }
 
 type region struct {
@@ -143,8 +151,17 @@ func (b *bed) start(name, homes string) {
 	}
 	t.Cleanup(d.Shutdown)
 	r.d = d
+	var filter *extprocfilterv3.ExternalProcessor
+	if b.opts.messageTimeout > 0 {
+		filter = envoysim.RecommendedConfig()
+		filter.MessageTimeout = durationpb.New(b.opts.messageTimeout)
+		filter.MaxMessageTimeout = nil
+		if b.opts.maxMessageTimeout > 0 {
+			filter.MaxMessageTimeout = durationpb.New(b.opts.maxMessageTimeout)
+		}
+	}
 	r.env = harness.Start(t, harness.Options{ServerAddr: d.Addr(), Store: harness.OnRedis(r.redis),
-		UpstreamURL: b.up.URL(), ExpectProcessingErrors: true})
+		UpstreamURL: b.up.URL(), ExpectProcessingErrors: true, Filter: filter})
 }
 
 // setHomes rewrites the homes section of the regions named and waits until

@@ -77,3 +77,38 @@ func measure(b *testing.B, do func(i int) int) {
 	b.ReportMetric(pct(0.99), "p99-ms")
 	b.ReportMetric(float64(failed), "not-2xx")
 }
+
+// TestFarHomeWithinEnvoysTimers: at 150 ms between regions, a first write
+// of a scope moved from ap to us, entering eu, makes two store calls
+// across the WAN in the request phase (the hand-over at ap, the
+// reservation at us): beyond the shipped filter's 300 ms message_timeout.
+// The server asks Envoy for the time its budget needs
+// (override_message_timeout, honoured once per message up to
+// max_message_timeout: internal/envoysim/FIDELITY.md); without the shipped
+// max_message_timeout the same write times out.
+func TestFarHomeWithinEnvoysTimers(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		max    time.Duration
+		wantOK bool
+	}{
+		{"shipped max_message_timeout", 2500 * time.Millisecond, true},
+		{"no max_message_timeout", 0, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			bed := newBed(t, bedOptions{rtt: 150 * time.Millisecond, storeTimeout: 100 * time.Millisecond,
+				messageTimeout: 300 * time.Millisecond, maxMessageTimeout: c.max})
+			bed.setHomes(2, fmt.Sprintf(`homes:
+  epoch: 2
+  default: eu
+  rules:
+    - {scopes: [t-moved], region: us, moved_from: ap, moved_at: '%s'}
+`, time.Now().UTC().Format(time.RFC3339)), "eu")
+			r := bed.post("eu", newKey(false), "t-moved", `{"n":1}`, 10*time.Second)
+			if ok := r.Err == nil && r.Status == 201; ok != c.wantOK {
+				t.Fatalf("first write of a moved scope = %d %v %.200s; want success %v\n%v", r.Status, r.Err, r.Body, c.wantOK,
+					bed.regions["eu"].env.Results())
+			}
+		})
+	}
+}
