@@ -74,16 +74,22 @@ const remoteBudgetRTTs = 3
 // opens the connection.
 const rttSamples = 5
 
-// measureRTT is the median round trip of rttSamples PINGs to st on a
-// connection already open.
-func measureRTT(ctx context.Context, st idem.Store) (time.Duration, error) {
-	if err := st.Ping(ctx); err != nil {
+// probeRTT is the median round trip of rttSamples PINGs to the Redis at
+// url, over a client of its own whose timeouts are not the store's budget
+// (a budget too small for the round trip is what it must find).
+func (d *Daemon) probeRTT(ctx context.Context, url string) (time.Duration, error) {
+	probe, err := redisstore.NewSecureClient(url, 2*time.Second, d.cfg.RedisSecurity)
+	if err != nil {
 		return 0, err
 	}
-	var ds []time.Duration
+	defer probe.Close()
+	if err := probe.Ping(ctx).Err(); err != nil {
+		return 0, err
+	}
+	ds := make([]time.Duration, 0, rttSamples)
 	for range rttSamples {
 		start := time.Now()
-		if err := st.Ping(ctx); err != nil {
+		if err := probe.Ping(ctx).Err(); err != nil {
 			return 0, err
 		}
 		ds = append(ds, time.Since(start))
@@ -112,12 +118,17 @@ func (d *Daemon) openRegions() error {
 	stores := map[string]region.Store{}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	rtt, err := measureRTT(ctx, d.store)
-	if err != nil {
-		d.log.Warn("own region's store does not answer; its round trip is unmeasured", slog.String("error", err.Error()))
-	} else if rtt*2 > d.cfg.StoreTimeout {
-		return fmt.Errorf("%w: --store-timeout %v is below two round trips to this region's store (measured %v)",
-			ErrConfig, d.cfg.StoreTimeout, rtt)
+	if d.cfg.RedisURL != "" {
+		rtt, err := d.probeRTT(ctx, d.cfg.RedisURL)
+		switch {
+		case err != nil:
+			d.log.Warn("own region's store does not answer; its round trip is unmeasured", slog.String("error", err.Error()))
+		case rtt*2 > d.cfg.StoreTimeout:
+			return fmt.Errorf("%w: --store-timeout %v is below two round trips to this region's store (measured %v)",
+				ErrConfig, d.cfg.StoreTimeout, rtt)
+		default:
+			d.regionMetrics.RoundTrip(d.cfg.Region, rtt)
+		}
 	}
 	stores[d.cfg.Region] = region.Store{Store: d.store, Budget: d.cfg.StoreTimeout}
 	// Every region at once: each costs several of its round trips.
@@ -166,32 +177,12 @@ func (d *Daemon) openRegions() error {
 // and keeps connections open (MinIdleConns), so that a first write in a
 // burst does not pay for a new one.
 func (d *Daemon) openRegion(ctx context.Context, name, url string, push func(func())) (idem.Store, time.Duration, error) {
-	probe, err := redisstore.NewSecureClient(url, 2*time.Second, d.cfg.RedisSecurity)
-	if err != nil {
-		return nil, 0, err
-	}
-	start := time.Now()
-	err = probe.Ping(ctx).Err()
-	var rtt time.Duration
-	if err == nil {
-		ds := make([]time.Duration, 0, rttSamples)
-		for range rttSamples {
-			start = time.Now()
-			if err = probe.Ping(ctx).Err(); err != nil {
-				break
-			}
-			ds = append(ds, time.Since(start))
-		}
-		if err == nil {
-			slices.Sort(ds)
-			rtt = ds[len(ds)/2]
-		}
-	}
-	_ = probe.Close()
-	if err != nil {
+	rtt, err := d.probeRTT(ctx, url)
+	answers := err == nil
+	if !answers {
 		// Not fatal: a region may be down when this one starts. Its calls
-		// get the largest budget Envoy's timers are likely to allow until
-		// a restart measures it.
+		// get the budget of --region-default-rtt until a restart measures
+		// it.
 		d.log.Warn("region's store does not answer at start; budget from --region-default-rtt", slog.String("region", name),
 			slog.String("error", err.Error()))
 		rtt = d.cfg.RegionDefaultRTT
@@ -204,9 +195,11 @@ func (d *Daemon) openRegion(ctx context.Context, name, url string, push func(fun
 	push(func() { _ = rdb.Close() })
 	st := redisstore.New(rdb, redisstore.Options{CallTimeout: budget})
 	push(func() { _ = st.Close() })
-	if err := st.LoadScripts(ctx); err != nil {
-		d.log.Warn("region's store scripts not loaded; its first calls pay one more round trip", slog.String("region", name),
-			slog.String("error", err.Error()))
+	if answers { // else nothing to load the scripts into yet
+		if err := st.LoadScripts(ctx); err != nil {
+			d.log.Warn("region's store scripts not loaded; its first calls pay one more round trip", slog.String("region", name),
+				slog.String("error", err.Error()))
+		}
 	}
 	d.regionMetrics.RoundTrip(name, rtt)
 	d.log.Info("region's store", slog.String("region", name), slog.Duration("rtt", rtt), slog.Duration("budget", budget))

@@ -1,0 +1,93 @@
+package daemon
+
+import (
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/idem-extproc/idem-extproc/internal/redistest"
+)
+
+// TestRegionFlagMistakes: each mistake in the region flags is named at
+// parse time, all at once.
+func TestRegionFlagMistakes(t *testing.T) {
+	_, err := ParseConfig([]string{"--region-redis", "us=redis://a:1 bogus", "--store-timeout", "1h"},
+		func(string) string { return "" }, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), `"bogus" is not name=redis-url`) {
+		t.Fatalf("bad pair: %v", err)
+	}
+	_, err = ParseConfig([]string{"--region-redis", "us=redis://a:1", "--store-timeout", "1h"},
+		func(string) string { return "" }, io.Discard)
+	for _, want := range []string{"--region-redis: needs --region", "--store-timeout: 1h0m0s is above 10s"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("missing %q in %v", want, err)
+		}
+	}
+	_, err = ParseConfig([]string{"--region", "EU", "--region-redis", "EU=redis://a:1"},
+		func(string) string { return "" }, io.Discard)
+	for _, want := range []string{`--region: "EU" is not a region name`, `--region-redis: names this server's own region "EU"`} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("missing %q in %v", want, err)
+		}
+	}
+	cfg, err := ParseConfig(nil, func(k string) string {
+		return map[string]string{"IDEM_REGION": "eu", "IDEM_REGION_REDIS": "us=redis://a:1 ap=redis://b:2"}[k]
+	}, io.Discard)
+	if err != nil || cfg.Region != "eu" || cfg.RegionRedis["us"] != "redis://a:1" || cfg.RegionRedis["ap"] != "redis://b:2" {
+		t.Fatalf("from the environment: %+v, %v", cfg.RegionRedis, err)
+	}
+}
+
+// TestHomesNeedTheirRegions: a policy file with homes is refused at start
+// on a server without --region, and when it names a region the server has
+// no store for; a reload that would do either is refused and the map in
+// force stays.
+func TestHomesNeedTheirRegions(t *testing.T) {
+	redis := redistest.Start(t, redistest.Options{})
+	file := filepath.Join(t.TempDir(), "policies.yaml")
+	write := func(homes string) {
+		t.Helper()
+		if err := os.WriteFile(file, []byte("policies: []\n"+homes), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	start := func(extra ...string) (*Daemon, error) {
+		args := append([]string{"--listen", "127.0.0.1:0", "--admin-listen", "", "--redis-url", redis.URL(), "--config", file}, extra...)
+		cfg, err := ParseConfig(args, func(string) string { return "" }, io.Discard)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, err := Start(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), func(string) string { return "" })
+		if err == nil {
+			t.Cleanup(d.Shutdown)
+		}
+		return d, err
+	}
+	write("homes: {epoch: 1, default: eu, rules: [{scopes: [acme], region: us}]}\n")
+	if _, err := start(); err == nil || !strings.Contains(err.Error(), "no --region") {
+		t.Errorf("homes without --region: %v", err)
+	}
+	if _, err := start("--region", "eu"); err == nil || !strings.Contains(err.Error(), `region "us" has no store`) {
+		t.Errorf("homes naming an unknown region: %v", err)
+	}
+	other := redistest.Start(t, redistest.Options{})
+	// A budget below two round trips to the own store can never be met.
+	if _, err := start("--region", "eu", "--region-redis", "us="+other.URL(), "--store-timeout", "1us"); err == nil ||
+		!strings.Contains(err.Error(), "--store-timeout 1µs is below two round trips") {
+		t.Errorf("a budget below the round trip: %v", err)
+	}
+	d, err := start("--region", "eu", "--region-redis", "us="+other.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	write("homes: {epoch: 2, default: eu, rules: [{scopes: [acme], region: ap}]}\n")
+	if err := d.Reload(); err == nil || !strings.Contains(err.Error(), `region "ap" has no store`) {
+		t.Errorf("reload naming an unknown region: %v", err)
+	}
+	if h := d.Policies().Homes; h == nil || h.Epoch != 1 {
+		t.Errorf("after a refused reload the map in force is %+v", h)
+	}
+}
