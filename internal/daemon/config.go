@@ -1,13 +1,13 @@
 package daemon
 
 import (
-	"regexp"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
