@@ -29,6 +29,16 @@ const waitMargin = 5 * time.Millisecond
 // connection of the key's primary (MasterForKey on a cluster, the client
 // itself otherwise) for both commands.
 //
+// The two are sent together, in one round trip (a pipeline), rather than
+// WAIT after the script's answer: a store in another region is tens of
+// milliseconds away. Redis answers a WAIT at once when enough replicas
+// have acknowledged the connection's last write (redis/src/replication.c
+// waitCommand: replicationCountAcksByOffset(c->woff), blocking only
+// below numreplicas), so when the script wrote nothing (a replay, a
+// conflict) WAIT costs nothing more unless fewer replicas than asked are
+// online, when a new reservation would fail anyway. Its answer is then
+// ignored.
+//
 // If the replicas do not confirm in time, the reservation is released in
 // the background (token-checked, so it can only remove this attempt's own
 // record) and the call fails with idem.ErrNotDurable; the request was not
@@ -36,20 +46,39 @@ const waitMargin = 5 * time.Millisecond
 // record's lease ends and it turns unknown: never a second execution.
 func (s *Store) reserveDurable(ctx context.Context, r idem.Reservation, args []any) (idem.ReserveResult, error) {
 	keys := s.markerKeys(r.ID, r.Token)
-	key := keys[0]
+	wait := r.WaitTimeout
+	if dl, ok := ctx.Deadline(); ok {
+		wait = min(wait, time.Until(dl)-waitMargin)
+	}
+	if wait < time.Millisecond { // WAIT 0 would wait forever
+		return idem.ReserveResult{}, fmt.Errorf("redisstore: reserve: %w: no time left in the store budget for WAIT", idem.ErrNotDurable)
+	}
 	var (
-		conn *redis.Conn
-		v    []any
-		err  error
+		conn  *redis.Conn
+		v     []any
+		acked int64
+		werr  error
+		err   error
 	)
 	for attempt := 0; ; attempt++ {
-		conn, err = s.connFor(ctx, key)
+		conn, err = s.connFor(ctx, keys[0])
 		if err == nil {
-			v, err = s.s.reserve.Run(ctx, conn, keys, args...).Slice()
+			v, acked, werr, err = s.reserveAndWait(ctx, conn, keys, args, r.WaitReplicas, wait)
 			if err == nil {
 				break
 			}
 			_ = conn.Close()
+			if ctx.Err() != nil {
+				// The budget ended before both answers came: WAIT may
+				// block past its own timeout, up to one tick of Redis's
+				// clock (hz), and a pipeline's late reply fails every
+				// command in it. The script, sent first, has run or
+				// will: undo what it may have made, as when the
+				// replicas do not confirm.
+				go s.releaseNotDurable(r.ID, r.Token)
+				return idem.ReserveResult{}, fmt.Errorf("redisstore: reserve: %w: no answer to the reservation and WAIT within the budget: %v",
+					idem.ErrNotDurable, err)
+			}
 		}
 		// A failover moved the slot or the primary: the client's view of
 		// the topology is stale. Refresh it and try again, within budget;
@@ -74,25 +103,44 @@ func (s *Store) reserveDurable(ctx context.Context, r idem.Reservation, args []a
 	if res.Outcome != idem.Reserved {
 		return res, nil // nothing new was written that a request depends on
 	}
-	wait := r.WaitTimeout
-	if dl, ok := ctx.Deadline(); ok {
-		wait = min(wait, time.Until(dl)-waitMargin)
-	}
-	var acked int64
-	if wait >= time.Millisecond { // WAIT 0 would wait forever
-		acked, err = conn.Wait(ctx, r.WaitReplicas, wait.Truncate(time.Millisecond)).Result()
-	} else {
-		err = errors.New("no time left in the store budget for WAIT")
-	}
-	if err == nil && acked >= int64(r.WaitReplicas) {
+	if werr == nil && acked >= int64(r.WaitReplicas) {
 		return res, nil
 	}
 	go s.releaseNotDurable(r.ID, r.Token)
-	if err != nil {
-		return idem.ReserveResult{}, fmt.Errorf("redisstore: reserve: %w: WAIT: %v", idem.ErrNotDurable, err)
+	if werr != nil {
+		return idem.ReserveResult{}, fmt.Errorf("redisstore: reserve: %w: WAIT: %v", idem.ErrNotDurable, werr)
 	}
 	return idem.ReserveResult{}, fmt.Errorf("redisstore: reserve: %w: %d of %d replicas within %v",
 		idem.ErrNotDurable, acked, r.WaitReplicas, wait)
+}
+
+// reserveAndWait sends the reservation script and WAIT on conn in one
+// pipeline. A Redis that has forgotten the script (restarted, failed
+// over) answers NOSCRIPT, and its WAIT then followed no write: the two are
+// sent again, the script whole (EVAL), which also loads it. err is the
+// script's failure, werr WAIT's.
+func (s *Store) reserveAndWait(ctx context.Context, conn *redis.Conn, keys []string, args []any, replicas int, wait time.Duration) (v []any, acked int64, werr, err error) {
+	for _, whole := range []bool{false, true} {
+		var script *redis.Cmd
+		var w *redis.Cmd
+		_, _ = conn.Pipelined(ctx, func(p redis.Pipeliner) error {
+			if whole {
+				script = s.s.reserve.Eval(ctx, p, keys, args...)
+			} else {
+				script = s.s.reserve.EvalSha(ctx, p, keys, args...)
+			}
+			// go-redis's Pipeliner has no Wait; the command is sent as is.
+			w = p.Do(ctx, "WAIT", replicas, wait.Milliseconds())
+			return nil
+		})
+		v, err = script.Slice()
+		if isNoScript(err) && !whole {
+			continue
+		}
+		acked, werr = w.Int64()
+		return v, acked, werr, err
+	}
+	return v, acked, werr, err
 }
 
 // releaseNotDurable removes a reservation whose replicas did not confirm

@@ -3,6 +3,7 @@ package redisstore_test
 import (
 	"context"
 	"errors"
+	"strconv"
 	"testing"
 	"time"
 
@@ -244,4 +245,34 @@ func TestPropertyStandalone(t *testing.T) {
 	srv := redistest.Start(t, redistest.Options{})
 	storetest.RunProperty(t, func(t *testing.T) idem.Store { return redistest.OpenStore(t, srv.URL(), time.Second) },
 		storetest.PropertyOptions{Seeds: 4, Steps: 400, Seed: 100})
+}
+
+// TestDurableReservationIsOneRoundTrip: the reservation script and its
+// WAIT leave together, as one write of the client's, not WAIT a round
+// trip after the script's answer: the link between the server and a
+// primary with one replica carries one read for the whole call.
+func TestDurableReservationIsOneRoundTrip(t *testing.T) {
+	primary := redistest.Start(t, redistest.Options{Args: []string{"--repl-diskless-sync-delay", "0"}})
+	replica := redistest.Start(t, redistest.Options{Args: []string{"--replicaof", "127.0.0.1", strconv.Itoa(primary.Port())}})
+	testwait.Until(t, "the replica is attached", func() bool {
+		return primary.Info(context.Background(), "replication", "connected_slaves") == "1"
+	})
+	link := redistest.NewDelayLink(t, primary.Addr())
+	link.SetDelay(5*time.Millisecond, 5*time.Millisecond)
+	s := redistest.OpenStore(t, link.URL(), 2*time.Second)
+	ctx := context.Background()
+	// Connections open, scripts loaded, the replica's first sync done.
+	testwait.Until(t, "a durable reservation is confirmed", func() bool {
+		_, err := s.Reserve(ctx, durableReservation())
+		return err == nil
+	})
+	before := link.UpReads()
+	r := durableReservation()
+	if res, err := s.Reserve(ctx, r); err != nil || res.Outcome != idem.Reserved {
+		t.Fatalf("Reserve = %v, %v", res.Outcome, err)
+	}
+	if n := link.UpReads() - before; n != 1 {
+		t.Errorf("the durable reservation took %d writes of the client, want 1 (the script and WAIT together)", n)
+	}
+	wantOnReplica(t, replica, s.Key(r.ID), false)
 }

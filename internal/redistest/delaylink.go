@@ -35,6 +35,9 @@ type DelayLink struct {
 	// closed and drained count the connections whose client closed its
 	// side, and those of them the server has closed since.
 	closed, drained int
+	// upReads counts the reads taken from clients: a client's writes sent
+	// a round trip apart are separate reads, a pipeline usually one.
+	upReads int
 	conns           map[*linkConn]bool
 	shut            bool
 }
@@ -139,6 +142,13 @@ func (l *DelayLink) Held() int {
 	return l.held
 }
 
+// UpReads is how many reads the link has taken from its clients so far.
+func (l *DelayLink) UpReads() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.upReads
+}
+
 // Drained reports the connections their clients closed (closed) and
 // those of them whose every byte reached the server and that the server
 // has closed in turn (drained).
@@ -210,6 +220,9 @@ func (l *DelayLink) pipe(c *linkConn, src, dst *net.TCPConn, dir *direction, fro
 					due = due.Add(rand.N(dir.jitter))
 				}
 				l.held++
+				if fromClient {
+					l.upReads++
+				}
 				l.mu.Unlock()
 				queue <- chunk{b: buf[:n], due: due}
 			}
