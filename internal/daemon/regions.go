@@ -169,7 +169,21 @@ func (d *Daemon) openRegions() error {
 	}
 	d.policies.AlsoCheck(func(set *policy.Set) error { return r.Check(set.Homes) })
 	d.router = r
+	d.regionMetrics.Epoch(epochOf(d.policies.Current()))
+	d.OnReload(func(set *policy.Set, err error) {
+		if err == nil {
+			d.regionMetrics.Epoch(epochOf(set))
+		}
+	})
 	return nil
+}
+
+// epochOf is the epoch of set's homes map, 0 without one.
+func epochOf(set *policy.Set) int {
+	if set.Homes == nil {
+		return 0
+	}
+	return set.Homes.Epoch
 }
 
 // openRegion opens one other region's store. Its round trip is measured

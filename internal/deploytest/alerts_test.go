@@ -103,6 +103,21 @@ var firstEvents = map[string]func(m *observe.Metrics, step int){
 			m.StoreDatasetLost()
 		}
 	},
+	"IdemRegionStoreErrors": func(m *observe.Metrics, _ int) {
+		for range 30 { // 2/s
+			m.Regions(nil).StoreCall("us", "reserve", context.DeadlineExceeded, 400*time.Millisecond)
+		}
+	},
+	"IdemRegionMapsDisagree": func(m *observe.Metrics, step int) {
+		if step == 1 {
+			m.Regions(nil).HandedOver("us", "moved")
+		}
+	},
+	"IdemRegionKeysQuarantined": func(m *observe.Metrics, step int) {
+		if step == 1 {
+			m.Regions(nil).Quarantined("us")
+		}
+	},
 	"IdemConfigReloadRejected": func(m *observe.Metrics, step int) {
 		if step == 1 {
 			m.ConfigReloaded(errors.New("p.yaml: the file is empty"))
@@ -168,6 +183,7 @@ func firesAt(t *testing.T, r alertRule, hold time.Duration, steps int, event fun
 	engine := promql.NewEngine(promql.EngineOpts{Logger: quiet, MaxSamples: 1e7, Timeout: time.Minute, LookbackDelta: 5 * time.Minute})
 	m := observe.NewMetrics()
 	m.KnowPolicies([]string{"orders"})
+	m.Regions([]string{"eu", "us"}) // as a daemon with --region eu --region-redis us=…
 	active := map[uint64]time.Time{}
 	start := time.Unix(1_800_000_000, 0)
 	for step := range steps {

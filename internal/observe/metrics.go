@@ -6,6 +6,7 @@ package observe
 
 import (
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/idem-extproc/idem-extproc/internal/envoyorigin"
@@ -39,6 +40,9 @@ type Metrics struct {
 	droppedHeaders *prometheus.CounterVec
 	cancels        *prometheus.CounterVec
 	started        time.Time
+	// regions are the region metrics, registered by the first Regions.
+	regionsOnce sync.Once
+	regions     *Regions
 
 	// The series the request path updates, by label values (seriesCache).
 	decisionSeries *seriesCache[prometheus.Counter]

@@ -18,9 +18,16 @@ type Regions struct {
 	epoch       prometheus.Gauge
 }
 
-// Regions registers the region metrics on m's registry; the daemon calls
-// it once, when the server knows other regions.
+// Regions registers the region metrics on m's registry, with the series
+// the alert rules read at 0 for each region named, the first time it is
+// called (the daemon calls it when the server knows its region); later
+// calls return the same metrics.
 func (m *Metrics) Regions(names []string) *Regions {
+	m.regionsOnce.Do(func() { m.regions = newRegions(m, names) })
+	return m.regions
+}
+
+func newRegions(m *Metrics, names []string) *Regions {
 	r := &Regions{
 		calls: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: Namespace, Name: "region_store_call_duration_seconds",
@@ -56,6 +63,7 @@ func (m *Metrics) Regions(names []string) *Regions {
 		r.quarantined.WithLabelValues(n)
 		r.moved.WithLabelValues(n)
 		r.handovers.WithLabelValues(n, "error")
+		r.handovers.WithLabelValues(n, "moved")
 	}
 	m.reg.MustRegister(r.calls, r.handovers, r.moved, r.quarantined, r.rtt, r.epoch)
 	return r

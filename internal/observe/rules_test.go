@@ -28,6 +28,13 @@ func exercised(t *testing.T) (*observe.Metrics, []string) {
 	m.Requested("p", true)
 	m.ShadowDecided("p", idem.ShadowWouldReplay)
 	m.KeyWarned("p")
+	r := m.Regions([]string{"eu"})
+	r.StoreCall("eu", "reserve", nil, time.Millisecond)
+	r.HandedOver("eu", "handed_over")
+	r.Moved("eu")
+	r.Quarantined("eu")
+	r.RoundTrip("eu", time.Millisecond)
+	r.Epoch(1)
 	fams, err := m.Registry().Gather()
 	if err != nil {
 		t.Fatal(err)
