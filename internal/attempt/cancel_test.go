@@ -10,7 +10,7 @@ import (
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/memstore"
 	"github.com/idem-extproc/idem-extproc/internal/policy"
-	"github.com/idem-extproc/idem-extproc/internal/testwait"
+	"github.com/idem-extproc/idem-extproc/internal/testing/testwait"
 )
 
 // late is a store whose reservations time out at the caller, as over a

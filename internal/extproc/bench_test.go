@@ -24,7 +24,7 @@ import (
 // bodies, the request and response attributes) through Server.Process on
 // a fake stream, with the in-memory store and a JSON logger at info level
 // writing nowhere: the server's own work per request, without gRPC or
-// Redis. The load tool (cmd/idem-loadtest) measures the whole.
+// Redis. The load tool (tools/idem-loadtest) measures the whole.
 
 const benchKeyDigits = 12
 

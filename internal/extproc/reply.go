@@ -86,7 +86,7 @@ func continueWith(req *extprocv3.ProcessingRequest, mode *procmodev3.ProcessingM
 // interest in. Header modes must be SKIP explicitly, while body modes are
 // always copied from an override, so leaving them unset means NONE
 // (ext_proc.cc effectiveModeOverride; the mode_override row of
-// internal/envoysim/FIDELITY.md).
+// internal/testing/envoysim/FIDELITY.md).
 var skipEverything = &procmodev3.ProcessingMode{
 	RequestHeaderMode:   procmodev3.ProcessingMode_SKIP,
 	ResponseHeaderMode:  procmodev3.ProcessingMode_SKIP,
