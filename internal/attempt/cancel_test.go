@@ -177,7 +177,7 @@ func TestGivenUpWhileWaiting(t *testing.T) {
 	first := d.first(t, fp1)
 	d.conv.beforeWait = func() { first.Settle(context.Background(), idem.ActionRelease) }
 	dup := d.attempt(d.conv)
-	res, err := dup.Decide(context.Background(), fp1)
+	res, err := d.conv.decideAndWait(context.Background(), dup, fp1)
 	if err != nil || res.Outcome != idem.InFlight || len(d.conv.waits) != 1 {
 		t.Fatalf("the duplicate: %v %v after %d waits, want in flight (409) after one", res.Outcome, err, len(d.conv.waits))
 	}

@@ -193,8 +193,9 @@ func BenchmarkRequestHeaders(b *testing.B) {
 			msg := newBenchExchange(tc.method, tc.key, true).msgs[0]
 			b.ReportAllocs()
 			for range b.N {
-				p := newProcessor(srv, set, nil)
-				if _, err := p.handle(ctx, msg); err != nil {
+				p := newProcessor(srv, set)
+				m := messageOf(msg)
+				if _, err := p.handle(ctx, &m); err != nil {
 					b.Fatal(err)
 				}
 			}

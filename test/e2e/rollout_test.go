@@ -17,7 +17,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/idem-extproc/idem-extproc/internal/admin"
-	"github.com/idem-extproc/idem-extproc/internal/extproc"
+	"github.com/idem-extproc/idem-extproc/internal/attempt"
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/observe"
 	"github.com/idem-extproc/idem-extproc/internal/policy"
@@ -300,7 +300,7 @@ policies:
 	r := env.Post("/charges", "", `{"amount":1}`)
 	wantStatus(t, r, http.StatusCreated)
 	want := `299 idem-extproc "Idempotency-Key will be required from 2026-03-01T00:00:00Z; requests without it will then be refused with 400"`
-	if got := r.Header.Get("Warning"); got != want || extproc.GraceWarning("idempotency-key", deadline) != want {
+	if got := r.Header.Get("Warning"); got != want || attempt.GraceWarning("idempotency-key", deadline) != want {
 		t.Fatalf("Warning %q, want %q", got, want)
 	}
 	if got := conversation(env); got != "request_headers:mode_override response_headers:continue" {

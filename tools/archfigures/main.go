@@ -70,18 +70,24 @@ func main() {
 	root := flag.String("root", ".", "the repository's root")
 	scope := flag.String("scope", "internal/extproc,internal/attempt",
 		`the packages whose functions the walk follows, comma-separated directories, or "product"`)
+	follow := flag.String("follow", "value",
+		`which calls the walk follows: "value", into functions that receive the per-stream value (a processor or an attempt); "all", into every function`)
 	verbose := flag.Bool("v", false, "list each item behind a figure, and the walk's entries")
 	noWalk := flag.Bool("nowalk", false, "count the static figures only")
 	support := flag.String("support", strings.Join(supportDirs, ","), "the test-support wing's directories, comma-separated")
 	flag.Parse()
 	supportDirs = strings.Split(*support, ",")
-	if err := run(*root, *scope, *verbose, !*noWalk); err != nil {
+	if *follow != "value" && *follow != "all" {
+		fmt.Fprintln(os.Stderr, "archfigures: -follow is value or all")
+		os.Exit(2)
+	}
+	if err := run(*root, *scope, *follow, *verbose, !*noWalk); err != nil {
 		fmt.Fprintln(os.Stderr, "archfigures:", err)
 		os.Exit(1)
 	}
 }
 
-func run(root, scope string, verbose, walk bool) error {
+func run(root, scope, follow string, verbose, walk bool) error {
 	files, err := productFiles(root)
 	if err != nil {
 		return err
@@ -94,7 +100,7 @@ func run(root, scope string, verbose, walk bool) error {
 	if !walk {
 		return nil
 	}
-	w, err := measureWalk(root, files, st.loopFile, st.loopFunc, scope)
+	w, err := measureWalk(root, files, st.loopFile, st.loopFunc, scope, follow)
 	if err != nil {
 		return fmt.Errorf("measuring the walk: %w", err)
 	}
@@ -308,6 +314,9 @@ type event struct {
 	File  string `json:"file"`
 	Func  string `json:"func"`
 	Enter bool   `json:"enter"`
+	// Value: the function receives the per-stream value (a processor or
+	// an attempt, as receiver or parameter).
+	Value bool `json:"value"`
 }
 
 // walkFigures are the walk's counts, twice: as read (each function is
@@ -315,7 +324,8 @@ type event struct {
 // again, though what it calls for the first time is) and as run (every
 // call).
 type walkFigures struct {
-	scope string
+	scope  string
+	follow string
 	read  walkCount
 	run   walkCount
 	trail []string
@@ -324,7 +334,8 @@ type walkFigures struct {
 type walkCount struct{ files, entries, returns int }
 
 func (w *walkFigures) print(verbose bool) {
-	fmt.Printf("walk (first write, then its replay; scope %s)        as read  as run\n", w.scope)
+	fmt.Printf("walk (first write, then its replay; -scope %s -follow %s)\n", w.scope, w.follow)
+	fmt.Printf("%-52s %7s %7s\n", "", "as read", "as run")
 	fmt.Printf("%-52s %7d %7d   (at most 10)\n", "  files entered", w.read.files, w.run.files)
 	fmt.Printf("%-52s %7d %7d\n", "  entries into a file", w.read.entries, w.run.entries)
 	fmt.Printf("%-52s %7d %7d   (at most 15)\n", "  returns to a file already left", w.read.returns, w.run.returns)
@@ -335,7 +346,7 @@ func (w *walkFigures) print(verbose bool) {
 	}
 }
 
-func measureWalk(root string, files []string, loopFile, loopFunc, scope string) (*walkFigures, error) {
+func measureWalk(root string, files []string, loopFile, loopFunc, scope, follow string) (*walkFigures, error) {
 	if loopFunc == "" {
 		return nil, fmt.Errorf("no stream loop (a function of internal/extproc that calls Recv) found")
 	}
@@ -400,7 +411,7 @@ func measureWalk(root string, files []string, loopFile, loopFunc, scope string) 
 		}
 		return false
 	}
-	w := &walkFigures{scope: scope}
+	w := &walkFigures{scope: scope, follow: follow}
 	visited := map[string]bool{}   // files, as run
 	readFiles := map[string]bool{} // files, as read
 	readFuncs := map[string]bool{} // functions already read
@@ -423,7 +434,7 @@ func measureWalk(root string, files []string, loopFile, loopFunc, scope string) 
 			stack = stack[:len(stack)-1]
 			continue
 		}
-		in := inScope(e.File)
+		in := inScope(e.File) && (follow == "all" || e.Value)
 		stack = append(stack, frame{e.File, in})
 		if !in {
 			continue
@@ -481,8 +492,37 @@ func countIn(s []frame) int {
 	return n
 }
 
-// instrument adds `defer archtrace.Enter(file, name)()` at the top of
-// every function and function literal of one file.
+// valueTypes are the per-stream value's types: the processor a stream
+// owns, and the attempt it holds.
+var valueTypes = map[string]bool{"processor": true, "Attempt": true}
+
+// receivesValue reports a function that receives the per-stream value, as
+// its receiver or a parameter.
+func receivesValue(fd *ast.FuncDecl) bool {
+	if valueTypes[recvType(fd)] {
+		return true
+	}
+	for _, f := range fd.Type.Params.List {
+		t := f.Type
+		if s, ok := t.(*ast.StarExpr); ok {
+			t = s.X
+		}
+		switch t := t.(type) {
+		case *ast.Ident:
+			if valueTypes[t.Name] {
+				return true
+			}
+		case *ast.SelectorExpr:
+			if valueTypes[t.Sel.Name] {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// instrument adds `defer archtrace.Enter(file, name, value)()` at the top
+// of every function and function literal of one file.
 func instrument(path, rel string) error {
 	fset := token.NewFileSet()
 	f, err := parser.ParseFile(fset, path, nil, parser.ParseComments)
@@ -490,7 +530,7 @@ func instrument(path, rel string) error {
 		return err
 	}
 	added := false
-	hook := func(body *ast.BlockStmt, name string) {
+	hook := func(body *ast.BlockStmt, name string, value bool) {
 		if body == nil {
 			return
 		}
@@ -499,6 +539,7 @@ func instrument(path, rel string) error {
 			Args: []ast.Expr{
 				&ast.BasicLit{Kind: token.STRING, Value: strconv.Quote(rel)},
 				&ast.BasicLit{Kind: token.STRING, Value: strconv.Quote(name)},
+				ast.NewIdent(strconv.FormatBool(value)),
 			},
 		}}
 		body.List = append([]ast.Stmt{&ast.DeferStmt{Call: call}}, body.List...)
@@ -509,7 +550,7 @@ func instrument(path, rel string) error {
 		if !ok {
 			ast.Inspect(decl, func(n ast.Node) bool {
 				if fl, ok := n.(*ast.FuncLit); ok {
-					hook(fl.Body, "func literal")
+					hook(fl.Body, "func literal", false)
 				}
 				return true
 			})
@@ -518,11 +559,11 @@ func instrument(path, rel string) error {
 		name := funcName(fd)
 		ast.Inspect(fd.Body, func(n ast.Node) bool {
 			if fl, ok := n.(*ast.FuncLit); ok {
-				hook(fl.Body, name+".func")
+				hook(fl.Body, name+".func", false)
 			}
 			return true
 		})
-		hook(fd.Body, name)
+		hook(fd.Body, name, receivesValue(fd))
 	}
 	if !added {
 		return nil

@@ -18,6 +18,7 @@ type Event struct {
 	File  string ` + "`json:\"file\"`" + `
 	Func  string ` + "`json:\"func\"`" + `
 	Enter bool   ` + "`json:\"enter\"`" + `
+	Value bool   ` + "`json:\"value\"`" + `
 }
 
 var (
@@ -49,13 +50,13 @@ func Goid() int64 {
 
 func nop() {}
 
-func Enter(file, fn string) func() {
+func Enter(file, fn string, value bool) func() {
 	if !on.Load() {
 		return nop
 	}
 	g := Goid()
 	mu.Lock()
-	events = append(events, Event{G: g, File: file, Func: fn, Enter: true})
+	events = append(events, Event{G: g, File: file, Func: fn, Enter: true, Value: value})
 	mu.Unlock()
 	return func() {
 		mu.Lock()

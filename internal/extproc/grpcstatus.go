@@ -1,10 +1,8 @@
 package extproc
 
 import (
-	"context"
 	"encoding/base64"
 	"fmt"
-	"log/slog"
 	"strconv"
 	"strings"
 
@@ -60,44 +58,9 @@ var grpcCodes = map[string]codes.Code{
 // which status.
 const ReplayCode = codes.AlreadyExists
 
-// problemReply answers with a problem: RFC 9457 for HTTP, a gRPC status
-// for a gRPC call.
-func (p *processor) problemReply(prob *problem.Problem) *extprocv3.ProcessingResponse {
-	if p.answersJSONRPC() {
-		return p.jsonrpcProblem(prob) // jsonrpcanswer.go
-	}
-	if !p.rpc.call {
-		return problemResponse(prob)
-	}
-	code, ok := grpcCodes[prob.Slug]
-	if !ok {
-		code = codes.Internal
-	}
-	var hs []*corev3.HeaderValueOption
-	if prob.RetryAfter > 0 {
-		// gRPC's retry pushback (gRFC A6), for calls through Envoy.
-		hs = append(hs, setHeader("grpc-retry-pushback-ms", strconv.FormatInt(prob.RetryAfter.Milliseconds(), 10), false))
-	}
-	return p.grpcAnswer(code, prob.Slug+": "+prob.Detail, prob.Status, hs, "idempotency_"+prob.Slug)
-}
-
-// replayReply answers a retry of a completed operation: the stored
-// response for HTTP, ALREADY_EXISTS naming the original status for gRPC.
-func (p *processor) replayReply(r *idem.Response) *extprocv3.ProcessingResponse {
-	if p.answersJSONRPC() {
-		return p.jsonrpcReplay(r) // jsonrpcanswer.go
-	}
-	if !p.rpc.call {
-		resp, dropped := replayResponse(r, p.att.Policy.StoresHeader)
-		if dropped > 0 {
-			// Envoy would have refused the whole mutation, the replay
-			// marker with it: the answer goes out without these headers.
-			p.srv.obs.ReplayHeadersDropped(p.att.Policy.Name, dropped)
-			p.LogAt(context.Background(), slog.LevelWarn, "stored headers left out of a replay: Envoy would refuse them",
-				slog.Int("dropped", dropped))
-		}
-		return resp
-	}
+// grpcReplay answers a gRPC call's retry of a completed operation with
+// ALREADY_EXISTS naming the original status (ReplayCode).
+func grpcReplay(r *idem.Response, proxyless bool) *extprocv3.ProcessingResponse {
 	outcome := "HTTP status " + strconv.Itoa(r.Status)
 	if code, msg, ok := grpcStatusOf(r.Headers); ok {
 		outcome = "status " + codeName(code)
@@ -106,8 +69,8 @@ func (p *processor) replayReply(r *idem.Response) *extprocv3.ProcessingResponse 
 		}
 	}
 	hs := []*corev3.HeaderValueOption{setHeader(ReplayedHeader, "true", false)}
-	return p.grpcAnswer(ReplayCode, "idempotent-replay: operation already completed with "+outcome, 200, hs,
-		"idempotency_replay")
+	return grpcAnswer(ReplayCode, "idempotent-replay: operation already completed with "+outcome, 200, hs,
+		"idempotency_replay", proxyless)
 }
 
 // grpcAnswer builds the immediate response that ends a gRPC call with a
@@ -116,23 +79,19 @@ func (p *processor) replayReply(r *idem.Response) *extprocv3.ProcessingResponse 
 // answers a gRPC request's local reply trailers-only, with grpc_status as
 // grpc-status and the body as grpc-message (http/utility.cc
 // sendLocalReply), and records details as the response code details.
-func (p *processor) grpcAnswer(code codes.Code, msg string, httpStatus int, hs []*corev3.HeaderValueOption, envoyDetails string) *extprocv3.ProcessingResponse {
+func grpcAnswer(code codes.Code, msg string, httpStatus int, hs []*corev3.HeaderValueOption, envoyDetails string, proxyless bool) *extprocv3.ProcessingResponse {
 	ir := &extprocv3.ImmediateResponse{
 		Status:     &typev3.HttpStatus{Code: typev3.StatusCode(httpStatus)},
 		GrpcStatus: &extprocv3.GrpcStatus{Status: uint32(code)},
 		Details:    msg,
 	}
-	if !p.rpc.proxyless {
+	if !proxyless {
 		ir.Body, ir.Details = []byte(msg), envoyDetails
 		if len(hs) > 0 {
 			ir.Headers = &extprocv3.HeaderMutation{SetHeaders: hs}
 		}
 	}
 	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ImmediateResponse{ImmediateResponse: ir}}
-}
-
-func bodyTooLarge(limit int) *problem.Problem {
-	return problem.New(problem.BodyTooLarge, "the request body exceeds "+strconv.Itoa(limit)+" bytes")
 }
 
 // codeNames are the canonical gRPC code names (google/rpc/code.proto).
@@ -192,4 +151,67 @@ func decodeStatusDetails(v string) (*spb.Status, bool) {
 		return nil, false
 	}
 	return st, true
+}
+
+// withStatus sets grpc-status and grpc-message in the stored headers.
+func withStatus(hs []idem.Header, code codes.Code, msg string) []idem.Header {
+	out := hs[:0:0]
+	for _, h := range hs {
+		if h.Name != "grpc-status" && h.Name != "grpc-message" {
+			out = append(out, h)
+		}
+	}
+	out = append(out, idem.Header{Name: "grpc-status", Value: strconv.Itoa(int(code))})
+	if msg != "" {
+		out = append(out, idem.Header{Name: "grpc-message", Value: encodeGRPCMessage(msg)})
+	}
+	return out
+}
+
+// grpcStatusOf reads a gRPC status from headers: grpc-status and
+// grpc-message, or grpc-status-details-bin (a google.rpc.Status; grpc-go
+// forwards it base64-encoded like every binary header).
+func grpcStatusOf(hs []idem.Header) (codes.Code, string, bool) {
+	if s, ok := firstHeader(hs, "grpc-status"); ok {
+		n, err := strconv.ParseUint(s, 10, 32)
+		if err == nil {
+			msg, _ := firstHeader(hs, "grpc-message")
+			return codes.Code(n), decodeGRPCMessage(msg), true
+		}
+	}
+	if b, ok := firstHeader(hs, "grpc-status-details-bin"); ok {
+		if st, ok := decodeStatusDetails(b); ok {
+			return codes.Code(st.GetCode()), st.GetMessage(), true
+		}
+	}
+	return codes.Unknown, "", false
+}
+
+// httpStatusFor is google.rpc.Code's HTTP mapping (google/rpc/code.proto).
+func httpStatusFor(c codes.Code) int {
+	switch c {
+	case codes.OK:
+		return 200
+	case codes.Canceled:
+		return 499
+	case codes.InvalidArgument, codes.FailedPrecondition, codes.OutOfRange:
+		return 400
+	case codes.DeadlineExceeded:
+		return 504
+	case codes.NotFound:
+		return 404
+	case codes.AlreadyExists, codes.Aborted:
+		return 409
+	case codes.PermissionDenied:
+		return 403
+	case codes.Unauthenticated:
+		return 401
+	case codes.ResourceExhausted:
+		return 429
+	case codes.Unimplemented:
+		return 501
+	case codes.Unavailable:
+		return 503
+	}
+	return 500 // UNKNOWN, INTERNAL, DATA_LOSS and codes beyond 16
 }
