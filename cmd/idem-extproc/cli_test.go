@@ -279,7 +279,7 @@ func TestBinaryAdminAdoption(t *testing.T) {
 // and docker-compose.yml with this binary in the image's place, against a
 // ready server (exit 0) and against none (exit 1), with the environment
 // the container has; and checks the Dockerfile stamps the variable these
-// tests stamp. internal/deploytest checks the files' form; this, that what
+// tests stamp. test/deploytest checks the files' form; this, that what
 // they run works.
 func TestImageRunsTheProbeAndTheStamp(t *testing.T) {
 	dockerfile, err := os.ReadFile("../../Dockerfile")

@@ -20,7 +20,7 @@ import (
 
 	"github.com/idem-extproc/idem-extproc/internal/daemon"
 	"github.com/idem-extproc/idem-extproc/internal/demoorders"
-	"github.com/idem-extproc/idem-extproc/internal/envoysim"
+	"github.com/idem-extproc/idem-extproc/internal/testing/envoysim"
 )
 
 // Settings of the demo's Envoy-like front, those of envoy/envoy.yaml: the
@@ -61,7 +61,7 @@ func demoCommand(e env) *cobra.Command {
 		Use:   "demo [flags]",
 		Short: "Try it without Docker: the server, an Envoy-like front and a demo upstream on loopback",
 		Long: "Start, on loopback and in this one process, the server, an Envoy-like HTTP front that runs every\n" +
-			"request through it with this project's own ext_proc client (internal/envoysim, with the filter settings\n" +
+			"request through it with this project's own ext_proc client (internal/testing/envoysim, with the filter settings\n" +
 			"and routes of envoy/envoy.yaml), and demo-orders, an orders API whose counter shows how many orders\n" +
 			"were really created (or, with --upstream, your own API).\n\n" +
 			"It prints, for each policy in force, what it matches and how it keys, scopes and keeps requests, with\n" +

@@ -13,8 +13,8 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/idem-extproc/idem-extproc/internal/harness"
-	"github.com/idem-extproc/idem-extproc/internal/testwait"
+	"github.com/idem-extproc/idem-extproc/internal/testing/harness"
+	"github.com/idem-extproc/idem-extproc/internal/testing/testwait"
 )
 
 // demoRun is a running `idem-extproc demo` whose stdout is read line by

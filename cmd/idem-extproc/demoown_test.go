@@ -15,8 +15,8 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/idem-extproc/idem-extproc/internal/redistest"
-	"github.com/idem-extproc/idem-extproc/internal/testwait"
+	"github.com/idem-extproc/idem-extproc/internal/testing/redistest"
+	"github.com/idem-extproc/idem-extproc/internal/testing/testwait"
 )
 
 // demoPoliciesV2 replace examples/demo-policies.yaml in

@@ -27,13 +27,13 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/idem-extproc/idem-extproc/internal/envoysim"
-	"github.com/idem-extproc/idem-extproc/internal/grpcxds"
-	"github.com/idem-extproc/idem-extproc/internal/harness"
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/memstore"
-	"github.com/idem-extproc/idem-extproc/internal/redistest"
-	"github.com/idem-extproc/idem-extproc/internal/testwait"
+	"github.com/idem-extproc/idem-extproc/internal/testing/envoysim"
+	"github.com/idem-extproc/idem-extproc/internal/testing/harness"
+	"github.com/idem-extproc/idem-extproc/internal/testing/redistest"
+	"github.com/idem-extproc/idem-extproc/internal/testing/testwait"
+	"github.com/idem-extproc/idem-extproc/test/grpcxds"
 )
 
 // These tests run the built binary, started with the documented flags, the
@@ -262,7 +262,7 @@ func TestBinaryWithRedis(t *testing.T) {
 // TestBinaryBehindProxylessGRPC starts the binary with exactly --listen,
 // --admin-listen and --redis-url and puts it behind grpc-go's own ext_proc
 // filter, configured over xDS with grpcxds.FilterConfig: what the
-// in-process tests of internal/grpcxds show, the process an operator
+// in-process tests of test/grpcxds show, the process an operator
 // deploys does too, wiring (flags, store, server options) included.
 func TestBinaryBehindProxylessGRPC(t *testing.T) {
 	redis := redistest.Start(t, redistest.Options{})

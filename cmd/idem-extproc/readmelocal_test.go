@@ -7,9 +7,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/idem-extproc/idem-extproc/internal/harness"
 	"github.com/idem-extproc/idem-extproc/internal/problem"
-	"github.com/idem-extproc/idem-extproc/internal/redistest"
+	"github.com/idem-extproc/idem-extproc/internal/testing/harness"
+	"github.com/idem-extproc/idem-extproc/internal/testing/redistest"
 )
 
 // readmeLocalSection is the README section that takes a reader from the

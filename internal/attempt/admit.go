@@ -26,11 +26,15 @@ const (
 	Keyed
 )
 
-// Match picks the request's policy out of set, and reports whether there
-// is one; without one the request is to be bypassed.
-func (a *Attempt) Match(set *policy.Set, r policy.Request) bool {
+// Match picks the request's policy out of set: Continue when one matched,
+// and a Pass (counted as bypassed) when none did.
+func (a *Attempt) Match(set *policy.Set, r policy.Request) Verdict {
 	a.Policy = set.Match(r)
-	return a.Policy != nil
+	if a.Policy == nil {
+		a.conv.Decided(idem.DecisionBypassed)
+		return verdictPass
+	}
+	return verdictContinue
 }
 
 // AdmitKey judges the request's key field under the matched policy: raw is

@@ -83,16 +83,17 @@ type HomeFinder interface {
 }
 
 // Conversation is the attempt's side of the protocol's conversation: it
-// puts a decision on the request's metrics and span, and tells the proxy
-// about a wait. (Log lines are the attempt's own, LogAt: a variadic call
-// through an interface would cost an allocation per line.)
+// puts a decision on the request's metrics and span, and gives the context
+// for work that outlives the message at hand. (Log lines are the
+// attempt's own, LogAt: a variadic call through an interface would cost an
+// allocation per line.)
 type Conversation interface {
 	// Decided reports a decision (observer, span).
 	Decided(d idem.Decision)
-	// BeforeWait runs before a duplicate waits up to d for the attempt in
-	// flight (the proxy may need to extend its own timer); an error
-	// abandons the wait.
-	BeforeWait(d time.Duration) error
+	// Background is the context of work that outlives the current
+	// message (the lease's renewal): it carries the stream's span; its
+	// cancellation is ignored.
+	Background() context.Context
 }
 
 // Attempt is one attempt of an operation: the record it names and what it
@@ -119,6 +120,9 @@ type Attempt struct {
 	// budget the time of each of its calls while the proxy waits.
 	store  idem.Store
 	budget time.Duration
+	// farAsked is set once the proxy was asked for a far home's time
+	// (Request).
+	farAsked bool
 
 	// renew keeps the lease alive; it is set exactly while this attempt
 	// holds the record and has not settled it (Held).
@@ -135,6 +139,11 @@ type Attempt struct {
 	// whether an earlier upstream attempt may have been sent.
 	origin  idem.Origin
 	retried bool
+	// atBody: the policy and key were decided at the request's body
+	// (AdmitKeyFrom); the decision's line says where the key came from.
+	atBody bool
+	// wait is the decision a Wait verdict left for Await.
+	wait *waiting
 }
 
 // New returns an attempt of srv that talks through conv.

@@ -38,7 +38,7 @@ type keyMiss struct {
 // or a pass. A derived key lives in a key space of its own (Admit).
 func (a *Attempt) AdmitKeyFrom(in KeyInput, now time.Time) (Admission, string, *problem.Problem) {
 	p := a.Policy
-	a.keySource = policy.KeyFromHeader
+	a.keySource, a.atBody = policy.KeyFromHeader, true
 	if p.Enforcement == policy.EnforcementOff {
 		a.srv.Observer.Requested(p.Name, in.HeaderLines > 0)
 		a.conv.Decided(idem.DecisionBypassed)

@@ -10,7 +10,7 @@ import (
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/memstore"
 	"github.com/idem-extproc/idem-extproc/internal/policy"
-	"github.com/idem-extproc/idem-extproc/internal/testwait"
+	"github.com/idem-extproc/idem-extproc/internal/testing/testwait"
 )
 
 // late is a store whose reservations time out at the caller, as over a
@@ -177,7 +177,7 @@ func TestGivenUpWhileWaiting(t *testing.T) {
 	first := d.first(t, fp1)
 	d.conv.beforeWait = func() { first.Settle(context.Background(), idem.ActionRelease) }
 	dup := d.attempt(d.conv)
-	res, err := dup.Decide(context.Background(), fp1)
+	res, err := d.conv.decideAndWait(context.Background(), dup, fp1)
 	if err != nil || res.Outcome != idem.InFlight || len(d.conv.waits) != 1 {
 		t.Fatalf("the duplicate: %v %v after %d waits, want in flight (409) after one", res.Outcome, err, len(d.conv.waits))
 	}

@@ -32,10 +32,11 @@ var errNoKeyRing = errors.New("policy asks for encryption and the server has no 
 
 // Decide is the request-time decision (docs/design.md §3) for a complete
 // request's fingerprint: it reserves the record for a new token; a
-// duplicate of an attempt in flight waits for it when the policy says so
-// (wait_for_in_flight, with a store that can watch); a completed record's
-// response is opened when sealed. An error means no answer: the store
-// could not be asked or used (Unreachable tells which).
+// completed record's response is opened when sealed. A duplicate of an
+// attempt in flight is returned as such: whether it waits for that attempt
+// is Request's to say (waits), and the wait is awaitFirst. An error means
+// no answer: the store could not be asked or used (Unreachable tells
+// which).
 //
 // After an error the request goes on only under a policy that fails open
 // (and only when Unreachable): otherwise the caller refuses it (503), and
@@ -51,11 +52,6 @@ func (a *Attempt) Decide(ctx context.Context, fp idem.Fingerprint) (idem.Reserve
 		// this guards other embeddings.)
 		return idem.ReserveResult{}, unusable{errNoKeyRing}
 	}
-	if a.budget > a.srv.StoreTimeout {
-		// The home is far away: ask the proxy for the time the store
-		// calls need (the proxy may refuse; then its own timer stands).
-		_ = a.conv.BeforeWait(2*a.budget + a.Policy.WaitForInFlight)
-	}
 	res, err := a.reserve(ctx, fp)
 	if err == nil {
 		err = homeElsewhere(res)
@@ -67,20 +63,35 @@ func (a *Attempt) Decide(ctx context.Context, fp idem.Fingerprint) (idem.Reserve
 		return res, err
 	}
 	a.Number = res.Attempt
-	if res.Outcome == idem.InFlight && a.Policy.WaitForInFlight > 0 {
-		if w, ok := a.store.(idem.Watcher); ok {
-			res = a.awaitFirst(ctx, w, fp, res)
-		}
+	return a.opened(res)
+}
+
+// waits reports whether a duplicate of an attempt in flight waits for it
+// (wait_for_in_flight, with a store that can watch), and for how long the
+// proxy must then give the request's message: the wait plus two store
+// calls.
+func (a *Attempt) waits(res idem.ReserveResult) (time.Duration, bool) {
+	if res.Outcome != idem.InFlight || a.Policy.WaitForInFlight <= 0 {
+		return 0, false
 	}
-	if res.Outcome == idem.Completed && res.Response.Sealed {
-		opened, err := a.open(*res.Response)
-		if err != nil {
-			// A stored response that does not open (tampered, or its key
-			// left the ring) is never replayed, and the key is not free.
-			return res, unusable{err}
-		}
-		res.Response = &opened
+	if _, ok := a.store.(idem.Watcher); !ok {
+		return 0, false
 	}
+	return a.Policy.WaitForInFlight + 2*a.budget, true
+}
+
+// opened opens a completed record's sealed response. A stored response
+// that does not open (tampered, or its key left the ring) is never
+// replayed, and the key is not free.
+func (a *Attempt) opened(res idem.ReserveResult) (idem.ReserveResult, error) {
+	if res.Outcome != idem.Completed || !res.Response.Sealed {
+		return res, nil
+	}
+	opened, err := a.open(*res.Response)
+	if err != nil {
+		return res, unusable{err}
+	}
+	res.Response = &opened
 	return res, nil
 }
 
@@ -122,19 +133,17 @@ func (a *Attempt) reserve(ctx context.Context, fp idem.Fingerprint) (idem.Reserv
 // awaitFirst lets a duplicate wait, up to the policy's wait_for_in_flight,
 // for the attempt that holds the record to settle, woken by the store
 // rather than polling it. It returns what the duplicate should be told:
-// the replay once the first attempt completed, a fresh reservation if it
-// was released, or the outcome found when the wait ends.
-func (a *Attempt) awaitFirst(ctx context.Context, w idem.Watcher, fp idem.Fingerprint, first idem.ReserveResult) idem.ReserveResult {
-	deadline := time.Now().Add(a.Policy.WaitForInFlight)
-	if err := a.conv.BeforeWait(a.Policy.WaitForInFlight + 2*a.budget); err != nil {
-		return first
-	}
-	wctx, cancel := context.WithDeadline(ctx, deadline)
+// the replay once the first attempt completed (opened when sealed), a
+// fresh reservation if it was released, or the outcome found when the wait
+// ends.
+func (a *Attempt) awaitFirst(ctx context.Context, fp idem.Fingerprint, first idem.ReserveResult) (idem.ReserveResult, error) {
+	w := a.store.(idem.Watcher) // waits checked it
+	wctx, cancel := context.WithTimeout(ctx, a.Policy.WaitForInFlight)
 	defer cancel()
 	for {
 		changed, stop, err := w.Watch(wctx, a.ID)
 		if err != nil {
-			return first
+			return first, nil
 		}
 		select {
 		case <-changed:
@@ -142,10 +151,10 @@ func (a *Attempt) awaitFirst(ctx context.Context, w idem.Watcher, fp idem.Finger
 		}
 		stop()
 		if res, done := a.reread(ctx, fp, first); done {
-			return res
+			return a.opened(res)
 		}
 		if wctx.Err() != nil {
-			return first // still in flight when the wait ran out: 409
+			return first, nil // still in flight when the wait ran out: 409
 		}
 	}
 }
@@ -174,10 +183,10 @@ func (a *Attempt) reread(ctx context.Context, fp idem.Fingerprint, first idem.Re
 		return idem.ReserveResult{Outcome: idem.Mismatch}, true
 	case rec.State == idem.StateCompleted:
 		return idem.ReserveResult{Outcome: idem.Completed, Attempt: first.Attempt, Response: rec.Response, CreatedAt: rec.CreatedAt}, true
-	case rec.State == idem.StateUnknown:
-		return idem.ReserveResult{Outcome: idem.Unknown, Attempt: first.Attempt, CreatedAt: rec.CreatedAt}, true
 	case rec.State == idem.StateMoved:
 		return first, true // handed over meanwhile: the first answer stands
+	case rec.State == idem.StateUnknown:
+		return idem.ReserveResult{Outcome: idem.Unknown, Attempt: first.Attempt, CreatedAt: rec.CreatedAt}, true
 	}
 	return first, false
 }

@@ -12,20 +12,30 @@ import (
 	"github.com/idem-extproc/idem-extproc/internal/policy"
 )
 
-// conv is a Conversation whose BeforeWait runs a hook: the moment a
-// duplicate starts waiting, with nothing racing it.
+// conv is a Conversation with a hook that runs the moment a duplicate
+// starts waiting (decideAndWait), with nothing racing it.
 type conv struct {
 	reporter
 	beforeWait func()
 	waits      []time.Duration
 }
 
-func (c *conv) BeforeWait(d time.Duration) error {
+// decideAndWait is Decide, then the wait Request would ask for (waits,
+// awaitFirst), with the hook run between them.
+func (c *conv) decideAndWait(ctx context.Context, a *Attempt, fp idem.Fingerprint) (idem.ReserveResult, error) {
+	res, err := a.Decide(ctx, fp)
+	if err != nil {
+		return res, err
+	}
+	d, ok := a.waits(res)
+	if !ok {
+		return res, nil
+	}
 	c.waits = append(c.waits, d)
 	if c.beforeWait != nil {
 		c.beforeWait()
 	}
-	return nil
+	return a.awaitFirst(ctx, fp, res)
 }
 
 // down is a store that cannot be asked.
@@ -126,7 +136,7 @@ func TestRequestDecisionTable(t *testing.T) {
 			d := newDecider(t, policy.Default())
 			tc.before(t, d)
 			a := d.attempt(d.conv)
-			res, err := a.Decide(ctx, tc.fp)
+			res, err := d.conv.decideAndWait(ctx, a, tc.fp)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -171,7 +181,7 @@ func TestWaitForFirstTable(t *testing.T) {
 			if tc.settle != nil {
 				d.conv.beforeWait = func() { tc.settle(first) }
 			}
-			res, err := d.attempt(d.conv).Decide(ctx, fp1)
+			res, err := d.conv.decideAndWait(ctx, d.attempt(d.conv), fp1)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -79,11 +79,6 @@ func (a *Attempt) Settle(ctx context.Context, action idem.Action, attrs ...slog.
 func (a *Attempt) settleWith(ctx context.Context, code decisionCode, apply func(context.Context) error, attrs ...slog.Attr) {
 	d := code.decision()
 	a.stopRenewing()
-	if a.budget > a.srv.StoreTimeout {
-		// A far home (Server.Homes): ask the proxy for the time the call
-		// needs, as Decide does.
-		_ = a.conv.BeforeWait(2 * a.budget)
-	}
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.budget)
 	err := apply(sctx)
 	cancel()

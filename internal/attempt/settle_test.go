@@ -25,7 +25,7 @@ func (r *reporter) Decided(d idem.Decision) {
 	r.decisions = append(r.decisions, d)
 }
 
-func (r *reporter) BeforeWait(time.Duration) error { return nil }
+func (r *reporter) Background() context.Context { return context.Background() }
 
 // observer counts settle failures; the rest of idem.Observer does nothing.
 type observer struct {

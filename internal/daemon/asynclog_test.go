@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idem-extproc/idem-extproc/internal/testwait"
+	"github.com/idem-extproc/idem-extproc/internal/testing/testwait"
 )
 
 // decisionRecord is a record shaped like attempt.LogAt's decision line:

@@ -8,9 +8,9 @@ import (
 	"testing"
 
 	"github.com/idem-extproc/idem-extproc/internal/daemon"
-	"github.com/idem-extproc/idem-extproc/internal/envoysim"
 	"github.com/idem-extproc/idem-extproc/internal/idem"
-	"github.com/idem-extproc/idem-extproc/internal/testwait"
+	"github.com/idem-extproc/idem-extproc/internal/testing/envoysim"
+	"github.com/idem-extproc/idem-extproc/internal/testing/testwait"
 )
 
 // TestDecisionLogsNameTheMetricsDecision: the "decision" log line of a

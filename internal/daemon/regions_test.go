@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/idem-extproc/idem-extproc/internal/redistest"
+	"github.com/idem-extproc/idem-extproc/internal/testing/redistest"
 )
 
 // TestRegionFlagMistakes: each mistake in the region flags is named at

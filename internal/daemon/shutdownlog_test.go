@@ -10,9 +10,9 @@ import (
 	"time"
 
 	"github.com/idem-extproc/idem-extproc/internal/daemon"
-	"github.com/idem-extproc/idem-extproc/internal/harness"
 	"github.com/idem-extproc/idem-extproc/internal/memstore"
-	"github.com/idem-extproc/idem-extproc/internal/testwait"
+	"github.com/idem-extproc/idem-extproc/internal/testing/harness"
+	"github.com/idem-extproc/idem-extproc/internal/testing/testwait"
 )
 
 // slowStderr is a log output that takes its time on every write, as a full

@@ -8,9 +8,9 @@ import (
 	"testing"
 
 	"github.com/idem-extproc/idem-extproc/internal/daemon"
-	"github.com/idem-extproc/idem-extproc/internal/harness"
-	"github.com/idem-extproc/idem-extproc/internal/redistest"
-	"github.com/idem-extproc/idem-extproc/internal/testwait"
+	"github.com/idem-extproc/idem-extproc/internal/testing/harness"
+	"github.com/idem-extproc/idem-extproc/internal/testing/redistest"
+	"github.com/idem-extproc/idem-extproc/internal/testing/testwait"
 )
 
 // startOn starts the daemon on a Redis, returning its log.

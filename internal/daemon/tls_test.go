@@ -17,12 +17,12 @@ import (
 	"google.golang.org/grpc/credentials"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
-	"github.com/idem-extproc/idem-extproc/internal/certtest"
 	"github.com/idem-extproc/idem-extproc/internal/daemon"
-	"github.com/idem-extproc/idem-extproc/internal/harness"
 	"github.com/idem-extproc/idem-extproc/internal/memstore"
-	"github.com/idem-extproc/idem-extproc/internal/redistest"
-	"github.com/idem-extproc/idem-extproc/internal/testwait"
+	"github.com/idem-extproc/idem-extproc/internal/testing/certtest"
+	"github.com/idem-extproc/idem-extproc/internal/testing/harness"
+	"github.com/idem-extproc/idem-extproc/internal/testing/redistest"
+	"github.com/idem-extproc/idem-extproc/internal/testing/testwait"
 )
 
 // TestMutualTLS: the ext_proc listener admits only clients with a

@@ -26,7 +26,7 @@ const (
 )
 
 // MissingAttributes are the attributes whose absence the server reports
-// (idem.Observer.MissingAttribute), each with the filter setting that sends it.
+// (extproc.EnvoyObserver.MissingAttribute), each with the filter setting that sends it.
 var MissingAttributes = map[string]string{
 	AttrCodeDetails:  "response_attributes",
 	AttrAttemptCount: "response_attributes",

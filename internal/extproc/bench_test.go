@@ -24,7 +24,7 @@ import (
 // bodies, the request and response attributes) through Server.Process on
 // a fake stream, with the in-memory store and a JSON logger at info level
 // writing nowhere: the server's own work per request, without gRPC or
-// Redis. The load tool (cmd/idem-loadtest) measures the whole.
+// Redis. The load tool (tools/idem-loadtest) measures the whole.
 
 const benchKeyDigits = 12
 
@@ -193,8 +193,9 @@ func BenchmarkRequestHeaders(b *testing.B) {
 			msg := newBenchExchange(tc.method, tc.key, true).msgs[0]
 			b.ReportAllocs()
 			for range b.N {
-				p := newProcessor(srv, set, nil)
-				if _, err := p.handle(ctx, msg); err != nil {
+				p := newProcessor(srv, set)
+				m := messageOf(msg)
+				if _, err := p.handle(ctx, &m); err != nil {
 					b.Fatal(err)
 				}
 			}

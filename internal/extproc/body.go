@@ -6,6 +6,7 @@ import (
 	procmodev3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 
+	"github.com/idem-extproc/idem-extproc/internal/attempt"
 	"github.com/idem-extproc/idem-extproc/internal/problem"
 )
 
@@ -15,16 +16,17 @@ import (
 
 // takeRequestBody keeps a request body chunk for the fingerprint, or
 // returns the problem to refuse the request with: 413 past the policy's
-// max_request_body, or what the server's body budget says (holdRequestBody).
+// max_request_body, or what the server's body budget says
+// (bodyBudget.holdRequestBody).
 // In GRPC mode each message is framed as gRPC does on the wire, so that
 // message boundaries are part of the fingerprint; the half-close grpc-go
 // sends as end_of_stream_without_message adds nothing.
 func (p *processor) takeRequestBody(body *extprocv3.HttpBody) *problem.Problem {
 	msg := body.GetBody()
 	if len(p.reqBody)+len(msg) > p.att.Policy.MaxRequestBody {
-		return bodyTooLarge(p.att.Policy.MaxRequestBody)
+		return attempt.BodyTooLarge(p.att.Policy.MaxRequestBody)
 	}
-	if prob := p.holdRequestBody(len(msg)); prob != nil {
+	if prob := p.srv.budget.holdRequestBody(&p.held, len(p.reqBody), len(msg), p.att.Policy.RetryAfter); prob != nil {
 		return prob
 	}
 	if p.requestBodyMode != procmodev3.ProcessingMode_GRPC {
@@ -39,8 +41,10 @@ func (p *processor) takeRequestBody(body *extprocv3.HttpBody) *problem.Problem {
 // policy's max_stored_body and within the server's body budget; past
 // either the response is recorded without its body. grpc-go sends bare
 // messages; in GRPC mode they are stored framed, as gRPC sends them on the
-// wire and Envoy passes them.
+// wire and Envoy passes them. It counts the response's messages (a gRPC
+// call's outcome may be inferred from them: settleResponse).
 func (p *processor) storeResponseBytes(body *extprocv3.HttpBody) {
+	p.rpc.messages++
 	if p.respTooLarge {
 		return
 	}
@@ -49,9 +53,9 @@ func (p *processor) storeResponseBytes(body *extprocv3.HttpBody) {
 	if framed {
 		n += frameHeaderLen
 	}
-	if len(p.respBody)+n > p.att.Policy.MaxStoredBody || !p.hold(n) {
+	if len(p.respBody)+n > p.att.Policy.MaxStoredBody || !p.srv.budget.hold(&p.held, n) {
 		p.respTooLarge, p.respBody = true, nil
-		p.releaseHeld()
+		p.srv.budget.release(&p.held)
 		return
 	}
 	if framed {

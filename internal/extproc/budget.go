@@ -3,7 +3,9 @@ package extproc
 import (
 	"fmt"
 	"sync/atomic"
+	"time"
 
+	"github.com/idem-extproc/idem-extproc/internal/attempt"
 	"github.com/idem-extproc/idem-extproc/internal/problem"
 )
 
@@ -37,56 +39,56 @@ func (b *bodyBudget) take(n int64) bool {
 
 func (b *bodyBudget) give(n int64) { b.used.Add(-n) }
 
-// hold charges n more buffered bytes to this stream; false when the
-// server's budget has no room for them. Without a budget it always holds.
-func (p *processor) hold(n int) bool {
-	b := p.srv.budget
+// hold charges n more buffered bytes to a stream that holds *held; false
+// when the budget has no room for them. Without a budget (nil) it always
+// holds.
+func (b *bodyBudget) hold(held *int64, n int) bool {
 	if b == nil || n == 0 {
 		return true
 	}
 	if !b.take(int64(n)) {
 		return false
 	}
-	p.held += int64(n)
+	*held += int64(n)
 	return true
 }
 
-// holdRequestBody charges the next n bytes of the request body, or returns
-// the problem to answer: 413 when the body alone would pass the whole
-// budget (it could never be taken; a retry would not help), 503 with
-// Retry-After when the budget is only full for now.
-func (p *processor) holdRequestBody(n int) *problem.Problem {
-	if b := p.srv.budget; b != nil && int64(len(p.reqBody)+n) > b.limit {
-		return bodyTooLarge(int(b.limit))
+// holdRequestBody charges the next n bytes of a request body of which have
+// bytes are held, or returns the problem to answer: 413 when the body
+// alone would pass the whole budget (it could never be taken; a retry
+// would not help), 503 with Retry-After when the budget is only full for
+// now.
+func (b *bodyBudget) holdRequestBody(held *int64, have, n int, retryAfter time.Duration) *problem.Problem {
+	if b != nil && int64(have+n) > b.limit {
+		return attempt.BodyTooLarge(int(b.limit))
 	}
-	if !p.hold(n) {
-		return p.capacityProblem()
+	if !b.hold(held, n) {
+		return b.capacityProblem(retryAfter)
 	}
 	return nil
 }
 
-// releaseHeld returns every byte this stream holds to the budget.
-func (p *processor) releaseHeld() {
-	if p.held > 0 {
-		p.srv.budget.give(p.held)
-		p.held = 0
+// release returns every byte a stream holds to the budget.
+func (b *bodyBudget) release(held *int64) {
+	if *held > 0 {
+		b.give(*held)
+		*held = 0
 	}
 }
 
-// budgetFull reports a budget with no room left at all: a new protected
-// request is then refused at its headers.
-func (p *processor) budgetFull() bool {
-	b := p.srv.budget
+// full reports a budget with no room left at all: a new protected request
+// is then refused at its headers.
+func (b *bodyBudget) full() bool {
 	return b != nil && b.used.Load() >= b.limit
 }
 
 // capacityProblem is the answer to a protected request the budget has no
 // room for: nothing was reserved or executed, so a retry with the same key
 // after Retry-After is safe.
-func (p *processor) capacityProblem() *problem.Problem {
+func (b *bodyBudget) capacityProblem(retryAfter time.Duration) *problem.Problem {
 	prob := problem.New(problem.CapacityExceeded, fmt.Sprintf(
 		"the idempotency server is buffering as many bodies as its memory budget allows (%d bytes); retry later",
-		p.srv.budget.limit))
-	prob.RetryAfter = p.att.Policy.RetryAfter
+		b.limit))
+	prob.RetryAfter = retryAfter
 	return prob
 }

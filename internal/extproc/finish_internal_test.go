@@ -3,9 +3,10 @@ package extproc
 import (
 	"testing"
 
-	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	procmodev3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+
+	"github.com/idem-extproc/idem-extproc/internal/attempt"
 )
 
 // TestFinishedOnlyWhereEnvoyKeepsTheBody: a stream is ended early only past
@@ -15,7 +16,7 @@ import (
 func TestFinishedOnlyWhereEnvoyKeepsTheBody(t *testing.T) {
 	s := New(Config{})
 	done := func() *processor {
-		p := newProcessor(s, s.cfg.Policies(), nil)
+		p := newProcessor(s, s.cfg.Policies())
 		p.stage = stagePassThrough
 		p.modesKnown = true
 		p.requestBodyMode, p.responseBodyMode = procmodev3.ProcessingMode_BUFFERED, procmodev3.ProcessingMode_BUFFERED
@@ -44,7 +45,7 @@ func TestFinishedOnlyWhereEnvoyKeepsTheBody(t *testing.T) {
 		"reserved, upstream running":  func(p *processor) { p.stage = stageUpstream },
 		"response body being read":    func(p *processor) { p.stage = stageResponseBody },
 		"request body being read":     func(p *processor) { p.stage = stageRequestBody },
-		"a header owed to a response": func(p *processor) { p.respAdd = []*corev3.HeaderValueOption{{}} },
+		"a header owed to a response": func(p *processor) { p.respAdd = []attempt.ResponseHeader{{}} },
 		"a withheld reply":            func(p *processor) { p.rpc.held = []*extprocv3.ProcessingResponse{{}} },
 		"a gRPC call":                 func(p *processor) { p.rpc.call = true },
 	} {

@@ -2,12 +2,9 @@ package extproc
 
 import (
 	"context"
-	"strings"
 
-	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	procmodev3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
-	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 )
@@ -49,10 +46,12 @@ type rpcState struct {
 	// messages counts response messages.
 	messages int
 
-	// held are replies withheld until the decision, in order.
+	// held are replies withheld until the decision, in order; release
+	// says which of them go out ahead of the reply to the current message.
 	held []*extprocv3.ProcessingResponse
 	// headersHeld: held starts with the request headers reply.
 	headersHeld bool
+	release     release
 	// Flow control (grpc-go only, from flow_control_init): the client
 	// stops sending body messages once it has sent a window's worth the
 	// server has not acknowledged with a server_window_update.
@@ -67,68 +66,56 @@ func echoes(m procmodev3.ProcessingMode_BodySendMode) bool {
 	return m == procmodev3.ProcessingMode_GRPC || m == procmodev3.ProcessingMode_FULL_DUPLEX_STREAMED
 }
 
-// targetHeaders are the request headers requestTarget keeps, in one copy.
-var targetHeaders = [...]string{":method", ":path", ":authority", "x-request-id"}
+// release is which withheld replies the stream loop sends next.
+type release uint8
 
-// requestTarget reads the request's method, path and authority (and its
-// x-request-id, into the attempt, in the same copy), and learns
-// what kind of client sent it. Envoy sends pseudo-headers; grpc-go sends
-// none, and the request_attributes request.method, request.path and
-// request.host carry them instead (a gRPC call is always a POST).
-func (p *processor) requestTarget(req *extprocv3.ProcessingRequest, hs *corev3.HeaderMap, attrs *structpb.Struct) (method, authority string) {
-	var v [len(targetHeaders)]string
-	found := copyHeaders(hs, targetHeaders[:], v[:])
-	method, authority, p.att.RequestID = v[0], v[2], v[3]
-	path := v[1]
-	p.rpc.proxyless = found&0b11 == 0 // neither :method nor :path
-	if p.rpc.proxyless {
-		method, path, authority = attrString(attrs, "request.method"), attrString(attrs, "request.path"), attrString(attrs, "request.host")
-		if method == "" {
-			method = "POST"
-		}
-	}
-	p.path = path
-	ct, _ := headerBytes(hs, "content-type")
-	p.rpc.call = p.rpc.proxyless || isGRPCContentType(string(ct)) || p.requestBodyMode == procmodev3.ProcessingMode_GRPC
-	if fc := req.GetFlowControlInit(); fc != nil && fc.GetInitialWindowDownstreamToSidestream() > 0 {
-		p.rpc.flow, p.rpc.reqWindow = true, fc.GetInitialWindowDownstreamToSidestream()
-	}
-	return method, authority
+const (
+	releaseNone  release = iota
+	releaseFirst         // the request headers reply only (flow control)
+	releaseAll
+)
+
+// hold withholds a reply until the decision.
+func (r *rpcState) hold(resp *extprocv3.ProcessingResponse) { r.held = append(r.held, resp) }
+
+// releaseAll lets every withheld reply go, ahead of the reply to the
+// current message; the stream loop sends them (released).
+func (r *rpcState) releaseAll() {
+	r.release, r.headersHeld = releaseAll, false
 }
 
-func isGRPCContentType(ct string) bool {
-	return ct == "application/grpc" || strings.HasPrefix(ct, "application/grpc+") || strings.HasPrefix(ct, "application/grpc;")
-}
-
-// awaitRequestBody is the request headers phase of a protected request
-// with a body still to come. In the echo modes the headers reply is
-// withheld; grpc-go without a request body mode sends no body at all, so
-// the call is decided on its headers (its fingerprint then lacks the
-// message). It reports false when the usual handling applies.
-func (p *processor) awaitRequestBody(ctx context.Context, req *extprocv3.ProcessingRequest) (*extprocv3.ProcessingResponse, bool) {
-	switch {
-	case p.rpc.proxyless && p.requestBodyMode == procmodev3.ProcessingMode_NONE:
-		return p.decide(ctx, req), true
-	case echoes(p.requestBodyMode):
-		p.rpc.held = append(p.rpc.held, continueFor(req))
-		p.rpc.headersHeld = true
-		return nil, true
+// released returns the withheld replies to send now, in order, and
+// forgets them.
+func (r *rpcState) released() []*extprocv3.ProcessingResponse {
+	n := 0
+	switch r.release {
+	case releaseNone:
+		return nil
+	case releaseFirst:
+		n = 1
+	case releaseAll:
+		n = len(r.held)
 	}
-	return nil, false
+	out := r.held[:n]
+	r.held, r.release = r.held[n:], releaseNone
+	if len(r.held) == 0 {
+		r.held = nil
+	}
+	return out
 }
 
 // onStreamedRequestBody reads one body message of a protected request in
 // an echo mode: it is fingerprinted and its echo withheld; the last one
 // (end_of_stream, or the half-close that grpc-go sends as
 // end_of_stream_without_message) decides.
-func (p *processor) onStreamedRequestBody(ctx context.Context, req *extprocv3.ProcessingRequest, body *extprocv3.HttpBody) *extprocv3.ProcessingResponse {
+func (p *processor) onStreamedRequestBody(ctx context.Context, body *extprocv3.HttpBody) *extprocv3.ProcessingResponse {
 	if prob := p.takeRequestBody(body); prob != nil {
-		return p.refuseUnread(ctx, req, prob, body.GetBody())
+		return p.refuseUnread(ctx, prob, body.GetBody())
 	}
 	if body.GetEndOfStream() {
-		return p.decide(ctx, req)
+		return p.decide(ctx)
 	}
-	p.rpc.held = append(p.rpc.held, p.echo(req))
+	p.rpc.hold(p.echo())
 	if !p.rpc.flow {
 		return nil
 	}
@@ -142,10 +129,7 @@ func (p *processor) onStreamedRequestBody(ctx context.Context, req *extprocv3.Pr
 		return nil
 	}
 	if p.rpc.headersHeld {
-		if err := p.send(p.rpc.held[0]); err != nil {
-			return nil
-		}
-		p.rpc.held, p.rpc.headersHeld = p.rpc.held[1:], false
+		p.rpc.release, p.rpc.headersHeld = releaseFirst, false
 	}
 	n := p.rpc.reqUnack
 	p.rpc.reqUnack = 0
@@ -154,41 +138,35 @@ func (p *processor) onStreamedRequestBody(ctx context.Context, req *extprocv3.Pr
 	}}
 }
 
-// cont lets the message go on: it first sends every withheld reply, then
-// answers the message itself with CONTINUE, or in an echo mode with its
-// body sent back.
-func (p *processor) cont(req *extprocv3.ProcessingRequest) *extprocv3.ProcessingResponse {
-	for i, r := range p.rpc.held {
-		if err := p.send(r); err != nil {
-			p.rpc.held = p.rpc.held[i:]
-			return nil
-		}
-	}
-	p.rpc.held, p.rpc.headersHeld = nil, false
-	return p.echo(req)
+// cont lets the message go on: every withheld reply goes first, then the
+// message's own CONTINUE, or in an echo mode its body sent back.
+func (p *processor) cont() *extprocv3.ProcessingResponse {
+	p.rpc.releaseAll()
+	return p.echo()
 }
 
-// echo answers a message with CONTINUE; a body message in an echo mode is
-// answered with its body sent back unchanged as a streamed_response (a
-// reply without one fails the call in grpc-go and is spurious to Envoy).
-func (p *processor) echo(req *extprocv3.ProcessingRequest) *extprocv3.ProcessingResponse {
-	resp := continueFor(req)
-	var body *extprocv3.HttpBody
+// echo answers the current message with CONTINUE; a body message in an
+// echo mode is answered with its body sent back unchanged as a
+// streamed_response (a reply without one fails the call in grpc-go and is
+// spurious to Envoy).
+func (p *processor) echo() *extprocv3.ProcessingResponse {
+	resp := continueFor(p.phase)
 	var br *extprocv3.BodyResponse
-	switch r := req.GetRequest().(type) {
-	case *extprocv3.ProcessingRequest_RequestBody:
+	switch p.phase {
+	case phaseRequestBody:
 		if !echoes(p.requestBodyMode) {
 			return resp
 		}
-		body, br = r.RequestBody, resp.GetRequestBody()
-	case *extprocv3.ProcessingRequest_ResponseBody:
+		br = resp.GetRequestBody()
+	case phaseResponseBody:
 		if !echoes(p.responseBodyMode) {
 			return resp
 		}
-		body, br = r.ResponseBody, resp.GetResponseBody()
+		br = resp.GetResponseBody()
 	default:
 		return resp
 	}
+	body := p.msgBody
 	br.Response = &extprocv3.CommonResponse{BodyMutation: &extprocv3.BodyMutation{
 		Mutation: &extprocv3.BodyMutation_StreamedResponse{StreamedResponse: &extprocv3.StreamedBodyResponse{
 			Body:                      body.GetBody(),

@@ -13,7 +13,7 @@ import (
 // TestDocumentedGRPCStatusTable holds docs/grpc.md's table of gRPC answers
 // to the codes the server sends: every row's status is the one grpcCodes
 // gives its slug, and every slug in grpcCodes has a row. The calls through
-// grpc-go (internal/grpcxds) and Envoy (internal/e2e) show the codes
+// grpc-go (test/grpcxds) and Envoy (test/e2e) show the codes
 // reaching a client for most rows; this is the one check on the rows no
 // end-to-end test provokes (outcome unknown, body too large, no principal).
 func TestDocumentedGRPCStatusTable(t *testing.T) {

@@ -6,7 +6,6 @@ import (
 	"strings"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
-	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/idem-extproc/idem-extproc/internal/idem"
@@ -185,24 +184,6 @@ func firstHeader(hs []idem.Header, name string) (string, bool) {
 		}
 	}
 	return "", false
-}
-
-// attributes returns the attribute struct Envoy sent with a message: in
-// ProcessingRequest.attributes (current), or in the deprecated
-// HttpHeaders.attributes (older versions).
-func attributes(req *extprocv3.ProcessingRequest) *structpb.Struct {
-	if a := req.GetAttributes()[attributesKey]; a != nil {
-		return a
-	}
-	var hh *extprocv3.HttpHeaders
-	switch r := req.GetRequest().(type) {
-	case *extprocv3.ProcessingRequest_RequestHeaders:
-		hh = r.RequestHeaders
-	case *extprocv3.ProcessingRequest_ResponseHeaders:
-		hh = r.ResponseHeaders
-	}
-	//lint:ignore SA1019 older Envoys sent attributes here; still read for them.
-	return hh.GetAttributes()[attributesKey]
 }
 
 // attrString reads one attribute as a string. Envoy encodes CEL values as

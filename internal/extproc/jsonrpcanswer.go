@@ -1,14 +1,9 @@
 package extproc
 
 import (
-	"context"
-	"log/slog"
-
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 
-	"github.com/idem-extproc/idem-extproc/internal/attempt"
-	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/jsonrpc"
 	"github.com/idem-extproc/idem-extproc/internal/problem"
 )
@@ -35,7 +30,7 @@ import (
 const jsonrpcStatus = 200
 
 // jsonrpcProblem answers with the JSON-RPC error response standing for
-// prob, to the request's own id, at jsonrpcStatus. When no id could be
+// prob, to the request's own id (id), at jsonrpcStatus. When no id could be
 // read from the body (none arrived yet, or none in the bytes that did:
 // refuseUnread) the id is null, as JSON-RPC 2.0 section 5 asks, and the
 // HTTP status is the problem's own: such a message cannot be answered as
@@ -47,8 +42,8 @@ const jsonrpcStatus = 200
 // mcp/streamable.go handleJSON) and the TypeScript one could match to no
 // request; a 503 it even retries without closing the session
 // (isTransientHTTPStatus).
-func (p *processor) jsonrpcProblem(prob *problem.Problem) *extprocv3.ProcessingResponse {
-	id, status := p.body.id, jsonrpcStatus
+func jsonrpcProblem(prob *problem.Problem, id []byte) *extprocv3.ProcessingResponse {
+	status := jsonrpcStatus
 	body, err := jsonrpc.ErrorResponse(id, prob)
 	if err != nil {
 		// Every problem kind has a code and the id was checked when read,
@@ -67,37 +62,4 @@ func (p *processor) jsonrpcProblem(prob *problem.Problem) *extprocv3.ProcessingR
 		hs = append(hs, setHeader("retry-after", ra, false))
 	}
 	return immediate(status, hs, body, "idempotency_"+prob.Slug)
-}
-
-// refuseUnread refuses a request whose body is refused before it was read
-// whole: over a limit or the server's budget (chunk is the message that
-// did not fit), or cut at Envoy's buffer. A JSON-RPC answer made before
-// the body decided the policy still goes to the request's id when the
-// bytes at hand carry it (jsonrpc.ScanID).
-func (p *processor) refuseUnread(ctx context.Context, req *extprocv3.ProcessingRequest, prob *problem.Problem, chunk []byte) *extprocv3.ProcessingResponse {
-	if d := p.body; d != nil && d.jsonrpc && d.id == nil {
-		d.id = jsonrpc.ScanID(p.reqBody, chunk)
-	}
-	return p.refuse(ctx, req, prob)
-}
-
-// jsonrpcReplay answers a retry with the stored response rewritten to its
-// own id (attempt.JSONRPCReplay), with the replay markers of an HTTP
-// replay. A stored body that is no JSON-RPC response is never replayed to
-// a wrong id: the answer is the outcome-unknown error, since the call did
-// run and what it returned cannot be told.
-func (p *processor) jsonrpcReplay(r *idem.Response) *extprocv3.ProcessingResponse {
-	out, err := attempt.JSONRPCReplay(*r, p.body.id)
-	if err != nil {
-		p.LogAt(context.Background(), slog.LevelWarn, "stored response cannot be replayed as a JSON-RPC response; answering outcome-unknown",
-			slog.String("error", err.Error()))
-		return p.jsonrpcProblem(problem.New(problem.OutcomeUnknown,
-			"an earlier call with this key completed, but its response cannot be replayed as a JSON-RPC response; "+
-				"check the tool's effect before calling again with a new key"))
-	}
-	resp, dropped := replayResponse(&out, p.att.Policy.StoresHeader)
-	if dropped > 0 {
-		p.srv.obs.ReplayHeadersDropped(p.att.Policy.Name, dropped)
-	}
-	return resp
 }

@@ -4,12 +4,12 @@ import (
 	"context"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
-	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/idem-extproc/idem-extproc/internal/attempt"
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 )
 
@@ -37,82 +37,86 @@ func (c headerCarrier) Keys() []string {
 
 var traceContext = propagation.TraceContext{}
 
-// phaseSpanName names the span of a message's phase.
-func phaseSpanName(req *extprocv3.ProcessingRequest) string {
-	switch req.GetRequest().(type) {
-	case *extprocv3.ProcessingRequest_RequestHeaders:
-		return "ext_proc request_headers"
-	case *extprocv3.ProcessingRequest_RequestBody:
-		return "ext_proc request_body"
-	case *extprocv3.ProcessingRequest_RequestTrailers:
-		return "ext_proc request_trailers"
-	case *extprocv3.ProcessingRequest_ResponseHeaders:
-		return "ext_proc response_headers"
-	case *extprocv3.ProcessingRequest_ResponseBody:
-		return "ext_proc response_body"
-	case *extprocv3.ProcessingRequest_ResponseTrailers:
-		return "ext_proc response_trailers"
-	}
-	return "ext_proc unknown"
+// phaseSpanNames name the span of each phase's message.
+var phaseSpanNames = [...]string{
+	phaseRequestHeaders:   "ext_proc request_headers",
+	phaseRequestBody:      "ext_proc request_body",
+	phaseRequestTrailers:  "ext_proc request_trailers",
+	phaseResponseHeaders:  "ext_proc response_headers",
+	phaseResponseBody:     "ext_proc response_body",
+	phaseResponseTrailers: "ext_proc response_trailers",
+}
+
+// streamTrace is a stream's span; ctx carries it for work done after the
+// stream's own context ended. Both are nil when tracing is off.
+type streamTrace struct {
+	span trace.Span
+	ctx  context.Context
 }
 
 // startPhase opens the span of one message, as a child of the stream's
 // span; the stream's span starts with the first message, under the
 // traceparent of the request's headers when there is one.
-func (p *processor) startPhase(ctx context.Context, req *extprocv3.ProcessingRequest) (context.Context, trace.Span) {
-	if p.srv.tracer == nil {
+func (t *streamTrace) startPhase(ctx context.Context, tracer trace.Tracer, m *message) (context.Context, trace.Span) {
+	if tracer == nil {
 		return ctx, trace.SpanFromContext(context.Background()) // a no-op span, shared
 	}
-	if p.span == nil {
+	if t.span == nil {
 		parent := ctx
-		if hh := req.GetRequestHeaders(); hh != nil {
-			parent = traceContext.Extract(ctx, headerCarrier{hh.GetHeaders()})
+		if m.phase == phaseRequestHeaders {
+			parent = traceContext.Extract(ctx, headerCarrier{m.headers.GetHeaders()})
 		}
-		p.spanCtx, p.span = p.srv.tracer.Start(parent, "idem-extproc stream", trace.WithSpanKind(trace.SpanKindServer))
+		t.ctx, t.span = tracer.Start(parent, "idem-extproc stream", trace.WithSpanKind(trace.SpanKindServer))
 	}
-	return p.srv.tracer.Start(trace.ContextWithSpan(ctx, p.span), phaseSpanName(req))
+	name := "ext_proc unknown"
+	if m.known {
+		name = phaseSpanNames[m.phase]
+	}
+	return tracer.Start(trace.ContextWithSpan(ctx, t.span), name)
 }
 
-// spanCtxOr returns a context carrying the stream's span, or def.
-func (p *processor) spanCtxOr(def context.Context) context.Context {
-	if p.spanCtx != nil {
-		return p.spanCtx
+// background returns a context carrying the stream's span.
+func (t *streamTrace) background() context.Context {
+	if t.ctx != nil {
+		return t.ctx
 	}
-	return def
+	return context.Background()
 }
 
-// decided reports a decision to the observer and on the stream's span.
-func (p *processor) Decided(d idem.Decision) {
-	name := ""
-	if p.att.Policy != nil {
-		name = p.att.Policy.Name
-	}
-	p.srv.obs.Decided(name, d)
-	if p.span != nil {
-		p.span.AddEvent(string(d))
-		p.span.SetAttributes(attribute.String("idem.decision", string(d)))
+// decided puts a decision on the stream's span.
+func (t *streamTrace) decided(d idem.Decision) {
+	if t.span != nil {
+		t.span.AddEvent(string(d))
+		t.span.SetAttributes(attribute.String("idem.decision", string(d)))
 	}
 }
 
-// endSpan closes the stream's span with what is known about the attempt.
-func (p *processor) endSpan(err error) {
-	if p.span == nil {
+// shadowed puts a shadow policy's decision on the stream's span.
+func (t *streamTrace) shadowed(d idem.ShadowDecision) {
+	if t.span != nil {
+		t.span.SetAttributes(attribute.String("idem.shadow_decision", string(d)))
+	}
+}
+
+// end closes the stream's span with what is known about the attempt.
+func (t *streamTrace) end(a *attempt.Attempt, err error) {
+	if t.span == nil {
 		return
 	}
-	if p.att.Policy != nil {
-		p.span.SetAttributes(attribute.String("idem.policy", p.att.Policy.Name))
+	if a.Policy != nil {
+		t.span.SetAttributes(attribute.String("idem.policy", a.Policy.Name))
 	}
-	if p.att.ID != "" {
-		p.span.SetAttributes(attribute.String("idem.key_hash", string(p.att.ID)), attribute.String("idem.scope", p.att.Scope))
+	if a.ID != "" {
+		t.span.SetAttributes(attribute.String("idem.key_hash", string(a.ID)), attribute.String("idem.scope", a.Scope))
 	}
-	if p.att.RequestID != "" {
-		p.span.SetAttributes(attribute.String("http.request.header.x-request-id", p.att.RequestID))
+	if a.RequestID != "" {
+		t.span.SetAttributes(attribute.String("http.request.header.x-request-id", a.RequestID))
 	}
-	if p.att.Number > 0 {
-		p.span.SetAttributes(attribute.Int("idem.attempt", p.att.Number))
+	if a.Number > 0 {
+		t.span.SetAttributes(attribute.Int("idem.attempt", a.Number))
 	}
 	if err != nil {
-		p.span.SetStatus(codes.Error, err.Error())
+		t.span.SetStatus(codes.Error, err.Error())
 	}
-	p.span.End()
+	t.span.End()
 }

@@ -4,19 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 
-	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	procmodev3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
-	"go.opentelemetry.io/otel/trace"
-	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/idem-extproc/idem-extproc/internal/attempt"
-	"github.com/idem-extproc/idem-extproc/internal/envoyorigin"
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/policy"
-	"github.com/idem-extproc/idem-extproc/internal/problem"
 )
 
 // stage is where a stream is in the request's life.
@@ -37,23 +31,47 @@ const (
 	stagePassThrough
 )
 
+// phase is the kind of message being answered: its reply must be of the
+// matching kind (Envoy rejects any other as spurious).
+type phase uint8
+
+const (
+	phaseRequestHeaders phase = iota
+	phaseRequestBody
+	phaseRequestTrailers
+	phaseResponseHeaders
+	phaseResponseBody
+	phaseResponseTrailers
+)
+
+// protocolError is a message that cannot follow the ones before it: the
+// stream ends with INVALID_ARGUMENT, which Envoy turns into its
+// status_on_error (fail closed).
+type protocolError struct{ error }
+
 // processor holds everything about one HTTP request.
 type processor struct {
 	srv      *Server
 	policies *policy.Set
-	// send writes a message on the stream ahead of the reply being built
-	// (an override_message_timeout before a long wait).
-	send func(*extprocv3.ProcessingResponse) error
 
 	// Body modes in force on Envoy's side, from protocol_config. Without
 	// one (Envoy before 1.30 did not send it) the recommended BUFFERED
 	// configuration is assumed and no override is asked for.
 	requestBodyMode, responseBodyMode procmodev3.ProcessingMode_BodySendMode
 	modesKnown                        bool
-	// stage sits next to modesKnown, in what would be padding: a
-	// processor is allocated per request, and this keeps it in the 480
-	// byte size class with body below.
+	// stage, phase, waiting and respTooLarge sit next to modesKnown, in what would be
+	// padding: a processor is allocated per request, and this keeps it in
+	// the 480 byte size class.
 	stage stage
+	// phase is the message being answered; msgBody its body, for a body
+	// message (echoed back in the echo modes).
+	phase phase
+	// waiting: the reply just queued extends Envoy's timer for a wait
+	// (attempt.Wait); the loop sends it, then calls resume.
+	waiting bool
+	// respTooLarge: the response is recorded without its body.
+	respTooLarge bool
+	msgBody      *extprocv3.HttpBody
 
 	// att is the attempt: policy, record, token, what it holds.
 	att        attempt.Attempt
@@ -65,243 +83,156 @@ type processor struct {
 	// budget (budget.go).
 	held int64
 
-	// span is the stream's span; spanCtx carries it for work done after
-	// the stream's own context ended.
-	span    trace.Span
-	spanCtx context.Context
+	trace streamTrace
 
-	respStatus   int
-	respHeaders  []idem.Header
-	respBody     []byte
-	respTooLarge bool
+	respStatus  int
+	respHeaders []idem.Header
+	respBody    []byte
 
 	rpc rpcState
 	seq sequence
 	// body is set for a request whose policy is decided at its body
-	// (bodypolicy.go); nil on every other request.
+	// (request.go, deferToBody); nil on every other request.
 	body *bodyDecision
 
 	// respAdd are headers the response headers reply adds to the response
-	// the client gets: a shadow policy's decision, a key grace period's
-	// warning. HTTP only.
-	respAdd []*corev3.HeaderValueOption
+	// the client gets (attempt.Verdict.Add). HTTP only.
+	respAdd []attempt.ResponseHeader
 }
 
-func newProcessor(s *Server, set *policy.Set, send func(*extprocv3.ProcessingResponse) error) *processor {
-	p := &processor{srv: s, policies: set, send: send}
+func newProcessor(s *Server, set *policy.Set) *processor {
+	p := &processor{srv: s, policies: set}
 	p.att = attempt.New(&s.att, p)
 	return p
 }
 
-// LogAt writes one line about this request's attempt (attempt.LogAt).
-func (p *processor) LogAt(ctx context.Context, level slog.Level, msg string, extra ...slog.Attr) {
-	p.att.LogAt(ctx, level, msg, extra...)
+// Decided reports a decision to the observer and on the stream's span
+// (attempt.Conversation).
+func (p *processor) Decided(d idem.Decision) {
+	p.srv.obs.Decided(p.att.PolicyName(), d)
+	p.trace.decided(d)
 }
 
-// handle answers one message. An error is a protocol violation; the stream
-// then ends with a gRPC error, which Envoy turns into its status_on_error
-// (fail closed). A nil reply means none is due yet (see rpcState).
-func (p *processor) handle(ctx context.Context, req *extprocv3.ProcessingRequest) (*extprocv3.ProcessingResponse, error) {
-	if req.GetRequest() == nil && req.GetClientWindowUpdate() != nil {
+// Background is the context of work that outlives the message at hand:
+// it carries the stream's span (attempt.Conversation).
+func (p *processor) Background() context.Context { return p.trace.background() }
+
+// message is what the server reads of one ext_proc message: its phase
+// and payload, and Envoy's facts sent with it. It is read once, by the
+// stream loop (messageOf); nothing past it sees the whole message.
+type message struct {
+	phase    phase
+	known    bool // a request or response phase (else: window update, or unknown)
+	eos      bool
+	headers  *extprocv3.HttpHeaders
+	body     *extprocv3.HttpBody
+	trailers *extprocv3.HttpTrailers
+	facts    envoyFacts
+	// windowUpdate: a message with no phase that only acknowledges what
+	// the server sent (grpc-go's flow control).
+	windowUpdate bool
+	// other is the member of an unknown kind, for the error.
+	other any
+}
+
+// messageOf reads one message.
+func messageOf(req *extprocv3.ProcessingRequest) message {
+	m := message{known: true, facts: envoyFactsOf(req)}
+	switch r := req.GetRequest().(type) {
+	case *extprocv3.ProcessingRequest_RequestHeaders:
+		m.phase, m.headers, m.eos = phaseRequestHeaders, r.RequestHeaders, r.RequestHeaders.GetEndOfStream()
+	case *extprocv3.ProcessingRequest_RequestBody:
+		m.phase, m.body, m.eos = phaseRequestBody, r.RequestBody, r.RequestBody.GetEndOfStream()
+	case *extprocv3.ProcessingRequest_RequestTrailers:
+		m.phase, m.trailers, m.eos = phaseRequestTrailers, r.RequestTrailers, true
+	case *extprocv3.ProcessingRequest_ResponseHeaders:
+		m.phase, m.headers, m.eos = phaseResponseHeaders, r.ResponseHeaders, r.ResponseHeaders.GetEndOfStream()
+	case *extprocv3.ProcessingRequest_ResponseBody:
+		m.phase, m.body, m.eos = phaseResponseBody, r.ResponseBody, r.ResponseBody.GetEndOfStream()
+	case *extprocv3.ProcessingRequest_ResponseTrailers:
+		m.phase, m.trailers, m.eos = phaseResponseTrailers, r.ResponseTrailers, true
+	default:
+		m.known, m.other = false, req.GetRequest()
+		m.windowUpdate = req.GetRequest() == nil && req.GetClientWindowUpdate() != nil
+	}
+	return m
+}
+
+// handle answers one message. An error is a protocol violation
+// (protocolError). A nil reply means none is due yet (see rpcState).
+func (p *processor) handle(ctx context.Context, m *message) (*extprocv3.ProcessingResponse, error) {
+	if m.windowUpdate {
 		return nil, nil // grpc-go's flow control acknowledging what it was sent back
 	}
-	if err := p.seq.next(req, p.requestBodyStreams()); err != nil {
-		return nil, err
+	if !m.known {
+		return nil, protocolError{fmt.Errorf("unsupported ext_proc message %T", m.other)}
 	}
-	if pc := req.GetProtocolConfig(); pc != nil {
+	if err := p.seq.next(m.phase, m.eos, p.requestBodyStreams()); err != nil {
+		return nil, protocolError{err}
+	}
+	if pc := m.facts.protocol; pc != nil {
 		p.requestBodyMode, p.responseBodyMode = pc.GetRequestBodyMode(), pc.GetResponseBodyMode()
 		p.modesKnown = true
 	}
-	switch r := req.GetRequest().(type) {
-	case *extprocv3.ProcessingRequest_RequestHeaders:
+	p.phase, p.msgBody = m.phase, m.body
+	switch m.phase {
+	case phaseRequestHeaders:
 		if p.stage != stageRequestHeaders {
-			return nil, errors.New("request_headers received twice")
+			return nil, protocolError{errors.New("request_headers received twice")}
 		}
-		return p.onRequestHeaders(ctx, req, r.RequestHeaders), nil
-	case *extprocv3.ProcessingRequest_RequestBody:
+		return p.onRequestHeaders(ctx, m.headers, &m.facts), nil
+	case phaseRequestBody:
 		switch p.stage {
 		case stageRequestHeaders:
-			return nil, errors.New("request_body before request_headers")
+			return nil, protocolError{errors.New("request_body before request_headers")}
 		case stageRequestBody:
-			return p.onRequestBody(ctx, req, r.RequestBody), nil
+			return p.onRequestBody(ctx, m.body), nil
 		}
-		return p.cont(req), nil
-	case *extprocv3.ProcessingRequest_RequestTrailers:
+		return p.cont(), nil
+	case phaseRequestTrailers:
 		switch p.stage {
 		case stageRequestHeaders:
-			return nil, errors.New("request_trailers before request_headers")
+			return nil, protocolError{errors.New("request_trailers before request_headers")}
 		case stageRequestBody:
 			// The body is complete when trailers arrive.
-			return p.decide(ctx, req), nil
+			return p.decide(ctx), nil
 		}
-		return continueFor(req), nil
-	case *extprocv3.ProcessingRequest_ResponseHeaders:
+		return continueFor(p.phase), nil
+	case phaseResponseHeaders:
 		switch p.stage {
 		case stageUpstream:
-			return p.withAddedHeaders(p.onResponseHeaders(ctx, req, r.ResponseHeaders)), nil
-		case stageRequestBody:
+			return p.withAddedHeaders(p.onResponseHeaders(ctx, m.headers, &m.facts)), nil
+		case stageRequestBody, stageRequestHeaders:
 			// The upstream answered before the request body was complete
-			// (possible only in STREAMED mode): nothing was reserved, so
-			// there is nothing to record.
-			p.stage = stagePassThrough
-		case stageRequestHeaders:
-			// Envoy skipped the request path (mode SKIP): nothing reserved.
+			// (possible only in STREAMED mode), or Envoy skipped the
+			// request path (mode SKIP): nothing was reserved, so there is
+			// nothing to record.
 			p.stage = stagePassThrough
 		}
-		return p.withAddedHeaders(p.passedResponseHeaders(req)), nil
-	case *extprocv3.ProcessingRequest_ResponseBody:
+		return p.withAddedHeaders(p.passedResponseHeaders()), nil
+	case phaseResponseBody:
 		if p.stage == stageResponseBody {
-			return p.onResponseBody(ctx, req, r.ResponseBody), nil
+			return p.onResponseBody(ctx, m.body), nil
 		}
-		return p.cont(req), nil
-	case *extprocv3.ProcessingRequest_ResponseTrailers:
-		return p.onResponseTrailers(ctx, req, r.ResponseTrailers), nil
+		return p.cont(), nil
 	}
-	return nil, fmt.Errorf("unsupported ext_proc message %T", req.GetRequest())
+	// phaseResponseTrailers: a gRPC call's status is here.
+	if p.stage == stageResponseBody {
+		p.settleResponse(ctx, headerList(m.trailers.GetTrailers()))
+	}
+	return p.cont(), nil
 }
 
-func (p *processor) onRequestHeaders(ctx context.Context, req *extprocv3.ProcessingRequest, hh *extprocv3.HttpHeaders) *extprocv3.ProcessingResponse {
-	hs := hh.GetHeaders()
-	attrs := attributes(req)
-	method, authority := p.requestTarget(req, hs, attrs)
-	p.method = method
-
-	preq := policy.Request{
-		Method:    method,
-		Authority: authority,
-		Path:      p.path,
-		RouteName: attrString(attrs, envoyorigin.AttrRouteName),
-	}
-	matched := p.att.Match(p.policies, preq)
-	if !hasAttr(attrs, envoyorigin.AttrRouteName) {
-		p.routeNameMissing(ctx)
-	}
-	if !matched {
-		p.Decided(idem.DecisionBypassed)
-		return p.passThrough(req)
-	}
-	if p.att.Policy.NeedsBody() {
-		return p.deferToBody(ctx, req, hh, preq, attrs) // bodypolicy.go
-	}
-	rawKey, present := findHeader(hs, p.att.Policy.KeyHeader)
-	lines := 0
-	if present {
-		lines = countHeader(hs, p.att.Policy.KeyHeader)
-	}
-	adm, key, prob := p.att.AdmitKey(rawKey, lines, p.srv.cfg.Now())
-	switch adm {
-	case attempt.Bypass:
-		return p.passThrough(req)
-	case attempt.Grace:
-		return p.graceWithoutKey(ctx, req)
-	case attempt.Refuse:
-		return p.refuse(ctx, req, prob)
-	}
-	if prob := p.att.Admit(p.scopeOf(ctx, authority, hs, req, attrs), key); prob != nil {
-		return p.refuse(ctx, req, prob)
-	}
-	p.reqHeaders = selectHeaders(hs, p.att.Policy.FingerprintHeaders)
-	if hh.GetEndOfStream() {
-		return p.decide(ctx, req)
-	}
-	return p.awaitBody(ctx, req)
-}
-
-// awaitBody asks for a protected request's body, whole, before anything
-// of the request goes upstream.
-func (p *processor) awaitBody(ctx context.Context, req *extprocv3.ProcessingRequest) *extprocv3.ProcessingResponse {
-	if p.budgetFull() && !p.answersJSONRPC() {
-		// A JSON-RPC answer here could not carry the request's id, which
-		// only its body holds: such a request is refused at its body,
-		// where the budget refuses it still if it stays full.
-		return p.refuse(ctx, req, p.capacityProblem())
-	}
-	p.stage = stageRequestBody
-	if resp, ok := p.awaitRequestBody(ctx, req); ok {
-		return resp
-	}
-	if !p.modesKnown {
-		p.requestBodyMode, p.responseBodyMode = procmodev3.ProcessingMode_BUFFERED, procmodev3.ProcessingMode_BUFFERED
-		return continueFor(req)
-	}
+// requestBodyStreams reports a request body mode in which the response may
+// come before the request ends: STREAMED, FULL_DUPLEX_STREAMED, GRPC; or no
+// mode known at all (an Envoy before 1.30 sends no protocol_config) for a
+// request the server did not assume BUFFERED for.
+func (p *processor) requestBodyStreams() bool {
 	switch p.requestBodyMode {
-	case procmodev3.ProcessingMode_NONE, procmodev3.ProcessingMode_STREAMED:
-		// The fingerprint needs the whole body, and the upstream must see
-		// no part of the request before the reservation: in STREAMED mode
-		// Envoy would forward the headers and every answered chunk at once
-		// (processor_state.cc handleHeaderContinue). Ask for BUFFERED,
-		// which holds the headers until the body's reply. Body modes are
-		// always copied from an override, so the response's is restated.
-		// If Envoy does not honour overrides, the chunks are read as they
-		// come (onRequestBody).
-		return continueWith(req, &procmodev3.ProcessingMode{
-			RequestBodyMode:  procmodev3.ProcessingMode_BUFFERED,
-			ResponseBodyMode: p.wantedResponseBodyMode(),
-		})
+	case procmodev3.ProcessingMode_STREAMED, procmodev3.ProcessingMode_FULL_DUPLEX_STREAMED, procmodev3.ProcessingMode_GRPC:
+		return true
+	case procmodev3.ProcessingMode_NONE:
+		return !p.modesKnown
 	}
-	return continueFor(req)
-}
-
-func (p *processor) wantedResponseBodyMode() procmodev3.ProcessingMode_BodySendMode {
-	if p.responseBodyMode == procmodev3.ProcessingMode_NONE {
-		return procmodev3.ProcessingMode_BUFFERED
-	}
-	return p.responseBodyMode
-}
-
-// scopeOf reads the owner of the request's key space from where the policy
-// says (attempt.Admit judges it); "" when the request carries none.
-func (p *processor) scopeOf(ctx context.Context, authority string, hs *corev3.HeaderMap, req *extprocv3.ProcessingRequest, attrs *structpb.Struct) string {
-	switch sc := p.att.Policy.Scope; sc.Source {
-	case policy.ScopeAuthority:
-		return authority
-	case policy.ScopeHeader:
-		scope, _ := findHeader(hs, sc.Header)
-		return scope
-	case policy.ScopeMetadata:
-		return metadataString(req, sc.Namespace, sc.Path)
-	case policy.ScopePrincipal:
-		name := PrincipalAttribute(sc.PeerIdentity)
-		if !hasAttr(attrs, name) {
-			p.missingAttribute(ctx, p.att.Policy.Name, name, "every request of the policy is refused 401 principal-missing")
-		}
-		return attrString(attrs, name)
-	}
-	return "" // ScopeNone
-}
-
-// metadataString reads a string or number at path in one namespace of the
-// forwarded dynamic metadata.
-func metadataString(req *extprocv3.ProcessingRequest, ns string, path []string) string {
-	s := req.GetMetadataContext().GetFilterMetadata()[ns]
-	for i, name := range path {
-		v := s.GetFields()[name]
-		if i == len(path)-1 {
-			return valueString(v)
-		}
-		s = v.GetStructValue()
-	}
-	return ""
-}
-
-func (p *processor) onRequestBody(ctx context.Context, req *extprocv3.ProcessingRequest, body *extprocv3.HttpBody) *extprocv3.ProcessingResponse {
-	if echoes(p.requestBodyMode) {
-		return p.onStreamedRequestBody(ctx, req, body)
-	}
-	if prob := p.takeRequestBody(body); prob != nil {
-		return p.refuseUnread(ctx, req, prob, body.GetBody())
-	}
-	switch {
-	case body.GetEndOfStream():
-	case p.requestBodyMode == procmodev3.ProcessingMode_BUFFERED:
-		// end_of_stream is false in BUFFERED mode only because trailers
-		// follow: the body itself is whole.
-	case p.requestBodyMode == procmodev3.ProcessingMode_BUFFERED_PARTIAL:
-		return p.refuseUnread(ctx, req, problem.New(problem.BodyIncomplete,
-			"the request body exceeds the proxy's buffer and cannot be fingerprinted"), nil)
-	default:
-		// STREAMED: more chunks follow.
-		return continueFor(req)
-	}
-	return p.decide(ctx, req)
+	return false
 }

@@ -21,10 +21,11 @@ const ReplayedHeader = "idempotent-replayed"
 // store: the operation completed, but its body cannot be repeated.
 const BodyOmittedHeader = "idempotent-body-omitted"
 
-// continueFor answers a message with CONTINUE and no changes, in the reply
-// type that matches the message (Envoy rejects any other as spurious).
-func continueFor(req *extprocv3.ProcessingRequest) *extprocv3.ProcessingResponse {
-	return continueWith(req, nil)
+// continueFor answers a message of phase ph with CONTINUE and no changes,
+// in the reply type that matches the message (Envoy rejects any other as
+// spurious).
+func continueFor(ph phase) *extprocv3.ProcessingResponse {
+	return continueWith(ph, nil)
 }
 
 // continueWith answers with CONTINUE and, when mode is non-nil, a
@@ -34,9 +35,9 @@ func continueFor(req *extprocv3.ProcessingRequest) *extprocv3.ProcessingResponse
 // Every message of every request gets such a reply, so each is made in one
 // allocation: the response, its oneof wrapper and the empty inner message
 // are fields of one value (never copied; the pointers lead into it).
-func continueWith(req *extprocv3.ProcessingRequest, mode *procmodev3.ProcessingMode) *extprocv3.ProcessingResponse {
-	switch req.GetRequest().(type) {
-	case *extprocv3.ProcessingRequest_RequestHeaders:
+func continueWith(ph phase, mode *procmodev3.ProcessingMode) *extprocv3.ProcessingResponse {
+	switch ph {
+	case phaseRequestHeaders:
 		r := new(struct {
 			resp  extprocv3.ProcessingResponse
 			oneof extprocv3.ProcessingResponse_RequestHeaders
@@ -45,7 +46,7 @@ func continueWith(req *extprocv3.ProcessingRequest, mode *procmodev3.ProcessingM
 		r.oneof.RequestHeaders = &r.msg
 		r.resp.Response, r.resp.ModeOverride = &r.oneof, mode
 		return &r.resp
-	case *extprocv3.ProcessingRequest_ResponseHeaders:
+	case phaseResponseHeaders:
 		r := new(struct {
 			resp  extprocv3.ProcessingResponse
 			oneof extprocv3.ProcessingResponse_ResponseHeaders
@@ -54,7 +55,7 @@ func continueWith(req *extprocv3.ProcessingRequest, mode *procmodev3.ProcessingM
 		r.oneof.ResponseHeaders = &r.msg
 		r.resp.Response, r.resp.ModeOverride = &r.oneof, mode
 		return &r.resp
-	case *extprocv3.ProcessingRequest_RequestBody:
+	case phaseRequestBody:
 		r := new(struct {
 			resp  extprocv3.ProcessingResponse
 			oneof extprocv3.ProcessingResponse_RequestBody
@@ -63,7 +64,7 @@ func continueWith(req *extprocv3.ProcessingRequest, mode *procmodev3.ProcessingM
 		r.oneof.RequestBody = &r.msg
 		r.resp.Response, r.resp.ModeOverride = &r.oneof, mode
 		return &r.resp
-	case *extprocv3.ProcessingRequest_ResponseBody:
+	case phaseResponseBody:
 		r := new(struct {
 			resp  extprocv3.ProcessingResponse
 			oneof extprocv3.ProcessingResponse_ResponseBody
@@ -72,10 +73,10 @@ func continueWith(req *extprocv3.ProcessingRequest, mode *procmodev3.ProcessingM
 		r.oneof.ResponseBody = &r.msg
 		r.resp.Response, r.resp.ModeOverride = &r.oneof, mode
 		return &r.resp
-	case *extprocv3.ProcessingRequest_RequestTrailers:
+	case phaseRequestTrailers:
 		return &extprocv3.ProcessingResponse{ModeOverride: mode,
 			Response: &extprocv3.ProcessingResponse_RequestTrailers{RequestTrailers: &extprocv3.TrailersResponse{}}}
-	case *extprocv3.ProcessingRequest_ResponseTrailers:
+	case phaseResponseTrailers:
 		return &extprocv3.ProcessingResponse{ModeOverride: mode,
 			Response: &extprocv3.ProcessingResponse_ResponseTrailers{ResponseTrailers: &extprocv3.TrailersResponse{}}}
 	}
@@ -86,7 +87,7 @@ func continueWith(req *extprocv3.ProcessingRequest, mode *procmodev3.ProcessingM
 // interest in. Header modes must be SKIP explicitly, while body modes are
 // always copied from an override, so leaving them unset means NONE
 // (ext_proc.cc effectiveModeOverride; the mode_override row of
-// internal/envoysim/FIDELITY.md).
+// internal/testing/envoysim/FIDELITY.md).
 var skipEverything = &procmodev3.ProcessingMode{
 	RequestHeaderMode:   procmodev3.ProcessingMode_SKIP,
 	ResponseHeaderMode:  procmodev3.ProcessingMode_SKIP,

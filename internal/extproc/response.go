@@ -7,68 +7,160 @@ import (
 
 	procmodev3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc/codes"
 
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 )
 
-func (p *processor) onResponseHeaders(ctx context.Context, req *extprocv3.ProcessingRequest, hh *extprocv3.HttpHeaders) *extprocv3.ProcessingResponse {
-	if ct, _ := headerBytes(hh.GetHeaders(), "content-type"); p.rpc.proxyless || (p.rpc.call && isGRPCContentType(string(ct))) {
-		return p.onRPCResponseHeaders(ctx, req, hh, headerList(hh.GetHeaders()))
-	}
+// The response side, one path for HTTP responses and gRPC ones: the
+// response's origin is read at its headers, its outcome judged by the
+// policy's response rules (attempt.ActionFor) once its status is known (an
+// HTTP response's at its headers, a gRPC response's in its trailers, or in
+// the headers of a trailers-only response), and the record settled with
+// what was read (settleResponse).
+
+func (p *processor) onResponseHeaders(ctx context.Context, hh *extprocv3.HttpHeaders, f *envoyFacts) *extprocv3.ProcessingResponse {
+	hs := hh.GetHeaders()
+	ct, _ := headerBytes(hs, "content-type")
+	p.rpc.response = p.rpc.proxyless || (p.rpc.call && isGRPCContentType(string(ct)))
+	origin, retried := p.srv.responseOrigin(ctx, &p.att, f.attrs, p.rpc.proxyless)
 	// Only the status is read here; the headers are copied further down,
 	// and only those the record will keep, once the response is to be
 	// stored at all.
-	statusText, _ := headerBytes(hh.GetHeaders(), ":status")
+	statusText, hasStatus := headerBytes(hs, ":status")
 	status, err := strconv.Atoi(string(statusText))
+	if p.rpc.response {
+		// A gRPC call's outcome is its grpc-status, which comes in the
+		// trailers (or, for a trailers-only response, in these headers):
+		// nothing is judged before it.
+		p.rpc.origin, p.rpc.retried = origin, retried
+		if p.rpc.proxyless && !isGRPCContentType(string(ct)) {
+			// grpc-go forwards the upstream's header metadata; with no
+			// content-type the upstream never answered as gRPC: its
+			// transport failed after the call was sent. The effect may have
+			// happened.
+			p.rpc.origin = idem.OriginMaybeSent
+		}
+		if !hasStatus {
+			status, err = 200, nil // gRPC responses are HTTP 200; grpc-go sends no :status
+		}
+	}
 	if err != nil {
 		status = 0 // no rule covers 0: the outcome is unknown
 	}
-	attrs := attributes(req)
-	origin, retried := p.responseOrigin(ctx, attrs)
-	action := p.att.ActionFor(origin, status, retried)
-	p.LogAt(ctx, slog.LevelDebug, "response",
-		slog.Int("status", status), slog.String("origin", origin.String()), slog.String("action", action.String()))
-
-	switch action {
-	case idem.ActionRelease:
-		p.settle(ctx, idem.ActionRelease)
-		return continueWith(req, skipResponseBody)
-	case idem.ActionUnknown:
-		p.settle(ctx, idem.ActionUnknown)
-		return continueWith(req, skipResponseBody)
-	}
 	p.respStatus = status
-	p.respHeaders = keptHeaders(hh.GetHeaders(), p.att.Policy.StoresHeader, p.respHeaders)
+	if !p.rpc.response {
+		action := p.att.ActionFor(origin, status, retried)
+		p.att.LogAt(ctx, slog.LevelDebug, "response",
+			slog.Int("status", status), slog.String("origin", origin.String()), slog.String("action", action.String()))
+		if action != idem.ActionStore {
+			p.settle(ctx, action)
+			return continueWith(p.phase, skipResponseBody)
+		}
+	}
+	p.respHeaders = keptHeaders(hs, p.att.Policy.StoresHeader, p.respHeaders[:0])
 	if hh.GetEndOfStream() {
-		p.settleStored(ctx)
-		return continueFor(req)
+		var carrier []idem.Header
+		if p.rpc.response {
+			carrier = headerList(hs) // trailers-only: the status is in these headers
+		}
+		p.settleResponse(ctx, carrier)
+		return p.cont()
 	}
 	p.stage = stageResponseBody
-	if p.responseBodyMode == procmodev3.ProcessingMode_NONE {
-		return continueWith(req, bufferResponseBody)
+	switch {
+	case !p.rpc.response && p.responseBodyMode == procmodev3.ProcessingMode_NONE:
+		return continueWith(p.phase, bufferResponseBody)
+	case p.rpc.response && p.modesKnown && !p.rpc.proxyless && !echoes(p.responseBodyMode):
+		// Envoy sends trailers only when asked: ask for them, restating the
+		// body mode (body modes are always copied from an override).
+		return continueWith(p.phase, &procmodev3.ProcessingMode{
+			ResponseBodyMode:    wantedResponseBodyMode(p.responseBodyMode),
+			ResponseTrailerMode: procmodev3.ProcessingMode_SEND,
+		})
 	}
-	return continueFor(req)
+	return continueFor(p.phase)
 }
 
-func (p *processor) onResponseBody(ctx context.Context, req *extprocv3.ProcessingRequest, body *extprocv3.HttpBody) *extprocv3.ProcessingResponse {
+func (p *processor) onResponseBody(ctx context.Context, body *extprocv3.HttpBody) *extprocv3.ProcessingResponse {
 	if echoes(p.responseBodyMode) {
-		return p.onStreamedResponseBody(ctx, req, body)
-	}
-	if p.rpc.response {
-		// A gRPC response's status comes in the trailers.
-		p.rpc.messages++
-		p.storeResponseBytes(body)
-		if body.GetEndOfStream() {
-			p.settleRPC(ctx, nil)
-		}
-		return continueFor(req)
+		return p.onStreamedResponseBody(ctx, body)
 	}
 	p.storeResponseBytes(body)
-	// In BUFFERED mode the body is whole even when trailers follow.
-	if body.GetEndOfStream() || p.responseBodyMode == procmodev3.ProcessingMode_BUFFERED {
-		p.settleStored(ctx)
+	// In BUFFERED mode an HTTP response's body is whole even when trailers
+	// follow; a gRPC response's status comes in the trailers.
+	if body.GetEndOfStream() || (!p.rpc.response && p.responseBodyMode == procmodev3.ProcessingMode_BUFFERED) {
+		p.settleResponse(ctx, nil)
 	}
-	return continueFor(req)
+	return continueFor(p.phase)
+}
+
+// onStreamedResponseBody reads one response body message in an echo mode.
+// Its echo is withheld until the outcome is stored, so that a client never
+// holds an answer the record does not have yet; the held bytes are
+// acknowledged to grpc-go's flow control at once. A response larger than
+// the policy's max_stored_body is not held: it passes on as it comes and
+// is recorded without its body.
+func (p *processor) onStreamedResponseBody(ctx context.Context, body *extprocv3.HttpBody) *extprocv3.ProcessingResponse {
+	p.storeResponseBytes(body)
+	if body.GetEndOfStream() {
+		// No trailers follow (Envoy, a response without trailers): the
+		// record settles before the last echo lets the client have the
+		// answer, also when it is recorded without its body.
+		p.settleResponse(ctx, nil)
+		return p.cont()
+	}
+	if p.respTooLarge {
+		return p.cont()
+	}
+	p.rpc.hold(p.echo())
+	if !p.rpc.flow || len(body.GetBody()) == 0 {
+		return nil
+	}
+	return &extprocv3.ProcessingResponse{ServerWindowUpdate: &extprocv3.ProcessingResponse_ServerWindowUpdate{
+		WindowIncrementUpstreamToSidestream: int64(len(body.GetBody())),
+	}}
+}
+
+// settleResponse records a response whose end has arrived: an HTTP
+// response by the decision made at its headers (to store it), a gRPC one
+// by its status, carried by trailers (or the headers of a trailers-only
+// response). The status code maps to its HTTP equivalent (google.rpc.Code's
+// mapping: RESOURCE_EXHAUSTED is 429, UNAVAILABLE 503, ...) and the
+// policy's response rules decide on that, so gRPC and HTTP answers follow
+// one configuration.
+//
+// grpc-go's filter forwards no grpc-status (only trailer metadata), so for
+// it the status is read from grpc-status-details-bin when the upstream set
+// one, and otherwise inferred: a call that returned a message succeeded
+// (a unary handler answers a message or an error, never both); one that
+// returned none failed with a status the client did not report, stored as
+// UNKNOWN.
+func (p *processor) settleResponse(ctx context.Context, carrier []idem.Header) {
+	if !p.rpc.response {
+		p.settleStored(ctx)
+		return
+	}
+	code, msg, known := grpcStatusOf(carrier)
+	if !known && p.rpc.proxyless && p.rpc.origin == idem.OriginUpstream {
+		code, known = codes.OK, true
+		if p.rpc.messages == 0 {
+			code, msg = codes.Unknown, "the upstream failed the call; grpc-go's ext_proc client does not report its status"
+		}
+	}
+	status := p.respStatus
+	if known {
+		status = httpStatusFor(code)
+		p.respHeaders = withStatus(p.respHeaders, code, msg)
+	}
+	action := p.att.ActionFor(p.rpc.origin, status, p.rpc.retried)
+	p.att.LogAt(ctx, slog.LevelDebug, "grpc response", slog.String("grpc_status", codeName(code)),
+		slog.Bool("status_known", known), slog.String("origin", p.rpc.origin.String()), slog.String("action", action.String()))
+	if action == idem.ActionStore {
+		p.settleStored(ctx)
+		return
+	}
+	p.settle(ctx, action)
 }
 
 // settleStored completes the record with the response read so far
@@ -80,16 +172,12 @@ func (p *processor) settleStored(ctx context.Context) {
 		return
 	}
 	p.stage = stagePassThrough
+	resp := idem.Response{Status: p.respStatus, Headers: p.respHeaders, Body: p.respBody, BodyOmitted: p.respTooLarge}
 	if p.answersJSONRPC() {
-		p.att.SettleCall(ctx, p.response(), p.body.id, slog.Int("status", p.respStatus), slog.Bool("body_omitted", p.respTooLarge))
+		p.att.SettleCall(ctx, resp, p.body.id, slog.Int("status", p.respStatus), slog.Bool("body_omitted", p.respTooLarge))
 		return
 	}
-	p.att.SettleStored(ctx, p.response(), slog.Int("status", p.respStatus), slog.Bool("body_omitted", p.respTooLarge))
-}
-
-// response is the response read so far, as the record keeps it.
-func (p *processor) response() idem.Response {
-	return idem.Response{Status: p.respStatus, Headers: p.respHeaders, Body: p.respBody, BodyOmitted: p.respTooLarge}
+	p.att.SettleStored(ctx, resp, slog.Int("status", p.respStatus), slog.Bool("body_omitted", p.respTooLarge))
 }
 
 // settle releases the record or marks it unknown (attempt.Settle).
@@ -110,9 +198,7 @@ func (p *processor) settleAtEnd() {
 	}
 	var partial *idem.Response
 	if p.att.Held() && p.stage == stageResponseBody {
-		p.respTooLarge, p.respBody = true, nil
-		r := p.response()
-		partial = &r
+		partial = &idem.Response{Status: p.respStatus, Headers: p.respHeaders, BodyOmitted: true}
 	}
-	p.att.SettleAtEnd(p.spanCtxOr(context.Background()), partial)
+	p.att.SettleAtEnd(p.trace.background(), partial)
 }

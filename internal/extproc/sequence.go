@@ -2,9 +2,6 @@ package extproc
 
 import (
 	"errors"
-
-	procmodev3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
-	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 )
 
 // sequence is what a stream has seen of each direction, so that a message
@@ -53,35 +50,36 @@ type sequence struct {
 	respHeaders, respEnded bool
 }
 
-// next records msg, or says why it cannot follow what came before.
-// interleaved says the request body streams (see sequence).
-func (s *sequence) next(req *extprocv3.ProcessingRequest, interleaved bool) error {
+// next records a message of phase ph (eos: it ends its direction), or says
+// why it cannot follow what came before. interleaved says the request body
+// streams (see sequence).
+func (s *sequence) next(ph phase, eos, interleaved bool) error {
 	if !interleaved && s.respHeaders {
-		switch req.GetRequest().(type) {
-		case *extprocv3.ProcessingRequest_RequestBody:
+		switch ph {
+		case phaseRequestBody:
 			return errors.New("request_body after response_headers, and the request body does not stream")
-		case *extprocv3.ProcessingRequest_RequestTrailers:
+		case phaseRequestTrailers:
 			return errors.New("request_trailers after response_headers, and the request body does not stream")
 		}
 	}
-	switch r := req.GetRequest().(type) {
-	case *extprocv3.ProcessingRequest_RequestHeaders:
+	switch ph {
+	case phaseRequestHeaders:
 		switch {
 		case s.reqHeaders:
 			return errors.New("request_headers received twice")
 		case s.respHeaders:
 			return errors.New("request_headers after response_headers")
 		}
-		s.reqHeaders, s.reqEnded = true, r.RequestHeaders.GetEndOfStream()
-	case *extprocv3.ProcessingRequest_RequestBody:
+		s.reqHeaders, s.reqEnded = true, eos
+	case phaseRequestBody:
 		switch {
 		case !s.reqHeaders:
 			return errors.New("request_body before request_headers")
 		case s.reqEnded:
 			return errors.New("request_body after the request's end_of_stream")
 		}
-		s.reqEnded = r.RequestBody.GetEndOfStream()
-	case *extprocv3.ProcessingRequest_RequestTrailers:
+		s.reqEnded = eos
+	case phaseRequestTrailers:
 		switch {
 		case !s.reqHeaders:
 			return errors.New("request_trailers before request_headers")
@@ -89,20 +87,20 @@ func (s *sequence) next(req *extprocv3.ProcessingRequest, interleaved bool) erro
 			return errors.New("request_trailers after the request's end_of_stream")
 		}
 		s.reqEnded = true
-	case *extprocv3.ProcessingRequest_ResponseHeaders:
+	case phaseResponseHeaders:
 		if s.respHeaders {
 			return errors.New("response_headers received twice")
 		}
-		s.respHeaders, s.respEnded = true, r.ResponseHeaders.GetEndOfStream()
-	case *extprocv3.ProcessingRequest_ResponseBody:
+		s.respHeaders, s.respEnded = true, eos
+	case phaseResponseBody:
 		switch {
 		case !s.respHeaders:
 			return errors.New("response_body before response_headers")
 		case s.respEnded:
 			return errors.New("response_body after the response's end_of_stream")
 		}
-		s.respEnded = r.ResponseBody.GetEndOfStream()
-	case *extprocv3.ProcessingRequest_ResponseTrailers:
+		s.respEnded = eos
+	case phaseResponseTrailers:
 		switch {
 		case !s.respHeaders:
 			return errors.New("response_trailers before response_headers")
@@ -112,18 +110,4 @@ func (s *sequence) next(req *extprocv3.ProcessingRequest, interleaved bool) erro
 		s.respEnded = true
 	}
 	return nil
-}
-
-// requestBodyStreams reports a request body mode in which the response may
-// come before the request ends: STREAMED, FULL_DUPLEX_STREAMED, GRPC; or no
-// mode known at all (an Envoy before 1.30 sends no protocol_config) for a
-// request the server did not assume BUFFERED for.
-func (p *processor) requestBodyStreams() bool {
-	switch p.requestBodyMode {
-	case procmodev3.ProcessingMode_STREAMED, procmodev3.ProcessingMode_FULL_DUPLEX_STREAMED, procmodev3.ProcessingMode_GRPC:
-		return true
-	case procmodev3.ProcessingMode_NONE:
-		return !p.modesKnown
-	}
-	return false
 }

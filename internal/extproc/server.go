@@ -1,13 +1,16 @@
-// Package extproc is the Envoy ext_proc gRPC server. It translates the
-// protocol's phases (request headers, request body, response headers,
-// response body, end of stream) into the calls of one attempt (package
-// attempt: admit, decide, settle), and the attempt's decisions back into
-// ext_proc replies: CONTINUE, a processing-mode override, or an immediate
-// response.
+// Package extproc is the Envoy ext_proc gRPC server. It reads Envoy's facts
+// out of the protocol's phases (request headers, request body, response
+// headers, response body, end of stream), hands them to one attempt
+// (package attempt: admit, decide, settle), and renders the attempt's
+// verdicts as ext_proc replies for the phase and the caller (HTTP, gRPC,
+// JSON-RPC): CONTINUE, a processing-mode override, or an immediate
+// response (render.go). It decides nothing itself.
 //
 // One gRPC stream carries one HTTP request; everything known about that
 // request lives in one processor value owned by its stream, which holds
-// the request's attempt.
+// the request's attempt. The stream loop (serve) is the only place that
+// sends on the stream: a phase's replies are queued and sent in protocol
+// order.
 package extproc
 
 import (
@@ -45,6 +48,9 @@ type Config struct {
 	SettleAtEndTimeout time.Duration
 	// Observer is told every decision; none when nil.
 	Observer idem.Observer
+	// EnvoyObserver is told what the server notices of Envoy's side; none
+	// when nil.
+	EnvoyObserver EnvoyObserver
 	// TracerProvider makes the spans of each stream; none when nil.
 	TracerProvider trace.TracerProvider
 	// Sealer encrypts the responses of policies with Encrypt set; such a
@@ -64,6 +70,7 @@ type Server struct {
 	cfg Config
 	log *slog.Logger
 	obs idem.Observer
+	env EnvoyObserver
 	// tracer makes spans; nil when tracing is off, so that no span work
 	// (each span's context is an allocation) is done at all.
 	tracer trace.Tracer
@@ -97,9 +104,12 @@ func New(cfg Config) *Server {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{cfg: cfg, log: log, obs: cfg.Observer}
+	s := &Server{cfg: cfg, log: log, obs: cfg.Observer, env: cfg.EnvoyObserver}
 	if s.obs == nil {
 		s.obs = idem.NopObserver{}
+	}
+	if s.env == nil {
+		s.env = nopEnvoyObserver{}
 	}
 	s.att = attempt.Server{Store: cfg.Store, Homes: cfg.Homes, Sealer: cfg.Sealer, Observer: s.obs, Log: log,
 		StoreTimeout: cfg.StoreTimeout, SettleAtEndTimeout: cfg.SettleAtEndTimeout}
@@ -117,19 +127,42 @@ func New(cfg Config) *Server {
 // before it closes the store.
 func (s *Server) Wait(ctx context.Context) error { return s.att.Wait(ctx) }
 
+// EnvoyObserver is told what the server notices of Envoy's side of the
+// conversation, in Envoy's words.
+type EnvoyObserver interface {
+	// MissingAttribute reports a request of a policy that needed an Envoy
+	// attribute (response.code_details, a principal, xds.route_name) the
+	// filter did not send.
+	MissingAttribute(policy, attribute string)
+	// ReplayHeadersDropped reports stored headers left out of a replay
+	// because Envoy would refuse them (a control character, or past its
+	// header count or size limit).
+	ReplayHeadersDropped(policy string, n int)
+}
+
+type nopEnvoyObserver struct{}
+
+func (nopEnvoyObserver) MissingAttribute(string, string)  {}
+func (nopEnvoyObserver) ReplayHeadersDropped(string, int) {}
+
 // Process serves one ext_proc stream, that is one HTTP request.
 func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
 	ctx := stream.Context()
 	s.obs.StreamStarted()
 	defer s.obs.StreamEnded()
-	p := newProcessor(s, s.cfg.Policies(), stream.Send)
+	p := newProcessor(s, s.cfg.Policies())
 	err := s.serve(ctx, stream, p)
 	p.settleAtEnd()
-	p.releaseHeld()
-	p.endSpan(err)
+	s.budget.release(&p.held)
+	p.trace.end(&p.att, err)
 	return err
 }
 
+// serve is the stream loop: it reads each message, has the processor
+// answer it, and sends what the answer queued, in protocol order: replies
+// withheld until now (rpcState), then the reply to the message itself.
+// A duplicate that waits for the attempt in flight first gets Envoy's
+// timer extended, then the wait's verdict (processor.resume).
 func (s *Server) serve(ctx context.Context, stream extprocv3.ExternalProcessor_ProcessServer, p *processor) error {
 	for {
 		req, err := stream.Recv()
@@ -141,17 +174,29 @@ func (s *Server) serve(ctx context.Context, stream extprocv3.ExternalProcessor_P
 			}
 			return err
 		}
-		pctx, span := p.startPhase(ctx, req)
-		resp, err := p.handle(pctx, req)
+		m := messageOf(req)
+		pctx, span := p.trace.startPhase(ctx, s.tracer, &m)
+		resp, err := p.handle(pctx, &m)
+		for err == nil {
+			for _, r := range p.rpc.released() {
+				if err = stream.Send(r); err != nil {
+					break
+				}
+			}
+			if err == nil && resp != nil {
+				err = stream.Send(resp)
+			}
+			if err != nil || !p.waiting {
+				break
+			}
+			resp = p.resume(pctx)
+		}
 		span.End()
-		if err != nil {
-			p.LogAt(ctx, slog.LevelWarn, "ext_proc protocol error", slog.String("error", err.Error()))
+		if _, bad := err.(protocolError); bad {
+			p.att.LogAt(ctx, slog.LevelWarn, "ext_proc protocol error", slog.String("error", err.Error()))
 			return status.Error(codes.InvalidArgument, err.Error())
 		}
-		if resp == nil {
-			continue // withheld until a later message (see rpcState)
-		}
-		if err := stream.Send(resp); err != nil {
+		if err != nil {
 			return err
 		}
 		if p.finished() {

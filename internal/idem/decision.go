@@ -76,14 +76,6 @@ type Observer interface {
 	// KeyWarned reports a request without a required key let through
 	// during the policy's grace period (key.warn_until).
 	KeyWarned(policy string)
-	// MissingAttribute reports a request of a policy that needed an Envoy
-	// attribute (response.code_details, a principal, xds.route_name) the
-	// filter did not send.
-	MissingAttribute(policy, attribute string)
-	// ReplayHeadersDropped reports stored headers left out of a replay
-	// because Envoy would refuse them (a control character, or past its
-	// header count or size limit).
-	ReplayHeadersDropped(policy string, n int)
 	// ReservationCancelled reports how the cancel of a reservation its
 	// attempt gave up on ended (Store.Cancel).
 	ReservationCancelled(policy string, o CancelOutcome)
@@ -130,8 +122,6 @@ func (NopObserver) SettleFailed(policy, op string)             {}
 func (NopObserver) Requested(string, bool)                     {}
 func (NopObserver) ShadowDecided(string, ShadowDecision)       {}
 func (NopObserver) KeyWarned(string)                           {}
-func (NopObserver) MissingAttribute(string, string)            {}
-func (NopObserver) ReplayHeadersDropped(string, int)           {}
 func (NopObserver) ReservationCancelled(string, CancelOutcome) {}
 
 // Sealer encrypts stored responses at rest (package seal implements it):

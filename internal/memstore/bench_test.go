@@ -4,7 +4,7 @@ import (
 	"testing"
 
 	"github.com/idem-extproc/idem-extproc/internal/memstore"
-	"github.com/idem-extproc/idem-extproc/internal/storetest"
+	"github.com/idem-extproc/idem-extproc/internal/testing/storetest"
 )
 
 // BenchmarkStore times each store operation in memory (storetest.Benchmark).

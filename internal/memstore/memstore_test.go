@@ -9,7 +9,7 @@ import (
 
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/memstore"
-	"github.com/idem-extproc/idem-extproc/internal/storetest"
+	"github.com/idem-extproc/idem-extproc/internal/testing/storetest"
 )
 
 func TestContract(t *testing.T) {

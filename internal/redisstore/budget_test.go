@@ -7,8 +7,8 @@ import (
 
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/redisstore"
-	"github.com/idem-extproc/idem-extproc/internal/redistest"
-	"github.com/idem-extproc/idem-extproc/internal/testwait"
+	"github.com/idem-extproc/idem-extproc/internal/testing/redistest"
+	"github.com/idem-extproc/idem-extproc/internal/testing/testwait"
 )
 
 // slack is what the test allows past a budget for the scheduler of a

@@ -11,10 +11,10 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/idem-extproc/idem-extproc/internal/idem"
-	"github.com/idem-extproc/idem-extproc/internal/procstat"
 	"github.com/idem-extproc/idem-extproc/internal/redisstore"
-	"github.com/idem-extproc/idem-extproc/internal/redistest"
-	"github.com/idem-extproc/idem-extproc/internal/storetest"
+	"github.com/idem-extproc/idem-extproc/internal/testing/procstat"
+	"github.com/idem-extproc/idem-extproc/internal/testing/redistest"
+	"github.com/idem-extproc/idem-extproc/internal/testing/storetest"
 )
 
 // BenchmarkScriptClients compares the clients the hot script calls could

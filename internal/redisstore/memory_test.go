@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/idem-extproc/idem-extproc/internal/idem"
-	"github.com/idem-extproc/idem-extproc/internal/redistest"
+	"github.com/idem-extproc/idem-extproc/internal/testing/redistest"
 )
 
 // TestRecordMemory holds Redis's own account (MEMORY USAGE) of one record to

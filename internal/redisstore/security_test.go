@@ -9,11 +9,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idem-extproc/idem-extproc/internal/certtest"
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/redisstore"
-	"github.com/idem-extproc/idem-extproc/internal/redistest"
-	"github.com/idem-extproc/idem-extproc/internal/storetest"
+	"github.com/idem-extproc/idem-extproc/internal/testing/certtest"
+	"github.com/idem-extproc/idem-extproc/internal/testing/redistest"
+	"github.com/idem-extproc/idem-extproc/internal/testing/storetest"
 )
 
 func secureStore(t *testing.T, url string, sec redisstore.Security) (*redisstore.Store, error) {

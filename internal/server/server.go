@@ -21,8 +21,8 @@ import (
 // Config is what New wires.
 type Config struct {
 	// Config configures the ext_proc server. With Metrics set, New
-	// replaces its Store by the instrumented store and its Observer by
-	// Metrics.
+	// replaces its Store by the instrumented store and its Observer and
+	// EnvoyObserver by Metrics.
 	extproc.Config
 	// Metrics, when set, counts every store call and every decision (and
 	// with a TracerProvider, traces the store calls); none when nil.
@@ -47,6 +47,7 @@ func New(cfg Config) (*grpc.Server, idem.Store, *extproc.Server) {
 	if cfg.Metrics != nil {
 		cfg.Store = observe.InstrumentStore(cfg.Store, cfg.Metrics, cfg.TracerProvider)
 		cfg.Observer = cfg.Metrics
+		cfg.EnvoyObserver = cfg.Metrics
 	}
 	gs := NewGRPCServer(cfg.MaxMessageSize, cfg.Creds, extprocwire.ServerOption())
 	ext := extproc.New(cfg.Config)

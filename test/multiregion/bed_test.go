@@ -25,10 +25,10 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/idem-extproc/idem-extproc/internal/daemon"
-	"github.com/idem-extproc/idem-extproc/internal/envoysim"
-	"github.com/idem-extproc/idem-extproc/internal/harness"
-	"github.com/idem-extproc/idem-extproc/internal/redistest"
-	"github.com/idem-extproc/idem-extproc/internal/testwait"
+	"github.com/idem-extproc/idem-extproc/internal/testing/envoysim"
+	"github.com/idem-extproc/idem-extproc/internal/testing/harness"
+	"github.com/idem-extproc/idem-extproc/internal/testing/redistest"
+	"github.com/idem-extproc/idem-extproc/internal/testing/testwait"
 )
 
 // regionNames are the bed's regions.

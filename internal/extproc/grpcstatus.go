@@ -1,0 +1,217 @@
+package extproc
+
+import (
+	"encoding/base64"
+	"fmt"
+	"strconv"
+	"strings"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	spb "google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/idem-extproc/idem-extproc/internal/idem"
+	"github.com/idem-extproc/idem-extproc/internal/problem"
+)
+
+// grpcCodes maps each problem type to the gRPC status a gRPC call gets
+// instead (docs/grpc.md has the table and the reasons):
+//   - a missing or malformed key is the caller's mistake whatever the
+//     state: INVALID_ARGUMENT;
+//   - a key reused for another request, and an earlier call whose outcome
+//     is unknown, will not change by retrying: the caller must use a new
+//     key or first check the resource (gRPC's guidance for
+//     FAILED_PRECONDITION: "do not retry until the system state has been
+//     explicitly fixed");
+//   - a call still in progress is a concurrency conflict that a retry
+//     with backoff resolves: ABORTED;
+//   - the store unreachable is transient: UNAVAILABLE, the code gRPC
+//     retry policies retry;
+//   - a request too large to fingerprint: RESOURCE_EXHAUSTED, as gRPC
+//     answers an over-limit message;
+//   - no principal to scope the key: UNAUTHENTICATED;
+//   - the server's body budget full: transient too, UNAVAILABLE;
+//   - a body a policy must read and cannot: the client's to fix,
+//     INVALID_ARGUMENT.
+var grpcCodes = map[string]codes.Code{
+	problem.KeyMissing.Slug:       codes.InvalidArgument,
+	problem.KeyInvalid.Slug:       codes.InvalidArgument,
+	problem.KeyReused.Slug:        codes.FailedPrecondition,
+	problem.InProgress.Slug:       codes.Aborted,
+	problem.OutcomeUnknown.Slug:   codes.FailedPrecondition,
+	problem.StoreUnavailable.Slug: codes.Unavailable,
+	problem.BodyTooLarge.Slug:     codes.ResourceExhausted,
+	problem.BodyIncomplete.Slug:   codes.ResourceExhausted,
+	problem.PrincipalMissing.Slug: codes.Unauthenticated,
+	problem.CapacityExceeded.Slug: codes.Unavailable,
+	problem.BodyUnreadable.Slug:   codes.InvalidArgument,
+}
+
+// ReplayCode is the gRPC status of a retry of a completed call: the
+// operation it names already exists. A gRPC answer cannot carry the
+// original response message (grpc-go turns an immediate response into a
+// status; Envoy turns a local reply to a gRPC request into a trailers-only
+// response), so the status message says the operation completed and with
+// which status.
+const ReplayCode = codes.AlreadyExists
+
+// grpcReplay answers a gRPC call's retry of a completed operation with
+// ALREADY_EXISTS naming the original status (ReplayCode).
+func grpcReplay(r *idem.Response, proxyless bool) *extprocv3.ProcessingResponse {
+	outcome := "HTTP status " + strconv.Itoa(r.Status)
+	if code, msg, ok := grpcStatusOf(r.Headers); ok {
+		outcome = "status " + codeName(code)
+		if code != codes.OK && msg != "" {
+			outcome += ": " + msg
+		}
+	}
+	hs := []*corev3.HeaderValueOption{setHeader(ReplayedHeader, "true", false)}
+	return grpcAnswer(ReplayCode, "idempotent-replay: operation already completed with "+outcome, 200, hs,
+		"idempotency_replay", proxyless)
+}
+
+// grpcAnswer builds the immediate response that ends a gRPC call with a
+// status. grpc-go uses grpc_status and takes details as the status
+// message (it applies no headers before the response trailers). Envoy
+// answers a gRPC request's local reply trailers-only, with grpc_status as
+// grpc-status and the body as grpc-message (http/utility.cc
+// sendLocalReply), and records details as the response code details.
+func grpcAnswer(code codes.Code, msg string, httpStatus int, hs []*corev3.HeaderValueOption, envoyDetails string, proxyless bool) *extprocv3.ProcessingResponse {
+	ir := &extprocv3.ImmediateResponse{
+		Status:     &typev3.HttpStatus{Code: typev3.StatusCode(httpStatus)},
+		GrpcStatus: &extprocv3.GrpcStatus{Status: uint32(code)},
+		Details:    msg,
+	}
+	if !proxyless {
+		ir.Body, ir.Details = []byte(msg), envoyDetails
+		if len(hs) > 0 {
+			ir.Headers = &extprocv3.HeaderMutation{SetHeaders: hs}
+		}
+	}
+	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ImmediateResponse{ImmediateResponse: ir}}
+}
+
+// codeNames are the canonical gRPC code names (google/rpc/code.proto).
+var codeNames = [...]string{"OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
+	"ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",
+	"UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED"}
+
+func codeName(c codes.Code) string {
+	if int(c) < len(codeNames) {
+		return codeNames[c]
+	}
+	return "CODE_" + strconv.Itoa(int(c))
+}
+
+// encodeGRPCMessage percent-encodes a status message as grpc-message
+// requires (gRPC over HTTP/2: "%"-encode bytes outside 0x20-0x7E and "%").
+func encodeGRPCMessage(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c < 0x20 || c > 0x7e || c == '%' {
+			fmt.Fprintf(&b, "%%%02X", c)
+			continue
+		}
+		b.WriteByte(c)
+	}
+	return b.String()
+}
+
+func decodeGRPCMessage(s string) string {
+	if !strings.Contains(s, "%") {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '%' && i+2 < len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+3], 16, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 2
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// decodeStatusDetails reads grpc-status-details-bin: base64, padded or
+// not (gRPC over HTTP/2 allows both).
+func decodeStatusDetails(v string) (*spb.Status, bool) {
+	raw, err := base64.RawStdEncoding.DecodeString(strings.TrimRight(v, "="))
+	if err != nil {
+		return nil, false
+	}
+	st := &spb.Status{}
+	if err := proto.Unmarshal(raw, st); err != nil {
+		return nil, false
+	}
+	return st, true
+}
+
+// withStatus sets grpc-status and grpc-message in the stored headers.
+func withStatus(hs []idem.Header, code codes.Code, msg string) []idem.Header {
+	out := hs[:0:0]
+	for _, h := range hs {
+		if h.Name != "grpc-status" && h.Name != "grpc-message" {
+			out = append(out, h)
+		}
+	}
+	out = append(out, idem.Header{Name: "grpc-status", Value: strconv.Itoa(int(code))})
+	if msg != "" {
+		out = append(out, idem.Header{Name: "grpc-message", Value: encodeGRPCMessage(msg)})
+	}
+	return out
+}
+
+// grpcStatusOf reads a gRPC status from headers: grpc-status and
+// grpc-message, or grpc-status-details-bin (a google.rpc.Status; grpc-go
+// forwards it base64-encoded like every binary header).
+func grpcStatusOf(hs []idem.Header) (codes.Code, string, bool) {
+	if s, ok := firstHeader(hs, "grpc-status"); ok {
+		n, err := strconv.ParseUint(s, 10, 32)
+		if err == nil {
+			msg, _ := firstHeader(hs, "grpc-message")
+			return codes.Code(n), decodeGRPCMessage(msg), true
+		}
+	}
+	if b, ok := firstHeader(hs, "grpc-status-details-bin"); ok {
+		if st, ok := decodeStatusDetails(b); ok {
+			return codes.Code(st.GetCode()), st.GetMessage(), true
+		}
+	}
+	return codes.Unknown, "", false
+}
+
+// httpStatusFor is google.rpc.Code's HTTP mapping (google/rpc/code.proto).
+func httpStatusFor(c codes.Code) int {
+	switch c {
+	case codes.OK:
+		return 200
+	case codes.Canceled:
+		return 499
+	case codes.InvalidArgument, codes.FailedPrecondition, codes.OutOfRange:
+		return 400
+	case codes.DeadlineExceeded:
+		return 504
+	case codes.NotFound:
+		return 404
+	case codes.AlreadyExists, codes.Aborted:
+		return 409
+	case codes.PermissionDenied:
+		return 403
+	case codes.Unauthenticated:
+		return 401
+	case codes.ResourceExhausted:
+		return 429
+	case codes.Unimplemented:
+		return 501
+	case codes.Unavailable:
+		return 503
+	}
+	return 500 // UNKNOWN, INTERNAL, DATA_LOSS and codes beyond 16
+}

@@ -1,0 +1,173 @@
+package extproc
+
+import (
+	"context"
+	"log/slog"
+	"strconv"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/idem-extproc/idem-extproc/internal/attempt"
+	"github.com/idem-extproc/idem-extproc/internal/idem"
+	"github.com/idem-extproc/idem-extproc/internal/problem"
+)
+
+// The one renderer: an attempt's verdict as the reply to the message at
+// hand, for the caller the request came from: an HTTP client, a gRPC call
+// through Envoy or from grpc-go's filter (rpcState), a JSON-RPC client
+// (bodyDecision). A new caller kind is rendered here, and nowhere else.
+
+// render turns a verdict into the reply to the current message.
+//   - Continue: the reserved request goes upstream (stageUpstream); every
+//     withheld reply is released (cont).
+//   - Pass: the request goes on unprotected (passThrough).
+//   - Answer: the server answers in the upstream's place, with the problem
+//     or the replay in the caller's form; withheld replies are dropped,
+//     the request never goes on.
+//   - Wait: Envoy's timer for the message is extended for the wait, and
+//     the stream loop resumes the decision once that reply is sent.
+//
+// Headers a verdict adds to the response are kept for the response
+// headers reply (withAddedHeaders); gRPC answers carry none.
+func (p *processor) render(ctx context.Context, v attempt.Verdict) *extprocv3.ProcessingResponse {
+	if v.Shadow != "" {
+		p.trace.shadowed(v.Shadow)
+	}
+	if len(v.Add) > 0 && !p.rpc.call {
+		p.respAdd = append(p.respAdd, v.Add...)
+	}
+	switch v.Kind {
+	case attempt.Continue:
+		p.stage = stageUpstream
+		return p.cont()
+	case attempt.Pass:
+		return p.passThrough()
+	case attempt.Wait:
+		// Envoy times each message out (message_timeout, 200 ms by
+		// default): ask for the wait plus two store calls. Envoy honours
+		// it only up to the filter's max_message_timeout. There is no
+		// timer in the echo modes, and grpc-go takes any first reply but
+		// the headers' as an error.
+		p.waiting = true
+		if p.rpc.proxyless || echoes(p.requestBodyMode) {
+			return nil
+		}
+		return &extprocv3.ProcessingResponse{OverrideMessageTimeout: durationpb.New(v.Wait)}
+	}
+	p.stage = stagePassThrough
+	p.rpc.held = nil // the request never goes on
+	if v.Replay != nil {
+		return p.replayReply(ctx, v.Replay)
+	}
+	return p.problemReply(v.Problem)
+}
+
+// resume ends a wait (render's Wait) once Envoy was told of it: the
+// attempt waits, and its verdict answers the message.
+func (p *processor) resume(ctx context.Context) *extprocv3.ProcessingResponse {
+	p.waiting = false
+	return p.render(ctx, p.att.Await(ctx))
+}
+
+// passThrough lets an unprotected request go on and asks Envoy to skip
+// every later phase of it, but the response headers when a header is to
+// be added there (respAdd).
+func (p *processor) passThrough() *extprocv3.ProcessingResponse {
+	p.stage = stagePassThrough
+	if p.phase == phaseRequestHeaders && len(p.rpc.held) == 0 {
+		if len(p.respAdd) > 0 {
+			return continueWith(p.phase, onlyResponseHeaders)
+		}
+		return continueWith(p.phase, skipEverything)
+	}
+	return p.cont()
+}
+
+// passedResponseHeaders answers the response headers of a request that
+// holds no record. A request passed at its body could not skip the
+// response phases then (Envoy honours mode_override only in a reply to a
+// headers message: ext_proc.cc, onReceiveMessage, inHeaderProcessState),
+// so it skips the response body here: an unprotected MCP answer streamed
+// as text/event-stream (a long tool call's progress) is not held whole in
+// Envoy's buffer for a body phase that has nothing to do.
+func (p *processor) passedResponseHeaders() *extprocv3.ProcessingResponse {
+	if p.body != nil && !p.att.Held() && !p.rpc.call {
+		return continueWith(p.phase, skipResponseBody)
+	}
+	return continueFor(p.phase)
+}
+
+// withAddedHeaders adds respAdd to a response headers reply.
+func (p *processor) withAddedHeaders(resp *extprocv3.ProcessingResponse) *extprocv3.ProcessingResponse {
+	hr := resp.GetResponseHeaders()
+	if len(p.respAdd) == 0 || hr == nil {
+		return resp
+	}
+	if hr.Response == nil {
+		hr.Response = &extprocv3.CommonResponse{}
+	}
+	if hr.Response.HeaderMutation == nil {
+		hr.Response.HeaderMutation = &extprocv3.HeaderMutation{}
+	}
+	for _, h := range p.respAdd {
+		hr.Response.HeaderMutation.SetHeaders = append(hr.Response.HeaderMutation.SetHeaders, setHeader(h.Name, h.Value, h.Append))
+	}
+	p.respAdd = nil
+	return resp
+}
+
+// problemReply answers with a problem: RFC 9457 for HTTP, a gRPC status
+// for a gRPC call, a JSON-RPC error for a JSON-RPC call.
+func (p *processor) problemReply(prob *problem.Problem) *extprocv3.ProcessingResponse {
+	if p.answersJSONRPC() {
+		return jsonrpcProblem(prob, p.body.id) // jsonrpcanswer.go
+	}
+	if !p.rpc.call {
+		return problemResponse(prob)
+	}
+	code, ok := grpcCodes[prob.Slug]
+	if !ok {
+		code = codes.Internal
+	}
+	var hs []*corev3.HeaderValueOption
+	if prob.RetryAfter > 0 {
+		// gRPC's retry pushback (gRFC A6), for calls through Envoy.
+		hs = append(hs, setHeader("grpc-retry-pushback-ms", strconv.FormatInt(prob.RetryAfter.Milliseconds(), 10), false))
+	}
+	return grpcAnswer(code, prob.Slug+": "+prob.Detail, prob.Status, hs, "idempotency_"+prob.Slug, p.rpc.proxyless)
+}
+
+// replayReply answers a retry of a completed operation: the stored
+// response for HTTP, rewritten to the retry's id for JSON-RPC
+// (attempt.JSONRPCReplay), ALREADY_EXISTS naming the original status for
+// gRPC. A stored body that is no JSON-RPC response is never replayed to a
+// wrong id: the answer is the outcome-unknown error, since the call did
+// run and what it returned cannot be told.
+func (p *processor) replayReply(ctx context.Context, r *idem.Response) *extprocv3.ProcessingResponse {
+	switch {
+	case p.answersJSONRPC():
+		out, err := attempt.JSONRPCReplay(*r, p.body.id)
+		if err != nil {
+			p.att.LogAt(ctx, slog.LevelWarn, "stored response cannot be replayed as a JSON-RPC response; answering outcome-unknown",
+				slog.String("error", err.Error()))
+			return jsonrpcProblem(problem.New(problem.OutcomeUnknown,
+				"an earlier call with this key completed, but its response cannot be replayed as a JSON-RPC response; "+
+					"check the tool's effect before calling again with a new key"), p.body.id)
+		}
+		r = &out
+	case p.rpc.call:
+		return grpcReplay(r, p.rpc.proxyless)
+	}
+	resp, dropped := replayResponse(r, p.att.Policy.StoresHeader)
+	if dropped > 0 {
+		// Envoy would have refused the whole mutation, the replay marker
+		// with it: the answer goes out without these headers.
+		p.srv.env.ReplayHeadersDropped(p.att.Policy.Name, dropped)
+		p.att.LogAt(ctx, slog.LevelWarn, "stored headers left out of a replay: Envoy would refuse them",
+			slog.Int("dropped", dropped))
+	}
+	return resp
+}

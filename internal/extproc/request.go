@@ -1,0 +1,233 @@
+package extproc
+
+import (
+	"context"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	procmodev3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+
+	"github.com/idem-extproc/idem-extproc/internal/attempt"
+	"github.com/idem-extproc/idem-extproc/internal/envoyorigin"
+	"github.com/idem-extproc/idem-extproc/internal/fingerprint"
+	"github.com/idem-extproc/idem-extproc/internal/jsonrpc"
+	"github.com/idem-extproc/idem-extproc/internal/policy"
+	"github.com/idem-extproc/idem-extproc/internal/problem"
+)
+
+// The request side: what Envoy's request messages say, handed to the
+// attempt at each of its decision points (match, key, scope, body,
+// reservation), each verdict rendered as the message's reply (render.go).
+
+func (p *processor) onRequestHeaders(ctx context.Context, hh *extprocv3.HttpHeaders, f *envoyFacts) *extprocv3.ProcessingResponse {
+	hs := hh.GetHeaders()
+	t := requestTarget(hs, f.attrs, p.requestBodyMode)
+	p.method, p.path, p.att.RequestID = t.method, t.path, t.requestID
+	p.rpc.proxyless, p.rpc.call = t.proxyless, t.call
+	if fc := f.flow; fc != nil && fc.GetInitialWindowDownstreamToSidestream() > 0 {
+		p.rpc.flow, p.rpc.reqWindow = true, fc.GetInitialWindowDownstreamToSidestream()
+	}
+	preq := policy.Request{
+		Method:    t.method,
+		Authority: t.authority,
+		Path:      t.path,
+		RouteName: attrString(f.attrs, envoyorigin.AttrRouteName),
+	}
+	v := p.att.Match(p.policies, preq)
+	if !hasAttr(f.attrs, envoyorigin.AttrRouteName) {
+		p.srv.routeNameMissing(ctx, &p.att, p.policies)
+	}
+	if v.Kind != attempt.Continue {
+		return p.render(ctx, v)
+	}
+	if p.att.Policy.NeedsBody() {
+		return p.deferToBody(ctx, hh, preq, f)
+	}
+	rawKey, present := findHeader(hs, p.att.Policy.KeyHeader)
+	lines := 0
+	if present {
+		lines = countHeader(hs, p.att.Policy.KeyHeader)
+	}
+	adm, key, prob := p.att.AdmitKey(rawKey, lines, p.srv.cfg.Now())
+	if v := p.att.Admitted(ctx, adm, prob); v.Kind != attempt.Continue {
+		return p.render(ctx, v)
+	}
+	scope := p.srv.scopeOf(ctx, &p.att, p.att.Policy, t.authority, hs, f)
+	if v := p.att.Named(ctx, scope, key); v.Kind != attempt.Continue {
+		return p.render(ctx, v)
+	}
+	p.reqHeaders = selectHeaders(hs, p.att.Policy.FingerprintHeaders)
+	if hh.GetEndOfStream() {
+		return p.decide(ctx)
+	}
+	return p.awaitBody(ctx)
+}
+
+// awaitBody asks for a protected request's body, whole, before anything
+// of the request goes upstream. In the echo modes the headers reply is
+// withheld (rpcState); grpc-go without a request body mode sends no body
+// at all, so the call is decided on its headers (its fingerprint then
+// lacks the message).
+func (p *processor) awaitBody(ctx context.Context) *extprocv3.ProcessingResponse {
+	if p.srv.budget.full() && !p.answersJSONRPC() {
+		// A JSON-RPC answer here could not carry the request's id, which
+		// only its body holds: such a request is refused at its body,
+		// where the budget refuses it still if it stays full.
+		return p.render(ctx, p.att.Refuse(ctx, p.srv.budget.capacityProblem(p.att.Policy.RetryAfter)))
+	}
+	p.stage = stageRequestBody
+	switch {
+	case p.rpc.proxyless && p.requestBodyMode == procmodev3.ProcessingMode_NONE:
+		return p.decide(ctx)
+	case echoes(p.requestBodyMode):
+		p.rpc.hold(continueFor(p.phase))
+		p.rpc.headersHeld = true
+		return nil
+	}
+	if !p.modesKnown {
+		p.requestBodyMode, p.responseBodyMode = procmodev3.ProcessingMode_BUFFERED, procmodev3.ProcessingMode_BUFFERED
+		return continueFor(p.phase)
+	}
+	switch p.requestBodyMode {
+	case procmodev3.ProcessingMode_NONE, procmodev3.ProcessingMode_STREAMED:
+		// The fingerprint needs the whole body, and the upstream must see
+		// no part of the request before the reservation: in STREAMED mode
+		// Envoy would forward the headers and every answered chunk at once
+		// (processor_state.cc handleHeaderContinue). Ask for BUFFERED,
+		// which holds the headers until the body's reply. Body modes are
+		// always copied from an override, so the response's is restated.
+		// If Envoy does not honour overrides, the chunks are read as they
+		// come (onRequestBody).
+		return continueWith(p.phase, &procmodev3.ProcessingMode{
+			RequestBodyMode:  procmodev3.ProcessingMode_BUFFERED,
+			ResponseBodyMode: wantedResponseBodyMode(p.responseBodyMode),
+		})
+	}
+	return continueFor(p.phase)
+}
+
+// wantedResponseBodyMode is the response body mode to restate in an
+// override: the one in force, or BUFFERED for none.
+func wantedResponseBodyMode(m procmodev3.ProcessingMode_BodySendMode) procmodev3.ProcessingMode_BodySendMode {
+	if m == procmodev3.ProcessingMode_NONE {
+		return procmodev3.ProcessingMode_BUFFERED
+	}
+	return m
+}
+
+func (p *processor) onRequestBody(ctx context.Context, body *extprocv3.HttpBody) *extprocv3.ProcessingResponse {
+	if echoes(p.requestBodyMode) {
+		return p.onStreamedRequestBody(ctx, body)
+	}
+	if prob := p.takeRequestBody(body); prob != nil {
+		return p.refuseUnread(ctx, prob, body.GetBody())
+	}
+	switch {
+	case body.GetEndOfStream():
+	case p.requestBodyMode == procmodev3.ProcessingMode_BUFFERED:
+		// end_of_stream is false in BUFFERED mode only because trailers
+		// follow: the body itself is whole.
+	case p.requestBodyMode == procmodev3.ProcessingMode_BUFFERED_PARTIAL:
+		return p.refuseUnread(ctx, problem.New(problem.BodyIncomplete,
+			"the request body exceeds the proxy's buffer and cannot be fingerprinted"), nil)
+	default:
+		// STREAMED: more chunks follow.
+		return continueFor(p.phase)
+	}
+	return p.decide(ctx)
+}
+
+// refuseUnread refuses a request whose body is refused before it was read
+// whole: over a limit or the server's budget (chunk is the message that
+// did not fit), or cut at Envoy's buffer. A JSON-RPC answer made before
+// the body decided the policy still goes to the request's id when the
+// bytes at hand carry it (jsonrpc.ScanID).
+func (p *processor) refuseUnread(ctx context.Context, prob *problem.Problem, chunk []byte) *extprocv3.ProcessingResponse {
+	if d := p.body; d != nil && d.jsonrpc && d.id == nil {
+		d.id = jsonrpc.ScanID(p.reqBody, chunk)
+	}
+	return p.render(ctx, p.att.Refuse(ctx, prob))
+}
+
+// decide fingerprints the complete request and renders the attempt's
+// verdict on it (attempt.Request): CONTINUE for the first attempt, or an
+// immediate response for any other. A request deferred to its body first
+// gets its policy (attempt.AtBody).
+func (p *processor) decide(ctx context.Context) *extprocv3.ProcessingResponse {
+	if d := p.body; d != nil && !d.resolved {
+		d.resolved = true
+		bv := p.att.AtBody(ctx, d.cands, p.reqBody, p.srv.cfg.Now())
+		d.jsonrpc, d.id = bv.JSONRPC, bv.ID
+		if bv.Kind != attempt.Continue {
+			if bv.Unreadable && d.jsonrpc && d.id == nil {
+				d.id = jsonrpc.ScanID(p.reqBody, nil) // as refuseUnread
+			}
+			p.reqBody, p.reqHeaders = nil, nil
+			p.srv.budget.release(&p.held)
+			return p.render(ctx, bv.Verdict)
+		}
+		p.reqHeaders = bv.Chosen.FPHeaders
+	}
+	fp := fingerprint.Compute(fingerprint.Request{
+		Method:      p.method,
+		Path:        p.path,
+		Headers:     p.reqHeaders,
+		Body:        p.reqBody,
+		JSON:        p.att.Policy.FingerprintJSON,
+		JSONOptions: p.att.Policy.FingerprintOptions(),
+	}, p.att.Policy.FingerprintHeaders)
+	p.reqBody, p.reqHeaders = nil, nil
+	p.srv.budget.release(&p.held) // the request body is no longer kept
+	return p.render(ctx, p.att.Request(ctx, fp))
+}
+
+// bodyDecision is what a request deferred to its body carries from its
+// headers (the policy that matched at the headers has body criteria, or
+// reads its key from the body): each policy it may end with, with what
+// that policy reads of the headers (attempt.Candidate), and, once decided,
+// whether its answers are JSON-RPC and to which id.
+type bodyDecision struct {
+	cands    []attempt.Candidate
+	resolved bool
+	// jsonrpc: answers in the upstream's place are JSON-RPC responses to
+	// id: the one the matching policy read, or for a body refused before
+	// that, the one its bytes at hand carry (jsonrpc.ScanID). nil, answered
+	// as null (JSON-RPC 2.0 §5), when none could be read
+	// (jsonrpcProblem).
+	jsonrpc bool
+	id      []byte
+}
+
+// deferToBody reads, for every policy the request may end with, the key
+// header, the scope and the fingerprint headers, and waits for the body.
+// Until the body says otherwise, the first policy's limits (its
+// max_request_body) and answers hold.
+func (p *processor) deferToBody(ctx context.Context, hh *extprocv3.HttpHeaders, r policy.Request, f *envoyFacts) *extprocv3.ProcessingResponse {
+	hs := hh.GetHeaders()
+	first := p.att.Policy
+	pols := p.policies.BodyCandidates(r, first)
+	d := &bodyDecision{cands: make([]attempt.Candidate, 0, len(pols)), jsonrpc: first.Answers == policy.AnswersJSONRPC}
+	for _, pol := range pols {
+		d.cands = append(d.cands, p.candidate(ctx, pol, r.Authority, hs, f))
+	}
+	p.body = d
+	if hh.GetEndOfStream() {
+		return p.decide(ctx) // no body: a JSON criterion cannot hold
+	}
+	return p.awaitBody(ctx)
+}
+
+// candidate reads what pol needs of the request's headers.
+func (p *processor) candidate(ctx context.Context, pol *policy.Policy, authority string, hs *corev3.HeaderMap, f *envoyFacts) attempt.Candidate {
+	c := attempt.Candidate{Policy: pol, Scope: p.srv.scopeOf(ctx, &p.att, pol, authority, hs, f),
+		FPHeaders: selectHeaders(hs, pol.FingerprintHeaders)}
+	if pol.KeyFrom(policy.KeyFromHeader) {
+		if raw, ok := findHeader(hs, pol.KeyHeader); ok {
+			c.RawKey, c.KeyLines = raw, countHeader(hs, pol.KeyHeader)
+		}
+	}
+	return c
+}
+
+// answersJSONRPC reports whether this request's answers are JSON-RPC.
+func (p *processor) answersJSONRPC() bool { return p.body != nil && p.body.jsonrpc }

@@ -1,0 +1,76 @@
+// Package codecheck runs the static analysers over both modules of the
+// workspace (the server's and the deploy tests', see go.work) as part of
+// the test suite, so CI cannot pass with a finding: go vet, staticcheck
+// (honnef.co/go/tools, pinned in go.mod as a tool), and go mod verify.
+package codecheck
+
+import (
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+func goTool(t *testing.T) string {
+	t.Helper()
+	p, err := exec.LookPath("go")
+	if err != nil {
+		t.Fatal("the go command must be in PATH to run the analysers")
+	}
+	return p
+}
+
+func run(t *testing.T, args ...string) {
+	t.Helper()
+	cmd := exec.Command(goTool(t), args...)
+	cmd.Dir = "../.."
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("go %v: %v\n%s", args, err, out)
+	}
+}
+
+func TestGoVet(t *testing.T) {
+	t.Parallel()
+	run(t, "vet", "./...", "./test/deploytest/...")
+}
+
+func TestStaticcheck(t *testing.T) {
+	t.Parallel()
+	run(t, "tool", "staticcheck", "./...", "./test/deploytest/...")
+}
+
+// TestModulesVerify: every dependency in the module cache is the one
+// go.sum pins, byte for byte (SECURITY.md: dependencies are pinned and
+// checked).
+func TestModulesVerify(t *testing.T) {
+	t.Parallel()
+	run(t, "mod", "verify")
+}
+
+// heavyTestOnly are the module paths only the deploy tests use: they live in
+// test/deploytest's own module, so that the server's go.mod (what
+// vulnerability scanners read) lists only what the binary and its tests use.
+var heavyTestOnly = []string{
+	"k8s.io/", "sigs.k8s.io/kustomize", "sigs.k8s.io/controller-runtime", "sigs.k8s.io/gateway-api",
+	"helm.sh/", "istio.io/", "github.com/envoyproxy/gateway", "github.com/prometheus/prometheus",
+}
+
+func TestServerModuleIsLean(t *testing.T) {
+	t.Parallel()
+	b, err := os.ReadFile("../../go.mod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, line := range strings.Split(string(b), "\n") {
+		fields := strings.Fields(strings.TrimPrefix(strings.TrimSpace(line), "require "))
+		if len(fields) == 0 {
+			continue
+		}
+		for _, p := range heavyTestOnly {
+			if strings.HasPrefix(fields[0], p) {
+				t.Errorf("go.mod:%d requires %s: a deploy-test dependency belongs in test/deploytest/go.mod", i+1, fields[0])
+			}
+		}
+	}
+}
