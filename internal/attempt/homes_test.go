@@ -17,7 +17,9 @@ type farHome struct {
 	budget time.Duration
 }
 
-func (f farHome) StoreFor(*policy.Policy, string, string) (idem.Store, time.Duration) { return f.st, f.budget }
+func (f farHome) StoreFor(*policy.Policy, string, string) (idem.Store, time.Duration) {
+	return f.st, f.budget
+}
 
 // TestFarHome: a policy whose scope's home is a far store has every call
 // of the attempt made on that store, and its request-time verdict first
