@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -27,20 +28,10 @@ func (r *regionStores) String() string {
 		return ""
 	}
 	var parts []string
-	for _, name := range slices.Sorted(mapKeys(*r)) {
+	for _, name := range slices.Sorted(maps.Keys(*r)) {
 		parts = append(parts, name+"="+(*r)[name])
 	}
 	return strings.Join(parts, " ")
-}
-
-func mapKeys(m map[string]string) func(func(string) bool) {
-	return func(yield func(string) bool) {
-		for k := range m {
-			if !yield(k) {
-				return
-			}
-		}
-	}
 }
 
 func (r *regionStores) Set(v string) error {
@@ -113,7 +104,7 @@ func (d *Daemon) openRegions() error {
 		d.policies.AlsoCheck(needRegion)
 		return needRegion(d.policies.Current())
 	}
-	names := append([]string{d.cfg.Region}, slices.Sorted(mapKeys(d.cfg.RegionRedis))...)
+	names := append([]string{d.cfg.Region}, slices.Sorted(maps.Keys(d.cfg.RegionRedis))...)
 	d.regionMetrics = d.metrics.Regions(names)
 	stores := map[string]region.Store{}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

@@ -11,6 +11,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/idem-extproc/idem-extproc/internal/idem"
@@ -111,14 +114,7 @@ func (r *Router) Check(h *policy.Homes) error {
 }
 
 func (r *Router) names() string {
-	s := ""
-	for name := range r.stores {
-		if s != "" {
-			s += ", "
-		}
-		s += name
-	}
-	return s
+	return strings.Join(slices.Sorted(maps.Keys(r.stores)), ", ")
 }
 
 // StoreFor implements attempt.HomeFinder: the store that arbitrates key in
