@@ -9,7 +9,7 @@
 -- ARGV[3]  lease, milliseconds
 -- ARGV[4]  retention, milliseconds
 -- ARGV[5]  on lease expiry: "u" (mark unknown) or "r" (re-execute)
--- ARGV[6]  "" to reserve; or the region a hand-over gives the key to
+-- ARGV[6]  "" (or absent) to reserve; or the region a hand-over gives the key to
 --          (idem.Reservation.HandOverTo): where a reservation would be
 --          made, a moved tombstone naming it is left instead
 --
@@ -55,7 +55,7 @@ end
 
 local cur = redis.call('HMGET', key, 's', 'f', 't', 'l', 'a', 'c', 'w', 'h')
 local state = cur[1]
-local handover = ARGV[6]
+local handover = ARGV[6] or ''  -- absent: a caller that never hands over (the load tool's floor)
 if state == 'm' then
   if handover ~= '' and handover == cur[8] then
     return {'handed_over', 0, tonumber(cur[6]), cur[8]}
