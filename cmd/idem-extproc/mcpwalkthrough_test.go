@@ -61,11 +61,11 @@ var walkSteps = []walkStep{
 	},
 	{
 		request:  `{"jsonrpc":"2.0","id":10,"method":"tools/call","params":{"name":"create_payment","arguments":{"amount":1300,"currency":"EUR","idempotency_key":"order-77"}}}`,
-		response: `{"jsonrpc":"2.0","id":10,"error":{"code":-32061,"message":"Idempotency-Key was used for a different request","data":{"type":"https://github.com/idem-extproc/idem-extproc/blob/main/docs/problems.md#idempotency-key-reused","status":422,"detail":"this Idempotency-Key was already used for a request with a different method, path, headers or body"}}}`,
+		response: `{"jsonrpc":"2.0","id":10,"error":{"code":-33061,"message":"Idempotency-Key was used for a different request","data":{"type":"https://github.com/idem-extproc/idem-extproc/blob/main/docs/problems.md#idempotency-key-reused","status":422,"detail":"this Idempotency-Key was already used for a request with a different method, path, headers or body"}}}`,
 	},
 	{
 		request:  `{"jsonrpc":"2.0","id":11,"method":"tools/call","params":{"name":"create_payment","arguments":{"amount":5,"currency":"EUR"}}}`,
-		response: `{"jsonrpc":"2.0","id":11,"error":{"code":-32070,"message":"Idempotency-Key header is required","data":{"type":"https://github.com/idem-extproc/idem-extproc/blob/main/docs/problems.md#idempotency-key-missing","status":400,"detail":"this endpoint requires an idempotency key: no idempotency-key header; the body has no member at /params/arguments/idempotency_key"}}}`,
+		response: `{"jsonrpc":"2.0","id":11,"error":{"code":-33070,"message":"Idempotency-Key header is required","data":{"type":"https://github.com/idem-extproc/idem-extproc/blob/main/docs/problems.md#idempotency-key-missing","status":400,"detail":"this endpoint requires an idempotency key: no idempotency-key header; the body has no member at /params/arguments/idempotency_key"}}}`,
 	},
 }
 

@@ -74,7 +74,7 @@ func eventStream(rs idem.Response) bool {
 // take, and a body that holds no JSON-RPC response to the call. The tool
 // then never ran, and the record is released (SettleCall), so that the
 // agent's retry (in a new session, with a fresh token) runs it; storing it
-// would answer every retry with -32063 for the whole retention.
+// would answer every retry with -33063 for the whole retention.
 //
 // The statuses, as the MCP specification gives them for the transport and
 // its authorization (MCP 2025-06-18, Basic, Transports and Authorization;

@@ -113,22 +113,27 @@ func validID(id json.RawMessage) bool {
 		len(vs[0].Raw) == len(id)
 }
 
-// The JSON-RPC error codes of the idempotency answers, in the range
-// JSON-RPC 2.0 reserves for implementation-defined server errors
-// (-32000 to -32099) and clear of the codes MCP peers keep for their own
-// errors (TestCodesAvoidPeersOwn); documented in docs/mcp.md, "JSON-RPC
-// answers".
+// The JSON-RPC error codes of the idempotency answers, outside the range
+// JSON-RPC 2.0 reserves (-32768 to -32000): MCP 2026-07-28 reserves
+// -32020 to -32099 for codes the specification defines, keeps -32000 to
+// -32019 for legacy use ("new implementations SHOULD NOT use codes from
+// this sub-range") and says new codes "SHOULD be allocated outside the
+// JSON-RPC reserved range" (modelcontextprotocol, docs/specification/
+// 2026-07-28/basic/index.mdx, "Error Codes"). They are clear of every code
+// the official Go, TypeScript and Python SDKs use (TestCodesAvoidPeersOwn)
+// and keep the last two digits earlier versions answered with
+// (-32061 to -32074, docs/mcp.md "JSON-RPC answers").
 const (
-	CodeKeyReused        = -32061 // problem.KeyReused: same key, different request
-	CodeInProgress       = -32062 // problem.InProgress: the first attempt still runs
-	CodeOutcomeUnknown   = -32063 // problem.OutcomeUnknown
-	CodeStoreUnavailable = -32064 // problem.StoreUnavailable
-	CodeCapacityExceeded = -32065 // problem.CapacityExceeded
-	CodeKeyMissing       = -32070 // problem.KeyMissing
-	CodeKeyInvalid       = -32071 // problem.KeyInvalid
-	CodeBodyTooLarge     = -32072 // problem.BodyTooLarge
-	CodeBodyIncomplete   = -32073 // problem.BodyIncomplete
-	CodePrincipalMissing = -32074 // problem.PrincipalMissing
+	CodeKeyReused        = -33061 // problem.KeyReused: same key, different request
+	CodeInProgress       = -33062 // problem.InProgress: the first attempt still runs
+	CodeOutcomeUnknown   = -33063 // problem.OutcomeUnknown
+	CodeStoreUnavailable = -33064 // problem.StoreUnavailable
+	CodeCapacityExceeded = -33065 // problem.CapacityExceeded
+	CodeKeyMissing       = -33070 // problem.KeyMissing
+	CodeKeyInvalid       = -33071 // problem.KeyInvalid
+	CodeBodyTooLarge     = -33072 // problem.BodyTooLarge
+	CodeBodyIncomplete   = -33073 // problem.BodyIncomplete
+	CodePrincipalMissing = -33074 // problem.PrincipalMissing
 	// CodeParseError is JSON-RPC 2.0's own "Parse error" (section 5.1:
 	// invalid JSON was received by the server), for problem.BodyUnreadable:
 	// a body the server cannot read as JSON, which a client's JSON-RPC

@@ -100,10 +100,10 @@ func TestErrorResponse(t *testing.T) {
 		kind problem.Kind
 		code int
 	}{
-		{problem.KeyReused, -32061}, {problem.InProgress, -32062}, {problem.OutcomeUnknown, -32063},
-		{problem.StoreUnavailable, -32064}, {problem.CapacityExceeded, -32065}, {problem.KeyMissing, -32070},
-		{problem.KeyInvalid, -32071}, {problem.BodyTooLarge, -32072}, {problem.BodyIncomplete, -32073},
-		{problem.PrincipalMissing, -32074}, {problem.BodyUnreadable, -32700},
+		{problem.KeyReused, -33061}, {problem.InProgress, -33062}, {problem.OutcomeUnknown, -33063},
+		{problem.StoreUnavailable, -33064}, {problem.CapacityExceeded, -33065}, {problem.KeyMissing, -33070},
+		{problem.KeyInvalid, -33071}, {problem.BodyTooLarge, -33072}, {problem.BodyIncomplete, -33073},
+		{problem.PrincipalMissing, -33074}, {problem.BodyUnreadable, -32700},
 	} {
 		p := problem.New(tc.kind, "detail of "+tc.kind.Slug)
 		p.RetryAfter = 2 * time.Second
@@ -126,9 +126,6 @@ func TestErrorResponse(t *testing.T) {
 		want := ErrorData{Type: problem.TypeBase + tc.kind.Slug, Status: tc.kind.Status, Detail: p.Detail, RetryAfter: 2}
 		if got.JSONRPC != "2.0" || string(got.ID) != `"c-9"` || got.Error.Code != tc.code || got.Error.Message != tc.kind.Title || got.Error.Data != want {
 			t.Errorf("%s: %s", tc.kind.Slug, b)
-		}
-		if (got.Error.Code < -32099 || got.Error.Code > -32000) && got.Error.Code != CodeParseError {
-			t.Errorf("%s: code %d outside the server error range", tc.kind.Slug, got.Error.Code)
 		}
 	}
 	b, err := ErrorResponse(nil, problem.New(problem.KeyReused, ""))
@@ -227,28 +224,29 @@ func TestHelpersLeaveTheRequestAlone(t *testing.T) {
 }
 
 // TestCodesAvoidPeersOwn: an answer must reach the agent as the error it
-// is. The official Go SDK (go-sdk v1.8.0, internal/jsonrpc2/wire.go) keeps
-// -32001 (ErrUnknown), -32003 (ErrClientClosing), -32004 (ErrServerClosing)
-// and -32005 (ErrRejected), compares errors by code alone (WireError.Is),
-// and its call (mcp/transport.go) reports -32003/-32004 as
-// mcp.ErrConnectionClosed without code or data; mcp/shared.go has -32002
-// (the old resource-not-found), -32020 to -32022 and -32042 (also in the
-// MCP specification). -32000 and -32001 are the TypeScript SDK's
-// ConnectionClosed and RequestTimeout (as projects that copy its ErrorCode
-// enum show; its own repository was not read here).
+// is, and the product's codes must not claim a range the specification
+// keeps. MCP 2026-07-28 reserves -32768 to -32000 (basic/index.mdx, "Error
+// Codes": -32020 to -32099 for the specification, -32000 to -32019
+// legacy), so every code is outside it, but JSON-RPC 2.0's own -32700
+// used for what it means. The codes the official SDKs use outside it are
+// avoided too: the Go SDK's -31001 (go-sdk v1.8.0 mcp/shared.go,
+// codeUnsupportedMethod), the Python SDK's -32800 (REQUEST_CANCELLED,
+// src/mcp/server/streamable_http.py), 0, and its positive 408 and 32600
+// (v1.29.0 src/mcp/shared/session.py, src/mcp/client/streamable_http.py);
+// the TypeScript SDK uses none outside the reserved range
+// (packages/core-internal/src/types/enums.ts).
 func TestCodesAvoidPeersOwn(t *testing.T) {
-	reserved := map[int]bool{-32000: true, -32001: true, -32002: true, -32003: true, -32004: true, -32005: true,
-		-32020: true, -32021: true, -32022: true, -32042: true}
+	peers := map[int]bool{-31001: true, -32800: true, 0: true, 408: true, 32600: true}
 	seen := map[int]string{}
 	for slug, code := range codes {
-		if reserved[code] {
-			t.Errorf("%s has code %d, which an MCP peer keeps for its own errors", slug, code)
-		}
 		if code == CodeParseError && slug == problem.BodyUnreadable.Slug {
 			continue // JSON-RPC 2.0's own code, for what it means there
 		}
-		if code < -32099 || code > -32000 {
-			t.Errorf("%s has code %d, outside the server-error range", slug, code)
+		if code >= -32768 && code <= -32000 {
+			t.Errorf("%s has code %d, inside the range JSON-RPC and MCP reserve", slug, code)
+		}
+		if peers[code] {
+			t.Errorf("%s has code %d, which an MCP SDK uses for its own errors", slug, code)
 		}
 		if other, dup := seen[code]; dup {
 			t.Errorf("%s and %s share code %d", slug, other, code)

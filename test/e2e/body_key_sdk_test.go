@@ -30,7 +30,7 @@ func (h withHeader) RoundTrip(r *http.Request) (*http.Response, error) {
 // session's identical call gets the first one's result from a stored
 // event stream (the tool runs once, and the stored session id does not
 // break the new session), and a reused key is the call's error with code
-// -32061, not a transport failure that would close the session.
+// -33061, not a transport failure that would close the session.
 func TestSDKClientReadsJSONRPCAnswers(t *testing.T) {
 	var runs atomic.Int64
 	server := mcp.NewServer(&mcp.Implementation{Name: "mail", Version: "1"}, nil)

@@ -41,7 +41,7 @@ default_policy: {enabled: false}
 // TestDecidingPolicyBodyLimit: a request read under the limit of the
 // policy that deferred it, but taken at its body by a policy with a
 // smaller max_request_body, is refused as that policy's own too-large body
-// would be (413 request-body-too-large, or -32072 to the call's id), and
+// would be (413 request-body-too-large, or -33072 to the call's id), and
 // the tool does not run; a body within the limit runs.
 func TestDecidingPolicyBodyLimit(t *testing.T) {
 	blob := func(id string, n int) string {
@@ -51,7 +51,7 @@ func TestDecidingPolicyBodyLimit(t *testing.T) {
 		env, up, cs := startMCP(t, strings.ReplaceAll(twoToolPolicies, "ANSWERS", "jsonrpc"))
 		id, code, data := rpcError(t, env.Post("/mcp", "", blob("7", 8<<10), "x-agent", "a"))
 		if id != "7" || code != jsonrpc.CodeBodyTooLarge || data.Status != 413 || !strings.Contains(data.Detail, "4096 bytes") {
-			t.Fatalf("8 KiB upload_blob: id %s code %d data %+v, want -32072 to id 7 naming blobs' limit", id, code, data)
+			t.Fatalf("8 KiB upload_blob: id %s code %d data %+v, want -33072 to id 7 naming blobs' limit", id, code, data)
 		}
 		if n := up.count("tools/call/upload_blob"); n != 0 {
 			t.Fatalf("upload_blob ran %d times over its policy's limit", n)

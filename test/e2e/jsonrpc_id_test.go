@@ -22,7 +22,7 @@ import (
 // with neither a method nor a valid id, and the error goes to c.fail).
 
 // TestMCPBodyTooLargeKeepsTheSession: a Go SDK agent's call over the
-// policy's max_request_body gets -32072 as the call's *jsonrpc.Error, and
+// policy's max_request_body gets -33072 as the call's *jsonrpc.Error, and
 // its session goes on: the next call runs.
 func TestMCPBodyTooLargeKeepsTheSession(t *testing.T) {
 	ts := newTools()
@@ -31,7 +31,7 @@ func TestMCPBodyTooLargeKeepsTheSession(t *testing.T) {
 	res, err := a.call(withKey("big-1"), "send_email", map[string]any{"to": "ivy@example.com", "subject": strings.Repeat("s", 8<<10)})
 	wantRPCError(t, res, err, jsonrpc.CodeBodyTooLarge, problem.BodyTooLarge)
 	if errors.Is(err, mcp.ErrConnectionClosed) {
-		t.Fatalf("CallTool error %v: the agent must see -32072, not a closed connection", err)
+		t.Fatalf("CallTool error %v: the agent must see -33072, not a closed connection", err)
 	}
 	if got := a.result(t, withKey("small-1"), "send_email", map[string]any{"to": "ivy@example.com"}); got != "msg-1-to-ivy@example.com" {
 		t.Fatalf("the next call got %q", got)
@@ -96,7 +96,7 @@ func TestJSONRPCIDOfABodyNotReadWhole(t *testing.T) {
 
 // TestJSONRPCCapacityAnsweredToTheCallsID: with the server's body budget
 // full when a call's headers arrive, the call is not refused there, where
-// its id cannot be read, but at its body: -32065 to its own id.
+// its id cannot be read, but at its body: -33065 to its own id.
 func TestJSONRPCCapacityAnsweredToTheCallsID(t *testing.T) {
 	const limit = 4000 // under mcpPolicies' max_request_body, which the hog's body must fit
 	up := newRPCServer(t)
@@ -105,7 +105,7 @@ func TestJSONRPCCapacityAnsweredToTheCallsID(t *testing.T) {
 	defer closeHog()
 	id, code, data := rpcError(t, env.Post("/mcp", "", call("3", "send_email", `{}`), "x-agent", "a"))
 	if id != "3" || code != jsonrpc.CodeCapacityExceeded || data.Status != 503 || data.RetryAfter == 0 {
-		t.Fatalf("id %s code %d data %+v, want -32065 to id 3 with retryAfter", id, code, data)
+		t.Fatalf("id %s code %d data %+v, want -33065 to id 3 with retryAfter", id, code, data)
 	}
 	if n := up.count("tools/call/send_email"); n != 0 {
 		t.Fatalf("send_email ran %d times", n)

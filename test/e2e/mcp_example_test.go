@@ -71,10 +71,10 @@ func TestMCPExamplePolicies(t *testing.T) {
 		t.Fatalf("header-keyed retry got %q", got)
 	}
 	res, err = a.call(as("agent-a"), "create_payment", header)
-	wantRPCError(t, res, err, -32070, problem.KeyMissing)
+	wantRPCError(t, res, err, -33070, problem.KeyMissing)
 	// No identity: the scope has no principal.
 	res, err = a.call(context.Background(), "create_payment", pay)
-	wantRPCError(t, res, err, -32074, problem.PrincipalMissing)
+	wantRPCError(t, res, err, -33074, problem.PrincipalMissing)
 	if n := ts.Runs("create_payment"); n != 3 {
 		t.Fatalf("create_payment ran %d times, want 3", n)
 	}

@@ -368,7 +368,7 @@ func TestMCPLostResponseRetried(t *testing.T) {
 // response and closes the ext_proc stream with no response phase, the
 // "stream ends before a response" row of docs/design.md §4) and the server
 // records an unknown outcome. The SDK then sends notifications/cancelled,
-// which passes. The retry gets -32063 outcome-unknown, and the tool, which
+// which passes. The retry gets -33063 outcome-unknown, and the tool, which
 // did run, is not run again.
 func TestMCPClientGivesUpWhileToolRuns(t *testing.T) {
 	ts := newTools()
@@ -400,9 +400,9 @@ func TestMCPClientGivesUpWhileToolRuns(t *testing.T) {
 	close(ts.gate) // the ticket was opened all along; its answer has nowhere to go
 
 	res, err := a.call(withKey("gone-1"), "open_ticket", args)
-	// On the wire: the JSON-RPC error -32063 to the retry's own id.
+	// On the wire: the JSON-RPC error -33063 to the retry's own id.
 	retry := a.wire.call(t, 1)
-	data := wantWireError(t, retry, -32063, problem.OutcomeUnknown)
+	data := wantWireError(t, retry, -33063, problem.OutcomeUnknown)
 	if data.Detail == "" {
 		t.Fatal("the outcome-unknown error has no detail for the agent")
 	}
@@ -411,7 +411,7 @@ func TestMCPClientGivesUpWhileToolRuns(t *testing.T) {
 	// v1.8.0: -32001 unknown, -32003 client closing, -32004 server closing,
 	// -32005 rejected), which its call() (mcp/transport.go) would turn into
 	// mcp.ErrConnectionClosed with the message only.
-	if got := wantRPCError(t, res, err, -32063, problem.OutcomeUnknown); errors.Is(err, mcp.ErrConnectionClosed) || got.Detail == "" {
+	if got := wantRPCError(t, res, err, -33063, problem.OutcomeUnknown); errors.Is(err, mcp.ErrConnectionClosed) || got.Detail == "" {
 		t.Fatalf("CallTool error %v (detail %q): the agent must see the outcome-unknown error, not a closed connection", err, got.Detail)
 	}
 	if n := ts.Runs("open_ticket"); n != 1 {
@@ -420,7 +420,7 @@ func TestMCPClientGivesUpWhileToolRuns(t *testing.T) {
 }
 
 // TestMCPChangedArgumentsRefused: the same key with a changed argument is
-// another operation: -32061 with the problem type in data, the tool not
+// another operation: -33061 with the problem type in data, the tool not
 // run; the agent reads code and type from the SDK's error.
 func TestMCPChangedArgumentsRefused(t *testing.T) {
 	for _, kt := range []struct{ name, key string }{{"header", headerKey}, {"body", bodyKey}} {
@@ -441,7 +441,7 @@ func TestMCPChangedArgumentsRefused(t *testing.T) {
 			}
 			a.result(t, ctx, "send_email", args("bob@example.com"))
 			res, err := a.call(ctx, "send_email", args("eve@example.com"))
-			wantRPCError(t, res, err, -32061, problem.KeyReused)
+			wantRPCError(t, res, err, -33061, problem.KeyReused)
 			if n := ts.Runs("send_email"); n != 1 {
 				t.Fatalf("send_email ran %d times, want 1", n)
 			}
@@ -455,13 +455,13 @@ func TestMCPChangedArgumentsRefused(t *testing.T) {
 }
 
 // TestMCPMissingBodyKey: a required key absent from the arguments is
-// -32070 key-missing, naming the pointer; the tool does not run.
+// -33070 key-missing, naming the pointer; the tool does not run.
 func TestMCPMissingBodyKey(t *testing.T) {
 	ts := newTools()
 	env, _ := mcpEnv(t, mcpPolicy(bodyKey, ""), ts, true, harness.Options{})
 	a := connect(t, env)
 	res, err := a.call(context.Background(), "send_email", map[string]any{"to": "x@example.com"})
-	data := wantRPCError(t, res, err, -32070, problem.KeyMissing)
+	data := wantRPCError(t, res, err, -33070, problem.KeyMissing)
 	if !strings.Contains(data.Detail, "/params/arguments/idempotency_key") {
 		t.Fatalf("detail %q does not name the pointer", data.Detail)
 	}
@@ -472,7 +472,7 @@ func TestMCPMissingBodyKey(t *testing.T) {
 
 // TestMCPConcurrentDuplicate: a duplicate arriving while the first call's
 // tool runs waits for its result with wait_for_in_flight, and without it is
-// refused with -32062 request-in-progress (retryAfter in data); the tool
+// refused with -33062 request-in-progress (retryAfter in data); the tool
 // runs once either way. The waiting duplicate of an SSE answer gets the
 // stored stream's final response.
 func TestMCPConcurrentDuplicate(t *testing.T) {
@@ -510,7 +510,7 @@ func TestMCPConcurrentDuplicate(t *testing.T) {
 			<-ts.started
 			if !wait {
 				res, err := second.call(withKey("dup-1"), "open_ticket", args)
-				if data := wantRPCError(t, res, err, -32062, problem.InProgress); data.RetryAfter == nil {
+				if data := wantRPCError(t, res, err, -33062, problem.InProgress); data.RetryAfter == nil {
 					t.Fatal("request-in-progress carries no retryAfter")
 				}
 				close(ts.gate)
@@ -680,7 +680,7 @@ func TestMCPSessionTrafficCostsNoRedisCall(t *testing.T) {
 }
 
 // TestMCPStoreUnavailable: with Redis gone, a fail_closed policy refuses
-// the call with -32064 (retryAfter in data) and the tool does not run; the
+// the call with -33064 (retryAfter in data) and the tool does not run; the
 // SDK client hands the agent that error with its data (see
 // TestMCPClientGivesUpWhileToolRuns for why the codes avoid the SDK's own).
 func TestMCPStoreUnavailable(t *testing.T) {
@@ -689,10 +689,10 @@ func TestMCPStoreUnavailable(t *testing.T) {
 	a := connect(t, env)
 	env.Redis.Kill()
 	res, err := a.call(withKey("down-1"), "send_email", map[string]any{"to": "gil@example.com"})
-	if data := wantWireError(t, a.wire.call(t, 0), -32064, problem.StoreUnavailable); data.RetryAfter == nil {
+	if data := wantWireError(t, a.wire.call(t, 0), -33064, problem.StoreUnavailable); data.RetryAfter == nil {
 		t.Fatal("store-unavailable carries no retryAfter")
 	}
-	if got := wantRPCError(t, res, err, -32064, problem.StoreUnavailable); errors.Is(err, mcp.ErrConnectionClosed) || got.RetryAfter == nil {
+	if got := wantRPCError(t, res, err, -33064, problem.StoreUnavailable); errors.Is(err, mcp.ErrConnectionClosed) || got.RetryAfter == nil {
 		t.Fatalf("CallTool error %v: the agent must see store-unavailable with retryAfter, not a closed connection", err)
 	}
 	if n := ts.Runs("send_email"); n != 0 {

@@ -17,7 +17,7 @@ import (
 // refusing the call (an expired session's 404, a 400, 405, 406 or 415 with
 // no JSON-RPC response to the call in it) means the tool never ran: the
 // key is released, so that the agent's retry runs the call, where storing
-// it answered every retry -32063 for the whole retention.
+// it answered every retry -33063 for the whole retention.
 
 // swappable serves the handler in h, which a test replaces to stand for a
 // tool server that restarted and so forgot every session.
@@ -142,7 +142,7 @@ func (s *refusingServer) calls() (seen, runs int) {
 // released: the retry reaches the server and runs, and the one after it
 // is replayed. Anything else is stored as the call's outcome: a 5xx (the
 // tool may have run), a JSON-RPC response to the call whatever its
-// status, and a 2xx that is none (a retry gets -32063: the call may have
+// status, and a 2xx that is none (a retry gets -33063: the call may have
 // run, what it returned cannot be told).
 func TestJSONRPCTransportRefusalReleased(t *testing.T) {
 	for _, tc := range []struct {
@@ -175,7 +175,7 @@ func TestJSONRPCTransportRefusalReleased(t *testing.T) {
 			retry := env.Post("/mcp", "", call("2", "send_email", `{"to":"a"}`), "x-agent", "a")
 			seen, runs := up.calls()
 			if !tc.released {
-				if seen != 1 || retry.Header.Get("Idempotent-Replayed") == "" && !strings.Contains(retry.Body, `"code":-32063`) {
+				if seen != 1 || retry.Header.Get("Idempotent-Replayed") == "" && !strings.Contains(retry.Body, `"code":-33063`) {
 					t.Fatalf("retry %d %v %s reached the server (%d requests): the first answer must be stored", retry.Status, retry.Header, retry.Body, seen)
 				}
 				if strings.Contains(tc.answer, `"id":%s`) && (retry.Status != tc.status || !strings.Contains(retry.Body, `"id":2,`)) {
