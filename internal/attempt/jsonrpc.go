@@ -97,15 +97,27 @@ func eventStream(rs idem.Response) bool {
 //     Content-Type), which SDKs check before they read the message (go-sdk
 //     v1.8.0 answers a wrong Content-Type 415 in mcp/streamable.go).
 //
+// The 2026-07-28 revision answers its own refusals with a JSON-RPC error
+// to the call (Streamable HTTP, "Protocol Version Header" and "Server
+// Validation"): 400 with HeaderMismatch (-32020, the headers that mirror
+// the body do not match it) or UnsupportedProtocolVersion (-32022), and
+// 404 with -32601 for a method the server does not implement. Each is the
+// transport's, sent before any handler runs, so each is a refusal too;
+// the corrected retry (a client SHOULD retry after HeaderMismatch,
+// "Client Behavior") must reach the tool.
+//
 // What the specification leaves unclear, and is therefore stored: a 5xx
 // (a tool server's 500, or a gateway's 502 or 504, may come after the tool
 // ran); a 413 (no revision names it); a 2xx that is no JSON-RPC response
-// to the call (the server took the request); and any status whose body is
-// a JSON-RPC response to this very call, as the 2026-07-28 revision sends
-// with its 400 and 404 refusals: it answers the call, and is replayed to
-// the retry's id. A body omitted from the record (larger than
-// max_stored_body, or cut short) cannot be read, so its response is
-// stored too.
+// to the call (the server took the request); and any other status whose
+// body is a JSON-RPC response to this very call: it answers the call, and
+// is replayed to the retry's id. That includes -32021
+// (MissingRequiredClientCapability) and -32602 (invalid params), which a
+// tool's own handler may return as well: go-sdk v1.8.0 gives a handler's
+// -32602 the same 400 (mcp/streamable.go, extractErrorStatus), so neither
+// code nor status tells a refusal from an answer. A body omitted from the
+// record (larger than max_stored_body, or cut short) cannot be read, so
+// its response is stored too.
 func TransportRefused(rs idem.Response, id []byte) bool {
 	switch rs.Status {
 	case 400, 401, 403, 404, 405, 406, 415:
@@ -115,11 +127,54 @@ func TransportRefused(rs idem.Response, id []byte) bool {
 	if rs.BodyOmitted || id == nil {
 		return false
 	}
+	body := rs.Body
 	if eventStream(rs) {
-		_, err := jsonrpc.FinalResponse(rs.Body, id)
-		return err != nil
+		final, err := jsonrpc.FinalResponse(rs.Body, id)
+		if err != nil {
+			return true
+		}
+		body = final
 	}
-	return !jsonrpc.ResponseTo(rs.Body, id)
+	if code, ok := jsonrpc.ErrorTo(body, id); ok {
+		return refusalCodes[rs.Status] == code || (rs.Status == 400 && code == codeUnsupportedProtocolVersion)
+	}
+	return !jsonrpc.ResponseTo(body, id)
+}
+
+// The MCP 2026-07-28 refusals of the transport (TransportRefused), by the
+// status they come with (basic/index.mdx, "Error Codes"; Streamable HTTP,
+// "Protocol Version Header").
+const (
+	codeHeaderMismatch             = -32020
+	codeUnsupportedProtocolVersion = -32022
+	codeMethodNotFound             = -32601
+)
+
+var refusalCodes = map[int]int{400: codeHeaderMismatch, 404: codeMethodNotFound}
+
+// Interim reports whether rs, the upstream's answer to the JSON-RPC call
+// whose id is id, is an MCP multi round-trip request's interim result
+// (jsonrpc.InputRequired): the server asks the client for input, and the
+// client will retry the call with it under a new id
+// (modelcontextprotocol, docs/specification/2026-07-28/basic/patterns/
+// mrtr.mdx). It is not the call's outcome: the record is released
+// (SettleCall), so that the continuation, the same operation by its
+// fingerprint (policy.ContinuationMembers), runs the final step and
+// stores its result, which a retry of the call from its first round then
+// gets. A stored text/event-stream answer is judged by its final response.
+func Interim(rs idem.Response, id []byte) bool {
+	if rs.Status < 200 || rs.Status > 299 || rs.BodyOmitted || id == nil {
+		return false
+	}
+	body := rs.Body
+	if eventStream(rs) {
+		final, err := jsonrpc.FinalResponse(rs.Body, id)
+		if err != nil {
+			return false
+		}
+		body = final
+	}
+	return jsonrpc.InputRequired(body, id)
 }
 
 // SettleCall settles the record with rs, the response to the JSON-RPC
@@ -127,11 +182,21 @@ func TransportRefused(rs idem.Response, id []byte) bool {
 // store: completed with it, unless it is the upstream's transport refusing
 // the call (TransportRefused), which never ran it: then the record is
 // released (unknown when an earlier attempt may have run it:
-// unlessRetried). attrs are added to the settled line.
+// unlessRetried); or an interim result that asks for input (Interim),
+// which is released for the continuation. attrs are added to the settled
+// line.
 func (a *Attempt) SettleCall(ctx context.Context, rs idem.Response, id []byte, attrs ...slog.Attr) {
-	if a.origin != idem.OriginUpstream || !TransportRefused(rs, id) {
+	switch {
+	case a.origin != idem.OriginUpstream:
 		a.SettleStored(ctx, rs, attrs...)
-		return
+	case TransportRefused(rs, id):
+		a.Settle(ctx, a.unlessRetried(idem.ActionRelease), append(attrs, slog.String("reason", "transport refused the call"))...)
+	case Interim(rs, id):
+		// The server asks for input; an interim round is taken to have no
+		// effect of its own (docs/design.md §4, MCP multi round-trip
+		// requests): the record goes, the continuation runs.
+		a.Settle(ctx, idem.ActionRelease, append(attrs, slog.String("reason", "interim result: input required"))...)
+	default:
+		a.SettleStored(ctx, rs, attrs...)
 	}
-	a.Settle(ctx, a.unlessRetried(idem.ActionRelease), append(attrs, slog.String("reason", "transport refused the call"))...)
 }

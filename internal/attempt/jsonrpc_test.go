@@ -2,6 +2,7 @@ package attempt
 
 import (
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/idem-extproc/idem-extproc/internal/idem"
@@ -65,8 +66,16 @@ func TestTransportRefused(t *testing.T) {
 		{"415", idem.Response{Status: 415, Headers: plain}, true},
 		{"404 stream without the response", idem.Response{Status: 404, Headers: sse, Body: []byte("data: {\"jsonrpc\":\"2.0\",\"method\":\"x\"}\n\n")}, true},
 
-		{"404 error to the call", idem.Response{Status: 404, Headers: js, Body: []byte(`{"jsonrpc":"2.0","id":7,"error":{"code":-32601,"message":"x"}}`)}, false},
-		{"400 stream with the response", idem.Response{Status: 400, Headers: sse, Body: []byte("data: {\"jsonrpc\":\"2.0\",\"id\":7,\"error\":{\"code\":-32020,\"message\":\"x\"}}\n\n")}, false},
+		// MCP 2026-07-28's own refusals, a JSON-RPC error to the call.
+		{"404 method not found to the call", idem.Response{Status: 404, Headers: js, Body: []byte(`{"jsonrpc":"2.0","id":7,"error":{"code":-32601,"message":"x"}}`)}, true},
+		{"400 header mismatch to the call", idem.Response{Status: 400, Headers: js, Body: []byte(`{"jsonrpc":"2.0","id":7,"error":{"code":-32020,"message":"x"}}`)}, true},
+		{"400 unsupported version to the call", idem.Response{Status: 400, Headers: js, Body: []byte(`{"jsonrpc":"2.0","id":7,"error":{"code":-32022,"message":"x"}}`)}, true},
+		{"400 header mismatch in a stream", idem.Response{Status: 400, Headers: sse, Body: []byte("data: {\"jsonrpc\":\"2.0\",\"id\":7,\"error\":{\"code\":-32020,\"message\":\"x\"}}\n\n")}, true},
+
+		{"400 invalid params to the call (a handler may send it)", idem.Response{Status: 400, Headers: js, Body: []byte(`{"jsonrpc":"2.0","id":7,"error":{"code":-32602,"message":"x"}}`)}, false},
+		{"400 missing capability to the call", idem.Response{Status: 400, Headers: js, Body: []byte(`{"jsonrpc":"2.0","id":7,"error":{"code":-32021,"message":"x"}}`)}, false},
+		{"404 another error to the call", idem.Response{Status: 404, Headers: js, Body: []byte(`{"jsonrpc":"2.0","id":7,"error":{"code":-32000,"message":"x"}}`)}, false},
+		{"400 result to the call", idem.Response{Status: 400, Headers: js, Body: []byte(`{"jsonrpc":"2.0","id":7,"result":{}}`)}, false},
 		{"404 body not kept", idem.Response{Status: 404, Headers: plain, BodyOmitted: true}, false},
 		{"413", idem.Response{Status: 413, Headers: plain}, false},
 		{"500", idem.Response{Status: 500, Headers: plain}, false},
@@ -76,6 +85,29 @@ func TestTransportRefused(t *testing.T) {
 	} {
 		if got := TransportRefused(tc.rs, []byte(`7`)); got != tc.want {
 			t.Errorf("%s: TransportRefused = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+func TestInterim(t *testing.T) {
+	js := []idem.Header{{Name: "content-type", Value: "application/json"}}
+	sse := []idem.Header{{Name: "content-type", Value: "text/event-stream"}}
+	interim := `{"jsonrpc":"2.0","id":7,"result":{"resultType":"input_required","inputRequests":{"a":{"method":"elicitation/create"}},"requestState":"s1"}}`
+	for _, tc := range []struct {
+		name string
+		rs   idem.Response
+		want bool
+	}{
+		{"input required", idem.Response{Status: 200, Headers: js, Body: []byte(interim)}, true},
+		{"input required in a stream", idem.Response{Status: 200, Headers: sse, Body: []byte("data: " + interim + "\n\n")}, true},
+		{"complete", idem.Response{Status: 200, Headers: js, Body: []byte(`{"jsonrpc":"2.0","id":7,"result":{"resultType":"complete","content":[]}}`)}, false},
+		{"no resultType", idem.Response{Status: 200, Headers: js, Body: []byte(`{"jsonrpc":"2.0","id":7,"result":{"content":[]}}`)}, false},
+		{"to another id", idem.Response{Status: 200, Headers: js, Body: []byte(strings.Replace(interim, `"id":7`, `"id":8`, 1))}, false},
+		{"not 2xx", idem.Response{Status: 500, Headers: js, Body: []byte(interim)}, false},
+		{"body not kept", idem.Response{Status: 200, Headers: js, BodyOmitted: true}, false},
+	} {
+		if got := Interim(tc.rs, []byte(`7`)); got != tc.want {
+			t.Errorf("%s: Interim = %v, want %v", tc.name, got, tc.want)
 		}
 	}
 }

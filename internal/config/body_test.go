@@ -47,7 +47,9 @@ func TestBodyOptionsParse(t *testing.T) {
 		len(mcp.KeyDerive) != 2 || mcp.KeyDerive[1].String() != "/params/arguments" || !mcp.KeyRequired {
 		t.Fatalf("key = %+v", mcp.KeyRules)
 	}
-	if mcp.Answers != policy.AnswersJSONRPC || len(mcp.FingerprintExclude) != 2 || !mcp.NeedsBody() {
+	// The file excludes two members; a JSON-RPC policy leaves out an MCP
+	// continuation's two (policy.ContinuationMembers).
+	if mcp.Answers != policy.AnswersJSONRPC || len(mcp.FingerprintExclude) != 4 || !mcp.NeedsBody() {
 		t.Fatalf("mcp = %+v", mcp)
 	}
 	if !sq.KeyFrom(policy.KeyFromBody) || sq.KeyFrom(policy.KeyFromHeader) || sq.KeyPointer.String() != "/idempotency_key" ||

@@ -203,6 +203,7 @@ func fill(p *policy.Policy) {
 	if p.Durability == policy.DurabilityReplicated {
 		p.DurabilityReplicas, p.DurabilityTimeout = p.WaitReplicas()
 	}
+	p.OmitContinuation()
 }
 
 func firstLine(np *namedPolicy) int {

@@ -18,6 +18,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 
 	"github.com/idem-extproc/idem-extproc/internal/jsonpointer"
 	"github.com/idem-extproc/idem-extproc/internal/problem"
@@ -207,6 +208,32 @@ func ResponseTo(msg []byte, id json.RawMessage) bool {
 	return ok && sameID(v, id)
 }
 
+// ErrorTo returns the code of msg, when msg is one JSON-RPC error response
+// to the request whose id is id.
+func ErrorTo(msg []byte, id json.RawMessage) (int, bool) {
+	vs, err := jsonpointer.Find(msg, idPtr, methodPtr, errorCodePtr)
+	if err != nil || !vs[0].Found() || vs[1].Found() || vs[2].Kind != jsonpointer.KindNumber || !sameID(vs[0], id) {
+		return 0, false
+	}
+	code, err := strconv.Atoi(string(vs[2].Raw))
+	return code, err == nil
+}
+
+// InputRequired reports whether msg is a JSON-RPC response to the request
+// whose id is id whose result asks the client for input before the call
+// can complete: MCP 2026-07-28's multi round-trip requests, a result with
+// "resultType": "input_required" (modelcontextprotocol,
+// docs/specification/2026-07-28/basic/patterns/mrtr.mdx; a result without
+// resultType is complete).
+func InputRequired(msg []byte, id json.RawMessage) bool {
+	vs, err := jsonpointer.Find(msg, idPtr, methodPtr, resultTypePtr)
+	if err != nil || !vs[0].Found() || vs[1].Found() || vs[2].Kind != jsonpointer.KindString || !sameID(vs[0], id) {
+		return false
+	}
+	t, err := vs[2].Text()
+	return err == nil && t == "input_required"
+}
+
 // isResponse reports whether msg is a JSON-RPC response: an object with
 // an id and a result or an error, and no method (JSON-RPC 2.0 section 5;
 // a request or notification carries a method).
@@ -219,8 +246,10 @@ func isResponse(msg []byte) (jsonpointer.Value, bool) {
 }
 
 var (
-	resultPtr = mustPointer("/result")
-	errorPtr  = mustPointer("/error")
+	resultPtr     = mustPointer("/result")
+	errorPtr      = mustPointer("/error")
+	errorCodePtr  = mustPointer("/error/code")
+	resultTypePtr = mustPointer("/result/resultType")
 )
 
 // sameID compares two ids as values: strings by their decoded text,

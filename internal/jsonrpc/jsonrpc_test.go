@@ -254,3 +254,29 @@ func TestCodesAvoidPeersOwn(t *testing.T) {
 		seen[code] = slug
 	}
 }
+
+func TestErrorToAndInputRequired(t *testing.T) {
+	id := json.RawMessage(`"c-1"`)
+	for _, tc := range []struct {
+		msg      string
+		code     int
+		isErr    bool
+		required bool
+	}{
+		{`{"jsonrpc":"2.0","id":"c-1","error":{"code":-32020,"message":"HeaderMismatch"}}`, -32020, true, false},
+		{`{"jsonrpc":"2.0","id":"c-2","error":{"code":-32020,"message":"x"}}`, 0, false, false},
+		{`{"jsonrpc":"2.0","id":"c-1","method":"x","error":{"code":-32020}}`, 0, false, false},
+		{`{"jsonrpc":"2.0","id":"c-1","result":{"resultType":"input_required","inputRequests":{}}}`, 0, false, true},
+		{`{"jsonrpc":"2.0","id":"c-1","result":{"resultType":"complete","content":[]}}`, 0, false, false},
+		{`{"jsonrpc":"2.0","id":"c-1","result":{"content":[]}}`, 0, false, false},
+		{`not json`, 0, false, false},
+	} {
+		code, isErr := ErrorTo([]byte(tc.msg), id)
+		if code != tc.code || isErr != tc.isErr {
+			t.Errorf("ErrorTo(%s) = %d, %v", tc.msg, code, isErr)
+		}
+		if got := InputRequired([]byte(tc.msg), id); got != tc.required {
+			t.Errorf("InputRequired(%s) = %v", tc.msg, got)
+		}
+	}
+}

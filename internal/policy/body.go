@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"unicode/utf8"
 
 	"github.com/idem-extproc/idem-extproc/internal/fingerprint"
@@ -48,6 +49,30 @@ const DerivedNamespaceSuffix = "#derived"
 // fingerprint (an agent that reconnects gets a new session and must still
 // be recognised), and a JSON-RPC policy never stores it.
 const MCPSessionHeader = "mcp-session-id"
+
+// ContinuationMembers are the members an MCP multi round-trip request adds
+// when the client retries the original call with the input the server
+// asked for: "the client retries the original request with a new JSON-RPC
+// id, adding params.inputResponses and echoing params.requestState"
+// (modelcontextprotocol, docs/specification/2026-07-28/basic/patterns/
+// mrtr.mdx). The continuation is the same operation as the call it
+// continues, so a JSON-RPC policy's JSON fingerprint leaves them out
+// (Policy.OmitContinuation).
+var ContinuationMembers = []jsonpointer.Pointer{mustPointer("/params/inputResponses"), mustPointer("/params/requestState")}
+
+// OmitContinuation adds ContinuationMembers to the fingerprint's excluded
+// members of a JSON-RPC policy with a JSON fingerprint that names no
+// included members (those that do leave them out already), once.
+func (p *Policy) OmitContinuation() {
+	if p.Answers != AnswersJSONRPC || !p.FingerprintJSON || len(p.FingerprintInclude) > 0 {
+		return
+	}
+	for _, m := range ContinuationMembers {
+		if !slices.ContainsFunc(p.FingerprintExclude, func(e jsonpointer.Pointer) bool { return e.String() == m.String() }) {
+			p.FingerprintExclude = append(p.FingerprintExclude, m)
+		}
+	}
+}
 
 // Answers says in which protocol the server answers in the upstream's
 // place (answers).

@@ -138,11 +138,12 @@ func (s *refusingServer) calls() (seen, runs int) {
 
 // TestJSONRPCTransportRefusalReleased: an upstream answer whose status the
 // MCP transport sends before it dispatches a call (400, 401, 403, 404,
-// 405, 406, 415) and whose body is no JSON-RPC response to the call is
-// released: the retry reaches the server and runs, and the one after it
-// is replayed. Anything else is stored as the call's outcome: a 5xx (the
-// tool may have run), a JSON-RPC response to the call whatever its
-// status, and a 2xx that is none (a retry gets -33063: the call may have
+// 405, 406, 415) and whose body is no JSON-RPC response to the call, or
+// the 2026-07-28 revision's own refusals (-32020 and -32022 at 400, -32601
+// at 404), is released: the retry reaches the server and runs, and the one
+// after it is replayed. Anything else is stored as the call's outcome: a
+// 5xx (the tool may have run), any other JSON-RPC response to the call
+// whatever its status, and a 2xx that is none (a retry gets -33063: the call may have
 // run, what it returned cannot be told).
 func TestJSONRPCTransportRefusalReleased(t *testing.T) {
 	for _, tc := range []struct {
@@ -162,7 +163,15 @@ func TestJSONRPCTransportRefusalReleased(t *testing.T) {
 
 		{"500", 500, "text/plain", "failed\n", false},
 		{"502", 502, "text/plain", "bad gateway\n", false},
-		{"404 JSON-RPC error to the call", 404, "application/json", `{"jsonrpc":"2.0","id":%s,"error":{"code":-32601,"message":"Method not found"}}`, false},
+		// MCP 2026-07-28's own refusals answer the call with a JSON-RPC
+		// error, before any handler runs (Streamable HTTP, "Protocol
+		// Version Header", "Server Validation").
+		{"404 method not found to the call", 404, "application/json", `{"jsonrpc":"2.0","id":%s,"error":{"code":-32601,"message":"Method not found"}}`, true},
+		{"400 header mismatch to the call", 400, "application/json", `{"jsonrpc":"2.0","id":%s,"error":{"code":-32020,"message":"HeaderMismatch"}}`, true},
+		{"400 unsupported protocol version to the call", 400, "application/json", `{"jsonrpc":"2.0","id":%s,"error":{"code":-32022,"message":"Unsupported"}}`, true},
+		// A handler may answer these itself: stored.
+		{"400 invalid params to the call", 400, "application/json", `{"jsonrpc":"2.0","id":%s,"error":{"code":-32602,"message":"Invalid params"}}`, false},
+		{"404 another JSON-RPC error to the call", 404, "application/json", `{"jsonrpc":"2.0","id":%s,"error":{"code":-32000,"message":"x"}}`, false},
 		{"200 not JSON-RPC", 200, "text/plain", "done\n", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
