@@ -216,7 +216,7 @@ func (r *Ring) ActiveKey() string {
 }
 
 // aadV1 is version 1's associated data: the record id, status and
-// body-omitted flag.
+// flags (appendFlags).
 func aadV1(id idem.RecordID, resp *idem.Response) []byte {
 	b := make([]byte, 0, 64)
 	b = append(b, "idem-extproc seal v1\x00"...)
@@ -226,7 +226,7 @@ func aadV1(id idem.RecordID, resp *idem.Response) []byte {
 }
 
 // aadV2 is version 2's associated data: the envelope's header (version
-// and key id), then the record id, status and body-omitted flag.
+// and key id), then the record id, status and flags (appendFlags).
 func aadV2(header []byte, id idem.RecordID, resp *idem.Response) []byte {
 	b := make([]byte, 0, 64+len(header))
 	b = append(b, "idem-extproc seal v2\x00"...)
@@ -237,11 +237,21 @@ func aadV2(header []byte, id idem.RecordID, resp *idem.Response) []byte {
 	return appendFlags(b, resp)
 }
 
+// appendFlags binds the flags that say how to read the contents: bit 0
+// body omitted, bit 1 compressed. An envelope sealed before compression
+// existed has bit 1 clear and its byte is unchanged (0 or 1), so it still
+// opens; a compressed flag set or cleared in the store by someone without
+// the key makes the envelope fail to open instead of replaying a frame as
+// a body, or a body as a frame.
 func appendFlags(b []byte, resp *idem.Response) []byte {
+	var f byte
 	if resp.BodyOmitted {
-		return append(b, 1)
+		f |= 1
 	}
-	return append(b, 0)
+	if resp.Compressed {
+		f |= 2
+	}
+	return append(b, f)
 }
 
 // Seal encrypts resp's headers and body for the record id, in a version-2
@@ -265,7 +275,7 @@ func (r *Ring) Seal(id idem.RecordID, resp idem.Response) (idem.Response, error)
 		return idem.Response{}, fmt.Errorf("seal: nonce: %w", err)
 	}
 	env = env[:len(env)+aead.NonceSize()]
-	out := idem.Response{Status: resp.Status, BodyOmitted: resp.BodyOmitted, Sealed: true}
+	out := idem.Response{Status: resp.Status, BodyOmitted: resp.BodyOmitted, Compressed: resp.Compressed, Sealed: true}
 	out.Body = aead.Seal(env, nonce, plain, aadV2(header, id, &out))
 	return out, nil
 }
@@ -314,7 +324,7 @@ func (r *Ring) Open(id idem.RecordID, resp idem.Response) (idem.Response, error)
 	if err != nil {
 		return idem.Response{}, fmt.Errorf("%w: %w", ErrOpen, err)
 	}
-	out.Status, out.BodyOmitted = resp.Status, resp.BodyOmitted
+	out.Status, out.BodyOmitted, out.Compressed = resp.Status, resp.BodyOmitted, resp.Compressed
 	return out, nil
 }
 
