@@ -72,7 +72,25 @@ func (a *Attempt) Decide(ctx context.Context, fp idem.Fingerprint) (idem.Reserve
 		}
 		res.Response = &opened
 	}
+	if res.Outcome == idem.Completed && res.Response.Compressed {
+		expanded, err := a.expand(*res.Response)
+		if err != nil {
+			// Like a response that does not open: never replayed as it
+			// is stored, and the key is not free.
+			return res, unusable{err}
+		}
+		res.Response = &expanded
+	}
 	return res, nil
+}
+
+// expand gives back the headers and body a compressed record holds.
+func (a *Attempt) expand(r idem.Response) (idem.Response, error) {
+	c := a.Policy.Compression.Codec
+	if c == nil {
+		return idem.Response{}, errors.New("a stored response is compressed and the policy has no compression codec")
+	}
+	return c.Expand(r, a.Policy.MaxExpanded())
 }
 
 func (a *Attempt) open(r idem.Response) (idem.Response, error) {

@@ -188,6 +188,40 @@ type BodyRules struct {
 	// StoredHeaderDeny lists response headers never stored or replayed, on
 	// top of the hop-by-hop ones (lower case).
 	StoredHeaderDeny []string
+	// Compression says how stored responses are compressed (compression).
+	Compression Compression
+}
+
+// Compression is the compression group: compression.mode,
+// compression.dictionary, compression.previous_dictionaries.
+type Compression struct {
+	// Off stores new responses uncompressed (compression.mode: off); the
+	// records compressed before still expand.
+	Off bool
+	// Dictionary is the file of the zstd dictionary that compresses new
+	// responses, as the configuration names it; empty for the built-in
+	// one.
+	Dictionary string
+	// PreviousDictionaries are the files of dictionaries used before,
+	// kept so that the records they compressed still expand.
+	PreviousDictionaries []string
+	// Codec compresses and expands the policy's responses as the fields
+	// above say (internal/config makes it). Nil stores every response
+	// uncompressed and expands none.
+	Codec idem.Compressor
+}
+
+// maxHeaderBytes bounds the headers an expanded response may carry
+// beside its body. It is this project's own margin, chosen generous: it
+// only keeps a record changed in the store from expanding without bound.
+const maxHeaderBytes = 8 << 20
+
+// MaxExpanded bounds what a compressed record of the policy may expand
+// to: its stored body and headers, and never less than the default body
+// limit, so that lowering max_stored_body does not strand the larger
+// answers stored before.
+func (p *Policy) MaxExpanded() int {
+	return max(p.MaxStoredBody, DefaultMaxBody) + maxHeaderBytes
 }
 
 // DurabilityRules are the durability group: how long a record lives, how

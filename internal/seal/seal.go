@@ -38,7 +38,6 @@ package seal
 
 import (
 	"bufio"
-	"bytes"
 	"crypto/aes"
 	"crypto/cipher"
 	"crypto/hkdf"
@@ -328,50 +327,15 @@ func (r *Ring) Open(id idem.RecordID, resp idem.Response) (idem.Response, error)
 	return out, nil
 }
 
-// encodeContents is what an envelope encrypts, the same in every version:
-// uvarint header count, per header uvarint name length, name, uvarint
-// value length, value; then the body.
+// encodeContents is what an envelope encrypts, the same in every version
+// (idem.AppendContents).
 func encodeContents(resp idem.Response) []byte {
-	plain := binary.AppendUvarint(nil, uint64(len(resp.Headers)))
-	for _, h := range resp.Headers {
-		plain = binary.AppendUvarint(plain, uint64(len(h.Name)))
-		plain = append(plain, h.Name...)
-		plain = binary.AppendUvarint(plain, uint64(len(h.Value)))
-		plain = append(plain, h.Value...)
-	}
-	return append(plain, resp.Body...)
+	return idem.AppendContents(make([]byte, 0, idem.ContentsSize(&resp)), &resp)
 }
 
 // decodeContents reverses encodeContents. Only authenticated plaintext
-// reaches it, yet it checks every length: a key that leaked lets anyone
-// seal anything.
+// reaches it, yet idem.ParseContents checks every length: a key that
+// leaked lets anyone seal anything.
 func decodeContents(plain []byte) (idem.Response, error) {
-	var out idem.Response
-	rd := bytes.NewReader(plain)
-	n, err := binary.ReadUvarint(rd)
-	if err != nil || n > uint64(len(plain)) {
-		return idem.Response{}, errors.New("malformed contents: header count")
-	}
-	for range n {
-		name, err1 := readString(rd)
-		value, err2 := readString(rd)
-		if err1 != nil || err2 != nil {
-			return idem.Response{}, errors.New("malformed contents: a header runs past the end")
-		}
-		out.Headers = append(out.Headers, idem.Header{Name: name, Value: value})
-	}
-	if rd.Len() > 0 {
-		out.Body = plain[len(plain)-rd.Len():]
-	}
-	return out, nil
-}
-
-func readString(rd *bytes.Reader) (string, error) {
-	n, err := binary.ReadUvarint(rd)
-	if err != nil || n > uint64(rd.Len()) {
-		return "", errors.New("short")
-	}
-	b := make([]byte, n)
-	_, _ = rd.Read(b)
-	return string(b), nil
+	return idem.ParseContents(plain)
 }

@@ -1,0 +1,198 @@
+// Package compress makes a stored response smaller before it is sealed
+// and stored, and gives back, on a replay, the bytes the upstream sent.
+//
+// A compressed response holds its headers and body together
+// (idem.AppendContents) in one frame, and Headers is empty:
+//
+//	format (1 byte, 1 = zstd) | zstd frame (RFC 8878)
+//
+// Headers go into the frame with the body since an API's headers repeat
+// from one answer to the next, which a dictionary compresses to almost
+// nothing. The zstd frame header names the dictionary its frame needs
+// (RFC 8878 §3.1.1.1.3, Dictionary_ID), so a record keeps opening for as
+// long as the server knows that dictionary: the built-in one (Builtin)
+// always, a policy's trained ones while they stay in its configuration.
+//
+// Why zstd and not S2: on the answers of package corpus, zstd at its
+// fastest level takes a 1.4 KiB payment-intent answer to 0.62 of its size
+// and S2 to 0.80, too little to pay for a record's fixed overhead; with a
+// dictionary zstd reaches 0.32, and S2's dictionaries are not in zstd's
+// frame (docs/performance.md, "Memory per stored answer").
+package compress
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/klauspost/compress/zstd"
+
+	"github.com/idem-extproc/idem-extproc/internal/idem"
+)
+
+// formatZstd is the first byte of a compressed body: a zstd frame follows.
+const formatZstd = 1
+
+// DefaultMinSize is the smallest response (headers and body as
+// idem.ContentsSize counts them) worth compressing: below it a frame's own
+// header and the CPU cost more than they save.
+const DefaultMinSize = 128
+
+// ErrExpand is any failure to expand a compressed response: a frame that
+// names a dictionary the server does not have, a damaged frame, one that
+// would expand past the limit, an unknown format.
+var ErrExpand = errors.New("compress: stored response does not expand")
+
+// Codec compresses and expands responses. It is safe for concurrent use.
+type Codec struct {
+	enc     *zstd.Encoder
+	dec     *zstd.Decoder
+	minSize int
+	// active is the id of the dictionary new frames use.
+	active uint32
+	// known are the ids of the dictionaries the decoder has.
+	known map[uint32]bool
+}
+
+// Options configure a Codec.
+type Options struct {
+	// Dictionary, when set, compresses new responses; when nil, Builtin
+	// does.
+	Dictionary *Dictionary
+	// Previous are dictionaries kept so that the records compressed with
+	// them still expand after a rotation.
+	Previous []*Dictionary
+	// MinSize is the smallest response compressed; 0 means DefaultMinSize.
+	MinSize int
+}
+
+// New returns a codec. Two dictionaries of the set with one id are a
+// mistake (a frame could not say which it needs), reported as an error.
+func New(o Options) (*Codec, error) {
+	c := &Codec{minSize: o.MinSize, known: map[uint32]bool{}}
+	if c.minSize <= 0 {
+		c.minSize = DefaultMinSize
+	}
+	builtin := Builtin()
+	active := builtin
+	if o.Dictionary != nil {
+		active = o.Dictionary
+	}
+	c.active = active.id
+	dopts := []zstd.DOption{
+		zstd.WithDecoderConcurrency(0), // one per GOMAXPROCS, for DecodeAll only
+		zstd.WithDecodeAllCapLimit(true),
+		zstd.WithDecoderLowmem(true),
+	}
+	sources := map[uint32]string{}
+	for _, d := range append([]*Dictionary{builtin, o.Dictionary}, o.Previous...) {
+		if d == nil {
+			continue
+		}
+		if prev, dup := sources[d.id]; dup {
+			if prev == d.source {
+				continue // the same dictionary named twice
+			}
+			return nil, fmt.Errorf("compress: dictionaries %s and %s have the same id %d", prev, d.source, d.id)
+		}
+		sources[d.id] = d.source
+		c.known[d.id] = true
+		dopts = append(dopts, d.decoderOption())
+	}
+	enc, err := zstd.NewWriter(nil,
+		zstd.WithEncoderLevel(zstd.SpeedFastest),
+		zstd.WithEncoderCRC(false), // the seal authenticates; a plain record has no checksum either
+		zstd.WithSingleSegment(true),
+		zstd.WithLowerEncoderMem(true),
+		active.encoderOption())
+	if err != nil {
+		return nil, fmt.Errorf("compress: %w", err)
+	}
+	dec, err := zstd.NewReader(nil, dopts...)
+	if err != nil {
+		return nil, fmt.Errorf("compress: %w", err)
+	}
+	c.enc, c.dec = enc, dec
+	return c, nil
+}
+
+// ActiveDictionary is the id of the dictionary new frames use.
+func (c *Codec) ActiveDictionary() uint32 { return c.active }
+
+// Compress returns r with its headers and body in one compressed frame,
+// or r as it is when compressing does not pay: a response below the
+// minimum size, one whose frame would not be smaller, a body omitted
+// (nothing but headers), or a response compressed or sealed already.
+func (c *Codec) Compress(r idem.Response) idem.Response {
+	if c == nil || r.Compressed || r.Sealed || r.BodyOmitted {
+		return r
+	}
+	n := idem.ContentsSize(&r)
+	if n < c.minSize {
+		return r
+	}
+	// The contents are made in a pooled-size buffer of their own: the
+	// frame must not alias it.
+	plain := idem.AppendContents(make([]byte, 0, n), &r)
+	frame := c.enc.EncodeAll(plain, append(make([]byte, 0, 1+n/2), formatZstd))
+	// The plain record stores the body and, per header, its two lengths
+	// and bytes: n counts the same.
+	if len(frame) >= n {
+		return r
+	}
+	return idem.Response{Status: r.Status, Body: frame, Compressed: true}
+}
+
+// Expand returns the response r compressed, with the headers and body the
+// upstream sent; an uncompressed r is returned as it is. maxBody bounds
+// the expanded headers and body (the policy's max_stored_body and a
+// margin for headers): a frame that would expand past it is refused
+// without being expanded.
+func (c *Codec) Expand(r idem.Response, maxBody int) (idem.Response, error) {
+	if !r.Compressed {
+		return r, nil
+	}
+	if c == nil {
+		return idem.Response{}, fmt.Errorf("%w: compression is off on this server", ErrExpand)
+	}
+	if r.Sealed {
+		return idem.Response{}, fmt.Errorf("%w: still sealed", ErrExpand)
+	}
+	if len(r.Body) == 0 || r.Body[0] != formatZstd {
+		return idem.Response{}, fmt.Errorf("%w: unknown format", ErrExpand)
+	}
+	frame := r.Body[1:]
+	var h zstd.Header
+	if err := h.Decode(frame); err != nil {
+		return idem.Response{}, fmt.Errorf("%w: %w", ErrExpand, err)
+	}
+	if h.DictionaryID != 0 && !c.known[h.DictionaryID] {
+		return idem.Response{}, fmt.Errorf("%w: it needs dictionary %d, which this server does not have "+
+			"(keep a rotated dictionary in previous_dictionaries for the retention)", ErrExpand, h.DictionaryID)
+	}
+	if !h.HasFCS || h.FrameContentSize > uint64(maxBody) {
+		return idem.Response{}, fmt.Errorf("%w: frame of %d bytes (size known: %v) exceeds the limit of %d",
+			ErrExpand, h.FrameContentSize, h.HasFCS, maxBody)
+	}
+	plain, err := c.dec.DecodeAll(frame, make([]byte, 0, h.FrameContentSize))
+	if err != nil {
+		return idem.Response{}, fmt.Errorf("%w: %w", ErrExpand, err)
+	}
+	if uint64(len(plain)) != h.FrameContentSize {
+		return idem.Response{}, fmt.Errorf("%w: expanded to %d bytes, frame says %d", ErrExpand, len(plain), h.FrameContentSize)
+	}
+	out, err := idem.ParseContents(plain)
+	if err != nil {
+		return idem.Response{}, fmt.Errorf("%w: %w", ErrExpand, err)
+	}
+	out.Status, out.BodyOmitted = r.Status, r.BodyOmitted
+	return out, nil
+}
+
+// Close releases the codec's buffers.
+func (c *Codec) Close() {
+	if c == nil {
+		return
+	}
+	c.enc.Close()
+	c.dec.Close()
+}
