@@ -94,8 +94,12 @@ func TestRecordsWrittenUncompressedStillReplay(t *testing.T) {
 	ctx := context.Background()
 	want := corpus.New(4).Answer(corpus.Object)
 	pol := policy.Default()
+	pol.Compression.Codec = nil
 	d := newDecider(t, pol)
 	d.first(t, fp1).SettleStored(ctx, want) // no codec: stored as it came
+	if d.stored(t).Compressed {
+		t.Fatal("stored compressed without a codec")
+	}
 	pol.Compression.Codec = codec(t, compress.Options{})
 	res, err := d.attempt(d.conv).Decide(ctx, fp1)
 	if err != nil || string(res.Response.Body) != string(want.Body) || !slices.Equal(res.Response.Headers, want.Headers) {

@@ -21,8 +21,10 @@
 package compress
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
+	"sync"
 
 	"github.com/klauspost/compress/zstd"
 
@@ -43,14 +45,22 @@ const DefaultMinSize = 128
 var ErrExpand = errors.New("compress: stored response does not expand")
 
 // Codec compresses and expands responses. It is safe for concurrent use.
+//
+// Its encoder and decoder are made at first use, so that a codec made and
+// compared with another (a configuration parsed twice compares equal, see
+// internal/config) holds nothing but its settings until then.
 type Codec struct {
-	enc     *zstd.Encoder
-	dec     *zstd.Decoder
 	minSize int
-	// active is the id of the dictionary new frames use.
-	active uint32
-	// known are the ids of the dictionaries the decoder has.
-	known map[uint32]bool
+	// off: Compress leaves every response as it is.
+	off bool
+	// active is the dictionary new frames use.
+	active *Dictionary
+	// dicts are every dictionary the decoder knows, by id.
+	dicts map[uint32]*Dictionary
+
+	once sync.Once
+	enc  *zstd.Encoder
+	dec  *zstd.Decoder
 }
 
 // Options configure a Codec.
@@ -63,67 +73,89 @@ type Options struct {
 	Previous []*Dictionary
 	// MinSize is the smallest response compressed; 0 means DefaultMinSize.
 	MinSize int
+	// Off compresses nothing new; the codec still expands the records
+	// compressed before (compression.mode: off).
+	Off bool
 }
 
 // New returns a codec. Two dictionaries of the set with one id are a
 // mistake (a frame could not say which it needs), reported as an error.
 func New(o Options) (*Codec, error) {
-	c := &Codec{minSize: o.MinSize, known: map[uint32]bool{}}
+	c := &Codec{minSize: o.MinSize, off: o.Off, dicts: map[uint32]*Dictionary{}}
 	if c.minSize <= 0 {
 		c.minSize = DefaultMinSize
 	}
 	builtin := Builtin()
-	active := builtin
+	c.active = builtin
 	if o.Dictionary != nil {
-		active = o.Dictionary
+		c.active = o.Dictionary
 	}
-	c.active = active.id
-	dopts := []zstd.DOption{
-		zstd.WithDecoderConcurrency(0), // one per GOMAXPROCS, for DecodeAll only
-		zstd.WithDecodeAllCapLimit(true),
-		zstd.WithDecoderLowmem(true),
-	}
-	sources := map[uint32]string{}
 	for _, d := range append([]*Dictionary{builtin, o.Dictionary}, o.Previous...) {
 		if d == nil {
 			continue
 		}
-		if prev, dup := sources[d.id]; dup {
-			if prev == d.source {
+		if prev, dup := c.dicts[d.id]; dup {
+			if bytes.Equal(prev.raw, d.raw) {
 				continue // the same dictionary named twice
 			}
-			return nil, fmt.Errorf("compress: dictionaries %s and %s have the same id %d", prev, d.source, d.id)
+			return nil, fmt.Errorf("compress: dictionaries %s and %s have the same id %d", prev.source, d.source, d.id)
 		}
-		sources[d.id] = d.source
-		c.known[d.id] = true
-		dopts = append(dopts, d.decoderOption())
+		c.dicts[d.id] = d
 	}
+	// Made once here to report a mistake now rather than at first use.
+	enc, dec, err := c.build()
+	if err != nil {
+		return nil, err
+	}
+	enc.Close()
+	dec.Close()
+	return c, nil
+}
+
+func (c *Codec) build() (*zstd.Encoder, *zstd.Decoder, error) {
 	enc, err := zstd.NewWriter(nil,
 		zstd.WithEncoderLevel(zstd.SpeedFastest),
 		zstd.WithEncoderCRC(false), // the seal authenticates; a plain record has no checksum either
 		zstd.WithSingleSegment(true),
 		zstd.WithLowerEncoderMem(true),
-		active.encoderOption())
+		c.active.encoderOption())
 	if err != nil {
-		return nil, fmt.Errorf("compress: %w", err)
+		return nil, nil, fmt.Errorf("compress: %w", err)
+	}
+	dopts := []zstd.DOption{
+		zstd.WithDecoderConcurrency(0), // one per GOMAXPROCS, for DecodeAll only
+		zstd.WithDecodeAllCapLimit(true),
+		zstd.WithDecoderLowmem(true),
+	}
+	for _, d := range c.dicts {
+		dopts = append(dopts, d.decoderOption())
 	}
 	dec, err := zstd.NewReader(nil, dopts...)
 	if err != nil {
-		return nil, fmt.Errorf("compress: %w", err)
+		enc.Close()
+		return nil, nil, fmt.Errorf("compress: %w", err)
 	}
-	c.enc, c.dec = enc, dec
-	return c, nil
+	return enc, dec, nil
+}
+
+// coders returns the encoder and decoder, made at first use. New made
+// them once already with the same settings, so they cannot fail here.
+func (c *Codec) coders() (*zstd.Encoder, *zstd.Decoder) {
+	c.once.Do(func() {
+		c.enc, c.dec, _ = c.build()
+	})
+	return c.enc, c.dec
 }
 
 // ActiveDictionary is the id of the dictionary new frames use.
-func (c *Codec) ActiveDictionary() uint32 { return c.active }
+func (c *Codec) ActiveDictionary() uint32 { return c.active.id }
 
 // Compress returns r with its headers and body in one compressed frame,
 // or r as it is when compressing does not pay: a response below the
 // minimum size, one whose frame would not be smaller, a body omitted
 // (nothing but headers), or a response compressed or sealed already.
 func (c *Codec) Compress(r idem.Response) idem.Response {
-	if c == nil || r.Compressed || r.Sealed || r.BodyOmitted {
+	if c == nil || c.off || r.Compressed || r.Sealed || r.BodyOmitted {
 		return r
 	}
 	n := idem.ContentsSize(&r)
@@ -132,8 +164,9 @@ func (c *Codec) Compress(r idem.Response) idem.Response {
 	}
 	// The contents are made in a pooled-size buffer of their own: the
 	// frame must not alias it.
+	enc, _ := c.coders()
 	plain := idem.AppendContents(make([]byte, 0, n), &r)
-	frame := c.enc.EncodeAll(plain, append(make([]byte, 0, 1+n/2), formatZstd))
+	frame := enc.EncodeAll(plain, append(make([]byte, 0, 1+n/2), formatZstd))
 	// The plain record stores the body and, per header, its two lengths
 	// and bytes: n counts the same.
 	if len(frame) >= n {
@@ -165,7 +198,7 @@ func (c *Codec) Expand(r idem.Response, maxBody int) (idem.Response, error) {
 	if err := h.Decode(frame); err != nil {
 		return idem.Response{}, fmt.Errorf("%w: %w", ErrExpand, err)
 	}
-	if h.DictionaryID != 0 && !c.known[h.DictionaryID] {
+	if h.DictionaryID != 0 && c.dicts[h.DictionaryID] == nil {
 		return idem.Response{}, fmt.Errorf("%w: it needs dictionary %d, which this server does not have "+
 			"(keep a rotated dictionary in previous_dictionaries for the retention)", ErrExpand, h.DictionaryID)
 	}
@@ -173,7 +206,8 @@ func (c *Codec) Expand(r idem.Response, maxBody int) (idem.Response, error) {
 		return idem.Response{}, fmt.Errorf("%w: frame of %d bytes (size known: %v) exceeds the limit of %d",
 			ErrExpand, h.FrameContentSize, h.HasFCS, maxBody)
 	}
-	plain, err := c.dec.DecodeAll(frame, make([]byte, 0, h.FrameContentSize))
+	_, dec := c.coders()
+	plain, err := dec.DecodeAll(frame, make([]byte, 0, h.FrameContentSize))
 	if err != nil {
 		return idem.Response{}, fmt.Errorf("%w: %w", ErrExpand, err)
 	}
@@ -188,11 +222,15 @@ func (c *Codec) Expand(r idem.Response, maxBody int) (idem.Response, error) {
 	return out, nil
 }
 
-// Close releases the codec's buffers.
+// Close releases the codec's buffers. A codec may be dropped without it:
+// the garbage collector takes them then.
 func (c *Codec) Close() {
 	if c == nil {
 		return
 	}
-	c.enc.Close()
-	c.dec.Close()
+	c.once.Do(func() {}) // nothing to release if never used
+	if c.enc != nil {
+		c.enc.Close()
+		c.dec.Close()
+	}
 }

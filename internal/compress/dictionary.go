@@ -91,7 +91,7 @@ func Train(samples [][]byte, id uint32, maxSize int) ([]byte, error) {
 	if maxSize < 256 {
 		return nil, errors.New("compress: a dictionary of fewer than 256 bytes cannot hold zstd's tables")
 	}
-	b, err := dict.BuildZstdDict(samples, dict.Options{MaxDictSize: maxSize, HashBytes: 6, ZstdDictID: id,
+	b, err := dict.BuildZstdDict(samples, dict.Options{MaxDictSize: maxSize, HashBytes: 8, ZstdDictID: id,
 		ZstdLevel: zstd.SpeedFastest})
 	if err != nil {
 		return nil, fmt.Errorf("compress: training: %w", err)

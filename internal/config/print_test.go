@@ -13,6 +13,17 @@ import (
 // printCases are files that take each option in each of its forms, and
 // values that YAML would read as something else when written plain.
 var printCases = map[string]string{
+	"compression": `
+policies:
+  - name: trained
+    match: {methods: [POST]}
+    compression:
+      dictionary: testdata/orders-40002.zdict
+      previous_dictionaries: [testdata/orders-40001.zdict]
+  - name: off
+    match: {methods: [PUT]}
+    compression: {mode: off}
+`,
 	"every scope and key source": `
 defaults:
   retention: 1h30m

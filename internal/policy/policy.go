@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idem-extproc/idem-extproc/internal/compress"
 	"github.com/idem-extproc/idem-extproc/internal/fingerprint"
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/jsonpointer"
@@ -289,9 +290,9 @@ const (
 
 // Default returns the policy used when no configuration is given: POST and
 // PATCH with an optional Idempotency-Key (from the header), scoped by :authority, kept 24 h,
-// a 30 s lease, 1 MiB bodies, failing closed.
+// a 30 s lease, 1 MiB bodies compressed with the built-in dictionary, failing closed.
 func Default() *Policy {
-	return &Policy{
+	p := &Policy{
 		Name:  DefaultPolicyName,
 		Match: Match{Methods: []string{"POST", "PATCH"}},
 		KeyRules: KeyRules{
@@ -317,6 +318,13 @@ func Default() *Policy {
 			RetryAfter:    DefaultRetryAfter,
 		},
 	}
+	// New refuses only dictionaries it is not given here
+	// (TestDefaultCompresses): should it ever fail, the policy stores
+	// answers as they come, which costs memory and nothing else.
+	if c, err := compress.New(compress.Options{}); err == nil {
+		p.Compression.Codec = c
+	}
+	return p
 }
 
 // RecordNamespace is the name a policy's record ids derive from (see

@@ -1,5 +1,7 @@
 package redisstore
 
+import "github.com/idem-extproc/idem-extproc/internal/idem"
+
 // Unbatched makes every script call of s run on its own, as before
 // batching, for tests and benchmarks that compare the two.
 func Unbatched(s *Store) *Store { s.batch = nil; return s }
@@ -21,3 +23,6 @@ var (
 	ReserveArgs  = reserveArgs
 	CompleteArgs = completeArgs
 )
+
+// EncodeHead is the response head as the store writes it.
+func EncodeHead(r *idem.Response) []byte { return encodeResponseHead(r) }
