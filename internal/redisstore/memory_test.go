@@ -2,6 +2,7 @@ package redisstore_test
 
 import (
 	"context"
+	"math"
 	"strconv"
 	"strings"
 	"testing"
@@ -12,6 +13,7 @@ import (
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/redisstore"
 	"github.com/idem-extproc/idem-extproc/internal/redistest"
+	"github.com/idem-extproc/idem-extproc/internal/sizing"
 )
 
 // TestRecordMemory holds Redis's own account (MEMORY USAGE) of one record to
@@ -200,6 +202,11 @@ func TestMemoryPerRecord(t *testing.T) {
 			}
 			ratios[m.name] = cost.perRec / base
 			t.Logf("%-7s %-13s %9d %9d %12.0f %7.3f", c, m.name, cost.contents, cost.stored, cost.perRec, ratios[m.name])
+			// The sizing command's table (internal/sizing) is this
+			// measurement: it must stay within 3 % of it.
+			if want := sizing.PerRecord[c][sizing.Mode(m.name)]; math.Abs(cost.perRec-want) > 0.03*want {
+				t.Errorf("%s, %s: measured %.0f bytes per record, internal/sizing says %.0f: update its table", c, m.name, cost.perRec, want)
+			}
 		}
 		check := func(mode string, limit float64) {
 			if ratios[mode] > limit {
