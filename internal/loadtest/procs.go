@@ -16,7 +16,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/idem-extproc/idem-extproc/internal/procstat"
 )
 
 // server is one ext_proc server under test, in a process of its own.
@@ -41,7 +40,7 @@ func (s *server) sinkCPU() time.Duration {
 	if s.sink == nil {
 		return 0
 	}
-	d, _ := procstat.CPU(s.sink.Process.Pid)
+	d, _ := procCPU(s.sink.Process.Pid)
 	return d
 }
 
