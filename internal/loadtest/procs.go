@@ -15,7 +15,6 @@ import (
 	"sync"
 	"syscall"
 	"time"
-
 )
 
 // server is one ext_proc server under test, in a process of its own.
