@@ -196,3 +196,45 @@ func benchDictionary(b *testing.B, c corpus.Class) *compress.Dictionary {
 	}
 	return d
 }
+
+// BenchmarkScriptsOverDelay: a first write's reservation and completion,
+// as BenchmarkConcurrentScripts makes them, through a userspace delay link
+// (redistest.DelayLink) that adds half the round trip each way: 0 (the
+// link alone), 0.5, 1 and 2.5 ms, the distances to a Redis in the same
+// host, zone or another zone. From 8 and 32 streams; unbatched, and the
+// batcher with 2 slots (DefaultBatchSlots) and with 8. The modes take
+// turns within each round trip and stream count, -count times. A timing
+// comparison: run it on a quiet machine (docs/redis.md, "Pipelining").
+func BenchmarkScriptsOverDelay(b *testing.B) {
+	srv := redistest.Start(b, redistest.Options{})
+	link := redistest.NewDelayLink(b, srv.Addr())
+	resp := storetest.BenchResponse()
+	for _, rtt := range []time.Duration{0, 500 * time.Microsecond, time.Millisecond, 2500 * time.Microsecond} {
+		link.SetDelay(rtt/2, rtt/2)
+		for _, streams := range []int{8, 32} {
+			for _, mode := range []string{"unbatched", "slots=2", "slots=8"} {
+				b.Run(fmt.Sprintf("rtt=%v/streams=%d/%s", rtt, streams, mode), func(b *testing.B) {
+					slots := 0
+					if _, err := fmt.Sscanf(mode, "slots=%d", &slots); err != nil && mode != "unbatched" {
+						b.Fatal(err)
+					}
+					rdb, err := redisstore.NewClient(link.URL(), 5*time.Second)
+					if err != nil {
+						b.Fatal(err)
+					}
+					s := redisstore.New(rdb, redisstore.Options{CallTimeout: 5 * time.Second, BatchSlots: slots})
+					b.Cleanup(func() {
+						_ = s.Close()
+						_ = rdb.Close()
+					})
+					if mode == "unbatched" {
+						redisstore.Unbatched(s)
+					}
+					cpuBefore := processCPU(b)
+					runConcurrently(b, streams, storeWrite(s, resp))
+					b.ReportMetric(float64(processCPU(b)-cpuBefore)/float64(time.Microsecond)/float64(b.N), "cpu-µs/op")
+				})
+			}
+		}
+	}
+}

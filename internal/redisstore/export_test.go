@@ -15,8 +15,8 @@ func Batching(s *Store) (busy, queued int) {
 	return b.busy, len(b.pending)
 }
 
-// MaxBatches is maxBatches, for tests that fill every slot.
-const MaxBatches = maxBatches
+// MaxBatches is DefaultBatchSlots, for tests that fill every slot.
+const MaxBatches = DefaultBatchSlots
 
 // ReserveArgs and CompleteArgs are the ARGV the store sends.
 var (
