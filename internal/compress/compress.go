@@ -61,7 +61,14 @@ type Codec struct {
 	once sync.Once
 	enc  *zstd.Encoder
 	dec  *zstd.Decoder
+	// plains holds the buffers (*[]byte) the contents are laid out in
+	// before compressing: a first write allocates only its frame.
+	plains sync.Pool
 }
+
+// maxPooledPlain bounds the buffers kept in plains: a rare large answer
+// does not pin its buffer.
+const maxPooledPlain = 64 << 10
 
 // Options configure a Codec.
 type Options struct {
@@ -162,11 +169,19 @@ func (c *Codec) Compress(r idem.Response) idem.Response {
 	if n < c.minSize {
 		return r
 	}
-	// The contents are made in a pooled-size buffer of their own: the
-	// frame must not alias it.
+	// The contents are laid out in a pooled buffer, which goes back to the
+	// pool once compressed; the frame has its own, which the record keeps.
 	enc, _ := c.coders()
-	plain := idem.AppendContents(make([]byte, 0, n), &r)
+	bp, _ := c.plains.Get().(*[]byte)
+	if bp == nil {
+		bp = new([]byte)
+	}
+	plain := idem.AppendContents((*bp)[:0], &r)
 	frame := enc.EncodeAll(plain, append(make([]byte, 0, 1+n/2), formatZstd))
+	if cap(plain) <= maxPooledPlain {
+		*bp = plain[:0]
+		c.plains.Put(bp)
+	}
 	// The plain record stores the body and, per header, its two lengths
 	// and bytes: n counts the same.
 	if len(frame) >= n {
