@@ -43,41 +43,42 @@ func uvarintLen(v uint64) int {
 }
 
 // ParseContents reverses AppendContents. The body is a slice of b; the
-// headers are copies. It checks every length, whoever wrote b: a record
-// can be changed in the store, and a seal key can leak.
+// headers are slices of one string holding their bytes (one copy for them
+// all, whatever their number). It checks every length, whoever wrote b: a
+// record can be changed in the store, and a seal key can leak.
 func ParseContents(b []byte) (Response, error) {
-	var out Response
 	n, k := binary.Uvarint(b)
 	if k <= 0 || n > uint64(len(b)) {
 		return Response{}, errors.Join(ErrMalformedContents, errors.New("header count"))
 	}
-	b = b[k:]
+	// First the lengths, to find where the headers end; then the headers,
+	// out of one string.
+	end := k
+	for range 2 * n {
+		l, k := binary.Uvarint(b[end:])
+		if k <= 0 || l > uint64(len(b)-end-k) {
+			return Response{}, errors.Join(ErrMalformedContents, errors.New("a header runs past the end"))
+		}
+		end += k + int(l)
+	}
+	var out Response
 	if n > 0 {
 		out.Headers = make([]Header, 0, n)
-	}
-	for range n {
-		name, rest, ok := cutString(b)
-		if !ok {
-			return Response{}, errors.Join(ErrMalformedContents, errors.New("a header runs past the end"))
+		hs := string(b[:end])
+		at := k
+		next := func() string {
+			l, k := binary.Uvarint(b[at:])
+			v := hs[at+k : at+k+int(l)]
+			at += k + int(l)
+			return v
 		}
-		value, rest, ok := cutString(rest)
-		if !ok {
-			return Response{}, errors.Join(ErrMalformedContents, errors.New("a header runs past the end"))
+		for range n {
+			name := next()
+			out.Headers = append(out.Headers, Header{Name: name, Value: next()})
 		}
-		out.Headers = append(out.Headers, Header{Name: name, Value: value})
-		b = rest
 	}
-	if len(b) > 0 {
-		out.Body = b
+	if end < len(b) {
+		out.Body = b[end:]
 	}
 	return out, nil
-}
-
-func cutString(b []byte) (string, []byte, bool) {
-	n, k := binary.Uvarint(b)
-	if k <= 0 || n > uint64(len(b)-k) {
-		return "", b, false
-	}
-	b = b[k:]
-	return string(b[:n]), b[n:], true
 }
