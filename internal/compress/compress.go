@@ -4,7 +4,13 @@
 // A compressed response holds its headers and body together
 // (idem.AppendContents) in one frame, and Headers is empty:
 //
-//	format (1 byte, 1 = zstd) | zstd frame (RFC 8878)
+//	format (1 byte) | zstd frame (RFC 8878)
+//
+// Format 2, which every new frame uses, is the frame without its 4-byte
+// magic number, which is the same in every frame and is put back to
+// expand it; format 1 is the whole frame, still expanded. Four bytes are
+// worth it: a record's value is rounded up to the allocator's next size
+// class, and with a trained dictionary most small answers sit near one.
 //
 // Headers go into the frame with the body since an API's headers repeat
 // from one answer to the next, which a dictionary compresses to almost
@@ -14,10 +20,11 @@
 // always, a policy's trained ones while they stay in its configuration.
 //
 // Why zstd and not S2: on the answers of package corpus, zstd at its
-// fastest level takes a 1.4 KiB payment-intent answer to 0.62 of its size
-// and S2 to 0.80, too little to pay for a record's fixed overhead; with a
-// dictionary zstd reaches 0.32, and S2's dictionaries are not in zstd's
-// frame (docs/performance.md, "Memory per stored answer").
+// fastest level with the built-in dictionary takes a 1.4 KiB
+// payment-intent answer to 0.45 of its size, and S2 to 0.53 with the same
+// words and 0.80 without; on a 17 KiB list zstd reaches 0.22 and S2 0.30.
+// S2 is the cheaper in CPU, but then a record's memory misses its targets
+// (docs/performance.md, "Memory per stored answer").
 package compress
 
 import (
@@ -31,8 +38,18 @@ import (
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 )
 
-// formatZstd is the first byte of a compressed body: a zstd frame follows.
-const formatZstd = 1
+// The first byte of a compressed body says what follows.
+const (
+	// formatZstd: a whole zstd frame. Expanded, never written since
+	// formatZstdBare.
+	formatZstd = 1
+	// formatZstdBare: a zstd frame less its magic number (zstdMagic).
+	formatZstdBare = 2
+)
+
+// zstdMagic starts every zstd frame (RFC 8878 §3.1.1, Magic_Number
+// 0xFD2FB528, little-endian).
+var zstdMagic = [4]byte{0x28, 0xb5, 0x2f, 0xfd}
 
 // DefaultMinSize is the smallest response (headers and body as
 // idem.ContentsSize counts them) worth compressing: below it a frame's own
@@ -177,11 +194,15 @@ func (c *Codec) Compress(r idem.Response) idem.Response {
 		bp = new([]byte)
 	}
 	plain := idem.AppendContents((*bp)[:0], &r)
-	frame := enc.EncodeAll(plain, append(make([]byte, 0, 1+n/2), formatZstd))
+	frame := enc.EncodeAll(plain, append(make([]byte, 0, 1+n/2), formatZstdBare))
 	if cap(plain) <= maxPooledPlain {
 		*bp = plain[:0]
 		c.plains.Put(bp)
 	}
+	if len(frame) < 5 || [4]byte(frame[1:5]) != zstdMagic {
+		return r // not a frame as RFC 8878 writes it: never stored
+	}
+	frame = append(frame[:1], frame[5:]...)
 	// The plain record stores the body and, per header, its two lengths
 	// and bytes: n counts the same.
 	if len(frame) >= n {
@@ -205,10 +226,25 @@ func (c *Codec) Expand(r idem.Response, maxBody int) (idem.Response, error) {
 	if r.Sealed {
 		return idem.Response{}, fmt.Errorf("%w: still sealed", ErrExpand)
 	}
-	if len(r.Body) == 0 || r.Body[0] != formatZstd {
+	if len(r.Body) == 0 || (r.Body[0] != formatZstd && r.Body[0] != formatZstdBare) {
 		return idem.Response{}, fmt.Errorf("%w: unknown format", ErrExpand)
 	}
 	frame := r.Body[1:]
+	if r.Body[0] == formatZstdBare {
+		// The magic number back in front, in a pooled buffer: the decoder
+		// keeps nothing of its input.
+		bp, _ := c.plains.Get().(*[]byte)
+		if bp == nil {
+			bp = new([]byte)
+		}
+		frame = append(append((*bp)[:0], zstdMagic[:]...), frame...)
+		defer func() {
+			if cap(frame) <= maxPooledPlain {
+				*bp = frame[:0]
+				c.plains.Put(bp)
+			}
+		}()
+	}
 	var h zstd.Header
 	if err := h.Decode(frame); err != nil {
 		return idem.Response{}, fmt.Errorf("%w: %w", ErrExpand, err)

@@ -63,6 +63,9 @@ func TestRoundTrip(t *testing.T) {
 					if !z.Compressed || z.Status != want.Status || len(z.Headers) != 0 {
 						t.Fatalf("%s: %d bytes not compressed: %+v", name, idem.ContentsSize(&want), z)
 					}
+					if z.Body[0] != formatZstdBare || [4]byte(z.Body[1:5]) == zstdMagic {
+						t.Fatalf("%s: a new frame is format %d and starts % x", name, z.Body[0], z.Body[1:5])
+					}
 					got, err := codec.Expand(z, corpus.MaxBody+4096)
 					if err != nil {
 						t.Fatalf("%s: %v", name, err)
@@ -147,7 +150,8 @@ func TestExpandRefuses(t *testing.T) {
 
 // TestBuiltinDictionaryIsFixed: records in a store name the built-in
 // dictionary by its id, so its bytes can never change under that id; a
-// frame compressed with it when it was made keeps expanding.
+// frame compressed with it when it was made (a whole frame, format 1, as
+// the first compressed records were written) keeps expanding.
 func TestBuiltinDictionaryIsFixed(t *testing.T) {
 	sum := sha256.Sum256([]byte(builtinVocabulary))
 	const want = "67bbffdd5e267c537b52674f374a79a4ee51815531f3976c668f8bbe49893abe"

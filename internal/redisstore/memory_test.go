@@ -176,7 +176,7 @@ func measureRecords(t *testing.T, srv *redistest.Server, st *redisstore.Store, c
 // on the class's answers, and holds compression to these bounds against
 // the uncompressed figure of the same run: at most 0.6 of it for an
 // object answer with the built-in dictionary, at most 0.3 for a list.
-// With a trained dictionary an object answer measures 0.40, short of the
+// With a trained dictionary an object answer measures 0.39, short of the
 // 0.35 aimed at: what is left is the record's fixed cost (key, keyspace
 // and expiry entries, the 74-byte head, the allocator's size classes),
 // which compression does not reach; the bound 0.42 keeps it from
