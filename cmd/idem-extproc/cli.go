@@ -95,7 +95,7 @@ func newRoot(e env) *cobra.Command {
 	}
 	srv.Flags().AddGoFlagSet(daemon.Flags())
 	srv.SetUsageTemplate(srv.UsageTemplate() + environmentHelp())
-	root.AddCommand(srv, adminCommand(e), configCommand(e), probeCommand(e), demoCommand(e), versionCommand(e))
+	root.AddCommand(srv, adminCommand(e), configCommand(e), compressCommand(e), probeCommand(e), demoCommand(e), versionCommand(e))
 	for _, c := range root.Commands() {
 		c.GroupID = "main"
 		if c != srv { // the environment is the server's

@@ -11,7 +11,8 @@ import (
 
 func configCommand(e env) *cobra.Command {
 	cmd := groupCommand("config", "Work with policy configuration files offline", e)
-	cmd.AddCommand(&cobra.Command{
+	var sizeAt []string
+	check := &cobra.Command{
 		Use:   "check FILE",
 		Short: "Validate a policy file as the server would and print the effective policies",
 		Long: "Validate a policy file exactly as the server does at start and on reload, without a server or a\n" +
@@ -19,6 +20,9 @@ func configCommand(e env) *cobra.Command {
 			"written out in each policy (from the policy, defaults: or the built-in defaults), in the file's own\n" +
 			"keys, so that the printout loads as the same policies. Each policy's responses are its own rules:\n" +
 			"the built-in ones always follow them.\n" +
+			"With --size-at, it prints instead the Redis memory the policies need at that rate of protected\n" +
+			"first writes, kept for each policy's retention, from the bytes per record measured on generated\n" +
+			"answers (docs/performance.md, \"Memory per stored answer\").\n" +
 			"Exit code 0: valid; 1: invalid (one line per mistake, naming the file, line and field on stderr).",
 		Args: cobra.ExactArgs(1),
 		RunE: func(_ *cobra.Command, args []string) error {
@@ -26,6 +30,15 @@ func configCommand(e env) *cobra.Command {
 			if err != nil {
 				fmt.Fprintf(e.stderr, "%v\n", err)
 				return exitFailure
+			}
+			if len(sizeAt) > 0 {
+				rates, err := parseRates(sizeAt, set)
+				if err != nil {
+					fmt.Fprintf(e.stderr, "--size-at: %v\n", err)
+					return exitFailure
+				}
+				printSizing(e.stdout, set, rates)
+				return nil
 			}
 			out, err := config.Marshal(set)
 			if err != nil {
@@ -45,7 +58,11 @@ func configCommand(e env) *cobra.Command {
 			}
 			return err
 		},
-	})
+	}
+	check.Flags().StringArrayVar(&sizeAt, "size-at", nil,
+		"print the Redis memory needed at RATE protected first writes per second (`RATE` for every policy, "+
+			"or POLICY=RATE, repeated)")
+	cmd.AddCommand(check)
 	return cmd
 }
 

@@ -15,6 +15,8 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/idem-extproc/idem-extproc/internal/config"
+	"github.com/idem-extproc/idem-extproc/internal/corpus"
+	"github.com/idem-extproc/idem-extproc/internal/sizing"
 )
 
 // TestConfigCheckRoundTrips runs `config check` on every policy file the
@@ -152,4 +154,50 @@ func isPolicyFile(top map[string]any) bool {
 		}
 	}
 	return true
+}
+
+// TestConfigCheckSizeAt: --size-at prints each policy's records at its
+// rate and retention, times the measured bytes per record of the way it
+// stores (internal/sizing), and refuses a rate it cannot read or a
+// policy the file does not have.
+func TestConfigCheckSizeAt(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "policies.yaml")
+	if err := os.WriteFile(path, []byte(`
+policies:
+  - name: payments
+    match: {methods: [POST]}
+    retention: 72h
+    compression: {mode: off}
+  - name: orders
+    match: {methods: [PUT]}
+default_policy: {enabled: false}
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var stdout, stderr bytes.Buffer
+	args := []string{"config", "check", path, "--size-at", "100/s", "--size-at", "orders=2000"}
+	if code := run(context.Background(), args, func(string) string { return "" }, &stdout, &stderr); code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr.String())
+	}
+	out := stdout.String()
+	payments := 100 * 72 * 3600.0 // records
+	orders := 2000 * 24 * 3600.0
+	for _, want := range []string{
+		"payments  uncompressed  72h  100  25920000  " + sizing.Human(payments*sizing.PerRecord[corpus.Object][sizing.Uncompressed]),
+		"orders  builtin  24h  2000  172800000  " + sizing.Human(orders*sizing.PerRecord[corpus.Object][sizing.Builtin]),
+		"total  198720000  " + sizing.Human(payments*sizing.PerRecord[corpus.Object][sizing.Uncompressed]+
+			orders*sizing.PerRecord[corpus.Object][sizing.Builtin]),
+	} {
+		if norm := func(s string) string { return strings.Join(strings.Fields(s), " ") }; !strings.Contains(norm(out), norm(want)) {
+			t.Errorf("no %q in\n%s", want, out)
+		}
+	}
+	for _, bad := range []string{"fast", "-3", "billing=5"} {
+		stdout.Reset()
+		stderr.Reset()
+		code := run(context.Background(), []string{"config", "check", path, "--size-at", bad}, func(string) string { return "" }, &stdout, &stderr)
+		if code != 1 || !strings.Contains(stderr.String(), "--size-at: \""+bad+"\"") {
+			t.Errorf("--size-at %s: exit %d, %q", bad, code, stderr.String())
+		}
+	}
 }

@@ -177,6 +177,9 @@ type responseView struct {
 	BodyOmitted bool `json:"body_omitted"`
 	// Sealed: headers and body are encrypted; body_bytes is the envelope.
 	Sealed bool `json:"sealed"`
+	// Compressed: headers and body are compressed together; body_bytes is
+	// what the record holds (the envelope when sealed too).
+	Compressed bool `json:"compressed"`
 }
 
 func (a *api) get(w http.ResponseWriter, r *http.Request) {
@@ -200,7 +203,7 @@ func (a *api) get(w http.ResponseWriter, r *http.Request) {
 	}
 	if resp := rec.Response; resp != nil {
 		v.Response = &responseView{Status: resp.Status, Headers: len(resp.Headers), BodyBytes: len(resp.Body),
-			BodyOmitted: resp.BodyOmitted, Sealed: resp.Sealed}
+			BodyOmitted: resp.BodyOmitted, Sealed: resp.Sealed, Compressed: resp.Compressed}
 	}
 	writeJSON(w, http.StatusOK, v)
 }

@@ -80,19 +80,39 @@ func (a *Attempt) waits(res idem.ReserveResult) (time.Duration, bool) {
 	return a.Policy.WaitForInFlight + 2*a.budget, true
 }
 
-// opened opens a completed record's sealed response. A stored response
-// that does not open (tampered, or its key left the ring) is never
-// replayed, and the key is not free.
+// opened gives a completed record's response as it is replayed: opened
+// when sealed, then expanded when compressed (it is compressed before it
+// is sealed). A stored response that does not open (tampered, or its key
+// left the ring) or does not expand is never replayed, and the key is not
+// free.
 func (a *Attempt) opened(res idem.ReserveResult) (idem.ReserveResult, error) {
-	if res.Outcome != idem.Completed || !res.Response.Sealed {
+	if res.Outcome != idem.Completed {
 		return res, nil
 	}
-	opened, err := a.open(*res.Response)
-	if err != nil {
-		return res, unusable{err}
+	if res.Response.Sealed {
+		opened, err := a.open(*res.Response)
+		if err != nil {
+			return res, unusable{err}
+		}
+		res.Response = &opened
 	}
-	res.Response = &opened
+	if res.Response.Compressed {
+		expanded, err := a.expand(*res.Response)
+		if err != nil {
+			return res, unusable{err}
+		}
+		res.Response = &expanded
+	}
 	return res, nil
+}
+
+// expand gives back the headers and body a compressed record holds.
+func (a *Attempt) expand(r idem.Response) (idem.Response, error) {
+	c := a.Policy.Compression.Codec
+	if c == nil {
+		return idem.Response{}, errors.New("a stored response is compressed and the policy has no compression codec")
+	}
+	return c.Expand(r, a.Policy.MaxExpanded())
 }
 
 // homeElsewhere turns the outcomes of a store that no longer arbitrates

@@ -41,6 +41,10 @@ func (a *Attempt) SettleStored(ctx context.Context, resp idem.Response, attrs ..
 	if !a.Held() {
 		return
 	}
+	if c := a.Policy.Compression.Codec; c != nil {
+		// Before sealing: an envelope's bytes do not compress.
+		resp = c.Compress(resp)
+	}
 	if a.Policy.Encrypt {
 		sealed, err := a.srv.Sealer.Seal(a.ID, resp)
 		if err != nil {

@@ -99,11 +99,14 @@ type builder struct {
 	unset []string
 	// dropped are the list entries decoding left out (nodeIndex.dropped).
 	dropped map[string][]int
+	// dictLines is the line that names each dictionary file (the last
+	// one, when several do).
+	dictLines map[string]int
 }
 
 // newBuilder starts a build with the mistakes found while decoding.
 func newBuilder(file string, found problems, dropped map[string][]int) *builder {
-	b := &builder{file: file, errs: found, dropped: dropped}
+	b := &builder{file: file, errs: found, dropped: dropped, dictLines: map[string]int{}}
 	for _, p := range found {
 		if p.unset != "" {
 			b.unset = append(b.unset, p.unset)
@@ -140,6 +143,7 @@ func (b *builder) build(doc *document) *policy.Set {
 	base := policy.Default()
 	b.apply(base, &doc.Defaults, "defaults")
 	set := &policy.Set{}
+	var paths []string // of each policy of set, for codecs' messages
 	seen := map[string]string{}
 	for i, np := range doc.Policies {
 		path := b.entry("policies", i)
@@ -164,6 +168,7 @@ func (b *builder) build(doc *document) *policy.Set {
 		b.check(p, &np.settings, &doc.Defaults, path, np.Name.Line)
 		fill(p)
 		set.Policies = append(set.Policies, p)
+		paths = append(paths, path)
 	}
 	dp := &doc.DefaultPolicy
 	enabled := true
@@ -186,7 +191,9 @@ func (b *builder) build(doc *document) *policy.Set {
 	fill(p)
 	if enabled {
 		set.Policies = append(set.Policies, p)
+		paths = append(paths, "default_policy")
 	}
+	b.codecs(set, paths)
 	set.Homes = b.homes(&doc.Homes)
 	for _, p := range set.Policies {
 		p.Homes = set.Homes
@@ -224,6 +231,7 @@ func clone(p *policy.Policy) *policy.Policy {
 	c.KeyDerive = slices.Clone(p.KeyDerive)
 	c.FingerprintInclude = slices.Clone(p.FingerprintInclude)
 	c.FingerprintExclude = slices.Clone(p.FingerprintExclude)
+	c.Compression.PreviousDictionaries = slices.Clone(p.Compression.PreviousDictionaries)
 	return &c
 }
 

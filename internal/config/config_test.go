@@ -153,6 +153,12 @@ func TestMistakesNameFileLineAndField(t *testing.T) {
 		{"bad warn_until", "defaults:\n  key: {required: true, warn_until: next monday}\n", []string{"bad.yaml:2:", "defaults.key.warn_until", "RFC 3339"}},
 		{"warn_until without required", "policies:\n  - name: a\n    match: {methods: [POST]}\n    key:\n      warn_until: 2026-03-01\n", []string{"bad.yaml:5:", "policies[0].key.warn_until", "key.required: true"}},
 		{"adopt in shadow", "policies:\n  - name: a\n    match: {methods: [POST]}\n    enforcement: shadow\n    adopt_shadow_records: true\n", []string{"bad.yaml:5:", "policies[0].adopt_shadow_records", "enforcement: enforce"}},
+		{"bad compression mode", "defaults:\n  compression: {mode: gzip}\n", []string{"bad.yaml:2:", "defaults.compression.mode", `"gzip" is not one of zstd, off`}},
+		{"missing dictionary", "policies:\n  - name: a\n    match: {methods: [POST]}\n    compression:\n      dictionary: testdata/none.zdict\n",
+			[]string{"bad.yaml:5:", "policies[0].compression.dictionary", "testdata/none.zdict", "no such file"}},
+		{"not a dictionary", "defaults:\n  compression:\n    previous_dictionaries: [testdata/three-mistakes.yaml]\n",
+			[]string{"bad.yaml:3:", "default_policy.compression.previous_dictionaries[0]", "not a zstd dictionary"}},
+		{"empty dictionary name", "defaults:\n  compression: {dictionary: ''}\n", []string{"bad.yaml:2:", "defaults.compression.dictionary", "empty"}},
 		{"not YAML", "defaults: [\n", []string{"bad.yaml"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -441,5 +447,66 @@ func wantMistakes(t *testing.T, err error, want []string) {
 		if i >= len(lines) || !strings.HasPrefix(lines[i], w) {
 			t.Errorf("line %d: want it to start with\n\t%s\nthe error:\n%v", i+1, w, err)
 		}
+	}
+}
+
+// TestCompression: the compression group gives each policy its codec,
+// shared by policies that name the same dictionaries, and two
+// dictionaries with one id are a mistake at the line that names the
+// second.
+func TestCompression(t *testing.T) {
+	set, err := Parse("p.yaml", []byte(`
+policies:
+  - name: trained
+    match: {methods: [POST]}
+    compression:
+      dictionary: testdata/orders-40002.zdict
+      previous_dictionaries: [testdata/orders-40001.zdict]
+  - name: also-trained
+    match: {methods: [PUT]}
+    compression:
+      dictionary: testdata/orders-40002.zdict
+      previous_dictionaries: [testdata/orders-40001.zdict]
+  - name: off
+    match: {methods: [PATCH]}
+    compression: {mode: off}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	trained, also, off, def := set.Policies[0], set.Policies[1], set.Policies[2], set.Policies[3]
+	if trained.Compression.Codec == nil || trained.Compression.Codec != also.Compression.Codec {
+		t.Fatal("policies naming the same dictionaries do not share a codec")
+	}
+	if !off.Compression.Off || def.Compression.Off || def.Compression.Codec == nil || off.Compression.Codec == nil {
+		t.Fatalf("off %+v, default %+v", off.Compression, def.Compression)
+	}
+	r := idem.Response{Status: 200, Body: []byte(strings.Repeat(`{"id":"pi_1","object":"payment_intent"}`, 10))}
+	z := trained.Compression.Codec.Compress(r)
+	if !z.Compressed {
+		t.Fatal("the trained policy did not compress")
+	}
+	// Off writes nothing compressed, and still reads what was.
+	if off.Compression.Codec.Compress(r).Compressed {
+		t.Fatal("mode off compressed")
+	}
+	if _, err := def.Compression.Codec.Expand(def.Compression.Codec.Compress(r), 1<<20); err != nil {
+		t.Fatal(err)
+	}
+
+	other := filepath.Join(t.TempDir(), "other-40001.zdict")
+	raw, err := os.ReadFile("testdata/orders-40001.zdict")
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw[len(raw)-1] ^= 1 // same id, other content
+	if err := os.WriteFile(other, raw, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err = Parse("bad.yaml", []byte("defaults:\n  compression:\n    dictionary: testdata/orders-40001.zdict\n"+
+		"    previous_dictionaries: ["+other+"]\n"))
+	if err == nil || !strings.Contains(err.Error(), "bad.yaml:4: default_policy.compression: compress: dictionaries") ||
+		!strings.Contains(err.Error(), "same id 40001") {
+		t.Fatalf("same id: %v", err)
 	}
 }

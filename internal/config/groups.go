@@ -17,6 +17,7 @@ func (b *builder) apply(p *policy.Policy, s *settings, path string) {
 	b.key(&p.KeyRules, s, path)
 	b.scope(p, &s.Scope, path+".scope")
 	b.bodies(&p.BodyRules, s, path)
+	b.compression(&p.Compression, s, path)
 	b.durability(&p.DurabilityRules, s, path)
 	b.rollout(&p.RolloutRules, s, path)
 	b.responses(&p.Responses, s, path)

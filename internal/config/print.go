@@ -188,6 +188,13 @@ func unapply(s *settings, p *policy.Policy) error {
 		Exclude: pointerList(p.FingerprintExclude),
 	}
 	s.StoredHeaders.Deny = list(p.StoredHeaderDeny)
+	s.Compression.Mode = keep(compressionModes.name(p.Compression.Off))
+	if p.Compression.Dictionary != "" {
+		s.Compression.Dictionary = str(p.Compression.Dictionary)
+	}
+	if len(p.Compression.PreviousDictionaries) > 0 {
+		s.Compression.PreviousDictionaries = list(p.Compression.PreviousDictionaries)
+	}
 
 	// durability
 	s.Retention = durScalar(p.Retention)

@@ -27,6 +27,17 @@ homes:
     - {scopes: [globex], region: ap-south, moved_from: eu-west, moved_at: '2026-11-30T10:00:00Z'}
     - {scopes: [initech], region: us-east, moved_from: ap-south, moved_at: '2026-12-01T08:00:00Z', lost: true}
 `,
+	"compression": `
+policies:
+  - name: trained
+    match: {methods: [POST]}
+    compression:
+      dictionary: testdata/orders-40002.zdict
+      previous_dictionaries: [testdata/orders-40001.zdict]
+  - name: off
+    match: {methods: [PUT]}
+    compression: {mode: off}
+`,
 	"every scope and key source": `
 defaults:
   retention: 1h30m

@@ -170,6 +170,7 @@ type settings struct {
 	OnStreamReset   scalar           `yaml:"on_stream_reset,omitempty"`
 	OnLeaseExpiry   scalar           `yaml:"on_lease_expiry,omitempty"`
 	StoredHeaders   storedHeadersCfg `yaml:"stored_headers,omitempty"`
+	Compression     compressionCfg   `yaml:"compression,omitempty"`
 	WaitForInFlight scalar           `yaml:"wait_for_in_flight,omitempty"`
 	Encrypt         scalar           `yaml:"encrypt,omitempty"`
 	Durability      scalar           `yaml:"durability,omitempty"`

@@ -189,7 +189,7 @@ func (d *Daemon) openStore() error {
 		return fmt.Errorf("--redis-url: %w", err)
 	}
 	d.cleanup.push(func() { _ = rdb.Close() })
-	st := redisstore.New(rdb, redisstore.Options{CallTimeout: d.cfg.StoreTimeout})
+	st := redisstore.New(rdb, redisstore.Options{CallTimeout: d.cfg.StoreTimeout, BatchSlots: d.cfg.RedisBatchSlots})
 	d.store = st
 	d.cleanup.push(func() { _ = st.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)

@@ -132,6 +132,17 @@ type Sealer interface {
 	Open(id RecordID, r Response) (Response, error)
 }
 
+// Compressor compresses a response's headers and body before it is
+// sealed and stored, and expands a stored one back to the bytes the
+// upstream sent (package compress implements it). Compress returns the
+// response as it is where compressing does not pay; Expand returns an
+// uncompressed response as it is, and refuses one that would expand past
+// maxBody.
+type Compressor interface {
+	Compress(r Response) Response
+	Expand(r Response, maxBody int) (Response, error)
+}
+
 // ShadowDecisionFor names what enforcement would have done with a
 // reservation's outcome.
 func ShadowDecisionFor(o Outcome) ShadowDecision {

@@ -101,6 +101,11 @@ type Response struct {
 	// Sealed says Body holds the headers and body encrypted together (see
 	// package seal) and Headers is empty. Status stays readable.
 	Sealed bool
+	// Compressed says the headers and body were compressed together (see
+	// package compress) before any sealing: Body, once opened, holds the
+	// compressed frame and Headers is empty. A replay expands it back to
+	// the bytes the upstream sent.
+	Compressed bool
 }
 
 // Record is a stored record as Get returns it.

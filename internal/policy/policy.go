@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idem-extproc/idem-extproc/internal/compress"
 	"github.com/idem-extproc/idem-extproc/internal/fingerprint"
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/jsonpointer"
@@ -191,6 +192,40 @@ type BodyRules struct {
 	// StoredHeaderDeny lists response headers never stored or replayed, on
 	// top of the hop-by-hop ones (lower case).
 	StoredHeaderDeny []string
+	// Compression says how stored responses are compressed (compression).
+	Compression Compression
+}
+
+// Compression is the compression group: compression.mode,
+// compression.dictionary, compression.previous_dictionaries.
+type Compression struct {
+	// Off stores new responses uncompressed (compression.mode: off); the
+	// records compressed before still expand.
+	Off bool
+	// Dictionary is the file of the zstd dictionary that compresses new
+	// responses, as the configuration names it; empty for the built-in
+	// one.
+	Dictionary string
+	// PreviousDictionaries are the files of dictionaries used before,
+	// kept so that the records they compressed still expand.
+	PreviousDictionaries []string
+	// Codec compresses and expands the policy's responses as the fields
+	// above say (internal/config makes it). Nil stores every response
+	// uncompressed and expands none.
+	Codec idem.Compressor
+}
+
+// maxHeaderBytes bounds the headers an expanded response may carry
+// beside its body. It is this project's own margin, chosen generous: it
+// only keeps a record changed in the store from expanding without bound.
+const maxHeaderBytes = 8 << 20
+
+// MaxExpanded bounds what a compressed record of the policy may expand
+// to: its stored body and headers, and never less than the default body
+// limit, so that lowering max_stored_body does not strand the larger
+// answers stored before.
+func (p *Policy) MaxExpanded() int {
+	return max(p.MaxStoredBody, DefaultMaxBody) + maxHeaderBytes
 }
 
 // DurabilityRules are the durability group: how long a record lives, how
@@ -258,9 +293,9 @@ const (
 
 // Default returns the policy used when no configuration is given: POST and
 // PATCH with an optional Idempotency-Key (from the header), scoped by :authority, kept 24 h,
-// a 30 s lease, 1 MiB bodies, failing closed.
+// a 30 s lease, 1 MiB bodies compressed with the built-in dictionary, failing closed.
 func Default() *Policy {
-	return &Policy{
+	p := &Policy{
 		Name:  DefaultPolicyName,
 		Match: Match{Methods: []string{"POST", "PATCH"}},
 		KeyRules: KeyRules{
@@ -286,6 +321,13 @@ func Default() *Policy {
 			RetryAfter:    DefaultRetryAfter,
 		},
 	}
+	// New refuses only dictionaries it is not given here
+	// (TestDefaultCompresses): should it ever fail, the policy stores
+	// answers as they come, which costs memory and nothing else.
+	if c, err := compress.New(compress.Options{}); err == nil {
+		p.Compression.Codec = c
+	}
+	return p
 }
 
 // RecordNamespace is the name a policy's record ids derive from (see

@@ -2,6 +2,7 @@ package policy
 
 import (
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -50,5 +51,23 @@ func TestDefaultPolicyIsTheContract(t *testing.T) {
 	if p.Match.Hosts != nil || p.Match.RouteNames != nil || p.Match.PathExact != "" || p.Match.PathPrefix != "" ||
 		p.Match.PathRegex != nil {
 		t.Errorf("the default policy matches by method only: %+v", p.Match)
+	}
+}
+
+// TestDefaultCompresses: the built-in policy compresses answers with the
+// built-in dictionary and expands them back.
+func TestDefaultCompresses(t *testing.T) {
+	c := Default().Compression.Codec
+	if c == nil {
+		t.Fatal("the default policy has no compression codec")
+	}
+	r := idem.Response{Status: 201, Body: []byte(strings.Repeat(`{"id":"ord_1","status":"created"},`, 20))}
+	z := c.Compress(r)
+	if !z.Compressed || len(z.Body) >= len(r.Body) {
+		t.Fatalf("not compressed: %d bytes", len(z.Body))
+	}
+	back, err := c.Expand(z, 1<<20)
+	if err != nil || string(back.Body) != string(r.Body) {
+		t.Fatalf("expand: %v", err)
 	}
 }

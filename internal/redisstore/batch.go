@@ -10,12 +10,15 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// maxBatches bounds the batches in flight at once to one Redis node, each
-// on a pooled connection of its own. While they are all out, new calls
-// queue and leave together in the next batch: one write and one read for
-// all of them instead of one each. Chosen by BenchmarkConcurrentScripts
-// (docs/redis.md, "Pipelining").
-const maxBatches = 2
+// DefaultBatchSlots bounds the batches in flight at once to one Redis
+// node, each on a pooled connection of its own, unless Options.BatchSlots
+// says otherwise. While they are all out, new calls queue and leave
+// together in the next batch: one write and one read for all of them
+// instead of one each. Chosen on loopback by BenchmarkConcurrentScripts
+// (docs/redis.md, "Pipelining"); a Redis further away keeps each batch out
+// longer, and more slots let more of them overlap (the benchmark's rtt
+// variants measure it through a delay link).
+const DefaultBatchSlots = 2
 
 // batcher writes script calls of concurrent callers to Redis together
 // (pipelining), never waiting for a timer:
@@ -44,6 +47,7 @@ const maxBatches = 2
 type batcher struct {
 	rdb         redis.UniversalClient
 	callTimeout time.Duration // a batch's deadline when no caller has one
+	slots       int           // batches in flight at most (DefaultBatchSlots)
 
 	mu      sync.Mutex
 	pending []*scriptCall
@@ -63,7 +67,7 @@ type scriptCall struct {
 // run runs sc on keys as one call of ctx, alone or in a batch.
 func (b *batcher) run(ctx context.Context, sc *redis.Script, keys []string, args ...any) *redis.Cmd {
 	b.mu.Lock()
-	if len(b.pending) == 0 && b.busy < maxBatches {
+	if len(b.pending) == 0 && b.busy < b.slots {
 		b.busy++
 		b.mu.Unlock()
 		cmd := sc.Run(ctx, b.rdb, keys, args...)
@@ -250,8 +254,11 @@ type batchers struct {
 	byNode map[string]*batcher
 }
 
-func newBatchers(rdb redis.UniversalClient, callTimeout time.Duration) *batchers {
-	bs := &batchers{rdb: rdb, one: batcher{rdb: rdb, callTimeout: callTimeout}}
+func newBatchers(rdb redis.UniversalClient, callTimeout time.Duration, slots int) *batchers {
+	if slots <= 0 {
+		slots = DefaultBatchSlots
+	}
+	bs := &batchers{rdb: rdb, one: batcher{rdb: rdb, callTimeout: callTimeout, slots: slots}}
 	if cc, ok := rdb.(*redis.ClusterClient); ok {
 		bs.cluster, bs.byNode = cc, map[string]*batcher{}
 	}
@@ -274,7 +281,7 @@ func (bs *batchers) run(ctx context.Context, sc *redis.Script, keys []string, ar
 	bs.mu.Lock()
 	b := bs.byNode[addr]
 	if b == nil {
-		b = &batcher{rdb: bs.rdb, callTimeout: bs.one.callTimeout}
+		b = &batcher{rdb: bs.rdb, callTimeout: bs.one.callTimeout, slots: bs.one.slots}
 		bs.byNode[addr] = b
 	}
 	bs.mu.Unlock()

@@ -271,3 +271,63 @@ func TestBatchAfterScriptFlush(t *testing.T) {
 		t.Fatalf("%d EVALs, want %d batched reservations and 1 to %d renewals", n, queued, redisstore.MaxBatches)
 	}
 }
+
+// TestBatchSlotsOption: Options.BatchSlots sets how many calls run at
+// once before the next ones queue for a batch. With Redis hung, five
+// slots hold five calls on their own and the sixth waits in the queue;
+// once Redis answers, every call gets its reply.
+func TestBatchSlotsOption(t *testing.T) {
+	srv := redistest.Start(t, redistest.Options{})
+	rdb, err := redisstore.NewClient(srv.URL(), 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const slots = 5
+	s := redisstore.New(rdb, redisstore.Options{CallTimeout: 10 * time.Second, BatchSlots: slots})
+	t.Cleanup(func() {
+		_ = s.Close()
+		_ = rdb.Close()
+	})
+	ctx := context.Background()
+	if _, err := s.Reserve(ctx, plainReservation()); err != nil { // loads the script
+		t.Fatal(err)
+	}
+	srv.Freeze()
+	thawed := false
+	defer func() {
+		if !thawed {
+			srv.Thaw()
+		}
+	}()
+	var done []chan error
+	call := func() {
+		ch := make(chan error, 1)
+		go func() {
+			res, err := s.Reserve(ctx, plainReservation())
+			if err == nil && res.Outcome != idem.Reserved {
+				err = fmt.Errorf("outcome %v", res.Outcome)
+			}
+			ch <- err
+		}()
+		done = append(done, ch)
+	}
+	for range slots {
+		call()
+	}
+	testwait.Until(t, "every slot busy, none queued", func() bool {
+		b, q := redisstore.Batching(s)
+		return b == slots && q == 0
+	})
+	call()
+	testwait.Until(t, "one call queued behind the busy slots", func() bool {
+		b, q := redisstore.Batching(s)
+		return b == slots && q == 1
+	})
+	srv.Thaw()
+	thawed = true
+	for _, ch := range done {
+		if err := <-ch; err != nil {
+			t.Fatal(err)
+		}
+	}
+}

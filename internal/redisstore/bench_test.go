@@ -3,12 +3,15 @@ package redisstore_test
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/idem-extproc/idem-extproc/internal/compress"
+	"github.com/idem-extproc/idem-extproc/internal/corpus"
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/redisstore"
 	"github.com/idem-extproc/idem-extproc/internal/testing/redistest"
@@ -115,4 +118,123 @@ func processCPU(b *testing.B) time.Duration {
 		b.Fatal(err)
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// BenchmarkFirstWriteCorpus: a first write's store calls (reserve, then
+// complete) with the answers of the generated corpus (package corpus),
+// stored as they came or compressed first as the server compresses them,
+// with the built-in dictionary or one trained on the class. cpu-µs/op is
+// this process's CPU per write (compression and the client), the server's
+// share of the cost; redis-cpu-µs/op redis-server's; stored-bytes/op what
+// the record holds of the answer. From one stream: the figures are CPU,
+// not throughput. redis-cpu-µs/op counts clock ticks: use -benchtime of
+// at least 20000x for it.
+func BenchmarkFirstWriteCorpus(b *testing.B) {
+	srv := redistest.Start(b, redistest.Options{})
+	pid, err := strconv.Atoi(srv.Info(context.Background(), "server", "process_id"))
+	if err != nil {
+		b.Fatalf("redis-server pid: %v", err)
+	}
+	for _, c := range corpus.Classes {
+		answers := corpus.New(1).Answers(c, 256)
+		for _, mode := range []string{"uncompressed", "builtin", "trained"} {
+			b.Run(string(c)+"/"+mode, func(b *testing.B) {
+				var codec *compress.Codec
+				switch mode {
+				case "builtin":
+					codec = benchCodec(b, compress.Options{})
+				case "trained":
+					codec = benchCodec(b, compress.Options{Dictionary: benchDictionary(b, c)})
+				}
+				s := redistest.OpenStore(b, srv.URL(), time.Second)
+				ctx := context.Background()
+				var stored int
+				cpuBefore, redisBefore := processCPU(b), redisCPU(b, pid)
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					resp := answers[i%len(answers)]
+					if codec != nil {
+						resp = codec.Compress(resp)
+					}
+					stored += len(resp.Body)
+					if err := storeWrite(s, resp)(ctx); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.StopTimer()
+				b.ReportMetric(float64(processCPU(b)-cpuBefore)/float64(time.Microsecond)/float64(b.N), "cpu-µs/op")
+				b.ReportMetric(float64(redisCPU(b, pid)-redisBefore)/float64(time.Microsecond)/float64(b.N), "redis-cpu-µs/op")
+				b.ReportMetric(float64(stored)/float64(b.N), "stored-bytes/op")
+			})
+		}
+	}
+}
+
+func benchCodec(b *testing.B, o compress.Options) *compress.Codec {
+	c, err := compress.New(o)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(c.Close)
+	return c
+}
+
+// benchDictionary is a dictionary trained on 500 answers of class c
+// other than those written.
+func benchDictionary(b *testing.B, c corpus.Class) *compress.Dictionary {
+	var samples [][]byte
+	for _, r := range corpus.New(1000).Answers(c, 500) {
+		samples = append(samples, idem.AppendContents(nil, &r))
+	}
+	raw, err := compress.Train(samples, 40000, 16<<10)
+	if err != nil {
+		b.Fatal(err)
+	}
+	d, err := compress.ParseDictionary(string(c), raw)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return d
+}
+
+// BenchmarkScriptsOverDelay: a first write's reservation and completion,
+// as BenchmarkConcurrentScripts makes them, through a userspace delay link
+// (redistest.DelayLink) that adds half the round trip each way: 0 (the
+// link alone), 0.5, 1 and 2.5 ms, the distances to a Redis in the same
+// host, zone or another zone. From 8 and 32 streams; unbatched, and the
+// batcher with 2 slots (DefaultBatchSlots) and with 8. The modes take
+// turns within each round trip and stream count, -count times. A timing
+// comparison: run it on a quiet machine (docs/redis.md, "Pipelining").
+func BenchmarkScriptsOverDelay(b *testing.B) {
+	srv := redistest.Start(b, redistest.Options{})
+	link := redistest.NewDelayLink(b, srv.Addr())
+	resp := storetest.BenchResponse()
+	for _, rtt := range []time.Duration{0, 500 * time.Microsecond, time.Millisecond, 2500 * time.Microsecond} {
+		link.SetDelay(rtt/2, rtt/2)
+		for _, streams := range []int{8, 32} {
+			for _, mode := range []string{"unbatched", "slots=2", "slots=8"} {
+				b.Run(fmt.Sprintf("rtt=%v/streams=%d/%s", rtt, streams, mode), func(b *testing.B) {
+					slots := 0
+					if _, err := fmt.Sscanf(mode, "slots=%d", &slots); err != nil && mode != "unbatched" {
+						b.Fatal(err)
+					}
+					rdb, err := redisstore.NewClient(link.URL(), 5*time.Second)
+					if err != nil {
+						b.Fatal(err)
+					}
+					s := redisstore.New(rdb, redisstore.Options{CallTimeout: 5 * time.Second, BatchSlots: slots})
+					b.Cleanup(func() {
+						_ = s.Close()
+						_ = rdb.Close()
+					})
+					if mode == "unbatched" {
+						redisstore.Unbatched(s)
+					}
+					cpuBefore := processCPU(b)
+					runConcurrently(b, streams, storeWrite(s, resp))
+					b.ReportMetric(float64(processCPU(b)-cpuBefore)/float64(time.Microsecond)/float64(b.N), "cpu-µs/op")
+				})
+			}
+		}
+	}
 }

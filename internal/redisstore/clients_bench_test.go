@@ -8,11 +8,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/procfs"
 	"github.com/redis/rueidis"
 
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/redisstore"
-	"github.com/idem-extproc/idem-extproc/internal/testing/procstat"
 	"github.com/idem-extproc/idem-extproc/internal/testing/redistest"
 	"github.com/idem-extproc/idem-extproc/internal/testing/storetest"
 )
@@ -125,11 +125,16 @@ func ruArgs(args []any) []string {
 	return out
 }
 
-// redisCPU is redis-server's CPU time so far (procstat.CPU).
+// redisCPU is redis-server's CPU time so far: utime and stime of
+// /proc/<pid>/stat, in clock ticks of 10 ms (procfs.ProcStat.CPUTime).
 func redisCPU(b *testing.B, pid int) time.Duration {
-	d, err := procstat.CPU(pid)
+	p, err := procfs.NewProc(pid)
 	if err != nil {
 		b.Fatal(err)
 	}
-	return d
+	st, err := p.Stat()
+	if err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(st.CPUTime() * float64(time.Second))
 }

@@ -108,6 +108,9 @@ func lenString[T ~string | ~[]byte](b T) (string, T, error) {
 const (
 	flagBodyOmitted = 1 << iota
 	flagSealed
+	// flagCompressed: the body is a compressed frame (package compress).
+	// Records written before it existed have the bit clear.
+	flagCompressed
 )
 
 func encodeFlags(r *idem.Response) byte {
@@ -118,12 +121,16 @@ func encodeFlags(r *idem.Response) byte {
 	if r.Sealed {
 		f |= flagSealed
 	}
+	if r.Compressed {
+		f |= flagCompressed
+	}
 	return f
 }
 
 func decodeFlags(f byte, r *idem.Response) {
 	r.BodyOmitted = f&flagBodyOmitted != 0
 	r.Sealed = f&flagSealed != 0
+	r.Compressed = f&flagCompressed != 0
 }
 
 // encodeResponseHead packs what comes before a response's body: uvarint

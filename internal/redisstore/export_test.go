@@ -1,5 +1,7 @@
 package redisstore
 
+import "github.com/idem-extproc/idem-extproc/internal/idem"
+
 // Unbatched makes every script call of s run on its own, as before
 // batching, for tests and benchmarks that compare the two.
 func Unbatched(s *Store) *Store { s.batch = nil; return s }
@@ -13,11 +15,14 @@ func Batching(s *Store) (busy, queued int) {
 	return b.busy, len(b.pending)
 }
 
-// MaxBatches is maxBatches, for tests that fill every slot.
-const MaxBatches = maxBatches
+// MaxBatches is DefaultBatchSlots, for tests that fill every slot.
+const MaxBatches = DefaultBatchSlots
 
 // ReserveArgs and CompleteArgs are the ARGV the store sends.
 var (
 	ReserveArgs  = reserveArgs
 	CompleteArgs = completeArgs
 )
+
+// EncodeHead is the response head as the store writes it.
+func EncodeHead(r *idem.Response) []byte { return encodeResponseHead(r) }

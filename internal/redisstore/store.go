@@ -129,6 +129,9 @@ type Options struct {
 	// CallTimeout bounds each call, on top of the caller's deadline;
 	// idem.DefaultStoreTimeout when zero.
 	CallTimeout time.Duration
+	// BatchSlots bounds the batches of script calls in flight at once to
+	// one Redis primary (batch.go); DefaultBatchSlots when zero.
+	BatchSlots int
 }
 
 // Store implements idem.Store on a go-redis UniversalClient: standalone,
@@ -153,7 +156,7 @@ func New(rdb redis.UniversalClient, opts Options) *Store {
 	if st.callTimeout <= 0 {
 		st.callTimeout = idem.DefaultStoreTimeout
 	}
-	st.batch = newBatchers(rdb, st.callTimeout)
+	st.batch = newBatchers(rdb, st.callTimeout, opts.BatchSlots)
 	return st
 }
 

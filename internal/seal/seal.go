@@ -38,7 +38,6 @@ package seal
 
 import (
 	"bufio"
-	"bytes"
 	"crypto/aes"
 	"crypto/cipher"
 	"crypto/hkdf"
@@ -216,7 +215,7 @@ func (r *Ring) ActiveKey() string {
 }
 
 // aadV1 is version 1's associated data: the record id, status and
-// body-omitted flag.
+// flags (appendFlags).
 func aadV1(id idem.RecordID, resp *idem.Response) []byte {
 	b := make([]byte, 0, 64)
 	b = append(b, "idem-extproc seal v1\x00"...)
@@ -226,7 +225,7 @@ func aadV1(id idem.RecordID, resp *idem.Response) []byte {
 }
 
 // aadV2 is version 2's associated data: the envelope's header (version
-// and key id), then the record id, status and body-omitted flag.
+// and key id), then the record id, status and flags (appendFlags).
 func aadV2(header []byte, id idem.RecordID, resp *idem.Response) []byte {
 	b := make([]byte, 0, 64+len(header))
 	b = append(b, "idem-extproc seal v2\x00"...)
@@ -237,11 +236,21 @@ func aadV2(header []byte, id idem.RecordID, resp *idem.Response) []byte {
 	return appendFlags(b, resp)
 }
 
+// appendFlags binds the flags that say how to read the contents: bit 0
+// body omitted, bit 1 compressed. An envelope sealed before compression
+// existed has bit 1 clear and its byte is unchanged (0 or 1), so it still
+// opens; a compressed flag set or cleared in the store by someone without
+// the key makes the envelope fail to open instead of replaying a frame as
+// a body, or a body as a frame.
 func appendFlags(b []byte, resp *idem.Response) []byte {
+	var f byte
 	if resp.BodyOmitted {
-		return append(b, 1)
+		f |= 1
 	}
-	return append(b, 0)
+	if resp.Compressed {
+		f |= 2
+	}
+	return append(b, f)
 }
 
 // Seal encrypts resp's headers and body for the record id, in a version-2
@@ -265,7 +274,7 @@ func (r *Ring) Seal(id idem.RecordID, resp idem.Response) (idem.Response, error)
 		return idem.Response{}, fmt.Errorf("seal: nonce: %w", err)
 	}
 	env = env[:len(env)+aead.NonceSize()]
-	out := idem.Response{Status: resp.Status, BodyOmitted: resp.BodyOmitted, Sealed: true}
+	out := idem.Response{Status: resp.Status, BodyOmitted: resp.BodyOmitted, Compressed: resp.Compressed, Sealed: true}
 	out.Body = aead.Seal(env, nonce, plain, aadV2(header, id, &out))
 	return out, nil
 }
@@ -314,54 +323,19 @@ func (r *Ring) Open(id idem.RecordID, resp idem.Response) (idem.Response, error)
 	if err != nil {
 		return idem.Response{}, fmt.Errorf("%w: %w", ErrOpen, err)
 	}
-	out.Status, out.BodyOmitted = resp.Status, resp.BodyOmitted
+	out.Status, out.BodyOmitted, out.Compressed = resp.Status, resp.BodyOmitted, resp.Compressed
 	return out, nil
 }
 
-// encodeContents is what an envelope encrypts, the same in every version:
-// uvarint header count, per header uvarint name length, name, uvarint
-// value length, value; then the body.
+// encodeContents is what an envelope encrypts, the same in every version
+// (idem.AppendContents).
 func encodeContents(resp idem.Response) []byte {
-	plain := binary.AppendUvarint(nil, uint64(len(resp.Headers)))
-	for _, h := range resp.Headers {
-		plain = binary.AppendUvarint(plain, uint64(len(h.Name)))
-		plain = append(plain, h.Name...)
-		plain = binary.AppendUvarint(plain, uint64(len(h.Value)))
-		plain = append(plain, h.Value...)
-	}
-	return append(plain, resp.Body...)
+	return idem.AppendContents(make([]byte, 0, idem.ContentsSize(&resp)), &resp)
 }
 
 // decodeContents reverses encodeContents. Only authenticated plaintext
-// reaches it, yet it checks every length: a key that leaked lets anyone
-// seal anything.
+// reaches it, yet idem.ParseContents checks every length: a key that
+// leaked lets anyone seal anything.
 func decodeContents(plain []byte) (idem.Response, error) {
-	var out idem.Response
-	rd := bytes.NewReader(plain)
-	n, err := binary.ReadUvarint(rd)
-	if err != nil || n > uint64(len(plain)) {
-		return idem.Response{}, errors.New("malformed contents: header count")
-	}
-	for range n {
-		name, err1 := readString(rd)
-		value, err2 := readString(rd)
-		if err1 != nil || err2 != nil {
-			return idem.Response{}, errors.New("malformed contents: a header runs past the end")
-		}
-		out.Headers = append(out.Headers, idem.Header{Name: name, Value: value})
-	}
-	if rd.Len() > 0 {
-		out.Body = plain[len(plain)-rd.Len():]
-	}
-	return out, nil
-}
-
-func readString(rd *bytes.Reader) (string, error) {
-	n, err := binary.ReadUvarint(rd)
-	if err != nil || n > uint64(rd.Len()) {
-		return "", errors.New("short")
-	}
-	b := make([]byte, n)
-	_, _ = rd.Read(b)
-	return string(b), nil
+	return idem.ParseContents(plain)
 }

@@ -75,6 +75,21 @@ func TestRoundTrip(t *testing.T) {
 	if err != nil || !o2.BodyOmitted || len(o2.Body) != 0 || len(o2.Headers) != 3 {
 		t.Fatalf("headers-only: %+v %v", o2, err)
 	}
+	// A compressed response keeps its flag through the envelope, and the
+	// flag is bound: cleared, the envelope does not open.
+	cz := idem.Response{Status: 201, Body: []byte("\x01frame"), Compressed: true}
+	s3, _ := r.Seal(id, cz)
+	if !s3.Compressed {
+		t.Fatalf("sealed compressed response lost its flag: %+v", s3)
+	}
+	o3, err := r.Open(id, s3)
+	if err != nil || !o3.Compressed || string(o3.Body) != "\x01frame" || len(o3.Headers) != 0 {
+		t.Fatalf("compressed: %+v %v", o3, err)
+	}
+	s3.Compressed = false
+	if _, err := r.Open(id, s3); !errors.Is(err, ErrOpen) {
+		t.Fatalf("compressed flag cleared: Open = %v, want ErrOpen", err)
+	}
 	// An unsealed response passes through Open unchanged.
 	if plain, err := r.Open(id, resp); err != nil || string(plain.Body) != string(resp.Body) {
 		t.Fatal("Open of an unsealed response changed it")
@@ -103,6 +118,7 @@ func TestTamperingAndMisuseDoNotOpen(t *testing.T) {
 		},
 		"status changed":          func(s idem.Response) (idem.RecordID, idem.Response) { s.Status = 200; return id, s },
 		"body-omitted flag added": func(s idem.Response) (idem.RecordID, idem.Response) { s.BodyOmitted = true; return id, s },
+		"compressed flag added":   func(s idem.Response) (idem.RecordID, idem.Response) { s.Compressed = true; return id, s },
 		"truncated":               func(s idem.Response) (idem.RecordID, idem.Response) { s.Body = s.Body[:10]; return id, s },
 		"empty":                   func(s idem.Response) (idem.RecordID, idem.Response) { s.Body = nil; return id, s },
 		"unknown version": func(s idem.Response) (idem.RecordID, idem.Response) {

@@ -158,6 +158,13 @@ func TestShadowNeverBlocksAndCountsWhatEnforceWould(t *testing.T) {
 	// The shadow record holds the first attempt's response, not the
 	// duplicate's, and never the shadow header.
 	rec, err := env.Store.Get(context.Background(), idem.RecordIDFor("shadowed#shadow", "", "a"))
+	if err == nil && rec.Response != nil {
+		// Stored compressed (compression.mode defaults to zstd): what it
+		// holds is what it expands to.
+		var open idem.Response
+		open, err = policy.Default().Compression.Codec.Expand(*rec.Response, 1<<20)
+		rec.Response = &open
+	}
 	if err != nil || rec.State != idem.StateCompleted || string(rec.Response.Body) != shadowed[0].Body || shadowed[1].Body == shadowed[0].Body {
 		t.Fatalf("shadow record %+v (err %v); first answer %s, duplicate %s", rec, err, shadowed[0].Body, shadowed[1].Body)
 	}

@@ -185,12 +185,14 @@ var cases = []contractCase{
 		}
 		assertResponse(t, rec.Response, want)
 	}},
-	{"empty, omitted and sealed bodies are kept apart", func(t *testing.T, s idem.Store) {
+	{"empty, omitted, sealed and compressed bodies are kept apart", func(t *testing.T, s idem.Store) {
 		for _, want := range []idem.Response{
 			{Status: 204},
 			{Status: 200, Headers: []idem.Header{{Name: "content-type", Value: "text/plain"}}, BodyOmitted: true},
 			{Status: 201, Body: []byte("\x01sealed-envelope"), Sealed: true},
 			{Status: 201, Body: []byte("\x01sealed-headers-only"), Sealed: true, BodyOmitted: true},
+			{Status: 201, Body: []byte("\x01compressed-frame"), Compressed: true},
+			{Status: 201, Body: []byte("\x02sealed-compressed"), Sealed: true, Compressed: true},
 		} {
 			id, tok := newID(), idem.NewToken()
 			mustReserve(t, s, reservation(id, fpA, tok, longLease), idem.Reserved, 1)
@@ -676,9 +678,11 @@ func assertResponse(t *testing.T, got *idem.Response, want idem.Response) {
 	if got == nil {
 		t.Fatal("no response")
 	}
-	if got.Status != want.Status || got.BodyOmitted != want.BodyOmitted || got.Sealed != want.Sealed || string(got.Body) != string(want.Body) {
-		t.Fatalf("response = %d %q omitted=%v, want %d %q omitted=%v",
-			got.Status, got.Body, got.BodyOmitted, want.Status, want.Body, want.BodyOmitted)
+	if got.Status != want.Status || got.BodyOmitted != want.BodyOmitted || got.Sealed != want.Sealed ||
+		got.Compressed != want.Compressed || string(got.Body) != string(want.Body) {
+		t.Fatalf("response = %d %q omitted=%v sealed=%v compressed=%v, want %d %q omitted=%v sealed=%v compressed=%v",
+			got.Status, got.Body, got.BodyOmitted, got.Sealed, got.Compressed,
+			want.Status, want.Body, want.BodyOmitted, want.Sealed, want.Compressed)
 	}
 	if len(got.Headers) != len(want.Headers) {
 		t.Fatalf("headers = %v, want %v", got.Headers, want.Headers)

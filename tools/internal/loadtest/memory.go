@@ -89,6 +89,13 @@ func newMemoryProbe(r *redisServer, rdb redis.UniversalClient, st *redisstore.St
 	resp := idem.Response{Status: wl.upstreamStatus, Body: respBody, Headers: []idem.Header{
 		{Name: "content-type", Value: wl.contentType}, {Name: "location", Value: wl.upstreamLocation},
 	}}
+	// Compressed as the default policy compresses it before storing. The
+	// load tool's body repeats one byte and compresses to almost nothing:
+	// the figures of realistic answers are TestMemoryPerRecord's
+	// (internal/redisstore).
+	if c := pol.Compression.Codec; c != nil {
+		resp = c.Compress(resp)
+	}
 	prefix := "memory-" + strconv.FormatInt(time.Now().UnixNano(), 10) + "-"
 	return &memoryProbe{r: r, rdb: rdb, st: st, pol: pol, wl: wl, fp: fp, resp: resp, prefix: prefix}
 }

@@ -15,8 +15,6 @@ import (
 	"sync"
 	"syscall"
 	"time"
-
-	"github.com/idem-extproc/idem-extproc/internal/testing/procstat"
 )
 
 // server is one ext_proc server under test, in a process of its own.
@@ -41,7 +39,7 @@ func (s *server) sinkCPU() time.Duration {
 	if s.sink == nil {
 		return 0
 	}
-	d, _ := procstat.CPU(s.sink.Process.Pid)
+	d, _ := procCPU(s.sink.Process.Pid)
 	return d
 }
 

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/idem-extproc/idem-extproc/internal/redisstore"
-	"github.com/idem-extproc/idem-extproc/internal/testing/procstat"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -230,7 +229,7 @@ func (r *redisServer) cpu() (time.Duration, bool) {
 	}
 	var total time.Duration
 	for _, p := range procs {
-		d, err := procstat.CPU(p.pid())
+		d, err := procCPU(p.pid())
 		if err != nil {
 			return 0, false
 		}

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/idem-extproc/idem-extproc/internal/testing/envoysim"
-	"github.com/idem-extproc/idem-extproc/internal/testing/procstat"
 )
 
 // runResult is one measured run of one scenario against one server.
@@ -441,14 +440,14 @@ func measureSlice(ctx context.Context, cfg *config, st *scenarioState, rs *redis
 			scrape(i)
 		}
 		var err error
-		cpu[i], err = procstat.CPU(st.srv.pid())
+		cpu[i], err = procCPU(st.srv.pid())
 		errs[i] = errors.Join(errs[i], err)
-		syscr[i], syscw[i], _ = procstat.Syscalls(st.srv.pid())
+		syscr[i], syscw[i], _ = procSyscalls(st.srv.pid())
 		sinkCPU[i] = st.srv.sinkCPU()
 		if rs != nil {
 			redisCPU[i], _ = rs.cpu()
 		}
-		driverCPU[i], _ = procstat.CPU(os.Getpid())
+		driverCPU[i], _ = procCPU(os.Getpid())
 		if !start {
 			scrape(i)
 		}

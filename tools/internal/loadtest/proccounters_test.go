@@ -1,4 +1,4 @@
-package procstat
+package loadtest
 
 import (
 	"os"
@@ -6,23 +6,26 @@ import (
 	"time"
 )
 
+// clockTick is the step of procCPU (USER_HZ = 100).
+const clockTick = 10 * time.Millisecond
+
 // TestCountersOfThisProcess: the counters read this very process, and grow
 // as it works: CPU while it spins (by at least a clock tick before a
 // generous deadline that only a stuck counter reaches), the write calls by
 // the writes it makes.
 func TestCountersOfThisProcess(t *testing.T) {
 	pid := os.Getpid()
-	cpu0, err := CPU(pid)
+	cpu0, err := procCPU(pid)
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, w0, err := Syscalls(pid)
+	_, w0, err := procSyscalls(pid)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var cpu1 time.Duration
 	for end := time.Now().Add(time.Minute); cpu1-cpu0 < clockTick && time.Now().Before(end); {
-		if cpu1, err = CPU(pid); err != nil {
+		if cpu1, err = procCPU(pid); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -39,7 +42,7 @@ func TestCountersOfThisProcess(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	_, w1, err := Syscalls(pid)
+	_, w1, err := procSyscalls(pid)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,10 +52,10 @@ func TestCountersOfThisProcess(t *testing.T) {
 }
 
 func TestNoSuchProcess(t *testing.T) {
-	if _, err := CPU(-1); err == nil {
+	if _, err := procCPU(-1); err == nil {
 		t.Error("CPU of pid -1: no error")
 	}
-	if _, _, err := Syscalls(-1); err == nil {
-		t.Error("Syscalls of pid -1: no error")
+	if _, _, err := procSyscalls(-1); err == nil {
+		t.Error("syscalls of pid -1: no error")
 	}
 }

@@ -1,0 +1,204 @@
+package compress
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/idem-extproc/idem-extproc/internal/corpus"
+	"github.com/idem-extproc/idem-extproc/internal/idem"
+)
+
+var update = flag.Bool("update", false, "rewrite testdata/builtin-object.frame (only with a new built-in dictionary id)")
+
+func newCodec(t testing.TB, o Options) *Codec {
+	t.Helper()
+	c, err := New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c
+}
+
+func same(a, b idem.Response) bool {
+	return a.Status == b.Status && a.BodyOmitted == b.BodyOmitted && bytes.Equal(a.Body, b.Body) &&
+		slices.Equal(a.Headers, b.Headers)
+}
+
+func trainedDict(t testing.TB, c corpus.Class, id uint32) *Dictionary {
+	t.Helper()
+	var samples [][]byte
+	for _, r := range corpus.New(uint64(id)).Answers(c, 300) {
+		samples = append(samples, idem.AppendContents(nil, &r))
+	}
+	raw, err := Train(samples, id, 16<<10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := ParseDictionary("test", raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+// TestRoundTrip: every class of answer, with the built-in dictionary and a
+// trained one, expands to the very status, headers and body it was.
+func TestRoundTrip(t *testing.T) {
+	for _, c := range corpus.Classes {
+		t.Run(string(c), func(t *testing.T) {
+			for name, codec := range map[string]*Codec{
+				"builtin": newCodec(t, Options{}),
+				"trained": newCodec(t, Options{Dictionary: trainedDict(t, c, 50000)}),
+			} {
+				for _, want := range corpus.New(1).Answers(c, 50) {
+					z := codec.Compress(want)
+					if !z.Compressed || z.Status != want.Status || len(z.Headers) != 0 {
+						t.Fatalf("%s: %d bytes not compressed: %+v", name, idem.ContentsSize(&want), z)
+					}
+					if z.Body[0] != formatZstdBare || [4]byte(z.Body[1:5]) == zstdMagic {
+						t.Fatalf("%s: a new frame is format %d and starts % x", name, z.Body[0], z.Body[1:5])
+					}
+					got, err := codec.Expand(z, corpus.MaxBody+4096)
+					if err != nil {
+						t.Fatalf("%s: %v", name, err)
+					}
+					if !same(got, want) {
+						t.Fatalf("%s: expanded %+v\nwant %+v", name, got, want)
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestCompressLeavesAlone what compressing cannot or need not touch.
+func TestCompressLeavesAlone(t *testing.T) {
+	c := newCodec(t, Options{})
+	big := corpus.New(1).Answer(corpus.Object)
+	for name, r := range map[string]idem.Response{
+		"small":      {Status: 201, Body: []byte(`{"id":"1"}`), Headers: []idem.Header{{Name: "content-type", Value: "application/json"}}},
+		"empty":      {Status: 204},
+		"omitted":    {Status: 200, Headers: big.Headers, BodyOmitted: true},
+		"sealed":     {Status: 200, Body: big.Body, Sealed: true},
+		"compressed": {Status: 200, Body: big.Body, Compressed: true},
+		// Random bytes do not compress: the frame would be larger.
+		"incompressible": {Status: 200, Body: randomBytes(4096)},
+	} {
+		if got := c.Compress(r); !same(got, r) || got.Compressed != r.Compressed || got.Sealed != r.Sealed {
+			t.Errorf("%s: Compress changed it to %+v", name, got)
+		}
+	}
+	var off *Codec
+	if got := off.Compress(big); got.Compressed {
+		t.Error("a nil codec compressed")
+	}
+}
+
+func randomBytes(n int) []byte {
+	b := make([]byte, n)
+	x := uint64(0x9e3779b97f4a7c15)
+	for i := range b {
+		x ^= x << 13
+		x ^= x >> 7
+		x ^= x << 17
+		b[i] = byte(x)
+	}
+	return b
+}
+
+// TestExpandRefuses frames it must not replay.
+func TestExpandRefuses(t *testing.T) {
+	trainedCodec := newCodec(t, Options{Dictionary: trainedDict(t, corpus.Object, 50001)})
+	builtin := newCodec(t, Options{})
+	r := corpus.New(2).Answer(corpus.Object)
+	z := trainedCodec.Compress(r)
+	zb := builtin.Compress(r)
+	for name, tc := range map[string]struct {
+		codec *Codec
+		r     idem.Response
+		max   int
+		want  string
+	}{
+		"unknown dictionary": {builtin, z, 1 << 20, "needs dictionary 50001"},
+		"past the limit":     {builtin, zb, 100, "exceeds the limit of 100"},
+		"unknown format":     {builtin, idem.Response{Status: 200, Body: append([]byte{9}, zb.Body[1:]...), Compressed: true}, 1 << 20, "unknown format"},
+		"empty":              {builtin, idem.Response{Status: 200, Compressed: true}, 1 << 20, "unknown format"},
+		"truncated":          {builtin, idem.Response{Status: 200, Body: zb.Body[:len(zb.Body)-9], Compressed: true}, 1 << 20, ""},
+		"still sealed":       {builtin, idem.Response{Status: 200, Body: zb.Body, Compressed: true, Sealed: true}, 1 << 20, "still sealed"},
+		"no codec":           {nil, zb, 1 << 20, "compression is off"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err := tc.codec.Expand(tc.r, tc.max)
+			if !errors.Is(err, ErrExpand) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Expand = %v, want ErrExpand with %q", err, tc.want)
+			}
+		})
+	}
+	// An uncompressed response passes through.
+	if got, err := builtin.Expand(r, 10); err != nil || !same(got, r) {
+		t.Fatalf("uncompressed: %v", err)
+	}
+}
+
+// TestBuiltinDictionaryIsFixed: records in a store name the built-in
+// dictionary by its id, so its bytes can never change under that id; a
+// frame compressed with it when it was made (a whole frame, format 1, as
+// the first compressed records were written) keeps expanding.
+func TestBuiltinDictionaryIsFixed(t *testing.T) {
+	sum := sha256.Sum256([]byte(builtinVocabulary))
+	const want = "67bbffdd5e267c537b52674f374a79a4ee51815531f3976c668f8bbe49893abe"
+	if got := hex.EncodeToString(sum[:]); got != want {
+		t.Fatalf("built-in dictionary %d changed: sha256 %s, was %s; a new vocabulary needs a new id, "+
+			"the old one kept for reading", BuiltinID, got, want)
+	}
+	c := newCodec(t, Options{})
+	r := corpus.New(7).Answer(corpus.Object)
+	const fixture = "testdata/builtin-object.frame"
+	if *update {
+		if err := os.WriteFile(fixture, c.Compress(r).Body, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	frame, err := os.ReadFile(fixture)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := c.Expand(idem.Response{Status: r.Status, Body: frame, Compressed: true}, 1<<20)
+	if err != nil || !same(got, r) {
+		t.Fatalf("fixed frame: %v\n%+v", err, got)
+	}
+}
+
+// TestDictionaryMistakes: what ParseDictionary and New refuse.
+func TestDictionaryMistakes(t *testing.T) {
+	d := trainedDict(t, corpus.Error, 50002)
+	if _, err := ParseDictionary("plain.txt", []byte("just some text, not a dictionary")); err == nil ||
+		!strings.Contains(err.Error(), "plain.txt: not a zstd dictionary") {
+		t.Errorf("text: %v", err)
+	}
+	low := slices.Clone(d.raw)
+	low[4], low[5], low[6], low[7] = 5, 0, 0, 0 // id 5: a reserved one
+	if _, err := ParseDictionary("low", low); err == nil || !strings.Contains(err.Error(), "id 5 is outside") {
+		t.Errorf("low id: %v", err)
+	}
+	other := trainedDict(t, corpus.Object, 50002)
+	other.source = "other"
+	if _, err := New(Options{Dictionary: d, Previous: []*Dictionary{other}}); err == nil ||
+		!strings.Contains(err.Error(), "same id 50002") {
+		t.Errorf("same id: %v", err)
+	}
+	if _, err := Train([][]byte{[]byte("a")}, 50003, 4096); err == nil {
+		t.Error("one sample trained a dictionary")
+	}
+	if _, err := Train(nil, 7, 4096); err == nil {
+		t.Error("id 7 trained a dictionary")
+	}
+}

@@ -1,0 +1,100 @@
+package compress
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+
+	"github.com/klauspost/compress/dict"
+	"github.com/klauspost/compress/zstd"
+)
+
+// Dictionary is a zstd dictionary: the built-in one, or one trained on a
+// route's own answers (Train) and named in a policy.
+type Dictionary struct {
+	id uint32
+	// raw is the dictionary as its file holds it (zstd's dictionary
+	// format), or, for the built-in one, its bare content.
+	raw    []byte
+	isRaw  bool
+	source string
+}
+
+// ID is the dictionary's id, which every frame compressed with it names.
+func (d *Dictionary) ID() uint32 { return d.id }
+
+// Source says where the dictionary came from, for messages.
+func (d *Dictionary) Source() string { return d.source }
+
+// Size is the dictionary's length in bytes.
+func (d *Dictionary) Size() int { return len(d.raw) }
+
+func (d *Dictionary) encoderOption() zstd.EOption {
+	if d.isRaw {
+		return zstd.WithEncoderDictRaw(d.id, d.raw)
+	}
+	return zstd.WithEncoderDict(d.raw)
+}
+
+func (d *Dictionary) decoderOption() zstd.DOption {
+	if d.isRaw {
+		return zstd.WithDecoderDictRaw(d.id, d.raw)
+	}
+	return zstd.WithDecoderDicts(d.raw)
+}
+
+// dictMagic starts a dictionary in zstd's format (RFC 8878 §5,
+// Magic_Number 0xEC30A437, little-endian), followed by its 4-byte id.
+const dictMagic = 0xEC30A437
+
+// Ids a trained dictionary may have. RFC 8878 §5 leaves every id to
+// private use and reserves, for dictionaries shared in public, those up
+// to 32767 and from 2^31; the trained ones keep out of both, and of the
+// built-in one's.
+const (
+	MinTrainedID = 32768
+	MaxTrainedID = 1<<31 - 1
+)
+
+// ParseDictionary reads a dictionary in zstd's format, as Train and
+// `zstd --train` write it. source names it in messages (its file).
+func ParseDictionary(source string, b []byte) (*Dictionary, error) {
+	if len(b) < 8 || binary.LittleEndian.Uint32(b) != dictMagic {
+		return nil, fmt.Errorf("%s: not a zstd dictionary (it must start with the magic number 0xEC30A437; make one with `idem-extproc compress train`)", source)
+	}
+	info, err := zstd.InspectDictionary(b)
+	if err != nil {
+		return nil, fmt.Errorf("%s: not a usable zstd dictionary: %w", source, err)
+	}
+	id := info.ID()
+	if id < MinTrainedID || id > MaxTrainedID {
+		return nil, fmt.Errorf("%s: dictionary id %d is outside %d to %d (the ids below are the built-in dictionary's "+
+			"and those reserved by RFC 8878 §5)", source, id, MinTrainedID, MaxTrainedID)
+	}
+	if info.ContentSize() == 0 {
+		return nil, fmt.Errorf("%s: the dictionary has no content", source)
+	}
+	return &Dictionary{id: id, raw: append([]byte(nil), b...), source: source}, nil
+}
+
+// Train builds a dictionary of at most maxSize bytes from samples: the
+// contents (idem.AppendContents) of a route's own answers, a few hundred
+// of them or more. id must be within MinTrainedID to MaxTrainedID and new
+// to the policy's dictionaries: rotating a dictionary means a new id.
+func Train(samples [][]byte, id uint32, maxSize int) ([]byte, error) {
+	if id < MinTrainedID || id > MaxTrainedID {
+		return nil, fmt.Errorf("compress: dictionary id %d is outside %d to %d", id, MinTrainedID, MaxTrainedID)
+	}
+	if len(samples) < 8 {
+		return nil, fmt.Errorf("compress: %d samples are too few to train a dictionary; give a few hundred", len(samples))
+	}
+	if maxSize < 256 {
+		return nil, errors.New("compress: a dictionary of fewer than 256 bytes cannot hold zstd's tables")
+	}
+	b, err := dict.BuildZstdDict(samples, dict.Options{MaxDictSize: maxSize, HashBytes: 8, ZstdDictID: id,
+		ZstdLevel: zstd.SpeedFastest})
+	if err != nil {
+		return nil, fmt.Errorf("compress: training: %w", err)
+	}
+	return b, nil
+}

@@ -1,0 +1,93 @@
+// Package sizing says how much Redis memory a policy set needs at a given
+// rate of protected first writes, from the bytes per record measured on
+// the generated corpus (package corpus) by TestMemoryPerRecord
+// (internal/redisstore), which also holds this table to the measurement.
+package sizing
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/idem-extproc/idem-extproc/internal/corpus"
+	"github.com/idem-extproc/idem-extproc/internal/policy"
+)
+
+// Mode is how a policy stores its answers.
+type Mode string
+
+// The modes a policy's compression settings give.
+const (
+	Uncompressed Mode = "uncompressed"
+	Builtin      Mode = "builtin"
+	Trained      Mode = "trained"
+)
+
+// Modes lists the modes in the table's order.
+var Modes = []Mode{Uncompressed, Builtin, Trained}
+
+// PerRecord is Redis used_memory per completed record, in bytes, by class
+// of answer and mode: redis 7.0.15 (jemalloc 5.3.0), 2,000 records per
+// figure, the key, keyspace and expiry entries and the allocator's size
+// classes included. docs/performance.md, "Memory per stored answer".
+var PerRecord = map[corpus.Class]map[Mode]float64{
+	corpus.Object: {Uncompressed: 1806, Builtin: 905, Trained: 704},
+	corpus.List:   {Uncompressed: 20624, Builtin: 4240, Trained: 3728},
+	corpus.Error:  {Uncompressed: 694, Builtin: 492, Trained: 345},
+	corpus.Mixed:  {Uncompressed: 7669, Builtin: 1964, Trained: 1741},
+}
+
+// sealOverhead is what sealing adds to a stored response: the envelope's
+// version, key id (up to 64 bytes; 8 assumed) and length, a 24-byte nonce
+// and a 16-byte tag (package seal), rounded up for the allocator.
+const sealOverhead = 64
+
+// ModeOf is the mode p stores its answers in.
+func ModeOf(p *policy.Policy) Mode {
+	switch {
+	case p.Compression.Off || p.Compression.Codec == nil:
+		return Uncompressed
+	case p.Compression.Dictionary != "":
+		return Trained
+	}
+	return Builtin
+}
+
+// Row is one policy's need.
+type Row struct {
+	Policy    string
+	Mode      Mode
+	Retention time.Duration
+	// Rate is first writes per second; Records how many completed
+	// records the retention keeps at that rate.
+	Rate    float64
+	Records float64
+	// Bytes is used_memory per class of answer.
+	Bytes map[corpus.Class]float64
+}
+
+// Estimate is p's need at rate first writes per second.
+func Estimate(p *policy.Policy, rate float64) Row {
+	r := Row{Policy: p.Name, Mode: ModeOf(p), Retention: p.Retention, Rate: rate,
+		Records: rate * p.Retention.Seconds(), Bytes: map[corpus.Class]float64{}}
+	for _, c := range corpus.Classes {
+		per := PerRecord[c][r.Mode]
+		if p.Encrypt {
+			per += sealOverhead
+		}
+		r.Bytes[c] = per * r.Records
+	}
+	return r
+}
+
+// Human writes a byte count in the largest binary unit below it.
+func Human(b float64) string {
+	for _, u := range []struct {
+		name string
+		size float64
+	}{{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}} {
+		if b >= u.size {
+			return fmt.Sprintf("%.1f %s", b/u.size, u.name)
+		}
+	}
+	return fmt.Sprintf("%.0f B", b)
+}

@@ -1,0 +1,35 @@
+package sizing
+
+import (
+	"testing"
+	"time"
+
+	"github.com/idem-extproc/idem-extproc/internal/corpus"
+	"github.com/idem-extproc/idem-extproc/internal/policy"
+)
+
+// TestEstimate: records are the rate times the retention, bytes the
+// records times the figure of the policy's mode, plus the envelope when
+// it seals.
+func TestEstimate(t *testing.T) {
+	p := policy.Default()
+	p.Retention = time.Hour
+	r := Estimate(p, 10)
+	if r.Mode != Builtin || r.Records != 36000 || r.Bytes[corpus.Object] != 36000*PerRecord[corpus.Object][Builtin] {
+		t.Fatalf("builtin: %+v", r)
+	}
+	p.Compression.Dictionary = "orders.zdict"
+	p.Encrypt = true
+	if r := Estimate(p, 10); r.Mode != Trained || r.Bytes[corpus.List] != 36000*(PerRecord[corpus.List][Trained]+sealOverhead) {
+		t.Fatalf("trained, sealed: %+v", r)
+	}
+	p.Compression.Off = true
+	if r := Estimate(p, 0); r.Mode != Uncompressed || r.Records != 0 {
+		t.Fatalf("off: %+v", r)
+	}
+	for b, want := range map[float64]string{512: "512 B", 1536: "1.5 KiB", 3 << 30: "3.0 GiB"} {
+		if got := Human(b); got != want {
+			t.Errorf("Human(%v) = %q, want %q", b, got, want)
+		}
+	}
+}
