@@ -3,7 +3,6 @@ package extprocwire
 import (
 	"unicode/utf8"
 
-	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	procmodev3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
@@ -57,91 +56,6 @@ type encoder struct {
 	err   error // from a sub-message left to proto.MarshalAppend
 }
 
-// open reserves the slot of a nested message's length in the size pass.
-func (e *encoder) open() int {
-	e.n++
-	if e.n > len(e.stack) {
-		e.more = append(e.more, 0)
-	}
-	return e.n - 1
-}
-
-// closeMsg records the nested message's content length n in its slot and
-// returns the field's whole size (tag, length and content).
-func (e *encoder) closeMsg(slot int, num protowire.Number, n int) int {
-	if slot < len(e.stack) {
-		e.stack[slot] = n
-	} else {
-		e.more[slot-len(e.stack)] = n
-	}
-	return protowire.SizeTag(num) + protowire.SizeBytes(n)
-}
-
-// head writes a nested message's tag and length in the append pass.
-func (e *encoder) head(b []byte, num protowire.Number) []byte {
-	var n int
-	if e.next < len(e.stack) {
-		n = e.stack[e.next]
-	} else {
-		n = e.more[e.next-len(e.stack)]
-	}
-	e.next++
-	b = protowire.AppendTag(b, num, protowire.BytesType)
-	return protowire.AppendVarint(b, uint64(n))
-}
-
-// plain reports that m carries no unknown fields, which only proto.Marshal
-// writes back.
-func plain(m proto.Message) bool { return len(m.ProtoReflect().GetUnknown()) == 0 }
-
-func sizeVarint(num protowire.Number, v uint64) int {
-	if v == 0 {
-		return 0
-	}
-	return protowire.SizeTag(num) + protowire.SizeVarint(v)
-}
-
-func appendVarint(b []byte, num protowire.Number, v uint64) []byte {
-	if v == 0 {
-		return b
-	}
-	b = protowire.AppendTag(b, num, protowire.VarintType)
-	return protowire.AppendVarint(b, v)
-}
-
-// enum is an enum's varint: a negative value is sign-extended to 64 bits.
-func enum(v int32) uint64 { return uint64(int64(v)) }
-
-func boolean(v bool) uint64 {
-	if v {
-		return 1
-	}
-	return 0
-}
-
-func sizeBytes(num protowire.Number, n int) int {
-	if n == 0 {
-		return 0
-	}
-	return protowire.SizeTag(num) + protowire.SizeBytes(n)
-}
-
-func appendBytes(b []byte, num protowire.Number, v []byte) []byte {
-	if len(v) == 0 {
-		return b
-	}
-	b = protowire.AppendTag(b, num, protowire.BytesType)
-	return protowire.AppendBytes(b, v)
-}
-
-func appendString(b []byte, num protowire.Number, v string) []byte {
-	if len(v) == 0 {
-		return b
-	}
-	b = protowire.AppendTag(b, num, protowire.BytesType)
-	return protowire.AppendString(b, v)
-}
-
 // response is the size pass over a ProcessingResponse: its encoded length,
 // or false for what goes to proto.Marshal.
 func (e *encoder) response(m *extprocv3.ProcessingResponse) (int, bool) {
@@ -181,7 +95,16 @@ func (e *encoder) response(m *extprocv3.ProcessingResponse) (int, bool) {
 	n += sizeVarint(16, boolean(m.RequestDrainResponses))
 	// The oneof last, where proto.Marshal writes it (internal/impl/
 	// codec_message.go, makeCoderMethods: "marshal oneofs last").
-	s = 0
+	if s, ok = e.member(m); !ok {
+		return 0, false
+	}
+	return n + s, true
+}
+
+// member is the size pass over the response oneof: its member's encoded
+// length, or false for what goes to proto.Marshal.
+func (e *encoder) member(m *extprocv3.ProcessingResponse) (s int, ok bool) {
+	ok = true
 	switch r := m.Response.(type) {
 	case nil:
 	case *extprocv3.ProcessingResponse_RequestHeaders:
@@ -222,10 +145,7 @@ func (e *encoder) response(m *extprocv3.ProcessingResponse) (int, bool) {
 	default: // streamed_immediate_response, or a nil wrapper
 		return 0, false
 	}
-	if !ok {
-		return 0, false
-	}
-	return n + s, true
+	return s, ok
 }
 
 func (e *encoder) appendResponse(b []byte, m *extprocv3.ProcessingResponse) ([]byte, error) {
@@ -266,66 +186,6 @@ func (e *encoder) appendResponse(b []byte, m *extprocv3.ProcessingResponse) ([]b
 	return b, e.err
 }
 
-// common sizes a HeadersResponse or BodyResponse (outer, the same shape:
-// field 1, a CommonResponse) as field num.
-func (e *encoder) common(num protowire.Number, c *extprocv3.CommonResponse, outer proto.Message) (int, bool) {
-	if !plain(outer) {
-		return 0, false
-	}
-	slot := e.open()
-	n := 0
-	if c != nil {
-		if !plain(c) {
-			return 0, false
-		}
-		inner := e.open()
-		s := sizeVarint(1, enum(int32(c.Status)))
-		if c.HeaderMutation != nil {
-			h, ok := e.headerMutation(2, c.HeaderMutation)
-			if !ok {
-				return 0, false
-			}
-			s += h
-		}
-		if c.BodyMutation != nil {
-			h, ok := e.bodyMutation(3, c.BodyMutation)
-			if !ok {
-				return 0, false
-			}
-			s += h
-		}
-		if c.Trailers != nil {
-			h, ok := e.headerMap(4, c.Trailers)
-			if !ok {
-				return 0, false
-			}
-			s += h
-		}
-		s += sizeVarint(5, boolean(c.ClearRouteCache))
-		n = e.closeMsg(inner, 1, s)
-	}
-	return e.closeMsg(slot, num, n), true
-}
-
-func (e *encoder) appendCommon(b []byte, num protowire.Number, c *extprocv3.CommonResponse) []byte {
-	b = e.head(b, num)
-	if c == nil {
-		return b
-	}
-	b = e.head(b, 1)
-	b = appendVarint(b, 1, enum(int32(c.Status)))
-	if c.HeaderMutation != nil {
-		b = e.appendHeaderMutation(b, 2, c.HeaderMutation)
-	}
-	if c.BodyMutation != nil {
-		b = e.appendBodyMutation(b, 3, c.BodyMutation)
-	}
-	if c.Trailers != nil {
-		b = e.appendHeaderMap(b, 4, c.Trailers)
-	}
-	return appendVarint(b, 5, boolean(c.ClearRouteCache))
-}
-
 func (e *encoder) trailersResponse(num protowire.Number, t *extprocv3.TrailersResponse) (int, bool) {
 	if !plain(t) {
 		return 0, false
@@ -348,183 +208,6 @@ func (e *encoder) appendTrailersResponse(b []byte, num protowire.Number, t *extp
 		b = e.appendHeaderMutation(b, 1, t.HeaderMutation)
 	}
 	return b
-}
-
-func (e *encoder) headerMutation(num protowire.Number, h *extprocv3.HeaderMutation) (int, bool) {
-	if !plain(h) {
-		return 0, false
-	}
-	slot := e.open()
-	n := 0
-	for _, o := range h.SetHeaders {
-		s, ok := e.headerValueOption(1, o)
-		if !ok {
-			return 0, false
-		}
-		n += s
-	}
-	for _, r := range h.RemoveHeaders {
-		if !utf8.ValidString(r) {
-			return 0, false
-		}
-		n += protowire.SizeTag(2) + protowire.SizeBytes(len(r)) // every element of a repeated field, empty or not
-	}
-	return e.closeMsg(slot, num, n), true
-}
-
-func (e *encoder) appendHeaderMutation(b []byte, num protowire.Number, h *extprocv3.HeaderMutation) []byte {
-	b = e.head(b, num)
-	for _, o := range h.SetHeaders {
-		b = e.appendHeaderValueOption(b, 1, o)
-	}
-	for _, r := range h.RemoveHeaders {
-		b = protowire.AppendTag(b, 2, protowire.BytesType)
-		b = protowire.AppendString(b, r)
-	}
-	return b
-}
-
-func (e *encoder) headerValueOption(num protowire.Number, o *corev3.HeaderValueOption) (int, bool) {
-	if o == nil || !plain(o) {
-		return 0, false
-	}
-	slot := e.open()
-	n := 0
-	if o.Header != nil {
-		s, ok := e.headerValue(1, o.Header)
-		if !ok {
-			return 0, false
-		}
-		n += s
-	}
-	// The deprecated append (a google.protobuf.BoolValue, value 1 in
-	// wrappers.proto) is set on every header the server adds, since
-	// Envoy's ext_proc reads it (internal/extproc reply.go, setHeader).
-	//lint:ignore SA1019 the server sets it; see above.
-	if a := o.Append; a != nil {
-		if !plain(a) {
-			return 0, false
-		}
-		inner := e.open()
-		n += e.closeMsg(inner, 2, sizeVarint(1, boolean(a.Value)))
-	}
-	n += sizeVarint(3, enum(int32(o.AppendAction)))
-	n += sizeVarint(4, boolean(o.KeepEmptyValue))
-	return e.closeMsg(slot, num, n), true
-}
-
-func (e *encoder) appendHeaderValueOption(b []byte, num protowire.Number, o *corev3.HeaderValueOption) []byte {
-	b = e.head(b, num)
-	if o.Header != nil {
-		b = e.appendHeaderValue(b, 1, o.Header)
-	}
-	//lint:ignore SA1019 the server sets it (headerValueOption).
-	if a := o.Append; a != nil {
-		b = e.head(b, 2)
-		b = appendVarint(b, 1, boolean(a.Value))
-	}
-	b = appendVarint(b, 3, enum(int32(o.AppendAction)))
-	return appendVarint(b, 4, boolean(o.KeepEmptyValue))
-}
-
-func (e *encoder) headerValue(num protowire.Number, h *corev3.HeaderValue) (int, bool) {
-	if h == nil || !plain(h) || !utf8.ValidString(h.Key) || !utf8.ValidString(h.Value) {
-		return 0, false
-	}
-	slot := e.open()
-	return e.closeMsg(slot, num, sizeBytes(1, len(h.Key))+sizeBytes(2, len(h.Value))+sizeBytes(3, len(h.RawValue))), true
-}
-
-func (e *encoder) appendHeaderValue(b []byte, num protowire.Number, h *corev3.HeaderValue) []byte {
-	b = e.head(b, num)
-	b = appendString(b, 1, h.Key)
-	b = appendString(b, 2, h.Value)
-	return appendBytes(b, 3, h.RawValue)
-}
-
-func (e *encoder) headerMap(num protowire.Number, h *corev3.HeaderMap) (int, bool) {
-	if !plain(h) {
-		return 0, false
-	}
-	slot := e.open()
-	n := 0
-	for _, v := range h.Headers {
-		s, ok := e.headerValue(1, v)
-		if !ok {
-			return 0, false
-		}
-		n += s
-	}
-	return e.closeMsg(slot, num, n), true
-}
-
-func (e *encoder) appendHeaderMap(b []byte, num protowire.Number, h *corev3.HeaderMap) []byte {
-	b = e.head(b, num)
-	for _, v := range h.Headers {
-		b = e.appendHeaderValue(b, 1, v)
-	}
-	return b
-}
-
-// bodyMutation sizes a BodyMutation. Its members are a oneof, so a set
-// member is written even when empty or false (it has presence).
-func (e *encoder) bodyMutation(num protowire.Number, bm *extprocv3.BodyMutation) (int, bool) {
-	if !plain(bm) {
-		return 0, false
-	}
-	slot := e.open()
-	n := 0
-	switch m := bm.Mutation.(type) {
-	case nil:
-	case *extprocv3.BodyMutation_Body:
-		n = protowire.SizeTag(1) + protowire.SizeBytes(len(m.Body))
-	case *extprocv3.BodyMutation_ClearBody:
-		n = protowire.SizeTag(2) + 1
-	case *extprocv3.BodyMutation_StreamedResponse:
-		s, ok := e.streamedBody(3, m.StreamedResponse)
-		if !ok {
-			return 0, false
-		}
-		n = s
-	default:
-		return 0, false
-	}
-	return e.closeMsg(slot, num, n), true
-}
-
-func (e *encoder) appendBodyMutation(b []byte, num protowire.Number, bm *extprocv3.BodyMutation) []byte {
-	b = e.head(b, num)
-	switch m := bm.Mutation.(type) {
-	case *extprocv3.BodyMutation_Body:
-		b = protowire.AppendTag(b, 1, protowire.BytesType)
-		b = protowire.AppendBytes(b, m.Body)
-	case *extprocv3.BodyMutation_ClearBody:
-		b = protowire.AppendTag(b, 2, protowire.VarintType)
-		b = protowire.AppendVarint(b, boolean(m.ClearBody))
-	case *extprocv3.BodyMutation_StreamedResponse:
-		b = e.appendStreamedBody(b, 3, m.StreamedResponse)
-	}
-	return b
-}
-
-func (e *encoder) streamedBody(num protowire.Number, s *extprocv3.StreamedBodyResponse) (int, bool) {
-	if s == nil || !plain(s) {
-		return 0, false
-	}
-	slot := e.open()
-	n := sizeBytes(1, len(s.Body)) + sizeVarint(2, boolean(s.EndOfStream)) +
-		sizeVarint(3, boolean(s.EndOfStreamWithoutMessage)) + sizeVarint(4, boolean(s.GrpcMessageCompressed)) +
-		sizeVarint(5, boolean(s.DrainComplete))
-	return e.closeMsg(slot, num, n), true
-}
-
-func (e *encoder) appendStreamedBody(b []byte, num protowire.Number, s *extprocv3.StreamedBodyResponse) []byte {
-	b = e.head(b, num)
-	b = appendBytes(b, 1, s.Body)
-	b = appendVarint(b, 2, boolean(s.EndOfStream))
-	b = appendVarint(b, 3, boolean(s.EndOfStreamWithoutMessage))
-	b = appendVarint(b, 4, boolean(s.GrpcMessageCompressed))
-	return appendVarint(b, 5, boolean(s.DrainComplete))
 }
 
 func (e *encoder) immediate(num protowire.Number, ir *extprocv3.ImmediateResponse) (int, bool) {
