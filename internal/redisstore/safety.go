@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/idem-extproc/idem-extproc/internal/redisslot"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -330,7 +331,7 @@ func ownedTag(ctx context.Context, cl *redis.Client) (string, error) {
 	}
 	for i := 0; i < 1<<20; i++ {
 		tag := "marker:" + strconv.Itoa(i)
-		slot := keySlot(tag)
+		slot := redisslot.Of(tag)
 		for _, r := range ranges {
 			if slot >= r[0] && slot <= r[1] {
 				return tag, nil
@@ -338,22 +339,4 @@ func ownedTag(ctx context.Context, cl *redis.Client) (string, error) {
 		}
 	}
 	return "", fmt.Errorf("redisstore: no marker tag maps to the slots of %s", cl.Options().Addr)
-}
-
-// keySlot is the Cluster slot of a hash tag: CRC16 (XMODEM: polynomial
-// 0x1021, initial value 0) modulo 16384, as the Redis Cluster
-// specification defines it (cluster-spec, "Key distribution model").
-func keySlot(tag string) int {
-	var crc uint16
-	for i := 0; i < len(tag); i++ {
-		crc ^= uint16(tag[i]) << 8
-		for range 8 {
-			if crc&0x8000 != 0 {
-				crc = crc<<1 ^ 0x1021
-			} else {
-				crc <<= 1
-			}
-		}
-	}
-	return int(crc) % 16384
 }

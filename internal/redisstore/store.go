@@ -235,11 +235,6 @@ func (s *Store) run(ctx context.Context, sc *redis.Script, keys []string, args .
 	return s.batch.run(ctx, sc, keys, args...)
 }
 
-// isOOM reports Redis refusing a write at maxmemory under noeviction.
-func isOOM(err error) bool {
-	return strings.HasPrefix(err.Error(), "OOM ")
-}
-
 func parseReserve(v []any) (idem.ReserveResult, error) {
 	if len(v) < 3 {
 		return idem.ReserveResult{}, fmt.Errorf("unexpected reply of %d elements", len(v))
@@ -342,7 +337,7 @@ func (s *Store) Get(ctx context.Context, id idem.RecordID) (idem.Record, error) 
 	// only for completed records (this is the admin path, not the hot one).
 	var rec idem.Record
 	m, err := s.rdb.HGetAll(ctx, key).Result()
-	if err != nil && strings.HasPrefix(err.Error(), "WRONGTYPE") {
+	if isWrongType(err) {
 		var v string
 		if v, err = s.rdb.Get(ctx, key).Result(); err == nil {
 			rec, err = parseCompleted(v)
