@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/trace"
 )
@@ -31,11 +32,11 @@ const AttemptHeader = "Idempotency-Attempt"
 const RequestIDHeader = "X-Request-Id"
 
 // ReplayedHeader marks an answer the server replayed from its record.
-const ReplayedHeader = "Idempotent-Replayed"
+const ReplayedHeader = idem.ReplayedHeader
 
 // BodyOmittedHeader marks a replay whose original body was too large to be
 // stored: the operation completed, its body cannot be repeated.
-const BodyOmittedHeader = "Idempotent-Body-Omitted"
+const BodyOmittedHeader = idem.BodyOmittedHeader
 
 // Defaults of Options.
 const (
@@ -150,7 +151,7 @@ func (t *Transport) setDefaults() {
 		t.base = http.DefaultTransport
 	}
 	if t.keyHeader == "" {
-		t.keyHeader = KeyHeader
+		t.keyHeader = http.CanonicalHeaderKey(KeyHeader)
 	}
 	if t.maxAttempts <= 0 {
 		t.maxAttempts = DefaultMaxAttempts
@@ -338,7 +339,7 @@ func (t *Transport) prepare(ctx context.Context, req *http.Request, a *attempt) 
 // NewRequest put it).
 func (t *Transport) requestKey(h http.Header) (string, error) {
 	k, err := parseKey(h, t.keyHeader)
-	if err == nil && k == "" && t.keyHeader != KeyHeader {
+	if err == nil && k == "" && t.keyHeader != http.CanonicalHeaderKey(KeyHeader) {
 		k, err = parseKey(h, KeyHeader)
 	}
 	return k, err
