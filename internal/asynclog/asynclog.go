@@ -236,7 +236,7 @@ func (q *Queue) Close() error {
 	return nil
 }
 
-// asyncHandler is the slog.Handler of an Queue: inner formats, q
+// asyncHandler is the slog.Handler of a Queue: inner formats, q
 // queues. format and with rebuild inner over another writer, for a record
 // formatted on its caller's goroutine.
 type asyncHandler struct {

@@ -53,7 +53,7 @@ func decisionRecord(t time.Time, i int) slog.Record {
 
 // TestAsyncLogWritesWhatTheHandlerWrites: every field of every line, in
 // both formats, is what the daemon's handler (NewLogger: slog's own) writes
-// when called directly, though Main's Queue formats JSON lines with
+// when called directly, though the daemon's Queue formats JSON lines with
 // jsonLineHandler:
 // decision lines, a logger's own attributes and groups, and a record with
 // a value that is formatted on its caller's goroutine (an error in
