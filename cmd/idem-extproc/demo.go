@@ -91,6 +91,44 @@ func demoCommand(e env) *cobra.Command {
 	return cmd
 }
 
+// demoUpstream is the demo's own orders upstream, served on a loopback port.
+type demoUpstream struct {
+	*http.Server
+	addr string
+}
+
+// serveDemoUpstream serves the orders upstream (demoorders), which says on
+// stderr when a POST reaches it (demoArrivedLine).
+func serveDemoUpstream(e env) (demoUpstream, error) {
+	orders := &demoorders.Server{MaxDelay: demoRouteTimeout / 2}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return demoUpstream{}, err
+	}
+	up := &http.Server{ReadHeaderTimeout: 5 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost && r.URL.Path == "/orders" {
+			fmt.Fprintln(e.stderr, demoArrivedLine)
+		}
+		orders.Handler().ServeHTTP(w, r)
+	})}
+	go func() { _ = up.Serve(lis) }()
+	return demoUpstream{Server: up, addr: lis.Addr().String()}, nil
+}
+
+// demoProxy is the Envoy-like front: envoysim's ext_proc client over cc,
+// with the filter settings of envoy/envoy.yaml, its routes, and a router
+// to upstream.
+func demoProxy(cc *grpc.ClientConn, upstream *url.URL) *envoysim.Proxy {
+	filterCfg := envoysim.RecommendedConfig()
+	filterCfg.MessageTimeout = durationpb.New(demoMessageTimeout)
+	filterCfg.MaxMessageTimeout = durationpb.New(demoMaxMessageTimeout)
+	return &envoysim.Proxy{
+		Filter:   envoysim.NewFilter(cc, filterCfg, envoysim.Options{}),
+		Upstream: envoysim.HTTPUpstream(http.DefaultClient, upstream, demoRouteTimeout),
+		Route:    demoRoute,
+	}
+}
+
 func runDemo(ctx context.Context, e env, f demoFlags) error {
 	upstream, err := demoUpstreamURL(f.upstream)
 	if err != nil {
@@ -126,20 +164,12 @@ func runDemo(ctx context.Context, e env, f demoFlags) error {
 	defer d.Shutdown()
 
 	if upstream == nil {
-		orders := &demoorders.Server{MaxDelay: demoRouteTimeout / 2}
-		upLis, err := net.Listen("tcp", "127.0.0.1:0")
+		up, err := serveDemoUpstream(e)
 		if err != nil {
 			return err
 		}
-		up := &http.Server{ReadHeaderTimeout: 5 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if r.Method == http.MethodPost && r.URL.Path == "/orders" {
-				fmt.Fprintln(e.stderr, demoArrivedLine)
-			}
-			orders.Handler().ServeHTTP(w, r)
-		})}
-		go func() { _ = up.Serve(upLis) }()
 		defer up.Close()
-		upstream = &url.URL{Scheme: "http", Host: upLis.Addr().String()}
+		upstream = &url.URL{Scheme: "http", Host: up.addr}
 	}
 
 	// The Envoy-like front: envoysim's ext_proc client with the filter and
@@ -149,14 +179,7 @@ func runDemo(ctx context.Context, e env, f demoFlags) error {
 		return err
 	}
 	defer cc.Close()
-	filterCfg := envoysim.RecommendedConfig()
-	filterCfg.MessageTimeout = durationpb.New(demoMessageTimeout)
-	filterCfg.MaxMessageTimeout = durationpb.New(demoMaxMessageTimeout)
-	proxy := &envoysim.Proxy{
-		Filter:   envoysim.NewFilter(cc, filterCfg, envoysim.Options{}),
-		Upstream: envoysim.HTTPUpstream(http.DefaultClient, upstream, demoRouteTimeout),
-		Route:    demoRoute,
-	}
+	proxy := demoProxy(cc, upstream)
 	frontLis, err := net.Listen("tcp", f.addr)
 	if err != nil {
 		fmt.Fprintf(e.stderr, "idem-extproc demo: --addr %s: %v\n", f.addr, err)

@@ -337,32 +337,42 @@ func (c *canon) object(depth int, emit bool, inc, exc []int) error {
 		}
 	}
 	if !sorted {
-		ms := c.members[base:]
-		slices.SortFunc(ms, func(a, b member) int { return bytes.Compare(a.key, b.key) })
-		for i := 1; i < len(ms); i++ {
-			if bytes.Equal(ms[i].key, ms[i-1].key) {
-				return errNotCanonical
-			}
-		}
-		if emit {
-			from := objStart + 1
-			c.scratch = append(c.scratch[:0], c.out[from:]...)
-			c.out = c.out[:from]
-			n := 0
-			for _, m := range ms {
-				if !m.written {
-					continue
-				}
-				if n > 0 {
-					c.out = append(c.out, ',')
-				}
-				n++
-				c.out = append(c.out, c.scratch[m.start-from:m.end-from]...)
-			}
+		if err := c.sortMembers(base, objStart, emit); err != nil {
+			return err
 		}
 	}
 	if emit {
 		c.out = append(c.out, '}')
+	}
+	return nil
+}
+
+// sortMembers puts the members of the object whose members start at
+// c.members[base] in key order, refusing a duplicate name, and when emit
+// rewrites the object's text (from objStart, its '{') in that order.
+func (c *canon) sortMembers(base, objStart int, emit bool) error {
+	ms := c.members[base:]
+	slices.SortFunc(ms, func(a, b member) int { return bytes.Compare(a.key, b.key) })
+	for i := 1; i < len(ms); i++ {
+		if bytes.Equal(ms[i].key, ms[i-1].key) {
+			return errNotCanonical
+		}
+	}
+	if emit {
+		from := objStart + 1
+		c.scratch = append(c.scratch[:0], c.out[from:]...)
+		c.out = c.out[:from]
+		n := 0
+		for _, m := range ms {
+			if !m.written {
+				continue
+			}
+			if n > 0 {
+				c.out = append(c.out, ',')
+			}
+			n++
+			c.out = append(c.out, c.scratch[m.start-from:m.end-from]...)
+		}
 	}
 	return nil
 }
