@@ -91,6 +91,19 @@ func demoCommand(e env) *cobra.Command {
 	return cmd
 }
 
+// serverArgs are the server's flags for the demo's settings.
+func (f demoFlags) serverArgs() []string {
+	args := []string{"--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0",
+		"--log-format", "text", "--log-level", f.logLevel, "--drain-timeout", "2s"}
+	for _, a := range []struct{ flag, value string }{{"config", f.config}, {"redis-url", f.redisURL}, {"admin-token-file", f.adminTokenFile},
+		{"encryption-keys-file", f.keysFile}} {
+		if a.value != "" {
+			args = append(args, "--"+a.flag, a.value)
+		}
+	}
+	return args
+}
+
 // demoUpstream is the demo's own orders upstream, served on a loopback port.
 type demoUpstream struct {
 	*http.Server
@@ -138,15 +151,7 @@ func runDemo(ctx context.Context, e env, f demoFlags) error {
 	// The server, as `idem-extproc --listen 127.0.0.1:0 ...` would run it,
 	// without the caller's IDEM_* environment: only the demo's own flags
 	// reach it, checked as the server checks them.
-	args := []string{"--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0",
-		"--log-format", "text", "--log-level", f.logLevel, "--drain-timeout", "2s"}
-	for _, a := range []struct{ flag, value string }{{"config", f.config}, {"redis-url", f.redisURL}, {"admin-token-file", f.adminTokenFile},
-		{"encryption-keys-file", f.keysFile}} {
-		if a.value != "" {
-			args = append(args, "--"+a.flag, a.value)
-		}
-	}
-	cfg, err := daemon.ParseConfig(args, func(string) string { return "" }, e.stderr)
+	cfg, err := daemon.ParseConfig(f.serverArgs(), func(string) string { return "" }, e.stderr)
 	if err != nil {
 		fmt.Fprintf(e.stderr, "idem-extproc demo: %v\n", err)
 		return exitUsage

@@ -30,25 +30,16 @@ type envoyFacts struct {
 	flow     *extprocv3.ProcessingRequest_FlowControlInit
 }
 
-// envoyFactsOf reads a message's facts. The attributes are in
-// ProcessingRequest.attributes (current), or in the deprecated
-// HttpHeaders.attributes (older versions).
-func envoyFactsOf(req *extprocv3.ProcessingRequest) envoyFacts {
-	f := envoyFacts{metadata: req.GetMetadataContext(), protocol: req.GetProtocolConfig(), flow: req.GetFlowControlInit()}
-	if a := req.GetAttributes()[attributesKey]; a != nil {
-		f.attrs = a
-		return f
-	}
-	var hh *extprocv3.HttpHeaders
-	switch r := req.GetRequest().(type) {
-	case *extprocv3.ProcessingRequest_RequestHeaders:
-		hh = r.RequestHeaders
-	case *extprocv3.ProcessingRequest_ResponseHeaders:
-		hh = r.ResponseHeaders
+// attributesOf returns the attribute struct of a message: the one in
+// ProcessingRequest.attributes (current), passed here as current, or the
+// one in the deprecated HttpHeaders.attributes of its headers (older
+// versions).
+func attributesOf(current map[string]*structpb.Struct, hh *extprocv3.HttpHeaders) *structpb.Struct {
+	if a := current[attributesKey]; a != nil {
+		return a
 	}
 	//lint:ignore SA1019 older Envoys sent attributes here; still read for them.
-	f.attrs = hh.GetAttributes()[attributesKey]
-	return f
+	return hh.GetAttributes()[attributesKey]
 }
 
 // target is what the request headers say of the request and its caller.

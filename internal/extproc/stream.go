@@ -146,7 +146,9 @@ type message struct {
 
 // messageOf reads one message.
 func messageOf(req *extprocv3.ProcessingRequest) message {
-	m := message{known: true, facts: envoyFactsOf(req)}
+	m := message{known: true, facts: envoyFacts{
+		metadata: req.GetMetadataContext(), protocol: req.GetProtocolConfig(), flow: req.GetFlowControlInit(),
+	}}
 	switch r := req.GetRequest().(type) {
 	case *extprocv3.ProcessingRequest_RequestHeaders:
 		m.phase, m.headers, m.eos = phaseRequestHeaders, r.RequestHeaders, r.RequestHeaders.GetEndOfStream()
@@ -164,6 +166,7 @@ func messageOf(req *extprocv3.ProcessingRequest) message {
 		m.known, m.other = false, req.GetRequest()
 		m.windowUpdate = req.GetRequest() == nil && req.GetClientWindowUpdate() != nil
 	}
+	m.facts.attrs = attributesOf(req.GetAttributes(), m.headers)
 	return m
 }
 

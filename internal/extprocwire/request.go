@@ -150,10 +150,26 @@ func (d *decoder) request(b []byte, m *extprocv3.ProcessingRequest) bool {
 // headers through spareMap): one allocation instead of two or three.
 func (d *decoder) oneof(f field, m *extprocv3.ProcessingRequest) bool {
 	switch f.num {
-	case 2, 3:
-		return d.headersMember(f, m)
-	case 4, 5:
-		return bodyMember(f, m)
+	case 2:
+		w, _ := m.Request.(*extprocv3.ProcessingRequest_RequestHeaders)
+		w = d.requestHeaders(w)
+		m.Request = w
+		return d.headers(f.s, w.RequestHeaders)
+	case 3:
+		w, _ := m.Request.(*extprocv3.ProcessingRequest_ResponseHeaders)
+		w = d.responseHeaders(w)
+		m.Request = w
+		return d.headers(f.s, w.ResponseHeaders)
+	case 4:
+		w, _ := m.Request.(*extprocv3.ProcessingRequest_RequestBody)
+		w = requestBody(w)
+		m.Request = w
+		return body(f.s, w.RequestBody)
+	case 5:
+		w, _ := m.Request.(*extprocv3.ProcessingRequest_ResponseBody)
+		w = responseBody(w)
+		m.Request = w
+		return body(f.s, w.ResponseBody)
 	case 6:
 		w, _ := m.Request.(*extprocv3.ProcessingRequest_RequestTrailers)
 		if w == nil {
@@ -178,80 +194,72 @@ func (d *decoder) oneof(f field, m *extprocv3.ProcessingRequest) bool {
 	return false
 }
 
-// headersMember decodes request_headers (2) or response_headers (3).
-func (d *decoder) headersMember(f field, m *extprocv3.ProcessingRequest) bool {
-	switch f.num {
-	case 2:
-		w, _ := m.Request.(*extprocv3.ProcessingRequest_RequestHeaders)
-		if w == nil {
-			all := new(struct {
-				w  extprocv3.ProcessingRequest_RequestHeaders
-				h  extprocv3.HttpHeaders
-				hm corev3.HeaderMap
-			})
-			w = &all.w
-			w.RequestHeaders, d.spareMap = &all.h, &all.hm
-		}
-		if w.RequestHeaders == nil {
-			w.RequestHeaders = new(extprocv3.HttpHeaders)
-		}
-		m.Request = w
-		return d.headers(f.s, w.RequestHeaders)
-	case 3:
-		w, _ := m.Request.(*extprocv3.ProcessingRequest_ResponseHeaders)
-		if w == nil {
-			all := new(struct {
-				w  extprocv3.ProcessingRequest_ResponseHeaders
-				h  extprocv3.HttpHeaders
-				hm corev3.HeaderMap
-			})
-			w = &all.w
-			w.ResponseHeaders, d.spareMap = &all.h, &all.hm
-		}
-		if w.ResponseHeaders == nil {
-			w.ResponseHeaders = new(extprocv3.HttpHeaders)
-		}
-		m.Request = w
-		return d.headers(f.s, w.ResponseHeaders)
+// requestHeaders returns w, or for none a new member allocated in one block
+// with its message and the HeaderMap it will likely hold (spareMap).
+func (d *decoder) requestHeaders(w *extprocv3.ProcessingRequest_RequestHeaders) *extprocv3.ProcessingRequest_RequestHeaders {
+	if w == nil {
+		all := new(struct {
+			w  extprocv3.ProcessingRequest_RequestHeaders
+			h  extprocv3.HttpHeaders
+			hm corev3.HeaderMap
+		})
+		w = &all.w
+		w.RequestHeaders, d.spareMap = &all.h, &all.hm
 	}
-	return false
+	if w.RequestHeaders == nil {
+		w.RequestHeaders = new(extprocv3.HttpHeaders)
+	}
+	return w
 }
 
-// bodyMember decodes request_body (4) or response_body (5).
-func bodyMember(f field, m *extprocv3.ProcessingRequest) bool {
-	switch f.num {
-	case 4:
-		w, _ := m.Request.(*extprocv3.ProcessingRequest_RequestBody)
-		if w == nil {
-			both := new(struct {
-				w extprocv3.ProcessingRequest_RequestBody
-				b extprocv3.HttpBody
-			})
-			w = &both.w
-			w.RequestBody = &both.b
-		}
-		if w.RequestBody == nil {
-			w.RequestBody = new(extprocv3.HttpBody)
-		}
-		m.Request = w
-		return body(f.s, w.RequestBody)
-	case 5:
-		w, _ := m.Request.(*extprocv3.ProcessingRequest_ResponseBody)
-		if w == nil {
-			both := new(struct {
-				w extprocv3.ProcessingRequest_ResponseBody
-				b extprocv3.HttpBody
-			})
-			w = &both.w
-			w.ResponseBody = &both.b
-		}
-		if w.ResponseBody == nil {
-			w.ResponseBody = new(extprocv3.HttpBody)
-		}
-		m.Request = w
-		return body(f.s, w.ResponseBody)
+// responseHeaders is requestHeaders for response_headers.
+func (d *decoder) responseHeaders(w *extprocv3.ProcessingRequest_ResponseHeaders) *extprocv3.ProcessingRequest_ResponseHeaders {
+	if w == nil {
+		all := new(struct {
+			w  extprocv3.ProcessingRequest_ResponseHeaders
+			h  extprocv3.HttpHeaders
+			hm corev3.HeaderMap
+		})
+		w = &all.w
+		w.ResponseHeaders, d.spareMap = &all.h, &all.hm
 	}
-	return false
+	if w.ResponseHeaders == nil {
+		w.ResponseHeaders = new(extprocv3.HttpHeaders)
+	}
+	return w
+}
+
+// requestBody returns w, or for none a new member allocated in one block
+// with its message.
+func requestBody(w *extprocv3.ProcessingRequest_RequestBody) *extprocv3.ProcessingRequest_RequestBody {
+	if w == nil {
+		both := new(struct {
+			w extprocv3.ProcessingRequest_RequestBody
+			b extprocv3.HttpBody
+		})
+		w = &both.w
+		w.RequestBody = &both.b
+	}
+	if w.RequestBody == nil {
+		w.RequestBody = new(extprocv3.HttpBody)
+	}
+	return w
+}
+
+// responseBody is requestBody for response_body.
+func responseBody(w *extprocv3.ProcessingRequest_ResponseBody) *extprocv3.ProcessingRequest_ResponseBody {
+	if w == nil {
+		both := new(struct {
+			w extprocv3.ProcessingRequest_ResponseBody
+			b extprocv3.HttpBody
+		})
+		w = &both.w
+		w.ResponseBody = &both.b
+	}
+	if w.ResponseBody == nil {
+		w.ResponseBody = new(extprocv3.HttpBody)
+	}
+	return w
 }
 
 func protocolConfig(b []byte, pc *extprocv3.ProtocolConfiguration) bool {

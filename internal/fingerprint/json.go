@@ -281,22 +281,9 @@ func (c *canon) object(depth int, emit bool, inc, exc []int) error {
 		return nil
 	}
 	for {
-		c.SkipSpace()
-		if c.Pos >= len(c.Data) || c.Data[c.Pos] != '"' {
-			return errNotCanonical
-		}
-		raw, _, simple, ok := c.String()
-		if !ok {
-			return errNotCanonical
-		}
-		key := raw[1 : len(raw)-1]
-		if !simple {
-			if key, ok = jsonscan.Decode(raw); !ok {
-				return errNotCanonical
-			}
-		}
-		if !c.Consume(':') {
-			return errNotCanonical
+		raw, key, simple, err := c.memberName()
+		if err != nil {
+			return err
 		}
 		var childInc, childExc []int
 		if len(inc) > 0 || len(exc) > 0 {
@@ -345,6 +332,29 @@ func (c *canon) object(depth int, emit bool, inc, exc []int) error {
 		c.out = append(c.out, '}')
 	}
 	return nil
+}
+
+// memberName reads a member's name and its colon: the name's raw text,
+// its decoded value, and whether the raw text is already canonical.
+func (c *canon) memberName() (raw, key []byte, simple bool, err error) {
+	c.SkipSpace()
+	if c.Pos >= len(c.Data) || c.Data[c.Pos] != '"' {
+		return nil, nil, false, errNotCanonical
+	}
+	raw, _, simple, ok := c.String()
+	if !ok {
+		return nil, nil, false, errNotCanonical
+	}
+	key = raw[1 : len(raw)-1]
+	if !simple {
+		if key, ok = jsonscan.Decode(raw); !ok {
+			return nil, nil, false, errNotCanonical
+		}
+	}
+	if !c.Consume(':') {
+		return nil, nil, false, errNotCanonical
+	}
+	return raw, key, simple, nil
 }
 
 // sortMembers puts the members of the object whose members start at
