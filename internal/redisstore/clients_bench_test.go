@@ -12,6 +12,7 @@ import (
 
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/redisstore"
+	luascripts "github.com/idem-extproc/idem-extproc/internal/redisstore/scripts"
 	"github.com/idem-extproc/idem-extproc/internal/testing/procstat"
 	"github.com/idem-extproc/idem-extproc/internal/testing/redistest"
 	"github.com/idem-extproc/idem-extproc/internal/testing/storetest"
@@ -80,8 +81,8 @@ func benchWriter(b *testing.B, srv *redistest.Server, variant string, resp idem.
 		b.Fatal(err)
 	}
 	b.Cleanup(c.Close)
-	reserve := rueidis.NewLuaScript(redisstore.ScriptSource("reserve"))
-	complete := rueidis.NewLuaScript(redisstore.ScriptSource("complete"))
+	reserve := rueidis.NewLuaScript(luascripts.Source("reserve"))
+	complete := rueidis.NewLuaScript(luascripts.Source("complete"))
 	return func(ctx context.Context) error {
 		r := benchReservation()
 		key := []string{redisstore.DefaultPrefix + "{" + string(r.ID) + "}"} // Store.Key

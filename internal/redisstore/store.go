@@ -12,7 +12,6 @@ package redisstore
 
 import (
 	"context"
-	_ "embed" // the Lua scripts
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -23,25 +22,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idem-extproc/idem-extproc/internal/idem"
-)
-
-// The scripts, one file each; every file's header gives KEYS, ARGV and the
-// reply.
-var (
-	//go:embed scripts/reserve.lua
-	reserveLua string
-	//go:embed scripts/renew.lua
-	renewLua string
-	//go:embed scripts/complete.lua
-	completeLua string
-	//go:embed scripts/release.lua
-	releaseLua string
-	//go:embed scripts/mark_unknown.lua
-	markUnknownLua string
-	//go:embed scripts/peek.lua
-	peekLua string
-	//go:embed scripts/cancel.lua
-	cancelLua string
+	luascripts "github.com/idem-extproc/idem-extproc/internal/redisstore/scripts"
 )
 
 // scripts are built once per Store; redis.Script caches the SHA and falls
@@ -53,47 +34,17 @@ type scripts struct {
 
 func loadScripts() scripts {
 	return scripts{
-		reserve:     redis.NewScript(reserveLua),
-		renew:       redis.NewScript(renewLua),
-		complete:    redis.NewScript(completeLua),
-		release:     redis.NewScript(releaseLua),
-		markUnknown: redis.NewScript(markUnknownLua),
-		watch:       redis.NewScript(watchLua),
-		peek:        redis.NewScript(peekLua),
-		cancel:      redis.NewScript(cancelLua),
-		purge:       redis.NewScript(purgeLua),
-		resolve:     redis.NewScript(resolveLua),
+		reserve:     redis.NewScript(luascripts.Source("reserve")),
+		renew:       redis.NewScript(luascripts.Source("renew")),
+		complete:    redis.NewScript(luascripts.Source("complete")),
+		release:     redis.NewScript(luascripts.Source("release")),
+		markUnknown: redis.NewScript(luascripts.Source("mark_unknown")),
+		watch:       redis.NewScript(luascripts.Source("watch")),
+		peek:        redis.NewScript(luascripts.Source("peek")),
+		cancel:      redis.NewScript(luascripts.Source("cancel")),
+		purge:       redis.NewScript(luascripts.Source("purge")),
+		resolve:     redis.NewScript(luascripts.Source("resolve")),
 	}
-}
-
-// ScriptSource returns the Lua source of the store's script named like its
-// file without ".lua" ("reserve", "complete", …), or "" when there is none.
-// It is for tools that must run exactly the store's scripts, such as the
-// load tool's floor server.
-func ScriptSource(name string) string {
-	switch name {
-	case "reserve":
-		return reserveLua
-	case "renew":
-		return renewLua
-	case "complete":
-		return completeLua
-	case "release":
-		return releaseLua
-	case "mark_unknown":
-		return markUnknownLua
-	case "peek":
-		return peekLua
-	case "cancel":
-		return cancelLua
-	case "watch":
-		return watchLua
-	case "purge":
-		return purgeLua
-	case "resolve":
-		return resolveLua
-	}
-	return ""
 }
 
 // DefaultPrefix starts every key the store writes.
@@ -259,10 +210,10 @@ func parseReserve(v []any) (idem.ReserveResult, error) {
 		return idem.ReserveResult{}, idem.ErrCancelled
 	case "completed":
 		rec, _ := v[3].(string)
-		if len(v) != 4 || len(rec) < CompletedHeadLen {
+		if len(v) != 4 || len(rec) < completedHeadLen {
 			return idem.ReserveResult{}, fmt.Errorf("completed reply of %d elements", len(v))
 		}
-		resp, err := decodeResponse(rec[CompletedHeadLen:])
+		resp, err := decodeResponse(rec[completedHeadLen:])
 		if err != nil {
 			return idem.ReserveResult{}, err
 		}

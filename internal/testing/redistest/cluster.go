@@ -8,8 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idem-extproc/idem-extproc/internal/redisslot"
-	"github.com/idem-extproc/idem-extproc/internal/redisstore"
+	"github.com/idem-extproc/idem-extproc/internal/redisspec"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -240,7 +239,7 @@ func clusterInfo(ctx context.Context, s *Server, field string) string {
 	if err != nil {
 		return ""
 	}
-	return redisstore.InfoField(text, field)
+	return redisspec.InfoField(text, field)
 }
 
 func sorted(s []string) []string {
@@ -256,7 +255,7 @@ func sorted(s []string) []string {
 // MasterFor returns the node that serves key's slot now.
 func (c *Cluster) MasterFor(ctx context.Context, key string) *Server {
 	c.t.Helper()
-	slot := redisslot.Of(key)
+	slot := redisspec.Slot(key)
 	for _, s := range c.Nodes {
 		if !s.Running() {
 			continue

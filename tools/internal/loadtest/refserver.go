@@ -19,6 +19,7 @@ import (
 	"github.com/idem-extproc/idem-extproc/internal/extprocwire"
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/redisstore"
+	luascripts "github.com/idem-extproc/idem-extproc/internal/redisstore/scripts"
 	idemserver "github.com/idem-extproc/idem-extproc/internal/server"
 )
 
@@ -170,10 +171,10 @@ func newFloorServer(ctx context.Context, redisURL string, storeTimeout time.Dura
 	}
 	lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	if f.reserveSHA, err = rdb.ScriptLoad(lctx, redisstore.ScriptSource("reserve")).Result(); err != nil {
+	if f.reserveSHA, err = rdb.ScriptLoad(lctx, luascripts.Source("reserve")).Result(); err != nil {
 		return nil, fmt.Errorf("load reserve.lua: %w", err)
 	}
-	if f.complSHA, err = rdb.ScriptLoad(lctx, redisstore.ScriptSource("complete")).Result(); err != nil {
+	if f.complSHA, err = rdb.ScriptLoad(lctx, luascripts.Source("complete")).Result(); err != nil {
 		return nil, fmt.Errorf("load complete.lua: %w", err)
 	}
 	return f, nil
@@ -287,13 +288,19 @@ func (c *floorCalls) reserve(ctx context.Context) (bool, int, []byte, error) {
 	// a flags byte, the floor's own fixed headers, and the body
 	// (redisstore's layout).
 	rec := asString(v[3])
-	st, n := binary.Uvarint([]byte(rec[min(len(rec), redisstore.CompletedHeadLen):]))
-	at := redisstore.CompletedHeadLen + n + 1 + len(f.storedHeaders)
+	st, n := binary.Uvarint([]byte(rec[min(len(rec), completedHeadLen):]))
+	at := completedHeadLen + n + 1 + len(f.storedHeaders)
 	if n <= 0 || at > len(rec) {
 		return false, 0, nil, fmt.Errorf("floor: a completed record of %d bytes that the floor did not write", len(rec))
 	}
 	return true, int(st), []byte(rec[at:]), nil
 }
+
+// completedHeadLen is the fixed head of a completed record in
+// redisstore's layout (internal/redisstore/codec.go): the floor reads and
+// writes records as the store's scripts do. TestSmoke's floor replays fail
+// if the layout moves without it.
+const completedHeadLen = 74
 
 func (c *floorCalls) complete(ctx context.Context, status int, body []byte) error {
 	f := c.f
