@@ -19,14 +19,7 @@ import (
 // and 13, are newer than the envoy proto in the search index and are read
 // from those tags only).
 
-// UnmarshalRequest parses b into m exactly as proto.Unmarshal does (m is
-// reset first; an error exactly when proto.Unmarshal errs). m keeps no
-// reference to b.
-func UnmarshalRequest(b []byte, m *extprocv3.ProcessingRequest) error {
-	return unmarshalOwned(append([]byte(nil), b...), m)
-}
-
-// unmarshalOwned is UnmarshalRequest on bytes the caller gives away: m's
+// unmarshalOwned is unmarshalRequest on bytes the caller gives away: m's
 // bytes fields are sub-slices of own (capacity clipped) and its strings
 // substrings of one copy of own, so a headers message costs a handful of
 // allocations instead of three per header. Anything the fast path does not

@@ -24,24 +24,6 @@ import (
 // and are read from those tags only). Fields are written in field-number
 // order, as proto.Marshal writes them, a oneof after the other fields.
 
-// MarshalResponse encodes m; proto.Unmarshal reads it back proto.Equal to m,
-// and its length is proto.Size(m). What the fast path does not write (unknown
-// fields, typed_dynamic_metadata,
-// streamed_immediate_response, a nil entry in a repeated field or a nil
-// oneof member, invalid UTF-8 in a string) goes to proto.Marshal whole.
-func MarshalResponse(m *extprocv3.ProcessingResponse) ([]byte, error) {
-	var e encoder
-	n, ok := e.response(m)
-	if !ok {
-		return proto.Marshal(m)
-	}
-	b, err := e.appendResponse(make([]byte, 0, n), m)
-	if err != nil {
-		return proto.Marshal(m)
-	}
-	return b, nil
-}
-
 // encoder makes two passes over the same fields in the same order: the
 // size pass (the methods without "append") records each nested message's
 // length in pre-order, and the append pass reads them back for the length

@@ -9,7 +9,7 @@ import (
 // ScanID reads the id of a JSON-RPC request from a body that could not be
 // read whole, given as the parts that arrived in order: a body refused
 // while it was still arriving (over a limit, cut at a proxy's buffer), or
-// one that ParseRequest refuses further in (nesting deeper than the
+// one that the pointer finder refuses further in (nesting deeper than the
 // reader's limit, a duplicate member name inside params, text that is not
 // UTF-8). An answer in the upstream's place then still goes to the
 // request's own id: JSON-RPC 2.0 section 5 asks for a null id only when

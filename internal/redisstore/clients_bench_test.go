@@ -87,7 +87,7 @@ func benchWriter(b *testing.B, srv *redistest.Server, variant string, resp idem.
 		r := benchReservation()
 		key := []string{redisstore.DefaultPrefix + "{" + string(r.ID) + "}"} // Store.Key
 		rctx, cancel := context.WithTimeout(ctx, budget)
-		keys := []string{key[0], redisstore.CancelledKey(key[0], r.Token)} // reserve.lua's KEYS
+		keys := []string{key[0], key[0] + ":cancelled:" + r.Token.String()} // reserve.lua's KEYS (store.go, cancelledSep)
 		v, err := reserve.Exec(rctx, c, keys, ruArgs(redisstore.ReserveArgs(&r))).ToArray()
 		cancel()
 		if err != nil {

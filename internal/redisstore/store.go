@@ -6,7 +6,7 @@
 // (scripts/*.lua) run with EVALSHA on one record; each mirrors the
 // transition rules of package idem and checks the attempt's token. The
 // only other keys a script touches are a token's cancel marker beside its
-// record (CancelledKey), in the record's slot. Lease expiry is judged by
+// record (cancelledSep), in the record's slot. Lease expiry is judged by
 // Redis TIME inside the scripts, so the servers' clocks do not matter.
 package redisstore
 
@@ -92,19 +92,15 @@ func (s *Store) Close() error { return s.hub.close() }
 // Key returns the Redis key of a record.
 func (s *Store) Key(id idem.RecordID) string { return s.prefix + "{" + string(id) + "}" }
 
-// CancelledKey returns the key of the marker that says tok's reservation
-// of the record under recordKey was cancelled (cancel.lua), which
-// reserve.lua reads as its KEYS[2]. It extends the record's key, so it
-// carries the same hash tag and sits in the record's Cluster slot; no
-// record's key has anything after its closing brace.
-func CancelledKey(recordKey string, tok idem.Token) string {
-	return recordKey + cancelledSep + tok.String()
-}
-
+// cancelledSep joins a record's key and a token into the key of the marker
+// that says the token's reservation of the record was cancelled
+// (cancel.lua), which reserve.lua reads as its KEYS[2]. It extends the
+// record's key, so it carries the same hash tag and sits in the record's
+// Cluster slot; no record's key has anything after its closing brace.
 const cancelledSep = ":cancelled:"
 
 // markerKeys is KEYS of reserve.lua and cancel.lua: the record's key and
-// its token's cancel marker (CancelledKey), built as one string of which
+// its token's cancel marker (cancelledSep, then the token in hex), built as one string of which
 // the record's key is the head, so that a reservation pays one key
 // allocation, not three.
 func (s *Store) markerKeys(id idem.RecordID, tok idem.Token) []string {

@@ -267,6 +267,13 @@ func (f *floorServer) Process(stream extprocv3.ExternalProcessor_ProcessServer) 
 	})
 }
 
+// cancelMarkerKey is the key of the marker of tok's cancelled
+// reservation of the record under recordKey, as redisstore names it
+// (store.go, cancelledSep) and reserve.lua reads it as KEYS[2].
+func cancelMarkerKey(recordKey string, tok idem.Token) string {
+	return recordKey + ":cancelled:" + tok.String()
+}
+
 // floorCalls are the floor's bare EVALSHA calls for one request's key.
 type floorCalls struct {
 	f   *floorServer
@@ -276,7 +283,7 @@ type floorCalls struct {
 func (c *floorCalls) reserve(ctx context.Context) (bool, int, []byte, error) {
 	f := c.f
 	// KEYS as the product's: the record and the token's cancel marker.
-	keys := []string{c.key, redisstore.CancelledKey(c.key, idem.Token(f.token))}
+	keys := []string{c.key, cancelMarkerKey(c.key, idem.Token(f.token))}
 	v, err := f.rdb.EvalSha(ctx, f.reserveSHA, keys, f.fingerprint, f.token, f.leaseMs, f.retentionMs, "u").Slice()
 	if err != nil {
 		return false, 0, nil, err

@@ -1,10 +1,9 @@
-package jsonscan_test
+package fingerprint
 
 import (
 	"strings"
 	"testing"
 
-	"github.com/idem-extproc/idem-extproc/internal/fingerprint"
 	"github.com/idem-extproc/idem-extproc/internal/jsonpointer"
 	"github.com/idem-extproc/idem-extproc/internal/jsonscan"
 )
@@ -41,7 +40,7 @@ func TestReadersAgree(t *testing.T) {
 		{"an unterminated string", `{"a":"x`, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, canonical := fingerprint.CanonicalJSON([]byte(tc.body))
+			_, canonical := canonicalJSON([]byte(tc.body))
 			ptr, err := jsonpointer.Parse("/a")
 			if err != nil {
 				t.Fatal(err)
