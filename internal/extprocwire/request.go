@@ -15,9 +15,8 @@ import (
 // external_processor.proto (ProcessingRequest, HttpHeaders, HttpBody,
 // HttpTrailers, ProtocolConfiguration) and api/envoy/config/core/v3/
 // base.proto (HeaderMap, HeaderValue), as compiled into go-control-plane's
-// struct tags (envoy v1.40.0 module; the flow-control messages, fields 12
-// and 13, are newer than the envoy proto in the search index and are read
-// from those tags only).
+// struct tags (envoy v1.40.0 module, which also has the flow-control
+// messages, fields 12 and 13).
 
 // unmarshalOwned is unmarshalRequest on bytes the caller gives away: m's
 // bytes fields are sub-slices of own (capacity clipped) and its strings

@@ -19,9 +19,8 @@ import (
 // base.proto (HeaderValueOption, HeaderValue, HeaderMap),
 // api/envoy/extensions/filters/http/ext_proc/v3/processing_mode.proto and
 // api/envoy/type/v3/http_status.proto, as compiled into go-control-plane's
-// struct tags (envoy v1.40.0 module; ProcessingResponse fields 11 to 16 and
-// StreamedBodyResponse are newer than the envoy proto in the search index
-// and are read from those tags only). Fields are written in field-number
+// struct tags (envoy v1.40.0 module, which also has ProcessingResponse
+// fields 11 to 16 and StreamedBodyResponse). Fields are written in field-number
 // order, as proto.Marshal writes them, a oneof after the other fields.
 
 // encoder makes two passes over the same fields in the same order: the
