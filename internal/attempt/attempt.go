@@ -5,10 +5,15 @@
 // what a response proves) and settle (complete, release or mark unknown,
 // renew the lease meanwhile, retry a refused transition at the end).
 //
+// Each decision point returns a Verdict (verdict.go): what the request is
+// to do, with the policy's enforcement, shadow mode, key grace period,
+// failure mode and the outcome's answer already applied, so that the
+// protocol side only renders it.
+//
 // One word names an attempt's last transition, whichever it is: settle
 // (SettleStored, Settle, SettleAtEnd here; settleStored, settleResponse,
-// settleRPC, settleAtEnd in extproc). Complete, Release and MarkUnknown are
-// the store's transitions it applies.
+// settleAtEnd in extproc). Complete, Release and MarkUnknown are the
+// store's transitions it applies.
 //
 // Package extproc holds the conversation with Envoy around it: which
 // message carries what, body modes, replies. One Attempt lives inside one
