@@ -15,8 +15,10 @@ import (
 )
 
 // KeyHeader is the request header that carries the operation key
-// (draft-ietf-httpapi-idempotency-key-header).
-const KeyHeader = "Idempotency-Key"
+// (draft-ietf-httpapi-idempotency-key-header), spelled as the server
+// spells it; header names compare case-insensitively (net/http's
+// Header.Get and Header.Set).
+const KeyHeader = idem.KeyHeader
 
 // ErrInvalidKey reports a key the server would refuse with 400
 // idempotency-key-invalid; the request is not sent.

@@ -91,6 +91,57 @@ func demoCommand(e env) *cobra.Command {
 	return cmd
 }
 
+// serverArgs are the server's flags for the demo's settings.
+func (f demoFlags) serverArgs() []string {
+	args := []string{"--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0",
+		"--log-format", "text", "--log-level", f.logLevel, "--drain-timeout", "2s"}
+	for _, a := range []struct{ flag, value string }{{"config", f.config}, {"redis-url", f.redisURL}, {"admin-token-file", f.adminTokenFile},
+		{"encryption-keys-file", f.keysFile}} {
+		if a.value != "" {
+			args = append(args, "--"+a.flag, a.value)
+		}
+	}
+	return args
+}
+
+// demoUpstream is the demo's own orders upstream, served on a loopback port.
+type demoUpstream struct {
+	*http.Server
+	addr string
+}
+
+// serveDemoUpstream serves the orders upstream (demoorders), which says on
+// stderr when a POST reaches it (demoArrivedLine).
+func serveDemoUpstream(e env) (demoUpstream, error) {
+	orders := &demoorders.Server{MaxDelay: demoRouteTimeout / 2}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return demoUpstream{}, err
+	}
+	up := &http.Server{ReadHeaderTimeout: 5 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost && r.URL.Path == "/orders" {
+			fmt.Fprintln(e.stderr, demoArrivedLine)
+		}
+		orders.Handler().ServeHTTP(w, r)
+	})}
+	go func() { _ = up.Serve(lis) }()
+	return demoUpstream{Server: up, addr: lis.Addr().String()}, nil
+}
+
+// demoProxy is the Envoy-like front: envoysim's ext_proc client over cc,
+// with the filter settings of envoy/envoy.yaml, its routes, and a router
+// to upstream.
+func demoProxy(cc *grpc.ClientConn, upstream *url.URL) *envoysim.Proxy {
+	filterCfg := envoysim.RecommendedConfig()
+	filterCfg.MessageTimeout = durationpb.New(demoMessageTimeout)
+	filterCfg.MaxMessageTimeout = durationpb.New(demoMaxMessageTimeout)
+	return &envoysim.Proxy{
+		Filter:   envoysim.NewFilter(cc, filterCfg, envoysim.Options{}),
+		Upstream: envoysim.HTTPUpstream(http.DefaultClient, upstream, demoRouteTimeout),
+		Route:    demoRoute,
+	}
+}
+
 func runDemo(ctx context.Context, e env, f demoFlags) error {
 	upstream, err := demoUpstreamURL(f.upstream)
 	if err != nil {
@@ -100,15 +151,7 @@ func runDemo(ctx context.Context, e env, f demoFlags) error {
 	// The server, as `idem-extproc --listen 127.0.0.1:0 ...` would run it,
 	// without the caller's IDEM_* environment: only the demo's own flags
 	// reach it, checked as the server checks them.
-	args := []string{"--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0",
-		"--log-format", "text", "--log-level", f.logLevel, "--drain-timeout", "2s"}
-	for _, a := range []struct{ flag, value string }{{"config", f.config}, {"redis-url", f.redisURL}, {"admin-token-file", f.adminTokenFile},
-		{"encryption-keys-file", f.keysFile}} {
-		if a.value != "" {
-			args = append(args, "--"+a.flag, a.value)
-		}
-	}
-	cfg, err := daemon.ParseConfig(args, func(string) string { return "" }, e.stderr)
+	cfg, err := daemon.ParseConfig(f.serverArgs(), func(string) string { return "" }, e.stderr)
 	if err != nil {
 		fmt.Fprintf(e.stderr, "idem-extproc demo: %v\n", err)
 		return exitUsage
@@ -126,20 +169,12 @@ func runDemo(ctx context.Context, e env, f demoFlags) error {
 	defer d.Shutdown()
 
 	if upstream == nil {
-		orders := &demoorders.Server{MaxDelay: demoRouteTimeout / 2}
-		upLis, err := net.Listen("tcp", "127.0.0.1:0")
+		up, err := serveDemoUpstream(e)
 		if err != nil {
 			return err
 		}
-		up := &http.Server{ReadHeaderTimeout: 5 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if r.Method == http.MethodPost && r.URL.Path == "/orders" {
-				fmt.Fprintln(e.stderr, demoArrivedLine)
-			}
-			orders.Handler().ServeHTTP(w, r)
-		})}
-		go func() { _ = up.Serve(upLis) }()
 		defer up.Close()
-		upstream = &url.URL{Scheme: "http", Host: upLis.Addr().String()}
+		upstream = &url.URL{Scheme: "http", Host: up.addr}
 	}
 
 	// The Envoy-like front: envoysim's ext_proc client with the filter and
@@ -149,14 +184,7 @@ func runDemo(ctx context.Context, e env, f demoFlags) error {
 		return err
 	}
 	defer cc.Close()
-	filterCfg := envoysim.RecommendedConfig()
-	filterCfg.MessageTimeout = durationpb.New(demoMessageTimeout)
-	filterCfg.MaxMessageTimeout = durationpb.New(demoMaxMessageTimeout)
-	proxy := &envoysim.Proxy{
-		Filter:   envoysim.NewFilter(cc, filterCfg, envoysim.Options{}),
-		Upstream: envoysim.HTTPUpstream(http.DefaultClient, upstream, demoRouteTimeout),
-		Route:    demoRoute,
-	}
+	proxy := demoProxy(cc, upstream)
 	frontLis, err := net.Listen("tcp", f.addr)
 	if err != nil {
 		fmt.Fprintf(e.stderr, "idem-extproc demo: --addr %s: %v\n", f.addr, err)

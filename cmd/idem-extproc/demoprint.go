@@ -235,8 +235,41 @@ func (ex demoExample) curl(front string) string {
 // front is the front's host:port, the :authority of a request sent to it.
 func demoExampleFor(set *policy.Set, pol *policy.Policy, front, key string) (demoExample, error) {
 	ex := demoExample{key: key}
-	var why []string
+	if why := ex.target(pol); len(why) > 0 {
+		return ex, errors.New(strings.Join(why, "; "))
+	}
+	body, why := ex.payload(pol)
+	if len(why) > 0 {
+		return ex, errors.New(strings.Join(why, "; "))
+	}
+	ex.body = mustJSON(body)
+	ex.headers = append(ex.headers, [2]string{"content-type", "application/json"})
+	switch pol.Scope.Source {
+	case policy.ScopeAuthority:
+		ex.scope = front
+		if ex.host != "" {
+			ex.scope = ex.host
+		}
+	case policy.ScopeHeader:
+		ex.scope = "demo-tenant"
+		ex.headers = append(ex.headers, [2]string{pol.Scope.Header, ex.scope})
+	}
 
+	if err := ex.takenBy(set, pol, front); err != nil {
+		return ex, err
+	}
+	for _, w := range []string{ex.path, ex.host, string(ex.body)} {
+		if strings.ContainsAny(w, "'\r\n") {
+			return ex, fmt.Errorf("its request holds a quote or a line break, which the printed command does not quote: %q", w)
+		}
+	}
+	return ex, nil
+}
+
+// target sets the example's method, path and host from pol's header
+// criteria, and says why the demo's front cannot send a request pol takes,
+// if it cannot.
+func (ex *demoExample) target(pol *policy.Policy) (why []string) {
 	// What the demo's front cannot send.
 	switch pol.Scope.Source {
 	case policy.ScopeMetadata:
@@ -278,16 +311,19 @@ func demoExampleFor(set *policy.Set, pol *policy.Policy, front, key string) (dem
 			ex.host = "demo" + suffix
 		}
 	}
-	if err := idem.CheckKey(key, pol.MaxKeyLength); err != nil {
-		why = append(why, fmt.Sprintf("key.max_length: the demo's key %q: %v", key, err))
+	if err := idem.CheckKey(ex.key, pol.MaxKeyLength); err != nil {
+		why = append(why, fmt.Sprintf("key.max_length: the demo's key %q: %v", ex.key, err))
 	}
-	if len(why) > 0 {
-		return ex, errors.New(strings.Join(why, "; "))
-	}
+	return why
+}
 
-	// The body: demo-orders' order, or a JSON-RPC call, with every member
-	// the policy reads.
-	body := map[string]any{"item": "book", "qty": 1}
+// payload is the example's body: demo-orders' order, or a JSON-RPC call,
+// with every member the policy reads, and the key where the policy reads
+// it; why says what could not be set.
+func (ex *demoExample) payload(pol *policy.Policy) (body map[string]any, why []string) {
+	m := &pol.Match
+	key := ex.key
+	body = map[string]any{"item": "book", "qty": 1}
 	if pol.Answers == policy.AnswersJSONRPC {
 		body = map[string]any{"jsonrpc": "2.0", "id": 1, "method": "tools/call"}
 	}
@@ -316,22 +352,12 @@ func demoExampleFor(set *policy.Set, pol *policy.Policy, front, key string) (dem
 		}
 		ex.key = ""
 	}
-	if len(why) > 0 {
-		return ex, errors.New(strings.Join(why, "; "))
-	}
-	ex.body = mustJSON(body)
-	ex.headers = append(ex.headers, [2]string{"content-type", "application/json"})
-	switch pol.Scope.Source {
-	case policy.ScopeAuthority:
-		ex.scope = front
-		if ex.host != "" {
-			ex.scope = ex.host
-		}
-	case policy.ScopeHeader:
-		ex.scope = "demo-tenant"
-		ex.headers = append(ex.headers, [2]string{pol.Scope.Header, ex.scope})
-	}
+	return body, why
+}
 
+// takenBy checks that the example's request is taken by pol, and not by a
+// policy listed before it.
+func (ex *demoExample) takenBy(set *policy.Set, pol *policy.Policy, front string) error {
 	// The request as the server sees it, and the policy that takes it.
 	authority := front
 	if ex.host != "" {
@@ -340,22 +366,17 @@ func demoExampleFor(set *policy.Set, pol *policy.Policy, front, key string) (dem
 	r := policy.Request{Method: ex.method, Authority: authority, Path: ex.path, RouteName: demoWriteRoute}
 	// The server's own choice: the first policy whose header criteria hold,
 	// then at the body the first candidate whose body criteria hold
-	// (extproc's resolveAtBody).
+	// (attempt.AtBody).
 	for _, q := range set.BodyCandidates(r, set.Match(r)) {
 		if _, miss := q.MatchBody(ex.body); miss != policy.BodyMatched {
 			continue
 		}
 		if q != pol {
-			return ex, fmt.Errorf("the request made from it (%s %s) is taken by policy %q, listed before it", ex.method, ex.path, q.Name)
+			return fmt.Errorf("the request made from it (%s %s) is taken by policy %q, listed before it", ex.method, ex.path, q.Name)
 		}
 		break
 	}
-	for _, w := range []string{ex.path, ex.host, string(ex.body)} {
-		if strings.ContainsAny(w, "'\r\n") {
-			return ex, fmt.Errorf("its request holds a quote or a line break, which the printed command does not quote: %q", w)
-		}
-	}
-	return ex, nil
+	return nil
 }
 
 // setPointer sets the member ptr addresses in doc to v, making the objects

@@ -1,6 +1,11 @@
 package attempt
 
 import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/textproto"
+	"strings"
 	"time"
 
 	"github.com/idem-extproc/idem-extproc/internal/idem"
@@ -31,7 +36,7 @@ const (
 func (a *Attempt) Match(set *policy.Set, r policy.Request) Verdict {
 	a.Policy = set.Match(r)
 	if a.Policy == nil {
-		a.conv.Decided(idem.DecisionBypassed)
+		a.conv.Decided("", idem.DecisionBypassed)
 		return verdictPass
 	}
 	return verdictContinue
@@ -45,7 +50,7 @@ func (a *Attempt) AdmitKey(raw string, lines int, now time.Time) (Admission, str
 	a.srv.Observer.Requested(a.Policy.Name, lines > 0)
 	if a.Policy.Enforcement == policy.EnforcementOff {
 		// Matched for the adoption counts only: no store call.
-		a.conv.Decided(idem.DecisionBypassed)
+		a.conv.Decided(a.Policy.Name, idem.DecisionBypassed)
 		return Bypass, "", nil
 	}
 	if lines == 0 {
@@ -55,7 +60,7 @@ func (a *Attempt) AdmitKey(raw string, lines int, now time.Time) (Admission, str
 		case a.Policy.KeyRequired:
 			return Refuse, "", problem.New(problem.KeyMissing, "this endpoint requires an Idempotency-Key header")
 		}
-		a.conv.Decided(idem.DecisionBypassed)
+		a.conv.Decided(a.Policy.Name, idem.DecisionBypassed)
 		return Bypass, "", nil
 	}
 	return a.headerKey(raw, lines)
@@ -85,4 +90,110 @@ func (a *Attempt) Admit(scope, key string) *problem.Problem {
 		a.store, a.budget = a.srv.Homes.StoreFor(a.Policy, scope, key)
 	}
 	return nil
+}
+
+// headerKey is AdmitKey's judgement of a header key that is present.
+func (a *Attempt) headerKey(raw string, lines int) (Admission, string, *problem.Problem) {
+	if lines > 1 {
+		// Which line counts would depend on who reads it (this server the
+		// first, many upstreams the last): one record for two keys.
+		return Refuse, "", problem.New(problem.KeyInvalid,
+			fmt.Sprintf("invalid Idempotency-Key: sent on %d field lines; the field is a single string", lines))
+	}
+	key, err := idem.ParseKey(raw, a.Policy.MaxKeyLength)
+	if err != nil {
+		return Refuse, "", problem.New(problem.KeyInvalid, err.Error())
+	}
+	return Keyed, key, nil
+}
+
+// Refuse is the verdict on a request the policy refuses before any store
+// call (key missing or invalid, no principal, a body too large or
+// unreadable, the server's buffers full). A shadow policy only counts what
+// it would have refused, and lets the request on.
+func (a *Attempt) Refuse(ctx context.Context, prob *problem.Problem) Verdict {
+	if a.Policy.Enforcement == policy.EnforcementShadow {
+		return a.shadowed(ctx, idem.ShadowWouldReject, verdictPass, slog.String("problem", prob.Slug))
+	}
+	a.conv.Decided(a.Policy.Name, idem.DecisionRejected)
+	a.LogAt(ctx, slog.LevelInfo, "rejected", slog.String("problem", prob.Slug))
+	return Verdict{Kind: Answer, Problem: prob}
+}
+
+// Admitted is the verdict on an admission that did not name a record
+// (AdmitKey, AdmitKeyFrom): a pass, a pass in the key's grace period, or a
+// refusal. It is Continue for Keyed.
+func (a *Attempt) Admitted(ctx context.Context, adm Admission, prob *problem.Problem) Verdict {
+	switch adm {
+	case Bypass:
+		return verdictPass
+	case Grace:
+		return a.grace(ctx)
+	case Refuse:
+		return a.Refuse(ctx, prob)
+	}
+	return verdictContinue
+}
+
+// Key is the verdict on the request's key field (AdmitKey): Continue with
+// the parsed key when it is Keyed, and otherwise the pass or refusal
+// (Admitted).
+func (a *Attempt) Key(ctx context.Context, raw string, lines int, now time.Time) (string, Verdict) {
+	adm, key, prob := a.AdmitKey(raw, lines, now)
+	return key, a.Admitted(ctx, adm, prob)
+}
+
+// Named is the verdict on naming the record of a Keyed request in scope
+// (Admit): Continue, or the refusal of a request without the principal its
+// policy scopes by.
+func (a *Attempt) Named(ctx context.Context, scope, key string) Verdict {
+	if prob := a.Admit(scope, key); prob != nil {
+		return a.Refuse(ctx, prob)
+	}
+	return verdictContinue
+}
+
+// grace lets a request without a required key on during the policy's
+// grace period (key.warn_until): counted, and with a Warning header that
+// says from when the key is required. The header has RFC 7234 §5.5's form
+// (code 299, a persistent warning); RFC 9111 retired the field, but
+// clients, logs and tools still show it, and a header of its own would
+// need every client taught about it. A shadow policy, which refuses
+// nothing anyway, measures what enforcement would do now: it passes the
+// request as a keyless one.
+func (a *Attempt) grace(ctx context.Context) Verdict {
+	a.conv.Decided(a.Policy.Name, idem.DecisionBypassed)
+	if a.Policy.Enforcement == policy.EnforcementShadow {
+		return verdictPass
+	}
+	a.srv.Observer.KeyWarned(a.Policy.Name)
+	a.LogAt(ctx, slog.LevelInfo, "key missing; passed in its grace period", slog.Time("warn_until", a.Policy.KeyWarnUntil))
+	return Verdict{Kind: Pass, Add: []ResponseHeader{{
+		Name: "warning", Value: GraceWarning(a.Policy.KeyHeader, a.Policy.KeyWarnUntil), Append: true,
+	}}}
+}
+
+// GraceWarning is the Warning header value sent during a required key's
+// grace period.
+func GraceWarning(keyHeader string, until time.Time) string {
+	return `299 idem-extproc "` + textproto.CanonicalMIMEHeaderKey(keyHeader) + ` will be required from ` +
+		until.UTC().Format(time.RFC3339) + `; requests without it will then be refused with 400"`
+}
+
+// shadowed records a shadow policy's decision (counted, logged, put on the
+// request's trace by the protocol side) and returns v with it, and with
+// the policy's shadow header when it names one ("would-replay").
+func (a *Attempt) shadowed(ctx context.Context, d idem.ShadowDecision, v Verdict, attrs ...slog.Attr) Verdict {
+	a.conv.Decided(a.Policy.Name, idem.DecisionShadowed)
+	a.srv.Observer.ShadowDecided(a.Policy.Name, d)
+	level := slog.LevelInfo
+	if d == idem.ShadowStoreError {
+		level = slog.LevelWarn
+	}
+	a.LogAt(ctx, level, "shadow decision", append(attrs, slog.String("shadow_decision", string(d)))...)
+	v.Shadow = d
+	if a.Policy.ShadowHeader != "" {
+		v.Add = []ResponseHeader{{Name: a.Policy.ShadowHeader, Value: strings.ReplaceAll(string(d), "_", "-")}}
+	}
+	return v
 }

@@ -110,7 +110,7 @@ func (a *Attempt) AtBody(ctx context.Context, cands []Candidate, body []byte, no
 	// Counted as bypassed under the policy that matched at the headers, so
 	// that an MCP route's reads, notifications and batches show there.
 	a.Policy = first
-	a.conv.Decided(idem.DecisionBypassed)
+	a.conv.Decided(a.Policy.Name, idem.DecisionBypassed)
 	a.LogAt(ctx, slog.LevelDebug, "no policy's body criteria hold; passes unprotected", slog.String("body", miss.String()))
 	a.Policy = nil
 	return BodyVerdict{Verdict: verdictPass}

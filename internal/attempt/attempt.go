@@ -5,10 +5,15 @@
 // what a response proves) and settle (complete, release or mark unknown,
 // renew the lease meanwhile, retry a refused transition at the end).
 //
+// Each decision point returns a Verdict (verdict.go): what the request is
+// to do, with the policy's enforcement, shadow mode, key grace period,
+// failure mode and the outcome's answer already applied, so that the
+// protocol side only renders it.
+//
 // One word names an attempt's last transition, whichever it is: settle
 // (SettleStored, Settle, SettleAtEnd here; settleStored, settleResponse,
-// settleRPC, settleAtEnd in extproc). Complete, Release and MarkUnknown are
-// the store's transitions it applies.
+// settleAtEnd in extproc). Complete, Release and MarkUnknown are the
+// store's transitions it applies.
 //
 // Package extproc holds the conversation with Envoy around it: which
 // message carries what, body modes, replies. One Attempt lives inside one
@@ -88,8 +93,9 @@ type HomeFinder interface {
 // attempt's own, LogAt: a variadic call through an interface would cost an
 // allocation per line.)
 type Conversation interface {
-	// Decided reports a decision (observer, span).
-	Decided(d idem.Decision)
+	// Decided reports a decision under a policy ("" when none matched)
+	// to the observer and on the span.
+	Decided(policy string, d idem.Decision)
 	// Background is the context of work that outlives the current
 	// message (the lease's renewal): it carries the stream's span; its
 	// cancellation is ignored.
@@ -182,7 +188,106 @@ func (a *Attempt) PolicyName() string {
 	return a.Policy.Name
 }
 
-// StoreCtx bounds one store call made while Envoy waits.
-func (a *Attempt) StoreCtx(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(ctx, a.budget)
+// maxLogAttrs is room for an attempt's fields (attemptAttrs) and a line's
+// own, gathered on the stack before they reach the record.
+const maxLogAttrs = 12
+
+// LogAt writes one line about this attempt at level: its fields
+// (attemptAttrs), then extra. A decision's line is on the hot path, so
+// nothing is built when the level is off, and the record goes to the
+// handler directly: Logger.LogAttrs would also walk the stack for a
+// source position the handler never prints. The attributes are added in one
+// call: a record holds five inline and grows its overflow slice at each
+// call past them, so adding them piecemeal allocated twice per line.
+func (a *Attempt) LogAt(ctx context.Context, level slog.Level, msg string, extra ...slog.Attr) {
+	h := a.srv.Log.Handler()
+	if !h.Enabled(ctx, level) {
+		return
+	}
+	r := slog.NewRecord(time.Now(), level, msg, 0)
+	var buf [maxLogAttrs]slog.Attr
+	attrs := append(a.attemptAttrs(buf[:0]), extra...)
+	r.AddAttrs(attrs...)
+	_ = h.Handle(ctx, r)
+}
+
+// attemptAttrs appends the fields that trace one attempt to a log line:
+// the hashed key (record id, never the raw key), scope, policy, request id
+// and attempt number, and the latency so far.
+func (a *Attempt) attemptAttrs(attrs []slog.Attr) []slog.Attr {
+	if a.Policy != nil {
+		attrs = append(attrs, slog.String("policy", a.Policy.Name))
+	}
+	if a.ID != "" {
+		attrs = append(attrs, slog.String("key_hash", string(a.ID)), slog.String("scope", a.Scope))
+	}
+	if a.RequestID != "" {
+		attrs = append(attrs, slog.String("request_id", a.RequestID))
+	}
+	if a.Number > 0 {
+		attrs = append(attrs, slog.Int("attempt", a.Number))
+	}
+	return append(attrs, slog.Float64("latency_ms", float64(time.Since(a.Started).Microseconds())/1000))
+}
+
+// Hold makes the attempt the record's holder once the store reserved it
+// for its token, and keeps the lease alive until the attempt settles; base
+// carries the stream's span (its cancellation is ignored).
+func (a *Attempt) Hold(base context.Context) {
+	a.renew = a.startRenewer(base)
+}
+
+func (a *Attempt) stopRenewing() {
+	if a.renew != nil {
+		a.renew.stop()
+		a.renew = nil
+	}
+}
+
+// renewer keeps a reservation's lease alive while its stream is open. It
+// renews at half the lease, so short requests never cost a renewal.
+type renewer struct {
+	mu      sync.Mutex
+	timer   *time.Timer
+	stopped bool
+}
+
+// startRenewer renews in the background.
+func (a *Attempt) startRenewer(base context.Context) *renewer {
+	if base.Done() != nil {
+		base = context.WithoutCancel(base)
+	}
+	s, st, budget, id, tok, lease := a.srv, a.store, a.budget, a.ID, a.Token, a.Policy.Lease
+	r := &renewer{}
+	every := lease / 2
+	tick := func() {
+		ctx, cancel := context.WithTimeout(base, budget)
+		err := st.Renew(ctx, id, tok, lease)
+		cancel()
+		next := every
+		if err != nil {
+			s.Log.Warn("lease renewal failed", slog.String("key_hash", string(id)), slog.String("error", err.Error()))
+			if definite(err) {
+				return
+			}
+			// Try again well before the lease runs out.
+			next = every / 5
+		}
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if !r.stopped {
+			r.timer.Reset(next)
+		}
+	}
+	r.mu.Lock()
+	r.timer = time.AfterFunc(every, tick)
+	r.mu.Unlock()
+	return r
+}
+
+func (r *renewer) stop() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.stopped = true
+	r.timer.Stop()
 }

@@ -41,7 +41,7 @@ func (a *Attempt) AdmitKeyFrom(in KeyInput, now time.Time) (Admission, string, *
 	a.keySource, a.atBody = policy.KeyFromHeader, true
 	if p.Enforcement == policy.EnforcementOff {
 		a.srv.Observer.Requested(p.Name, in.HeaderLines > 0)
-		a.conv.Decided(idem.DecisionBypassed)
+		a.conv.Decided(a.Policy.Name, idem.DecisionBypassed)
 		return Bypass, "", nil
 	}
 	sources := p.KeySources
@@ -79,7 +79,7 @@ func (a *Attempt) AdmitKeyFrom(in KeyInput, now time.Time) (Admission, string, *
 		}
 		return Refuse, "", problem.New(kind, "this endpoint requires an idempotency key: "+strings.Join(details, "; "))
 	}
-	a.conv.Decided(idem.DecisionBypassed)
+	a.conv.Decided(a.Policy.Name, idem.DecisionBypassed)
 	return Bypass, "", nil
 }
 
@@ -123,21 +123,6 @@ func (a *Attempt) keyFrom(src policy.KeySource, in KeyInput) (string, keyMiss, *
 		return "", keyMiss{}, prob
 	}
 	return key, keyMiss{}, nil
-}
-
-// headerKey is AdmitKey's judgement of a header key that is present.
-func (a *Attempt) headerKey(raw string, lines int) (Admission, string, *problem.Problem) {
-	if lines > 1 {
-		// Which line counts would depend on who reads it (this server the
-		// first, many upstreams the last): one record for two keys.
-		return Refuse, "", problem.New(problem.KeyInvalid,
-			fmt.Sprintf("invalid Idempotency-Key: sent on %d field lines; the field is a single string", lines))
-	}
-	key, err := idem.ParseKey(raw, a.Policy.MaxKeyLength)
-	if err != nil {
-		return Refuse, "", problem.New(problem.KeyInvalid, err.Error())
-	}
-	return Keyed, key, nil
 }
 
 // bodyMiss words why the body has no key at ptr.

@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/policy"
+	"github.com/idem-extproc/idem-extproc/internal/problem"
 )
 
 // unusable is a store the attempt can reach but not use: the policy seals
@@ -239,4 +241,115 @@ func (a *Attempt) DecideShadow(ctx context.Context, fp idem.Fingerprint) (idem.S
 	}
 	a.Number = res.Attempt
 	return idem.ShadowDecisionFor(res.Outcome), nil
+}
+
+// Request is the request-time verdict (docs/design.md §3) for a complete
+// request's fingerprint: Continue for the attempt that reserved the record
+// (it now holds it, its lease renewed), an Answer for any other (a replay,
+// 409, 422), Wait for a duplicate that waits for the attempt in flight
+// (wait_for_in_flight), and for a store that cannot be asked, Pass under
+// fail_open and the 503 otherwise. A shadow policy's request always goes
+// on (DecideShadow).
+func (a *Attempt) Request(ctx context.Context, fp idem.Fingerprint) Verdict {
+	if a.budget > a.srv.StoreTimeout && !a.farAsked {
+		// The scope's home is another region (Server.Homes): its store
+		// calls may outlast the proxy's timer for this message, so the
+		// proxy is asked for their time first (and for a wait that may
+		// follow: the proxy extends a message's timer once), shadow
+		// policies' included: a shadow must never make a request fail.
+		a.farAsked = true
+		a.wait = &waiting{fp: fp, far: true}
+		return Verdict{Kind: Wait, Wait: 2*a.budget + a.Policy.WaitForInFlight}
+	}
+	if a.Policy.Enforcement == policy.EnforcementShadow {
+		d, err := a.DecideShadow(ctx, fp)
+		if err != nil {
+			return a.shadowed(ctx, d, verdictPass, slog.String("error", err.Error()))
+		}
+		if d == idem.ShadowWouldReserve {
+			a.Hold(a.conv.Background())
+			return a.shadowed(ctx, d, verdictContinue)
+		}
+		return a.shadowed(ctx, d, verdictPass)
+	}
+	res, err := a.Decide(ctx, fp)
+	if err != nil {
+		return a.unavailable(ctx, err)
+	}
+	if d, ok := a.waits(res); ok {
+		a.wait = &waiting{fp: fp, first: res}
+		return Verdict{Kind: Wait, Wait: d}
+	}
+	return a.answer(ctx, res)
+}
+
+// Await waits for the attempt in flight after a Wait verdict and gives the
+// verdict on what it found.
+func (a *Attempt) Await(ctx context.Context) Verdict {
+	w := a.wait
+	a.wait = nil
+	if w.far {
+		return a.Request(ctx, w.fp)
+	}
+	res, err := a.awaitFirst(ctx, w.fp, w.first)
+	if err != nil {
+		return a.unavailable(ctx, err)
+	}
+	return a.answer(ctx, res)
+}
+
+// unavailable is the verdict when the store cannot be asked or used: the
+// request passes unprotected under fail_open when the store could not be
+// asked at all, and is refused 503 otherwise.
+func (a *Attempt) unavailable(ctx context.Context, err error) Verdict {
+	if Unreachable(err) && a.Policy.FailureMode == policy.FailOpen {
+		a.conv.Decided(a.Policy.Name, idem.DecisionFailOpen)
+		a.LogAt(ctx, slog.LevelWarn, "store unavailable; request passes unprotected (fail_open)", slog.String("error", err.Error()))
+		return verdictPass
+	}
+	a.conv.Decided(a.Policy.Name, idem.DecisionStoreUnavailable)
+	a.LogAt(ctx, slog.LevelError, "store unavailable; request refused (fail_closed)", slog.String("error", err.Error()))
+	prob := problem.New(problem.StoreUnavailable, "the idempotency store cannot be used; retry later")
+	prob.RetryAfter = a.Policy.RetryAfter
+	return Verdict{Kind: Answer, Problem: prob}
+}
+
+// answer turns a reservation's outcome into the verdict. The decision's
+// name is the metric's (decisions_total): "replayed", "conflict", not the
+// record's state.
+func (a *Attempt) answer(ctx context.Context, res idem.ReserveResult) Verdict {
+	d := idem.DecisionFor(res.Outcome)
+	if a.atBody {
+		// Decided at the body: say where the key came from (the record id
+		// stands for it; a derived key is a hash, never body text).
+		a.LogAt(ctx, slog.LevelInfo, "decision", slog.String("decision", string(d)), slog.String("key_source", a.keySource.String()))
+	} else {
+		a.LogAt(ctx, slog.LevelInfo, "decision", slog.String("decision", string(d)))
+	}
+	a.conv.Decided(a.Policy.Name, d)
+	switch res.Outcome {
+	case idem.Reserved:
+		a.Hold(a.conv.Background())
+		return verdictContinue
+	case idem.Completed:
+		if !res.CreatedAt.IsZero() {
+			a.srv.Observer.Replayed(a.Policy.Name, time.Since(res.CreatedAt))
+		}
+		return Verdict{Kind: Answer, Replay: res.Response}
+	case idem.InFlight:
+		prob := problem.New(problem.InProgress, "an earlier request with this Idempotency-Key is still being processed; retry later")
+		prob.RetryAfter = a.Policy.RetryAfter
+		return Verdict{Kind: Answer, Problem: prob}
+	case idem.Unknown:
+		return Verdict{Kind: Answer, Problem: problem.New(problem.OutcomeUnknown,
+			"an earlier request with this Idempotency-Key ended without a known outcome; "+
+				"check the resource's state before retrying with a new key")}
+	}
+	return Verdict{Kind: Answer, Problem: problem.New(problem.KeyReused, // idem.Mismatch
+		"this Idempotency-Key was already used for a request with a different method, path, headers or body")}
+}
+
+// StoreCtx bounds one store call made while Envoy waits.
+func (a *Attempt) StoreCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, a.budget)
 }

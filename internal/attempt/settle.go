@@ -94,7 +94,7 @@ func (a *Attempt) settleWith(ctx context.Context, code decisionCode, apply func(
 		return
 	}
 	if err == nil {
-		a.conv.Decided(d)
+		a.conv.Decided(a.Policy.Name, d)
 	}
 	a.LogAt(ctx, slog.LevelInfo, "settled", extra...)
 }
@@ -133,7 +133,7 @@ func (a *Attempt) SettleAtEnd(base context.Context, partial *idem.Response) {
 		level, msg, d := slog.LevelInfo, "settled on retry", a.retryDecision.decision()
 		switch {
 		case err == nil:
-			a.conv.Decided(d)
+			a.conv.Decided(a.Policy.Name, d)
 		case !definite(err):
 			level, msg = slog.LevelError, "record not settled; it turns unknown when its lease ends"
 			a.srv.Observer.SettleFailed(a.Policy.Name, string(d))

@@ -19,7 +19,7 @@ type reporter struct {
 	decisions []idem.Decision
 }
 
-func (r *reporter) Decided(d idem.Decision) {
+func (r *reporter) Decided(_ string, d idem.Decision) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.decisions = append(r.decisions, d)

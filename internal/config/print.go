@@ -134,22 +134,81 @@ func unmatch(m *policy.Match) (match, error) {
 // one the file may carry in p's combination (key.pointer only when the key
 // comes from the body, durability_timeout only when replicated, ...).
 func unapply(s *settings, p *policy.Policy) error {
-	var errs []error
-	keep := func(v scalar, err error) scalar {
-		if err != nil {
-			errs = append(errs, err)
-		}
-		return v
+	var errs errList
+	unapplyKey(s, p, &errs)
+	unapplyScope(s, p, &errs)
+	// bodies
+	s.MaxRequestBody = sizeScalar(p.MaxRequestBody)
+	s.MaxStoredBody = sizeScalar(p.MaxStoredBody)
+	s.Fingerprint = fingerprintCfg{
+		Headers: list(p.FingerprintHeaders),
+		JSON:    boolScalar(p.FingerprintJSON),
+		Include: pointerList(p.FingerprintInclude),
+		Exclude: pointerList(p.FingerprintExclude),
+	}
+	s.StoredHeaders.Deny = list(p.StoredHeaderDeny)
+	s.Compression.Mode = errs.keep(compressionModes.name(p.Compression.Off))
+	if p.Compression.Dictionary != "" {
+		s.Compression.Dictionary = str(p.Compression.Dictionary)
+	}
+	if len(p.Compression.PreviousDictionaries) > 0 {
+		s.Compression.PreviousDictionaries = list(p.Compression.PreviousDictionaries)
 	}
 
-	// key
+	// durability
+	s.Retention = durScalar(p.Retention)
+	s.Lease = durScalar(p.Lease)
+	s.OnLeaseExpiry = errs.keep(leaseExpiries.name(p.LeaseExpiry))
+	s.StoreFailure = errs.keep(failureModes.name(p.FailureMode))
+	s.Durability = errs.keep(durabilities.name(p.Durability))
+	if p.Durability == policy.DurabilityReplicated {
+		n, wait := p.WaitReplicas()
+		s.DurabilityReps = intScalar(n)
+		s.DurabilityWait = durScalar(wait)
+	}
+	s.Encrypt = boolScalar(p.Encrypt)
+
+	// rollout
+	s.Enforcement = errs.keep(enforcements.name(p.Enforcement))
+	s.ShadowHeader = str(p.ShadowHeader)
+	s.AdoptShadow = boolScalar(p.AdoptShadowRecords)
+
+	// responses
+	rules, err := unresponses(p.ResponseRules)
+	errs.add(err)
+	s.Responses = rules
+	s.OnStreamReset = str(p.OnStreamReset.String())
+	s.RetryAfter = durScalar(p.RetryAfter)
+	s.WaitForInFlight = durScalar(p.WaitForInFlight)
+
+	s.Answers = errs.keep(answerModes.name(p.Answers))
+	return errors.Join(errs...)
+}
+
+// errList gathers the errors of one policy's unapply.
+type errList []error
+
+func (e *errList) add(err error) {
+	if err != nil {
+		*e = append(*e, err)
+	}
+}
+
+// keep returns v, keeping err.
+func (e *errList) keep(v scalar, err error) scalar {
+	e.add(err)
+	return v
+}
+
+// unapplyKey writes the key group.
+func unapplyKey(s *settings, p *policy.Policy, errs *errList) {
 	from := p.KeySources
 	if len(from) == 0 {
 		from = []policy.KeySource{policy.KeyFromHeader}
 	}
 	s.Key.From = scalars{Set: true}
 	for _, src := range from {
-		s.Key.From.Items = append(s.Key.From.Items, keep(keySources.name(src)))
+		s.Key.From.Items = append(s.Key.From.Items, errs.keep(keySources.name(src)))
 	}
 	if p.KeyFrom(policy.KeyFromHeader) {
 		s.Key.Header = str(p.KeyHeader)
@@ -166,66 +225,20 @@ func unapply(s *settings, p *policy.Policy) error {
 		s.Key.WarnUntil = str(p.KeyWarnUntil.Format(time.RFC3339Nano))
 	}
 
-	// scope
+}
+
+// unapplyScope writes the scope group.
+func unapplyScope(s *settings, p *policy.Policy, errs *errList) {
 	sc := &p.Scope
-	s.Scope.From = keep(scopeSources.name(sc.Source))
+	s.Scope.From = errs.keep(scopeSources.name(sc.Source))
 	switch sc.Source {
 	case policy.ScopeHeader:
 		s.Scope.Header = str(sc.Header)
 	case policy.ScopeMetadata:
 		s.Scope.Metadata = metadataRef{Namespace: str(sc.Namespace), Path: list(sc.Path)}
 	case policy.ScopePrincipal:
-		s.Scope.PeerIdentity = keep(peerIdentities.name(sc.PeerIdentity))
+		s.Scope.PeerIdentity = errs.keep(peerIdentities.name(sc.PeerIdentity))
 	}
-
-	// bodies
-	s.MaxRequestBody = sizeScalar(p.MaxRequestBody)
-	s.MaxStoredBody = sizeScalar(p.MaxStoredBody)
-	s.Fingerprint = fingerprintCfg{
-		Headers: list(p.FingerprintHeaders),
-		JSON:    boolScalar(p.FingerprintJSON),
-		Include: pointerList(p.FingerprintInclude),
-		Exclude: pointerList(p.FingerprintExclude),
-	}
-	s.StoredHeaders.Deny = list(p.StoredHeaderDeny)
-	s.Compression.Mode = keep(compressionModes.name(p.Compression.Off))
-	if p.Compression.Dictionary != "" {
-		s.Compression.Dictionary = str(p.Compression.Dictionary)
-	}
-	if len(p.Compression.PreviousDictionaries) > 0 {
-		s.Compression.PreviousDictionaries = list(p.Compression.PreviousDictionaries)
-	}
-
-	// durability
-	s.Retention = durScalar(p.Retention)
-	s.Lease = durScalar(p.Lease)
-	s.OnLeaseExpiry = keep(leaseExpiries.name(p.LeaseExpiry))
-	s.StoreFailure = keep(failureModes.name(p.FailureMode))
-	s.Durability = keep(durabilities.name(p.Durability))
-	if p.Durability == policy.DurabilityReplicated {
-		n, wait := p.WaitReplicas()
-		s.DurabilityReps = intScalar(n)
-		s.DurabilityWait = durScalar(wait)
-	}
-	s.Encrypt = boolScalar(p.Encrypt)
-
-	// rollout
-	s.Enforcement = keep(enforcements.name(p.Enforcement))
-	s.ShadowHeader = str(p.ShadowHeader)
-	s.AdoptShadow = boolScalar(p.AdoptShadowRecords)
-
-	// responses
-	rules, err := unresponses(p.ResponseRules)
-	if err != nil {
-		errs = append(errs, err)
-	}
-	s.Responses = rules
-	s.OnStreamReset = str(p.OnStreamReset.String())
-	s.RetryAfter = durScalar(p.RetryAfter)
-	s.WaitForInFlight = durScalar(p.WaitForInFlight)
-
-	s.Answers = keep(answerModes.name(p.Answers))
-	return errors.Join(errs...)
 }
 
 // unresponses writes a policy's own response rules: those before the

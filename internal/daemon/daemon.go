@@ -27,6 +27,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/idem-extproc/idem-extproc/internal/admin"
+	"github.com/idem-extproc/idem-extproc/internal/asynclog"
 	"github.com/idem-extproc/idem-extproc/internal/config"
 	"github.com/idem-extproc/idem-extproc/internal/extproc"
 	"github.com/idem-extproc/idem-extproc/internal/idem"
@@ -85,14 +86,14 @@ func NewLogger(cfg Config, w io.Writer) *slog.Logger {
 	return slog.New(slog.NewJSONHandler(w, opts))
 }
 
-// logFormat builds the handler the asyncLog formats with: NewLogger's, with
-// JSON lines written by jsonLineHandler (the same bytes, cheaper to format).
+// logFormat builds the handler the log queue (asynclog.Queue) formats with: NewLogger's, with
+// JSON lines written by asynclog.NewJSONLineHandler (the same bytes, cheaper to format).
 func logFormat(cfg Config) func(io.Writer) slog.Handler {
 	return func(w io.Writer) slog.Handler {
 		if cfg.LogFormat == "text" {
 			return NewLogger(cfg, w).Handler()
 		}
-		return newJSONLineHandler(w, &slog.HandlerOptions{Level: cfg.LogLevel})
+		return asynclog.NewJSONLineHandler(w, &slog.HandlerOptions{Level: cfg.LogLevel})
 	}
 }
 
@@ -305,8 +306,8 @@ func Main(ctx context.Context, args []string, getenv func(string) string, stderr
 		return 2
 	}
 	// Log records are formatted and written to stderr by one goroutine,
-	// off the request path, in batches when the server is busy (asyncLog).
-	logQueue, log := newAsyncLog(stderr, logFormat(cfg))
+	// off the request path, in batches when the server is busy (asynclog.Queue).
+	logQueue, log := asynclog.New(stderr, logFormat(cfg))
 	defer func() {
 		if n := logQueue.Waits(); n > 0 {
 			log.Warn("the log output was slower than the server: requests waited for it", slog.Uint64("waits", n))

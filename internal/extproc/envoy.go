@@ -13,7 +13,6 @@ import (
 
 	"github.com/idem-extproc/idem-extproc/internal/attempt"
 	"github.com/idem-extproc/idem-extproc/internal/envoyorigin"
-	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/policy"
 )
 
@@ -31,25 +30,16 @@ type envoyFacts struct {
 	flow     *extprocv3.ProcessingRequest_FlowControlInit
 }
 
-// envoyFactsOf reads a message's facts. The attributes are in
-// ProcessingRequest.attributes (current), or in the deprecated
-// HttpHeaders.attributes (older versions).
-func envoyFactsOf(req *extprocv3.ProcessingRequest) envoyFacts {
-	f := envoyFacts{metadata: req.GetMetadataContext(), protocol: req.GetProtocolConfig(), flow: req.GetFlowControlInit()}
-	if a := req.GetAttributes()[attributesKey]; a != nil {
-		f.attrs = a
-		return f
-	}
-	var hh *extprocv3.HttpHeaders
-	switch r := req.GetRequest().(type) {
-	case *extprocv3.ProcessingRequest_RequestHeaders:
-		hh = r.RequestHeaders
-	case *extprocv3.ProcessingRequest_ResponseHeaders:
-		hh = r.ResponseHeaders
+// attributesOf returns the attribute struct of a message: the one in
+// ProcessingRequest.attributes (current), passed here as current, or the
+// one in the deprecated HttpHeaders.attributes of its headers (older
+// versions).
+func attributesOf(current map[string]*structpb.Struct, hh *extprocv3.HttpHeaders) *structpb.Struct {
+	if a := current[attributesKey]; a != nil {
+		return a
 	}
 	//lint:ignore SA1019 older Envoys sent attributes here; still read for them.
-	f.attrs = hh.GetAttributes()[attributesKey]
-	return f
+	return hh.GetAttributes()[attributesKey]
 }
 
 // target is what the request headers say of the request and its caller.
@@ -88,27 +78,6 @@ func isGRPCContentType(ct string) bool {
 	return ct == "application/grpc" || strings.HasPrefix(ct, "application/grpc+") || strings.HasPrefix(ct, "application/grpc;")
 }
 
-// scopeOf reads the owner of the request's key space where pol says
-// (attempt.Admit judges it); "" when the request carries none.
-func (s *Server) scopeOf(ctx context.Context, a *attempt.Attempt, pol *policy.Policy, authority string, hs *corev3.HeaderMap, f *envoyFacts) string {
-	switch sc := pol.Scope; sc.Source {
-	case policy.ScopeAuthority:
-		return authority
-	case policy.ScopeHeader:
-		scope, _ := findHeader(hs, sc.Header)
-		return scope
-	case policy.ScopeMetadata:
-		return metadataString(f.metadata, sc.Namespace, sc.Path)
-	case policy.ScopePrincipal:
-		name := PrincipalAttribute(sc.PeerIdentity)
-		if !hasAttr(f.attrs, name) {
-			s.missingAttribute(ctx, a, pol.Name, name, "every request of the policy is refused 401 principal-missing")
-		}
-		return attrString(f.attrs, name)
-	}
-	return "" // ScopeNone
-}
-
 // metadataString reads a string or number at path in one namespace of the
 // forwarded dynamic metadata.
 func metadataString(md *corev3.Metadata, ns string, path []string) string {
@@ -145,17 +114,6 @@ func (s *Server) missingAttribute(ctx context.Context, a *attempt.Attempt, polic
 		slog.String("consequence", why))
 }
 
-// routeNameMissing reports, for each policy of set that matches on route
-// names, a request that came without xds.route_name: such a policy can
-// never match.
-func (s *Server) routeNameMissing(ctx context.Context, a *attempt.Attempt, set *policy.Set) {
-	for _, pol := range set.Policies {
-		if len(pol.Match.RouteNames) > 0 {
-			s.missingAttribute(ctx, a, pol.Name, envoyorigin.AttrRouteName, "the policy matches on route names and protects nothing")
-		}
-	}
-}
-
 // PrincipalAttribute names the attribute a principal scope reads.
 func PrincipalAttribute(id policy.PeerIdentity) string {
 	switch id {
@@ -165,41 +123,6 @@ func PrincipalAttribute(id policy.PeerIdentity) string {
 		return envoyorigin.AttrSubjectPeer
 	}
 	return envoyorigin.AttrURISanPeer
-}
-
-// responseOrigin classifies a response from its attributes. Without
-// response.code_details a response of Envoy's own (a 504 route timeout, a
-// 503 reset) looks like the upstream's and would be stored and replayed;
-// without upstream.request_attempt_count a router failure after a retry
-// looks like a first attempt that never left, and is kept as maybe-sent
-// instead of released. Both absences are reported for a request that holds
-// a record. retried says whether an earlier upstream attempt may have been
-// sent (Signals.MayHaveRetried). grpc-go's filter (gRFC A93, proxyless)
-// makes no local replies of Envoy's kind and no router retries: there is
-// nothing for the attributes to tell apart, and its client makes one
-// attempt per call.
-func (s *Server) responseOrigin(ctx context.Context, a *attempt.Attempt, attrs *structpb.Struct, proxyless bool) (origin idem.Origin, retried bool) {
-	fields := attrs.GetFields()
-	dv, hasDetails := fields[envoyorigin.AttrCodeDetails]
-	// Envoy sends a CEL uint as a number (matching_utils.cc
-	// evaluateAttributes); any other kind is not a count.
-	_, hasAttempts := fields[envoyorigin.AttrAttemptCount].GetKind().(*structpb.Value_NumberValue)
-	if a.Held() && !proxyless {
-		if !hasDetails {
-			s.missingAttribute(ctx, a, a.Policy.Name, envoyorigin.AttrCodeDetails,
-				"Envoy's own error replies cannot be told from the upstream's and are stored as its answer")
-		}
-		if !hasAttempts {
-			s.missingAttribute(ctx, a, a.Policy.Name, envoyorigin.AttrAttemptCount,
-				"a response after a router retry cannot be told from a first attempt's; what would be released (a connection failure, an overflow, the upstream's 408/425/429) is kept as outcome unknown instead")
-		}
-	}
-	sig := envoyorigin.Signals{
-		Details: valueString(dv), HasDetails: hasDetails,
-		Flags:    attrUint(attrs, envoyorigin.AttrFlags),
-		Attempts: attrUint(attrs, envoyorigin.AttrAttemptCount), HasAttempts: hasAttempts,
-	}
-	return envoyorigin.Classify(sig), sig.MayHaveRetried() && !proxyless
 }
 
 // hasAttr reports whether Envoy sent the attribute at all (an unnamed

@@ -11,7 +11,7 @@ import (
 
 // TestFinishedOnlyWhereEnvoyKeepsTheBody: a stream is ended early only past
 // every decision, with nothing owed to a later message, and only in the
-// body modes in which Envoy holds the body itself (finish.go). Removing any
+// body modes in which Envoy holds the body itself (stream.go, processor.finished). Removing any
 // one condition from finished fails a case here.
 func TestFinishedOnlyWhereEnvoyKeepsTheBody(t *testing.T) {
 	s := New(Config{})

@@ -13,11 +13,11 @@ import (
 )
 
 // TestServerEndsAFinishedStream: once the server needs nothing more of a
-// request, it ends the stream with OK right after its reply (finish.go),
+// request, it ends the stream with OK right after its reply (stream.go, processor.finished),
 // without waiting for the client to close it; until then every message
 // gets its reply. Each case sends its messages one by one, reading each
 // reply, and never half-closes: the last Recv returns io.EOF only when the
-// server itself ended the stream. Before finish.go every case failed at
+// server itself ended the stream. Before the server ended finished streams every case failed at
 // that last Recv (it waited out the context). Where the stream stays open
 // is TestFinishedOnlyWhereEnvoyKeepsTheBody.
 func TestServerEndsAFinishedStream(t *testing.T) {

@@ -2,8 +2,8 @@ package extproc
 
 import (
 	"context"
+	"encoding/binary"
 
-	procmodev3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 
 	"github.com/idem-extproc/idem-extproc/internal/idem"
@@ -36,7 +36,7 @@ type rpcState struct {
 	call bool
 	// proxyless: grpc-go's filter. It reports no gRPC status to ext_proc
 	// (grpc-status is not part of the trailer metadata it forwards), so the
-	// outcome is inferred: see settleRPC.
+	// outcome is inferred: see settleResponse.
 	proxyless bool
 	// response: the response is a gRPC response (its status decides).
 	response bool
@@ -58,12 +58,6 @@ type rpcState struct {
 	flow      bool
 	reqWindow int64
 	reqUnack  int64
-}
-
-// echoes reports whether a body mode makes the client forward only what the
-// server sends back.
-func echoes(m procmodev3.ProcessingMode_BodySendMode) bool {
-	return m == procmodev3.ProcessingMode_GRPC || m == procmodev3.ProcessingMode_FULL_DUPLEX_STREAMED
 }
 
 // release is which withheld replies the stream loop sends next.
@@ -138,42 +132,15 @@ func (p *processor) onStreamedRequestBody(ctx context.Context, body *extprocv3.H
 	}}
 }
 
-// cont lets the message go on: every withheld reply goes first, then the
-// message's own CONTINUE, or in an echo mode its body sent back.
-func (p *processor) cont() *extprocv3.ProcessingResponse {
-	p.rpc.releaseAll()
-	return p.echo()
-}
+// frameHeaderLen is a gRPC frame's prefix: the compressed flag and the
+// message length (gRPC's PROTOCOL-HTTP2.md, Length-Prefixed-Message).
+const frameHeaderLen = 5
 
-// echo answers the current message with CONTINUE; a body message in an
-// echo mode is answered with its body sent back unchanged as a
-// streamed_response (a reply without one fails the call in grpc-go and is
-// spurious to Envoy).
-func (p *processor) echo() *extprocv3.ProcessingResponse {
-	resp := continueFor(p.phase)
-	var br *extprocv3.BodyResponse
-	switch p.phase {
-	case phaseRequestBody:
-		if !echoes(p.requestBodyMode) {
-			return resp
-		}
-		br = resp.GetRequestBody()
-	case phaseResponseBody:
-		if !echoes(p.responseBodyMode) {
-			return resp
-		}
-		br = resp.GetResponseBody()
-	default:
-		return resp
+func appendFrame(dst, msg []byte, compressed bool) []byte {
+	var prefix [frameHeaderLen]byte
+	if compressed {
+		prefix[0] = 1
 	}
-	body := p.msgBody
-	br.Response = &extprocv3.CommonResponse{BodyMutation: &extprocv3.BodyMutation{
-		Mutation: &extprocv3.BodyMutation_StreamedResponse{StreamedResponse: &extprocv3.StreamedBodyResponse{
-			Body:                      body.GetBody(),
-			EndOfStream:               body.GetEndOfStream(),
-			EndOfStreamWithoutMessage: body.GetEndOfStreamWithoutMessage(),
-			GrpcMessageCompressed:     body.GetGrpcMessageCompressed(),
-		}},
-	}}
-	return resp
+	binary.BigEndian.PutUint32(prefix[1:], uint32(len(msg)))
+	return append(append(dst, prefix[:]...), msg...)
 }

@@ -68,7 +68,7 @@ func grpcReplay(r *idem.Response, proxyless bool) *extprocv3.ProcessingResponse 
 			outcome += ": " + msg
 		}
 	}
-	hs := []*corev3.HeaderValueOption{setHeader(ReplayedHeader, "true", false)}
+	hs := []*corev3.HeaderValueOption{setHeader(idem.ReplayedHeader, "true", false)}
 	return grpcAnswer(ReplayCode, "idempotent-replay: operation already completed with "+outcome, 200, hs,
 		"idempotency_replay", proxyless)
 }

@@ -6,6 +6,7 @@ import (
 	"strconv"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	procmodev3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -86,43 +87,10 @@ func (p *processor) passThrough() *extprocv3.ProcessingResponse {
 	return p.cont()
 }
 
-// passedResponseHeaders answers the response headers of a request that
-// holds no record. A request passed at its body could not skip the
-// response phases then (Envoy honours mode_override only in a reply to a
-// headers message: ext_proc.cc, onReceiveMessage, inHeaderProcessState),
-// so it skips the response body here: an unprotected MCP answer streamed
-// as text/event-stream (a long tool call's progress) is not held whole in
-// Envoy's buffer for a body phase that has nothing to do.
-func (p *processor) passedResponseHeaders() *extprocv3.ProcessingResponse {
-	if p.body != nil && !p.att.Held() && !p.rpc.call {
-		return continueWith(p.phase, skipResponseBody)
-	}
-	return continueFor(p.phase)
-}
-
-// withAddedHeaders adds respAdd to a response headers reply.
-func (p *processor) withAddedHeaders(resp *extprocv3.ProcessingResponse) *extprocv3.ProcessingResponse {
-	hr := resp.GetResponseHeaders()
-	if len(p.respAdd) == 0 || hr == nil {
-		return resp
-	}
-	if hr.Response == nil {
-		hr.Response = &extprocv3.CommonResponse{}
-	}
-	if hr.Response.HeaderMutation == nil {
-		hr.Response.HeaderMutation = &extprocv3.HeaderMutation{}
-	}
-	for _, h := range p.respAdd {
-		hr.Response.HeaderMutation.SetHeaders = append(hr.Response.HeaderMutation.SetHeaders, setHeader(h.Name, h.Value, h.Append))
-	}
-	p.respAdd = nil
-	return resp
-}
-
 // problemReply answers with a problem: RFC 9457 for HTTP, a gRPC status
 // for a gRPC call, a JSON-RPC error for a JSON-RPC call.
 func (p *processor) problemReply(prob *problem.Problem) *extprocv3.ProcessingResponse {
-	if p.answersJSONRPC() {
+	if p.body.answersJSONRPC() {
 		return jsonrpcProblem(prob, p.body.id) // jsonrpcanswer.go
 	}
 	if !p.rpc.call {
@@ -148,7 +116,7 @@ func (p *processor) problemReply(prob *problem.Problem) *extprocv3.ProcessingRes
 // run and what it returned cannot be told.
 func (p *processor) replayReply(ctx context.Context, r *idem.Response) *extprocv3.ProcessingResponse {
 	switch {
-	case p.answersJSONRPC():
+	case p.body.answersJSONRPC():
 		out, err := attempt.JSONRPCReplay(*r, p.body.id)
 		if err != nil {
 			p.att.LogAt(ctx, slog.LevelWarn, "stored response cannot be replayed as a JSON-RPC response; answering outcome-unknown",
@@ -170,4 +138,50 @@ func (p *processor) replayReply(ctx context.Context, r *idem.Response) *extprocv
 			slog.Int("dropped", dropped))
 	}
 	return resp
+}
+
+// cont lets the message go on: every withheld reply goes first, then the
+// message's own CONTINUE, or in an echo mode its body sent back.
+func (p *processor) cont() *extprocv3.ProcessingResponse {
+	p.rpc.releaseAll()
+	return p.echo()
+}
+
+// echo answers the current message with CONTINUE; a body message in an
+// echo mode is answered with its body sent back unchanged as a
+// streamed_response (a reply without one fails the call in grpc-go and is
+// spurious to Envoy).
+func (p *processor) echo() *extprocv3.ProcessingResponse {
+	resp := continueFor(p.phase)
+	var br *extprocv3.BodyResponse
+	switch p.phase {
+	case phaseRequestBody:
+		if !echoes(p.requestBodyMode) {
+			return resp
+		}
+		br = resp.GetRequestBody()
+	case phaseResponseBody:
+		if !echoes(p.responseBodyMode) {
+			return resp
+		}
+		br = resp.GetResponseBody()
+	default:
+		return resp
+	}
+	body := p.msgBody
+	br.Response = &extprocv3.CommonResponse{BodyMutation: &extprocv3.BodyMutation{
+		Mutation: &extprocv3.BodyMutation_StreamedResponse{StreamedResponse: &extprocv3.StreamedBodyResponse{
+			Body:                      body.GetBody(),
+			EndOfStream:               body.GetEndOfStream(),
+			EndOfStreamWithoutMessage: body.GetEndOfStreamWithoutMessage(),
+			GrpcMessageCompressed:     body.GetGrpcMessageCompressed(),
+		}},
+	}}
+	return resp
+}
+
+// echoes reports whether a body mode makes the client forward only what the
+// server sends back.
+func echoes(m procmodev3.ProcessingMode_BodySendMode) bool {
+	return m == procmodev3.ProcessingMode_GRPC || m == procmodev3.ProcessingMode_FULL_DUPLEX_STREAMED
 }

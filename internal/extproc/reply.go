@@ -14,13 +14,6 @@ import (
 	"github.com/idem-extproc/idem-extproc/internal/problem"
 )
 
-// ReplayedHeader marks an answer served from a stored record.
-const ReplayedHeader = "idempotent-replayed"
-
-// BodyOmittedHeader marks a replay whose original body was too large to
-// store: the operation completed, but its body cannot be repeated.
-const BodyOmittedHeader = "idempotent-body-omitted"
-
 // continueFor answers a message of phase ph with CONTINUE and no changes,
 // in the reply type that matches the message (Envoy rejects any other as
 // spurious).
@@ -278,9 +271,9 @@ func replayResponse(r *idem.Response, keep func(name string) bool) (resp *extpro
 		size += len(h.Value)
 	}
 	hs := newHeaderSet(len(r.Headers)+2, size)
-	hs.add(ReplayedHeader, "true", false)
+	hs.add(idem.ReplayedHeader, "true", false)
 	if r.BodyOmitted {
-		hs.add(BodyOmittedHeader, "true", false)
+		hs.add(idem.BodyOmittedHeader, "true", false)
 	}
 	// The markers take their share of the budget.
 	count, bytes := len(hs.list), 0
@@ -291,7 +284,7 @@ func replayResponse(r *idem.Response, keep func(name string) bool) (resp *extpro
 		if r.BodyOmitted && h.Name == "content-type" {
 			continue // there is no body to describe
 		}
-		if !keep(h.Name) || h.Name == ReplayedHeader || h.Name == BodyOmittedHeader {
+		if !keep(h.Name) || h.Name == idem.ReplayedHeader || h.Name == idem.BodyOmittedHeader {
 			continue
 		}
 		if !safeHeader(h.Name, h.Value) || count+1 > replayBudget.headers || bytes+len(h.Name)+len(h.Value) > replayBudget.bytes {

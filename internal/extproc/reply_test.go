@@ -23,13 +23,13 @@ func TestReplayHeadersAsSetHeaderBuildsThem(t *testing.T) {
 		{Name: "x-bad", Value: "split\r\nx: y"},
 		{Name: "x-dup", Value: "2"},
 		{Name: "x-denied", Value: "v"},
-		{Name: ReplayedHeader, Value: "forged"},
+		{Name: idem.ReplayedHeader, Value: "forged"},
 		{Name: "location", Value: "/orders/1"},
 		{Name: "x-dup", Value: ""},
 	}}
 	keep := func(name string) bool { return name != "x-denied" }
 	want := []*corev3.HeaderValueOption{
-		setHeader(ReplayedHeader, "true", false),
+		setHeader(idem.ReplayedHeader, "true", false),
 		setHeader("content-type", "application/json", false),
 		setHeader("set-cookie", "a=1", false),
 		setHeader("x-dup", "1", false),
@@ -78,7 +78,7 @@ func TestReplayKeepsWithinEnvoysLimits(t *testing.T) {
 		if count+2 > envoyMaxHeaders || bytes > envoyMaxHeaderBytes || dropped == 0 {
 			t.Errorf("%s: %d headers, %d bytes, %d dropped: over Envoy's limits", name, count, bytes, dropped)
 		}
-		if set[0].GetHeader().GetKey() != ReplayedHeader || (r.BodyOmitted && set[1].GetHeader().GetKey() != BodyOmittedHeader) {
+		if set[0].GetHeader().GetKey() != idem.ReplayedHeader || (r.BodyOmitted && set[1].GetHeader().GetKey() != idem.BodyOmittedHeader) {
 			t.Errorf("%s: the markers must be kept, first", name)
 		}
 	}

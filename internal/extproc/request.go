@@ -2,6 +2,7 @@ package extproc
 
 import (
 	"context"
+	"errors"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	procmodev3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
@@ -18,6 +19,35 @@ import (
 // The request side: what Envoy's request messages say, handed to the
 // attempt at each of its decision points (match, key, scope, body,
 // reservation), each verdict rendered as the message's reply (render.go).
+
+// onRequest answers a message of the request's direction. An error is a
+// protocol violation (protocolError).
+func (p *processor) onRequest(ctx context.Context, m *message) (*extprocv3.ProcessingResponse, error) {
+	switch m.phase {
+	case phaseRequestHeaders:
+		if p.stage != stageRequestHeaders {
+			return nil, protocolError{errors.New("request_headers received twice")}
+		}
+		return p.onRequestHeaders(ctx, m.headers, &m.facts), nil
+	case phaseRequestBody:
+		switch p.stage {
+		case stageRequestHeaders:
+			return nil, protocolError{errors.New("request_body before request_headers")}
+		case stageRequestBody:
+			return p.onRequestBody(ctx, m.body), nil
+		}
+		return p.cont(), nil
+	}
+	// phaseRequestTrailers
+	switch p.stage {
+	case stageRequestHeaders:
+		return nil, protocolError{errors.New("request_trailers before request_headers")}
+	case stageRequestBody:
+		// The body is complete when trailers arrive.
+		return p.decide(ctx), nil
+	}
+	return continueFor(p.phase), nil
+}
 
 func (p *processor) onRequestHeaders(ctx context.Context, hh *extprocv3.HttpHeaders, f *envoyFacts) *extprocv3.ProcessingResponse {
 	hs := hh.GetHeaders()
@@ -48,8 +78,8 @@ func (p *processor) onRequestHeaders(ctx context.Context, hh *extprocv3.HttpHead
 	if present {
 		lines = countHeader(hs, p.att.Policy.KeyHeader)
 	}
-	adm, key, prob := p.att.AdmitKey(rawKey, lines, p.srv.cfg.Now())
-	if v := p.att.Admitted(ctx, adm, prob); v.Kind != attempt.Continue {
+	key, v := p.att.Key(ctx, rawKey, lines, p.srv.cfg.Now())
+	if v.Kind != attempt.Continue {
 		return p.render(ctx, v)
 	}
 	scope := p.srv.scopeOf(ctx, &p.att, p.att.Policy, t.authority, hs, f)
@@ -69,7 +99,7 @@ func (p *processor) onRequestHeaders(ctx context.Context, hh *extprocv3.HttpHead
 // at all, so the call is decided on its headers (its fingerprint then
 // lacks the message).
 func (p *processor) awaitBody(ctx context.Context) *extprocv3.ProcessingResponse {
-	if p.srv.budget.full() && !p.answersJSONRPC() {
+	if p.srv.budget.full() && !p.body.answersJSONRPC() {
 		// A JSON-RPC answer here could not carry the request's id, which
 		// only its body holds: such a request is refused at its body,
 		// where the budget refuses it still if it stays full.
@@ -198,6 +228,10 @@ type bodyDecision struct {
 	id      []byte
 }
 
+// answersJSONRPC reports whether the request's answers are JSON-RPC; d is
+// nil for a request not deferred to its body.
+func (d *bodyDecision) answersJSONRPC() bool { return d != nil && d.jsonrpc }
+
 // deferToBody reads, for every policy the request may end with, the key
 // header, the scope and the fingerprint headers, and waits for the body.
 // Until the body says otherwise, the first policy's limits (its
@@ -208,7 +242,14 @@ func (p *processor) deferToBody(ctx context.Context, hh *extprocv3.HttpHeaders, 
 	pols := p.policies.BodyCandidates(r, first)
 	d := &bodyDecision{cands: make([]attempt.Candidate, 0, len(pols)), jsonrpc: first.Answers == policy.AnswersJSONRPC}
 	for _, pol := range pols {
-		d.cands = append(d.cands, p.candidate(ctx, pol, r.Authority, hs, f))
+		c := attempt.Candidate{Policy: pol, Scope: p.srv.scopeOf(ctx, &p.att, pol, r.Authority, hs, f),
+			FPHeaders: selectHeaders(hs, pol.FingerprintHeaders)}
+		if pol.KeyFrom(policy.KeyFromHeader) {
+			if raw, ok := findHeader(hs, pol.KeyHeader); ok {
+				c.RawKey, c.KeyLines = raw, countHeader(hs, pol.KeyHeader)
+			}
+		}
+		d.cands = append(d.cands, c)
 	}
 	p.body = d
 	if hh.GetEndOfStream() {
@@ -217,17 +258,57 @@ func (p *processor) deferToBody(ctx context.Context, hh *extprocv3.HttpHeaders, 
 	return p.awaitBody(ctx)
 }
 
-// candidate reads what pol needs of the request's headers.
-func (p *processor) candidate(ctx context.Context, pol *policy.Policy, authority string, hs *corev3.HeaderMap, f *envoyFacts) attempt.Candidate {
-	c := attempt.Candidate{Policy: pol, Scope: p.srv.scopeOf(ctx, &p.att, pol, authority, hs, f),
-		FPHeaders: selectHeaders(hs, pol.FingerprintHeaders)}
-	if pol.KeyFrom(policy.KeyFromHeader) {
-		if raw, ok := findHeader(hs, pol.KeyHeader); ok {
-			c.RawKey, c.KeyLines = raw, countHeader(hs, pol.KeyHeader)
-		}
+// takeRequestBody keeps a request body chunk for the fingerprint, or
+// returns the problem to refuse the request with: 413 past the policy's
+// max_request_body, or what the server's body budget says
+// (bodyBudget.holdRequestBody).
+// In GRPC mode each message is framed as gRPC does on the wire, so that
+// message boundaries are part of the fingerprint; the half-close grpc-go
+// sends as end_of_stream_without_message adds nothing.
+func (p *processor) takeRequestBody(body *extprocv3.HttpBody) *problem.Problem {
+	msg := body.GetBody()
+	if len(p.reqBody)+len(msg) > p.att.Policy.MaxRequestBody {
+		return attempt.BodyTooLarge(p.att.Policy.MaxRequestBody)
 	}
-	return c
+	if prob := p.srv.budget.holdRequestBody(&p.held, len(p.reqBody), len(msg), p.att.Policy.RetryAfter); prob != nil {
+		return prob
+	}
+	if p.requestBodyMode != procmodev3.ProcessingMode_GRPC {
+		p.reqBody = append(p.reqBody, msg...)
+	} else if !(body.GetEndOfStream() && body.GetEndOfStreamWithoutMessage()) {
+		p.reqBody = appendFrame(p.reqBody, msg, body.GetGrpcMessageCompressed())
+	}
+	return nil
 }
 
-// answersJSONRPC reports whether this request's answers are JSON-RPC.
-func (p *processor) answersJSONRPC() bool { return p.body != nil && p.body.jsonrpc }
+// routeNameMissing reports, for each policy of set that matches on route
+// names, a request that came without xds.route_name: such a policy can
+// never match.
+func (s *Server) routeNameMissing(ctx context.Context, a *attempt.Attempt, set *policy.Set) {
+	for _, pol := range set.Policies {
+		if len(pol.Match.RouteNames) > 0 {
+			s.missingAttribute(ctx, a, pol.Name, envoyorigin.AttrRouteName, "the policy matches on route names and protects nothing")
+		}
+	}
+}
+
+// scopeOf reads the owner of the request's key space where pol says
+// (attempt.Admit judges it); "" when the request carries none.
+func (s *Server) scopeOf(ctx context.Context, a *attempt.Attempt, pol *policy.Policy, authority string, hs *corev3.HeaderMap, f *envoyFacts) string {
+	switch sc := pol.Scope; sc.Source {
+	case policy.ScopeAuthority:
+		return authority
+	case policy.ScopeHeader:
+		scope, _ := findHeader(hs, sc.Header)
+		return scope
+	case policy.ScopeMetadata:
+		return metadataString(f.metadata, sc.Namespace, sc.Path)
+	case policy.ScopePrincipal:
+		name := PrincipalAttribute(sc.PeerIdentity)
+		if !hasAttr(f.attrs, name) {
+			s.missingAttribute(ctx, a, pol.Name, name, "every request of the policy is refused 401 principal-missing")
+		}
+		return attrString(f.attrs, name)
+	}
+	return "" // ScopeNone
+}

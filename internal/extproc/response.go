@@ -8,7 +8,10 @@ import (
 	procmodev3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/idem-extproc/idem-extproc/internal/attempt"
+	"github.com/idem-extproc/idem-extproc/internal/envoyorigin"
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 )
 
@@ -18,6 +21,50 @@ import (
 // HTTP response's at its headers, a gRPC response's in its trailers, or in
 // the headers of a trailers-only response), and the record settled with
 // what was read (settleResponse).
+
+// onResponse answers a message of the response's direction.
+func (p *processor) onResponse(ctx context.Context, m *message) *extprocv3.ProcessingResponse {
+	switch m.phase {
+	case phaseResponseHeaders:
+		var resp *extprocv3.ProcessingResponse
+		switch p.stage {
+		case stageUpstream:
+			resp = p.onResponseHeaders(ctx, m.headers, &m.facts)
+		case stageRequestBody, stageRequestHeaders:
+			// The upstream answered before the request body was complete
+			// (possible only in STREAMED mode), or Envoy skipped the
+			// request path (mode SKIP): nothing was reserved, so there is
+			// nothing to record.
+			p.stage = stagePassThrough
+		}
+		if resp == nil {
+			resp = continueFor(p.phase)
+			if p.body != nil && !p.att.Held() && !p.rpc.call {
+				// A request passed at its body could not skip the response
+				// phases then (Envoy honours mode_override only in a reply
+				// to a headers message: ext_proc.cc, onReceiveMessage,
+				// inHeaderProcessState), so it skips the response body here:
+				// an unprotected MCP answer streamed as text/event-stream (a
+				// long tool call's progress) is not held whole in Envoy's
+				// buffer for a body phase that has nothing to do.
+				resp = continueWith(p.phase, skipResponseBody)
+			}
+		}
+		withAddedHeaders(resp, p.respAdd)
+		p.respAdd = nil
+		return resp
+	case phaseResponseBody:
+		if p.stage == stageResponseBody {
+			return p.onResponseBody(ctx, m.body)
+		}
+		return p.cont()
+	}
+	// phaseResponseTrailers: a gRPC call's status is here.
+	if p.stage == stageResponseBody {
+		p.settleResponse(ctx, headerList(m.trailers.GetTrailers()))
+	}
+	return p.cont()
+}
 
 func (p *processor) onResponseHeaders(ctx context.Context, hh *extprocv3.HttpHeaders, f *envoyFacts) *extprocv3.ProcessingResponse {
 	hs := hh.GetHeaders()
@@ -173,7 +220,7 @@ func (p *processor) settleStored(ctx context.Context) {
 	}
 	p.stage = stagePassThrough
 	resp := idem.Response{Status: p.respStatus, Headers: p.respHeaders, Body: p.respBody, BodyOmitted: p.respTooLarge}
-	if p.answersJSONRPC() {
+	if p.body.answersJSONRPC() {
 		p.att.SettleCall(ctx, resp, p.body.id, slog.Int("status", p.respStatus), slog.Bool("body_omitted", p.respTooLarge))
 		return
 	}
@@ -201,4 +248,85 @@ func (p *processor) settleAtEnd() {
 		partial = &idem.Response{Status: p.respStatus, Headers: p.respHeaders, BodyOmitted: true}
 	}
 	p.att.SettleAtEnd(p.trace.background(), partial)
+}
+
+// storeResponseBytes keeps a response body chunk for the record, up to the
+// policy's max_stored_body and within the server's body budget; past
+// either the response is recorded without its body. grpc-go sends bare
+// messages; in GRPC mode they are stored framed, as gRPC sends them on the
+// wire and Envoy passes them. It counts the response's messages (a gRPC
+// call's outcome may be inferred from them: settleResponse).
+func (p *processor) storeResponseBytes(body *extprocv3.HttpBody) {
+	p.rpc.messages++
+	if p.respTooLarge {
+		return
+	}
+	framed := p.responseBodyMode == procmodev3.ProcessingMode_GRPC
+	n := len(body.GetBody())
+	if framed {
+		n += frameHeaderLen
+	}
+	if len(p.respBody)+n > p.att.Policy.MaxStoredBody || !p.srv.budget.hold(&p.held, n) {
+		p.respTooLarge, p.respBody = true, nil
+		p.srv.budget.release(&p.held)
+		return
+	}
+	if framed {
+		p.respBody = appendFrame(p.respBody, body.GetBody(), body.GetGrpcMessageCompressed())
+	} else {
+		p.respBody = append(p.respBody, body.GetBody()...)
+	}
+}
+
+// responseOrigin classifies a response from its attributes. Without
+// response.code_details a response of Envoy's own (a 504 route timeout, a
+// 503 reset) looks like the upstream's and would be stored and replayed;
+// without upstream.request_attempt_count a router failure after a retry
+// looks like a first attempt that never left, and is kept as maybe-sent
+// instead of released. Both absences are reported for a request that holds
+// a record. retried says whether an earlier upstream attempt may have been
+// sent (Signals.MayHaveRetried). grpc-go's filter (gRFC A93, proxyless)
+// makes no local replies of Envoy's kind and no router retries: there is
+// nothing for the attributes to tell apart, and its client makes one
+// attempt per call.
+func (s *Server) responseOrigin(ctx context.Context, a *attempt.Attempt, attrs *structpb.Struct, proxyless bool) (origin idem.Origin, retried bool) {
+	fields := attrs.GetFields()
+	dv, hasDetails := fields[envoyorigin.AttrCodeDetails]
+	// Envoy sends a CEL uint as a number (matching_utils.cc
+	// evaluateAttributes); any other kind is not a count.
+	_, hasAttempts := fields[envoyorigin.AttrAttemptCount].GetKind().(*structpb.Value_NumberValue)
+	if a.Held() && !proxyless {
+		if !hasDetails {
+			s.missingAttribute(ctx, a, a.Policy.Name, envoyorigin.AttrCodeDetails,
+				"Envoy's own error replies cannot be told from the upstream's and are stored as its answer")
+		}
+		if !hasAttempts {
+			s.missingAttribute(ctx, a, a.Policy.Name, envoyorigin.AttrAttemptCount,
+				"a response after a router retry cannot be told from a first attempt's; what would be released (a connection failure, an overflow, the upstream's 408/425/429) is kept as outcome unknown instead")
+		}
+	}
+	sig := envoyorigin.Signals{
+		Details: valueString(dv), HasDetails: hasDetails,
+		Flags:    attrUint(attrs, envoyorigin.AttrFlags),
+		Attempts: attrUint(attrs, envoyorigin.AttrAttemptCount), HasAttempts: hasAttempts,
+	}
+	return envoyorigin.Classify(sig), sig.MayHaveRetried() && !proxyless
+}
+
+// withAddedHeaders adds the headers verdicts added (processor.respAdd) to
+// a response headers reply.
+func withAddedHeaders(resp *extprocv3.ProcessingResponse, add []attempt.ResponseHeader) {
+	hr := resp.GetResponseHeaders()
+	if len(add) == 0 || hr == nil {
+		return
+	}
+	if hr.Response == nil {
+		hr.Response = &extprocv3.CommonResponse{}
+	}
+	if hr.Response.HeaderMutation == nil {
+		hr.Response.HeaderMutation = &extprocv3.HeaderMutation{}
+	}
+	for _, h := range add {
+		hr.Response.HeaderMutation.SetHeaders = append(hr.Response.HeaderMutation.SetHeaders, setHeader(h.Name, h.Value, h.Append))
+	}
 }

@@ -101,7 +101,7 @@ func TestOutOfOrderSequencesEndTheStream(t *testing.T) {
 		{"unprotected response body after response headers with end_of_stream", func(string) seq { return seq{reqH(true, ""), respH(true), respB(true)} }},
 	}
 	// With BUFFERED known, the pass-through decided at those response
-	// headers ends the stream (finish.go): the server has read its last
+	// headers ends the stream (stream.go, processor.finished): the server has read its last
 	// message before the violation comes, and the stream ends with OK.
 	finishedFirst := map[string]bool{
 		"BUFFERED request body after response headers":     true,
@@ -188,7 +188,7 @@ func TestClientSequencesAreServed(t *testing.T) {
 		}},
 	}
 	// The server ends these streams with OK after that many replies
-	// (finish.go) and reads no later message: in BUFFERED mode the body is
+	// (stream.go, processor.finished) and reads no later message: in BUFFERED mode the body is
 	// whole even when trailers follow, so the record is stored at the
 	// response body and nothing is left to do.
 	endsAfter := map[string]int{

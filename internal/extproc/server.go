@@ -15,15 +15,11 @@ package extproc
 
 import (
 	"context"
-	"errors"
-	"io"
 	"log/slog"
 	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"go.opentelemetry.io/otel/trace"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	"github.com/idem-extproc/idem-extproc/internal/attempt"
 	"github.com/idem-extproc/idem-extproc/internal/idem"
@@ -144,63 +140,3 @@ type nopEnvoyObserver struct{}
 
 func (nopEnvoyObserver) MissingAttribute(string, string)  {}
 func (nopEnvoyObserver) ReplayHeadersDropped(string, int) {}
-
-// Process serves one ext_proc stream, that is one HTTP request.
-func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
-	ctx := stream.Context()
-	s.obs.StreamStarted()
-	defer s.obs.StreamEnded()
-	p := newProcessor(s, s.cfg.Policies())
-	err := s.serve(ctx, stream, p)
-	p.settleAtEnd()
-	s.budget.release(&p.held)
-	p.trace.end(&p.att, err)
-	return err
-}
-
-// serve is the stream loop: it reads each message, has the processor
-// answer it, and sends what the answer queued, in protocol order: replies
-// withheld until now (rpcState), then the reply to the message itself.
-// A duplicate that waits for the attempt in flight first gets Envoy's
-// timer extended, then the wait's verdict (processor.resume).
-func (s *Server) serve(ctx context.Context, stream extprocv3.ExternalProcessor_ProcessServer, p *processor) error {
-	for {
-		req, err := stream.Recv()
-		if err != nil {
-			// Envoy ends every stream with a half-close and a reset, so EOF
-			// and Canceled are the normal end, not failures.
-			if errors.Is(err, io.EOF) || status.Code(err) == codes.Canceled || errors.Is(err, context.Canceled) {
-				return nil
-			}
-			return err
-		}
-		m := messageOf(req)
-		pctx, span := p.trace.startPhase(ctx, s.tracer, &m)
-		resp, err := p.handle(pctx, &m)
-		for err == nil {
-			for _, r := range p.rpc.released() {
-				if err = stream.Send(r); err != nil {
-					break
-				}
-			}
-			if err == nil && resp != nil {
-				err = stream.Send(resp)
-			}
-			if err != nil || !p.waiting {
-				break
-			}
-			resp = p.resume(pctx)
-		}
-		span.End()
-		if _, bad := err.(protocolError); bad {
-			p.att.LogAt(ctx, slog.LevelWarn, "ext_proc protocol error", slog.String("error", err.Error()))
-			return status.Error(codes.InvalidArgument, err.Error())
-		}
-		if err != nil {
-			return err
-		}
-		if p.finished() {
-			return nil
-		}
-	}
-}

@@ -26,7 +26,7 @@ func checkRequest(t *testing.T, data []byte) {
 	wantErr := proto.Unmarshal(data, want)
 	in := bytes.Clone(data)
 	got := new(extprocv3.ProcessingRequest)
-	gotErr := UnmarshalRequest(in, got)
+	gotErr := unmarshalRequest(in, got)
 	if (wantErr == nil) != (gotErr == nil) {
 		t.Fatalf("proto.Unmarshal: %v, UnmarshalRequest: %v (input %x)", wantErr, gotErr, short(data))
 	}
@@ -56,7 +56,7 @@ func checkResponse(t *testing.T, m *extprocv3.ProcessingResponse) {
 			t.Fatalf("fast size %d, fast encoding %d bytes (message %v)", n, len(b), m)
 		}
 	}
-	b, err := MarshalResponse(m)
+	b, err := marshalResponse(m)
 	if (wantErr == nil) != (err == nil) {
 		t.Fatalf("proto.Marshal: %v, MarshalResponse: %v (message %v)", wantErr, err, m)
 	}

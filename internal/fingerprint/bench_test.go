@@ -96,7 +96,7 @@ func BenchmarkCanonicalJSON(b *testing.B) {
 			b.SetBytes(int64(len(body)))
 			b.ReportAllocs()
 			for range b.N {
-				if _, ok := CanonicalJSON(body); !ok {
+				if _, ok := canonicalJSON(body); !ok {
 					b.Fatal("refused")
 				}
 			}
@@ -104,7 +104,7 @@ func BenchmarkCanonicalJSON(b *testing.B) {
 	}
 }
 
-// BenchmarkCanonicalJSONReference measures the canonicaliser CanonicalJSON
+// BenchmarkCanonicalJSONReference measures the canonicaliser canonicalJSON
 // replaced (reference_test.go).
 func BenchmarkCanonicalJSONReference(b *testing.B) {
 	for _, tc := range canonicalSizes {

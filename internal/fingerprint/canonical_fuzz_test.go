@@ -20,9 +20,9 @@ func FuzzCanonicalMatchesReference(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
 		want, wantOK := referenceCanonicalJSON(body)
-		got, gotOK := CanonicalJSON(body)
+		got, gotOK := canonicalJSON(body)
 		if gotOK != wantOK || !bytes.Equal(got, want) {
-			t.Fatalf("CanonicalJSON(%q) = %q, %v; reference %q, %v", body, got, gotOK, want, wantOK)
+			t.Fatalf("canonicalJSON(%q) = %q, %v; reference %q, %v", body, got, gotOK, want, wantOK)
 		}
 	})
 }

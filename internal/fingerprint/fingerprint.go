@@ -24,7 +24,7 @@ type Request struct {
 	// Headers holds the request's headers; names must be lower case.
 	Headers []idem.Header
 	Body    []byte
-	// JSON canonicalises the body first (CanonicalJSON); a body that is
+	// JSON canonicalises the body first (canonicalJSON); a body that is
 	// not canonicalisable is taken as raw bytes, under a different tag, so
 	// the two forms never collide.
 	JSON bool

@@ -7,16 +7,13 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"unicode/utf8"
 
 	"github.com/idem-extproc/idem-extproc/internal/jsonpointer"
+	"github.com/idem-extproc/idem-extproc/internal/jsonscan"
 )
 
 // errNotCanonical reports a body the canonicaliser declines to rewrite.
 var errNotCanonical = errors.New("not canonicalisable JSON")
-
-// maxJSONDepth bounds nesting, so a hostile body cannot exhaust the stack.
-const maxJSONDepth = 200
 
 // JSONOptions narrows the JSON body that takes part in a fingerprint, by
 // RFC 6901 pointer, so that a JSON-RPC retry under a new "id",
@@ -37,38 +34,11 @@ type JSONOptions struct {
 
 func (o JSONOptions) empty() bool { return len(o.Include) == 0 && len(o.Exclude) == 0 }
 
-// CanonicalJSON rewrites a JSON document so that two serialisations of the
-// same value compare equal: object members sorted by key, no insignificant
-// whitespace, strings re-encoded from their decoded value as encoding/json
-// encodes them. Numbers keep their literal text (1 and 1.0 stay different:
-// a number is what the client sent), and a string never equals a number.
-// It reports false, and the caller should fingerprint the raw bytes, for
-// anything that is not exactly one JSON value (RFC 8259), for duplicate
-// member names (whose meaning differs between parsers) and for nesting
-// deeper than 200.
-//
-// It walks the body once, writing the canonical form into one buffer: no
-// tree and no per-token allocation. Only objects whose members arrive out
-// of order are rewritten in place, and only strings with escapes, HTML
-// characters or invalid UTF-8 go through encoding/json. Its output is
-// byte-for-byte that of the token-by-token canonicaliser it replaced
-// (reference_test.go, FuzzCanonicalMatchesReference).
-func CanonicalJSON(body []byte) ([]byte, bool) {
-	c := canonPool.Get().(*canon)
-	defer c.release()
-	out, ok := c.run(body, JSONOptions{})
-	if !ok {
-		return nil, false
-	}
-	return bytes.Clone(out), true
-}
-
 var canonPool = sync.Pool{New: func() any { return new(canon) }}
 
 // canon is the canonicaliser's reusable state.
 type canon struct {
-	data    []byte
-	pos     int
+	jsonscan.Scanner
 	out     []byte
 	scratch []byte
 	members []member // a stack: each open object's members sit on top
@@ -92,14 +62,14 @@ func (c *canon) release() {
 	if cap(c.out) > maxPooledBuffer || cap(c.scratch) > maxPooledBuffer {
 		return
 	}
-	c.data, c.include, c.exclude, c.captured = nil, nil, nil, nil
+	c.Scanner, c.include, c.exclude, c.captured = jsonscan.Scanner{}, nil, nil, nil
 	c.members = c.members[:0]
 	canonPool.Put(c)
 }
 
 // run canonicalises body under opts. The result aliases c's buffer.
 func (c *canon) run(body []byte, opts JSONOptions) ([]byte, bool) {
-	c.data, c.pos, c.out = body, 0, c.out[:0]
+	c.Scanner, c.out = jsonscan.Scanner{Data: body}, c.out[:0]
 	c.members = c.members[:0]
 	c.include, c.exclude = tokensOf(opts.Include), tokensOf(opts.Exclude)
 	c.captured = make([][]byte, len(c.include))
@@ -114,12 +84,12 @@ func (c *canon) run(body []byte, opts JSONOptions) ([]byte, bool) {
 	if emit && endsHere(c.exclude, exc, 0) {
 		emit = false // Exclude "" removes the whole body
 	}
-	c.skipSpace()
+	c.SkipSpace()
 	if err := c.value(0, emit, inc, exc); err != nil {
 		return nil, false
 	}
-	c.skipSpace()
-	if c.pos != len(c.data) {
+	c.SkipSpace()
+	if c.Pos != len(c.Data) {
 		return nil, false // trailing data after the value
 	}
 	if len(c.include) > 0 {
@@ -184,23 +154,12 @@ func child(ptrs [][]string, live []int, depth int, matches func(tok string) bool
 	return out
 }
 
-func (c *canon) skipSpace() {
-	for c.pos < len(c.data) {
-		switch c.data[c.pos] {
-		case ' ', '\t', '\n', '\r':
-			c.pos++
-		default:
-			return
-		}
-	}
-}
-
-// value reads the value at c.pos (after white space), at depth (the top
+// value reads the value at c.Pos (after white space), at depth (the top
 // level is 0), writing its canonical form to out when emit is set. inc and
 // exc are the include and exclude pointers whose first depth tokens lead
 // here.
 func (c *canon) value(depth int, emit bool, inc, exc []int) error {
-	if depth > maxJSONDepth {
+	if depth > jsonscan.MaxDepth {
 		return errNotCanonical
 	}
 	// An included value is written even where its parent is not; Exclude
@@ -228,87 +187,58 @@ func (c *canon) value(depth int, emit bool, inc, exc []int) error {
 }
 
 func (c *canon) bareValue(depth int, emit bool, inc, exc []int) error {
-	if c.pos >= len(c.data) {
+	if c.Pos >= len(c.Data) {
 		return errNotCanonical
 	}
-	switch ch := c.data[c.pos]; {
+	switch ch := c.Data[c.Pos]; {
 	case ch == '{':
 		return c.object(depth, emit, inc, exc)
 	case ch == '[':
 		return c.array(depth, emit, inc, exc)
 	case ch == '"':
-		raw, simple, err := c.scanString()
-		if err != nil {
-			return err
+		raw, _, simple, ok := c.String()
+		if !ok {
+			return errNotCanonical
 		}
 		if emit {
 			if simple {
 				c.out = append(c.out, raw...)
 			} else {
-				s, err := decodeString(raw)
-				if err != nil {
-					return err
+				s, ok := jsonscan.Decode(raw)
+				if !ok {
+					return errNotCanonical
 				}
 				c.out = appendMarshalled(c.out, string(s))
 			}
 		} else if !simple {
-			if _, err := decodeString(raw); err != nil {
-				return err
+			if _, ok := jsonscan.Decode(raw); !ok {
+				return errNotCanonical
 			}
 		}
 		return nil
 	case ch == '-' || ('0' <= ch && ch <= '9'):
-		start := c.pos
-		if err := c.scanNumber(); err != nil {
-			return err
+		start := c.Pos
+		if !c.Number() {
+			return errNotCanonical
 		}
 		if emit {
-			c.out = append(c.out, c.data[start:c.pos]...)
+			c.out = append(c.out, c.Data[start:c.Pos]...)
 		}
 		return nil
 	default:
-		for _, lit := range [...]string{"true", "false", "null"} {
-			if bytes.HasPrefix(c.data[c.pos:], []byte(lit)) {
-				c.pos += len(lit)
-				if emit {
-					c.out = append(c.out, lit...)
-				}
-				return nil
-			}
+		lit := c.Literal()
+		if lit == "" {
+			return errNotCanonical
 		}
-		return errNotCanonical
+		if emit {
+			c.out = append(c.out, lit...)
+		}
+		return nil
 	}
-}
-
-func (c *canon) expect(ch byte) error {
-	c.skipSpace()
-	if c.pos >= len(c.data) || c.data[c.pos] != ch {
-		return errNotCanonical
-	}
-	c.pos++
-	return nil
-}
-
-// separator reads what follows a member or an element: a comma (more
-// follow) or the container's closing byte (none do).
-func (c *canon) separator(closing byte) (more bool, err error) {
-	c.skipSpace()
-	if c.pos >= len(c.data) {
-		return false, errNotCanonical
-	}
-	switch c.data[c.pos] {
-	case ',':
-		c.pos++
-		return true, nil
-	case closing:
-		c.pos++
-		return false, nil
-	}
-	return false, errNotCanonical
 }
 
 func (c *canon) object(depth int, emit bool, inc, exc []int) error {
-	c.pos++ // '{'
+	c.Pos++ // '{'
 	objStart := len(c.out)
 	if emit {
 		c.out = append(c.out, '{')
@@ -316,30 +246,17 @@ func (c *canon) object(depth int, emit bool, inc, exc []int) error {
 	base := len(c.members)
 	defer func() { c.members = c.members[:base] }()
 	sorted, written := true, 0
-	c.skipSpace()
-	if c.pos < len(c.data) && c.data[c.pos] == '}' {
-		c.pos++
+	c.SkipSpace()
+	if c.Pos < len(c.Data) && c.Data[c.Pos] == '}' {
+		c.Pos++
 		if emit {
 			c.out = append(c.out, '}')
 		}
 		return nil
 	}
 	for {
-		c.skipSpace()
-		if c.pos >= len(c.data) || c.data[c.pos] != '"' {
-			return errNotCanonical
-		}
-		raw, simple, err := c.scanString()
+		raw, key, simple, err := c.memberName()
 		if err != nil {
-			return err
-		}
-		key := raw[1 : len(raw)-1]
-		if !simple {
-			if key, err = decodeString(raw); err != nil {
-				return err
-			}
-		}
-		if err := c.expect(':'); err != nil {
 			return err
 		}
 		var childInc, childExc []int
@@ -363,7 +280,7 @@ func (c *canon) object(depth int, emit bool, inc, exc []int) error {
 			}
 			c.out = append(c.out, ':')
 		}
-		c.skipSpace()
+		c.SkipSpace()
 		if err := c.value(depth+1, m.written, childInc, childExc); err != nil {
 			return err
 		}
@@ -372,37 +289,17 @@ func (c *canon) object(depth int, emit bool, inc, exc []int) error {
 			sorted = false
 		}
 		c.members = append(c.members, m)
-		more, err := c.separator('}')
-		if err != nil {
-			return err
+		more, ok := c.Separator('}')
+		if !ok {
+			return errNotCanonical
 		}
 		if !more {
 			break
 		}
 	}
 	if !sorted {
-		ms := c.members[base:]
-		slices.SortFunc(ms, func(a, b member) int { return bytes.Compare(a.key, b.key) })
-		for i := 1; i < len(ms); i++ {
-			if bytes.Equal(ms[i].key, ms[i-1].key) {
-				return errNotCanonical
-			}
-		}
-		if emit {
-			from := objStart + 1
-			c.scratch = append(c.scratch[:0], c.out[from:]...)
-			c.out = c.out[:from]
-			n := 0
-			for _, m := range ms {
-				if !m.written {
-					continue
-				}
-				if n > 0 {
-					c.out = append(c.out, ',')
-				}
-				n++
-				c.out = append(c.out, c.scratch[m.start-from:m.end-from]...)
-			}
+		if err := c.sortMembers(base, objStart, emit); err != nil {
+			return err
 		}
 	}
 	if emit {
@@ -411,14 +308,67 @@ func (c *canon) object(depth int, emit bool, inc, exc []int) error {
 	return nil
 }
 
+// memberName reads a member's name and its colon: the name's raw text,
+// its decoded value, and whether the raw text is already canonical.
+func (c *canon) memberName() (raw, key []byte, simple bool, err error) {
+	c.SkipSpace()
+	if c.Pos >= len(c.Data) || c.Data[c.Pos] != '"' {
+		return nil, nil, false, errNotCanonical
+	}
+	raw, _, simple, ok := c.String()
+	if !ok {
+		return nil, nil, false, errNotCanonical
+	}
+	key = raw[1 : len(raw)-1]
+	if !simple {
+		if key, ok = jsonscan.Decode(raw); !ok {
+			return nil, nil, false, errNotCanonical
+		}
+	}
+	if !c.Consume(':') {
+		return nil, nil, false, errNotCanonical
+	}
+	return raw, key, simple, nil
+}
+
+// sortMembers puts the members of the object whose members start at
+// c.members[base] in key order, refusing a duplicate name, and when emit
+// rewrites the object's text (from objStart, its '{') in that order.
+func (c *canon) sortMembers(base, objStart int, emit bool) error {
+	ms := c.members[base:]
+	slices.SortFunc(ms, func(a, b member) int { return bytes.Compare(a.key, b.key) })
+	for i := 1; i < len(ms); i++ {
+		if bytes.Equal(ms[i].key, ms[i-1].key) {
+			return errNotCanonical
+		}
+	}
+	if emit {
+		from := objStart + 1
+		c.scratch = append(c.scratch[:0], c.out[from:]...)
+		c.out = c.out[:from]
+		n := 0
+		for _, m := range ms {
+			if !m.written {
+				continue
+			}
+			if n > 0 {
+				c.out = append(c.out, ',')
+			}
+			n++
+			c.out = append(c.out, c.scratch[m.start-from:m.end-from]...)
+		}
+	}
+	return nil
+}
+
 func (c *canon) array(depth int, emit bool, inc, exc []int) error {
-	c.pos++ // '['
+	c.Pos++ // '['
 	if emit {
 		c.out = append(c.out, '[')
 	}
-	c.skipSpace()
-	if c.pos < len(c.data) && c.data[c.pos] == ']' {
-		c.pos++
+	c.SkipSpace()
+	if c.Pos < len(c.Data) && c.Data[c.Pos] == ']' {
+		c.Pos++
 		if emit {
 			c.out = append(c.out, ']')
 		}
@@ -439,13 +389,13 @@ func (c *canon) array(depth int, emit bool, inc, exc []int) error {
 			}
 			written++
 		}
-		c.skipSpace()
+		c.SkipSpace()
 		if err := c.value(depth+1, write, childInc, childExc); err != nil {
 			return err
 		}
-		more, err := c.separator(']')
-		if err != nil {
-			return err
+		more, ok := c.Separator(']')
+		if !ok {
+			return errNotCanonical
 		}
 		if !more {
 			break
@@ -457,119 +407,9 @@ func (c *canon) array(depth int, emit bool, inc, exc []int) error {
 	return nil
 }
 
-// scanString reads the string at c.pos and returns its raw text, quotes
-// included, and whether that text is already what encoding/json would
-// write for its decoded value (no escapes, no '<', '>' or '&', which
-// encoding/json writes as \u003c and so on, and valid UTF-8 without
-// U+2028 or U+2029, which it escapes too). Escapes are checked against
-// RFC 8259 section 7 here; their meaning is left to decodeString.
-func (c *canon) scanString() (raw []byte, simple bool, err error) {
-	simple = true
-	nonASCII := false
-	for i := c.pos + 1; i < len(c.data); i++ {
-		switch ch := c.data[i]; {
-		case ch == '"':
-			raw = c.data[c.pos : i+1]
-			c.pos = i + 1
-			if simple && nonASCII {
-				simple = utf8.Valid(raw) && !bytes.Contains(raw, lineSep) && !bytes.Contains(raw, paraSep)
-			}
-			return raw, simple, nil
-		case ch < 0x20:
-			return nil, false, errNotCanonical
-		case ch == '\\':
-			simple = false
-			i++
-			if i >= len(c.data) {
-				return nil, false, errNotCanonical
-			}
-			switch c.data[i] {
-			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
-			case 'u':
-				if i+4 >= len(c.data) {
-					return nil, false, errNotCanonical
-				}
-				for _, h := range c.data[i+1 : i+5] {
-					if !isHex(h) {
-						return nil, false, errNotCanonical
-					}
-				}
-				i += 4
-			default:
-				return nil, false, errNotCanonical
-			}
-		case ch == '<' || ch == '>' || ch == '&':
-			simple = false
-		case ch >= utf8.RuneSelf:
-			nonASCII = true
-		}
-	}
-	return nil, false, errNotCanonical
-}
-
-var lineSep, paraSep = []byte("\u2028"), []byte("\u2029")
-
-func isHex(h byte) bool {
-	return '0' <= h && h <= '9' || 'a' <= h && h <= 'f' || 'A' <= h && h <= 'F'
-}
-
-// decodeString decodes a JSON string literal as encoding/json does
-// (invalid UTF-8 and lone surrogates become U+FFFD).
-func decodeString(raw []byte) ([]byte, error) {
-	var s string
-	if err := json.Unmarshal(raw, &s); err != nil {
-		return nil, errNotCanonical
-	}
-	return []byte(s), nil
-}
-
 // appendMarshalled appends s as encoding/json encodes it, which is
 // deterministic for a given value.
 func appendMarshalled(out []byte, s string) []byte {
 	b, _ := json.Marshal(s)
 	return append(out, b...)
 }
-
-// scanNumber reads a number by RFC 8259 section 6:
-// -? (0 | [1-9][0-9]*) (. [0-9]+)? ([eE] [+-]? [0-9]+)?
-func (c *canon) scanNumber() error {
-	d, i := c.data, c.pos
-	if i < len(d) && d[i] == '-' {
-		i++
-	}
-	switch {
-	case i < len(d) && d[i] == '0':
-		i++
-	case i < len(d) && '1' <= d[i] && d[i] <= '9':
-		for i < len(d) && isDigit(d[i]) {
-			i++
-		}
-	default:
-		return errNotCanonical
-	}
-	if i < len(d) && d[i] == '.' {
-		i++
-		if i >= len(d) || !isDigit(d[i]) {
-			return errNotCanonical
-		}
-		for i < len(d) && isDigit(d[i]) {
-			i++
-		}
-	}
-	if i < len(d) && (d[i] == 'e' || d[i] == 'E') {
-		i++
-		if i < len(d) && (d[i] == '+' || d[i] == '-') {
-			i++
-		}
-		if i >= len(d) || !isDigit(d[i]) {
-			return errNotCanonical
-		}
-		for i < len(d) && isDigit(d[i]) {
-			i++
-		}
-	}
-	c.pos = i
-	return nil
-}
-
-func isDigit(ch byte) bool { return '0' <= ch && ch <= '9' }

@@ -17,9 +17,9 @@ func TestCanonicalJSON(t *testing.T) {
 		{`1e3`, `1e3`},
 		{`false`, `false`},
 	} {
-		got, ok := CanonicalJSON([]byte(tc.in))
+		got, ok := canonicalJSON([]byte(tc.in))
 		if !ok || string(got) != tc.want {
-			t.Errorf("CanonicalJSON(%q) = %q, %v; want %q", tc.in, got, ok, tc.want)
+			t.Errorf("canonicalJSON(%q) = %q, %v; want %q", tc.in, got, ok, tc.want)
 		}
 	}
 }
@@ -29,8 +29,8 @@ func TestCanonicalJSONDeclines(t *testing.T) {
 		``, `{`, `{"a":1}{"b":2}`, `{"a":1} x`, `{"a":1,"a":2}`, `[1,]`, `nul`, `{"a" 1}`,
 		strings.Repeat("[", 300) + strings.Repeat("]", 300),
 	} {
-		if got, ok := CanonicalJSON([]byte(in)); ok {
-			t.Errorf("CanonicalJSON(%q) = %q, want a refusal", in, got)
+		if got, ok := canonicalJSON([]byte(in)); ok {
+			t.Errorf("canonicalJSON(%q) = %q, want a refusal", in, got)
 		}
 	}
 }
@@ -80,8 +80,8 @@ func TestJSONFingerprint(t *testing.T) {
 // this 64 KiB body). Counted, not timed, so load cannot flake it.
 func TestCanonicalJSONDoesNotAllocatePerToken(t *testing.T) {
 	body := benchBody(64 << 10)
-	CanonicalJSON(body) // warm the pool
-	if n := testing.AllocsPerRun(20, func() { CanonicalJSON(body) }); n > 32 {
-		t.Fatalf("CanonicalJSON made %.0f allocations on a 64 KiB body; want at most 32", n)
+	canonicalJSON(body) // warm the pool
+	if n := testing.AllocsPerRun(20, func() { canonicalJSON(body) }); n > 32 {
+		t.Fatalf("canonicalJSON made %.0f allocations on a 64 KiB body; want at most 32", n)
 	}
 }

@@ -1,7 +1,7 @@
 package fingerprint
 
 // reference_test.go keeps the tree-free but token-by-token canonicaliser that
-// CanonicalJSON replaced (it cost 100–190 ms on 1 MiB), unchanged
+// canonicalJSON replaced (it cost 100–190 ms on 1 MiB), unchanged
 // but for its names, as the reference the differential fuzz test
 // FuzzCanonicalMatchesReference and the benchmarks compare against.
 
@@ -14,13 +14,13 @@ import (
 	"strings"
 )
 
-// errRefNotCanonical reports a body CanonicalJSON declines to rewrite.
+// errRefNotCanonical reports a body canonicalJSON declines to rewrite.
 var errRefNotCanonical = errors.New("not canonicalisable JSON")
 
 // refMaxJSONDepth bounds nesting, so a hostile body cannot exhaust the stack.
 const refMaxJSONDepth = 200
 
-// CanonicalJSON rewrites a JSON document so that two serialisations of the
+// canonicalJSON rewrites a JSON document so that two serialisations of the
 // same value compare equal: object members sorted by key, no insignificant
 // whitespace, strings re-encoded from their decoded value. Numbers keep
 // their literal text (1 and 1.0 stay different: a number is what the client

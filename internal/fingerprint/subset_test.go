@@ -99,7 +99,7 @@ func TestJSONRPCRetryFingerprint(t *testing.T) {
 
 // FuzzCanonicalSubsetMatchesTree checks Exclude and Include against a tree
 // built by encoding/json: the member removed from (or the value taken out
-// of) the decoded document, marshalled, which for a body CanonicalJSON
+// of) the decoded document, marshalled, which for a body canonicalJSON
 // accepts is its canonical form (sorted keys, the same string encoding,
 // json.Number literals).
 func FuzzCanonicalSubsetMatchesTree(f *testing.F) {

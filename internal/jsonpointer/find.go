@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+
+	"github.com/idem-extproc/idem-extproc/internal/jsonscan"
 )
 
 // The errors Find and String return, for a policy's `required` rule to
@@ -110,9 +112,9 @@ func String(body []byte, p Pointer) (string, error) {
 // is not Found. Array elements are addressed by index (RFC 6901 section
 // 4; "-" addresses nothing).
 func Find(body []byte, ptrs ...Pointer) ([]Value, error) {
-	s := scanner{data: body, ptrs: ptrs, found: make([]Value, len(ptrs))}
-	s.skipSpace()
-	top := s.pos
+	s := scanner{Scanner: jsonscan.Scanner{Data: body}, ptrs: ptrs, found: make([]Value, len(ptrs))}
+	s.SkipSpace()
+	top := s.Pos
 	live := make([]int, len(ptrs))
 	for i := range live {
 		live[i] = i
@@ -120,8 +122,8 @@ func Find(body []byte, ptrs ...Pointer) ([]Value, error) {
 	if err := s.value(0, live); err != nil {
 		return nil, err
 	}
-	s.skipSpace()
-	if s.pos != len(body) {
+	s.SkipSpace()
+	if s.Pos != len(body) {
 		return nil, s.fail(ErrNotJSON)
 	}
 	switch body[top] {
@@ -133,47 +135,33 @@ func Find(body []byte, ptrs ...Pointer) ([]Value, error) {
 	return nil, ErrNotObject
 }
 
-// maxDepth bounds nesting as the fingerprint's canonicaliser does.
-const maxDepth = 200
-
-// errTooDeep is the ErrNotJSON of a body nested deeper than maxDepth: it
-// may be JSON to a reader with a higher limit, and the message says why
+// errTooDeep is the ErrNotJSON of a body nested deeper than
+// jsonscan.MaxDepth, the limit the fingerprint's canonicaliser keeps too:
+// it may be JSON to a reader with a higher limit, and the message says why
 // this one stopped.
-var errTooDeep = fmt.Errorf("%w: nested deeper than %d levels", ErrNotJSON, maxDepth)
+var errTooDeep = fmt.Errorf("%w: nested deeper than %d levels", ErrNotJSON, jsonscan.MaxDepth)
 
 type scanner struct {
-	data  []byte
-	pos   int
+	jsonscan.Scanner
 	ptrs  []Pointer
 	found []Value
 	keys  [][]byte // a stack: each open object's member names sit on top
 }
 
-func (s *scanner) fail(err error) error { return &SyntaxError{Offset: s.pos, err: err} }
+func (s *scanner) fail(err error) error { return &SyntaxError{Offset: s.Pos, err: err} }
 
-func (s *scanner) skipSpace() {
-	for s.pos < len(s.data) {
-		switch s.data[s.pos] {
-		case ' ', '\t', '\n', '\r':
-			s.pos++
-		default:
-			return
-		}
-	}
-}
-
-// value reads the value at s.pos at depth (top level 0); live are the
+// value reads the value at s.Pos at depth (top level 0); live are the
 // pointers whose first depth tokens lead here.
 func (s *scanner) value(depth int, live []int) error {
-	if depth > maxDepth {
+	if depth > jsonscan.MaxDepth {
 		return s.fail(errTooDeep)
 	}
-	if s.pos >= len(s.data) {
+	if s.Pos >= len(s.Data) {
 		return s.fail(ErrNotJSON)
 	}
-	start := s.pos
+	start := s.Pos
 	var kind Kind
-	switch ch := s.data[s.pos]; {
+	switch ch := s.Data[s.Pos]; {
 	case ch == '{':
 		kind = KindObject
 		if err := s.object(depth, live); err != nil {
@@ -191,27 +179,22 @@ func (s *scanner) value(depth int, live []int) error {
 		}
 	case ch == '-' || ('0' <= ch && ch <= '9'):
 		kind = KindNumber
-		if err := s.number(); err != nil {
-			return err
+		if !s.Number() {
+			return s.fail(ErrNotJSON)
 		}
 	default:
-		for _, lit := range [...]string{"true", "false", "null"} {
-			if bytes.HasPrefix(s.data[s.pos:], []byte(lit)) {
-				kind = KindBool
-				if lit == "null" {
-					kind = KindNull
-				}
-				s.pos += len(lit)
-				break
-			}
-		}
-		if kind == KindNone {
+		switch s.Literal() {
+		case "true", "false":
+			kind = KindBool
+		case "null":
+			kind = KindNull
+		default:
 			return s.fail(ErrNotJSON)
 		}
 	}
 	for _, i := range live {
 		if s.ptrs[i].Len() == depth {
-			s.found[i] = Value{Kind: kind, Raw: s.data[start:s.pos], Offset: start}
+			s.found[i] = Value{Kind: kind, Raw: s.Data[start:s.Pos], Offset: start}
 		}
 	}
 	return nil
@@ -228,64 +211,46 @@ func (s *scanner) next(depth int, live []int, matches func(string) bool) []int {
 }
 
 func (s *scanner) object(depth int, live []int) error {
-	s.pos++ // '{'
+	s.Pos++ // '{'
 	base := len(s.keys)
 	defer func() { s.keys = s.keys[:base] }()
 	var seen map[string]struct{} // past smallObject members, so a hostile body costs no n² compares
-	s.skipSpace()
-	if s.pos < len(s.data) && s.data[s.pos] == '}' {
-		s.pos++
+	s.SkipSpace()
+	if s.Pos < len(s.Data) && s.Data[s.Pos] == '}' {
+		s.Pos++
 		return nil
 	}
 	for {
-		s.skipSpace()
-		if s.pos >= len(s.data) || s.data[s.pos] != '"' {
+		s.SkipSpace()
+		if s.Pos >= len(s.Data) || s.Data[s.Pos] != '"' {
 			return s.fail(ErrNotJSON)
 		}
-		keyAt := s.pos
+		keyAt := s.Pos
 		key, err := s.str()
 		if err != nil {
 			return err
 		}
 		if dup := s.duplicate(base, key, &seen); dup {
-			s.pos = keyAt
+			s.Pos = keyAt
 			return s.fail(ErrDuplicateMember)
 		}
-		s.skipSpace()
-		if s.pos >= len(s.data) || s.data[s.pos] != ':' {
+		if !s.Consume(':') {
 			return s.fail(ErrNotJSON)
 		}
-		s.pos++
 		var childLive []int
 		if len(live) > 0 {
 			childLive = s.next(depth, live, func(tok string) bool { return tok == string(key) })
 		}
-		s.skipSpace()
+		s.SkipSpace()
 		if err := s.value(depth+1, childLive); err != nil {
 			return err
 		}
-		if more, err := s.separator('}'); err != nil || !more {
-			return err
+		if more, ok := s.Separator('}'); !ok {
+			return s.fail(ErrNotJSON)
+		} else if !more {
+			return nil
 		}
 	}
-}
-
-// separator reads what follows a member or an element: a comma (more
-// follow) or the container's closing byte (none do).
-func (s *scanner) separator(closing byte) (more bool, err error) {
-	s.skipSpace()
-	if s.pos >= len(s.data) {
-		return false, s.fail(ErrNotJSON)
-	}
-	switch s.data[s.pos] {
-	case ',':
-		s.pos++
-		return true, nil
-	case closing:
-		s.pos++
-		return false, nil
-	}
-	return false, s.fail(ErrNotJSON)
 }
 
 // smallObject is the member count up to which names are compared one by
@@ -318,10 +283,10 @@ func (s *scanner) duplicate(base int, key []byte, seen *map[string]struct{}) boo
 }
 
 func (s *scanner) array(depth int, live []int) error {
-	s.pos++ // '['
-	s.skipSpace()
-	if s.pos < len(s.data) && s.data[s.pos] == ']' {
-		s.pos++
+	s.Pos++ // '['
+	s.SkipSpace()
+	if s.Pos < len(s.Data) && s.Data[s.Pos] == ']' {
+		s.Pos++
 		return nil
 	}
 	for i := 0; ; i++ {
@@ -329,83 +294,32 @@ func (s *scanner) array(depth int, live []int) error {
 		if len(live) > 0 {
 			childLive = s.next(depth, live, func(tok string) bool { return MatchesIndex(tok, i) })
 		}
-		s.skipSpace()
+		s.SkipSpace()
 		if err := s.value(depth+1, childLive); err != nil {
 			return err
 		}
-		if more, err := s.separator(']'); err != nil || !more {
-			return err
+		if more, ok := s.Separator(']'); !ok {
+			return s.fail(ErrNotJSON)
+		} else if !more {
+			return nil
 		}
 	}
 }
 
-// str reads the string at s.pos and returns its decoded bytes (aliasing
+// str reads the string at s.Pos and returns its decoded bytes (aliasing
 // the body when it has no escapes).
 func (s *scanner) str() ([]byte, error) {
-	start := s.pos
-	escaped := false
-	for i := s.pos + 1; i < len(s.data); i++ {
-		switch ch := s.data[i]; {
-		case ch == '"':
-			s.pos = i + 1
-			raw := s.data[start:s.pos]
-			if !escaped {
-				return raw[1 : len(raw)-1], nil
-			}
-			var v string
-			if err := json.Unmarshal(raw, &v); err != nil {
-				s.pos = start
-				return nil, s.fail(ErrNotJSON)
-			}
-			return []byte(v), nil
-		case ch < 0x20:
-			s.pos = i
-			return nil, s.fail(ErrNotJSON)
-		case ch == '\\':
-			escaped = true
-			i++
-		}
+	raw, escaped, _, ok := s.String()
+	if !ok {
+		return nil, s.fail(ErrNotJSON)
 	}
-	s.pos = len(s.data)
-	return nil, s.fail(ErrNotJSON)
-}
-
-// number reads a number by RFC 8259 section 6.
-func (s *scanner) number() error {
-	d, i := s.data, s.pos
-	digits := func() bool {
-		n := i
-		for i < len(d) && '0' <= d[i] && d[i] <= '9' {
-			i++
-		}
-		return i > n
+	if !escaped {
+		return raw[1 : len(raw)-1], nil
 	}
-	if i < len(d) && d[i] == '-' {
-		i++
+	v, ok := jsonscan.Decode(raw)
+	if !ok {
+		s.Pos -= len(raw)
+		return nil, s.fail(ErrNotJSON)
 	}
-	if i < len(d) && d[i] == '0' {
-		i++
-	} else if i >= len(d) || d[i] < '1' || d[i] > '9' || !digits() {
-		s.pos = i
-		return s.fail(ErrNotJSON)
-	}
-	if i < len(d) && d[i] == '.' {
-		i++
-		if !digits() {
-			s.pos = i
-			return s.fail(ErrNotJSON)
-		}
-	}
-	if i < len(d) && (d[i] == 'e' || d[i] == 'E') {
-		i++
-		if i < len(d) && (d[i] == '+' || d[i] == '-') {
-			i++
-		}
-		if !digits() {
-			s.pos = i
-			return s.fail(ErrNotJSON)
-		}
-	}
-	s.pos = i
-	return nil
+	return v, nil
 }

@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/idem-extproc/idem-extproc/internal/jsonscan"
 )
 
 func mustParse(t testing.TB, s string) Pointer {
@@ -154,7 +156,7 @@ func FuzzFind(f *testing.F) {
 			return
 		}
 		vs, err := Find(body, p)
-		shallow := bytes.Count(body, []byte("{"))+bytes.Count(body, []byte("[")) < maxDepth
+		shallow := bytes.Count(body, []byte("{"))+bytes.Count(body, []byte("[")) < jsonscan.MaxDepth
 		switch {
 		case errors.Is(err, ErrNotJSON):
 			if json.Valid(body) && shallow {

@@ -9,7 +9,7 @@ import (
 // ScanID reads the id of a JSON-RPC request from a body that could not be
 // read whole, given as the parts that arrived in order: a body refused
 // while it was still arriving (over a limit, cut at a proxy's buffer), or
-// one that ParseRequest refuses further in (nesting deeper than the
+// one that the pointer finder refuses further in (nesting deeper than the
 // reader's limit, a duplicate member name inside params, text that is not
 // UTF-8). An answer in the upstream's place then still goes to the
 // request's own id: JSON-RPC 2.0 section 5 asks for a null id only when
@@ -87,6 +87,21 @@ func isSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\
 // or a second id: nothing later can change the result).
 func (s *idScanner) feed(c byte) bool {
 	switch s.state {
+	case scanName:
+		s.feedName(c)
+		return true
+	case scanValue, scanString, scanNested, scanScalar:
+		return s.feedValue(c)
+	case scanDone:
+		return false
+	}
+	return s.feedPunctuation(c)
+}
+
+// feedPunctuation takes a byte between the object's names and values: its
+// braces, the colons and the commas.
+func (s *idScanner) feedPunctuation(c byte) bool {
+	switch s.state {
 	case scanOpen:
 		switch {
 		case isSpace(c):
@@ -103,20 +118,6 @@ func (s *idScanner) feed(c byte) bool {
 		default: // '}' closes the object (after '{' only), anything else is a fault: done either way
 			return s.stop()
 		}
-	case scanName:
-		if len(s.name) < maxName {
-			s.name = append(s.name, c)
-		} else {
-			s.long = true
-		}
-		switch {
-		case s.escape:
-			s.escape = false
-		case c == '\\':
-			s.escape = true
-		case c == '"':
-			s.state = scanColon
-		}
 	case scanColon:
 		switch {
 		case isSpace(c):
@@ -130,6 +131,39 @@ func (s *idScanner) feed(c byte) bool {
 		default:
 			return s.stop()
 		}
+	case scanAfter:
+		switch {
+		case isSpace(c):
+		case c == ',':
+			s.state = scanKey
+		default: // '}' closes the object, anything else is a fault
+			return s.stop()
+		}
+	}
+	return true
+}
+
+// feedName takes a byte of a member name.
+func (s *idScanner) feedName(c byte) {
+	if len(s.name) < maxName {
+		s.name = append(s.name, c)
+	} else {
+		s.long = true
+	}
+	switch {
+	case s.escape:
+		s.escape = false
+	case c == '\\':
+		s.escape = true
+	case c == '"':
+		s.state = scanColon
+	}
+}
+
+// feedValue takes a byte of a member's value; the id's bytes are kept as
+// they come.
+func (s *idScanner) feedValue(c byte) bool {
+	switch s.state {
 	case scanValue:
 		if isSpace(c) {
 			return true
@@ -186,16 +220,6 @@ func (s *idScanner) feed(c byte) bool {
 		if s.reading {
 			s.id = append(s.id, c)
 		}
-	case scanAfter:
-		switch {
-		case isSpace(c):
-		case c == ',':
-			s.state = scanKey
-		default: // '}' closes the object, anything else is a fault
-			return s.stop()
-		}
-	default:
-		return false
 	}
 	return true
 }

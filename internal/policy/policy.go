@@ -286,7 +286,7 @@ const (
 	DefaultLease          = 30 * time.Second
 	DefaultRetryAfter     = time.Second
 	DefaultMaxBody        = 1 << 20
-	DefaultKeyHeader      = "idempotency-key"
+	DefaultKeyHeader      = idem.KeyHeader
 	DefaultPolicyName     = "default"
 	DefaultFingerprintHdr = "content-type"
 )

@@ -9,9 +9,9 @@ import (
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 )
 
-// TestDefaultPolicyIsTheContract pins the default policy the core issue
-// makes a contract (a hidden conformance run plays Envoy's side against a
-// binary started with no config): literal values, not the constants they
+// TestDefaultPolicyIsTheContract pins the default policy, which a binary
+// started with no policy file runs (docs/design.md §3, docs/configuration.md,
+// "The default policy"): literal values, not the constants they
 // are built from, so that changing a constant fails here.
 func TestDefaultPolicyIsTheContract(t *testing.T) {
 	p := Default()

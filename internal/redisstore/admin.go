@@ -2,18 +2,10 @@ package redisstore
 
 import (
 	"context"
-	_ "embed" // the admin scripts
 	"fmt"
 	"time"
 
 	"github.com/idem-extproc/idem-extproc/internal/idem"
-)
-
-var (
-	//go:embed scripts/purge.lua
-	purgeLua string
-	//go:embed scripts/resolve.lua
-	resolveLua string
 )
 
 var _ idem.Admin = (*Store)(nil)

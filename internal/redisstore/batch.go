@@ -2,8 +2,6 @@ package redisstore
 
 import (
 	"context"
-	"errors"
-	"strings"
 	"sync"
 	"time"
 
@@ -191,28 +189,6 @@ func (b *batcher) exec(batch []*scriptCall) {
 	}
 }
 
-// retryAlone reports the errors after which go-redis would have retried a
-// lone command (go-redis v9 error.go, shouldRetry): a connection that
-// broke or could not be made, or a reply saying the node cannot serve the
-// key right now. Context errors are not among them.
-func retryAlone(err error) bool {
-	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-		return false
-	}
-	var re redis.Error
-	if !errors.As(err, &re) {
-		return true // transport: EOF, reset, refused, timeout
-	}
-	msg := err.Error()
-	for _, p := range []string{"LOADING ", "READONLY ", "CLUSTERDOWN ", "TRYAGAIN ", "MASTERDOWN ", "NOREPLICAS ",
-		"ERR max number of clients reached"} {
-		if strings.HasPrefix(msg, p) {
-			return true
-		}
-	}
-	return false
-}
-
 // pipeline sends one command per call, made by mk, as one pipeline.
 func pipeline(ctx context.Context, rdb redis.UniversalClient, calls []*scriptCall, cmds []*redis.Cmd,
 	mk func(*redis.Script, context.Context, redis.Scripter, []string, ...any) *redis.Cmd) {
@@ -232,12 +208,6 @@ func pipeline(ctx context.Context, rdb redis.UniversalClient, calls []*scriptCal
 			cmd.SetErr(err)
 		}
 	}
-}
-
-// isNoScript reports Redis's answer to an EVALSHA of a script it does not
-// hold (go-redis v9 script.go, isNoScriptErr, tests the same prefix).
-func isNoScript(err error) bool {
-	return err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT ")
 }
 
 // batchers gives each Redis primary a batcher of its own, so that a hung

@@ -13,6 +13,7 @@ import (
 
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/redisstore"
+	luascripts "github.com/idem-extproc/idem-extproc/internal/redisstore/scripts"
 	"github.com/idem-extproc/idem-extproc/internal/testing/redistest"
 	"github.com/idem-extproc/idem-extproc/internal/testing/storetest"
 )
@@ -80,13 +81,13 @@ func benchWriter(b *testing.B, srv *redistest.Server, variant string, resp idem.
 		b.Fatal(err)
 	}
 	b.Cleanup(c.Close)
-	reserve := rueidis.NewLuaScript(redisstore.ScriptSource("reserve"))
-	complete := rueidis.NewLuaScript(redisstore.ScriptSource("complete"))
+	reserve := rueidis.NewLuaScript(luascripts.Source("reserve"))
+	complete := rueidis.NewLuaScript(luascripts.Source("complete"))
 	return func(ctx context.Context) error {
 		r := benchReservation()
 		key := []string{redisstore.DefaultPrefix + "{" + string(r.ID) + "}"} // Store.Key
 		rctx, cancel := context.WithTimeout(ctx, budget)
-		keys := []string{key[0], redisstore.CancelledKey(key[0], r.Token)} // reserve.lua's KEYS
+		keys := []string{key[0], key[0] + ":cancelled:" + r.Token.String()} // reserve.lua's KEYS (store.go, cancelledSep)
 		v, err := reserve.Exec(rctx, c, keys, ruArgs(redisstore.ReserveArgs(&r))).ToArray()
 		cancel()
 		if err != nil {

@@ -137,7 +137,7 @@ func decodeFlags(f byte, r *idem.Response) {
 // status, one flags byte, then the headers as encodeHeaders writes them.
 // The scripts append the body, passed apart so that it is never copied
 // into a second buffer here; a completed record stores head and body after
-// its own fixed head (see CompletedHeadLen).
+// its own fixed head (see completedHeadLen).
 func encodeResponseHead(r *idem.Response) []byte {
 	b := make([]byte, 0, binary.MaxVarintLen64+1+headersSize(r.Headers))
 	b = binary.AppendUvarint(b, uint64(r.Status))
@@ -182,9 +182,8 @@ func decodeResponse[T ~string | ~[]byte](b T) (*idem.Response, error) {
 //
 // In-flight and unknown records stay small hashes (see reserve.lua).
 const (
-	// CompletedHeadLen is the length of the fixed head, for tools that
-	// read records as the scripts do (the load tool's floor server).
-	CompletedHeadLen = 74
+	// completedHeadLen is the length of the fixed head.
+	completedHeadLen = 74
 
 	recordFPAt      = 1
 	recordTokenAt   = 33
@@ -195,7 +194,7 @@ const (
 // parseCompleted decodes a completed record's string.
 func parseCompleted(v string) (idem.Record, error) {
 	var rec idem.Record
-	if len(v) < CompletedHeadLen || v[0] != 'c' {
+	if len(v) < completedHeadLen || v[0] != 'c' {
 		return rec, errCorrupt
 	}
 	rec.State = idem.StateCompleted
@@ -206,12 +205,12 @@ func parseCompleted(v string) (idem.Record, error) {
 		return rec, errCorrupt
 	}
 	rec.Attempts = a
-	ms, err := strconv.ParseInt(v[recordCreatedAt:CompletedHeadLen], 10, 64)
+	ms, err := strconv.ParseInt(v[recordCreatedAt:completedHeadLen], 10, 64)
 	if err != nil {
 		return rec, errCorrupt
 	}
 	rec.CreatedAt = time.UnixMilli(ms)
-	if rec.Response, err = decodeResponse(v[CompletedHeadLen:]); err != nil {
+	if rec.Response, err = decodeResponse(v[completedHeadLen:]); err != nil {
 		return rec, err
 	}
 	return rec, nil

@@ -100,10 +100,10 @@ func TestParseCompletedLayout(t *testing.T) {
 		t.Fatalf("parsed %+v", rec)
 	}
 	for name, bad := range map[string]string{
-		"short":         v[:CompletedHeadLen-1],
+		"short":         v[:completedHeadLen-1],
 		"not completed": "i" + v[1:],
 		"bad attempts":  v[:recordAttemptAt] + "00000000x7" + v[recordCreatedAt:],
-		"bad response":  v[:CompletedHeadLen],
+		"bad response":  v[:completedHeadLen],
 	} {
 		if _, err := parseCompleted(bad); err == nil {
 			t.Errorf("%s: parsed", name)

@@ -2,11 +2,7 @@ package redisstore
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io"
-	"net"
-	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -164,20 +160,4 @@ func (s *Store) connFor(ctx context.Context, key string) (*redis.Conn, error) {
 		return c.Conn(), nil
 	}
 	return nil, fmt.Errorf("durability replicated needs a standalone, Sentinel or Cluster client, not %T", s.rdb)
-}
-
-// topologyChanged reports errors after which the key's primary may be
-// elsewhere now: a redirection, a demoted or loading node, or a connection
-// that broke.
-func topologyChanged(err error) bool {
-	if err == nil {
-		return false
-	}
-	for _, p := range []string{"MOVED ", "ASK ", "READONLY ", "LOADING ", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN"} {
-		if strings.HasPrefix(err.Error(), p) {
-			return true
-		}
-	}
-	var ne net.Error
-	return errors.Is(err, io.EOF) || errors.As(err, &ne) && !ne.Timeout()
 }

@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/idem-extproc/idem-extproc/internal/redisspec"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -201,7 +202,7 @@ func checkReplica(ctx context.Context, primary *redis.Client, addr string) NodeS
 		n.Err = fmt.Errorf("redisstore: INFO on replica %s: %w", addr, err)
 		return n
 	}
-	n.MaxmemoryPolicy = InfoField(info, "maxmemory_policy")
+	n.MaxmemoryPolicy = redisspec.InfoField(info, "maxmemory_policy")
 	return n
 }
 
@@ -216,8 +217,8 @@ func (c *SafetyChecker) checkNode(ctx context.Context, cl *redis.Client, tag str
 			return n, ""
 		}
 	}
-	n.MaxmemoryPolicy = InfoField(info, "maxmemory_policy")
-	n.Replicas, _ = strconv.Atoi(InfoField(info, "connected_slaves"))
+	n.MaxmemoryPolicy = redisspec.InfoField(info, "maxmemory_policy")
+	n.Replicas, _ = strconv.Atoi(redisspec.InfoField(info, "connected_slaves"))
 	n.Persistence = persistenceOf(ctx, cl, info)
 	lost, err := c.checkMarker(ctx, cl, c.s.MarkerKey(tag))
 	if err != nil {
@@ -248,7 +249,7 @@ func nodeAddr(ctx context.Context, cl *redis.Client) string {
 // snapshot INFO reports (rdb_saves, or rdb_last_bgsave_time_sec, -1 until
 // the first) shows snapshots are taken.
 func persistenceOf(ctx context.Context, cl *redis.Client, info string) Persistence {
-	if InfoField(info, "aof_enabled") == "1" {
+	if redisspec.InfoField(info, "aof_enabled") == "1" {
 		return PersistenceAOF
 	}
 	if cfg, err := cl.ConfigGet(ctx, "save").Result(); err == nil {
@@ -257,10 +258,10 @@ func persistenceOf(ctx context.Context, cl *redis.Client, info string) Persisten
 		}
 		return PersistenceNone
 	}
-	if n, _ := strconv.Atoi(InfoField(info, "rdb_saves")); n > 0 {
+	if n, _ := strconv.Atoi(redisspec.InfoField(info, "rdb_saves")); n > 0 {
 		return PersistenceRDB
 	}
-	if s := InfoField(info, "rdb_last_bgsave_time_sec"); s != "" && s != "-1" {
+	if s := redisspec.InfoField(info, "rdb_last_bgsave_time_sec"); s != "" && s != "-1" {
 		return PersistenceRDB
 	}
 	return PersistenceUnknown
@@ -330,7 +331,7 @@ func ownedTag(ctx context.Context, cl *redis.Client) (string, error) {
 	}
 	for i := 0; i < 1<<20; i++ {
 		tag := "marker:" + strconv.Itoa(i)
-		slot := keySlot(tag)
+		slot := redisspec.Slot(tag)
 		for _, r := range ranges {
 			if slot >= r[0] && slot <= r[1] {
 				return tag, nil
@@ -338,22 +339,4 @@ func ownedTag(ctx context.Context, cl *redis.Client) (string, error) {
 		}
 	}
 	return "", fmt.Errorf("redisstore: no marker tag maps to the slots of %s", cl.Options().Addr)
-}
-
-// keySlot is the Cluster slot of a hash tag: CRC16 (XMODEM: polynomial
-// 0x1021, initial value 0) modulo 16384, as the Redis Cluster
-// specification defines it (cluster-spec, "Key distribution model").
-func keySlot(tag string) int {
-	var crc uint16
-	for i := 0; i < len(tag); i++ {
-		crc ^= uint16(tag[i]) << 8
-		for range 8 {
-			if crc&0x8000 != 0 {
-				crc = crc<<1 ^ 0x1021
-			} else {
-				crc <<= 1
-			}
-		}
-	}
-	return int(crc) % 16384
 }

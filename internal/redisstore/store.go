@@ -6,13 +6,12 @@
 // (scripts/*.lua) run with EVALSHA on one record; each mirrors the
 // transition rules of package idem and checks the attempt's token. The
 // only other keys a script touches are a token's cancel marker beside its
-// record (CancelledKey), in the record's slot. Lease expiry is judged by
+// record (cancelledSep), in the record's slot. Lease expiry is judged by
 // Redis TIME inside the scripts, so the servers' clocks do not matter.
 package redisstore
 
 import (
 	"context"
-	_ "embed" // the Lua scripts
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -24,25 +23,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idem-extproc/idem-extproc/internal/idem"
-)
-
-// The scripts, one file each; every file's header gives KEYS, ARGV and the
-// reply.
-var (
-	//go:embed scripts/reserve.lua
-	reserveLua string
-	//go:embed scripts/renew.lua
-	renewLua string
-	//go:embed scripts/complete.lua
-	completeLua string
-	//go:embed scripts/release.lua
-	releaseLua string
-	//go:embed scripts/mark_unknown.lua
-	markUnknownLua string
-	//go:embed scripts/peek.lua
-	peekLua string
-	//go:embed scripts/cancel.lua
-	cancelLua string
+	luascripts "github.com/idem-extproc/idem-extproc/internal/redisstore/scripts"
 )
 
 // scripts are built once per Store; redis.Script caches the SHA and falls
@@ -54,16 +35,16 @@ type scripts struct {
 
 func loadScripts() scripts {
 	return scripts{
-		reserve:     redis.NewScript(reserveLua),
-		renew:       redis.NewScript(renewLua),
-		complete:    redis.NewScript(completeLua),
-		release:     redis.NewScript(releaseLua),
-		markUnknown: redis.NewScript(markUnknownLua),
-		watch:       redis.NewScript(watchLua),
-		peek:        redis.NewScript(peekLua),
-		cancel:      redis.NewScript(cancelLua),
-		purge:       redis.NewScript(purgeLua),
-		resolve:     redis.NewScript(resolveLua),
+		reserve:     redis.NewScript(luascripts.Source("reserve")),
+		renew:       redis.NewScript(luascripts.Source("renew")),
+		complete:    redis.NewScript(luascripts.Source("complete")),
+		release:     redis.NewScript(luascripts.Source("release")),
+		markUnknown: redis.NewScript(luascripts.Source("mark_unknown")),
+		watch:       redis.NewScript(luascripts.Source("watch")),
+		peek:        redis.NewScript(luascripts.Source("peek")),
+		cancel:      redis.NewScript(luascripts.Source("cancel")),
+		purge:       redis.NewScript(luascripts.Source("purge")),
+		resolve:     redis.NewScript(luascripts.Source("resolve")),
 	}
 }
 
@@ -87,36 +68,6 @@ func (s *Store) LoadScripts(ctx context.Context) error {
 		return fmt.Errorf("redisstore: script load: %w", err)
 	}
 	return nil
-}
-
-// ScriptSource returns the Lua source of the store's script named like its
-// file without ".lua" ("reserve", "complete", …), or "" when there is none.
-// It is for tools that must run exactly the store's scripts, such as the
-// load tool's floor server.
-func ScriptSource(name string) string {
-	switch name {
-	case "reserve":
-		return reserveLua
-	case "renew":
-		return renewLua
-	case "complete":
-		return completeLua
-	case "release":
-		return releaseLua
-	case "mark_unknown":
-		return markUnknownLua
-	case "peek":
-		return peekLua
-	case "cancel":
-		return cancelLua
-	case "watch":
-		return watchLua
-	case "purge":
-		return purgeLua
-	case "resolve":
-		return resolveLua
-	}
-	return ""
 }
 
 // DefaultPrefix starts every key the store writes.
@@ -167,19 +118,15 @@ func (s *Store) Close() error { return s.hub.close() }
 // Key returns the Redis key of a record.
 func (s *Store) Key(id idem.RecordID) string { return s.prefix + "{" + string(id) + "}" }
 
-// CancelledKey returns the key of the marker that says tok's reservation
-// of the record under recordKey was cancelled (cancel.lua), which
-// reserve.lua reads as its KEYS[2]. It extends the record's key, so it
-// carries the same hash tag and sits in the record's Cluster slot; no
-// record's key has anything after its closing brace.
-func CancelledKey(recordKey string, tok idem.Token) string {
-	return recordKey + cancelledSep + tok.String()
-}
-
+// cancelledSep joins a record's key and a token into the key of the marker
+// that says the token's reservation of the record was cancelled
+// (cancel.lua), which reserve.lua reads as its KEYS[2]. It extends the
+// record's key, so it carries the same hash tag and sits in the record's
+// Cluster slot; no record's key has anything after its closing brace.
 const cancelledSep = ":cancelled:"
 
 // markerKeys is KEYS of reserve.lua and cancel.lua: the record's key and
-// its token's cancel marker (CancelledKey), built as one string of which
+// its token's cancel marker (cancelledSep, then the token in hex), built as one string of which
 // the record's key is the head, so that a reservation pays one key
 // allocation, not three.
 func (s *Store) markerKeys(id idem.RecordID, tok idem.Token) []string {
@@ -264,11 +211,6 @@ func (s *Store) run(ctx context.Context, sc *redis.Script, keys []string, args .
 	return s.batch.run(ctx, sc, keys, args...)
 }
 
-// isOOM reports Redis refusing a write at maxmemory under noeviction.
-func isOOM(err error) bool {
-	return strings.HasPrefix(err.Error(), "OOM ")
-}
-
 func parseReserve(v []any) (idem.ReserveResult, error) {
 	if len(v) < 3 {
 		return idem.ReserveResult{}, fmt.Errorf("unexpected reply of %d elements", len(v))
@@ -302,10 +244,10 @@ func parseReserve(v []any) (idem.ReserveResult, error) {
 		res.Home, _ = v[3].(string)
 	case "completed":
 		rec, _ := v[3].(string)
-		if len(v) != 4 || len(rec) < CompletedHeadLen {
+		if len(v) != 4 || len(rec) < completedHeadLen {
 			return idem.ReserveResult{}, fmt.Errorf("completed reply of %d elements", len(v))
 		}
-		resp, err := decodeResponse(rec[CompletedHeadLen:])
+		resp, err := decodeResponse(rec[completedHeadLen:])
 		if err != nil {
 			return idem.ReserveResult{}, err
 		}
@@ -380,7 +322,7 @@ func (s *Store) Get(ctx context.Context, id idem.RecordID) (idem.Record, error) 
 	// only for completed records (this is the admin path, not the hot one).
 	var rec idem.Record
 	m, err := s.rdb.HGetAll(ctx, key).Result()
-	if err != nil && strings.HasPrefix(err.Error(), "WRONGTYPE") {
+	if isWrongType(err) {
 		var v string
 		if v, err = s.rdb.Get(ctx, key).Result(); err == nil {
 			rec, err = parseCompleted(v)

@@ -2,7 +2,6 @@ package redisstore
 
 import (
 	"context"
-	_ "embed" // the watch script
 	"fmt"
 	"sync"
 
@@ -10,9 +9,6 @@ import (
 
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 )
-
-//go:embed scripts/watch.lua
-var watchLua string
 
 var _ idem.Watcher = (*Store)(nil)
 

@@ -64,7 +64,7 @@ func examplePolicyNeeds() (filterNeeds, error) {
 
 // overrideWanted is the message timeout the server asks for while a
 // duplicate waits: wait_for_in_flight plus two store calls
-// (internal/extproc decide.go awaitFirst, override_message_timeout).
+// (internal/attempt decide.go Request and awaitFirst; internal/extproc render.go, override_message_timeout).
 func overrideWanted(wait, storeTimeout time.Duration) time.Duration {
 	return wait + 2*storeTimeout
 }

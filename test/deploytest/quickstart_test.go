@@ -23,6 +23,7 @@ import (
 
 	"github.com/idem-extproc/idem-extproc/internal/demoorders"
 	"github.com/idem-extproc/idem-extproc/internal/extproc"
+	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/problem"
 	"github.com/idem-extproc/idem-extproc/internal/testing/envoysim"
 	"github.com/idem-extproc/idem-extproc/internal/testing/harness"
@@ -180,7 +181,7 @@ func TestQuickstartScenario(t *testing.T) {
 		if resp.StatusCode != s.wantStatus {
 			t.Errorf("%s: status %d, want %d\n%s", s.curl(), resp.StatusCode, s.wantStatus, b)
 		}
-		if got := resp.Header.Get(extproc.ReplayedHeader) == "true"; got != s.wantReplayed {
+		if got := resp.Header.Get(idem.ReplayedHeader) == "true"; got != s.wantReplayed {
 			t.Errorf("%s: replayed %v, want %v", s.curl(), got, s.wantReplayed)
 		}
 		if s.wantProblem != "" && (resp.Header.Get("Content-Type") != problem.ContentType || !strings.Contains(string(b), problem.TypeBase+s.wantProblem)) {

@@ -654,7 +654,7 @@ func TestMCPSessionTrafficCostsNoRedisCall(t *testing.T) {
 		t.Fatalf("session traffic issued %d Redis commands and %d store calls, want none", after-before, store.calls.Load())
 	}
 	// Each was decided at its body and its answer let through unbuffered:
-	// the server ends the stream with its reply to the body (finish.go), so
+	// the server ends the stream with its reply to the body (stream.go, processor.finished), so
 	// the response body is never sent to it. Envoy may still have sent the
 	// response headers before it read the close (then their message is
 	// the last, and continues unprocessed: Filter::onGrpcClose).

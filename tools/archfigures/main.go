@@ -326,9 +326,9 @@ type event struct {
 type walkFigures struct {
 	scope  string
 	follow string
-	read  walkCount
-	run   walkCount
-	trail []string
+	read   walkCount
+	run    walkCount
+	trail  []string
 }
 
 type walkCount struct{ files, entries, returns int }

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idem-extproc/idem-extproc/internal/redisstore"
+	"github.com/idem-extproc/idem-extproc/internal/redisspec"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -239,7 +239,7 @@ func clusterInfo(ctx context.Context, s *Server, field string) string {
 	if err != nil {
 		return ""
 	}
-	return redisstore.InfoField(text, field)
+	return redisspec.InfoField(text, field)
 }
 
 func sorted(s []string) []string {
@@ -255,7 +255,7 @@ func sorted(s []string) []string {
 // MasterFor returns the node that serves key's slot now.
 func (c *Cluster) MasterFor(ctx context.Context, key string) *Server {
 	c.t.Helper()
-	slot := redisSlot(key)
+	slot := redisspec.Slot(key)
 	for _, s := range c.Nodes {
 		if !s.Running() {
 			continue
@@ -423,26 +423,4 @@ func waitFor(ctx context.Context, what string, cond func() bool) error {
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
-}
-
-// redisSlot is Redis Cluster's key slot: CRC16 of the key, or of its
-// {hash tag}, modulo 16384.
-func redisSlot(key string) int {
-	if i := strings.IndexByte(key, '{'); i >= 0 {
-		if j := strings.IndexByte(key[i+1:], '}'); j > 0 {
-			key = key[i+1 : i+1+j]
-		}
-	}
-	var crc uint16
-	for k := 0; k < len(key); k++ {
-		crc ^= uint16(key[k]) << 8
-		for range 8 {
-			if crc&0x8000 != 0 {
-				crc = crc<<1 ^ 0x1021
-			} else {
-				crc <<= 1
-			}
-		}
-	}
-	return int(crc) % 16384
 }

@@ -22,6 +22,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idem-extproc/idem-extproc/internal/redisspec"
 	"github.com/idem-extproc/idem-extproc/internal/redisstore"
 	"github.com/redis/go-redis/v9"
 )
@@ -313,7 +314,7 @@ func (s *Server) Info(ctx context.Context, section, field string) string {
 	if err != nil {
 		return ""
 	}
-	return redisstore.InfoField(text, field)
+	return redisspec.InfoField(text, field)
 }
 
 // Running reports whether the process is up (not killed).

@@ -14,7 +14,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"github.com/idem-extproc/idem-extproc/internal/extproc"
+	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/testing/envoysim"
 )
 
@@ -152,8 +152,8 @@ func (w *workload) check(srv string, k kind, res *envoysim.Result) string {
 		if len(res.Response.Body) != len(w.respBody) {
 			return fmt.Sprintf("replay: body of %d bytes, want %d", len(res.Response.Body), len(w.respBody))
 		}
-		if v, _ := envoysim.Get(res.Response.Headers, extproc.ReplayedHeader); srv == serverIdem && v != "true" {
-			return "replay: no " + extproc.ReplayedHeader + " header"
+		if v, _ := envoysim.Get(res.Response.Headers, idem.ReplayedHeader); srv == serverIdem && v != "true" {
+			return "replay: no " + idem.ReplayedHeader + " header"
 		}
 	}
 	return ""

@@ -11,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/idem-extproc/idem-extproc/internal/redisstore"
+	"github.com/idem-extproc/idem-extproc/internal/redisspec"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -153,9 +153,9 @@ func startCluster(dir string, n int) (rs *redisServer, err error) {
 		ok := true
 		for _, c := range rs.clients {
 			text, err := c.ClusterInfo(ctx).Result()
-			if err != nil || redisstore.InfoField(text, "cluster_state") != "ok" ||
-				redisstore.InfoField(text, "cluster_slots_ok") != "16384" ||
-				redisstore.InfoField(text, "cluster_known_nodes") != strconv.Itoa(n) {
+			if err != nil || redisspec.InfoField(text, "cluster_state") != "ok" ||
+				redisspec.InfoField(text, "cluster_slots_ok") != "16384" ||
+				redisspec.InfoField(text, "cluster_known_nodes") != strconv.Itoa(n) {
 				ok = false
 				break
 			}
@@ -244,7 +244,7 @@ func (r *redisServer) info(ctx context.Context, section, field string) string {
 	if err != nil {
 		return ""
 	}
-	return redisstore.InfoField(text, field)
+	return redisspec.InfoField(text, field)
 }
 
 func (r *redisServer) version(ctx context.Context) string {

@@ -19,6 +19,7 @@ import (
 	"github.com/idem-extproc/idem-extproc/internal/extprocwire"
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/redisstore"
+	luascripts "github.com/idem-extproc/idem-extproc/internal/redisstore/scripts"
 	idemserver "github.com/idem-extproc/idem-extproc/internal/server"
 )
 
@@ -170,10 +171,10 @@ func newFloorServer(ctx context.Context, redisURL string, storeTimeout time.Dura
 	}
 	lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	if f.reserveSHA, err = rdb.ScriptLoad(lctx, redisstore.ScriptSource("reserve")).Result(); err != nil {
+	if f.reserveSHA, err = rdb.ScriptLoad(lctx, luascripts.Source("reserve")).Result(); err != nil {
 		return nil, fmt.Errorf("load reserve.lua: %w", err)
 	}
-	if f.complSHA, err = rdb.ScriptLoad(lctx, redisstore.ScriptSource("complete")).Result(); err != nil {
+	if f.complSHA, err = rdb.ScriptLoad(lctx, luascripts.Source("complete")).Result(); err != nil {
 		return nil, fmt.Errorf("load complete.lua: %w", err)
 	}
 	return f, nil
@@ -266,6 +267,13 @@ func (f *floorServer) Process(stream extprocv3.ExternalProcessor_ProcessServer) 
 	})
 }
 
+// cancelMarkerKey is the key of the marker of tok's cancelled
+// reservation of the record under recordKey, as redisstore names it
+// (store.go, cancelledSep) and reserve.lua reads it as KEYS[2].
+func cancelMarkerKey(recordKey string, tok idem.Token) string {
+	return recordKey + ":cancelled:" + tok.String()
+}
+
 // floorCalls are the floor's bare EVALSHA calls for one request's key.
 type floorCalls struct {
 	f   *floorServer
@@ -275,7 +283,7 @@ type floorCalls struct {
 func (c *floorCalls) reserve(ctx context.Context) (bool, int, []byte, error) {
 	f := c.f
 	// KEYS as the product's: the record and the token's cancel marker.
-	keys := []string{c.key, redisstore.CancelledKey(c.key, idem.Token(f.token))}
+	keys := []string{c.key, cancelMarkerKey(c.key, idem.Token(f.token))}
 	v, err := f.rdb.EvalSha(ctx, f.reserveSHA, keys, f.fingerprint, f.token, f.leaseMs, f.retentionMs, "u").Slice()
 	if err != nil {
 		return false, 0, nil, err
@@ -287,13 +295,19 @@ func (c *floorCalls) reserve(ctx context.Context) (bool, int, []byte, error) {
 	// a flags byte, the floor's own fixed headers, and the body
 	// (redisstore's layout).
 	rec := asString(v[3])
-	st, n := binary.Uvarint([]byte(rec[min(len(rec), redisstore.CompletedHeadLen):]))
-	at := redisstore.CompletedHeadLen + n + 1 + len(f.storedHeaders)
+	st, n := binary.Uvarint([]byte(rec[min(len(rec), completedHeadLen):]))
+	at := completedHeadLen + n + 1 + len(f.storedHeaders)
 	if n <= 0 || at > len(rec) {
 		return false, 0, nil, fmt.Errorf("floor: a completed record of %d bytes that the floor did not write", len(rec))
 	}
 	return true, int(st), []byte(rec[at:]), nil
 }
+
+// completedHeadLen is the fixed head of a completed record in
+// redisstore's layout (internal/redisstore/codec.go): the floor reads and
+// writes records as the store's scripts do. TestSmoke's floor replays fail
+// if the layout moves without it.
+const completedHeadLen = 74
 
 func (c *floorCalls) complete(ctx context.Context, status int, body []byte) error {
 	f := c.f

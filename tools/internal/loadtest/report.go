@@ -347,8 +347,8 @@ func printTargets(cfg *config, results []*runResult) {
 }
 
 // printAgainstMinimal prints the throughput targets' ratios against the
-// minimal server when the run measured it. The issue sets them against
-// the floor; the minimal server is the kind of reference a comparison
+// minimal server when the run measured it. docs/performance.md sets them
+// against the floor; the minimal server is the kind of reference a comparison
 // written from scratch uses (refserver.go), so the same thresholds are
 // shown against it, for information.
 func printAgainstMinimal(out io.Writer, results []*runResult, fw, rp, up summary) {

@@ -1,4 +1,4 @@
-package daemon
+package asynclog
 
 import (
 	"bytes"
@@ -94,7 +94,7 @@ func TestJSONLineWritesWhatSlogWrites(t *testing.T) {
 	for i, r := range jsonLineRecords() {
 		want := slogLine(t, r)
 		var b bytes.Buffer
-		h := newJSONLineHandler(&b, &slog.HandlerOptions{Level: slog.Level(-100)})
+		h := NewJSONLineHandler(&b, &slog.HandlerOptions{Level: slog.Level(-100)})
 		if err := h.Handle(context.Background(), r); err != nil {
 			t.Fatal(err)
 		}
@@ -128,7 +128,7 @@ func TestJSONLineWritesWhatSlogWrites(t *testing.T) {
 func TestJSONLineDerivedHandlersAreSlogs(t *testing.T) {
 	var got, want bytes.Buffer
 	opts := &slog.HandlerOptions{Level: slog.LevelInfo}
-	for _, l := range []*slog.Logger{slog.New(newJSONLineHandler(&got, opts)), slog.New(slog.NewJSONHandler(&want, opts))} {
+	for _, l := range []*slog.Logger{slog.New(NewJSONLineHandler(&got, opts)), slog.New(slog.NewJSONHandler(&want, opts))} {
 		r := slog.NewRecord(time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC), slog.LevelInfo, "m", 0)
 		r.AddAttrs(slog.String("a", "b"))
 		_ = l.With(slog.String("component", "admin")).WithGroup("req").Handler().Handle(context.Background(), r)
@@ -161,7 +161,7 @@ func FuzzJSONLine(f *testing.F) {
 			slog.Duration("d", time.Duration(d)), slog.Time(key, tm), slog.Attr{}, slog.String("latency_ms", msg))
 		want := slogLine(t, r)
 		var got bytes.Buffer
-		if err := newJSONLineHandler(&got, &slog.HandlerOptions{Level: slog.Level(-100)}).Handle(context.Background(), r); err != nil {
+		if err := NewJSONLineHandler(&got, &slog.HandlerOptions{Level: slog.Level(-100)}).Handle(context.Background(), r); err != nil {
 			t.Fatal(err)
 		}
 		if got.String() != want {

@@ -1,4 +1,4 @@
-package daemon
+package asynclog
 
 import (
 	"context"
@@ -12,7 +12,7 @@ import (
 // decision line (attempt.LogAt's record, handed to the handler), with the
 // output discarded.
 func BenchmarkDecisionLog(b *testing.B) {
-	cfg := Config{LogLevel: slog.LevelInfo, LogFormat: "json"}
+	cfg := logConfig{level: slog.LevelInfo, format: "json"}
 	at := time.Now()
 	// callerTime logs b.N lines from one goroutine and reports the time
 	// spent inside Handle (caller-ns/op): the request path's share, apart
@@ -29,7 +29,7 @@ func BenchmarkDecisionLog(b *testing.B) {
 		b.ReportMetric(float64(spent.Nanoseconds())/float64(b.N), "caller-ns/op")
 	}
 	b.Run("async_handler", func(b *testing.B) {
-		q, l := newAsyncLog(io.Discard, logFormat(cfg))
+		q, l := New(io.Discard, cfg.queued)
 		defer q.Close()
 		callerTime(b, l.Handler())
 	})
@@ -38,7 +38,7 @@ func BenchmarkDecisionLog(b *testing.B) {
 	b.Run("format_slog", func(b *testing.B) {
 		b.ReportAllocs()
 		var w batchSink
-		h := NewLogger(cfg, &w).Handler()
+		h := cfg.slogLogger(&w).Handler()
 		r := benchRecord(at)
 		for b.Loop() {
 			_ = h.Handle(context.Background(), r)
@@ -47,7 +47,7 @@ func BenchmarkDecisionLog(b *testing.B) {
 	})
 	b.Run("format_appender", func(b *testing.B) {
 		b.ReportAllocs()
-		h := newJSONLineHandler(io.Discard, &slog.HandlerOptions{Level: cfg.LogLevel}).(*jsonLineHandler)
+		h := NewJSONLineHandler(io.Discard, &slog.HandlerOptions{Level: cfg.level}).(*jsonLineHandler)
 		var batch []byte
 		r := benchRecord(at)
 		for b.Loop() {

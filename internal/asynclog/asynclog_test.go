@@ -1,4 +1,4 @@
-package daemon
+package asynclog
 
 import (
 	"bytes"
@@ -15,6 +15,32 @@ import (
 	"github.com/idem-extproc/idem-extproc/internal/testing/testwait"
 )
 
+// logConfig is a daemon's log settings, as the daemon builds its handlers
+// from them (daemon.NewLogger, the queue's format).
+type logConfig struct {
+	level  slog.Level
+	format string
+}
+
+// slogLogger is slog's own handler for the settings: what the queue's
+// output is held to.
+func (c logConfig) slogLogger(w io.Writer) *slog.Logger {
+	opts := &slog.HandlerOptions{Level: c.level}
+	if c.format == "text" {
+		return slog.New(slog.NewTextHandler(w, opts))
+	}
+	return slog.New(slog.NewJSONHandler(w, opts))
+}
+
+// queued is the format the queue writes with, as the daemon gives it:
+// JSON lines by NewJSONLineHandler, text by slog.
+func (c logConfig) queued(w io.Writer) slog.Handler {
+	if c.format == "text" {
+		return c.slogLogger(w).Handler()
+	}
+	return NewJSONLineHandler(w, &slog.HandlerOptions{Level: c.level})
+}
+
 // decisionRecord is a record shaped like attempt.LogAt's decision line:
 // more attributes than a Record holds inline, strings, an int and a float.
 func decisionRecord(t time.Time, i int) slog.Record {
@@ -27,7 +53,7 @@ func decisionRecord(t time.Time, i int) slog.Record {
 
 // TestAsyncLogWritesWhatTheHandlerWrites: every field of every line, in
 // both formats, is what the daemon's handler (NewLogger: slog's own) writes
-// when called directly, though Main's asyncLog formats JSON lines with
+// when called directly, though the daemon's Queue formats JSON lines with
 // jsonLineHandler:
 // decision lines, a logger's own attributes and groups, and a record with
 // a value that is formatted on its caller's goroutine (an error in
@@ -46,11 +72,11 @@ func TestAsyncLogWritesWhatTheHandlerWrites(t *testing.T) {
 	}
 	for _, format := range []string{"json", "text"} {
 		t.Run(format, func(t *testing.T) {
-			cfg := Config{LogLevel: slog.LevelInfo, LogFormat: format}
+			cfg := logConfig{level: slog.LevelInfo, format: format}
 			var want bytes.Buffer
-			logAll(NewLogger(cfg, &want))
+			logAll(cfg.slogLogger(&want))
 			var got syncBuffer
-			q, l := newAsyncLog(&got, logFormat(cfg)) // as Main does
+			q, l := New(&got, cfg.queued) // as Main does
 			logAll(l)
 			_ = q.Close()
 			// slog stamps records made by Logger methods with time.Now;
@@ -71,7 +97,7 @@ func TestAsyncLogWritesWhatTheHandlerWrites(t *testing.T) {
 func TestAsyncLogFormatsChangingValuesAtOnce(t *testing.T) {
 	release := make(chan struct{})
 	out := &blockingWriter{release: release}
-	q, l := newAsyncLog(out, textFormat)
+	q, l := New(out, textFormat)
 	l.Info("before")
 	counts := map[string]int{"n": 1}
 	l.With(slog.String("c", "x")).Info("counts", slog.Any("counts", counts))
@@ -155,7 +181,7 @@ func textFormat(w io.Writer) slog.Handler {
 // write was under way share the next write.
 func TestAsyncLogKeepsEveryLineInOrder(t *testing.T) {
 	out := &slowWriter{delay: time.Millisecond}
-	q, l := newAsyncLog(out, textFormat)
+	q, l := New(out, textFormat)
 	const writers, lines = 8, 200
 	var wg sync.WaitGroup
 	for g := range writers {
@@ -193,7 +219,7 @@ func TestAsyncLogKeepsEveryLineInOrder(t *testing.T) {
 // more, and lines after Close go straight to the output.
 func TestAsyncLogWritesAtOnceWhenQuiet(t *testing.T) {
 	out := &slowWriter{}
-	q, l := newAsyncLog(out, textFormat)
+	q, l := New(out, textFormat)
 	l.Info("first")
 	testwait.Until(t, "the line written", func() bool { return out.String() == "msg=first\n" })
 	_ = q.Close()
@@ -210,7 +236,7 @@ func TestAsyncLogWritesAtOnceWhenQuiet(t *testing.T) {
 func TestAsyncLogWaitsWhenFullAndLosesNothing(t *testing.T) {
 	release := make(chan struct{})
 	out := &blockingWriter{release: release}
-	q, l := newAsyncLog(out, textFormat)
+	q, l := New(out, textFormat)
 	const total = 3 * maxQueuedRecords
 	logged := make(chan int)
 	go func() {

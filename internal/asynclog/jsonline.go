@@ -1,4 +1,4 @@
-package daemon
+package asynclog
 
 import (
 	"context"
@@ -18,7 +18,7 @@ import (
 // json.Encoder for every float). Any other record, and every handler derived
 // by WithAttrs or WithGroup, is slog.JSONHandler's own.
 //
-// It is built only for the asyncLog, which owns its writer (the batch, or
+// It is built only for the Queue, which owns its writer (the batch, or
 // one line's buffer): its writes are not serialized with those of the
 // handlers derived from it, as slog.JSONHandler's are by their shared mutex.
 //
@@ -32,10 +32,10 @@ type jsonLineHandler struct {
 	w    io.Writer
 }
 
-// newJSONLineHandler returns a handler that writes what
+// NewJSONLineHandler returns a handler that writes what
 // slog.NewJSONHandler(w, opts) writes. With a ReplaceAttr or AddSource it is
 // slog's handler itself: the appender implements neither.
-func newJSONLineHandler(w io.Writer, opts *slog.HandlerOptions) slog.Handler {
+func NewJSONLineHandler(w io.Writer, opts *slog.HandlerOptions) slog.Handler {
 	json := slog.NewJSONHandler(w, opts)
 	if opts != nil && (opts.ReplaceAttr != nil || opts.AddSource) {
 		return json

@@ -1,4 +1,9 @@
-package daemon
+// Package asynclog is the server's log pipeline: a slog handler that takes
+// records off the request path into a bounded queue, and one goroutine that
+// formats them in batches (Queue), with a JSON line formatter that writes
+// slog.JSONHandler's bytes for the server's own lines at a fraction of its
+// cost (NewJSONLineHandler).
+package asynclog
 
 import (
 	"bytes"
@@ -10,7 +15,7 @@ import (
 	"time"
 )
 
-// maxQueuedRecords bounds the records an asyncLog holds: past it, a caller
+// maxQueuedRecords bounds the records a Queue holds: past it, a caller
 // waits for the writer goroutine to take them (and the wait is counted), so
 // a log output slower than the server slows the server instead of losing
 // lines or growing memory without end.
@@ -20,7 +25,7 @@ const maxQueuedRecords = 4096
 // before one write to the output.
 const maxBatchBytes = 256 << 10
 
-// asyncLog takes log records off the request path: a request's goroutine
+// Queue takes log records off the request path: a request's goroutine
 // only copies the record into a bounded queue (slog.Record.Clone, no
 // allocation), and one goroutine formats the queued records with the
 // daemon's JSON or text handler and writes what it formatted in one call.
@@ -44,7 +49,7 @@ const maxBatchBytes = 256 << 10
 // change between the call and the formatting, so it is formatted on its
 // caller's goroutine, by a handler of its own, and the line queued in its
 // turn; the server's own logs use typed attributes only.
-type asyncLog struct {
+type Queue struct {
 	out io.Writer
 
 	mu      sync.Mutex
@@ -78,13 +83,14 @@ type queuedRecord struct {
 	line []byte
 }
 
-// newAsyncLog starts the writer goroutine of out. format builds the
+// New starts the writer goroutine of out, and returns the queue and the
+// logger that feeds it. format builds the
 // handler that formats records; it must write each record in one call to
 // the writer it is given, as slog's JSON and text handlers do, and must not
 // read the context (queued records are formatted with
 // context.Background()).
-func newAsyncLog(out io.Writer, format func(io.Writer) slog.Handler) (*asyncLog, *slog.Logger) {
-	q := &asyncLog{out: out, wake: make(chan struct{}, 1), full: make(chan struct{}, 1), closing: make(chan struct{}), done: make(chan struct{})}
+func New(out io.Writer, format func(io.Writer) slog.Handler) (*Queue, *slog.Logger) {
+	q := &Queue{out: out, wake: make(chan struct{}, 1), full: make(chan struct{}, 1), closing: make(chan struct{}), done: make(chan struct{})}
 	q.room = sync.NewCond(&q.mu)
 	go q.run()
 	return q, slog.New(&asyncHandler{q: q, inner: format(batchWriter{q}), format: format})
@@ -98,7 +104,7 @@ type recordAppender interface {
 }
 
 // batchWriter appends the handlers' output to the batch being gathered.
-type batchWriter struct{ q *asyncLog }
+type batchWriter struct{ q *Queue }
 
 func (w batchWriter) Write(p []byte) (int, error) {
 	w.q.formatted = append(w.q.formatted, p...)
@@ -106,9 +112,9 @@ func (w batchWriter) Write(p []byte) (int, error) {
 }
 
 // Waits returns how many times a caller found the queue full and waited.
-func (q *asyncLog) Waits() uint64 { return q.waits.Load() }
+func (q *Queue) Waits() uint64 { return q.waits.Load() }
 
-func (q *asyncLog) enqueue(item queuedRecord) error {
+func (q *Queue) enqueue(item queuedRecord) error {
 	q.mu.Lock()
 	if len(q.pending) >= maxQueuedRecords && !q.closed {
 		q.waits.Add(1)
@@ -135,7 +141,7 @@ func (q *asyncLog) enqueue(item queuedRecord) error {
 
 // writeNow formats and writes item on the caller's goroutine once the
 // goroutine has written everything queued (after Close).
-func (q *asyncLog) writeNow(item queuedRecord) error {
+func (q *Queue) writeNow(item queuedRecord) error {
 	<-q.done
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -144,7 +150,7 @@ func (q *asyncLog) writeNow(item queuedRecord) error {
 	return err
 }
 
-func (item *queuedRecord) write(q *asyncLog) error {
+func (item *queuedRecord) write(q *Queue) error {
 	if item.line != nil {
 		q.formatted = append(q.formatted, item.line...)
 		return nil
@@ -160,7 +166,7 @@ func (item *queuedRecord) write(q *asyncLog) error {
 
 // flush writes what was formatted; the caller owns formatted (the
 // goroutine, or mu once it is done).
-func (q *asyncLog) flush() {
+func (q *Queue) flush() {
 	if len(q.formatted) > 0 {
 		_, _ = q.out.Write(q.formatted)
 	}
@@ -171,7 +177,7 @@ func (q *asyncLog) flush() {
 	}
 }
 
-func (q *asyncLog) run() {
+func (q *Queue) run() {
 	defer close(q.done)
 	linger := time.NewTimer(time.Hour)
 	linger.Stop()
@@ -194,7 +200,7 @@ func (q *asyncLog) run() {
 }
 
 // writeQueued formats and writes the records queued so far.
-func (q *asyncLog) writeQueued() {
+func (q *Queue) writeQueued() {
 	q.mu.Lock()
 	batch := q.pending
 	q.pending, q.spare = q.spare[:0], nil
@@ -215,7 +221,7 @@ func (q *asyncLog) writeQueued() {
 
 // Close formats and writes every queued record; records logged later are
 // written on their caller's goroutine.
-func (q *asyncLog) Close() error {
+func (q *Queue) Close() error {
 	q.mu.Lock()
 	if q.closed {
 		q.mu.Unlock()
@@ -230,11 +236,11 @@ func (q *asyncLog) Close() error {
 	return nil
 }
 
-// asyncHandler is the slog.Handler of an asyncLog: inner formats, q
+// asyncHandler is the slog.Handler of a Queue: inner formats, q
 // queues. format and with rebuild inner over another writer, for a record
 // formatted on its caller's goroutine.
 type asyncHandler struct {
-	q      *asyncLog
+	q      *Queue
 	inner  slog.Handler
 	format func(io.Writer) slog.Handler
 	with   []func(slog.Handler) slog.Handler

@@ -1,0 +1,420 @@
+package extproc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	procmodev3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"go.opentelemetry.io/otel/attribute"
+	otelcodes "go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/idem-extproc/idem-extproc/internal/attempt"
+	"github.com/idem-extproc/idem-extproc/internal/idem"
+	"github.com/idem-extproc/idem-extproc/internal/policy"
+)
+
+// stage is where a stream is in the request's life.
+type stage uint8
+
+const (
+	// stageRequestHeaders: nothing received yet.
+	stageRequestHeaders stage = iota
+	// stageRequestBody: a protected request's body is being read.
+	stageRequestBody
+	// stageUpstream: reserved; the upstream has the request.
+	stageUpstream
+	// stageResponseBody: the response will be stored; its body is read.
+	stageResponseBody
+	// stagePassThrough: nothing more to do for this request; every later
+	// message is answered CONTINUE (Envoy sends them anyway when it does
+	// not honour mode_override).
+	stagePassThrough
+)
+
+// phase is the kind of message being answered: its reply must be of the
+// matching kind (Envoy rejects any other as spurious).
+type phase uint8
+
+const (
+	phaseRequestHeaders phase = iota
+	phaseRequestBody
+	phaseRequestTrailers
+	phaseResponseHeaders
+	phaseResponseBody
+	phaseResponseTrailers
+)
+
+// protocolError is a message that cannot follow the ones before it: the
+// stream ends with INVALID_ARGUMENT, which Envoy turns into its
+// status_on_error (fail closed).
+type protocolError struct{ error }
+
+// processor holds everything about one HTTP request.
+type processor struct {
+	srv      *Server
+	policies *policy.Set
+
+	// Body modes in force on Envoy's side, from protocol_config. Without
+	// one (Envoy before 1.30 did not send it) the recommended BUFFERED
+	// configuration is assumed and no override is asked for.
+	requestBodyMode, responseBodyMode procmodev3.ProcessingMode_BodySendMode
+	modesKnown                        bool
+	// stage, phase, waiting and respTooLarge sit next to modesKnown, in what would be
+	// padding: a processor is allocated per request, and this keeps it in
+	// the 480 byte size class.
+	stage stage
+	// phase is the message being answered; msgBody its body, for a body
+	// message (echoed back in the echo modes).
+	phase phase
+	// waiting: the reply just queued extends Envoy's timer for a wait
+	// (attempt.Wait); the loop sends it, then calls resume.
+	waiting bool
+	// respTooLarge: the response is recorded without its body.
+	respTooLarge bool
+	msgBody      *extprocv3.HttpBody
+
+	// att is the attempt: policy, record, token, what it holds.
+	att        attempt.Attempt
+	method     string
+	path       string
+	reqHeaders []idem.Header
+	reqBody    []byte
+	// held is what this stream's buffered bodies take of the server's
+	// budget (budget.go).
+	held int64
+
+	trace streamTrace
+
+	respStatus  int
+	respHeaders []idem.Header
+	respBody    []byte
+
+	rpc rpcState
+	seq sequence
+	// body is set for a request whose policy is decided at its body
+	// (request.go, deferToBody); nil on every other request.
+	body *bodyDecision
+
+	// respAdd are headers the response headers reply adds to the response
+	// the client gets (attempt.Verdict.Add). HTTP only.
+	respAdd []attempt.ResponseHeader
+}
+
+func newProcessor(s *Server, set *policy.Set) *processor {
+	p := &processor{srv: s, policies: set}
+	p.att = attempt.New(&s.att, p)
+	return p
+}
+
+// Decided reports a decision to the observer and on the stream's span
+// (attempt.Conversation).
+func (p *processor) Decided(policy string, d idem.Decision) {
+	p.srv.obs.Decided(policy, d)
+	p.trace.decided(d)
+}
+
+// Background is the context of work that outlives the message at hand:
+// it carries the stream's span (attempt.Conversation).
+func (p *processor) Background() context.Context { return p.trace.background() }
+
+// message is what the server reads of one ext_proc message: its phase
+// and payload, and Envoy's facts sent with it. It is read once, by the
+// stream loop (messageOf); nothing past it sees the whole message.
+type message struct {
+	phase    phase
+	known    bool // a request or response phase (else: window update, or unknown)
+	eos      bool
+	headers  *extprocv3.HttpHeaders
+	body     *extprocv3.HttpBody
+	trailers *extprocv3.HttpTrailers
+	facts    envoyFacts
+	// windowUpdate: a message with no phase that only acknowledges what
+	// the server sent (grpc-go's flow control).
+	windowUpdate bool
+	// other is the member of an unknown kind, for the error.
+	other any
+}
+
+// messageOf reads one message.
+func messageOf(req *extprocv3.ProcessingRequest) message {
+	m := message{known: true, facts: envoyFacts{
+		metadata: req.GetMetadataContext(), protocol: req.GetProtocolConfig(), flow: req.GetFlowControlInit(),
+	}}
+	switch r := req.GetRequest().(type) {
+	case *extprocv3.ProcessingRequest_RequestHeaders:
+		m.phase, m.headers, m.eos = phaseRequestHeaders, r.RequestHeaders, r.RequestHeaders.GetEndOfStream()
+	case *extprocv3.ProcessingRequest_RequestBody:
+		m.phase, m.body, m.eos = phaseRequestBody, r.RequestBody, r.RequestBody.GetEndOfStream()
+	case *extprocv3.ProcessingRequest_RequestTrailers:
+		m.phase, m.trailers, m.eos = phaseRequestTrailers, r.RequestTrailers, true
+	case *extprocv3.ProcessingRequest_ResponseHeaders:
+		m.phase, m.headers, m.eos = phaseResponseHeaders, r.ResponseHeaders, r.ResponseHeaders.GetEndOfStream()
+	case *extprocv3.ProcessingRequest_ResponseBody:
+		m.phase, m.body, m.eos = phaseResponseBody, r.ResponseBody, r.ResponseBody.GetEndOfStream()
+	case *extprocv3.ProcessingRequest_ResponseTrailers:
+		m.phase, m.trailers, m.eos = phaseResponseTrailers, r.ResponseTrailers, true
+	default:
+		m.known, m.other = false, req.GetRequest()
+		m.windowUpdate = req.GetRequest() == nil && req.GetClientWindowUpdate() != nil
+	}
+	m.facts.attrs = attributesOf(req.GetAttributes(), m.headers)
+	return m
+}
+
+// handle answers one message. An error is a protocol violation
+// (protocolError). A nil reply means none is due yet (see rpcState).
+func (p *processor) handle(ctx context.Context, m *message) (*extprocv3.ProcessingResponse, error) {
+	if m.windowUpdate {
+		return nil, nil // grpc-go's flow control acknowledging what it was sent back
+	}
+	if !m.known {
+		return nil, protocolError{fmt.Errorf("unsupported ext_proc message %T", m.other)}
+	}
+	if err := p.seq.next(m.phase, m.eos, requestBodyStreams(p.requestBodyMode, p.modesKnown)); err != nil {
+		return nil, protocolError{err}
+	}
+	if pc := m.facts.protocol; pc != nil {
+		p.requestBodyMode, p.responseBodyMode = pc.GetRequestBodyMode(), pc.GetResponseBodyMode()
+		p.modesKnown = true
+	}
+	p.phase, p.msgBody = m.phase, m.body
+	if m.phase <= phaseRequestTrailers {
+		return p.onRequest(ctx, m)
+	}
+	return p.onResponse(ctx, m), nil
+}
+
+// requestBodyStreams reports a request body mode in which the response may
+// come before the request ends: STREAMED, FULL_DUPLEX_STREAMED, GRPC; or no
+// mode known at all (an Envoy before 1.30 sends no protocol_config) for a
+// request the server did not assume BUFFERED for.
+func requestBodyStreams(m procmodev3.ProcessingMode_BodySendMode, known bool) bool {
+	switch m {
+	case procmodev3.ProcessingMode_STREAMED, procmodev3.ProcessingMode_FULL_DUPLEX_STREAMED, procmodev3.ProcessingMode_GRPC:
+		return true
+	case procmodev3.ProcessingMode_NONE:
+		return !known
+	}
+	return false
+}
+
+// Process serves one ext_proc stream, that is one HTTP request.
+func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
+	ctx := stream.Context()
+	s.obs.StreamStarted()
+	defer s.obs.StreamEnded()
+	p := newProcessor(s, s.cfg.Policies())
+	err := s.serve(ctx, stream, p)
+	p.settleAtEnd()
+	s.budget.release(&p.held)
+	p.trace.end(&p.att, err)
+	return err
+}
+
+// serve is the stream loop: it reads each message, has the processor
+// answer it, and sends what the answer queued, in protocol order: replies
+// withheld until now (rpcState), then the reply to the message itself.
+// A duplicate that waits for the attempt in flight first gets Envoy's
+// timer extended, then the wait's verdict (processor.resume).
+func (s *Server) serve(ctx context.Context, stream extprocv3.ExternalProcessor_ProcessServer, p *processor) error {
+	for {
+		req, err := stream.Recv()
+		if err != nil {
+			// Envoy ends every stream with a half-close and a reset, so EOF
+			// and Canceled are the normal end, not failures.
+			if errors.Is(err, io.EOF) || status.Code(err) == codes.Canceled || errors.Is(err, context.Canceled) {
+				return nil
+			}
+			return err
+		}
+		m := messageOf(req)
+		pctx, span := p.trace.startPhase(ctx, s.tracer, &m)
+		resp, err := p.handle(pctx, &m)
+		for err == nil {
+			for _, r := range p.rpc.released() {
+				if err = stream.Send(r); err != nil {
+					break
+				}
+			}
+			if err == nil && resp != nil {
+				err = stream.Send(resp)
+			}
+			if err != nil || !p.waiting {
+				break
+			}
+			resp = p.resume(pctx)
+		}
+		span.End()
+		if _, bad := err.(protocolError); bad {
+			p.att.LogAt(ctx, slog.LevelWarn, "ext_proc protocol error", slog.String("error", err.Error()))
+			return status.Error(codes.InvalidArgument, err.Error())
+		}
+		if err != nil {
+			return err
+		}
+		if p.finished() {
+			return nil
+		}
+	}
+}
+
+// finished reports whether the server needs nothing more of this stream,
+// so that it ends it (returns OK) right after the reply it just sent. The
+// protocol allows it: every message is answered "or [by] clos[ing] the
+// stream", which a server may do "to indicate that no more messages are
+// needed" (external_processor.proto, ProcessingRequest.observability_mode
+// and the request_headers ... response_trailers members). A stream the
+// server closes with OK is one Envoy "can ignore ... for the
+// rest of our request and response processing": it sends no further
+// message, and a message it had already sent is let through unchanged
+// (ext_proc.cc Filter::onGrpcClose: processing_complete_, closeStream,
+// clearAsyncState; test GetAndCloseStream in filter_test.cc). grpc-go's
+// filter does the same: an io.EOF from the processor bypasses it
+// (internal/xds/httpfilter/extproc ext_proc.go, failProcStream,
+// triggerBypass). Ending the stream here saves the wait for Envoy's own
+// close, and lets grpc-go write the reply and the stream's trailers in one
+// write (docs/performance.md, "History of changes").
+//
+// It holds only when nothing could still be wanted: the request is past
+// every decision (stagePassThrough: answered by the server, passed, or its
+// record settled), no header waits to be added to the response (respAdd),
+// no reply is withheld, the attempt holds nothing and retries nothing at
+// the stream's end, the request is not a gRPC call (whose outcome comes
+// later, from its trailers: grpc.go), and both body modes are known and
+// ones in which Envoy keeps the body itself (NONE, BUFFERED,
+// BUFFERED_PARTIAL). In STREAMED, GRPC and FULL_DUPLEX_STREAMED modes
+// chunks may be queued on Envoy's side or forwarded only as the server
+// sends them back (echoes), and what Envoy does with them on a close was
+// not read closely enough to rely on: those streams end as before, when
+// Envoy closes them.
+func (p *processor) finished() bool {
+	return p.stage == stagePassThrough && len(p.respAdd) == 0 && len(p.rpc.held) == 0 && !p.rpc.call &&
+		!p.att.Pending() && p.modesKnown && keepsBody(p.requestBodyMode) && keepsBody(p.responseBodyMode)
+}
+
+// keepsBody reports a body mode in which Envoy holds the body itself, and
+// forwards it unchanged when processing ends.
+func keepsBody(m procmodev3.ProcessingMode_BodySendMode) bool {
+	switch m {
+	case procmodev3.ProcessingMode_NONE, procmodev3.ProcessingMode_BUFFERED, procmodev3.ProcessingMode_BUFFERED_PARTIAL:
+		return true
+	}
+	return false
+}
+
+// headerCarrier reads W3C trace context from Envoy's request headers.
+type headerCarrier struct{ m *corev3.HeaderMap }
+
+func (c headerCarrier) Get(key string) string {
+	for _, h := range c.m.GetHeaders() {
+		if h.GetKey() == key {
+			return headerValue(h)
+		}
+	}
+	return ""
+}
+
+func (c headerCarrier) Set(string, string) {}
+
+func (c headerCarrier) Keys() []string {
+	keys := make([]string, 0, len(c.m.GetHeaders()))
+	for _, h := range c.m.GetHeaders() {
+		keys = append(keys, h.GetKey())
+	}
+	return keys
+}
+
+var traceContext = propagation.TraceContext{}
+
+// phaseSpanNames name the span of each phase's message.
+var phaseSpanNames = [...]string{
+	phaseRequestHeaders:   "ext_proc request_headers",
+	phaseRequestBody:      "ext_proc request_body",
+	phaseRequestTrailers:  "ext_proc request_trailers",
+	phaseResponseHeaders:  "ext_proc response_headers",
+	phaseResponseBody:     "ext_proc response_body",
+	phaseResponseTrailers: "ext_proc response_trailers",
+}
+
+// streamTrace is a stream's span; ctx carries it for work done after the
+// stream's own context ended. Both are nil when tracing is off.
+type streamTrace struct {
+	span trace.Span
+	ctx  context.Context
+}
+
+// startPhase opens the span of one message, as a child of the stream's
+// span; the stream's span starts with the first message, under the
+// traceparent of the request's headers when there is one.
+func (t *streamTrace) startPhase(ctx context.Context, tracer trace.Tracer, m *message) (context.Context, trace.Span) {
+	if tracer == nil {
+		return ctx, trace.SpanFromContext(context.Background()) // a no-op span, shared
+	}
+	if t.span == nil {
+		parent := ctx
+		if m.phase == phaseRequestHeaders {
+			parent = traceContext.Extract(ctx, headerCarrier{m.headers.GetHeaders()})
+		}
+		t.ctx, t.span = tracer.Start(parent, "idem-extproc stream", trace.WithSpanKind(trace.SpanKindServer))
+	}
+	name := "ext_proc unknown"
+	if m.known {
+		name = phaseSpanNames[m.phase]
+	}
+	return tracer.Start(trace.ContextWithSpan(ctx, t.span), name)
+}
+
+// background returns a context carrying the stream's span.
+func (t *streamTrace) background() context.Context {
+	if t.ctx != nil {
+		return t.ctx
+	}
+	return context.Background()
+}
+
+// decided puts a decision on the stream's span.
+func (t *streamTrace) decided(d idem.Decision) {
+	if t.span != nil {
+		t.span.AddEvent(string(d))
+		t.span.SetAttributes(attribute.String("idem.decision", string(d)))
+	}
+}
+
+// shadowed puts a shadow policy's decision on the stream's span.
+func (t *streamTrace) shadowed(d idem.ShadowDecision) {
+	if t.span != nil {
+		t.span.SetAttributes(attribute.String("idem.shadow_decision", string(d)))
+	}
+}
+
+// end closes the stream's span with what is known about the attempt.
+func (t *streamTrace) end(a *attempt.Attempt, err error) {
+	if t.span == nil {
+		return
+	}
+	if a.Policy != nil {
+		t.span.SetAttributes(attribute.String("idem.policy", a.Policy.Name))
+	}
+	if a.ID != "" {
+		t.span.SetAttributes(attribute.String("idem.key_hash", string(a.ID)), attribute.String("idem.scope", a.Scope))
+	}
+	if a.RequestID != "" {
+		t.span.SetAttributes(attribute.String("http.request.header.x-request-id", a.RequestID))
+	}
+	if a.Number > 0 {
+		t.span.SetAttributes(attribute.Int("idem.attempt", a.Number))
+	}
+	if err != nil {
+		t.span.SetStatus(otelcodes.Error, err.Error())
+	}
+	t.span.End()
+}

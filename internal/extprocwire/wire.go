@@ -1,0 +1,143 @@
+package extprocwire
+
+import (
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+)
+
+// The wire primitives both directions share: a field parsed from the
+// front of a buffer, and the sizes and appends of varint and
+// length-delimited fields, with the encoder's two-pass length bookkeeping.
+
+// field is one parsed field: a varint's value or a length-delimited
+// field's bytes (a sub-slice of the input, capacity to its end).
+type field struct {
+	num protowire.Number
+	typ protowire.Type
+	v   uint64
+	s   []byte
+}
+
+// next parses the field at the front of b, reporting false for anything
+// but a valid tag with a varint, length-delimited or fixed64 value.
+func next(b []byte) (f field, rest []byte, ok bool) {
+	num, typ, n := protowire.ConsumeTag(b)
+	if n < 0 || num > protowire.MaxValidNumber {
+		return f, nil, false
+	}
+	b = b[n:]
+	f.num, f.typ = num, typ
+	switch typ {
+	case protowire.VarintType:
+		f.v, n = protowire.ConsumeVarint(b)
+	case protowire.BytesType:
+		f.s, n = protowire.ConsumeBytes(b)
+	case protowire.Fixed64Type: // only Value.number_value takes one
+		f.v, n = protowire.ConsumeFixed64(b)
+	default:
+		return f, nil, false
+	}
+	if n < 0 {
+		return f, nil, false
+	}
+	return f, b[n:], true
+}
+
+func (f field) isBytes() bool { return f.typ == protowire.BytesType }
+
+func (f field) isVarint() bool { return f.typ == protowire.VarintType }
+
+// bytesField is a proto3 bytes field's value: nil when empty, as the generic
+// decoder leaves it, else s with its capacity clipped so that an append
+// cannot run into the next field.
+func bytesField(s []byte) []byte {
+	if len(s) == 0 {
+		return nil
+	}
+	return s[:len(s):len(s)]
+}
+
+// open reserves the slot of a nested message's length in the size pass.
+func (e *encoder) open() int {
+	e.n++
+	if e.n > len(e.stack) {
+		e.more = append(e.more, 0)
+	}
+	return e.n - 1
+}
+
+// closeMsg records the nested message's content length n in its slot and
+// returns the field's whole size (tag, length and content).
+func (e *encoder) closeMsg(slot int, num protowire.Number, n int) int {
+	if slot < len(e.stack) {
+		e.stack[slot] = n
+	} else {
+		e.more[slot-len(e.stack)] = n
+	}
+	return protowire.SizeTag(num) + protowire.SizeBytes(n)
+}
+
+// head writes a nested message's tag and length in the append pass.
+func (e *encoder) head(b []byte, num protowire.Number) []byte {
+	var n int
+	if e.next < len(e.stack) {
+		n = e.stack[e.next]
+	} else {
+		n = e.more[e.next-len(e.stack)]
+	}
+	e.next++
+	b = protowire.AppendTag(b, num, protowire.BytesType)
+	return protowire.AppendVarint(b, uint64(n))
+}
+
+// plain reports that m carries no unknown fields, which only proto.Marshal
+// writes back.
+func plain(m proto.Message) bool { return len(m.ProtoReflect().GetUnknown()) == 0 }
+
+func sizeVarint(num protowire.Number, v uint64) int {
+	if v == 0 {
+		return 0
+	}
+	return protowire.SizeTag(num) + protowire.SizeVarint(v)
+}
+
+func appendVarint(b []byte, num protowire.Number, v uint64) []byte {
+	if v == 0 {
+		return b
+	}
+	b = protowire.AppendTag(b, num, protowire.VarintType)
+	return protowire.AppendVarint(b, v)
+}
+
+// enum is an enum's varint: a negative value is sign-extended to 64 bits.
+func enum(v int32) uint64 { return uint64(int64(v)) }
+
+func boolean(v bool) uint64 {
+	if v {
+		return 1
+	}
+	return 0
+}
+
+func sizeBytes(num protowire.Number, n int) int {
+	if n == 0 {
+		return 0
+	}
+	return protowire.SizeTag(num) + protowire.SizeBytes(n)
+}
+
+func appendBytes(b []byte, num protowire.Number, v []byte) []byte {
+	if len(v) == 0 {
+		return b
+	}
+	b = protowire.AppendTag(b, num, protowire.BytesType)
+	return protowire.AppendBytes(b, v)
+}
+
+func appendString(b []byte, num protowire.Number, v string) []byte {
+	if len(v) == 0 {
+		return b
+	}
+	b = protowire.AppendTag(b, num, protowire.BytesType)
+	return protowire.AppendString(b, v)
+}
