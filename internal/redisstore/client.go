@@ -52,30 +52,8 @@ func newClient(rawURL string, callTimeout time.Duration, sec Security, minIdle i
 	if callTimeout <= 0 {
 		callTimeout = idem.DefaultStoreTimeout
 	}
-	if sec.any() {
-		tlsURL := (simple != nil && simple.TLSConfig != nil) || (multi != nil && multi.TLSConfig != nil)
-		if err := sec.check(tlsURL); err != nil {
-			return nil, fmt.Errorf("redis: %w", err)
-		}
-		if simple != nil {
-			if sec.PasswordFile != "" {
-				simple.CredentialsProviderContext = sec.credentials(simple.Username)
-			}
-			if simple.TLSConfig != nil {
-				if simple.TLSConfig, err = sec.tlsConfig(simple.TLSConfig); err != nil {
-					return nil, err
-				}
-			}
-		} else {
-			if sec.PasswordFile != "" {
-				multi.CredentialsProviderContext = sec.credentials(multi.Username)
-			}
-			if multi.TLSConfig != nil {
-				if multi.TLSConfig, err = sec.tlsConfig(multi.TLSConfig); err != nil {
-					return nil, err
-				}
-			}
-		}
+	if err := sec.apply(simple, multi); err != nil {
+		return nil, err
 	}
 	if simple != nil {
 		simple.ContextTimeoutEnabled = true
@@ -147,3 +125,33 @@ const (
 // minPoolSize is the smallest connection pool per node: enough for the
 // streams a busy server has open at once.
 func minPoolSize() int { return max(64, 10*runtime.GOMAXPROCS(0)) }
+
+// apply puts the password file and the TLS material of sec into the
+// options of one topology (simple for a standalone server, multi for the
+// others), checked against the URL's scheme.
+func (sec Security) apply(simple *redis.Options, multi *redis.UniversalOptions) error {
+	if !sec.any() {
+		return nil
+	}
+	tlsURL := (simple != nil && simple.TLSConfig != nil) || (multi != nil && multi.TLSConfig != nil)
+	if err := sec.check(tlsURL); err != nil {
+		return fmt.Errorf("redis: %w", err)
+	}
+	var err error
+	if simple != nil {
+		if sec.PasswordFile != "" {
+			simple.CredentialsProviderContext = sec.credentials(simple.Username)
+		}
+		if simple.TLSConfig != nil {
+			simple.TLSConfig, err = sec.tlsConfig(simple.TLSConfig)
+		}
+		return err
+	}
+	if sec.PasswordFile != "" {
+		multi.CredentialsProviderContext = sec.credentials(multi.Username)
+	}
+	if multi.TLSConfig != nil {
+		multi.TLSConfig, err = sec.tlsConfig(multi.TLSConfig)
+	}
+	return err
+}
