@@ -87,7 +87,8 @@ func (a *Attempt) Admit(scope, key string) *problem.Problem {
 	}
 	a.ID = idem.RecordIDFor(ns, scope, key)
 	if a.srv.Homes != nil && a.Policy.Homes != nil {
-		a.store, a.budget = a.srv.Homes.StoreFor(a.Policy, scope, key)
+		st, budget := a.srv.Homes.StoreFor(a.Policy, scope, key)
+		a.home = &home{store: st, budget: budget}
 	}
 	return nil
 }

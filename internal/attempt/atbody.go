@@ -83,6 +83,9 @@ func (a *Attempt) AtBody(ctx context.Context, cands []Candidate, body []byte, no
 			continue
 		}
 		out := BodyVerdict{JSONRPC: c.Policy.Answers == policy.AnswersJSONRPC, ID: id}
+		if out.JSONRPC {
+			a.callID = id // a replay answers this call (answer)
+		}
 		adm, key, prob := a.AdmitKeyFrom(KeyInput{HeaderRaw: c.RawKey, HeaderLines: c.KeyLines, Body: body}, now)
 		if out.Verdict = a.Admitted(ctx, adm, prob); out.Kind != Continue {
 			return out

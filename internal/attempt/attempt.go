@@ -122,13 +122,12 @@ type Attempt struct {
 	// Started is when the attempt's stream began: its lines' latency.
 	Started time.Time
 
-	// store is the store of this attempt's record (Server.Homes), and
-	// budget the time of each of its calls while the proxy waits.
-	store  idem.Store
-	budget time.Duration
-	// farAsked is set once the proxy was asked for a far home's time
-	// (Request).
-	farAsked bool
+	// home is where a homes map placed the record (Server.Homes); nil
+	// when it lives in Server.Store (recordStore, storeBudget).
+	home *home
+	// callID is the JSON-RPC id of the call a policy with answers: jsonrpc
+	// took at its body: a replay is that call's response (answer).
+	callID []byte
 
 	// renew keeps the lease alive; it is set exactly while this attempt
 	// holds the record and has not settled it (Held).
@@ -154,7 +153,7 @@ type Attempt struct {
 
 // New returns an attempt of srv that talks through conv.
 func New(srv *Server, conv Conversation) Attempt {
-	return Attempt{srv: srv, conv: conv, Started: time.Now(), store: srv.Store, budget: srv.StoreTimeout}
+	return Attempt{srv: srv, conv: conv, Started: time.Now()}
 }
 
 // Held reports whether this attempt holds the record and has not settled
@@ -257,7 +256,7 @@ func (a *Attempt) startRenewer(base context.Context) *renewer {
 	if base.Done() != nil {
 		base = context.WithoutCancel(base)
 	}
-	s, st, budget, id, tok, lease := a.srv, a.store, a.budget, a.ID, a.Token, a.Policy.Lease
+	s, st, budget, id, tok, lease := a.srv, a.recordStore(), a.storeBudget(), a.ID, a.Token, a.Policy.Lease
 	r := &renewer{}
 	every := lease / 2
 	tick := func() {
@@ -290,4 +289,30 @@ func (r *renewer) stop() {
 	defer r.mu.Unlock()
 	r.stopped = true
 	r.timer.Stop()
+}
+
+// home is the store of a record a homes map placed, and the budget of
+// each of its calls while the proxy waits.
+type home struct {
+	store  idem.Store
+	budget time.Duration
+	// asked is set once the proxy was asked for a far home's time
+	// (Request).
+	asked bool
+}
+
+// recordStore is the store of the attempt's record.
+func (a *Attempt) recordStore() idem.Store {
+	if a.home != nil {
+		return a.home.store
+	}
+	return a.srv.Store
+}
+
+// storeBudget bounds each call to recordStore while the proxy waits.
+func (a *Attempt) storeBudget() time.Duration {
+	if a.home != nil {
+		return a.home.budget
+	}
+	return a.srv.StoreTimeout
 }

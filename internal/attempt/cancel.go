@@ -85,10 +85,10 @@ func (a *Attempt) giveUp(ctx context.Context, err error) {
 		defer cancel()
 		var res idem.CancelResult
 		cerr := retryUntil(cctx, func(ctx context.Context) error {
-			sctx, scancel := context.WithTimeout(ctx, snap.budget)
+			sctx, scancel := context.WithTimeout(ctx, snap.storeBudget())
 			defer scancel()
 			var err error
-			res, err = snap.store.Cancel(sctx, snap.ID, snap.Token, cancelHold)
+			res, err = snap.recordStore().Cancel(sctx, snap.ID, snap.Token, cancelHold)
 			return err
 		})
 		if cerr != nil {

@@ -76,10 +76,10 @@ func (a *Attempt) waits(res idem.ReserveResult) (time.Duration, bool) {
 	if res.Outcome != idem.InFlight || a.Policy.WaitForInFlight <= 0 {
 		return 0, false
 	}
-	if _, ok := a.store.(idem.Watcher); !ok {
+	if _, ok := a.recordStore().(idem.Watcher); !ok {
 		return 0, false
 	}
-	return a.Policy.WaitForInFlight + 2*a.budget, true
+	return a.Policy.WaitForInFlight + 2*a.storeBudget(), true
 }
 
 // opened gives a completed record's response as it is replayed: opened
@@ -140,7 +140,7 @@ func (a *Attempt) reserve(ctx context.Context, fp idem.Fingerprint) (idem.Reserv
 	sctx, cancel := a.StoreCtx(ctx)
 	defer cancel()
 	waitReplicas, waitTimeout := a.Policy.WaitReplicas()
-	return a.store.Reserve(sctx, idem.Reservation{
+	return a.recordStore().Reserve(sctx, idem.Reservation{
 		ID:           a.ID,
 		Fingerprint:  fp,
 		Token:        a.Token,
@@ -159,7 +159,7 @@ func (a *Attempt) reserve(ctx context.Context, fp idem.Fingerprint) (idem.Reserv
 // fresh reservation if it was released, or the outcome found when the wait
 // ends.
 func (a *Attempt) awaitFirst(ctx context.Context, fp idem.Fingerprint, first idem.ReserveResult) (idem.ReserveResult, error) {
-	w := a.store.(idem.Watcher) // waits checked it
+	w := a.recordStore().(idem.Watcher) // waits checked it
 	wctx, cancel := context.WithTimeout(ctx, a.Policy.WaitForInFlight)
 	defer cancel()
 	for {
@@ -185,7 +185,7 @@ func (a *Attempt) awaitFirst(ctx context.Context, fp idem.Fingerprint, first ide
 // may have settled, and reports what to answer if it did.
 func (a *Attempt) reread(ctx context.Context, fp idem.Fingerprint, first idem.ReserveResult) (idem.ReserveResult, bool) {
 	sctx, scancel := a.StoreCtx(ctx)
-	rec, err := a.store.Get(sctx, a.ID)
+	rec, err := a.recordStore().Get(sctx, a.ID)
 	scancel()
 	switch {
 	case errors.Is(err, idem.ErrNotFound):
@@ -251,15 +251,15 @@ func (a *Attempt) DecideShadow(ctx context.Context, fp idem.Fingerprint) (idem.S
 // fail_open and the 503 otherwise. A shadow policy's request always goes
 // on (DecideShadow).
 func (a *Attempt) Request(ctx context.Context, fp idem.Fingerprint) Verdict {
-	if a.budget > a.srv.StoreTimeout && !a.farAsked {
+	if h := a.home; h != nil && h.budget > a.srv.StoreTimeout && !h.asked {
 		// The scope's home is another region (Server.Homes): its store
 		// calls may outlast the proxy's timer for this message, so the
 		// proxy is asked for their time first (and for a wait that may
 		// follow: the proxy extends a message's timer once), shadow
 		// policies' included: a shadow must never make a request fail.
-		a.farAsked = true
+		h.asked = true
 		a.wait = &waiting{fp: fp, far: true}
-		return Verdict{Kind: Wait, Wait: 2*a.budget + a.Policy.WaitForInFlight}
+		return Verdict{Kind: Wait, Wait: 2*h.budget + a.Policy.WaitForInFlight}
 	}
 	if a.Policy.Enforcement == policy.EnforcementShadow {
 		d, err := a.DecideShadow(ctx, fp)
@@ -296,6 +296,25 @@ func (a *Attempt) Await(ctx context.Context) Verdict {
 		return a.unavailable(ctx, err)
 	}
 	return a.answer(ctx, res)
+}
+
+// replay is the Answer that replays rs: as stored, or for a JSON-RPC call
+// as the call's own response (JSONRPCReplay). A stored response that is
+// no JSON-RPC response to replay answers outcome-unknown: the call ran,
+// and what it returned cannot be told.
+func (a *Attempt) replay(ctx context.Context, rs *idem.Response) Verdict {
+	if a.callID == nil {
+		return Verdict{Kind: Answer, Replay: rs}
+	}
+	out, err := JSONRPCReplay(*rs, a.callID)
+	if err != nil {
+		a.LogAt(ctx, slog.LevelWarn, "stored response cannot be replayed as a JSON-RPC response; answering outcome-unknown",
+			slog.String("error", err.Error()))
+		return Verdict{Kind: Answer, Problem: problem.New(problem.OutcomeUnknown,
+			"an earlier call with this key completed, but its response cannot be replayed as a JSON-RPC response; "+
+				"check the tool's effect before calling again with a new key")}
+	}
+	return Verdict{Kind: Answer, Replay: &out}
 }
 
 // unavailable is the verdict when the store cannot be asked or used: the
@@ -335,7 +354,7 @@ func (a *Attempt) answer(ctx context.Context, res idem.ReserveResult) Verdict {
 		if !res.CreatedAt.IsZero() {
 			a.srv.Observer.Replayed(a.Policy.Name, time.Since(res.CreatedAt))
 		}
-		return Verdict{Kind: Answer, Replay: res.Response}
+		return a.replay(ctx, res.Response)
 	case idem.InFlight:
 		prob := problem.New(problem.InProgress, "an earlier request with this Idempotency-Key is still being processed; retry later")
 		prob.RetryAfter = a.Policy.RetryAfter
@@ -351,5 +370,5 @@ func (a *Attempt) answer(ctx context.Context, res idem.ReserveResult) Verdict {
 
 // StoreCtx bounds one store call made while Envoy waits.
 func (a *Attempt) StoreCtx(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(ctx, a.budget)
+	return context.WithTimeout(ctx, a.storeBudget())
 }

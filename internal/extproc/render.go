@@ -115,18 +115,7 @@ func (p *processor) problemReply(prob *problem.Problem) *extprocv3.ProcessingRes
 // wrong id: the answer is the outcome-unknown error, since the call did
 // run and what it returned cannot be told.
 func (p *processor) replayReply(ctx context.Context, r *idem.Response) *extprocv3.ProcessingResponse {
-	switch {
-	case p.body.answersJSONRPC():
-		out, err := attempt.JSONRPCReplay(*r, p.body.id)
-		if err != nil {
-			p.att.LogAt(ctx, slog.LevelWarn, "stored response cannot be replayed as a JSON-RPC response; answering outcome-unknown",
-				slog.String("error", err.Error()))
-			return jsonrpcProblem(problem.New(problem.OutcomeUnknown,
-				"an earlier call with this key completed, but its response cannot be replayed as a JSON-RPC response; "+
-					"check the tool's effect before calling again with a new key"), p.body.id)
-		}
-		r = &out
-	case p.rpc.call:
+	if p.rpc.call {
 		return grpcReplay(r, p.rpc.proxyless)
 	}
 	resp, dropped := replayResponse(r, p.att.Policy.StoresHeader)
