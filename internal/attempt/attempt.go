@@ -300,19 +300,3 @@ type home struct {
 	// (Request).
 	asked bool
 }
-
-// recordStore is the store of the attempt's record.
-func (a *Attempt) recordStore() idem.Store {
-	if a.home != nil {
-		return a.home.store
-	}
-	return a.srv.Store
-}
-
-// storeBudget bounds each call to recordStore while the proxy waits.
-func (a *Attempt) storeBudget() time.Duration {
-	if a.home != nil {
-		return a.home.budget
-	}
-	return a.srv.StoreTimeout
-}

@@ -372,3 +372,19 @@ func (a *Attempt) answer(ctx context.Context, res idem.ReserveResult) Verdict {
 func (a *Attempt) StoreCtx(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(ctx, a.storeBudget())
 }
+
+// recordStore is the store of the attempt's record.
+func (a *Attempt) recordStore() idem.Store {
+	if a.home != nil {
+		return a.home.store
+	}
+	return a.srv.Store
+}
+
+// storeBudget bounds each call to recordStore while the proxy waits.
+func (a *Attempt) storeBudget() time.Duration {
+	if a.home != nil {
+		return a.home.budget
+	}
+	return a.srv.StoreTimeout
+}
