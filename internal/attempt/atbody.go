@@ -28,6 +28,9 @@ type Candidate struct {
 	KeyLines  int
 	Scope     string
 	FPHeaders []idem.Header
+	// MCP are the request's MCP headers, for a JSON-RPC policy's check of
+	// them against the body (policy.MCPHeaderMismatch).
+	MCP policy.MCPHeaders
 }
 
 // BodyVerdict is the verdict on a request deferred to its body, with what
@@ -85,6 +88,13 @@ func (a *Attempt) AtBody(ctx context.Context, cands []Candidate, body []byte, no
 		out := BodyVerdict{JSONRPC: c.Policy.Answers == policy.AnswersJSONRPC, ID: id}
 		if out.JSONRPC {
 			a.callID = id // a replay answers this call (answer)
+			if policy.MCPHeaderMismatch(c.MCP, body) {
+				// As a compliant server would, before any effect: the
+				// headers an intermediary may have acted on lie.
+				out.Verdict = a.Refuse(ctx, problem.New(problem.HeaderMismatch,
+					"the Mcp-Method or Mcp-Name header does not match the request body"))
+				return out
+			}
 		}
 		adm, key, prob := a.AdmitKeyFrom(KeyInput{HeaderRaw: c.RawKey, HeaderLines: c.KeyLines, Body: body}, now)
 		if out.Verdict = a.Admitted(ctx, adm, prob); out.Kind != Continue {
@@ -134,4 +144,22 @@ func (a *Attempt) unreadable(ctx context.Context, c *Candidate, why error, now t
 // BodyTooLarge is the refusal of a request body over limit bytes.
 func BodyTooLarge(limit int) *problem.Problem {
 	return problem.New(problem.BodyTooLarge, "the request body exceeds "+strconv.Itoa(limit)+" bytes")
+}
+
+// RuledOutByHeaders is the verdict on a JSON-RPC request whose MCP headers
+// rule out every policy it may end with (policy.RuledOutByMCPHeaders,
+// mcp_headers: trust): it passes at its headers, its body never read, no
+// store command made, counted as bypassed under the policy that matched.
+// It is false when any candidate may still take the request.
+func (a *Attempt) RuledOutByHeaders(ctx context.Context, cands []*policy.Policy, h policy.MCPHeaders) (Verdict, bool) {
+	for _, p := range cands {
+		if !p.RuledOutByMCPHeaders(h) {
+			return Verdict{}, false
+		}
+	}
+	a.conv.Decided(a.Policy.Name, idem.DecisionBypassed)
+	a.LogAt(ctx, slog.LevelDebug, "MCP headers rule out every policy; passes at its headers",
+		slog.String("mcp_method", h.Method))
+	a.Policy = nil
+	return verdictPass, true
 }

@@ -408,6 +408,9 @@ func (b *builder) check(p *policy.Policy, s, defaults *settings, path string, li
 		}
 		return line
 	}
+	if p.MCPHeaders != policy.MCPHeadersCheck && p.Answers != policy.AnswersJSONRPC {
+		b.errorf(at(s.MCPHeaders, defaults.MCPHeaders), path+".mcp_headers", "applies to MCP servers only: set answers: jsonrpc")
+	}
 	if p.Lease >= p.Retention {
 		// An in-flight record lives for the retention: a lease outliving it
 		// would free the key while the first attempt still runs.

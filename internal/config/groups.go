@@ -26,6 +26,9 @@ func (b *builder) apply(p *policy.Policy, s *settings, path string) {
 	if v := s.Answers; v.Set {
 		p.Answers = oneOf(b, v, path+".answers", answerModes)
 	}
+	if v := s.MCPHeaders; v.Set {
+		p.MCPHeaders = oneOf(b, v, path+".mcp_headers", mcpHeaderModes)
+	}
 }
 
 // key parses the key group: key.header, key.required, key.max_length,

@@ -182,6 +182,9 @@ func unapply(s *settings, p *policy.Policy) error {
 	s.WaitForInFlight = durScalar(p.WaitForInFlight)
 
 	s.Answers = errs.keep(answerModes.name(p.Answers))
+	if p.Answers == policy.AnswersJSONRPC {
+		s.MCPHeaders = errs.keep(mcpHeaderModes.name(p.MCPHeaders))
+	}
 	return errors.Join(errs...)
 }
 

@@ -54,8 +54,9 @@ var (
 		{"metadata", policy.ScopeMetadata}, {"principal", policy.ScopePrincipal}}
 	peerIdentities = enum[policy.PeerIdentity]{
 		{"uri_san", policy.PeerURISAN}, {"dns_san", policy.PeerDNSSAN}, {"subject", policy.PeerSubject}}
-	answerModes   = enum[policy.Answers]{{"http", policy.AnswersHTTP}, {"jsonrpc", policy.AnswersJSONRPC}}
-	leaseExpiries = enum[idem.LeaseExpiry]{
+	answerModes    = enum[policy.Answers]{{"http", policy.AnswersHTTP}, {"jsonrpc", policy.AnswersJSONRPC}}
+	mcpHeaderModes = enum[policy.MCPHeadersMode]{{"check", policy.MCPHeadersCheck}, {"trust", policy.MCPHeadersTrust}}
+	leaseExpiries  = enum[idem.LeaseExpiry]{
 		{"unknown", idem.LeaseExpiryUnknown}, {"reexecute", idem.LeaseExpiryReexecute}}
 	failureModes = enum[policy.FailureMode]{{"fail_closed", policy.FailClosed}, {"fail_open", policy.FailOpen}}
 	durabilities = enum[policy.Durability]{

@@ -180,6 +180,7 @@ type settings struct {
 	ShadowHeader    scalar           `yaml:"shadow_header,omitempty"`
 	AdoptShadow     scalar           `yaml:"adopt_shadow_records,omitempty"`
 	Answers         scalar           `yaml:"answers,omitempty"`
+	MCPHeaders      scalar           `yaml:"mcp_headers,omitempty"`
 }
 
 type keySettings struct {

@@ -1,6 +1,7 @@
 package extproc
 
 import (
+	"github.com/idem-extproc/idem-extproc/internal/policy"
 	"slices"
 	"strconv"
 	"strings"
@@ -212,4 +213,14 @@ func valueString(v *structpb.Value) string {
 		return strconv.FormatBool(k.BoolValue)
 	}
 	return ""
+}
+
+// mcpHeaders reads the headers MCP 2026-07-28 mirrors a call's method and
+// name in (policy.MCPHeaders); Envoy sends header names in lower case.
+func mcpHeaders(hs *corev3.HeaderMap) policy.MCPHeaders {
+	var h policy.MCPHeaders
+	h.Version, _ = findHeader(hs, policy.MCPVersionHeader)
+	h.Method, h.HasMethod = findHeader(hs, policy.MCPMethodHeader)
+	h.Name, h.HasName = findHeader(hs, policy.MCPNameHeader)
+	return h
 }

@@ -8,9 +8,10 @@ import (
 	"github.com/idem-extproc/idem-extproc/internal/problem"
 )
 
-// jsonrpcStatus is the HTTP status of every JSON-RPC error answer
-// (answers: jsonrpc). An agent must see the JSON-RPC error, not a
-// transport failure:
+// A JSON-RPC error answer (answers: jsonrpc) goes with HTTP 200
+// (jsonrpc.HTTPStatus; MCP 2026-07-28's HeaderMismatch, whose status the
+// specification names with its code, with 400). An agent must see the
+// JSON-RPC error, not a transport failure:
 //   - MCP 2025-06-18, Transports, "Sending Messages to the Server": to a
 //     POSTed JSON-RPC request the server answers with Content-Type
 //     application/json (one JSON object) or text/event-stream; an HTTP
@@ -27,10 +28,9 @@ import (
 //
 // The HTTP problem's own status stays in the error's data.status, and
 // Retry-After is still sent (and in data.retryAfter).
-const jsonrpcStatus = 200
 
 // jsonrpcProblem answers with the JSON-RPC error response standing for
-// prob, to the request's own id (id), at jsonrpcStatus. When no id could be
+// prob, to the request's own id (id), at jsonrpc.HTTPStatus. When no id could be
 // read from the body (none arrived yet, or none in the bytes that did:
 // refuseUnread) the id is null, as JSON-RPC 2.0 section 5 asks, and the
 // HTTP status is the problem's own: such a message cannot be answered as
@@ -43,7 +43,7 @@ const jsonrpcStatus = 200
 // request; a 503 it even retries without closing the session
 // (isTransientHTTPStatus).
 func jsonrpcProblem(prob *problem.Problem, id []byte) *extprocv3.ProcessingResponse {
-	status := jsonrpcStatus
+	status := jsonrpc.HTTPStatus(prob.Kind)
 	body, err := jsonrpc.ErrorResponse(id, prob)
 	if err != nil {
 		// Every problem kind has a code and the id was checked when read,

@@ -240,10 +240,17 @@ func (p *processor) deferToBody(ctx context.Context, hh *extprocv3.HttpHeaders, 
 	hs := hh.GetHeaders()
 	first := p.att.Policy
 	pols := p.policies.BodyCandidates(r, first)
+	var mcp policy.MCPHeaders
+	if first.Answers == policy.AnswersJSONRPC {
+		mcp = mcpHeaders(hs)
+		if v, ok := p.att.RuledOutByHeaders(ctx, pols, mcp); ok {
+			return p.render(ctx, v)
+		}
+	}
 	d := &bodyDecision{cands: make([]attempt.Candidate, 0, len(pols)), jsonrpc: first.Answers == policy.AnswersJSONRPC}
 	for _, pol := range pols {
 		c := attempt.Candidate{Policy: pol, Scope: p.srv.scopeOf(ctx, &p.att, pol, r.Authority, hs, f),
-			FPHeaders: selectHeaders(hs, pol.FingerprintHeaders)}
+			FPHeaders: selectHeaders(hs, pol.FingerprintHeaders), MCP: mcp}
 		if pol.KeyFrom(policy.KeyFromHeader) {
 			if raw, ok := findHeader(hs, pol.KeyHeader); ok {
 				c.RawKey, c.KeyLines = raw, countHeader(hs, pol.KeyHeader)

@@ -100,6 +100,14 @@ const (
 	// a body the server cannot read as JSON, which a client's JSON-RPC
 	// library already knows as such.
 	CodeParseError = -32700
+	// CodeHeaderMismatch is MCP 2026-07-28's HeaderMismatch, for
+	// problem.HeaderMismatch: the code a compliant server answers a
+	// request whose headers do not match its body with, "400 Bad Request
+	// HTTP status and JSON-RPC error code -32020"
+	// (modelcontextprotocol, docs/specification/2026-07-28/basic/
+	// transports/streamable-http.mdx, "Server Behavior for Custom
+	// Headers"; basic/index.mdx, "Error Codes").
+	CodeHeaderMismatch = -32020
 )
 
 var codes = map[string]int{
@@ -114,6 +122,18 @@ var codes = map[string]int{
 	problem.BodyIncomplete.Slug:   CodeBodyIncomplete,
 	problem.PrincipalMissing.Slug: CodePrincipalMissing,
 	problem.BodyUnreadable.Slug:   CodeParseError,
+	problem.HeaderMismatch.Slug:   CodeHeaderMismatch,
+}
+
+// HTTPStatus is the HTTP status a JSON-RPC error answer standing for k
+// goes with: 200, the answer to the call (extproc's jsonrpcProblem says
+// why), except where the specification names the status with the code,
+// as MCP 2026-07-28 does for HeaderMismatch (400).
+func HTTPStatus(k problem.Kind) int {
+	if k.Slug == problem.HeaderMismatch.Slug {
+		return k.Status
+	}
+	return 200
 }
 
 // Code returns the JSON-RPC error code that stands for problem kind k.

@@ -150,6 +150,9 @@ type Policy struct {
 	// Answers is the protocol of the answers made in the upstream's
 	// place: HTTP (the default) or JSON-RPC (answers: jsonrpc).
 	Answers Answers
+	// MCPHeaders says what a JSON-RPC policy makes of the headers MCP
+	// 2026-07-28 mirrors the body in (mcp_headers, mcp.go).
+	MCPHeaders MCPHeadersMode
 	// Homes is the set's map of scopes to regions (Set.Homes); nil when
 	// every key lives in the server's own store.
 	Homes *Homes

@@ -36,6 +36,9 @@ var (
 	PrincipalMissing = Kind{"principal-missing", "The request's principal is required to scope its Idempotency-Key", 401}
 	CapacityExceeded = Kind{"idempotency-capacity-exceeded", "The idempotency server has no room to buffer this request now", 503}
 	BodyUnreadable   = Kind{"request-body-unreadable", "Request body cannot be read as JSON", 400}
+	// HeaderMismatch is MCP 2026-07-28's: the headers that mirror a
+	// call's method and name do not match its body (answers: jsonrpc).
+	HeaderMismatch = Kind{"mcp-header-mismatch", "HeaderMismatch", 400}
 )
 
 // Problem is one answer: a kind with the specific detail of this case.

@@ -39,7 +39,7 @@ type rpcServer struct {
 	block chan struct{}
 }
 
-func newRPCServer(t *testing.T) *rpcServer {
+func newRPCServer(t testing.TB) *rpcServer {
 	s := &rpcServer{calls: map[string]int{}}
 	s.srv = httptest.NewServer(http.HandlerFunc(s.serve))
 	t.Cleanup(s.srv.Close)
@@ -136,7 +136,7 @@ default_policy:
   enabled: false
 `
 
-func startMCP(t *testing.T, doc string, logs ...*harness.LogBuffer) (*harness.Env, *rpcServer, *countingStore) {
+func startMCP(t testing.TB, doc string, logs ...*harness.LogBuffer) (*harness.Env, *rpcServer, *countingStore) {
 	t.Helper()
 	up := newRPCServer(t)
 	cs := &countingStore{}

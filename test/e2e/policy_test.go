@@ -21,7 +21,7 @@ import (
 )
 
 // policies parses a configuration document for a test.
-func policies(t *testing.T, doc string) *policy.Set {
+func policies(t testing.TB, doc string) *policy.Set {
 	t.Helper()
 	set, err := config.Parse("test.yaml", []byte(doc))
 	if err != nil {

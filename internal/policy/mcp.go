@@ -1,0 +1,165 @@
+package policy
+
+import (
+	"encoding/base64"
+	"slices"
+	"strings"
+
+	"github.com/idem-extproc/idem-extproc/internal/jsonpointer"
+)
+
+// MCP 2026-07-28 mirrors a request's method and name in headers "so that
+// intermediaries can route and inspect requests without parsing the body"
+// (modelcontextprotocol, docs/specification/2026-07-28/basic/transports/
+// streamable-http.mdx, "Request Metadata" and "Standard Request Headers").
+// A server that processes the body must reject a request whose headers do
+// not match it with 400 and HeaderMismatch (-32020, "Server Validation");
+// only requests of that revision or later are validated so, and an
+// intermediary that acts on the headers "SHOULD verify that the
+// MCP-Protocol-Version header indicates a version that requires
+// header–body validation" (same section). Header names are
+// case-insensitive; values are case-sensitive ("Case Sensitivity").
+const (
+	MCPVersionHeader = "mcp-protocol-version"
+	MCPMethodHeader  = "mcp-method"
+	MCPNameHeader    = "mcp-name"
+	// MCPValidatedFrom is the first revision whose servers validate the
+	// headers against the body. Revisions are dates (YYYY-MM-DD) and
+	// compare as strings.
+	MCPValidatedFrom = "2026-07-28"
+)
+
+// MCPHeaders are the MCP headers of one request as sent.
+type MCPHeaders struct {
+	Version, Method, Name string
+	HasMethod, HasName    bool
+}
+
+// Validated reports whether the request claims a revision whose servers
+// check these headers against the body.
+func (h MCPHeaders) Validated() bool {
+	return len(h.Version) == len(MCPValidatedFrom) && h.Version >= MCPValidatedFrom
+}
+
+// MCPHeadersMode says what a JSON-RPC policy makes of the MCP headers
+// (mcp_headers).
+type MCPHeadersMode uint8
+
+const (
+	// MCPHeadersCheck: every request is decided at its body, and a
+	// request of a validated revision whose headers do not match its body
+	// is answered HeaderMismatch, as a server would, before any effect.
+	MCPHeadersCheck MCPHeadersMode = iota
+	// MCPHeadersTrust: the operator states that the upstream rejects a
+	// request whose headers do not match its body (a compliant MCP
+	// 2026-07-28 server): a request of a validated revision whose headers
+	// name a method or tool no body criterion of the policy takes is
+	// passed at its headers, its body never buffered. Everything else is
+	// still decided at its body, and checked as under MCPHeadersCheck.
+	MCPHeadersTrust
+)
+
+// nameMember is the member Mcp-Name mirrors, by method ("Standard Request
+// Headers": params.name for tools/call and prompts/get, params.uri for
+// resources/read).
+func nameMember(method string) string {
+	switch method {
+	case "tools/call", "prompts/get":
+		return "/params/name"
+	case "resources/read":
+		return "/params/uri"
+	}
+	return ""
+}
+
+// decodeMCPValue decodes a header value written as "=?base64?…?=" (Value
+// Encoding: servers "MUST decode an encoded Mcp-Name or Mcp-Param-{Name}
+// value before comparing"); any other value is itself.
+func decodeMCPValue(v string) (string, bool) {
+	inner, ok := strings.CutPrefix(v, "=?base64?")
+	if !ok {
+		return v, true
+	}
+	inner, ok = strings.CutSuffix(inner, "?=")
+	if !ok {
+		return "", false
+	}
+	b, err := base64.StdEncoding.DecodeString(inner)
+	return string(b), err == nil
+}
+
+// RuledOutByMCPHeaders reports whether, under MCPHeadersTrust, h says the
+// request is one no body criterion of p can take: its method (/method) or
+// the name it mirrors (/params/name, /params/uri) is not among the values
+// a criterion on that member accepts. It is false whenever the headers do
+// not settle it: another revision, a header missing, an encoded name that
+// does not decode, criteria on other members only.
+func (p *Policy) RuledOutByMCPHeaders(h MCPHeaders) bool {
+	if p.MCPHeaders != MCPHeadersTrust || !h.Validated() || !h.HasMethod {
+		return false
+	}
+	name := ""
+	member := nameMember(h.Method)
+	if member != "" {
+		if !h.HasName {
+			return false
+		}
+		var ok bool
+		if name, ok = decodeMCPValue(h.Name); !ok {
+			return false
+		}
+	}
+	for _, c := range p.Match.JSON {
+		switch c.Pointer.String() {
+		case "/method":
+			if !slices.Contains(c.OneOf, h.Method) {
+				return true
+			}
+		case member:
+			if member != "" && !slices.Contains(c.OneOf, name) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+var (
+	methodPtr = mustPointer("/method")
+	namePtrs  = map[string]jsonpointer.Pointer{"/params/name": mustPointer("/params/name"), "/params/uri": mustPointer("/params/uri")}
+)
+
+// MCPHeaderMismatch reports whether h, the headers of a request of a
+// validated revision, say another method or name than its body does
+// ("Server Validation": the headers "MUST" match). A header left out is
+// no mismatch here: the upstream answers that itself.
+func MCPHeaderMismatch(h MCPHeaders, body []byte) bool {
+	if !h.Validated() || !h.HasMethod {
+		return false
+	}
+	vs, err := FindInBody(body, methodPtr)
+	if err != nil || vs[0].Kind != jsonpointer.KindString {
+		return false
+	}
+	method, err := vs[0].Text()
+	if err != nil {
+		return false
+	}
+	if method != h.Method {
+		return true
+	}
+	member := nameMember(method)
+	if member == "" || !h.HasName {
+		return false
+	}
+	name, ok := decodeMCPValue(h.Name)
+	if !ok {
+		return true
+	}
+	vs, err = FindInBody(body, namePtrs[member])
+	if err != nil || vs[0].Kind != jsonpointer.KindString {
+		return vs != nil && vs[0].Found() // a name that is no string cannot match
+	}
+	got, err := vs[0].Text()
+	return err == nil && got != name
+}
