@@ -11,9 +11,13 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/idem-extproc/idem-extproc/internal/problem"
+	"github.com/idem-extproc/idem-extproc/internal/testing/envoysim"
 	"github.com/idem-extproc/idem-extproc/internal/testing/harness"
 	"github.com/idem-extproc/idem-extproc/internal/testing/testwait"
 )
@@ -424,4 +428,203 @@ func TestMCP2026MultiRoundTripSingleUseState(t *testing.T) {
 		t.Fatalf("the re-sent continuation got %q, want the stored final result", got)
 	}
 	m.wantCounts(t, 1, 1) // wantCounts also checks that nothing was refused
+}
+
+// TestMCP2026StatelessTrafficCostsNoStoreCall: the default 2026-07-28
+// client against a stateless server opens with server/discover (no
+// initialize, no session), lists the tools and calls an unprotected one:
+// each passes untouched with no store call and no Redis command, even with
+// an Idempotency-Key on every request. A protected call is still protected:
+// it reaches the store, and its retry is replayed.
+func TestMCP2026StatelessTrafficCostsNoStoreCall(t *testing.T) {
+	m := newMRTRTools()
+	cs := &storeCalls{}
+	env := harness.Start(t, harness.Options{Policies: policies(t, refundPolicy(headerKey, "")), UpstreamHandler: m.handler(true, false), WrapStore: cs.wrap})
+	ctx := withKey("stateless-traffic")
+	if err := env.Store.Ping(ctx); err != nil { // the client's connection, not counted
+		t.Fatal(err)
+	}
+	before, err := env.Redis.CommandCalls(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := connectRevision(t, env, "", nil, nil)
+	if _, err := a.ListTools(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		res, err := a.CallTool(ctx, &mcp.CallToolParams{Name: "lookup", Arguments: map[string]any{"query": "q"}})
+		if err != nil || res.IsError {
+			t.Fatalf("lookup = %+v, %v", res, err)
+		}
+	}
+	after, err := env.Redis.CommandCalls(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after != before || cs.calls.Load() != 0 {
+		t.Fatalf("stateless traffic issued %d Redis commands and %d store calls, want none", after-before, cs.calls.Load())
+	}
+	if got := a.wire.methods(); !strings.HasPrefix(got, "server/discover ") || strings.Contains(got, "initialize") {
+		t.Fatalf("the agent sent %s, want server/discover first and no initialize", got)
+	}
+	for _, c := range a.wire.all() {
+		if c.status != http.StatusOK || c.reqHeader.Get("Mcp-Session-Id") != "" || c.header.Get("Mcp-Session-Id") != "" ||
+			c.header.Get("Idempotent-Replayed") != "" {
+			t.Fatalf("%s answered %d %v (request %v), want it passed untouched and sessionless", c.method, c.status, c.header, c.reqHeader)
+		}
+		if c.method != "server/discover" && c.reqHeader.Get("Mcp-Protocol-Version") != "2026-07-28" {
+			t.Fatalf("%s was sent at %q, want 2026-07-28", c.method, c.reqHeader.Get("Mcp-Protocol-Version"))
+		}
+	}
+
+	if got := refundText(t)(a.refund(ctx, "ord-13")); got != "refund-1-ord-13" {
+		t.Fatalf("the protected call got %q", got)
+	}
+	if cs.calls.Load() == 0 {
+		t.Fatal("a protected tools/call made no store call")
+	}
+	if got := refundText(t)(a.refund(ctx, "ord-13")); got != "refund-1-ord-13" {
+		t.Fatalf("its retry got %q", got)
+	}
+	m.wantCounts(t, 1, 1)
+}
+
+// TestMCP2026ReissueWhileRunning: a 2026-07-28 agent whose response stream
+// broke "MUST re-issue it as a new request with a new request ID"
+// (docs/specification/2026-07-28/changelog.mdx, major change 9); the go-sdk
+// agent re-issues a multi round-trip call from round 1. While the first
+// attempt's final step still runs, the re-issue is refused -33062
+// request-in-progress, or, with wait_for_in_flight, waits for it and gets
+// its final result: one refund either way.
+func TestMCP2026ReissueWhileRunning(t *testing.T) {
+	for _, wait := range []bool{false, true} {
+		t.Run(map[bool]string{false: "refuse", true: "wait"}[wait], func(t *testing.T) {
+			m := newMRTRTools()
+			m.gate = make(chan struct{})
+			extra, opts := "", harness.Options{}
+			if wait {
+				extra = "    wait_for_in_flight: 20s\n"
+				cfg := envoysim.RecommendedConfig()
+				cfg.MessageTimeout = durationpb.New(harness.TestMessageTimeout)
+				cfg.MaxMessageTimeout = durationpb.New(60 * time.Second)
+				opts.Filter = cfg
+			}
+			cs := &storeCalls{}
+			opts.Policies, opts.UpstreamHandler, opts.WrapStore = policies(t, refundPolicy(headerKey, extra)), m.handler(true, true), cs.wrap
+			env := harness.Start(t, opts)
+			// Registered after the harness's own cleanup, so it runs before
+			// it: a failing test still lets the held tool answer, and the
+			// tool server close.
+			var once sync.Once
+			release := func() { once.Do(func() { close(m.gate) }) }
+			t.Cleanup(release)
+			a := connectRevision(t, env, "", nil, nil)
+			type answer struct {
+				res *mcp.CallToolResult
+				err error
+			}
+			firstDone := make(chan answer, 1)
+			go func() {
+				res, err := a.refund(withKey("refund-5"), "ord-14")
+				firstDone <- answer{res, err}
+			}()
+			<-m.finalStarted
+			if !wait {
+				res, err := a.refund(withKey("refund-5"), "ord-14")
+				if data := wantRPCError(t, res, err, -33062, problem.InProgress); data.RetryAfter == nil {
+					t.Fatal("request-in-progress carries no retryAfter")
+				}
+				release()
+			} else {
+				reserves := cs.reserves.Load()
+				reissue := make(chan answer, 1)
+				go func() {
+					res, err := a.refund(withKey("refund-5"), "ord-14")
+					reissue <- answer{res, err}
+				}()
+				testwait.Until(t, "the re-issue reserved", func() bool { return cs.reserves.Load() > reserves })
+				release()
+				r := <-reissue
+				if got := refundText(t)(r.res, r.err); got != "refund-1-ord-14" {
+					t.Fatalf("the waiting re-issue got %q, want the first attempt's final result", got)
+				}
+			}
+			f := <-firstDone
+			if got := refundText(t)(f.res, f.err); got != "refund-1-ord-14" {
+				t.Fatalf("the first attempt got %q", got)
+			}
+			m.wantCounts(t, 1, 1)
+		})
+	}
+}
+
+// splitRoute sends the agent's GETs (the 2025-11-25 standalone stream)
+// straight to the tool server, as an Envoy route that leaves GET
+// unprocessed streams it (docs/mcp.md, "Envoy, Envoy Gateway and Envoy AI
+// Gateway"; envoy/envoy-mcp.yaml), which envoysim cannot: its router
+// forwards an upstream answer once it is whole. Everything else goes
+// through the proxy (post).
+type splitRoute struct {
+	post     http.RoundTripper
+	upstream string
+}
+
+func (s splitRoute) RoundTrip(req *http.Request) (*http.Response, error) {
+	if req.Method != http.MethodGet {
+		return s.post.RoundTrip(req)
+	}
+	req = req.Clone(req.Context())
+	u, err := req.URL.Parse(s.upstream + req.URL.Path)
+	if err != nil {
+		return nil, err
+	}
+	req.URL, req.Host = u, ""
+	return http.DefaultTransport.RoundTrip(req)
+}
+
+// TestMCP2025MultiRoundTrip: the same tool handler in the 2025-11-25
+// revision, with sessions: the go-sdk server fulfils the input request
+// itself (serverMultiRoundTripMiddleware) by sending elicitation/create to
+// the agent, here on its standalone GET stream (JSON answers: the server
+// sends a request not answering one out of band, mcp/streamable.go), and
+// the agent POSTs its answer, a JSON-RPC response the policy does not
+// take. The protected tools/call is one POST, one refund; its retry under
+// the same key is replayed without reaching the tool server.
+func TestMCP2025MultiRoundTrip(t *testing.T) {
+	m := newMRTRTools()
+	env := harness.Start(t, harness.Options{Policies: policies(t, refundPolicy(headerKey, "")), UpstreamHandler: m.handler(false, true)})
+	lose := &loseContinuation{next: env.AgentClient().Transport}
+	wire := &wireLog{next: lose}
+	a := connectRevision(t, env, "2025-11-25", nil, splitRoute{post: wire, upstream: env.Upstream.URL()})
+	a.wire, a.lose = wire, lose
+	if a.ID() == "" {
+		t.Fatal("no session: the 2025-11-25 server assigns one")
+	}
+	if got := refundText(t)(a.refund(withKey("refund-6"), "ord-15")); got != "refund-1-ord-15" {
+		t.Fatalf("the call got %q", got)
+	}
+	m.wantCounts(t, 1, 1)
+	if n := a.wire.posts("tools/call"); n != 1 {
+		t.Fatalf("the agent sent %d tools/call POSTs, want 1 (the server drives the input request)", n)
+	}
+	answered := 0
+	for _, c := range a.wire.all() {
+		if c.method == "" && c.status == http.StatusAccepted {
+			answered++ // the agent's response to elicitation/create
+		}
+		if v := c.reqHeader.Get("Mcp-Protocol-Version"); c.method != "initialize" && v != "2025-11-25" {
+			t.Fatalf("%s sent at %q", c.method, v)
+		}
+	}
+	if answered != 1 {
+		t.Fatalf("the agent POSTed %d answers to the server's request, want 1: %s", answered, a.wire.methods())
+	}
+	if got := refundText(t)(a.refund(withKey("refund-6"), "ord-15")); got != "refund-1-ord-15" {
+		t.Fatalf("the retry got %q", got)
+	}
+	if r := a.wire.call(t, 1); r.header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("the retry was answered %d %v %s, want the replay", r.status, r.header, r.body)
+	}
+	m.wantCounts(t, 1, 1)
 }
