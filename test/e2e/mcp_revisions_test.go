@@ -358,7 +358,7 @@ func TestMCP2026MultiRoundTripLostFinal(t *testing.T) {
 				t.Fatalf("CallTool = %+v, %v; want the lost final answer", res, err)
 			}
 			if lost := a.lose.lost.Load(); lost == nil || !bytes.Contains(*lost, []byte("refund-1-ord-10")) {
-				t.Fatalf("the lost answer was %q, want the final result", *lost)
+				t.Fatalf("the lost answer was %v, want the final result", lost)
 			}
 			m.wantCounts(t, 1, 1)
 
