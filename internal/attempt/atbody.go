@@ -31,6 +31,10 @@ type Candidate struct {
 	// MCP are the request's MCP headers, for a JSON-RPC policy's check of
 	// them against the body (policy.MCPHeaderMismatch).
 	MCP policy.MCPHeaders
+	// Param and HasParam are the policy's Mcp-Param-{name} header
+	// (policy.KeyFromMCPParam).
+	Param    string
+	HasParam bool
 }
 
 // BodyVerdict is the verdict on a request deferred to its body, with what
@@ -96,7 +100,8 @@ func (a *Attempt) AtBody(ctx context.Context, cands []Candidate, body []byte, no
 				return out
 			}
 		}
-		adm, key, prob := a.AdmitKeyFrom(KeyInput{HeaderRaw: c.RawKey, HeaderLines: c.KeyLines, Body: body}, now)
+		adm, key, prob := a.AdmitKeyFrom(KeyInput{HeaderRaw: c.RawKey, HeaderLines: c.KeyLines, Body: body,
+			Param: c.Param, HasParam: c.HasParam}, now)
 		if out.Verdict = a.Admitted(ctx, adm, prob); out.Kind != Continue {
 			return out
 		}

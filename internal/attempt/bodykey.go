@@ -21,6 +21,10 @@ type KeyInput struct {
 	HeaderRaw   string
 	HeaderLines int
 	Body        []byte
+	// Param and HasParam are the Mcp-Param-{name} header of a policy whose
+	// key may come from it (policy.KeyFromMCPParam).
+	Param    string
+	HasParam bool
 }
 
 // keyMiss is why one source yielded no key.
@@ -114,6 +118,8 @@ func (a *Attempt) keyFrom(src policy.KeySource, in KeyInput) (string, keyMiss, *
 			return "", keyMiss{}, UnreadableProblem(err)
 		}
 		return key, miss, nil
+	case policy.KeyFromMCPParam:
+		return mcpParamKey(p, in)
 	}
 	if in.HeaderLines == 0 {
 		return "", keyMiss{problem.KeyMissing, "no " + p.KeyHeader + " header"}, nil
@@ -200,4 +206,37 @@ func UnreadableProblem(cause error) *problem.Problem {
 	return problem.New(problem.BodyUnreadable, fmt.Sprintf(
 		"%v; this endpoint protects some requests by what their body says, so a body it cannot read is refused, "+
 			"not passed unprotected; send one JSON object, in UTF-8, nested at most 200 levels, each member name once", cause))
+}
+
+// mcpParamKey reads the key an MCP 2026-07-28 client mirrors from the tool
+// parameter KeyParam into its Mcp-Param-{name} header (decoded when written
+// "=?base64?…?="). The header must say what the body says: a parameter
+// present in /params/arguments with another value is a HeaderMismatch, as
+// a server that reads the body answers it ("Server Behavior for Custom
+// Headers"), so a key the headers invent never names a record the body
+// does not. A client that has no tool list yet sends no such header (the
+// Go SDK mirrors only parameters it has seen marked): the next source, such
+// as body, is then tried.
+func mcpParamKey(p *policy.Policy, in KeyInput) (string, keyMiss, *problem.Problem) {
+	if !in.HasParam {
+		return "", keyMiss{problem.KeyMissing, "no " + p.MCPParamHeader() + " header"}, nil
+	}
+	key, ok := policy.DecodeMCPValue(in.Param)
+	if !ok {
+		return "", keyMiss{}, problem.New(problem.KeyInvalid, "the "+p.MCPParamHeader()+" header's Base64 does not decode")
+	}
+	ptr, err := jsonpointer.Parse("/params/arguments/" + strings.NewReplacer("~", "~0", "/", "~1").Replace(p.KeyParam))
+	if err == nil {
+		vs, ferr := policy.FindInBody(in.Body, ptr)
+		if ferr == nil && vs[0].Found() {
+			if body, terr := vs[0].Text(); terr != nil || body != key {
+				return "", keyMiss{}, problem.New(problem.HeaderMismatch,
+					"the "+p.MCPParamHeader()+" header does not match the call's "+p.KeyParam+" argument")
+			}
+		}
+	}
+	if err := idem.CheckKey(key, p.MaxKeyLength); err != nil {
+		return "", keyMiss{}, problem.New(problem.KeyInvalid, fmt.Sprintf("the key in %s: %v", p.MCPParamHeader(), err))
+	}
+	return key, keyMiss{}, nil
 }

@@ -2,6 +2,7 @@ package config
 
 import (
 	"fmt"
+	"regexp"
 	"slices"
 
 	"github.com/idem-extproc/idem-extproc/internal/jsonpointer"
@@ -74,13 +75,19 @@ func (b *builder) bodyKey(r *policy.BodyKeyRules, s *settings, path string) {
 			r.KeySources = append(r.KeySources, src)
 		}
 		if len(r.KeySources) == 0 {
-			b.errorf(k.From.Line, path+".key.from", "empty; name header, body or derived")
+			b.errorf(k.From.Line, path+".key.from", "empty; name header, body, derived or mcp_param")
 		}
 	}
 	if k.Pointer.Set {
 		r.KeyPointer = b.pointer(k.Pointer, path+".key.pointer")
 		if r.KeyPointer.Len() == 0 {
 			b.errorf(k.Pointer.Line, path+".key.pointer", "the whole body is not a key; name a member")
+		}
+	}
+	if k.Param.Set {
+		r.KeyParam = k.Param.Value
+		if !mcpParamName.MatchString(r.KeyParam) {
+			b.errorf(k.Param.Line, path+".key.param", "%q is not a tool parameter name a header can carry (letters, digits, '_' and '-')", r.KeyParam)
 		}
 	}
 	if k.Derive.Set {
@@ -111,6 +118,15 @@ func (b *builder) checkBody(p *policy.Policy, s, defaults *settings, path string
 	}
 	if !p.KeyFrom(policy.KeyFromBody) && (s.Key.Pointer.Set || defaults.Key.Pointer.Set) {
 		b.errorf(at(s.Key.Pointer, defaults.Key.Pointer), path+".key.pointer", "only used with key.from: body")
+	}
+	if p.KeyFrom(policy.KeyFromMCPParam) && p.KeyParam == "" {
+		b.errorf(keyFromAt, path+".key.param", "required with key.from: mcp_param (the tool parameter mirrored in Mcp-Param-{name}, such as idempotency_key)")
+	}
+	if p.KeyFrom(policy.KeyFromMCPParam) && p.Answers != policy.AnswersJSONRPC {
+		b.errorf(keyFromAt, path+".key.from", "mcp_param applies to MCP servers only: set answers: jsonrpc")
+	}
+	if !p.KeyFrom(policy.KeyFromMCPParam) && (s.Key.Param.Set || defaults.Key.Param.Set) {
+		b.errorf(at(s.Key.Param, defaults.Key.Param), path+".key.param", "only used with key.from: mcp_param")
 	}
 	if p.KeyFrom(policy.KeyFromDerived) && len(p.KeyDerive) == 0 {
 		b.errorf(keyFromAt, path+".key.derive", "required with key.from: derived (the members whose hash is the key, such as [/params/name, /params/arguments])")
@@ -160,3 +176,7 @@ func prefixOf(a, b jsonpointer.Pointer) bool {
 	at, bt := a.Tokens(), b.Tokens()
 	return len(at) <= len(bt) && slices.Equal(at, bt[:len(at)])
 }
+
+// mcpParamName is a tool parameter name the Mcp-Param-{name} header can
+// carry: the header's name is an RFC 9110 token.
+var mcpParamName = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)

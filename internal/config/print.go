@@ -222,6 +222,9 @@ func unapplyKey(s *settings, p *policy.Policy, errs *errList) {
 	if p.KeyFrom(policy.KeyFromDerived) {
 		s.Key.Derive = pointerList(p.KeyDerive)
 	}
+	if p.KeyFrom(policy.KeyFromMCPParam) {
+		s.Key.Param = str(p.KeyParam)
+	}
 	s.Key.Required = boolScalar(p.KeyRequired)
 	s.Key.MaxLength = intScalar(p.MaxKeyLength)
 	if !p.KeyWarnUntil.IsZero() {

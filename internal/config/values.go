@@ -48,7 +48,8 @@ func (e enum[T]) names() []string {
 
 var (
 	keySources = enum[policy.KeySource]{
-		{"header", policy.KeyFromHeader}, {"body", policy.KeyFromBody}, {"derived", policy.KeyFromDerived}}
+		{"header", policy.KeyFromHeader}, {"body", policy.KeyFromBody}, {"derived", policy.KeyFromDerived},
+		{"mcp_param", policy.KeyFromMCPParam}}
 	scopeSources = enum[policy.ScopeSource]{
 		{"authority", policy.ScopeAuthority}, {"none", policy.ScopeNone}, {"header", policy.ScopeHeader},
 		{"metadata", policy.ScopeMetadata}, {"principal", policy.ScopePrincipal}}

@@ -188,10 +188,12 @@ type keySettings struct {
 	Required  scalar `yaml:"required,omitempty"`
 	MaxLength scalar `yaml:"max_length,omitempty"`
 	WarnUntil scalar `yaml:"warn_until,omitempty"`
-	// From, Pointer and Derive draw the key from the body.
+	// From, Pointer and Derive draw the key from the body; Param from an
+	// MCP parameter's mirrored header.
 	From    scalars `yaml:"from,omitempty"`
 	Pointer scalar  `yaml:"pointer,omitempty"`
 	Derive  scalars `yaml:"derive,omitempty"`
+	Param   scalar  `yaml:"param,omitempty"`
 }
 
 type scopeSettings struct {

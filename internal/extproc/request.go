@@ -256,6 +256,9 @@ func (p *processor) deferToBody(ctx context.Context, hh *extprocv3.HttpHeaders, 
 				c.RawKey, c.KeyLines = raw, countHeader(hs, pol.KeyHeader)
 			}
 		}
+		if pol.KeyFrom(policy.KeyFromMCPParam) {
+			c.Param, c.HasParam = findHeader(hs, pol.MCPParamHeader())
+		}
 		d.cands = append(d.cands, c)
 	}
 	p.body = d

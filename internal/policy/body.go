@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"unicode/utf8"
 
 	"github.com/idem-extproc/idem-extproc/internal/fingerprint"
@@ -26,6 +27,11 @@ const (
 	// (key.derive), for clients that send no key at all; an identical
 	// retry within the retention is the same operation.
 	KeyFromDerived
+	// KeyFromMCPParam reads it from the Mcp-Param-{name} header in which
+	// an MCP 2026-07-28 client mirrors the tool parameter named KeyParam
+	// (Streamable HTTP, "Custom Headers from Tool Parameters"): a header,
+	// but only for a call whose tool asks for the mirror (x-mcp-header).
+	KeyFromMCPParam
 )
 
 func (s KeySource) String() string {
@@ -34,6 +40,8 @@ func (s KeySource) String() string {
 		return "body"
 	case KeyFromDerived:
 		return "derived"
+	case KeyFromMCPParam:
+		return "mcp_param"
 	}
 	return "header"
 }
@@ -110,6 +118,15 @@ type BodyKeyRules struct {
 	KeyPointer jsonpointer.Pointer
 	// KeyDerive are the members hashed into a KeyFromDerived key.
 	KeyDerive []jsonpointer.Pointer
+	// KeyParam is the tool parameter whose Mcp-Param-{name} header carries
+	// a KeyFromMCPParam key (MCPParamHeader).
+	KeyParam string
+}
+
+// MCPParamHeader is the header, in lower case as Envoy sends header names,
+// that mirrors the tool parameter KeyParam ("Mcp-Param-{name}").
+func (r *BodyKeyRules) MCPParamHeader() string {
+	return "mcp-param-" + strings.ToLower(r.KeyParam)
 }
 
 // KeyFrom reports whether src is one of the policy's key sources.

@@ -72,10 +72,10 @@ func nameMember(method string) string {
 	return ""
 }
 
-// decodeMCPValue decodes a header value written as "=?base64?…?=" (Value
+// DecodeMCPValue decodes a header value written as "=?base64?…?=" (Value
 // Encoding: servers "MUST decode an encoded Mcp-Name or Mcp-Param-{Name}
 // value before comparing"); any other value is itself.
-func decodeMCPValue(v string) (string, bool) {
+func DecodeMCPValue(v string) (string, bool) {
 	inner, ok := strings.CutPrefix(v, "=?base64?")
 	if !ok {
 		return v, true
@@ -105,7 +105,7 @@ func (p *Policy) RuledOutByMCPHeaders(h MCPHeaders) bool {
 			return false
 		}
 		var ok bool
-		if name, ok = decodeMCPValue(h.Name); !ok {
+		if name, ok = DecodeMCPValue(h.Name); !ok {
 			return false
 		}
 	}
@@ -152,7 +152,7 @@ func MCPHeaderMismatch(h MCPHeaders, body []byte) bool {
 	if member == "" || !h.HasName {
 		return false
 	}
-	name, ok := decodeMCPValue(h.Name)
+	name, ok := DecodeMCPValue(h.Name)
 	if !ok {
 		return true
 	}
