@@ -278,3 +278,21 @@ func TestToolHintsCacheIsBounded(t *testing.T) {
 		}
 	}
 }
+
+// TestToolHintsLearnedUnderTrustedHeaders: under mcp_headers: trust a
+// tools/list of MCP 2026-07-28, which its headers would let pass at the
+// headers, is still read at its body, so that its answer teaches the
+// annotations.
+func TestToolHintsLearnedUnderTrustedHeaders(t *testing.T) {
+	doc := strings.Replace(hintPolicies, "answers: jsonrpc", "answers: jsonrpc\n    mcp_headers: trust", 1)
+	doc = strings.Replace(doc, "path: {exact: /mcp}", "path: {exact: /mcp}\n      json: [{pointer: /method, equals: tools/call}]", 1)
+	env, up, cs := startHints(t, doc, hintedTools, nil)
+	r := env.Post("/mcp", "", listTools("1"), "x-agent", "agent-1",
+		"MCP-Protocol-Version", "2026-07-28", "Mcp-Method", "tools/list")
+	if r.Status != 200 {
+		t.Fatalf("tools/list: %d %s", r.Status, r.Body)
+	}
+	if runs, calls := callTwice(t, env, up, cs, "lookup"); runs != 2 || calls != 0 {
+		t.Fatalf("lookup ran %d times with %d store calls after a list sent with trusted headers, want 2 and 0", runs, calls)
+	}
+}
