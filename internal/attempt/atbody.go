@@ -35,6 +35,10 @@ type Candidate struct {
 	// (policy.KeyFromMCPParam).
 	Param    string
 	HasParam bool
+	// Upstream names where the request goes (policy.ToolsUpstream), for a
+	// policy that protects tools by their annotations
+	// (policy.ToolHinted).
+	Upstream string
 }
 
 // BodyVerdict is the verdict on a request deferred to its body, with what
@@ -84,6 +88,11 @@ func (a *Attempt) AtBody(ctx context.Context, cands []Candidate, body []byte, no
 			if v, refused := a.unreadable(ctx, c, why, now); refused {
 				return v
 			}
+		}
+		if m == policy.BodyMatched && c.Policy.ToolHinted(c.Upstream, body, now) {
+			// The upstream listed the tool as read-only or idempotent,
+			// and the policy protects only the others (tools.protect).
+			m = policy.BodyHinted
 		}
 		if m != policy.BodyMatched {
 			miss = m

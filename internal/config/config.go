@@ -211,6 +211,7 @@ func fill(p *policy.Policy) {
 		p.DurabilityReplicas, p.DurabilityTimeout = p.WaitReplicas()
 	}
 	p.OmitContinuation()
+	p.PrepareTools()
 }
 
 func firstLine(np *namedPolicy) int {
@@ -411,6 +412,7 @@ func (b *builder) check(p *policy.Policy, s, defaults *settings, path string, li
 	if p.MCPHeaders != policy.MCPHeadersCheck && p.Answers != policy.AnswersJSONRPC {
 		b.errorf(at(s.MCPHeaders, defaults.MCPHeaders), path+".mcp_headers", "applies to MCP servers only: set answers: jsonrpc")
 	}
+	b.checkTools(p, s, defaults, path, at)
 	if p.Lease >= p.Retention {
 		// An in-flight record lives for the retention: a lease outliving it
 		// would free the key while the first attempt still runs.

@@ -159,6 +159,11 @@ func TestMistakesNameFileLineAndField(t *testing.T) {
 		{"not a dictionary", "defaults:\n  compression:\n    previous_dictionaries: [testdata/three-mistakes.yaml]\n",
 			[]string{"bad.yaml:3:", "default_policy.compression.previous_dictionaries[0]", "not a zstd dictionary"}},
 		{"empty dictionary name", "defaults:\n  compression: {dictionary: ''}\n", []string{"bad.yaml:2:", "defaults.compression.dictionary", "empty"}},
+		{"tools on an HTTP policy", "policies:\n  - name: a\n    match: {methods: [POST]}\n    tools: {protect: unless_hinted}\n", []string{"bad.yaml:4:", "policies[0].tools.protect", "answers: jsonrpc"}},
+		{"bad tools.protect", "defaults:\n  answers: jsonrpc\n  tools: {protect: hinted}\n", []string{"bad.yaml:3:", "defaults.tools.protect", `"hinted" is not`}},
+		{"hint_ttl without unless_hinted", "policies:\n  - name: a\n    match: {methods: [POST]}\n    answers: jsonrpc\n    tools:\n      hint_ttl: 1m\n", []string{"bad.yaml:6:", "policies[0].tools", "tools.protect: unless_hinted"}},
+		{"bad hint_cache_size", "defaults:\n  answers: jsonrpc\n  tools: {protect: unless_hinted, hint_cache_size: 0}\n", []string{"bad.yaml:3:", "defaults.tools.hint_cache_size", "from 1 to"}},
+		{"short hint_ttl", "defaults:\n  answers: jsonrpc\n  tools: {protect: unless_hinted, hint_ttl: 10ms}\n", []string{"bad.yaml:3:", "defaults.tools.hint_ttl", "minimum"}},
 		{"not YAML", "defaults: [\n", []string{"bad.yaml"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -29,6 +29,42 @@ func (b *builder) apply(p *policy.Policy, s *settings, path string) {
 	if v := s.MCPHeaders; v.Set {
 		p.MCPHeaders = oneOf(b, v, path+".mcp_headers", mcpHeaderModes)
 	}
+	b.tools(&p.Tools, &s.Tools, path+".tools")
+}
+
+// tools parses the tools group: tools.protect, tools.hint_ttl,
+// tools.hint_cache_size.
+func (b *builder) tools(r *policy.ToolRules, s *toolsCfg, path string) {
+	if v := s.Protect; v.Set {
+		r.Protect = oneOf(b, v, path+".protect", toolsProtects)
+	}
+	if v := s.HintTTL; v.Set {
+		b.duration(&r.HintTTL, v, path+".hint_ttl", time.Second)
+	}
+	if v := s.HintCacheSize; v.Set {
+		n, err := strconv.Atoi(strings.TrimSpace(v.Value))
+		if err != nil || n < 1 || n > maxToolHintCacheSize {
+			b.errorf(v.Line, path+".hint_cache_size", "%q is not a number of tools from 1 to %d", v.Value, maxToolHintCacheSize)
+		} else {
+			r.HintCacheSize = n
+		}
+	}
+}
+
+// maxToolHintCacheSize bounds tools.hint_cache_size: the cache is held in
+// memory by every server, a few hundred bytes a tool.
+const maxToolHintCacheSize = 1 << 20
+
+// checkTools rejects a tools group where it cannot apply.
+func (b *builder) checkTools(p *policy.Policy, s, defaults *settings, path string, at func(v ...scalar) int) {
+	t, d := &s.Tools, &defaults.Tools
+	if p.Tools.Protect != policy.ToolsAll && p.Answers != policy.AnswersJSONRPC {
+		b.errorf(at(t.Protect, d.Protect), path+".tools.protect", "applies to MCP servers only: set answers: jsonrpc")
+	}
+	if p.Tools.Protect != policy.ToolsUnlessHinted && (t.HintTTL.Set || t.HintCacheSize.Set) {
+		b.errorf(at(t.HintTTL, t.HintCacheSize), path+".tools",
+			"hint_ttl and hint_cache_size need tools.protect: unless_hinted (they size what it learns)")
+	}
 }
 
 // key parses the key group: key.header, key.required, key.max_length,

@@ -184,6 +184,11 @@ func unapply(s *settings, p *policy.Policy) error {
 	s.Answers = errs.keep(answerModes.name(p.Answers))
 	if p.Answers == policy.AnswersJSONRPC {
 		s.MCPHeaders = errs.keep(mcpHeaderModes.name(p.MCPHeaders))
+		s.Tools.Protect = errs.keep(toolsProtects.name(p.Tools.Protect))
+		if p.Tools.Protect == policy.ToolsUnlessHinted {
+			s.Tools.HintTTL = durScalar(p.Tools.HintTTL)
+			s.Tools.HintCacheSize = intScalar(p.Tools.HintCacheSize)
+		}
 	}
 	return errors.Join(errs...)
 }

@@ -70,6 +70,7 @@ policies:
     scope: {from: none}
     fingerprint: {json: true, headers: [X-B, x-a], include: [/params], exclude: [/params/_meta]}
     answers: jsonrpc
+    tools: {protect: unless_hinted, hint_ttl: 90s, hint_cache_size: 100}
   - name: rollout
     match: {path: {prefix: /null}}
     enforcement: shadow
@@ -92,6 +93,8 @@ policies:
 default_policy:
   enabled: true
   match: {json: [{pointer: /kind, equals: write}]}
+  answers: jsonrpc
+  tools: {protect: unless_hinted}
 `,
 	"no default policy": `
 policies:

@@ -57,6 +57,7 @@ var (
 		{"uri_san", policy.PeerURISAN}, {"dns_san", policy.PeerDNSSAN}, {"subject", policy.PeerSubject}}
 	answerModes    = enum[policy.Answers]{{"http", policy.AnswersHTTP}, {"jsonrpc", policy.AnswersJSONRPC}}
 	mcpHeaderModes = enum[policy.MCPHeadersMode]{{"check", policy.MCPHeadersCheck}, {"trust", policy.MCPHeadersTrust}}
+	toolsProtects  = enum[policy.ToolsProtect]{{"all", policy.ToolsAll}, {"unless_hinted", policy.ToolsUnlessHinted}}
 	leaseExpiries  = enum[idem.LeaseExpiry]{
 		{"unknown", idem.LeaseExpiryUnknown}, {"reexecute", idem.LeaseExpiryReexecute}}
 	failureModes = enum[policy.FailureMode]{{"fail_closed", policy.FailClosed}, {"fail_open", policy.FailOpen}}

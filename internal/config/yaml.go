@@ -181,6 +181,14 @@ type settings struct {
 	AdoptShadow     scalar           `yaml:"adopt_shadow_records,omitempty"`
 	Answers         scalar           `yaml:"answers,omitempty"`
 	MCPHeaders      scalar           `yaml:"mcp_headers,omitempty"`
+	Tools           toolsCfg         `yaml:"tools,omitempty"`
+}
+
+// toolsCfg is the tools group of a JSON-RPC policy on an MCP server.
+type toolsCfg struct {
+	Protect       scalar `yaml:"protect,omitempty"`
+	HintTTL       scalar `yaml:"hint_ttl,omitempty"`
+	HintCacheSize scalar `yaml:"hint_cache_size,omitempty"`
 }
 
 type keySettings struct {

@@ -188,6 +188,9 @@ func (p *processor) decide(ctx context.Context) *extprocv3.ProcessingResponse {
 		d.resolved = true
 		bv := p.att.AtBody(ctx, d.cands, p.reqBody, p.srv.cfg.Now())
 		d.jsonrpc, d.id = bv.JSONRPC, bv.ID
+		if bv.Kind == attempt.Pass {
+			d.tools = learnsFrom(d, p.reqBody)
+		}
 		if bv.Kind != attempt.Continue {
 			if bv.Unreadable && d.jsonrpc && d.id == nil {
 				d.id = jsonrpc.ScanID(p.reqBody, nil) // as refuseUnread
@@ -226,6 +229,9 @@ type bodyDecision struct {
 	// (jsonrpcProblem).
 	jsonrpc bool
 	id      []byte
+	// tools is set for a tools/list passed where a policy learns the
+	// tools' annotations from its answer (tools.go); nil otherwise.
+	tools *toolsLearning
 }
 
 // answersJSONRPC reports whether the request's answers are JSON-RPC; d is
@@ -251,6 +257,9 @@ func (p *processor) deferToBody(ctx context.Context, hh *extprocv3.HttpHeaders, 
 	for _, pol := range pols {
 		c := attempt.Candidate{Policy: pol, Scope: p.srv.scopeOf(ctx, &p.att, pol, r.Authority, hs, f),
 			FPHeaders: selectHeaders(hs, pol.FingerprintHeaders), MCP: mcp}
+		if pol.LearnsTools() {
+			c.Upstream = policy.ToolsUpstream(r.Authority, r.Path)
+		}
 		if pol.KeyFrom(policy.KeyFromHeader) {
 			if raw, ok := findHeader(hs, pol.KeyHeader); ok {
 				c.RawKey, c.KeyLines = raw, countHeader(hs, pol.KeyHeader)

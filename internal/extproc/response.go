@@ -38,8 +38,10 @@ func (p *processor) onResponse(ctx context.Context, m *message) *extprocv3.Proce
 			p.stage = stagePassThrough
 		}
 		if resp == nil {
-			resp = continueFor(p.phase)
-			if p.body != nil && !p.att.Held() && !p.rpc.call {
+			if p.body != nil && p.body.tools != nil && p.stage == stagePassThrough {
+				resp = p.startLearning(m.headers)
+			}
+			if resp == nil && p.body != nil && !p.att.Held() && !p.rpc.call {
 				// A request passed at its body could not skip the response
 				// phases then (Envoy honours mode_override only in a reply
 				// to a headers message: ext_proc.cc, onReceiveMessage,
@@ -49,6 +51,9 @@ func (p *processor) onResponse(ctx context.Context, m *message) *extprocv3.Proce
 				// buffer for a body phase that has nothing to do.
 				resp = continueWith(p.phase, skipResponseBody)
 			}
+			if resp == nil {
+				resp = continueFor(p.phase)
+			}
 		}
 		withAddedHeaders(resp, p.respAdd)
 		p.respAdd = nil
@@ -56,6 +61,9 @@ func (p *processor) onResponse(ctx context.Context, m *message) *extprocv3.Proce
 	case phaseResponseBody:
 		if p.stage == stageResponseBody {
 			return p.onResponseBody(ctx, m.body)
+		}
+		if p.body != nil && p.body.tools != nil && p.body.tools.reading {
+			return p.learnBody(ctx, m.body)
 		}
 		return p.cont()
 	}

@@ -289,7 +289,8 @@ func (s *Server) serve(ctx context.Context, stream extprocv3.ExternalProcessor_P
 // record settled), no header waits to be added to the response (respAdd),
 // no reply is withheld, the attempt holds nothing and retries nothing at
 // the stream's end, the request is not a gRPC call (whose outcome comes
-// later, from its trailers: grpc.go), and both body modes are known and
+// later, from its trailers: grpc.go), no tools/list answer is to be read
+// for its tools' annotations (tools.go), and both body modes are known and
 // ones in which Envoy keeps the body itself (NONE, BUFFERED,
 // BUFFERED_PARTIAL). In STREAMED, GRPC and FULL_DUPLEX_STREAMED modes
 // chunks may be queued on Envoy's side or forwarded only as the server
@@ -298,7 +299,7 @@ func (s *Server) serve(ctx context.Context, stream extprocv3.ExternalProcessor_P
 // Envoy closes them.
 func (p *processor) finished() bool {
 	return p.stage == stagePassThrough && len(p.respAdd) == 0 && len(p.rpc.held) == 0 && !p.rpc.call &&
-		!p.att.Pending() && p.modesKnown && keepsBody(p.requestBodyMode) && keepsBody(p.responseBodyMode)
+		!p.att.Pending() && (p.body == nil || p.body.tools == nil) && p.modesKnown && keepsBody(p.requestBodyMode) && keepsBody(p.responseBodyMode)
 }
 
 // keepsBody reports a body mode in which Envoy holds the body itself, and

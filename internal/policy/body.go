@@ -171,6 +171,10 @@ const (
 	BodyNotification
 	// BodyCriteria: a match.json criterion does not hold.
 	BodyCriteria
+	// BodyHinted: the criteria hold, but the call's tool is one the
+	// upstream listed as read-only or idempotent, and the policy protects
+	// only the others (tools.protect: unless_hinted; Policy.ToolHinted).
+	BodyHinted
 	// BodyUnreadable: the body cannot be read (ErrBodyUnreadable), so
 	// whether the criteria hold cannot be told: another reader may well
 	// take it for a call that meets them. It is not a miss like the
@@ -179,7 +183,7 @@ const (
 )
 
 func (m BodyMiss) String() string {
-	return [...]string{"matched", "not-json", "batch", "notification", "criteria", "unreadable"}[m]
+	return [...]string{"matched", "not-json", "batch", "notification", "criteria", "hinted", "unreadable"}[m]
 }
 
 // ErrBodyUnreadable: a request body that is there but is not JSON this
@@ -268,6 +272,9 @@ func (p *Policy) MatchBodyWhy(body []byte) (id []byte, miss BodyMiss, unreadable
 		}
 		if method.Kind != jsonpointer.KindString {
 			return nil, BodyNotification, nil // a response, not a request
+		}
+		if p.Tools.Protect == ToolsUnlessHinted && !method.OneOf("tools/call") {
+			return nil, BodyCriteria, nil // the policy protects tool calls only
 		}
 		id = bytes.Clone(idv.Raw)
 	}

@@ -98,6 +98,9 @@ func (p *Policy) RuledOutByMCPHeaders(h MCPHeaders) bool {
 	if p.MCPHeaders != MCPHeadersTrust || !h.Validated() || !h.HasMethod {
 		return false
 	}
+	if h.Method == "tools/list" && p.LearnsTools() {
+		return false // its answer is read for the tools' annotations
+	}
 	name := ""
 	member := nameMember(h.Method)
 	if member != "" {

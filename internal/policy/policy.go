@@ -153,6 +153,9 @@ type Policy struct {
 	// MCPHeaders says what a JSON-RPC policy makes of the headers MCP
 	// 2026-07-28 mirrors the body in (mcp_headers, mcp.go).
 	MCPHeaders MCPHeadersMode
+	// Tools says which MCP tool calls a JSON-RPC policy protects, by the
+	// tools' annotations (tools, tools.go).
+	Tools ToolRules
 	// Homes is the set's map of scopes to regions (Set.Homes); nil when
 	// every key lives in the server's own store.
 	Homes *Homes
@@ -323,6 +326,7 @@ func Default() *Policy {
 			OnStreamReset: idem.ActionUnknown,
 			RetryAfter:    DefaultRetryAfter,
 		},
+		Tools: ToolRules{HintTTL: DefaultToolHintTTL, HintCacheSize: DefaultToolHintCacheSize},
 	}
 	// New refuses only dictionaries it is not given here
 	// (TestDefaultCompresses): should it ever fail, the policy stores

@@ -1,0 +1,133 @@
+package extproc
+
+import (
+	"context"
+	"log/slog"
+	"mime"
+	"strings"
+
+	procmodev3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+
+	"github.com/idem-extproc/idem-extproc/internal/policy"
+	"github.com/idem-extproc/idem-extproc/internal/toolhints"
+)
+
+// Learning the tools' annotations (tools.protect: unless_hinted): a
+// tools/list request passed at its body on a route where such a policy
+// may apply has its response body read, and the tools it lists, with
+// their readOnlyHint and idempotentHint, are kept in each such policy's
+// cache (policy.ToolRules.Hints). The response itself goes on unchanged.
+
+// toolsLearning is what a tools/list request carries to its response:
+// the policies that learn from it, the upstream it went to, and the
+// response body read so far.
+type toolsLearning struct {
+	pols     []*policy.Policy
+	upstream string
+	// limit bounds the body read: the largest max_stored_body of pols.
+	limit       int
+	eventStream bool
+	reading     bool
+	body        []byte
+}
+
+// learnsFrom returns the learning a request passed at its body starts,
+// or nil: body must be a tools/list with an id and a candidate must
+// learn tools' annotations.
+func learnsFrom(d *bodyDecision, body []byte) *toolsLearning {
+	var l *toolsLearning
+	for i := range d.cands {
+		c := &d.cands[i]
+		if !c.Policy.LearnsTools() {
+			continue
+		}
+		if l == nil {
+			if !policy.IsToolsList(body) {
+				return nil
+			}
+			l = &toolsLearning{upstream: c.Upstream}
+		}
+		l.pols = append(l.pols, c.Policy)
+		l.limit = max(l.limit, c.Policy.MaxStoredBody)
+	}
+	return l
+}
+
+// partialResponseBody asks, at response headers, for the response body
+// in BUFFERED_PARTIAL mode: Envoy sends at most its buffer limit of it,
+// with end_of_stream true only if that is the whole body, and lets the
+// rest through (ext_proc.cc handleDataBufferedPartialMode; the
+// BUFFERED_PARTIAL row of internal/testing/envoysim/FIDELITY.md). A list
+// larger than the buffer is then not learned, where BUFFERED would fail
+// the response (500, response_payload_too_large).
+var partialResponseBody = &procmodev3.ProcessingMode{
+	ResponseBodyMode:    procmodev3.ProcessingMode_BUFFERED_PARTIAL,
+	ResponseTrailerMode: procmodev3.ProcessingMode_SKIP,
+}
+
+// startLearning decides, at the response headers of a tools/list request
+// being learned from, whether its body is read: a 200 answer in JSON or
+// as an event stream ("Streamable HTTP", the two forms a POST is
+// answered in). It returns the reply asking for the body, or nil.
+func (p *processor) startLearning(hh *extprocv3.HttpHeaders) *extprocv3.ProcessingResponse {
+	l := p.body.tools
+	hs := hh.GetHeaders()
+	status, _ := headerBytes(hs, ":status")
+	ct, _ := headerBytes(hs, "content-type")
+	mt, _, err := mime.ParseMediaType(string(ct))
+	if string(status) != "200" || err != nil || hh.GetEndOfStream() || echoes(p.responseBodyMode) {
+		p.body.tools = nil
+		return nil
+	}
+	switch mt {
+	case "application/json":
+	case "text/event-stream":
+		l.eventStream = true
+	default:
+		p.body.tools = nil
+		return nil
+	}
+	l.reading = true
+	return continueWith(p.phase, partialResponseBody)
+}
+
+// learnBody reads a response body message of a tools/list being learned
+// from, and once the body is whole, learns what it lists. A body over
+// the limit, or one the server's body budget has no room for, is not
+// learned: its tools stay protected.
+func (p *processor) learnBody(ctx context.Context, body *extprocv3.HttpBody) *extprocv3.ProcessingResponse {
+	l := p.body.tools
+	msg := body.GetBody()
+	if len(l.body)+len(msg) > l.limit || !p.srv.budget.hold(&p.held, len(msg)) {
+		p.body.tools = nil
+		p.srv.budget.release(&p.held)
+		return p.cont()
+	}
+	l.body = append(l.body, msg...)
+	if !body.GetEndOfStream() {
+		// More chunks follow (STREAMED, where the override was not
+		// honoured), or BUFFERED_PARTIAL cut the body at Envoy's buffer
+		// and sends no more: only a body seen to its end is learned; the
+		// stream's end releases what is held.
+		return p.cont()
+	}
+	p.body.tools = nil
+	p.srv.budget.release(&p.held)
+	listing, ok := toolhints.ParseResponse(l.body, l.eventStream)
+	if !ok {
+		p.att.LogAt(ctx, slog.LevelDebug, "a tools/list answer lists no tools; nothing learned")
+		return p.cont()
+	}
+	now := p.srv.cfg.Now()
+	for _, pol := range l.pols {
+		ttl := pol.Tools.Hints.DefaultTTL()
+		if listing.HasTTL {
+			ttl = listing.TTL
+		}
+		pol.Tools.Hints.Learn(l.upstream, listing.Tools, ttl, now)
+	}
+	p.att.LogAt(ctx, slog.LevelDebug, "tools' annotations learned",
+		slog.Int("tools", len(listing.Tools)), slog.String("upstream", strings.TrimSpace(l.upstream)))
+	return p.cont()
+}

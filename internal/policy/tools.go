@@ -1,0 +1,109 @@
+package policy
+
+import (
+	"time"
+
+	"github.com/idem-extproc/idem-extproc/internal/jsonpointer"
+	"github.com/idem-extproc/idem-extproc/internal/toolhints"
+)
+
+// ToolsProtect says which MCP tool calls a JSON-RPC policy protects
+// (tools.protect).
+type ToolsProtect uint8
+
+const (
+	// ToolsAll: every request the body criteria take (the default).
+	ToolsAll ToolsProtect = iota
+	// ToolsUnlessHinted: only tools/call requests, and of those every one
+	// the body criteria take but a call of a tool the upstream's last
+	// tools/list said is read-only (readOnlyHint: true) or idempotent
+	// (idempotentHint: true). A tool not listed, or listed longer ago than
+	// the list's ttlMs (or tools.hint_ttl), is protected.
+	ToolsUnlessHinted
+)
+
+// Defaults of tools.hint_ttl and tools.hint_cache_size.
+const (
+	DefaultToolHintTTL       = 5 * time.Minute
+	DefaultToolHintCacheSize = 4096
+)
+
+// ToolRules are the tools group: tools.protect, tools.hint_ttl,
+// tools.hint_cache_size.
+type ToolRules struct {
+	Protect ToolsProtect
+	// HintTTL is how long a list's annotations are kept when it gives no
+	// ttlMs; HintCacheSize is how many tools' annotations are kept at
+	// most, the least recently listed evicted first.
+	HintTTL       time.Duration
+	HintCacheSize int
+	// Hints are the tools' annotations as this server learned them from
+	// the upstreams' tools/list results, for ToolsUnlessHinted; nil
+	// otherwise. Each server learns on its own.
+	Hints *toolhints.Cache
+}
+
+// PrepareTools gives a ToolsUnlessHinted policy its own, empty cache of
+// annotations (ToolRules.Hints), sized as its rules say.
+func (p *Policy) PrepareTools() {
+	if p.Tools.Protect != ToolsUnlessHinted {
+		p.Tools.Hints = nil
+		return
+	}
+	p.Tools.Hints = toolhints.New(p.Tools.HintCacheSize, p.Tools.HintTTL)
+}
+
+// LearnsTools reports whether the policy learns tools' annotations from
+// tools/list results.
+func (p *Policy) LearnsTools() bool {
+	return p.Tools.Protect == ToolsUnlessHinted && p.Tools.Hints != nil
+}
+
+var toolNamePointer = mustPointer("/params/name")
+
+// ToolHinted reports whether body, a tools/call the policy's body
+// criteria took, calls a tool whose annotations, as upstream last listed
+// them and still fresh at now, say a repeated call is harmless: under
+// ToolsUnlessHinted the policy does not protect it. False for every other
+// policy, and for a tool whose name is not a string.
+func (p *Policy) ToolHinted(upstream string, body []byte, now time.Time) bool {
+	if !p.LearnsTools() {
+		return false
+	}
+	vs, err := FindInBody(body, toolNamePointer)
+	if err != nil || vs[0].Kind != jsonpointer.KindString {
+		return false
+	}
+	name, err := vs[0].Text()
+	if err != nil {
+		return false
+	}
+	h, ok := p.Tools.Hints.Lookup(upstream, name, now)
+	return ok && h.Harmless()
+}
+
+// IsToolsList reports whether body is a tools/list request with an id:
+// its response lists the tools.
+func IsToolsList(body []byte) bool {
+	vs, err := FindInBody(body, idPointer, methodPointer)
+	if err != nil {
+		return false
+	}
+	if k := vs[0].Kind; k != jsonpointer.KindString && k != jsonpointer.KindNumber {
+		return false
+	}
+	return vs[1].Kind == jsonpointer.KindString && vs[1].OneOf("tools/list")
+}
+
+// ToolsUpstream names the upstream a request goes to, for the tools'
+// annotations: its authority and path, query left out. Annotations
+// learned from one upstream's list never decide a call to another.
+func ToolsUpstream(authority, path string) string {
+	for i := 0; i < len(path); i++ {
+		if path[i] == '?' {
+			path = path[:i]
+			break
+		}
+	}
+	return authority + " " + path
+}
