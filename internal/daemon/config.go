@@ -158,7 +158,7 @@ func defineFlags(fs *flag.FlagSet, cfg *Config, raw *rawFlags) {
 	fs.DurationVar(&cfg.DrainTimeout, "drain-timeout", 15*time.Second, "how long open streams may finish after SIGTERM/SIGINT")
 	fs.BoolVar(&cfg.AllowEvictingRedis, "allow-evicting-redis", false, "start even when a Redis primary's maxmemory-policy may evict records (anything but noeviction); they can then vanish and their retries run again")
 	fs.DurationVar(&cfg.StoreCheckInterval, "store-check-interval", 30*time.Second, "how often each Redis primary's eviction policy, persistence, replicas and marker record are checked again after the check at start")
-	fs.IntVar(&cfg.RedisBatchSlots, "redis-batch-slots", redisstore.DefaultBatchSlots, "script calls of concurrent streams in flight at once to one Redis primary, each on a connection of its own; calls beyond wait and leave together in one pipeline when a slot frees. More slots suit a Redis a round trip of a millisecond or more away (docs/redis.md, Pipelining); 1 to 64")
+	fs.IntVar(&cfg.RedisBatchSlots, "redis-batch-slots", 0, "script calls of concurrent streams in flight at once to one Redis primary, each on a connection of its own; calls beyond wait and leave together in one pipeline when a slot frees; 1 to 64. 0 (the default) chooses by the round trip measured at start: 2 slots up to 250µs (a Redis on the same host), no batching beyond (docs/redis.md, Pipelining)")
 	fs.IntVar(&cfg.MemoryMaxRecords, "memory-max-records", 1_000_000, "in-memory store only: most records held; past it new keys are refused with 503 (or pass under fail_open), so a flood of keys cannot exhaust memory")
 	fs.IntVar(&cfg.MaxMessageSize, "max-message-size", server.DefaultMaxMessageSize, "largest ext_proc message accepted, in bytes, at least 1048576 (1 MiB); above Envoy's buffer limit, since a BUFFERED body is one message")
 	fs.Int64Var(&cfg.MaxBufferedBytes, "max-buffered-bytes", 0, "most body bytes all streams buffer at once (request bodies being fingerprinted, responses being stored); past it new protected requests get 503 idempotency-capacity-exceeded; 0: a quarter of the cgroup's memory.max, else 256 MiB")
@@ -233,8 +233,8 @@ func (c *Config) check(raw rawFlags, where func(string) string) []error {
 			errs = append(errs, fmt.Errorf("%s: %w", where("admin-listen"), err))
 		}
 	}
-	if c.RedisBatchSlots < 1 || c.RedisBatchSlots > 64 {
-		errs = append(errs, fmt.Errorf("%s: %d is not from 1 to 64", where("redis-batch-slots"), c.RedisBatchSlots))
+	if c.RedisBatchSlots < 0 || c.RedisBatchSlots > 64 {
+		errs = append(errs, fmt.Errorf("%s: %d is not from 1 to 64, or 0 for automatic", where("redis-batch-slots"), c.RedisBatchSlots))
 	}
 	if c.MemoryMaxRecords < 1 {
 		errs = append(errs, fmt.Errorf("%s: must be positive", where("memory-max-records")))

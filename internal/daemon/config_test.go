@@ -21,7 +21,7 @@ func TestParseConfigDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := Config{Listen: ":50051", AdminListen: ":8081", StoreTimeout: 100 * time.Millisecond,
-		DrainTimeout: 15 * time.Second, MaxMessageSize: 32 << 20, MemoryMaxRecords: 1_000_000, RedisBatchSlots: 2, LogLevel: slog.LevelInfo, LogFormat: "json",
+		DrainTimeout: 15 * time.Second, MaxMessageSize: 32 << 20, MemoryMaxRecords: 1_000_000, LogLevel: slog.LevelInfo, LogFormat: "json",
 		StoreCheckInterval: 30 * time.Second, RegionIdleConns: 8, RegionPingInterval: 5 * time.Second, RegionDefaultRTT: 150 * time.Millisecond}
 	if !reflect.DeepEqual(cfg, want) {
 		t.Fatalf("defaults = %+v, want %+v", cfg, want)
@@ -59,7 +59,7 @@ func TestParseConfigErrorsNameTheField(t *testing.T) {
 	}{
 		{"bad duration in env", nil, map[string]string{"IDEM_STORE_TIMEOUT": "fast"}, []string{"IDEM_STORE_TIMEOUT", "--store-timeout"}},
 		{"zero store timeout", []string{"--store-timeout", "0s"}, nil, []string{"--store-timeout: must be positive"}},
-		{"no batch slot", []string{"--redis-batch-slots", "0"}, nil, []string{"--redis-batch-slots: 0 is not from 1 to 64"}},
+		{"negative batch slots", []string{"--redis-batch-slots", "-1"}, nil, []string{"--redis-batch-slots: -1 is not from 1 to 64, or 0 for automatic"}},
 		{"bad log level from env", nil, map[string]string{"IDEM_LOG_LEVEL": "loud"}, []string{"--log-level (from IDEM_LOG_LEVEL)", "loud"}},
 		{"bad log format", []string{"--log-format", "xml"}, nil, []string{"--log-format", "xml"}},
 		{"bad redis scheme", []string{"--redis-url", "http://x"}, nil, []string{"--redis-url", "redis://"}},

@@ -198,7 +198,9 @@ func (d *Daemon) openRegion(ctx context.Context, name, url string, push func(fun
 		return nil, 0, err
 	}
 	push(func() { _ = rdb.Close() })
-	st := redisstore.New(rdb, redisstore.Options{CallTimeout: budget})
+	opts := d.batchingAt(rtt, answers, name)
+	opts.CallTimeout = budget
+	st := redisstore.New(rdb, opts)
 	push(func() { _ = st.Close() })
 	if answers { // else nothing to load the scripts into yet
 		if err := st.LoadScripts(ctx); err != nil {
@@ -235,4 +237,35 @@ func (d *Daemon) homes() attempt.HomeFinder {
 		return nil
 	}
 	return d.router
+}
+
+// batching is how the calls to the Redis at url are batched: as
+// --redis-batch-slots says, or, when it is 0 (automatic), by the round trip
+// measured at start (redisstore.BatchingFor).
+func (d *Daemon) batching(url, region string) redisstore.Options {
+	if d.cfg.RedisBatchSlots > 0 {
+		return redisstore.Options{BatchSlots: d.cfg.RedisBatchSlots}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	rtt, err := d.probeRTT(ctx, url)
+	return d.batchingAt(rtt, err == nil, region)
+}
+
+// batchingAt is batching for a Redis whose round trip is rtt (measured
+// when known).
+func (d *Daemon) batchingAt(rtt time.Duration, known bool, region string) redisstore.Options {
+	if d.cfg.RedisBatchSlots > 0 {
+		return redisstore.Options{BatchSlots: d.cfg.RedisBatchSlots}
+	}
+	if !known {
+		rtt = 0 // batching costs a lone caller nothing
+	}
+	opts := redisstore.BatchingFor(rtt)
+	attrs := []any{slog.Duration("rtt", rtt), slog.Bool("batched", !opts.Unbatched), slog.Int("batch_slots", opts.BatchSlots)}
+	if region != "" {
+		attrs = append(attrs, slog.String("region", region))
+	}
+	d.log.Info("redis calls batching, by the measured round trip", attrs...)
+	return opts
 }

@@ -189,7 +189,9 @@ func (d *Daemon) openStore() error {
 		return fmt.Errorf("--redis-url: %w", err)
 	}
 	d.cleanup.push(func() { _ = rdb.Close() })
-	st := redisstore.New(rdb, redisstore.Options{CallTimeout: d.cfg.StoreTimeout, BatchSlots: d.cfg.RedisBatchSlots})
+	opts := d.batching(d.cfg.RedisURL, "")
+	opts.CallTimeout = d.cfg.StoreTimeout
+	st := redisstore.New(rdb, opts)
 	d.store = st
 	d.cleanup.push(func() { _ = st.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)

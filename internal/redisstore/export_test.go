@@ -26,3 +26,6 @@ var (
 
 // EncodeHead is the response head as the store writes it.
 func EncodeHead(r *idem.Response) []byte { return encodeResponseHead(r) }
+
+// IsBatched reports whether the store batches its script calls.
+func IsBatched(s *Store) bool { return s.batch != nil }

@@ -83,6 +83,10 @@ type Options struct {
 	// BatchSlots bounds the batches of script calls in flight at once to
 	// one Redis primary (batch.go); DefaultBatchSlots when zero.
 	BatchSlots int
+	// Unbatched sends every call on its own pooled connection, as go-redis
+	// does: for a Redis far enough away that waiting for a batch slot costs
+	// more than the writes batching saves (BatchingFor).
+	Unbatched bool
 }
 
 // Store implements idem.Store on a go-redis UniversalClient: standalone,
@@ -107,7 +111,9 @@ func New(rdb redis.UniversalClient, opts Options) *Store {
 	if st.callTimeout <= 0 {
 		st.callTimeout = idem.DefaultStoreTimeout
 	}
-	st.batch = newBatchers(rdb, st.callTimeout, opts.BatchSlots)
+	if !opts.Unbatched {
+		st.batch = newBatchers(rdb, st.callTimeout, opts.BatchSlots)
+	}
 	return st
 }
 
