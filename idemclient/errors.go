@@ -47,6 +47,7 @@ var knownProblems = map[string]error{
 	problem.PrincipalMissing.Slug: nil,
 	problem.CapacityExceeded.Slug: nil,
 	problem.BodyUnreadable.Slug:   nil,
+	problem.HeaderMismatch.Slug:   nil,
 }
 
 // ProblemError is an RFC 9457 answer that ended the chain: one the contract
