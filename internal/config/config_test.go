@@ -164,6 +164,9 @@ func TestMistakesNameFileLineAndField(t *testing.T) {
 		{"hint_ttl without unless_hinted", "policies:\n  - name: a\n    match: {methods: [POST]}\n    answers: jsonrpc\n    tools:\n      hint_ttl: 1m\n", []string{"bad.yaml:6:", "policies[0].tools", "tools.protect: unless_hinted"}},
 		{"bad hint_cache_size", "defaults:\n  answers: jsonrpc\n  tools: {protect: unless_hinted, hint_cache_size: 0}\n", []string{"bad.yaml:3:", "defaults.tools.hint_cache_size", "from 1 to"}},
 		{"short hint_ttl", "defaults:\n  answers: jsonrpc\n  tools: {protect: unless_hinted, hint_ttl: 10ms}\n", []string{"bad.yaml:3:", "defaults.tools.hint_ttl", "minimum"}},
+		{"advertise without unless_hinted", "policies:\n  - name: a\n    match: {methods: [POST]}\n    answers: jsonrpc\n    tools:\n      advertise_idempotent: true\n", []string{"bad.yaml:6:", "policies[0].tools.advertise_idempotent", "unless_hinted"}},
+		{"mcp_headers on an HTTP policy", "policies:\n  - name: a\n    match: {methods: [POST]}\n    mcp_headers: trust\n", []string{"bad.yaml:4:", "policies[0].mcp_headers", "answers: jsonrpc"}},
+		{"mcp_param without key.param", "policies:\n  - name: a\n    match: {methods: [POST]}\n    answers: jsonrpc\n    key: {from: [mcp_param]}\n", []string{"bad.yaml:5:", "policies[0].key.param", "required"}},
 		{"not YAML", "defaults: [\n", []string{"bad.yaml"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

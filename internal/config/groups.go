@@ -41,6 +41,9 @@ func (b *builder) tools(r *policy.ToolRules, s *toolsCfg, path string) {
 	if v := s.HintTTL; v.Set {
 		b.duration(&r.HintTTL, v, path+".hint_ttl", time.Second)
 	}
+	if v := s.Advertise; v.Set {
+		b.boolean(&r.AdvertiseIdempotent, v, path+".advertise_idempotent")
+	}
 	if v := s.HintCacheSize; v.Set {
 		n, err := strconv.Atoi(strings.TrimSpace(v.Value))
 		if err != nil || n < 1 || n > maxToolHintCacheSize {
@@ -60,6 +63,10 @@ func (b *builder) checkTools(p *policy.Policy, s, defaults *settings, path strin
 	t, d := &s.Tools, &defaults.Tools
 	if p.Tools.Protect != policy.ToolsAll && p.Answers != policy.AnswersJSONRPC {
 		b.errorf(at(t.Protect, d.Protect), path+".tools.protect", "applies to MCP servers only: set answers: jsonrpc")
+	}
+	if p.Tools.AdvertiseIdempotent && p.Tools.Protect != policy.ToolsUnlessHinted {
+		b.errorf(at(t.Advertise, d.Advertise), path+".tools.advertise_idempotent",
+			"needs tools.protect: unless_hinted (the server reads the tools/list answers it rewrites)")
 	}
 	if p.Tools.Protect != policy.ToolsUnlessHinted && (t.HintTTL.Set || t.HintCacheSize.Set) {
 		b.errorf(at(t.HintTTL, t.HintCacheSize), path+".tools",

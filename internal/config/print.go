@@ -188,6 +188,7 @@ func unapply(s *settings, p *policy.Policy) error {
 		if p.Tools.Protect == policy.ToolsUnlessHinted {
 			s.Tools.HintTTL = durScalar(p.Tools.HintTTL)
 			s.Tools.HintCacheSize = intScalar(p.Tools.HintCacheSize)
+			s.Tools.Advertise = boolScalar(p.Tools.AdvertiseIdempotent)
 		}
 	}
 	return errors.Join(errs...)

@@ -189,6 +189,7 @@ type toolsCfg struct {
 	Protect       scalar `yaml:"protect,omitempty"`
 	HintTTL       scalar `yaml:"hint_ttl,omitempty"`
 	HintCacheSize scalar `yaml:"hint_cache_size,omitempty"`
+	Advertise     scalar `yaml:"advertise_idempotent,omitempty"`
 }
 
 type keySettings struct {

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"mime"
 	"strings"
+	"time"
 
 	procmodev3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
@@ -30,6 +31,9 @@ type toolsLearning struct {
 	eventStream bool
 	reading     bool
 	body        []byte
+	// messages counts the body messages read: a rewrite (advertise)
+	// replaces a body that came whole in one.
+	messages int
 }
 
 // learnsFrom returns the learning a request passed at its body starts,
@@ -105,6 +109,7 @@ func (p *processor) learnBody(ctx context.Context, body *extprocv3.HttpBody) *ex
 		return p.cont()
 	}
 	l.body = append(l.body, msg...)
+	l.messages++
 	if !body.GetEndOfStream() {
 		// More chunks follow (STREAMED, where the override was not
 		// honoured), or BUFFERED_PARTIAL cut the body at Envoy's buffer
@@ -129,5 +134,51 @@ func (p *processor) learnBody(ctx context.Context, body *extprocv3.HttpBody) *ex
 	}
 	p.att.LogAt(ctx, slog.LevelDebug, "tools' annotations learned",
 		slog.Int("tools", len(listing.Tools)), slog.String("upstream", strings.TrimSpace(l.upstream)))
+	if out, ok := p.advertise(l, now); ok {
+		return out
+	}
 	return p.cont()
+}
+
+// advertise rewrites a tools/list answer read whole, in one message, as
+// JSON, for the policies that advertise (tools.advertise_idempotent):
+// idempotentHint: true on every tool one of them protects
+// (toolhints.Advertise). The body reply also removes content-length,
+// which Envoy keeps on the held headers: in BUFFERED it refuses a mutated
+// body whose length differs from it, and in BUFFERED_PARTIAL, the mode
+// asked for here, it applies the mutation without looking, so a stale
+// length would reach the agent; a header mutation in the same reply is
+// applied first (processor_state.cc, ProcessorState::handleBodyResponse).
+// An event stream, or a body in several messages, goes on unchanged.
+func (p *processor) advertise(l *toolsLearning, now time.Time) (*extprocv3.ProcessingResponse, bool) {
+	if l.eventStream || l.messages != 1 {
+		return nil, false
+	}
+	var adv []*policy.Policy
+	for _, pol := range l.pols {
+		if pol.Tools.AdvertiseIdempotent {
+			adv = append(adv, pol)
+		}
+	}
+	if len(adv) == 0 {
+		return nil, false
+	}
+	out, ok := toolhints.Advertise(l.body, func(name string) bool {
+		for _, pol := range adv {
+			if pol.ProtectsTool(l.upstream, name, now) {
+				return true
+			}
+		}
+		return false
+	})
+	if !ok {
+		return nil, false
+	}
+	p.rpc.releaseAll()
+	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{
+		ResponseBody: &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{
+			HeaderMutation: &extprocv3.HeaderMutation{RemoveHeaders: []string{"content-length"}},
+			BodyMutation:   &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_Body{Body: out}},
+		}},
+	}}, true
 }

@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"slices"
 	"time"
 
 	"github.com/idem-extproc/idem-extproc/internal/jsonpointer"
@@ -37,6 +38,10 @@ type ToolRules struct {
 	// most, the least recently listed evicted first.
 	HintTTL       time.Duration
 	HintCacheSize int
+	// AdvertiseIdempotent sets idempotentHint: true, in the tools/list
+	// answers the server reads, on every tool the policy protects
+	// (ProtectsTool; toolhints.Advertise).
+	AdvertiseIdempotent bool
 	// Hints are the tools' annotations as this server learned them from
 	// the upstreams' tools/list results, for ToolsUnlessHinted; nil
 	// otherwise. Each server learns on its own.
@@ -106,4 +111,33 @@ func ToolsUpstream(authority, path string) string {
 		}
 	}
 	return authority + " " + path
+}
+
+// ProtectsTool reports whether every call of the tool named name, to
+// upstream, is one the policy protects at now: its body criteria on
+// /method and /params/name (if any) take it whatever its arguments, and
+// under ToolsUnlessHinted its annotations do not say a repeat is harmless.
+// A policy with criteria on other members protects a call by what its
+// arguments say, so no tool is protected whatever they are: false.
+func (p *Policy) ProtectsTool(upstream, name string, now time.Time) bool {
+	for _, c := range p.Match.JSON {
+		switch c.Pointer.String() {
+		case "/method":
+			if !slices.Contains(c.OneOf, "tools/call") {
+				return false
+			}
+		case "/params/name":
+			if !slices.Contains(c.OneOf, name) {
+				return false
+			}
+		default:
+			return false
+		}
+	}
+	if p.LearnsTools() {
+		if h, ok := p.Tools.Hints.Lookup(upstream, name, now); ok && h.Harmless() {
+			return false
+		}
+	}
+	return true
 }

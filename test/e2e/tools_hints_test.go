@@ -296,3 +296,49 @@ func TestToolHintsLearnedUnderTrustedHeaders(t *testing.T) {
 		t.Fatalf("lookup ran %d times with %d store calls after a list sent with trusted headers, want 2 and 0", runs, calls)
 	}
 }
+
+// TestToolHintsAdvertised: with tools.advertise_idempotent, the tools/list
+// answer the agent gets says idempotentHint: true of every tool the policy
+// protects (send_email, wipe, charge), and of none it passes (lookup,
+// read-only; set_flag, which says so itself already); its length is the
+// rewritten one (Envoy's content-length is removed with the mutation); and
+// a call of an advertised tool is indeed protected. An event-stream answer
+// goes on unchanged.
+func TestToolHintsAdvertised(t *testing.T) {
+	doc := strings.Replace(hintPolicies, "      protect: unless_hinted\n", "      protect: unless_hinted\n      advertise_idempotent: true\n", 1)
+	env, up, cs := startHints(t, doc, hintedTools, nil)
+	r := env.Post("/mcp", "", listTools("1"), "x-agent", "agent-1")
+	var msg struct {
+		ID     int `json:"id"`
+		Result struct {
+			Tools []struct {
+				Name        string         `json:"name"`
+				Annotations map[string]any `json:"annotations"`
+			} `json:"tools"`
+		} `json:"result"`
+	}
+	if r.Status != 200 || json.Unmarshal([]byte(r.Body), &msg) != nil || msg.ID != 1 {
+		t.Fatalf("tools/list: %d %s", r.Status, r.Body)
+	}
+	if cl := r.Header.Get("Content-Length"); cl != "" && cl != fmt.Sprint(len(r.Body)) {
+		t.Fatalf("content-length %s for a %d-byte body", cl, len(r.Body))
+	}
+	want := map[string]bool{"send_email": true, "wipe": true, "charge": true, "set_flag": true}
+	for _, tool := range msg.Result.Tools {
+		got, _ := tool.Annotations["idempotentHint"].(bool)
+		if got != want[tool.Name] {
+			t.Errorf("%s: idempotentHint %v, want %v (%s)", tool.Name, got, want[tool.Name], r.Body)
+		}
+	}
+	if len(msg.Result.Tools) != 5 {
+		t.Fatalf("%d tools in %s", len(msg.Result.Tools), r.Body)
+	}
+	if runs, calls := callTwice(t, env, up, cs, "send_email"); runs != 1 || calls == 0 {
+		t.Errorf("send_email, advertised idempotent: ran %d times, %d store calls; want 1 and the replay", runs, calls)
+	}
+	sse := env.Post("/mcp", "", listTools("2"), "x-agent", "agent-1", "x-answer", "sse")
+	if sse.Status != 200 || strings.Contains(sse.Body, `"send_email","inputSchema":{"type":"object"},"annotations"`) ||
+		!strings.Contains(sse.Body, `{"name":"send_email","inputSchema":{"type":"object"}}`) {
+		t.Fatalf("the event stream was rewritten: %d %s", sse.Status, sse.Body)
+	}
+}
