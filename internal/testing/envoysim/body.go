@@ -20,10 +20,10 @@ func (x *exchange) requestBody(ctx context.Context, headers []Header, body []byt
 			local, err := x.localReply(ctx, &UpstreamFailure{Status: 413, Details: "request_payload_too_large", Body: "Payload Too Large"})
 			return headers, body, local, err
 		}
-		return x.bufferedBody(ctx, headers, body, !trailers, PhaseRequestBody)
+		return x.bufferedBody(ctx, headers, body, !trailers, PhaseRequestBody, true)
 	case extprocfilterv3.ProcessingMode_BUFFERED_PARTIAL:
 		n, whole := x.partialCut(len(body))
-		h, newPart, local, err := x.bufferedBody(ctx, headers, body[:n], whole && !trailers, PhaseRequestBody)
+		h, newPart, local, err := x.bufferedBody(ctx, headers, body[:n], whole && !trailers, PhaseRequestBody, false)
 		return h, append(newPart, body[n:]...), local, err
 	case extprocfilterv3.ProcessingMode_STREAMED:
 		return x.streamedBody(ctx, headers, body, trailers, PhaseRequestBody)
@@ -38,10 +38,10 @@ func (x *exchange) responseBody(ctx context.Context, headers []Header, body []by
 			x.complete = true
 			return headers, body, &Response{Status: 500, Body: []byte("Internal Server Error"), Details: "response_payload_too_large"}, nil
 		}
-		return x.bufferedBody(ctx, headers, body, !trailers, PhaseResponseBody)
+		return x.bufferedBody(ctx, headers, body, !trailers, PhaseResponseBody, true)
 	case extprocfilterv3.ProcessingMode_BUFFERED_PARTIAL:
 		n, whole := x.partialCut(len(body))
-		h, newPart, local, err := x.bufferedBody(ctx, headers, body[:n], whole && !trailers, PhaseResponseBody)
+		h, newPart, local, err := x.bufferedBody(ctx, headers, body[:n], whole && !trailers, PhaseResponseBody, false)
 		return h, append(newPart, body[n:]...), local, err
 	case extprocfilterv3.ProcessingMode_STREAMED:
 		return x.streamedBody(ctx, headers, body, trailers, PhaseResponseBody)

@@ -2,11 +2,18 @@ package envoysim
 
 import (
 	"context"
+	"errors"
+	"strconv"
 )
 
 // bufferedBody sends the body as one message; the headers are still held,
-// so the body reply may mutate them too.
-func (x *exchange) bufferedBody(ctx context.Context, headers []Header, body []byte, eos bool, phase Phase) ([]Header, []byte, *Response, error) {
+// so the body reply may mutate them too. In BUFFERED (checkLength) a body
+// mutation whose length differs from a content-length the held headers
+// still carry, after the reply's own header mutation, fails the stream
+// ("mismatch between content length and the length of the mutated body");
+// BUFFERED_PARTIAL applies it to the chunk unchecked (processor_state.cc
+// ProcessorState::handleBodyResponse).
+func (x *exchange) bufferedBody(ctx context.Context, headers []Header, body []byte, eos bool, phase Phase, checkLength bool) ([]Header, []byte, *Response, error) {
 	reply, local, err := x.call(ctx, bodyRequest(phase, body, eos), phase)
 	if err != nil || local != nil || reply == nil {
 		return headers, body, local, err
@@ -14,6 +21,17 @@ func (x *exchange) bufferedBody(ctx context.Context, headers []Header, body []by
 	cr := bodyReply(phase, reply)
 	if headers, local = x.mutate(headers, cr); local != nil {
 		return headers, body, local, nil
+	}
+	if m := cr.GetBodyMutation(); checkLength && m != nil {
+		if cl, ok := Get(headers, "content-length"); ok {
+			if n, err := strconv.Atoi(cl); err == nil && n != len(mutateBody(body, m)) {
+				err := errors.New("mismatch between content length and the length of the mutated body")
+				x.res.ProcessingError = err
+				x.side.close()
+				x.complete = true
+				return headers, body, x.errorReply(x.statusOnError(), spaceless(err.Error())), nil
+			}
+		}
 	}
 	return headers, mutateBody(body, cr.GetBodyMutation()), nil, nil
 }

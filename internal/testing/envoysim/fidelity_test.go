@@ -324,6 +324,58 @@ func TestContentLengthRemoved(t *testing.T) {
 	}
 }
 
+// TestMutatedBodyLength: in BUFFERED a body reply whose body mutation
+// differs in length from the content-length the held headers carry fails
+// the stream, unless the same reply's header mutation removes it (applied
+// first); in BUFFERED_PARTIAL the mutation is applied unchecked
+// (processor_state.cc ProcessorState::handleBodyResponse).
+func TestMutatedBodyLength(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		mode   extprocfilterv3.ProcessingMode_BodySendMode
+		remove bool
+		fails  bool
+	}{
+		{"buffered", extprocfilterv3.ProcessingMode_BUFFERED, false, true},
+		{"buffered, content-length removed", extprocfilterv3.ProcessingMode_BUFFERED, true, false},
+		{"buffered partial", extprocfilterv3.ProcessingMode_BUFFERED_PARTIAL, false, false},
+	} {
+		cfg := RecommendedConfig()
+		cfg.ProcessingMode.RequestBodyMode = tc.mode
+		cfg.AllowModeOverride = false
+		s := &scripted{script: func(st extprocv3.ExternalProcessor_ProcessServer) error {
+			for {
+				m, err := st.Recv()
+				if err != nil {
+					return nil
+				}
+				r := cont(m)
+				if m.GetRequestBody() != nil {
+					cr := &extprocv3.CommonResponse{BodyMutation: &extprocv3.BodyMutation{
+						Mutation: &extprocv3.BodyMutation_Body{Body: []byte("longer body")}}}
+					if tc.remove {
+						cr.HeaderMutation = &extprocv3.HeaderMutation{RemoveHeaders: []string{"content-length"}}
+					}
+					r = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{
+						RequestBody: &extprocv3.BodyResponse{Response: cr}}}
+				}
+				if err := st.Send(r); err != nil {
+					return err
+				}
+			}
+		}}
+		req := post("abc")
+		req.Headers = append(req.Headers, Header{"content-length", "3"})
+		res := start(t, s, cfg, Options{}).Do(context.Background(), req, echoUpstream(200, "ok"))
+		if failed := res.ProcessingError != nil; failed != tc.fails {
+			t.Errorf("%s: processing error %v, want a failure %v", tc.name, res.ProcessingError, tc.fails)
+		}
+		if !tc.fails && (res.UpstreamRequest == nil || string(res.UpstreamRequest.Body) != "longer body") {
+			t.Errorf("%s: the upstream got %+v", tc.name, res.UpstreamRequest)
+		}
+	}
+}
+
 // TestBufferedPartialSendsPastTheLimit: the queue goes out once it holds
 // more than the limit, so the one message may carry more than the limit.
 func TestBufferedPartialSendsPastTheLimit(t *testing.T) {
