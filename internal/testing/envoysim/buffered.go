@@ -25,11 +25,7 @@ func (x *exchange) bufferedBody(ctx context.Context, headers []Header, body []by
 	if m := cr.GetBodyMutation(); checkLength && m != nil {
 		if cl, ok := Get(headers, "content-length"); ok {
 			if n, err := strconv.Atoi(cl); err == nil && n != len(mutateBody(body, m)) {
-				err := errors.New("mismatch between content length and the length of the mutated body")
-				x.res.ProcessingError = err
-				x.side.close()
-				x.complete = true
-				return headers, body, x.errorReply(x.statusOnError(), spaceless(err.Error())), nil
+				return headers, body, x.failedReply(errors.New("mismatch between content length and the length of the mutated body")), nil
 			}
 		}
 	}

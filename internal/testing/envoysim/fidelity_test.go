@@ -370,6 +370,9 @@ func TestMutatedBodyLength(t *testing.T) {
 		if failed := res.ProcessingError != nil; failed != tc.fails {
 			t.Errorf("%s: processing error %v, want a failure %v", tc.name, res.ProcessingError, tc.fails)
 		}
+		if tc.fails && (res.Response.Status != 500 || res.Response.Details != "mismatch_between_content_length_and_the_length_of_the_mutated_body") {
+			t.Errorf("%s: local reply %d %q", tc.name, res.Response.Status, res.Response.Details)
+		}
 		if !tc.fails && (res.UpstreamRequest == nil || string(res.UpstreamRequest.Body) != "longer body") {
 			t.Errorf("%s: the upstream got %+v", tc.name, res.UpstreamRequest)
 		}

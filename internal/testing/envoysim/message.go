@@ -20,14 +20,19 @@ func (x *exchange) mutate(headers []Header, cr *extprocv3.CommonResponse) ([]Hea
 	}
 	out, err := x.applyMutation(headers, cr.GetHeaderMutation())
 	if err != nil {
-		x.res.ProcessingError = err
-		x.side.close()
-		x.complete = true
-		// Filter::handleErrorResponse: status_on_error, the status
-		// message as details (spaces as "_", sendImmediateResponse).
-		return headers, x.errorReply(x.statusOnError(), spaceless(err.Error()))
+		return headers, x.failedReply(err)
 	}
 	return out, nil
+}
+
+// failedReply ends the exchange on a reply Envoy could not apply
+// (onReceiveMessage → Filter::handleErrorResponse): status_on_error, the
+// status message as details (spaces as "_", sendImmediateResponse).
+func (x *exchange) failedReply(err error) *Response {
+	x.res.ProcessingError = err
+	x.side.close()
+	x.complete = true
+	return x.errorReply(x.statusOnError(), spaceless(err.Error()))
 }
 
 // call sends one message and waits for its reply. It returns the reply
