@@ -1,8 +1,9 @@
 package region
 
 import (
-	"encoding/hex"
 	"time"
+
+	"github.com/google/uuid"
 )
 
 // newerThan reports whether key is a UUIDv7 (RFC 9562 §5.7) whose time
@@ -19,24 +20,14 @@ func newerThan(key string, since time.Time, skew time.Duration, now time.Time) b
 	return t.After(since.Add(skew)) && !t.After(now.Add(skew))
 }
 
-// uuidv7Time is the Unix time in milliseconds of a UUIDv7 in its 8-4-4-4-12
-// text form (RFC 9562 §4 and §5.7: unix_ts_ms is the first 48 bits, the
-// version nibble is 7, the variant bits 10).
+// uuidv7Time is the Unix time in milliseconds of a UUIDv7 (RFC 9562 §5.7:
+// unix_ts_ms is its first 48 bits; version 7, the RFC variant), in the
+// forms google/uuid's Parse reads.
 func uuidv7Time(s string) (int64, bool) {
-	if len(s) != 36 || s[8] != '-' || s[13] != '-' || s[18] != '-' || s[23] != '-' {
+	u, err := uuid.Parse(s)
+	if err != nil || u.Version() != 7 || u.Variant() != uuid.RFC4122 {
 		return 0, false
 	}
-	var b [16]byte
-	hexs := s[0:8] + s[9:13] + s[14:18] + s[19:23] + s[24:36]
-	if _, err := hex.Decode(b[:], []byte(hexs)); err != nil {
-		return 0, false
-	}
-	if b[6]>>4 != 7 || b[8]>>6 != 0b10 {
-		return 0, false
-	}
-	var ms int64
-	for _, x := range b[:6] {
-		ms = ms<<8 | int64(x)
-	}
-	return ms, true
+	sec, nsec := u.Time().UnixTime()
+	return sec*1000 + nsec/int64(time.Millisecond), true
 }

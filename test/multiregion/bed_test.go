@@ -9,8 +9,6 @@ package multiregion_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/binary"
 	"fmt"
 	"io"
 	"log/slog"
@@ -22,6 +20,7 @@ import (
 	"time"
 
 	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	"github.com/google/uuid"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/idem-extproc/idem-extproc/internal/daemon"
@@ -227,21 +226,13 @@ func (l *ledger) add(key string, a answer) {
 	l.answers[key] = append(l.answers[key], a)
 }
 
-// newKey is a fresh random key: a UUIDv7 (RFC 9562 §5.7) when v7, made
-// from now, else an order number.
+// newKey is a fresh random key: a UUIDv7 (RFC 9562 §5.7), made now, when
+// v7, else an order number.
 func newKey(v7 bool) string {
-	var b [16]byte
-	_, _ = rand.Read(b[:])
-	if !v7 {
-		return fmt.Sprintf("order-%x", b[:8])
+	if v7 {
+		return uuid.Must(uuid.NewV7()).String()
 	}
-	ms := uint64(time.Now().UnixMilli())
-	var ts [8]byte
-	binary.BigEndian.PutUint64(ts[:], ms)
-	copy(b[:6], ts[2:])
-	b[6] = 0x70 | b[6]&0x0f
-	b[8] = 0x80 | b[8]&0x3f
-	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
+	return "order-" + uuid.NewString()[:16]
 }
 
 // post sends one attempt of key into region r, waiting at most timeout.
