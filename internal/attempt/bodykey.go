@@ -225,14 +225,11 @@ func mcpParamKey(p *policy.Policy, in KeyInput) (string, keyMiss, *problem.Probl
 	if !ok {
 		return "", keyMiss{}, problem.New(problem.KeyInvalid, "the "+p.MCPParamHeader()+" header's Base64 does not decode")
 	}
-	ptr, err := jsonpointer.Parse("/params/arguments/" + strings.NewReplacer("~", "~0", "/", "~1").Replace(p.KeyParam))
-	if err == nil {
-		vs, ferr := policy.FindInBody(in.Body, ptr)
-		if ferr == nil && vs[0].Found() {
-			if body, terr := vs[0].Text(); terr != nil || body != key {
-				return "", keyMiss{}, problem.New(problem.HeaderMismatch,
-					"the "+p.MCPParamHeader()+" header does not match the call's "+p.KeyParam+" argument")
-			}
+	vs, err := policy.FindInBody(in.Body, p.KeyParamArgument)
+	if err == nil && vs[0].Found() {
+		if body, terr := vs[0].Text(); terr != nil || body != key {
+			return "", keyMiss{}, problem.New(problem.HeaderMismatch,
+				"the "+p.MCPParamHeader()+" header does not match the call's "+p.KeyParam+" argument")
 		}
 	}
 	if err := idem.CheckKey(key, p.MaxKeyLength); err != nil {

@@ -85,9 +85,8 @@ func (b *builder) bodyKey(r *policy.BodyKeyRules, s *settings, path string) {
 		}
 	}
 	if k.Param.Set {
-		r.KeyParam = k.Param.Value
-		if !mcpParamName.MatchString(r.KeyParam) {
-			b.errorf(k.Param.Line, path+".key.param", "%q is not a tool parameter name a header can carry (letters, digits, '_' and '-')", r.KeyParam)
+		if !mcpParamName.MatchString(k.Param.Value) || r.SetKeyParam(k.Param.Value) != nil {
+			b.errorf(k.Param.Line, path+".key.param", "%q is not a tool parameter name a header can carry (letters, digits, '_' and '-')", k.Param.Value)
 		}
 	}
 	if k.Derive.Set {

@@ -119,15 +119,28 @@ type BodyKeyRules struct {
 	// KeyDerive are the members hashed into a KeyFromDerived key.
 	KeyDerive []jsonpointer.Pointer
 	// KeyParam is the tool parameter whose Mcp-Param-{name} header carries
-	// a KeyFromMCPParam key (MCPParamHeader).
-	KeyParam string
+	// a KeyFromMCPParam key (MCPParamHeader), and KeyParamArgument the
+	// member of the call's body that must say the same
+	// (/params/arguments/{name}; SetKeyParam sets both).
+	KeyParam         string
+	KeyParamArgument jsonpointer.Pointer
+	keyParamHeader   string
+}
+
+// SetKeyParam sets KeyParam and the pointer to the argument it mirrors,
+// built once here rather than per request.
+func (r *BodyKeyRules) SetKeyParam(name string) error {
+	ptr, err := jsonpointer.Parse("/params/arguments/" + strings.NewReplacer("~", "~0", "/", "~1").Replace(name))
+	if err != nil {
+		return err
+	}
+	r.KeyParam, r.KeyParamArgument, r.keyParamHeader = name, ptr, "mcp-param-"+strings.ToLower(name)
+	return nil
 }
 
 // MCPParamHeader is the header, in lower case as Envoy sends header names,
 // that mirrors the tool parameter KeyParam ("Mcp-Param-{name}").
-func (r *BodyKeyRules) MCPParamHeader() string {
-	return "mcp-param-" + strings.ToLower(r.KeyParam)
-}
+func (r *BodyKeyRules) MCPParamHeader() string { return r.keyParamHeader }
 
 // KeyFrom reports whether src is one of the policy's key sources.
 func (p *Policy) KeyFrom(src KeySource) bool {
