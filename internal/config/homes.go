@@ -32,9 +32,10 @@ func (h *homesDoc) isSet() bool {
 // DefaultKeyClockSkew is homes.key_clock_skew when the file leaves it out.
 const DefaultKeyClockSkew = time.Minute
 
-// regionPattern is a region's name: it appears in flags, metrics labels
-// and tombstones.
-var regionPattern = namePattern
+// ValidRegion reports whether name is a region's name as the homes section
+// and the server's flags write it (a policy name's form): it appears in
+// flags, metrics labels and tombstones.
+func ValidRegion(name string) bool { return namePattern.MatchString(name) }
 
 // homes builds the homes section, or nil when the file has none.
 func (b *builder) homes(h *homesDoc) *policy.Homes {
@@ -119,7 +120,7 @@ func (b *builder) homeRule(r *homeRule, path string, seen map[string]string) pol
 }
 
 func (b *builder) region(v scalar, path string) string {
-	if !regionPattern.MatchString(v.Value) {
+	if !ValidRegion(v.Value) {
 		b.errorf(v.Line, path, "%q is not a region name (1 to 63 lower-case letters, digits, '.', '_' or '-')", v.Value)
 	}
 	return v.Value

@@ -7,11 +7,11 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"regexp"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/idem-extproc/idem-extproc/internal/config"
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/redisstore"
 	"github.com/idem-extproc/idem-extproc/internal/server"
@@ -292,14 +292,14 @@ func (c *Config) checkRegions(where func(string) string) []error {
 		}
 		return errs
 	}
-	if !regionName.MatchString(c.Region) {
+	if !config.ValidRegion(c.Region) {
 		errs = append(errs, fmt.Errorf("%s: %q is not a region name (1 to 63 lower-case letters, digits, '.', '_' or '-')", where("region"), c.Region))
 	}
 	for name := range c.RegionRedis {
 		switch {
 		case name == c.Region:
 			errs = append(errs, fmt.Errorf("%s: names this server's own region %q, whose store is --redis-url", where("region-redis"), name))
-		case !regionName.MatchString(name):
+		case !config.ValidRegion(name):
 			errs = append(errs, fmt.Errorf("%s: %q is not a region name", where("region-redis"), name))
 		}
 	}
@@ -314,6 +314,3 @@ func (c *Config) checkRegions(where func(string) string) []error {
 	}
 	return errs
 }
-
-// regionName is a region's name, as the policy file writes it.
-var regionName = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
