@@ -66,6 +66,11 @@ type Daemon struct {
 	stopWatch context.CancelFunc
 	// safety checks the Redis store's settings and data (Redis only).
 	safety *storeSafety
+	// ownRTT is the round trip to --redis-url's Redis measured at start
+	// (ownRTTErr when it did not answer): it chooses the batching and, with
+	// --region, is checked against --store-timeout.
+	ownRTT    time.Duration
+	ownRTTErr error
 	// router finds each scope's home region's store; regionMetrics counts
 	// its work (both nil without --region).
 	router        *region.Router

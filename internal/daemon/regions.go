@@ -110,7 +110,7 @@ func (d *Daemon) openRegions() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if d.cfg.RedisURL != "" {
-		rtt, err := d.probeRTT(ctx, d.cfg.RedisURL)
+		rtt, err := d.ownRTT, d.ownRTTErr // measured when the store opened
 		switch {
 		case err != nil:
 			d.log.Warn("own region's store does not answer; its round trip is unmeasured", slog.String("error", err.Error()))
@@ -239,21 +239,9 @@ func (d *Daemon) homes() attempt.HomeFinder {
 	return d.router
 }
 
-// batching is how the calls to the Redis at url are batched: as
-// --redis-batch-slots says, or, when it is 0 (automatic), by the round trip
-// measured at start (redisstore.BatchingFor).
-func (d *Daemon) batching(url, region string) redisstore.Options {
-	if d.cfg.RedisBatchSlots > 0 {
-		return redisstore.Options{BatchSlots: d.cfg.RedisBatchSlots}
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	rtt, err := d.probeRTT(ctx, url)
-	return d.batchingAt(rtt, err == nil, region)
-}
-
-// batchingAt is batching for a Redis whose round trip is rtt (measured
-// when known).
+// batchingAt is how the calls to a Redis whose round trip is rtt
+// (measured, when known) are batched: as --redis-batch-slots says, or,
+// when it is 0 (automatic), by rtt (redisstore.BatchingFor).
 func (d *Daemon) batchingAt(rtt time.Duration, known bool, region string) redisstore.Options {
 	if d.cfg.RedisBatchSlots > 0 {
 		return redisstore.Options{BatchSlots: d.cfg.RedisBatchSlots}

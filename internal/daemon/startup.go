@@ -189,7 +189,12 @@ func (d *Daemon) openStore() error {
 		return fmt.Errorf("--redis-url: %w", err)
 	}
 	d.cleanup.push(func() { _ = rdb.Close() })
-	opts := d.batching(d.cfg.RedisURL, "")
+	// The round trip, measured once: it chooses the batching here and is
+	// checked against --store-timeout with --region (openRegions).
+	pctx, pcancel := context.WithTimeout(context.Background(), 5*time.Second)
+	d.ownRTT, d.ownRTTErr = d.probeRTT(pctx, d.cfg.RedisURL)
+	pcancel()
+	opts := d.batchingAt(d.ownRTT, d.ownRTTErr == nil, "")
 	opts.CallTimeout = d.cfg.StoreTimeout
 	st := redisstore.New(rdb, opts)
 	d.store = st
