@@ -16,6 +16,10 @@ type Regions struct {
 	quarantined *prometheus.CounterVec
 	rtt         *prometheus.GaugeVec
 	epoch       prometheus.Gauge
+	// callSeries are calls' series of each region named at start, by
+	// operation and result (seriesCache): a store call of the request path
+	// finds its histogram without WithLabelValues. Only read once built.
+	callSeries map[string]*seriesCache[prometheus.Observer]
 }
 
 // Regions registers the region metrics on m's registry, with the series
@@ -55,7 +59,9 @@ func newRegions(m *Metrics, names []string) *Regions {
 			Help: "Epoch of the homes map the server holds (0: none).",
 		}),
 	}
+	r.callSeries = make(map[string]*seriesCache[prometheus.Observer], len(names))
 	for _, n := range names {
+		r.callSeries[n] = newSeriesCache(func(k labelPair) prometheus.Observer { return r.calls.WithLabelValues(n, k.a, k.b) })
 		for _, op := range []string{"reserve", "complete"} {
 			r.calls.WithLabelValues(n, op, "error")
 			r.calls.WithLabelValues(n, op, "timeout")
@@ -71,6 +77,10 @@ func newRegions(m *Metrics, names []string) *Regions {
 
 // StoreCall times one call to region's store.
 func (r *Regions) StoreCall(region, op string, err error, d time.Duration) {
+	if c, ok := r.callSeries[region]; ok {
+		c.of(op, result(err)).Observe(d.Seconds())
+		return
+	}
 	r.calls.WithLabelValues(region, op, result(err)).Observe(d.Seconds())
 }
 
