@@ -55,9 +55,6 @@ func (a *Attempt) Decide(ctx context.Context, fp idem.Fingerprint) (idem.Reserve
 		return idem.ReserveResult{}, unusable{errNoKeyRing}
 	}
 	res, err := a.reserve(ctx, fp)
-	if err == nil {
-		err = homeElsewhere(res)
-	}
 	if err != nil {
 		if a.Policy.FailureMode != policy.FailOpen {
 			a.giveUp(ctx, err)
@@ -135,12 +132,13 @@ func (a *Attempt) open(r idem.Response) (idem.Response, error) {
 }
 
 // reserve asks the store for the record, with the policy's lease,
-// retention and durability.
+// retention and durability; a store that sends the key elsewhere is an
+// error (homeElsewhere).
 func (a *Attempt) reserve(ctx context.Context, fp idem.Fingerprint) (idem.ReserveResult, error) {
 	sctx, cancel := a.StoreCtx(ctx)
 	defer cancel()
 	waitReplicas, waitTimeout := a.Policy.WaitReplicas()
-	return a.recordStore().Reserve(sctx, idem.Reservation{
+	res, err := a.recordStore().Reserve(sctx, idem.Reservation{
 		ID:           a.ID,
 		Fingerprint:  fp,
 		Token:        a.Token,
@@ -150,6 +148,10 @@ func (a *Attempt) reserve(ctx context.Context, fp idem.Fingerprint) (idem.Reserv
 		WaitReplicas: waitReplicas,
 		WaitTimeout:  waitTimeout,
 	})
+	if err == nil {
+		err = homeElsewhere(res)
+	}
+	return res, err
 }
 
 // awaitFirst lets a duplicate wait, up to the policy's wait_for_in_flight,
@@ -233,9 +235,6 @@ func (a *Attempt) DecideShadow(ctx context.Context, fp idem.Fingerprint) (idem.S
 		return idem.ShadowStoreError, errNoKeyRing
 	}
 	res, err := a.reserve(ctx, fp)
-	if err == nil {
-		err = homeElsewhere(res)
-	}
 	if err != nil {
 		return idem.ShadowStoreError, err
 	}
