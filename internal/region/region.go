@@ -164,37 +164,11 @@ type attemptStore struct {
 // is followed once, to the region it names.
 func (s *attemptStore) Reserve(ctx context.Context, rv idem.Reservation) (idem.ReserveResult, error) {
 	if s.from.Store != nil {
-		hand := rv
-		hand.HandOverTo = s.home
-		start := time.Now()
-		res, err := s.from.Reserve(ctx, hand)
-		s.r.obs.StoreCall(s.fromName, "handover", err, time.Since(start))
-		switch {
-		case err != nil && s.lost:
-			// The lost region cannot say whether it saw the key: its
-			// outcome is unknown, and nothing runs.
-			s.r.obs.HandedOver(s.fromName, "error")
-			s.r.obs.Quarantined(s.fromName)
-			return idem.ReserveResult{Outcome: idem.Unknown}, nil
-		case err != nil:
-			s.r.obs.HandedOver(s.fromName, "error")
-			return res, fmt.Errorf("region: hand-over from %q: %w", s.fromName, err)
-		case res.Outcome == idem.Moved:
-			s.r.obs.HandedOver(s.fromName, "moved")
-			return idem.ReserveResult{}, fmt.Errorf("region: %q handed the key over to %q already, not to %q: the homes maps disagree",
-				s.fromName, res.Home, s.home)
-		case res.Outcome != idem.HandedOver:
-			// The former home holds the record: it stays the record's store.
-			s.r.obs.HandedOver(s.fromName, res.Outcome.String())
-			s.pinned, s.from = s.from, Store{}
-			return res, nil
+		if res, done, err := s.handOver(ctx, rv); done {
+			return res, err
 		}
-		s.r.obs.HandedOver(s.fromName, "handed_over")
-		s.from = Store{}
 	}
-	start := time.Now()
-	res, err := s.pinned.Reserve(ctx, rv)
-	s.r.obs.StoreCall(s.home, "reserve", err, time.Since(start))
+	res, err := s.r.reserve(ctx, s.pinned, s.home, "reserve", rv)
 	if err != nil || res.Outcome != idem.Moved {
 		return res, err
 	}
@@ -204,12 +178,49 @@ func (s *attemptStore) Reserve(ctx context.Context, rv idem.Reservation) (idem.R
 		return idem.ReserveResult{}, fmt.Errorf("region: the key moved to %q, which this server cannot follow", res.Home)
 	}
 	s.home, s.pinned = res.Home, next
-	start = time.Now()
-	res, err = next.Reserve(ctx, rv)
-	s.r.obs.StoreCall(s.home, "reserve", err, time.Since(start))
+	res, err = s.r.reserve(ctx, next, s.home, "reserve", rv)
 	if err == nil && res.Outcome == idem.Moved {
 		return idem.ReserveResult{}, fmt.Errorf("region: the key moved on from %q to %q: not followed twice", s.home, res.Home)
 	}
+	return res, err
+}
+
+// handOver asks the former home about the key (Reservation.HandOverTo).
+// done is false when it left (or found) its tombstone: the new home may
+// reserve; otherwise res and err are the reservation's answer.
+func (s *attemptStore) handOver(ctx context.Context, rv idem.Reservation) (res idem.ReserveResult, done bool, err error) {
+	rv.HandOverTo = s.home
+	res, err = s.r.reserve(ctx, s.from, s.fromName, "handover", rv)
+	switch {
+	case err != nil && s.lost:
+		// The lost region cannot say whether it saw the key: its
+		// outcome is unknown, and nothing runs.
+		s.r.obs.HandedOver(s.fromName, "error")
+		s.r.obs.Quarantined(s.fromName)
+		return idem.ReserveResult{Outcome: idem.Unknown}, true, nil
+	case err != nil:
+		s.r.obs.HandedOver(s.fromName, "error")
+		return res, true, fmt.Errorf("region: hand-over from %q: %w", s.fromName, err)
+	case res.Outcome == idem.Moved:
+		s.r.obs.HandedOver(s.fromName, "moved")
+		return idem.ReserveResult{}, true, fmt.Errorf("region: %q handed the key over to %q already, not to %q: the homes maps disagree",
+			s.fromName, res.Home, s.home)
+	case res.Outcome != idem.HandedOver:
+		// The former home holds the record: it stays the record's store.
+		s.r.obs.HandedOver(s.fromName, res.Outcome.String())
+		s.pinned, s.from = s.from, Store{}
+		return res, true, nil
+	}
+	s.r.obs.HandedOver(s.fromName, "handed_over")
+	s.from = Store{}
+	return res, false, nil
+}
+
+// reserve makes one timed reservation call on region's store st.
+func (r *Router) reserve(ctx context.Context, st Store, region, op string, rv idem.Reservation) (idem.ReserveResult, error) {
+	start := time.Now()
+	res, err := st.Reserve(ctx, rv)
+	r.obs.StoreCall(region, op, err, time.Since(start))
 	return res, err
 }
 
