@@ -216,10 +216,16 @@ func valueString(v *structpb.Value) string {
 }
 
 // mcpHeaders reads the headers MCP 2026-07-28 mirrors a call's method and
-// name in (policy.MCPHeaders); Envoy sends header names in lower case.
+// name in (policy.MCPHeaders); Envoy sends header names in lower case. A
+// request of an earlier revision, whose headers nothing here acts on
+// (MCPHeaders.Validated), costs no copy of them.
 func mcpHeaders(hs *corev3.HeaderMap) policy.MCPHeaders {
 	var h policy.MCPHeaders
-	h.Version, _ = findHeader(hs, policy.MCPVersionHeader)
+	v, _ := headerBytes(hs, policy.MCPVersionHeader)
+	if !(policy.MCPHeaders{Version: string(v)}).Validated() { // compared, not kept: no copy
+		return h
+	}
+	h.Version = string(v)
 	h.Method, h.HasMethod = findHeader(hs, policy.MCPMethodHeader)
 	h.Name, h.HasName = findHeader(hs, policy.MCPNameHeader)
 	return h
