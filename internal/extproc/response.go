@@ -39,7 +39,9 @@ func (p *processor) onResponse(ctx context.Context, m *message) *extprocv3.Proce
 		}
 		if resp == nil {
 			if p.body != nil && p.body.tools != nil && p.stage == stagePassThrough {
-				resp = p.startLearning(m.headers)
+				if resp = startLearning(p.body.tools, m.headers, p.responseBodyMode); resp == nil {
+					p.body.tools = nil
+				}
 			}
 			if resp == nil && p.body != nil && !p.att.Held() && !p.rpc.call {
 				// A request passed at its body could not skip the response

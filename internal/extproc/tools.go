@@ -70,18 +70,18 @@ var partialResponseBody = &procmodev3.ProcessingMode{
 	ResponseTrailerMode: procmodev3.ProcessingMode_SKIP,
 }
 
-// startLearning decides, at the response headers of a tools/list request
-// being learned from, whether its body is read: a 200 answer in JSON or
-// as an event stream ("Streamable HTTP", the two forms a POST is
-// answered in). It returns the reply asking for the body, or nil.
-func (p *processor) startLearning(hh *extprocv3.HttpHeaders) *extprocv3.ProcessingResponse {
-	l := p.body.tools
+// startLearning decides, at the response headers hh of a tools/list
+// request being learned from (l), whether its body is read: a 200 answer
+// in JSON or as an event stream ("Streamable HTTP", the two forms a POST
+// is answered in), in a body mode Envoy lets the server read (mode). It
+// returns the reply asking for the body, or nil: the learning is then
+// over.
+func startLearning(l *toolsLearning, hh *extprocv3.HttpHeaders, mode procmodev3.ProcessingMode_BodySendMode) *extprocv3.ProcessingResponse {
 	hs := hh.GetHeaders()
 	status, _ := headerBytes(hs, ":status")
 	ct, _ := headerBytes(hs, "content-type")
 	mt, _, err := mime.ParseMediaType(string(ct))
-	if string(status) != "200" || err != nil || hh.GetEndOfStream() || echoes(p.responseBodyMode) {
-		p.body.tools = nil
+	if string(status) != "200" || err != nil || hh.GetEndOfStream() || echoes(mode) {
 		return nil
 	}
 	switch mt {
@@ -89,11 +89,10 @@ func (p *processor) startLearning(hh *extprocv3.HttpHeaders) *extprocv3.Processi
 	case "text/event-stream":
 		l.eventStream = true
 	default:
-		p.body.tools = nil
 		return nil
 	}
 	l.reading = true
-	return continueWith(p.phase, partialResponseBody)
+	return continueWith(phaseResponseHeaders, partialResponseBody)
 }
 
 // learnBody reads a response body message of a tools/list being learned
@@ -134,13 +133,14 @@ func (p *processor) learnBody(ctx context.Context, body *extprocv3.HttpBody) *ex
 	}
 	p.att.LogAt(ctx, slog.LevelDebug, "tools' annotations learned",
 		slog.Int("tools", len(listing.Tools)), slog.String("upstream", strings.TrimSpace(l.upstream)))
-	if out, ok := p.advertise(l, now); ok {
+	if out := advertised(l, now); out != nil {
+		p.rpc.releaseAll()
 		return out
 	}
 	return p.cont()
 }
 
-// advertise rewrites a tools/list answer read whole, in one message, as
+// advertised is the body reply that rewrites a tools/list answer read whole, in one message, as
 // JSON, for the policies that advertise (tools.advertise_idempotent):
 // idempotentHint: true on every tool one of them protects
 // (toolhints.Advertise). The body reply also removes content-length,
@@ -150,9 +150,9 @@ func (p *processor) learnBody(ctx context.Context, body *extprocv3.HttpBody) *ex
 // length would reach the agent; a header mutation in the same reply is
 // applied first (processor_state.cc, ProcessorState::handleBodyResponse).
 // An event stream, or a body in several messages, goes on unchanged.
-func (p *processor) advertise(l *toolsLearning, now time.Time) (*extprocv3.ProcessingResponse, bool) {
+func advertised(l *toolsLearning, now time.Time) *extprocv3.ProcessingResponse {
 	if l.eventStream || l.messages != 1 {
-		return nil, false
+		return nil
 	}
 	var adv []*policy.Policy
 	for _, pol := range l.pols {
@@ -161,7 +161,7 @@ func (p *processor) advertise(l *toolsLearning, now time.Time) (*extprocv3.Proce
 		}
 	}
 	if len(adv) == 0 {
-		return nil, false
+		return nil
 	}
 	out, ok := toolhints.Advertise(l.body, func(name string) bool {
 		for _, pol := range adv {
@@ -172,13 +172,12 @@ func (p *processor) advertise(l *toolsLearning, now time.Time) (*extprocv3.Proce
 		return false
 	})
 	if !ok {
-		return nil, false
+		return nil
 	}
-	p.rpc.releaseAll()
 	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{
 		ResponseBody: &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{
 			HeaderMutation: &extprocv3.HeaderMutation{RemoveHeaders: []string{"content-length"}},
 			BodyMutation:   &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_Body{Body: out}},
 		}},
-	}}, true
+	}}
 }
