@@ -62,7 +62,7 @@ type workload struct {
 	messageTimeout time.Duration
 }
 
-func newWorkload(scenario string, reqBody, respBody int) *workload {
+func newWorkload(scenario string, reqBody int, respBody []byte) *workload {
 	w := &workload{
 		scenario:          scenario,
 		authority:         "api.example.com",
@@ -74,7 +74,7 @@ func newWorkload(scenario string, reqBody, respBody int) *workload {
 		upstreamLocation:  "/v1/orders/0123456789",
 	}
 	w.reqBody = jsonBody(reqBody, "customer")
-	w.respBody = jsonBody(respBody, "id")
+	w.respBody = respBody
 	return w
 }
 

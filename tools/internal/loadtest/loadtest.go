@@ -23,6 +23,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idem-extproc/idem-extproc/internal/corpus"
 	"github.com/idem-extproc/idem-extproc/internal/daemon"
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 )
@@ -90,6 +91,9 @@ type config struct {
 	duplicateRate, unprotRate float64
 	keyless                   bool
 	reqBody, respBody         int
+	// respFrom names the corpus class whose answer body the upstream
+	// sends instead of respBody filler bytes ("" for the filler).
+	respFrom string
 	redisURL, dir             string
 	serverArgs                []string
 	profileDir                string
@@ -140,6 +144,18 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
+// answerClasses are the corpus classes --response-from takes: one answer
+// of the class is the upstream's answer to every write.
+var answerClasses = []corpus.Class{corpus.Object, corpus.List, corpus.Error}
+
+// responseBody is the body the upstream answers writes with.
+func (cfg *config) responseBody() []byte {
+	if cfg.respFrom == "" {
+		return jsonBody(cfg.respBody, "id")
+	}
+	return corpus.New(1).Answer(corpus.Class(cfg.respFrom)).Body
+}
+
 func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	cfg := &config{}
 	fs := flag.NewFlagSet("idem-loadtest", flag.ContinueOnError)
@@ -161,6 +177,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.StringVar(&cfg.unprotectedKind, "unprotected", "get", "unprotected requests: get (GET, no bodies: two header phases for the no-op) or keyless (POST without a key)")
 	fs.IntVar(&cfg.reqBody, "request-body", 256, "request body size of writes, bytes")
 	fs.IntVar(&cfg.respBody, "response-body", 1024, "response body size of writes, bytes")
+	fs.StringVar(&cfg.respFrom, "response-from", "", "the upstream's answer to writes: empty, a JSON object of --response-body bytes of filler; or a class of the generated corpus (object, list, error: internal/corpus), a realistic JSON answer that compresses as live traffic does")
 	fs.StringVar(&cfg.redisURL, "redis-url", "", "Redis for idem-extproc and the floor server; empty: start redis-server on a free loopback port (see --redis)")
 	fs.StringVar(&cfg.topologyList, "redis", topologyStandalone, "Redis the tool starts, a comma-separated list measured one after the other with fresh servers: standalone (one redis-server), cluster (a 3-primary Redis Cluster; Redis CPU is summed over its nodes)")
 	fs.Var(&cfg.serverBins, "server-bin", "idem-extproc binary to measure (go build ./cmd/idem-extproc), or several as label=path, comma-separated or repeated (e.g. base=/tmp/a,new=/tmp/b): each is a server of its own, taking turns with the others, and the report gives each one's ratios to the first; empty: this tool runs the same daemon code itself")
@@ -184,6 +201,9 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 		if !slices.Contains([]string{scenarioFirstWrite, scenarioReplay, scenarioUnprotected, scenarioMixed}, s) {
 			errs = append(errs, fmt.Errorf("--scenario: unknown %q", s))
 		}
+	}
+	if cfg.respFrom != "" && !slices.Contains(answerClasses, corpus.Class(cfg.respFrom)) {
+		errs = append(errs, fmt.Errorf("--response-from: unknown corpus class %q (want one of %v)", cfg.respFrom, answerClasses))
 	}
 	servers := splitList(cfg.serverList)
 	for _, s := range servers {

@@ -2,6 +2,7 @@ package loadtest
 
 import (
 	"bytes"
+	"encoding/json"
 	"context"
 	"os"
 	"os/signal"
@@ -123,6 +124,7 @@ func TestParseFlags(t *testing.T) {
 		{name: "zero streams", args: []string{"-concurrency", "1,0"}, err: "--concurrency"},
 		{name: "not a number", args: []string{"-concurrency", "four"}, err: "--concurrency"},
 		{name: "unknown topology", args: []string{"-redis", "sentinel"}, err: `"sentinel" is not standalone or cluster`},
+		{name: "an answer of an unknown class", args: []string{"-response-from", "invoice"}, err: `--response-from: unknown corpus class "invoice"`},
 		{name: "a cluster with --redis-url", args: []string{"-redis", "cluster", "-redis-url", "redis://127.0.0.1:1/0"}, err: "--redis-url"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -157,6 +159,34 @@ func TestParseFlags(t *testing.T) {
 				t.Errorf("topologies %q, want %q", cfg.topologies, tc.topos)
 			}
 		})
+	}
+}
+
+// TestResponseFrom: --response-from makes the upstream answer every write
+// with one answer of the corpus class, the same bytes each time (a replay
+// is checked against them), and the report says so.
+func TestResponseFrom(t *testing.T) {
+	var stderr bytes.Buffer
+	plain, err := parseFlags([]string{"-response-body", "300"}, &stderr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := plain.responseBody(); len(b) != 300 || !json.Valid(b) {
+		t.Errorf("filler answer: %d bytes (valid JSON %v), want a JSON object of 300", len(b), json.Valid(b))
+	}
+	cfg, err := parseFlags([]string{"-response-from", "object"}, &stderr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := cfg.responseBody()
+	if !json.Valid(b) || !bytes.Contains(b, []byte(`"amount"`)) || len(b) < 512 {
+		t.Errorf("object answer %q: want a payment-intent-like JSON object of the corpus", b)
+	}
+	if !bytes.Equal(b, cfg.responseBody()) {
+		t.Error("two calls gave two answers: a replay could not be checked against the first")
+	}
+	if d := describe(cfg, scenarioFirstWrite); !strings.Contains(d, "JSON object of the generated corpus") {
+		t.Errorf("report says %q, want it to name the corpus answer", d)
 	}
 }
 
@@ -332,7 +362,7 @@ func TestPrepareReplacesAFailedKey(t *testing.T) {
 		if err := (&server{name: "flaky", exited: make(chan error, 1)}).waitUntil(tcpReady(addr)); err != nil {
 			t.Fatal(err)
 		}
-		wl := newWorkload(scenarioReplay, 16, 16)
+		wl := newWorkload(scenarioReplay, 16, jsonBody(16, "id"))
 		wl.messageTimeout = 10 * time.Second
 		d, err := newDriver(addr, 1, 2, serverNoop, wl)
 		if err != nil {

@@ -80,8 +80,7 @@ type memoryProbe struct {
 // request, completed with its upstream's response of body respBody.
 func newMemoryProbe(r *redisServer, rdb redis.UniversalClient, st *redisstore.Store, respBody []byte) *memoryProbe {
 	pol := policy.Default()
-	wl := newWorkload(scenarioFirstWrite, 256, len(respBody))
-	wl.respBody = respBody
+	wl := newWorkload(scenarioFirstWrite, 256, respBody)
 	fp := fingerprint.Compute(fingerprint.Request{Method: "POST", Path: wl.path,
 		Headers: []idem.Header{{Name: "content-type", Value: wl.contentType}}, Body: wl.reqBody}, pol.FingerprintHeaders)
 	// What the server stores of the load tool's upstream response: every

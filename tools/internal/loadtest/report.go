@@ -10,6 +10,14 @@ import (
 	"time"
 )
 
+// answerText says what the upstream answers writes with.
+func (cfg *config) answerText() string {
+	if cfg.respFrom == "" {
+		return fmt.Sprintf("a %d-byte body", cfg.respBody)
+	}
+	return fmt.Sprintf("a %d-byte JSON %s of the generated corpus", len(cfg.responseBody()), cfg.respFrom)
+}
+
 func describe(cfg *config, sc string) string {
 	unprot := "GET, no bodies either way. idem-extproc and floor: 1 message, CONTINUE with the skip-everything mode_override; noop: 2 messages (both header phases)"
 	if cfg.keyless {
@@ -17,9 +25,9 @@ func describe(cfg *config, sc string) string {
 	}
 	switch sc {
 	case scenarioFirstWrite:
-		return fmt.Sprintf("POST with a fresh Idempotency-Key, %d-byte body; the upstream answers 201 with a %d-byte body. "+
+		return fmt.Sprintf("POST with a fresh Idempotency-Key, %d-byte body; the upstream answers 201 with %s. "+
 			"idem-extproc and floor: 4 messages, 2 Redis calls (reserve at the request body, complete at the response body); noop: 4 messages",
-			cfg.reqBody, cfg.respBody)
+			cfg.reqBody, cfg.answerText())
 	case scenarioReplay:
 		return fmt.Sprintf("POST repeating one of %d completed keys with the same body. idem-extproc and floor: 2 messages, "+
 			"answered at the request body from the record (1 Redis call); noop: 4 messages (the upstream answers)", cfg.keys)

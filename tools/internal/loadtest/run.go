@@ -193,7 +193,7 @@ func runTopology(ctx context.Context, cfg *config, topo, dir string, first bool)
 	}
 	var mems []memorySection
 	if rs != nil && !cfg.skipMemory && len(rs.nodes) == 0 {
-		m, err := measureMemory(ctx, rs, jsonBody(cfg.respBody, "id"), cfg.memoryRecords)
+		m, err := measureMemory(ctx, rs, cfg.responseBody(), cfg.memoryRecords)
 		mems = append(mems, memorySection{m: m, err: err})
 	}
 	return results, mems, nil
@@ -400,7 +400,7 @@ type scenarioState struct {
 // needs them. A state it returns with an error has a driver to close.
 func openParticipant(ctx context.Context, cfg *config, pt participant, rs *redisServer, scenario string, rep, conc int) (*scenarioState, error) {
 	srv := pt.srv
-	wl := newWorkload(pt.scenario, cfg.reqBody, cfg.respBody)
+	wl := newWorkload(pt.scenario, cfg.reqBody, cfg.responseBody())
 	wl.keys, wl.duplicateRate, wl.unprotectedRate, wl.keyless = cfg.keys, cfg.duplicateRate, cfg.unprotRate, cfg.keyless
 	wl.messageTimeout = cfg.messageTimeout
 	d, err := newDriver(srv.addr, cfg.conns, conc, srv.kind, wl)
@@ -475,7 +475,7 @@ func warmServers(ctx context.Context, cfg *config, servers []*server, rs *redisS
 	}
 	for _, srv := range servers {
 		cfg.logf("warming %s up for %v", srv.name, cfg.initialWarmup)
-		wl := newWorkload(scenarioMixed, cfg.reqBody, cfg.respBody)
+		wl := newWorkload(scenarioMixed, cfg.reqBody, cfg.responseBody())
 		wl.keys, wl.duplicateRate, wl.unprotectedRate = 100, 0.3, 0.3
 		d, err := newDriver(srv.addr, cfg.conns, slices.Max(cfg.concurrencies), srv.kind, wl)
 		if err != nil {
