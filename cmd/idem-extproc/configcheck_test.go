@@ -184,9 +184,9 @@ default_policy: {enabled: false}
 	orders := 2000 * 24 * 3600.0
 	for _, want := range []string{
 		"payments  uncompressed  72h  100  25920000  " + sizing.Human(payments*sizing.PerRecord[corpus.Object][sizing.Uncompressed]),
-		"orders  builtin  24h  2000  172800000  " + sizing.Human(orders*sizing.PerRecord[corpus.Object][sizing.Builtin]),
+		"orders  auto  24h  2000  172800000  " + sizing.Human(orders*sizing.PerRecord[corpus.Object][sizing.Auto]),
 		"total  198720000  " + sizing.Human(payments*sizing.PerRecord[corpus.Object][sizing.Uncompressed]+
-			orders*sizing.PerRecord[corpus.Object][sizing.Builtin]),
+			orders*sizing.PerRecord[corpus.Object][sizing.Auto]),
 	} {
 		if norm := func(s string) string { return strings.Join(strings.Fields(s), " ") }; !strings.Contains(norm(out), norm(want)) {
 			t.Errorf("no %q in\n%s", want, out)

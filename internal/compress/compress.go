@@ -4,13 +4,16 @@
 // A compressed response holds its headers and body together
 // (idem.AppendContents) in one frame, and Headers is empty:
 //
-//	format (1 byte) | zstd frame (RFC 8878)
+//	format (1 byte) | frame
 //
-// Format 2, which every new frame uses, is the frame without its 4-byte
-// magic number, which is the same in every frame and is put back to
-// expand it; format 1 is the whole frame, still expanded. Four bytes are
-// worth it: a record's value is rounded up to the allocator's next size
-// class, and with a trained dictionary most small answers sit near one.
+// Format 2 is a zstd frame (RFC 8878) without its 4-byte magic number,
+// which is the same in every frame and is put back to expand it; format 1
+// is the whole zstd frame, still expanded, never written since format 2.
+// Format 3 is an S2 block (github.com/klauspost/compress/s2, its block
+// format: the expanded length as a uvarint, then the compressed data)
+// made with the built-in dictionary's words as its S2 dictionary. Four
+// bytes of magic are worth dropping: a record's value is rounded up to
+// the allocator's next size class.
 //
 // Headers go into the frame with the body since an API's headers repeat
 // from one answer to the next, which a dictionary compresses to almost
@@ -18,13 +21,21 @@
 // (RFC 8878 §3.1.1.1.3, Dictionary_ID), so a record keeps opening for as
 // long as the server knows that dictionary: the built-in one (Builtin)
 // always, a policy's trained ones while they stay in its configuration.
+// An S2 block's dictionary is the built-in words, fixed by its format.
 //
-// Why zstd and not S2: on the answers of package corpus, zstd at its
-// fastest level with the built-in dictionary takes a 1.4 KiB
-// payment-intent answer to 0.45 of its size, and S2 to 0.53 with the same
-// words and 0.80 without; on a 17 KiB list zstd reaches 0.22 and S2 0.30.
-// S2 is the cheaper in CPU, but then a record's memory misses its targets
-// (docs/performance.md, "Memory per stored answer").
+// Which one, by measurement (docs/performance.md, "Memory per stored
+// answer"; BenchmarkCompress): zstd at its fastest level makes the
+// smaller frames (a 1.4 KiB payment-intent answer of package corpus to
+// 0.45 of its size against S2's 0.53, a 17 KiB list to 0.22 against
+// 0.30), but every zstd frame made with a dictionary pays a fixed cost
+// (the encoder copies the dictionary's 256 KiB match table back before
+// each frame, and builds its entropy tables), about 13 µs for the 1.4 KiB
+// answer against S2's 2 µs, which on a first write is some 20 % of the
+// server's CPU. So Auto, the default, makes S2 blocks below AutoZstdFrom,
+// where that fixed cost is most of the work and S2's frames are a tenth
+// larger, and zstd frames from there on, where zstd's frames are a third
+// smaller; a trained dictionary is a zstd dictionary, and a policy that
+// names one has every answer compressed with it.
 package compress
 
 import (
@@ -33,6 +44,7 @@ import (
 	"fmt"
 	"sync"
 
+	"github.com/klauspost/compress/s2"
 	"github.com/klauspost/compress/zstd"
 
 	"github.com/idem-extproc/idem-extproc/internal/idem"
@@ -45,7 +57,36 @@ const (
 	formatZstd = 1
 	// formatZstdBare: a zstd frame less its magic number (zstdMagic).
 	formatZstdBare = 2
+	// formatS2Builtin: an S2 block with the built-in words as its
+	// dictionary.
+	formatS2Builtin = 3
 )
+
+// Mode is how a codec compresses new responses.
+type Mode uint8
+
+// The modes, as compression.mode names them.
+const (
+	// Auto makes S2 blocks of responses below AutoZstdFrom and zstd
+	// frames of the others; with a trained dictionary, zstd frames of
+	// every response.
+	Auto Mode = iota
+	// Zstd makes zstd frames of every response: the smallest records, at
+	// several times S2's CPU.
+	Zstd
+	// S2 makes S2 blocks of every response: the least CPU, larger
+	// records; it cannot use a trained dictionary.
+	S2
+	// Off compresses nothing new; records compressed before still expand.
+	Off
+)
+
+// AutoZstdFrom is the size (idem.ContentsSize) from which Auto makes zstd
+// frames rather than S2 blocks. On package corpus, S2 takes a 1.4 KiB
+// object to 1.18 times zstd's frame at 0.14 of its CPU, and a 17 KiB list
+// to 1.38 times at 0.42 (BenchmarkCompress): below a few KiB zstd's fixed
+// cost is most of its work and its frames are barely smaller.
+const AutoZstdFrom = 4 << 10
 
 // zstdMagic starts every zstd frame (RFC 8878 §3.1.1, Magic_Number
 // 0xFD2FB528, little-endian).
@@ -68,8 +109,7 @@ var ErrExpand = errors.New("compress: stored response does not expand")
 // internal/config) holds nothing but its settings until then.
 type Codec struct {
 	minSize int
-	// off: Compress leaves every response as it is.
-	off bool
+	mode    Mode
 	// active is the dictionary new frames use.
 	active *Dictionary
 	// dicts are every dictionary the decoder knows, by id.
@@ -78,6 +118,10 @@ type Codec struct {
 	once sync.Once
 	enc  *zstd.Encoder
 	dec  *zstd.Decoder
+	// words is the built-in dictionary as S2's: it makes and opens
+	// format 3. Its tables are built at first use and shared: S2's
+	// dictionary encoder keeps its own per call.
+	words *s2.Dict
 	// plains holds the buffers (*[]byte) the contents are laid out in
 	// before compressing: a first write allocates only its frame.
 	plains sync.Pool
@@ -97,23 +141,31 @@ type Options struct {
 	Previous []*Dictionary
 	// MinSize is the smallest response compressed; 0 means DefaultMinSize.
 	MinSize int
-	// Off compresses nothing new; the codec still expands the records
-	// compressed before (compression.mode: off).
-	Off bool
+	// Mode is how new responses are compressed; the codec expands the
+	// records of every mode whatever it is.
+	Mode Mode
 }
 
 // New returns a codec. Two dictionaries of the set with one id are a
 // mistake (a frame could not say which it needs), reported as an error.
 func New(o Options) (*Codec, error) {
-	c := &Codec{minSize: o.MinSize, off: o.Off, dicts: map[uint32]*Dictionary{}}
+	c := &Codec{minSize: o.MinSize, mode: o.Mode, dicts: map[uint32]*Dictionary{}}
 	if c.minSize <= 0 {
 		c.minSize = DefaultMinSize
+	}
+	if o.Mode > Off {
+		return nil, fmt.Errorf("compress: unknown mode %d", o.Mode)
 	}
 	builtin := Builtin()
 	c.active = builtin
 	if o.Dictionary != nil {
+		if o.Mode == S2 {
+			return nil, fmt.Errorf("compress: %s is a zstd dictionary, which S2 cannot use "+
+				"(mode auto or zstd compresses with it)", o.Dictionary.source)
+		}
 		c.active = o.Dictionary
 	}
+	c.words = s2.MakeDict([]byte(builtinVocabulary), nil)
 	for _, d := range append([]*Dictionary{builtin, o.Dictionary}, o.Previous...) {
 		if d == nil {
 			continue
@@ -179,7 +231,7 @@ func (c *Codec) ActiveDictionary() uint32 { return c.active.id }
 // minimum size, one whose frame would not be smaller, a body omitted
 // (nothing but headers), or a response compressed or sealed already.
 func (c *Codec) Compress(r idem.Response) idem.Response {
-	if c == nil || c.off || r.Compressed || r.Sealed || r.BodyOmitted {
+	if c == nil || c.mode == Off || r.Compressed || r.Sealed || r.BodyOmitted {
 		return r
 	}
 	n := idem.ContentsSize(&r)
@@ -188,27 +240,66 @@ func (c *Codec) Compress(r idem.Response) idem.Response {
 	}
 	// The contents are laid out in a pooled buffer, which goes back to the
 	// pool once compressed; the frame has its own, which the record keeps.
-	enc, _ := c.coders()
-	bp, _ := c.plains.Get().(*[]byte)
-	if bp == nil {
-		bp = new([]byte)
-	}
+	bp := c.buffer()
 	plain := idem.AppendContents((*bp)[:0], &r)
-	frame := enc.EncodeAll(plain, append(make([]byte, 0, 1+n/2), formatZstdBare))
-	if cap(plain) <= maxPooledPlain {
-		*bp = plain[:0]
-		c.plains.Put(bp)
+	var frame []byte
+	if c.usesS2(n) {
+		// S2 writes its block whole into a buffer of its worst case; the
+		// record keeps a copy of the size it came to.
+		sp := c.buffer()
+		block := c.words.Encode((*sp)[:cap(*sp)], plain)
+		frame = append(append(make([]byte, 0, 1+len(block)), formatS2Builtin), block...)
+		c.release(sp, block)
+	} else {
+		frame = c.zstdFrame(plain, n)
 	}
-	if len(frame) < 5 || [4]byte(frame[1:5]) != zstdMagic {
-		return r // not a frame as RFC 8878 writes it: never stored
-	}
-	frame = append(frame[:1], frame[5:]...)
+	c.release(bp, plain)
 	// The plain record stores the body and, per header, its two lengths
 	// and bytes: n counts the same.
-	if len(frame) >= n {
+	if frame == nil || len(frame) >= n {
 		return r
 	}
 	return idem.Response{Status: r.Status, Body: frame, Compressed: true}
+}
+
+// buffer is a buffer of plains, for the caller to give back with release.
+func (c *Codec) buffer() *[]byte {
+	if bp, _ := c.plains.Get().(*[]byte); bp != nil {
+		return bp
+	}
+	return new([]byte)
+}
+
+// release gives bp back to plains holding b, its content last written,
+// unless b is too large to keep.
+func (c *Codec) release(bp *[]byte, b []byte) {
+	if cap(b) <= maxPooledPlain {
+		*bp = b[:0]
+		c.plains.Put(bp)
+	}
+}
+
+// usesS2 reports whether a response of n bytes of contents is made an S2
+// block rather than a zstd frame.
+func (c *Codec) usesS2(n int) bool {
+	switch c.mode {
+	case S2:
+		return true
+	case Auto:
+		return n < AutoZstdFrom && c.active.id == BuiltinID
+	}
+	return false
+}
+
+// zstdFrame is plain as format 2, or nil when the encoder did not write a
+// frame as RFC 8878 does (never stored).
+func (c *Codec) zstdFrame(plain []byte, n int) []byte {
+	enc, _ := c.coders()
+	frame := enc.EncodeAll(plain, append(make([]byte, 0, 1+n/2), formatZstdBare))
+	if len(frame) < 5 || [4]byte(frame[1:5]) != zstdMagic {
+		return nil
+	}
+	return append(frame[:1], frame[5:]...)
 }
 
 // Expand returns the response r compressed, with the headers and body the
@@ -226,44 +317,21 @@ func (c *Codec) Expand(r idem.Response, maxBody int) (idem.Response, error) {
 	if r.Sealed {
 		return idem.Response{}, fmt.Errorf("%w: still sealed", ErrExpand)
 	}
-	if len(r.Body) == 0 || (r.Body[0] != formatZstd && r.Body[0] != formatZstdBare) {
+	if len(r.Body) == 0 {
 		return idem.Response{}, fmt.Errorf("%w: unknown format", ErrExpand)
 	}
-	frame := r.Body[1:]
-	if r.Body[0] == formatZstdBare {
-		// The magic number back in front, in a pooled buffer: the decoder
-		// keeps nothing of its input.
-		bp, _ := c.plains.Get().(*[]byte)
-		if bp == nil {
-			bp = new([]byte)
-		}
-		frame = append(append((*bp)[:0], zstdMagic[:]...), frame...)
-		defer func() {
-			if cap(frame) <= maxPooledPlain {
-				*bp = frame[:0]
-				c.plains.Put(bp)
-			}
-		}()
+	var plain []byte
+	var err error
+	switch r.Body[0] {
+	case formatZstd, formatZstdBare:
+		plain, err = c.expandZstd(r.Body, maxBody)
+	case formatS2Builtin:
+		plain, err = c.expandS2(r.Body[1:], maxBody)
+	default:
+		return idem.Response{}, fmt.Errorf("%w: unknown format", ErrExpand)
 	}
-	var h zstd.Header
-	if err := h.Decode(frame); err != nil {
-		return idem.Response{}, fmt.Errorf("%w: %w", ErrExpand, err)
-	}
-	if h.DictionaryID != 0 && c.dicts[h.DictionaryID] == nil {
-		return idem.Response{}, fmt.Errorf("%w: it needs dictionary %d, which this server does not have "+
-			"(keep a rotated dictionary in previous_dictionaries for the retention)", ErrExpand, h.DictionaryID)
-	}
-	if !h.HasFCS || h.FrameContentSize > uint64(maxBody) {
-		return idem.Response{}, fmt.Errorf("%w: frame of %d bytes (size known: %v) exceeds the limit of %d",
-			ErrExpand, h.FrameContentSize, h.HasFCS, maxBody)
-	}
-	_, dec := c.coders()
-	plain, err := dec.DecodeAll(frame, make([]byte, 0, h.FrameContentSize))
 	if err != nil {
-		return idem.Response{}, fmt.Errorf("%w: %w", ErrExpand, err)
-	}
-	if uint64(len(plain)) != h.FrameContentSize {
-		return idem.Response{}, fmt.Errorf("%w: expanded to %d bytes, frame says %d", ErrExpand, len(plain), h.FrameContentSize)
+		return idem.Response{}, err
 	}
 	out, err := idem.ParseContents(plain)
 	if err != nil {
@@ -271,6 +339,58 @@ func (c *Codec) Expand(r idem.Response, maxBody int) (idem.Response, error) {
 	}
 	out.Status, out.BodyOmitted = r.Status, r.BodyOmitted
 	return out, nil
+}
+
+// expandS2 expands an S2 block of format 3, refusing one that says it
+// expands past maxBody before expanding it.
+func (c *Codec) expandS2(block []byte, maxBody int) ([]byte, error) {
+	n, err := s2.DecodedLen(block)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrExpand, err)
+	}
+	if n > maxBody {
+		return nil, fmt.Errorf("%w: block of %d bytes exceeds the limit of %d", ErrExpand, n, maxBody)
+	}
+	plain, err := c.words.Decode(make([]byte, n), block)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrExpand, err)
+	}
+	return plain, nil
+}
+
+// expandZstd expands a zstd frame of format 1 or 2 (body, its format byte
+// first), refusing one that needs a dictionary the codec does not have or
+// says it expands past maxBody before expanding it.
+func (c *Codec) expandZstd(body []byte, maxBody int) ([]byte, error) {
+	frame := body[1:]
+	if body[0] == formatZstdBare {
+		// The magic number back in front, in a pooled buffer: the decoder
+		// keeps nothing of its input.
+		bp := c.buffer()
+		frame = append(append((*bp)[:0], zstdMagic[:]...), frame...)
+		defer c.release(bp, frame)
+	}
+	var h zstd.Header
+	if err := h.Decode(frame); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrExpand, err)
+	}
+	if h.DictionaryID != 0 && c.dicts[h.DictionaryID] == nil {
+		return nil, fmt.Errorf("%w: it needs dictionary %d, which this server does not have "+
+			"(keep a rotated dictionary in previous_dictionaries for the retention)", ErrExpand, h.DictionaryID)
+	}
+	if !h.HasFCS || h.FrameContentSize > uint64(maxBody) {
+		return nil, fmt.Errorf("%w: frame of %d bytes (size known: %v) exceeds the limit of %d",
+			ErrExpand, h.FrameContentSize, h.HasFCS, maxBody)
+	}
+	_, dec := c.coders()
+	plain, err := dec.DecodeAll(frame, make([]byte, 0, h.FrameContentSize))
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrExpand, err)
+	}
+	if uint64(len(plain)) != h.FrameContentSize {
+		return nil, fmt.Errorf("%w: expanded to %d bytes, frame says %d", ErrExpand, len(plain), h.FrameContentSize)
+	}
+	return plain, nil
 }
 
 // Close releases the codec's buffers. A codec may be dropped without it:

@@ -3,6 +3,7 @@ package compress
 import (
 	"bytes"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"flag"
@@ -15,7 +16,7 @@ import (
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 )
 
-var update = flag.Bool("update", false, "rewrite testdata/builtin-object.frame (only with a new built-in dictionary id)")
+var update = flag.Bool("update", false, "write the testdata/builtin-object*.frame fixtures that are missing (never rewrite one: records in stores are like it)")
 
 func newCodec(t testing.TB, o Options) *Codec {
 	t.Helper()
@@ -49,22 +50,43 @@ func trainedDict(t testing.TB, c corpus.Class, id uint32) *Dictionary {
 	return d
 }
 
-// TestRoundTrip: every class of answer, with the built-in dictionary and a
-// trained one, expands to the very status, headers and body it was.
+// TestRoundTrip: every class of answer, in every mode, with the built-in
+// dictionary and a trained one, expands to the very status, headers and
+// body it was, and each mode makes the frames it says: auto an S2 block
+// below AutoZstdFrom and a zstd frame from there on (with a trained
+// dictionary, always zstd), zstd and s2 theirs. Every codec expands every
+// other's frames: a record outlives a change of mode.
 func TestRoundTrip(t *testing.T) {
 	for _, c := range corpus.Classes {
 		t.Run(string(c), func(t *testing.T) {
-			for name, codec := range map[string]*Codec{
-				"builtin": newCodec(t, Options{}),
-				"trained": newCodec(t, Options{Dictionary: trainedDict(t, c, 50000)}),
-			} {
+			trained := trainedDict(t, c, 50000)
+			codecs := map[string]*Codec{
+				"auto":         newCodec(t, Options{}),
+				"zstd":         newCodec(t, Options{Mode: Zstd}),
+				"s2":           newCodec(t, Options{Mode: S2}),
+				"auto trained": newCodec(t, Options{Dictionary: trained}),
+				"zstd trained": newCodec(t, Options{Mode: Zstd, Dictionary: trained}),
+			}
+			reader := newCodec(t, Options{Mode: Off, Dictionary: trained})
+			for name, codec := range codecs {
 				for _, want := range corpus.New(1).Answers(c, 50) {
 					z := codec.Compress(want)
 					if !z.Compressed || z.Status != want.Status || len(z.Headers) != 0 {
 						t.Fatalf("%s: %d bytes not compressed: %+v", name, idem.ContentsSize(&want), z)
 					}
-					if z.Body[0] != formatZstdBare || [4]byte(z.Body[1:5]) == zstdMagic {
-						t.Fatalf("%s: a new frame is format %d and starts % x", name, z.Body[0], z.Body[1:5])
+					n := idem.ContentsSize(&want)
+					wantFormat := byte(formatZstdBare)
+					if name == "s2" || (name == "auto" && n < AutoZstdFrom) {
+						wantFormat = formatS2Builtin
+					}
+					if z.Body[0] != wantFormat {
+						t.Fatalf("%s: %d bytes of contents made format %d, want %d", name, n, z.Body[0], wantFormat)
+					}
+					if z.Body[0] == formatZstdBare && [4]byte(z.Body[1:5]) == zstdMagic {
+						t.Fatalf("%s: a new zstd frame starts with its magic number", name)
+					}
+					if got, err := reader.Expand(z, corpus.MaxBody+4096); err != nil || !same(got, want) {
+						t.Fatalf("%s: a codec of mode off did not expand it: %v", name, err)
 					}
 					got, err := codec.Expand(z, corpus.MaxBody+4096)
 					if err != nil {
@@ -117,10 +139,17 @@ func randomBytes(n int) []byte {
 // TestExpandRefuses frames it must not replay.
 func TestExpandRefuses(t *testing.T) {
 	trainedCodec := newCodec(t, Options{Dictionary: trainedDict(t, corpus.Object, 50001)})
-	builtin := newCodec(t, Options{})
+	builtin := newCodec(t, Options{Mode: Zstd})
 	r := corpus.New(2).Answer(corpus.Object)
 	z := trainedCodec.Compress(r)
 	zb := builtin.Compress(r)
+	sb := newCodec(t, Options{Mode: S2}).Compress(r)
+	if sb.Body[0] != formatS2Builtin {
+		t.Fatalf("mode s2 made format %d", sb.Body[0])
+	}
+	// An S2 block that says it expands to more than it does.
+	longer := slices.Concat([]byte{formatS2Builtin}, binary.AppendUvarint(nil, uint64(idem.ContentsSize(&r))+100),
+		sb.Body[1+uvarintLen(sb.Body[1:]):])
 	for name, tc := range map[string]struct {
 		codec *Codec
 		r     idem.Response
@@ -133,6 +162,10 @@ func TestExpandRefuses(t *testing.T) {
 		"empty":              {builtin, idem.Response{Status: 200, Compressed: true}, 1 << 20, "unknown format"},
 		"truncated":          {builtin, idem.Response{Status: 200, Body: zb.Body[:len(zb.Body)-9], Compressed: true}, 1 << 20, ""},
 		"still sealed":       {builtin, idem.Response{Status: 200, Body: zb.Body, Compressed: true, Sealed: true}, 1 << 20, "still sealed"},
+		"s2 past the limit":  {builtin, sb, 100, "exceeds the limit of 100"},
+		"s2 truncated":       {builtin, idem.Response{Status: 200, Body: sb.Body[:len(sb.Body)-9], Compressed: true}, 1 << 20, ""},
+		"s2 length wrong":    {builtin, idem.Response{Status: 200, Body: longer, Compressed: true}, 1 << 20, ""},
+		"s2 no length":       {builtin, idem.Response{Status: 200, Body: []byte{formatS2Builtin}, Compressed: true}, 1 << 20, ""},
 		"no codec":           {nil, zb, 1 << 20, "compression is off"},
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -159,22 +192,32 @@ func TestBuiltinDictionaryIsFixed(t *testing.T) {
 		t.Fatalf("built-in dictionary %d changed: sha256 %s, was %s; a new vocabulary needs a new id, "+
 			"the old one kept for reading", BuiltinID, got, want)
 	}
-	c := newCodec(t, Options{})
 	r := corpus.New(7).Answer(corpus.Object)
-	const fixture = "testdata/builtin-object.frame"
-	if *update {
-		if err := os.WriteFile(fixture, c.Compress(r).Body, 0o644); err != nil {
+	// An S2 block's dictionary is the same words (format 3).
+	for fixture, mode := range map[string]Mode{
+		"testdata/builtin-object.frame":    Zstd,
+		"testdata/builtin-object-s2.frame": S2,
+	} {
+		c := newCodec(t, Options{Mode: mode})
+		if _, err := os.Stat(fixture); *update && errors.Is(err, os.ErrNotExist) {
+			if err := os.WriteFile(fixture, c.Compress(r).Body, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		frame, err := os.ReadFile(fixture)
+		if err != nil {
 			t.Fatal(err)
 		}
+		got, err := c.Expand(idem.Response{Status: r.Status, Body: frame, Compressed: true}, 1<<20)
+		if err != nil || !same(got, r) {
+			t.Fatalf("%s: %v\n%+v", fixture, err, got)
+		}
 	}
-	frame, err := os.ReadFile(fixture)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got, err := c.Expand(idem.Response{Status: r.Status, Body: frame, Compressed: true}, 1<<20)
-	if err != nil || !same(got, r) {
-		t.Fatalf("fixed frame: %v\n%+v", err, got)
-	}
+}
+
+func uvarintLen(b []byte) int {
+	_, n := binary.Uvarint(b)
+	return n
 }
 
 // TestDictionaryMistakes: what ParseDictionary and New refuse.
@@ -195,10 +238,43 @@ func TestDictionaryMistakes(t *testing.T) {
 		!strings.Contains(err.Error(), "same id 50002") {
 		t.Errorf("same id: %v", err)
 	}
+	if _, err := New(Options{Mode: S2, Dictionary: d}); err == nil ||
+		!strings.Contains(err.Error(), "S2 cannot use") {
+		t.Errorf("s2 with a trained dictionary: %v", err)
+	}
+	if _, err := New(Options{Mode: Off + 1}); err == nil || !strings.Contains(err.Error(), "unknown mode") {
+		t.Errorf("unknown mode: %v", err)
+	}
 	if _, err := Train([][]byte{[]byte("a")}, 50003, 4096); err == nil {
 		t.Error("one sample trained a dictionary")
 	}
 	if _, err := Train(nil, 7, 4096); err == nil {
 		t.Error("id 7 trained a dictionary")
 	}
+}
+
+// FuzzExpand: whatever a stored body holds (a record changed in the
+// store, a format this server does not know), expanding it gives the
+// response or ErrExpand, never a panic, and never more than the limit.
+func FuzzExpand(f *testing.F) {
+	r := corpus.New(3).Answer(corpus.Object)
+	for _, m := range []Mode{Zstd, S2} {
+		f.Add(newCodec(f, Options{Mode: m}).Compress(r).Body)
+	}
+	f.Add([]byte{formatS2Builtin, 0xff, 0xff, 0xff, 0xff, 0x0f})
+	f.Add([]byte{formatZstdBare})
+	c := newCodec(f, Options{})
+	const limit = 64 << 10
+	f.Fuzz(func(t *testing.T, body []byte) {
+		got, err := c.Expand(idem.Response{Status: 200, Body: body, Compressed: true}, limit)
+		if err != nil {
+			if !errors.Is(err, ErrExpand) {
+				t.Fatalf("error %v is not ErrExpand", err)
+			}
+			return
+		}
+		if idem.ContentsSize(&got) > limit+len(got.Headers)*2*binary.MaxVarintLen64 {
+			t.Fatalf("expanded to %d bytes past the limit", idem.ContentsSize(&got))
+		}
+	})
 }

@@ -12,7 +12,7 @@ import (
 
 // compressionCfg is the compression group as written.
 type compressionCfg struct {
-	// Mode is zstd (the default) or off.
+	// Mode is auto (the default), zstd, s2 or off.
 	Mode scalar `yaml:"mode,omitempty"`
 	// Dictionary is a zstd dictionary file trained on the route's answers
 	// (`idem-extproc compress train`); relative to the policy file.
@@ -22,7 +22,8 @@ type compressionCfg struct {
 	PreviousDictionaries scalars `yaml:"previous_dictionaries,omitempty"`
 }
 
-var compressionModes = enum[bool]{{"zstd", false}, {"off", true}}
+var compressionModes = enum[compress.Mode]{{"auto", compress.Auto}, {"zstd", compress.Zstd}, {"s2", compress.S2},
+	{"off", compress.Off}}
 
 // compression parses the compression group: compression.mode,
 // compression.dictionary, compression.previous_dictionaries. The files
@@ -30,7 +31,7 @@ var compressionModes = enum[bool]{{"zstd", false}, {"off", true}}
 func (b *builder) compression(r *policy.Compression, s *settings, path string) {
 	c := &s.Compression
 	if v := c.Mode; v.Set {
-		r.Off = oneOf(b, v, path+".compression.mode", compressionModes)
+		r.Mode = oneOf(b, v, path+".compression.mode", compressionModes)
 	}
 	if v := c.Dictionary; v.Set {
 		if strings.TrimSpace(v.Value) == "" {
@@ -95,10 +96,10 @@ func (b *builder) codecs(set *policy.Set, paths []string) {
 		if !ok {
 			continue
 		}
-		key := fmt.Sprint(c.Off, "\x00", c.Dictionary, "\x00", strings.Join(c.PreviousDictionaries, "\x00"))
+		key := fmt.Sprint(c.Mode, "\x00", c.Dictionary, "\x00", strings.Join(c.PreviousDictionaries, "\x00"))
 		codec, seen := shared[key]
 		if !seen {
-			opts.Off = c.Off
+			opts.Mode = c.Mode
 			var err error
 			if codec, err = compress.New(opts); err != nil {
 				line := b.dictLines[c.Dictionary]

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idem-extproc/idem-extproc/internal/compress"
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/policy"
 )
@@ -153,7 +154,9 @@ func TestMistakesNameFileLineAndField(t *testing.T) {
 		{"bad warn_until", "defaults:\n  key: {required: true, warn_until: next monday}\n", []string{"bad.yaml:2:", "defaults.key.warn_until", "RFC 3339"}},
 		{"warn_until without required", "policies:\n  - name: a\n    match: {methods: [POST]}\n    key:\n      warn_until: 2026-03-01\n", []string{"bad.yaml:5:", "policies[0].key.warn_until", "key.required: true"}},
 		{"adopt in shadow", "policies:\n  - name: a\n    match: {methods: [POST]}\n    enforcement: shadow\n    adopt_shadow_records: true\n", []string{"bad.yaml:5:", "policies[0].adopt_shadow_records", "enforcement: enforce"}},
-		{"bad compression mode", "defaults:\n  compression: {mode: gzip}\n", []string{"bad.yaml:2:", "defaults.compression.mode", `"gzip" is not one of zstd, off`}},
+		{"bad compression mode", "defaults:\n  compression: {mode: gzip}\n", []string{"bad.yaml:2:", "defaults.compression.mode", `"gzip" is not one of auto, zstd, s2, off`}},
+		{"s2 with a trained dictionary", "policies:\n  - name: a\n    match: {methods: [POST]}\n    compression:\n      mode: s2\n      dictionary: testdata/orders-40002.zdict\n",
+			[]string{"bad.yaml:6:", "policies[0].compression", "testdata/orders-40002.zdict is a zstd dictionary, which S2 cannot use"}},
 		{"missing dictionary", "policies:\n  - name: a\n    match: {methods: [POST]}\n    compression:\n      dictionary: testdata/none.zdict\n",
 			[]string{"bad.yaml:5:", "policies[0].compression.dictionary", "testdata/none.zdict", "no such file"}},
 		{"not a dictionary", "defaults:\n  compression:\n    previous_dictionaries: [testdata/three-mistakes.yaml]\n",
@@ -486,7 +489,7 @@ policies:
 	if trained.Compression.Codec == nil || trained.Compression.Codec != also.Compression.Codec {
 		t.Fatal("policies naming the same dictionaries do not share a codec")
 	}
-	if !off.Compression.Off || def.Compression.Off || def.Compression.Codec == nil || off.Compression.Codec == nil {
+	if off.Compression.Mode != compress.Off || def.Compression.Mode != compress.Auto || def.Compression.Codec == nil || off.Compression.Codec == nil {
 		t.Fatalf("off %+v, default %+v", off.Compression, def.Compression)
 	}
 	r := idem.Response{Status: 200, Body: []byte(strings.Repeat(`{"id":"pi_1","object":"payment_intent"}`, 10))}

@@ -147,7 +147,7 @@ func unapply(s *settings, p *policy.Policy) error {
 		Exclude: pointerList(p.FingerprintExclude),
 	}
 	s.StoredHeaders.Deny = list(p.StoredHeaderDeny)
-	s.Compression.Mode = errs.keep(compressionModes.name(p.Compression.Off))
+	s.Compression.Mode = errs.keep(compressionModes.name(p.Compression.Mode))
 	if p.Compression.Dictionary != "" {
 		s.Compression.Dictionary = str(p.Compression.Dictionary)
 	}

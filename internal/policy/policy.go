@@ -205,9 +205,9 @@ type BodyRules struct {
 // Compression is the compression group: compression.mode,
 // compression.dictionary, compression.previous_dictionaries.
 type Compression struct {
-	// Off stores new responses uncompressed (compression.mode: off); the
-	// records compressed before still expand.
-	Off bool
+	// Mode is how new responses are compressed (compression.mode); the
+	// records compressed before expand whatever it is.
+	Mode compress.Mode
 	// Dictionary is the file of the zstd dictionary that compresses new
 	// responses, as the configuration names it; empty for the built-in
 	// one.

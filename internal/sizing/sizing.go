@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/idem-extproc/idem-extproc/internal/compress"
 	"github.com/idem-extproc/idem-extproc/internal/corpus"
 	"github.com/idem-extproc/idem-extproc/internal/policy"
 )
@@ -18,22 +19,26 @@ type Mode string
 // The modes a policy's compression settings give.
 const (
 	Uncompressed Mode = "uncompressed"
-	Builtin      Mode = "builtin"
-	Trained      Mode = "trained"
+	// Auto, Zstd and S2 compress with the built-in dictionary, as
+	// compression.mode names them.
+	Auto    Mode = "auto"
+	Zstd    Mode = "zstd"
+	S2      Mode = "s2"
+	Trained Mode = "trained"
 )
 
 // Modes lists the modes in the table's order.
-var Modes = []Mode{Uncompressed, Builtin, Trained}
+var Modes = []Mode{Uncompressed, Auto, Zstd, S2, Trained}
 
 // PerRecord is Redis used_memory per completed record, in bytes, by class
 // of answer and mode: redis 7.0.15 (jemalloc 5.3.0), 2,000 records per
 // figure, the key, keyspace and expiry entries and the allocator's size
 // classes included. docs/performance.md, "Memory per stored answer".
 var PerRecord = map[corpus.Class]map[Mode]float64{
-	corpus.Object: {Uncompressed: 1806, Builtin: 905, Trained: 704},
-	corpus.List:   {Uncompressed: 20624, Builtin: 4240, Trained: 3728},
-	corpus.Error:  {Uncompressed: 694, Builtin: 492, Trained: 345},
-	corpus.Mixed:  {Uncompressed: 7669, Builtin: 1964, Trained: 1741},
+	corpus.Object: {Uncompressed: 1814, Auto: 1025, Zstd: 912, S2: 1040, Trained: 699},
+	corpus.List:   {Uncompressed: 20624, Auto: 4240, Zstd: 4240, S2: 6288, Trained: 3729},
+	corpus.Error:  {Uncompressed: 693, Auto: 519, Zstd: 492, S2: 519, Trained: 345},
+	corpus.Mixed:  {Uncompressed: 7669, Auto: 2052, Zstd: 1979, S2: 2554, Trained: 1740},
 }
 
 // sealOverhead is what sealing adds to a stored response: the envelope's
@@ -44,12 +49,16 @@ const sealOverhead = 64
 // ModeOf is the mode p stores its answers in.
 func ModeOf(p *policy.Policy) Mode {
 	switch {
-	case p.Compression.Off || p.Compression.Codec == nil:
+	case p.Compression.Mode == compress.Off || p.Compression.Codec == nil:
 		return Uncompressed
 	case p.Compression.Dictionary != "":
 		return Trained
+	case p.Compression.Mode == compress.Zstd:
+		return Zstd
+	case p.Compression.Mode == compress.S2:
+		return S2
 	}
-	return Builtin
+	return Auto
 }
 
 // Row is one policy's need.

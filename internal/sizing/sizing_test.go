@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idem-extproc/idem-extproc/internal/compress"
 	"github.com/idem-extproc/idem-extproc/internal/corpus"
 	"github.com/idem-extproc/idem-extproc/internal/policy"
 )
@@ -15,7 +16,7 @@ func TestEstimate(t *testing.T) {
 	p := policy.Default()
 	p.Retention = time.Hour
 	r := Estimate(p, 10)
-	if r.Mode != Builtin || r.Records != 36000 || r.Bytes[corpus.Object] != 36000*PerRecord[corpus.Object][Builtin] {
+	if r.Mode != Auto || r.Records != 36000 || r.Bytes[corpus.Object] != 36000*PerRecord[corpus.Object][Auto] {
 		t.Fatalf("builtin: %+v", r)
 	}
 	p.Compression.Dictionary = "orders.zdict"
@@ -23,7 +24,7 @@ func TestEstimate(t *testing.T) {
 	if r := Estimate(p, 10); r.Mode != Trained || r.Bytes[corpus.List] != 36000*(PerRecord[corpus.List][Trained]+sealOverhead) {
 		t.Fatalf("trained, sealed: %+v", r)
 	}
-	p.Compression.Off = true
+	p.Compression.Mode = compress.Off
 	if r := Estimate(p, 0); r.Mode != Uncompressed || r.Records != 0 {
 		t.Fatalf("off: %+v", r)
 	}
