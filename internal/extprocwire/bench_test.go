@@ -79,11 +79,17 @@ func overwrite(k, v string) *corev3.HeaderValueOption {
 	return o
 }
 
-func BenchmarkMarshal(b *testing.B) {
-	for _, c := range []struct {
-		name string
-		m    *extprocv3.ProcessingResponse
-	}{
+// marshalCase is a response as the server sends it.
+type marshalCase struct {
+	name string
+	m    *extprocv3.ProcessingResponse
+}
+
+// marshalCases are the responses the marshal benchmarks encode: the
+// CONTINUE a first write gets at each of its four phases, one with a
+// mode_override, and a replay's immediate response.
+func marshalCases() []marshalCase {
+	return []marshalCase{
 		{"continue-headers", &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{}}}},
 		{"body-mode-override", &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{}},
 			ModeOverride: &procmodev3.ProcessingMode{ResponseBodyMode: procmodev3.ProcessingMode_BUFFERED}}},
@@ -97,7 +103,11 @@ func BenchmarkMarshal(b *testing.B) {
 			Body:    make([]byte, 1024),
 			Details: "idempotency_replay",
 		}}}},
-	} {
+	}
+}
+
+func BenchmarkMarshal(b *testing.B) {
+	for _, c := range marshalCases() {
 		for _, name := range []string{"fast", "proto"} {
 			codec := codecs()[name]
 			b.Run(c.name+"/"+name, func(b *testing.B) {

@@ -3,8 +3,15 @@
 // into and from go-control-plane's own Go types, and leaves every other
 // message (health, reflection, admin) to grpc-go's standard proto codec.
 //
-// go-control-plane ships MarshalVT and SizeVT for these messages only under
-// the vtprotobuf build tag and no UnmarshalVT, so this package needs no tag.
+// go-control-plane's generated vtprotobuf code for these messages (SizeVT
+// and the Strict marshalers such as MarshalToSizedBufferVTStrict; no
+// MarshalVT, no UnmarshalVT) is compiled only under the vtprotobuf build
+// tag, and a module cannot set a build tag for those who build it (go
+// install module@version takes -tags from its caller only), so this package
+// neither needs nor uses that code, with or without the tag.
+// docs/performance.md ("gRPC codec") compares the two
+// (vtprotobuf_bench_test.go).
+//
 // Exactness is held by differential fuzz tests against proto.Unmarshal and
 // proto.Marshal (codec_fuzz_test.go, their seeds in testdata run by go test):
 // whatever the fast paths do not know goes to proto whole.
