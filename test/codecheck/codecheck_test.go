@@ -35,6 +35,18 @@ func TestGoVet(t *testing.T) {
 	run(t, "vet", "./...", "./test/deploytest/...")
 }
 
+// TestVTProtobufComparison vets and runs once the comparison of the
+// codec's encoder with go-control-plane's vtprotobuf marshalers
+// (internal/extprocwire/vtprotobuf_bench_test.go), which compiles only
+// under the vtprotobuf build tag that the test command does not set:
+// without this it would rot unseen (docs/performance.md, "gRPC codec").
+func TestVTProtobufComparison(t *testing.T) {
+	t.Parallel()
+	run(t, "vet", "-tags", "vtprotobuf", "./internal/extprocwire/")
+	run(t, "test", "-count=1", "-tags", "vtprotobuf", "-run", "^$", "-bench", "MarshalVT", "-benchtime", "1x",
+		"./internal/extprocwire/")
+}
+
 func TestStaticcheck(t *testing.T) {
 	t.Parallel()
 	run(t, "tool", "staticcheck", "./...", "./test/deploytest/...")
