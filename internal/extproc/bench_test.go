@@ -14,6 +14,7 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/idem-extproc/idem-extproc/internal/asynclog"
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/memstore"
 	"github.com/idem-extproc/idem-extproc/internal/problem"
@@ -99,8 +100,10 @@ func (x *benchExchange) setKey(n int) {
 	copy(x.key[len(x.key)-len(d):], d)
 }
 
+// benchServer logs as the daemon does by default (JSON lines at info,
+// formatted by asynclog's appender), into nothing.
 func benchServer(st idem.Store) *Server {
-	log := slog.New(slog.NewJSONHandler(io.Discard, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	log := slog.New(asynclog.NewJSONLineHandler(io.Discard, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	return New(Config{Store: st, Logger: log})
 }
 
