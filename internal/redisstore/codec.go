@@ -171,7 +171,21 @@ func decodeResponse[T ~string | ~[]byte](b T) (*idem.Response, error) {
 // per-field entries cost more than the body itself (docs/design.md §6 bounds
 // memory per record; docs/performance.md has the figures). The string
 // starts with a fixed-width head the Lua scripts read and update by
-// offset, then the response head (encodeResponseHead) and the body:
+// offset, then the response head (encodeResponseHead) and the body. Its
+// first byte names the layout of that head. Every record is written in the
+// compact layout:
+//
+//	offset  0     "d"
+//	offset  1     fingerprint, 32 bytes
+//	offset 33     token, 16 bytes
+//	offset 49     attempts, 4 bytes big-endian unsigned (SETRANGE-d on
+//	              each replay; it stops at 2^32-1 rather than wrap)
+//	offset 53     created, Unix ms, 6 bytes big-endian unsigned (to the
+//	              year 10889)
+//	offset 59     the response
+//
+// Records written before it, in the decimal layout, are still read,
+// replayed and counted in their own layout until their retention ends:
 //
 //	offset  0     "c"
 //	offset  1     fingerprint, 32 bytes
@@ -180,38 +194,82 @@ func decodeResponse[T ~string | ~[]byte](b T) (*idem.Response, error) {
 //	offset 59     created, Unix ms, 15 decimal digits
 //	offset 74     the response
 //
+// The compact head is 15 bytes shorter. The scripts read and write its
+// numbers with the struct library Redis loads into every script's Lua
+// (src/script_lua.c, luaLoadLibraries; deps/lua/src/lua_struct.c), whose
+// integer sizes are powers of two: created is packed as ">I2I4", its high
+// 16 and low 32 bits.
+//
 // In-flight and unknown records stay small hashes (see reserve.lua).
 const (
-	// completedHeadLen is the length of the fixed head.
-	completedHeadLen = 74
+	layoutCompact = 'd'
+	layoutDecimal = 'c'
 
 	recordFPAt      = 1
 	recordTokenAt   = 33
-	recordAttemptAt = 49
-	recordCreatedAt = 59
+	recordAttemptAt = 49 // in both layouts
+
+	// compactHeadLen is the length of the compact layout's fixed head.
+	compactHeadLen   = 59
+	compactCreatedAt = 53
+
+	// decimalHeadLen is the length of the decimal layout's fixed head.
+	decimalHeadLen   = 74
+	decimalCreatedAt = 59
+
+	// maxCompactAttempts is where the compact layout's count stops.
+	maxCompactAttempts = 1<<32 - 1
 )
 
-// parseCompleted decodes a completed record's string.
+// completedHeadLen is the length of the fixed head of the completed
+// record v, by its layout, or 0 when v is not one.
+func completedHeadLen(v string) int {
+	switch {
+	case len(v) >= compactHeadLen && v[0] == layoutCompact:
+		return compactHeadLen
+	case len(v) >= decimalHeadLen && v[0] == layoutDecimal:
+		return decimalHeadLen
+	}
+	return 0
+}
+
+// parseCompleted decodes a completed record's string, in either layout.
 func parseCompleted(v string) (idem.Record, error) {
 	var rec idem.Record
-	if len(v) < completedHeadLen || v[0] != 'c' {
+	n := completedHeadLen(v)
+	if n == 0 {
 		return rec, errCorrupt
 	}
 	rec.State = idem.StateCompleted
 	copy(rec.Fingerprint[:], v[recordFPAt:recordTokenAt])
 	copy(rec.Token[:], v[recordTokenAt:recordAttemptAt])
-	a, err := strconv.Atoi(v[recordAttemptAt:recordCreatedAt])
-	if err != nil {
-		return rec, errCorrupt
+	if n == compactHeadLen {
+		rec.Attempts = int(bigEndian(v[recordAttemptAt:compactCreatedAt]))
+		rec.CreatedAt = time.UnixMilli(int64(bigEndian(v[compactCreatedAt:compactHeadLen])))
+	} else {
+		a, err := strconv.Atoi(v[recordAttemptAt:decimalCreatedAt])
+		if err != nil {
+			return rec, errCorrupt
+		}
+		rec.Attempts = a
+		ms, err := strconv.ParseInt(v[decimalCreatedAt:decimalHeadLen], 10, 64)
+		if err != nil {
+			return rec, errCorrupt
+		}
+		rec.CreatedAt = time.UnixMilli(ms)
 	}
-	rec.Attempts = a
-	ms, err := strconv.ParseInt(v[recordCreatedAt:completedHeadLen], 10, 64)
-	if err != nil {
-		return rec, errCorrupt
-	}
-	rec.CreatedAt = time.UnixMilli(ms)
-	if rec.Response, err = decodeResponse(v[completedHeadLen:]); err != nil {
+	var err error
+	if rec.Response, err = decodeResponse(v[n:]); err != nil {
 		return rec, err
 	}
 	return rec, nil
+}
+
+// bigEndian reads s, at most 8 bytes, as a big-endian unsigned integer.
+func bigEndian(s string) uint64 {
+	var v uint64
+	for i := range len(s) {
+		v = v<<8 | uint64(s[i])
+	}
+	return v
 }

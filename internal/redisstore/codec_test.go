@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/idem-extproc/idem-extproc/internal/idem"
@@ -77,9 +78,11 @@ func TestDecodeResponseRejectsCorruption(t *testing.T) {
 	}
 }
 
-// TestParseCompletedLayout pins the completed record's head to the offsets
-// the Lua scripts read (string.sub is 1-based: fingerprint at 2..33, token
-// 34..49, attempts 50..59, created 60..74).
+// TestParseCompletedLayout pins the completed record's heads to the
+// offsets the Lua scripts read (string.sub and struct.unpack are 1-based:
+// fingerprint at 2..33, token 34..49; then in the compact layout attempts
+// 50..53 and created 54..59, in the decimal one attempts 50..59 and
+// created 60..74).
 func TestParseCompletedLayout(t *testing.T) {
 	var fp idem.Fingerprint
 	var tok idem.Token
@@ -90,23 +93,52 @@ func TestParseCompletedLayout(t *testing.T) {
 		tok[i] = byte(100 + i)
 	}
 	resp := idem.Response{Status: 201, Body: []byte("ok")}
-	v := "c" + string(fp[:]) + string(tok[:]) + "0000000007" + "001700000000123" + string(testEncodeResponse(&resp))
-	rec, err := parseCompleted(v)
-	if err != nil {
-		t.Fatal(err)
+	enc := string(testEncodeResponse(&resp))
+	compact := "d" + string(fp[:]) + string(tok[:]) + "\x00\x00\x01\x07" + "\x01\x8b\xcf\xe5\x68\x7b" + enc
+	decimal := "c" + string(fp[:]) + string(tok[:]) + "0000000263" + "001700000000123" + enc
+	if len(compact) != compactHeadLen+len(enc) || len(decimal) != decimalHeadLen+len(enc) {
+		t.Fatalf("heads of %d and %d bytes", len(compact)-len(enc), len(decimal)-len(enc))
 	}
-	if rec.State != idem.StateCompleted || rec.Fingerprint != fp || rec.Token != tok || rec.Attempts != 7 ||
-		rec.CreatedAt.UnixMilli() != 1700000000123 || rec.Response.Status != 201 || string(rec.Response.Body) != "ok" {
-		t.Fatalf("parsed %+v", rec)
+	for _, v := range []string{compact, decimal} {
+		rec, err := parseCompleted(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rec.State != idem.StateCompleted || rec.Fingerprint != fp || rec.Token != tok || rec.Attempts != 263 ||
+			rec.CreatedAt.UnixMilli() != 1700000000123 || rec.Response.Status != 201 || string(rec.Response.Body) != "ok" {
+			t.Fatalf("%c: parsed %+v", v[0], rec)
+		}
 	}
 	for name, bad := range map[string]string{
-		"short":         v[:completedHeadLen-1],
-		"not completed": "i" + v[1:],
-		"bad attempts":  v[:recordAttemptAt] + "00000000x7" + v[recordCreatedAt:],
-		"bad response":  v[:completedHeadLen],
+		"compact, short":         compact[:compactHeadLen-1],
+		"compact, bad response":  compact[:compactHeadLen],
+		"decimal, short":         decimal[:decimalHeadLen-1],
+		"decimal, bad attempts":  decimal[:recordAttemptAt] + "00000000x7" + decimal[decimalCreatedAt:],
+		"decimal, bad created":   decimal[:decimalCreatedAt] + "0017000000x0123" + decimal[decimalHeadLen:],
+		"decimal, bad response":  decimal[:decimalHeadLen],
+		"unknown layout":         "e" + compact[1:],
+		"in-flight state letter": "i" + decimal[1:],
 	} {
 		if _, err := parseCompleted(bad); err == nil {
 			t.Errorf("%s: parsed", name)
+		}
+	}
+}
+
+// TestCompletedHeadLenByLayout: the response starts where the record's
+// own layout puts it, and a string of neither layout has none.
+func TestCompletedHeadLenByLayout(t *testing.T) {
+	for v, want := range map[string]int{
+		"d" + strings.Repeat("\x00", 58):  59,
+		"d" + strings.Repeat("\x00", 80):  59,
+		"c" + strings.Repeat("0", 73):     74,
+		"c" + strings.Repeat("0", 60):     0,
+		"d" + strings.Repeat("\x00", 57):  0,
+		"x" + strings.Repeat("\x00", 100): 0,
+		"":                                0,
+	} {
+		if got := completedHeadLen(v); got != want {
+			t.Errorf("%q: head of %d bytes, want %d", v, got, want)
 		}
 	}
 }

@@ -250,10 +250,14 @@ func parseReserve(v []any) (idem.ReserveResult, error) {
 		res.Home, _ = v[3].(string)
 	case "completed":
 		rec, _ := v[3].(string)
-		if len(v) != 4 || len(rec) < completedHeadLen {
+		if len(v) != 4 {
 			return idem.ReserveResult{}, fmt.Errorf("completed reply of %d elements", len(v))
 		}
-		resp, err := decodeResponse(rec[completedHeadLen:])
+		n := completedHeadLen(rec)
+		if n == 0 {
+			return idem.ReserveResult{}, fmt.Errorf("completed record of %d bytes: %w", len(rec), errCorrupt)
+		}
+		resp, err := decodeResponse(rec[n:])
 		if err != nil {
 			return idem.ReserveResult{}, err
 		}

@@ -30,8 +30,14 @@
 -- A moved tombstone is a hash: s m, h the region the key moved to, c
 -- created (ms).
 -- A completed record is a string (complete.lua; codec.go gives its
--- layout): "c", fingerprint (32), token (16), attempts (10 digits),
--- created ms (15 digits), then the encoded response.
+-- layouts): "d", fingerprint (32), token (16), attempts (4 bytes
+-- big-endian, stopping at 2^32-1), created ms (6 bytes big-endian), then
+-- the encoded response; or, written before that layout, "c", fingerprint,
+-- token, attempts (10 digits), created ms (15 digits), the response. A
+-- replay counts its attempt in the record's own layout. The binary fields
+-- are read and written with Redis's bundled struct library
+-- (deps/lua/src/lua_struct.c), whose integer sizes are powers of two:
+-- created is ">I2I4", its high 16 and low 32 bits.
 -- Turning a record unknown or taking it over publishes on KEYS[1] for
 -- those waiters.
 
@@ -47,6 +53,14 @@ if redis.call('TYPE', key)['ok'] == 'string' then
   local rec = redis.call('GET', key)
   if string.sub(rec, 2, 33) ~= ARGV[1] then
     return {'mismatch', 0, 0}
+  end
+  if string.byte(rec) == 100 then -- 'd'
+    local attempt, hi, lo = struct.unpack('>I4I2I4', rec, 50)
+    if attempt < 4294967295 then
+      attempt = attempt + 1
+      redis.call('SETRANGE', key, 49, struct.pack('>I4', attempt))
+    end
+    return {'completed', attempt, hi * 4294967296 + lo, rec}
   end
   local attempt = tonumber(string.sub(rec, 50, 59)) + 1
   redis.call('SETRANGE', key, 49, string.format('%010d', attempt))

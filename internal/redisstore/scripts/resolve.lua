@@ -25,10 +25,10 @@ if ARGV[1] == 'release' then
   redis.call('DEL', KEYS[1])
   return 1
 end
-local function pad(v, n)
-  return string.rep('0', n - #v) .. v
-end
 -- The completed record's string, as complete.lua writes it.
-redis.call('SET', KEYS[1], 'c' .. cur[5] .. cur[2] .. pad(cur[3], 10) .. pad(cur[4], 15) .. ARGV[3] .. ARGV[4],
-  'PX', ARGV[2])
+local attempts = math.min(tonumber(cur[3]), 4294967295)
+local created = tonumber(cur[4])
+redis.call('SET', KEYS[1], 'd' .. cur[5] .. cur[2] ..
+  struct.pack('>I4I2I4', attempts, math.floor(created / 4294967296), created % 4294967296) ..
+  ARGV[3] .. ARGV[4], 'PX', ARGV[2])
 return 1

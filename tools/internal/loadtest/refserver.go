@@ -295,7 +295,10 @@ func (c *floorCalls) reserve(ctx context.Context) (bool, int, []byte, error) {
 	// a flags byte, the floor's own fixed headers, and the body
 	// (redisstore's layout).
 	rec := asString(v[3])
-	st, n := binary.Uvarint([]byte(rec[min(len(rec), completedHeadLen):]))
+	if len(rec) < completedHeadLen || rec[0] != completedLayout {
+		return false, 0, nil, fmt.Errorf("floor: a completed record of %d bytes that the floor did not write", len(rec))
+	}
+	st, n := binary.Uvarint([]byte(rec[completedHeadLen:]))
 	at := completedHeadLen + n + 1 + len(f.storedHeaders)
 	if n <= 0 || at > len(rec) {
 		return false, 0, nil, fmt.Errorf("floor: a completed record of %d bytes that the floor did not write", len(rec))
@@ -303,11 +306,15 @@ func (c *floorCalls) reserve(ctx context.Context) (bool, int, []byte, error) {
 	return true, int(st), []byte(rec[at:]), nil
 }
 
-// completedHeadLen is the fixed head of a completed record in
-// redisstore's layout (internal/redisstore/codec.go): the floor reads and
-// writes records as the store's scripts do. TestSmoke's floor replays fail
-// if the layout moves without it.
-const completedHeadLen = 74
+// completedLayout and completedHeadLen are the first byte and the fixed
+// head of a completed record in the layout redisstore's complete.lua
+// writes (internal/redisstore/codec.go): the floor reads only records its
+// own calls to that script wrote. TestSmoke's floor replays fail if the
+// layout moves without them.
+const (
+	completedLayout  = 'd'
+	completedHeadLen = 59
+)
 
 func (c *floorCalls) complete(ctx context.Context, status int, body []byte) error {
 	f := c.f
