@@ -93,12 +93,12 @@ type config struct {
 	reqBody, respBody         int
 	// respFrom names the corpus class whose answer body the upstream
 	// sends instead of respBody filler bytes ("" for the filler).
-	respFrom string
-	redisURL, dir             string
-	serverArgs                []string
-	profileDir                string
-	memoryRecords             int
-	skipMemory, logPipe       bool
+	respFrom            string
+	redisURL, dir       string
+	serverArgs          []string
+	profileDir          string
+	memoryRecords       int
+	skipMemory, logPipe bool
 	// self is this tool's executable, re-run for the servers.
 	self string
 	// The flags' raw text.

@@ -2,8 +2,8 @@ package loadtest
 
 import (
 	"bytes"
-	"encoding/json"
 	"context"
+	"encoding/json"
 	"os"
 	"os/signal"
 	"path/filepath"
