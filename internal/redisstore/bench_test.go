@@ -122,8 +122,9 @@ func processCPU(b *testing.B) time.Duration {
 
 // BenchmarkFirstWriteCorpus: a first write's store calls (reserve, then
 // complete) with the answers of the generated corpus (package corpus),
-// stored as they came or compressed first as the server compresses them,
-// with the built-in dictionary or one trained on the class. cpu-µs/op is
+// stored as they came or compressed first as the server compresses them:
+// with the built-in dictionary in auto and zstd modes, or with one trained
+// on the class. cpu-µs/op is
 // this process's CPU per write (compression and the client), the server's
 // share of the cost; redis-cpu-µs/op redis-server's; stored-bytes/op what
 // the record holds of the answer. From one stream: the figures are CPU,
@@ -137,12 +138,14 @@ func BenchmarkFirstWriteCorpus(b *testing.B) {
 	}
 	for _, c := range corpus.Classes {
 		answers := corpus.New(1).Answers(c, 256)
-		for _, mode := range []string{"uncompressed", "builtin", "trained"} {
+		for _, mode := range []string{"uncompressed", "auto", "zstd", "trained"} {
 			b.Run(string(c)+"/"+mode, func(b *testing.B) {
 				var codec *compress.Codec
 				switch mode {
-				case "builtin":
+				case "auto":
 					codec = benchCodec(b, compress.Options{})
+				case "zstd":
+					codec = benchCodec(b, compress.Options{Mode: compress.Zstd})
 				case "trained":
 					codec = benchCodec(b, compress.Options{Dictionary: benchDictionary(b, c)})
 				}
