@@ -216,9 +216,6 @@ const (
 	// decimalHeadLen is the length of the decimal layout's fixed head.
 	decimalHeadLen   = 74
 	decimalCreatedAt = 59
-
-	// maxCompactAttempts is where the compact layout's count stops.
-	maxCompactAttempts = 1<<32 - 1
 )
 
 // completedHeadLen is the length of the fixed head of the completed
