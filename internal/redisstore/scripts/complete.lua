@@ -12,10 +12,7 @@
 -- Returns 1 when stored (or already stored by this token), 0 when no record
 -- exists, -1 when the token does not hold the record.
 -- The in-flight hash becomes the completed record's string in the compact
--- layout (reserve.lua and codec.go): "d", fingerprint, token, attempts
--- (4 bytes big-endian), created ms (6 bytes big-endian, packed as its high
--- 16 and low 32 bits: the struct library's integer sizes are powers of
--- two), response head, body. That keeps a record with a 1 KiB body near
+-- layout (completed_record, record.lib). That keeps a record with a 1 KiB body near
 -- 1.3 KiB of Redis memory where a hashtable would take twice that. The
 -- token is at offset 33 in both layouts, so a record written in the
 -- decimal layout before ("c") is recognised as this token's all the same.
@@ -36,11 +33,7 @@ end
 if cur[2] ~= ARGV[1] then
   return -1
 end
-local attempts = math.min(tonumber(cur[5]), 4294967295)
-local created = tonumber(cur[6])
-redis.call('SET', key, 'd' .. cur[4] .. cur[2] ..
-  struct.pack('>I4I2I4', attempts, math.floor(created / 4294967296), created % 4294967296) ..
-  ARGV[3] .. ARGV[4], 'PX', ARGV[2])
+redis.call('SET', key, completed_record(cur[4], cur[2], cur[5], cur[6], ARGV[3], ARGV[4]), 'PX', ARGV[2])
 if cur[3] then
   redis.call('PUBLISH', key, 'c')
 end

@@ -16,11 +16,8 @@ if redis.call('TYPE', KEYS[1])['ok'] == 'string' then
   if string.sub(rec, 2, 33) ~= ARGV[1] then
     return {'mismatch', 0, 0}
   end
-  if string.byte(rec) == 100 then -- 'd': the layouts as reserve.lua reads them
-    local attempt, hi, lo = struct.unpack('>I4I2I4', rec, 50)
-    return {'completed', math.min(attempt + 1, 4294967295), hi * 4294967296 + lo, rec}
-  end
-  return {'completed', tonumber(string.sub(rec, 50, 59)) + 1, tonumber(string.sub(rec, 60, 74)), rec}
+  local attempt, created = replay_counts(rec)
+  return {'completed', attempt, created, rec}
 end
 local cur = redis.call('HMGET', KEYS[1], 's', 'f', 'l', 'a', 'c')
 local state = cur[1]

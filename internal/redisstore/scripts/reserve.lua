@@ -29,15 +29,9 @@
 -- (ms), w set while a duplicate waits for the record to settle (watch.lua).
 -- A moved tombstone is a hash: s m, h the region the key moved to, c
 -- created (ms).
--- A completed record is a string (complete.lua; codec.go gives its
--- layouts): "d", fingerprint (32), token (16), attempts (4 bytes
--- big-endian, stopping at 2^32-1), created ms (6 bytes big-endian), then
--- the encoded response; or, written before that layout, "c", fingerprint,
--- token, attempts (10 digits), created ms (15 digits), the response. A
--- replay counts its attempt in the record's own layout. The binary fields
--- are read and written with Redis's bundled struct library
--- (deps/lua/src/lua_struct.c), whose integer sizes are powers of two:
--- created is ">I2I4", its high 16 and low 32 bits.
+-- A completed record is a string (complete.lua; record.lib and codec.go
+-- give its two layouts); a replay counts its attempt in the record's own
+-- layout (replay_counts).
 -- Turning a record unknown or taking it over publishes on KEYS[1] for
 -- those waiters.
 
@@ -54,17 +48,11 @@ if redis.call('TYPE', key)['ok'] == 'string' then
   if string.sub(rec, 2, 33) ~= ARGV[1] then
     return {'mismatch', 0, 0}
   end
-  if string.byte(rec) == 100 then -- 'd'
-    local attempt, hi, lo = struct.unpack('>I4I2I4', rec, 50)
-    if attempt < 4294967295 then
-      attempt = attempt + 1
-      redis.call('SETRANGE', key, 49, struct.pack('>I4', attempt))
-    end
-    return {'completed', attempt, hi * 4294967296 + lo, rec}
+  local attempt, created, field = replay_counts(rec)
+  if field then
+    redis.call('SETRANGE', key, 49, field)
   end
-  local attempt = tonumber(string.sub(rec, 50, 59)) + 1
-  redis.call('SETRANGE', key, 49, string.format('%010d', attempt))
-  return {'completed', attempt, tonumber(string.sub(rec, 60, 74)), rec}
+  return {'completed', attempt, created, rec}
 end
 
 local cur = redis.call('HMGET', key, 's', 'f', 't', 'l', 'a', 'c', 'w', 'h')

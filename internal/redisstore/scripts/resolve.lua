@@ -26,9 +26,5 @@ if ARGV[1] == 'release' then
   return 1
 end
 -- The completed record's string, as complete.lua writes it.
-local attempts = math.min(tonumber(cur[3]), 4294967295)
-local created = tonumber(cur[4])
-redis.call('SET', KEYS[1], 'd' .. cur[5] .. cur[2] ..
-  struct.pack('>I4I2I4', attempts, math.floor(created / 4294967296), created % 4294967296) ..
-  ARGV[3] .. ARGV[4], 'PX', ARGV[2])
+redis.call('SET', KEYS[1], completed_record(cur[5], cur[2], cur[3], cur[4], ARGV[3], ARGV[4]), 'PX', ARGV[2])
 return 1
