@@ -62,6 +62,8 @@ func New(seed uint64) *Generator {
 func (g *Generator) Answer(c Class) idem.Response {
 	g.seq++
 	switch c {
+	case Order:
+		return g.order()
 	case List:
 		return g.list(ListItems)
 	case Error:
