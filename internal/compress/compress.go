@@ -34,8 +34,10 @@
 // server's CPU. So Auto, the default, makes S2 blocks below AutoZstdFrom,
 // where that fixed cost is most of the work and S2's frames are a tenth
 // larger, and zstd frames from there on, where zstd's frames are a third
-// smaller; a trained dictionary is a zstd dictionary, and a policy that
-// names one has every answer compressed with it.
+// smaller; below AutoZstdFrom too, an answer S2 finds little to repeat in
+// is made a zstd frame as well and the smaller kept (autoRetryNum). A
+// trained dictionary is a zstd dictionary, and a policy that names one
+// has every answer compressed with it.
 package compress
 
 import (
@@ -69,7 +71,9 @@ type Mode uint8
 const (
 	// Auto makes S2 blocks of responses below AutoZstdFrom and zstd
 	// frames of the others; with a trained dictionary, zstd frames of
-	// every response.
+	// every response. An S2 block that keeps more than the share
+	// autoRetry* of its response is made a zstd frame too, and the
+	// smaller is kept.
 	Auto Mode = iota
 	// Zstd makes zstd frames of every response: the smallest records, at
 	// several times S2's CPU.
@@ -87,6 +91,21 @@ const (
 // to 1.38 times at 0.42 (BenchmarkCompress): below a few KiB zstd's fixed
 // cost is most of its work and its frames are barely smaller.
 const AutoZstdFrom = 4 << 10
+
+// An S2 block larger than autoRetryNum/autoRetryDen of its response's
+// contents found little to repeat: what it holds is mostly literals, one
+// byte each (S2 has no entropy coding), which zstd's Huffman and FSE
+// stages code in fewer bits, so Auto makes the zstd frame as well and
+// keeps the smaller. On package corpus no object or list block is above
+// it (objects come to 0.53 of their contents, lists 0.30) and no error
+// (0.59); on the orders of another API's style (corpus.Order, whose words
+// the built-in dictionary was not written for) every one is, at 0.73, and
+// zstd takes them to 0.58 (TestAutoRetriesWithZstd; docs/performance.md,
+// "Memory per stored answer"). Only such answers pay both encoders.
+const (
+	autoRetryNum = 13
+	autoRetryDen = 20
+)
 
 // zstdMagic starts every zstd frame (RFC 8878 §3.1.1, Magic_Number
 // 0xFD2FB528, little-endian).
@@ -244,12 +263,12 @@ func (c *Codec) Compress(r idem.Response) idem.Response {
 	plain := idem.AppendContents((*bp)[:0], &r)
 	var frame []byte
 	if c.usesS2(n) {
-		// S2 writes its block whole into a buffer of its worst case; the
-		// record keeps a copy of the size it came to.
-		sp := c.buffer()
-		block := c.words.Encode((*sp)[:cap(*sp)], plain)
-		frame = append(append(make([]byte, 0, 1+len(block)), formatS2Builtin), block...)
-		c.release(sp, block)
+		frame = c.s2Frame(plain)
+		if c.mode == Auto && len(frame)*autoRetryDen > n*autoRetryNum {
+			if z := c.zstdFrame(plain, n); z != nil && len(z) < len(frame) {
+				frame = z
+			}
+		}
 	} else {
 		frame = c.zstdFrame(plain, n)
 	}
@@ -289,6 +308,17 @@ func (c *Codec) usesS2(n int) bool {
 		return n < AutoZstdFrom && c.active.id == BuiltinID
 	}
 	return false
+}
+
+// s2Frame is plain as format 3.
+func (c *Codec) s2Frame(plain []byte) []byte {
+	// S2 writes its block whole into a buffer of its worst case; the
+	// record keeps a copy of the size it came to.
+	sp := c.buffer()
+	block := c.words.Encode((*sp)[:cap(*sp)], plain)
+	frame := append(append(make([]byte, 0, 1+len(block)), formatS2Builtin), block...)
+	c.release(sp, block)
+	return frame
 }
 
 // zstdFrame is plain as format 2, or nil when the encoder did not write a

@@ -16,13 +16,14 @@ import (
 
 // TestCompressedAnswersReplayByteIdentical: answers of every class of the
 // generated corpus, from 230 bytes to 60 KiB, go through Envoy's
-// ext_proc conversation and Redis compressed (the default policy), and a
-// retry gets back the very status, headers and body of the first answer;
-// the upstream ran each operation once.
+// ext_proc conversation and Redis compressed (the default policy: S2
+// blocks, zstd frames of the lists and of the orders S2 finds little to
+// repeat in), and a retry gets back the very status, headers and body of
+// the first answer; the upstream ran each operation once.
 func TestCompressedAnswersReplayByteIdentical(t *testing.T) {
 	gen := corpus.New(21)
 	var answers []idem.Response
-	for _, c := range corpus.Classes {
+	for _, c := range corpus.Measured {
 		answers = append(answers, gen.Answers(c, 3)...)
 	}
 	var effects atomic.Int32
@@ -41,6 +42,7 @@ func TestCompressedAnswersReplayByteIdentical(t *testing.T) {
 		_, _ = w.Write(a.Body)
 	})
 	env := harness.Start(t, harness.Options{UpstreamHandler: handler})
+	formats := map[string]int{}
 	for i, want := range answers {
 		key := "answer-" + strconv.Itoa(i)
 		first := env.Post("/v1/payment_intents", key, `{"amount":1999}`, "x-answer", strconv.Itoa(i))
@@ -63,6 +65,7 @@ func TestCompressedAnswersReplayByteIdentical(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		formats[string(rec.Response.Body[:1])]++
 		if !rec.Response.Compressed || len(rec.Response.Body) >= len(want.Body) {
 			t.Fatalf("answer %d: stored compressed=%v, %d bytes for a %d-byte body", i, rec.Response.Compressed,
 				len(rec.Response.Body), len(want.Body))
@@ -70,5 +73,9 @@ func TestCompressedAnswersReplayByteIdentical(t *testing.T) {
 	}
 	if n := effects.Load(); int(n) != len(answers) {
 		t.Fatalf("the upstream ran %d operations for %d keys", n, len(answers))
+	}
+	// Both kinds of frame went through: format 2 (zstd), format 3 (S2).
+	if formats["\x02"] == 0 || formats["\x03"] == 0 {
+		t.Fatalf("stored frames by format byte: %v, want zstd (2) and S2 (3) frames", formats)
 	}
 }
