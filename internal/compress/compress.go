@@ -207,13 +207,19 @@ func New(o Options) (*Codec, error) {
 	return c, nil
 }
 
-func (c *Codec) build() (*zstd.Encoder, *zstd.Decoder, error) {
-	enc, err := zstd.NewWriter(nil,
+// encoderOptions are the settings every zstd frame is made with, by d.
+func encoderOptions(d *Dictionary) []zstd.EOption {
+	return []zstd.EOption{
 		zstd.WithEncoderLevel(zstd.SpeedFastest),
 		zstd.WithEncoderCRC(false), // the seal authenticates; a plain record has no checksum either
 		zstd.WithSingleSegment(true),
 		zstd.WithLowerEncoderMem(true),
-		c.active.encoderOption())
+		d.encoderOption(),
+	}
+}
+
+func (c *Codec) build() (*zstd.Encoder, *zstd.Decoder, error) {
+	enc, err := zstd.NewWriter(nil, encoderOptions(c.active)...)
 	if err != nil {
 		return nil, nil, fmt.Errorf("compress: %w", err)
 	}

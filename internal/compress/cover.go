@@ -1,0 +1,146 @@
+package compress
+
+import (
+	"encoding/binary"
+)
+
+// A dictionary's content is chosen by COVER (Liao, Petri, Moffat and
+// Wirth, "Effective Construction of Relative Lempel-Ziv Dictionaries",
+// WWW 2016), the algorithm of zstd's own trainer (`zstd --train`;
+// facebook/zstd, lib/dictBuilder/cover.c at 020b960, COVER_group,
+// COVER_selectSegment and COVER_buildDictionary: one epoch per k bytes of
+// the dictionary, visited in turn). The samples are cut into epochs, and each
+// epoch gives in turn the segment of k bytes whose d-byte substrings
+// (dmers) are worth the most: a dmer is worth the number of samples it
+// occurs in (a dictionary helps only a sample's first use of it: zstd
+// finds the later ones in the sample itself), and nothing once a chosen
+// segment holds it. The segments fill the dictionary from its end, where
+// zstd reaches them at the shortest offsets, until it is full or no
+// segment is worth anything (there, cover.c at that commit still copies
+// d-1 bytes of an empty segment and goes on; this stops).
+//
+// On package corpus it takes a 1.4 KiB payment-intent answer to about
+// 305 bytes where the hashed-substring builder of
+// github.com/klauspost/compress/dict took it to 425
+// (TestTrainedDictionaryCompresses; docs/performance.md, "Memory per
+// stored answer").
+
+// coverParams are a segment size k and a dmer size d to try.
+type coverParams struct{ k, d int }
+
+// coverTrials are the parameters Train tries, keeping those whose
+// dictionary compresses a quarter of the samples, left out of its
+// training, the smallest (as zstd's trainer searches d of 6 and 8 and k
+// up to 2048: cover.c, COVER_optimizeTrainFromBuffer). On the corpus the
+// best k is 1024 or 2048 for every class, by 1 % over 256.
+var coverTrials = [...]coverParams{{256, 8}, {1024, 8}, {2048, 8}, {256, 6}, {1024, 6}, {2048, 6}}
+
+// coverDefault are the parameters Train uses without a trial, when the
+// samples are too few to leave a quarter out.
+var coverDefault = coverParams{1024, 8}
+
+// coverContent returns at most size bytes of dictionary content chosen
+// from samples by COVER with p, the most valuable segments last.
+func coverContent(samples [][]byte, size int, p coverParams) []byte {
+	var all []byte
+	ends := make([]int, len(samples)) // each sample's end in all
+	for i, s := range samples {
+		all = append(all, s...)
+		ends[i] = len(all)
+	}
+	// A dmer is read as 8 bytes, of which its d are kept, so positions
+	// stop 8 bytes before the end.
+	positions := len(all) - 7
+	if positions <= 0 || p.d > 8 || p.k < p.d {
+		return nil
+	}
+	mask := ^uint64(0) >> (64 - 8*p.d)
+
+	// Every dmer gets an id; dmerAt is the id of the dmer at each position,
+	// freq what each id is worth: the samples it occurs in.
+	ids := make(map[uint64]uint32)
+	dmerAt := make([]uint32, positions)
+	var freq []uint32
+	var lastSample []int32
+	sample := 0
+	for pos := range positions {
+		for pos >= ends[sample] {
+			sample++
+		}
+		dmer := binary.LittleEndian.Uint64(all[pos:]) & mask
+		id, seen := ids[dmer]
+		if !seen {
+			id = uint32(len(freq))
+			ids[dmer] = id
+			freq = append(freq, 0)
+			lastSample = append(lastSample, -1)
+		}
+		dmerAt[pos] = id
+		if lastSample[id] != int32(sample) {
+			lastSample[id] = int32(sample)
+			freq[id]++
+		}
+	}
+
+	dict := make([]byte, size)
+	tail := size
+	epochs := max(1, min(size/p.k, positions))
+	epochSize := positions / epochs
+	inWindow := make([]uint32, len(freq)) // occurrences of each dmer in the window
+	for epoch := 0; tail > 0; epoch = (epoch + 1) % epochs {
+		begin, end, ok := bestSegment(dmerAt, freq, inWindow, epoch*epochSize, (epoch+1)*epochSize, p)
+		if !ok {
+			break
+		}
+		// The segment's dmers are in the dictionary: worth nothing now.
+		for pos := begin; pos < end; pos++ {
+			freq[dmerAt[pos]] = 0
+		}
+		n := min(end-begin+p.d-1, tail) // the segment's bytes: its last dmer's run to its end
+		tail -= n
+		copy(dict[tail:], all[begin:begin+n])
+	}
+	return dict[tail:]
+}
+
+// bestSegment slides a window of k bytes (k-d+1 dmers) over the positions
+// from begin to end and returns the window worth the most, less the
+// positions at either end whose dmers are worth nothing; ok is false when
+// no window is worth anything. inWindow is all zeros on entry and on
+// return.
+func bestSegment(dmerAt, freq, inWindow []uint32, begin, end int, p coverParams) (segBegin, segEnd int, ok bool) {
+	dmers := p.k - p.d + 1
+	var worth, best uint64
+	lo, hi := begin, begin
+	for hi < end {
+		id := dmerAt[hi]
+		if inWindow[id] == 0 {
+			worth += uint64(freq[id])
+		}
+		inWindow[id]++
+		hi++
+		if hi-lo > dmers {
+			id := dmerAt[lo]
+			lo++
+			if inWindow[id]--; inWindow[id] == 0 {
+				worth -= uint64(freq[id])
+			}
+		}
+		if worth > best {
+			best, segBegin, segEnd = worth, lo, hi
+		}
+	}
+	for pos := lo; pos < hi; pos++ {
+		inWindow[dmerAt[pos]] = 0
+	}
+	if best == 0 {
+		return 0, 0, false
+	}
+	for segBegin < segEnd && freq[dmerAt[segBegin]] == 0 {
+		segBegin++
+	}
+	for segEnd > segBegin && freq[dmerAt[segEnd-1]] == 0 {
+		segEnd--
+	}
+	return segBegin, segEnd, true
+}
