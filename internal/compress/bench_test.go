@@ -1,6 +1,8 @@
 package compress
 
 import (
+	"encoding/binary"
+	"strings"
 	"testing"
 
 	"github.com/idem-extproc/idem-extproc/internal/corpus"
@@ -65,4 +67,34 @@ func benchCodec(b *testing.B, c corpus.Class, mode string) *Codec {
 		return newCodec(b, Options{Mode: S2})
 	}
 	return newCodec(b, Options{})
+}
+
+// BenchmarkDecodeS2Dict: the server's decoder of S2 blocks against
+// s2.Dict.Decode, on an object answer's block and on the block of a 1 KiB
+// run of one byte (the load tool's filler), whose copies overlap.
+func BenchmarkDecodeS2Dict(b *testing.B) {
+	c := newCodec(b, Options{Mode: S2})
+	object := corpus.New(1).Answer(corpus.Object)
+	for name, plain := range map[string][]byte{
+		"object": idem.AppendContents(nil, &object),
+		"run":    []byte(`{"id":"` + strings.Repeat("x", 1015) + `"}`),
+	} {
+		block := c.words.Encode(nil, plain)
+		_, head := binary.Uvarint(block)
+		dst := make([]byte, len(plain))
+		b.Run(name+"/server", func(b *testing.B) {
+			for b.Loop() {
+				if !decodeS2Dict(dst, block[head:], c.wordsDict, c.wordsRepeat) {
+					b.Fatal("refused")
+				}
+			}
+		})
+		b.Run(name+"/s2", func(b *testing.B) {
+			for b.Loop() {
+				if _, err := c.words.Decode(dst, block); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
 }
