@@ -33,11 +33,19 @@ func same(a, b idem.Response) bool {
 		slices.Equal(a.Headers, b.Headers)
 }
 
+// trainedDict trains a dictionary on up to 300 answers of class c, and no
+// more than 1 MiB of them (a few dozen lists): enough for the round trips
+// and benchmarks that use it, in a fraction of the time under -race.
 func trainedDict(t testing.TB, c corpus.Class, id uint32) *Dictionary {
 	t.Helper()
 	var samples [][]byte
+	total := 0
 	for _, r := range corpus.New(uint64(id)).Answers(c, 300) {
-		samples = append(samples, idem.AppendContents(nil, &r))
+		s := idem.AppendContents(nil, &r)
+		if total += len(s); total > 1<<20 && len(samples) >= 32 {
+			break
+		}
+		samples = append(samples, s)
 	}
 	raw, err := Train(samples, id, 16<<10)
 	if err != nil {

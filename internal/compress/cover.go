@@ -2,6 +2,7 @@ package compress
 
 import (
 	"encoding/binary"
+	"math/bits"
 )
 
 // A dictionary's content is chosen by COVER (Liao, Petri, Moffat and
@@ -42,6 +43,27 @@ var coverDefault = coverParams{1024, 8}
 // coverContent returns at most size bytes of dictionary content chosen
 // from samples by COVER with p, the most valuable segments last.
 func coverContent(samples [][]byte, size int, p coverParams) []byte {
+	x := newDmerIndex(samples, p.d)
+	if x == nil {
+		return nil
+	}
+	return x.content(size, p.k)
+}
+
+// dmerIndex is what COVER knows of samples for one dmer size: their bytes
+// end to end, the id of the dmer at each position, and what each id is
+// worth, the samples it occurs in. Trials of several segment sizes share
+// it.
+type dmerIndex struct {
+	all    []byte
+	d      int
+	dmerAt []uint32
+	freq   []uint32
+}
+
+// newDmerIndex indexes the dmers of d bytes of samples, or returns nil when
+// they are too short or d is not 1 to 8.
+func newDmerIndex(samples [][]byte, d int) *dmerIndex {
 	var all []byte
 	ends := make([]int, len(samples)) // each sample's end in all
 	for i, s := range samples {
@@ -51,56 +73,116 @@ func coverContent(samples [][]byte, size int, p coverParams) []byte {
 	// A dmer is read as 8 bytes, of which its d are kept, so positions
 	// stop 8 bytes before the end.
 	positions := len(all) - 7
-	if positions <= 0 || p.d > 8 || p.k < p.d {
+	if positions <= 0 || d < 1 || d > 8 {
 		return nil
 	}
-	mask := ^uint64(0) >> (64 - 8*p.d)
-
-	// Every dmer gets an id; dmerAt is the id of the dmer at each position,
-	// freq what each id is worth: the samples it occurs in.
-	ids := make(map[uint64]uint32)
-	dmerAt := make([]uint32, positions)
-	var freq []uint32
+	mask := ^uint64(0) >> (64 - 8*d)
+	x := &dmerIndex{all: all, d: d, dmerAt: make([]uint32, positions)}
+	ids := newDmerIDs(positions)
 	var lastSample []int32
 	sample := 0
 	for pos := range positions {
 		for pos >= ends[sample] {
 			sample++
 		}
-		dmer := binary.LittleEndian.Uint64(all[pos:]) & mask
-		id, seen := ids[dmer]
+		id, seen := ids.id(binary.LittleEndian.Uint64(all[pos:])&mask, uint32(len(x.freq)))
 		if !seen {
-			id = uint32(len(freq))
-			ids[dmer] = id
-			freq = append(freq, 0)
+			x.freq = append(x.freq, 0)
 			lastSample = append(lastSample, -1)
 		}
-		dmerAt[pos] = id
+		x.dmerAt[pos] = id
 		if lastSample[id] != int32(sample) {
 			lastSample[id] = int32(sample)
-			freq[id]++
+			x.freq[id]++
 		}
 	}
+	return x
+}
 
+// content returns at most size bytes of dictionary content chosen with
+// segments of k bytes, the most valuable last.
+func (x *dmerIndex) content(size, k int) []byte {
+	p := coverParams{k: k, d: x.d}
+	if k < x.d {
+		return nil
+	}
+	freq := append([]uint32(nil), x.freq...) // chosen segments zero their dmers
+	positions := len(x.dmerAt)
 	dict := make([]byte, size)
 	tail := size
-	epochs := max(1, min(size/p.k, positions))
+	epochs := max(1, min(size/k, positions))
 	epochSize := positions / epochs
 	inWindow := make([]uint32, len(freq)) // occurrences of each dmer in the window
 	for epoch := 0; tail > 0; epoch = (epoch + 1) % epochs {
-		begin, end, ok := bestSegment(dmerAt, freq, inWindow, epoch*epochSize, (epoch+1)*epochSize, p)
+		begin, end, ok := bestSegment(x.dmerAt, freq, inWindow, epoch*epochSize, (epoch+1)*epochSize, p)
 		if !ok {
 			break
 		}
 		// The segment's dmers are in the dictionary: worth nothing now.
 		for pos := begin; pos < end; pos++ {
-			freq[dmerAt[pos]] = 0
+			freq[x.dmerAt[pos]] = 0
 		}
-		n := min(end-begin+p.d-1, tail) // the segment's bytes: its last dmer's run to its end
+		n := min(end-begin+x.d-1, tail) // the segment's bytes: its last dmer's run to its end
 		tail -= n
-		copy(dict[tail:], all[begin:begin+n])
+		copy(dict[tail:], x.all[begin:begin+n])
 	}
 	return dict[tail:]
+}
+
+// dmerIDs numbers dmers in the order they are first seen: an open
+// addressing table, several times faster than a map over the millions of
+// positions of a few hundred list answers.
+type dmerIDs struct {
+	keys  []uint64
+	ids   []uint32 // id+1; 0 is an empty slot
+	count int
+	shift uint
+}
+
+func newDmerIDs(hint int) *dmerIDs {
+	t := &dmerIDs{}
+	t.resize(max(1024, hint/4))
+	return t
+}
+
+func (t *dmerIDs) resize(atLeast int) {
+	size := 1 << bits.Len(uint(2*atLeast-1)) // a power of two, at most half full
+	keys, ids := t.keys, t.ids
+	t.keys, t.ids, t.shift = make([]uint64, size), make([]uint32, size), uint(64-bits.Len(uint(size-1)))
+	for i, id := range ids {
+		if id != 0 {
+			t.place(keys[i], id)
+		}
+	}
+}
+
+func (t *dmerIDs) slot(key uint64) int { return int((key * 0x9e3779b97f4a7c15) >> t.shift) }
+
+func (t *dmerIDs) place(key uint64, id uint32) {
+	mask := len(t.keys) - 1
+	for i := t.slot(key); ; i = (i + 1) & mask {
+		if t.ids[i] == 0 {
+			t.keys[i], t.ids[i] = key, id
+			return
+		}
+	}
+}
+
+// id returns key's id, giving it next when it has none yet (seen false).
+func (t *dmerIDs) id(key uint64, next uint32) (id uint32, seen bool) {
+	mask := len(t.keys) - 1
+	for i := t.slot(key); ; i = (i + 1) & mask {
+		switch {
+		case t.ids[i] == 0:
+			t.keys[i], t.ids[i] = key, next+1
+			if t.count++; 2*t.count > len(t.keys) {
+				t.resize(len(t.keys))
+			}
+			return next, false
+		case t.keys[i] == key:
+			return t.ids[i] - 1, true
+		}
+	}
 }
 
 // bestSegment slides a window of k bytes (k-d+1 dmers) over the positions

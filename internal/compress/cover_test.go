@@ -58,11 +58,15 @@ func TestTrainedDictionaryCompresses(t *testing.T) {
 		for _, s := range measured {
 			plain += len(s)
 		}
-		ours, err := compressedSize(raw, measured)
+		old, err := ParseDictionary("dict builder", before)
 		if err != nil {
 			t.Fatal(err)
 		}
-		theirs, err := compressedSize(before, measured)
+		ours, err := compressedSize(d, measured)
+		if err != nil {
+			t.Fatal(err)
+		}
+		theirs, err := compressedSize(old, measured)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -82,8 +82,10 @@ func ParseDictionary(source string, b []byte) (*Dictionary, error) {
 // to the policy's dictionaries: rotating a dictionary means a new id.
 //
 // Its content is chosen by COVER (cover.go) with the parameters, of
-// coverTrials, whose dictionary trained on three quarters of the samples
-// compresses the other quarter the smallest; its entropy tables are
+// coverTrials, whose content chosen from three quarters of the samples
+// compresses the other quarter the smallest (as a raw dictionary: the
+// entropy tables, built once for the parameters kept, would cost each
+// trial more than choosing its content); its entropy tables are
 // github.com/klauspost/compress/zstd's (BuildDict), for zstd's fastest
 // level, the one the server compresses at.
 func Train(samples [][]byte, id uint32, maxSize int) ([]byte, error) {
@@ -115,17 +117,27 @@ func Train(samples [][]byte, id uint32, maxSize int) ([]byte, error) {
 			}
 		}
 		best := -1
+		indexes := map[int]*dmerIndex{} // by dmer size, shared by the trials
 		for _, t := range coverTrials {
-			raw, err := buildDictionary(train, id, maxSize, t)
-			if err != nil {
+			x, ok := indexes[t.d]
+			if !ok {
+				x = newDmerIndex(train, t.d)
+				indexes[t.d] = x
+			}
+			if x == nil {
+				continue
+			}
+			content := x.content(maxSize, t.k)
+			if len(content) < 8 {
 				continue // these parameters find nothing worth keeping; another may
 			}
-			if n, err := compressedSize(raw, held); err == nil && (best < 0 || n < best) {
+			trial := &Dictionary{id: id, raw: content, isRaw: true, source: "trial"}
+			if n, err := compressedSize(trial, held); err == nil && (best < 0 || n < best) {
 				best, p = n, t
 			}
 		}
 	}
-	return buildDictionary(samples, id, maxSize, p)
+	return buildDictionary(samples, coverContent(samples, maxSize, p), id, maxSize)
 }
 
 // minTrialSamples is the fewest samples Train tries parameters on: a
@@ -137,13 +149,12 @@ const minTrialSamples = 32
 const maxTrainingBytes = 256 << 20
 
 // buildDictionary makes a dictionary of at most maxSize bytes in zstd's
-// format: COVER's content with p, and the entropy tables and repeat
+// format: content (COVER's), and the entropy tables and repeat
 // offsets zstd's dictionary format holds (RFC 8878 §5; the offsets are
 // the 1, 4 and 8 every frame starts from, §3.1.2.5). When the tables push
 // it past maxSize, the content loses as many bytes from its front, where
 // its least valuable segments are.
-func buildDictionary(samples [][]byte, id uint32, maxSize int, p coverParams) ([]byte, error) {
-	content := coverContent(samples, maxSize, p)
+func buildDictionary(samples [][]byte, content []byte, id uint32, maxSize int) ([]byte, error) {
 	for {
 		if len(content) < 8 {
 			return nil, errors.New("compress: the samples repeat too little to make a dictionary of; give more, or larger, answers")
@@ -161,12 +172,8 @@ func buildDictionary(samples [][]byte, id uint32, maxSize int, p coverParams) ([
 }
 
 // compressedSize is the bytes the server's encoder makes of samples with
-// the dictionary raw.
-func compressedSize(raw []byte, samples [][]byte) (int, error) {
-	d, err := ParseDictionary("trial", raw)
-	if err != nil {
-		return 0, err
-	}
+// the dictionary d.
+func compressedSize(d *Dictionary, samples [][]byte) (int, error) {
 	enc, err := zstd.NewWriter(nil, encoderOptions(d)...)
 	if err != nil {
 		return 0, err
