@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -70,6 +71,12 @@ type batcher struct {
 	mu      sync.Mutex
 	pending []*scriptCall
 	busy    int // slots taken: calls running on their own and batches in flight
+
+	// sent counts the calls of batches handed to Redis: past that point a
+	// caller that leaves no longer holds its call back. The tests wait on
+	// it; a queue just emptied is not yet there (exec drops the calls
+	// whose callers left first).
+	sent atomic.Int64
 }
 
 // scriptCall is one EVALSHA of a script on one key, and its reply.
@@ -161,6 +168,7 @@ func (b *batcher) exec(batch []*scriptCall) {
 	if len(live) == 0 {
 		return
 	}
+	b.sent.Add(int64(len(live)))
 	if deadline.IsZero() {
 		deadline = time.Now().Add(b.callTimeout)
 	}

@@ -180,8 +180,13 @@ func TestShortDeadlineInBatchBehindHungRedis(t *testing.T) {
 	longDone := reserve(ctx, long)
 	inBatchDone := reserve(bctx, inBatch)
 	waitBatching(redisstore.MaxBatches, 3) // the call that left is still queued
+	sent := redisstore.BatchedCalls(s)
 	wantErr("slot 0", slot0, context.DeadlineExceeded)
 	waitBatching(redisstore.MaxBatches, 0) // the queue left as a batch
+	// ...and was handed to Redis (the call that left dropped from it), not
+	// only taken off the queue: a caller leaving before that holds its
+	// call back, as part 1 shows.
+	testwait.Until(t, "the batch of two handed to Redis", func() bool { return redisstore.BatchedCalls(s) == sent+2 })
 	bcancel()
 	wantErr("call that left its batch", inBatchDone, context.Canceled)
 	for _, ch := range append(slots, longDone) {

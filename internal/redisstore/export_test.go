@@ -15,6 +15,10 @@ func Batching(s *Store) (busy, queued int) {
 	return b.busy, len(b.pending)
 }
 
+// BatchedCalls is how many calls of batches a single-primary store has
+// handed to Redis.
+func BatchedCalls(s *Store) int64 { return s.batch.one.sent.Load() }
+
 // MaxBatches is DefaultBatchSlots, for tests that fill every slot.
 const MaxBatches = DefaultBatchSlots
 
