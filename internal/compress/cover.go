@@ -29,12 +29,16 @@ import (
 // coverParams are a segment size k and a dmer size d to try.
 type coverParams struct{ k, d int }
 
-// coverTrials are the parameters Train tries, keeping those whose
-// dictionary compresses a quarter of the samples, left out of its
-// training, the smallest (as zstd's trainer searches d of 6 and 8 and k
-// up to 2048: cover.c, COVER_optimizeTrainFromBuffer). On the corpus the
-// best k is 1024 or 2048 for every class, by 1 % over 256.
-var coverTrials = [...]coverParams{{256, 8}, {1024, 8}, {2048, 8}, {256, 6}, {1024, 6}, {2048, 6}}
+// coverDs and coverKs are the dmer and segment sizes Train tries, every
+// pair of them, keeping the pair whose content compresses a quarter of the
+// samples, left out of its training, the smallest (as zstd's trainer
+// searches d of 6 and 8 and k up to 2048: cover.c,
+// COVER_optimizeTrainFromBuffer). On the corpus the best k is 1024 or 2048
+// for every class, by 1 % over 256.
+var (
+	coverDs = [...]int{8, 6}
+	coverKs = [...]int{256, 1024, 2048}
+)
 
 // coverDefault are the parameters Train uses without a trial, when the
 // samples are too few to leave a quarter out.
@@ -102,7 +106,6 @@ func newDmerIndex(samples [][]byte, d int) *dmerIndex {
 // content returns at most size bytes of dictionary content chosen with
 // segments of k bytes, the most valuable last.
 func (x *dmerIndex) content(size, k int) []byte {
-	p := coverParams{k: k, d: x.d}
 	if k < x.d {
 		return nil
 	}
@@ -114,7 +117,7 @@ func (x *dmerIndex) content(size, k int) []byte {
 	epochSize := positions / epochs
 	inWindow := make([]uint32, len(freq)) // occurrences of each dmer in the window
 	for epoch := 0; tail > 0; epoch = (epoch + 1) % epochs {
-		begin, end, ok := bestSegment(x.dmerAt, freq, inWindow, epoch*epochSize, (epoch+1)*epochSize, p)
+		begin, end, ok := bestSegment(x.dmerAt, freq, inWindow, epoch*epochSize, (epoch+1)*epochSize, k-x.d+1)
 		if !ok {
 			break
 		}
@@ -185,13 +188,12 @@ func (t *dmerIDs) id(key uint64, next uint32) (id uint32, seen bool) {
 	}
 }
 
-// bestSegment slides a window of k bytes (k-d+1 dmers) over the positions
-// from begin to end and returns the window worth the most, less the
-// positions at either end whose dmers are worth nothing; ok is false when
-// no window is worth anything. inWindow is all zeros on entry and on
-// return.
-func bestSegment(dmerAt, freq, inWindow []uint32, begin, end int, p coverParams) (segBegin, segEnd int, ok bool) {
-	dmers := p.k - p.d + 1
+// bestSegment slides a window of dmers positions (a segment of k bytes
+// holds k-d+1 dmers) over the positions from begin to end and returns the
+// window worth the most, less the positions at either end whose dmers are
+// worth nothing; ok is false when no window is worth anything. inWindow is
+// all zeros on entry and on return.
+func bestSegment(dmerAt, freq, inWindow []uint32, begin, end, dmers int) (segBegin, segEnd int, ok bool) {
 	var worth, best uint64
 	lo, hi := begin, begin
 	for hi < end {

@@ -94,16 +94,19 @@ func TestCoverContent(t *testing.T) {
 		}
 		samples = append(samples, []byte(string(noise)+shared+string(noise[:16])))
 	}
-	for _, p := range coverTrials {
-		content := coverContent(samples, 1024, p)
-		if len(content) == 0 || len(content) > 1024 {
-			t.Fatalf("%+v: %d bytes of content, want 1 to 1024", p, len(content))
-		}
-		if !bytes.Contains(content[len(content)-256:], []byte(shared[8:40])) {
-			t.Errorf("%+v: the shared string is not near the end of the content: %q", p, content)
-		}
-		if again := coverContent(samples, 1024, p); !bytes.Equal(again, content) {
-			t.Errorf("%+v: two runs chose different content", p)
+	for _, d := range coverDs {
+		for _, k := range coverKs {
+			p := coverParams{k: k, d: d}
+			content := coverContent(samples, 1024, p)
+			if len(content) == 0 || len(content) > 1024 {
+				t.Fatalf("%+v: %d bytes of content, want 1 to 1024", p, len(content))
+			}
+			if !bytes.Contains(content[len(content)-256:], []byte(shared[8:40])) {
+				t.Errorf("%+v: the shared string is not near the end of the content: %q", p, content)
+			}
+			if again := coverContent(samples, 1024, p); !bytes.Equal(again, content) {
+				t.Errorf("%+v: two runs chose different content", p)
+			}
 		}
 	}
 	if c := coverContent([][]byte{[]byte("short")}, 1024, coverDefault); c != nil {

@@ -81,11 +81,9 @@ func ParseDictionary(source string, b []byte) (*Dictionary, error) {
 // of them or more. id must be within MinTrainedID to MaxTrainedID and new
 // to the policy's dictionaries: rotating a dictionary means a new id.
 //
-// Its content is chosen by COVER (cover.go) with the parameters, of
-// coverTrials, whose content chosen from three quarters of the samples
-// compresses the other quarter the smallest (as a raw dictionary: the
-// entropy tables, built once for the parameters kept, would cost each
-// trial more than choosing its content); its entropy tables are
+// Its content is chosen by COVER (cover.go) with the parameters of
+// bestCoverParams, each tried as a raw dictionary, without entropy tables;
+// the dictionary's own tables, built once for the parameters kept, are
 // github.com/klauspost/compress/zstd's (BuildDict), for zstd's fastest
 // level, the one the server compresses at.
 func Train(samples [][]byte, id uint32, maxSize int) ([]byte, error) {
@@ -108,36 +106,41 @@ func Train(samples [][]byte, id uint32, maxSize int) ([]byte, error) {
 	}
 	p := coverDefault
 	if len(samples) >= minTrialSamples {
-		var train, held [][]byte
-		for i, s := range samples {
-			if i%4 == 3 {
-				held = append(held, s)
-			} else {
-				train = append(train, s)
-			}
+		p = bestCoverParams(samples, id, maxSize)
+	}
+	return buildDictionary(samples, coverContent(samples, maxSize, p), id, maxSize)
+}
+
+// bestCoverParams tries every pair of coverDs and coverKs on three
+// quarters of samples and returns the one whose content compresses the
+// other quarter the smallest, coverDefault when none finds anything.
+func bestCoverParams(samples [][]byte, id uint32, maxSize int) coverParams {
+	var train, held [][]byte
+	for i, s := range samples {
+		if i%4 == 3 {
+			held = append(held, s)
+		} else {
+			train = append(train, s)
 		}
-		best := -1
-		indexes := map[int]*dmerIndex{} // by dmer size, shared by the trials
-		for _, t := range coverTrials {
-			x, ok := indexes[t.d]
-			if !ok {
-				x = newDmerIndex(train, t.d)
-				indexes[t.d] = x
-			}
-			if x == nil {
-				continue
-			}
-			content := x.content(maxSize, t.k)
+	}
+	p, best := coverDefault, -1
+	for _, d := range coverDs {
+		x := newDmerIndex(train, d) // shared by the segment sizes
+		if x == nil {
+			return p
+		}
+		for _, k := range coverKs {
+			content := x.content(maxSize, k)
 			if len(content) < 8 {
-				continue // these parameters find nothing worth keeping; another may
+				continue // this size finds nothing worth keeping; another may
 			}
 			trial := &Dictionary{id: id, raw: content, isRaw: true, source: "trial"}
 			if n, err := compressedSize(trial, held); err == nil && (best < 0 || n < best) {
-				best, p = n, t
+				p, best = coverParams{k: k, d: d}, n
 			}
 		}
 	}
-	return buildDictionary(samples, coverContent(samples, maxSize, p), id, maxSize)
+	return p
 }
 
 // minTrialSamples is the fewest samples Train tries parameters on: a
