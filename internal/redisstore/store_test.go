@@ -120,7 +120,9 @@ func TestCluster(t *testing.T) {
 // and scripts after a failover.
 func TestSentinel(t *testing.T) {
 	g := redistest.StartSentinel(t, redistest.SentinelOptions{Password: "data:pw@1", SentinelPassword: "sentinel-pw"})
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	// Generous: a failover on a busy machine waits for Sentinel's own
+	// view of the replica to catch up (redistest.SentinelGroup.Failover).
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	t.Run("contract", func(t *testing.T) {
 		storetest.Run(t, func(t *testing.T) idem.Store { return redistest.OpenStore(t, g.URL(), time.Second) })

@@ -120,6 +120,12 @@ func (g *SentinelGroup) sentinelMaster(ctx context.Context, s *Server) (map[stri
 	if err != nil {
 		return nil, err
 	}
+	return fields(v), nil
+}
+
+// fields reads a Sentinel reply that lists an instance's fields, a flat
+// array of names and values under RESP2 or a map under RESP3.
+func fields(v any) map[string]string {
 	m := map[string]string{}
 	switch r := v.(type) {
 	case []any:
@@ -131,7 +137,7 @@ func (g *SentinelGroup) sentinelMaster(ctx context.Context, s *Server) (map[stri
 			m[fmt.Sprint(k)] = fmt.Sprint(v)
 		}
 	}
-	return m, nil
+	return m
 }
 
 // Master returns the data node every running Sentinel names as primary,
@@ -185,16 +191,78 @@ func (g *SentinelGroup) waitSynced(ctx context.Context) error {
 // which needs no agreement) and waits until every Sentinel names the
 // former replica, which then answers as primary. It returns the new
 // primary.
+//
+// Sentinel refuses the command with -NOGOODSLAVE while its own view of the
+// replica fails sentinelSelectSlave (redis/redis src/sentinel.c, the
+// "failover" branch of sentinelCommand): the replica must not be flagged
+// s_down, o_down or disconnected, must have answered a ping within
+// 5 × sentinel_ping_period (5 s), had its INFO read within 3 ×
+// sentinel_info_period (30 s) and report its link to the primary down no
+// longer than 10 × down-after-milliseconds (10 s here), with a non-zero
+// priority. On a busy machine that view lags behind the replica itself (a
+// replica just thawed from SIGSTOP stays s_down until its next ping reply),
+// so Failover waits until the Sentinel's SENTINEL REPLICAS reply passes the
+// same checks, and asks again while the answer is still NOGOODSLAVE: the
+// view can age between the two calls.
 func (g *SentinelGroup) Failover(ctx context.Context) *Server {
 	g.t.Helper()
 	old := g.Master(ctx)
 	if old == nil {
 		g.t.Fatal("redistest: no agreed primary before the failover")
 	}
-	if err := g.Sentinels[0].Do(ctx, "SENTINEL", "FAILOVER", g.opts.MasterName).Err(); err != nil {
-		g.t.Fatalf("redistest: SENTINEL FAILOVER: %v", err)
+	s := g.Sentinels[0]
+	var last string
+	err := waitFor(ctx, "a Sentinel accepts SENTINEL FAILOVER", func() bool {
+		if why := g.notPromotable(ctx, s); why != "" {
+			last = why
+			return false
+		}
+		err := s.Do(ctx, "SENTINEL", "FAILOVER", g.opts.MasterName).Err()
+		if err != nil && strings.HasPrefix(err.Error(), "NOGOODSLAVE") {
+			last = err.Error()
+			return false
+		}
+		if err != nil {
+			g.t.Fatalf("redistest: SENTINEL FAILOVER: %v", err)
+		}
+		return true
+	})
+	if err != nil {
+		g.t.Fatalf("%v (last: %s)", err, last)
 	}
 	return g.waitNewMaster(ctx, old)
+}
+
+// notPromotable says why Sentinel s would not promote any replica of the
+// primary now, or "" when one passes sentinelSelectSlave's checks (see
+// Failover), read from the fields of SENTINEL REPLICAS
+// (addReplySentinelRedisInstance in sentinel.c).
+func (g *SentinelGroup) notPromotable(ctx context.Context, s *Server) string {
+	v, err := s.Do(ctx, "SENTINEL", "REPLICAS", g.opts.MasterName).Result()
+	if err != nil {
+		return err.Error()
+	}
+	replicas, _ := v.([]any)
+	why := "no replica known"
+	for _, r := range replicas {
+		f := fields(r)
+		ms := func(k string) int64 { n, _ := strconv.ParseInt(f[k], 10, 64); return n }
+		switch {
+		case strings.Contains(f["flags"], "down") || strings.Contains(f["flags"], "disconnected"):
+			why = "replica flagged " + f["flags"]
+		case ms("last-ok-ping-reply") > 5000:
+			why = "replica's last ping reply " + f["last-ok-ping-reply"] + " ms ago"
+		case ms("info-refresh") > 30000:
+			why = "replica's INFO read " + f["info-refresh"] + " ms ago"
+		case ms("master-link-down-time") > 10000:
+			why = "replica's link to the primary down " + f["master-link-down-time"] + " ms"
+		case f["slave-priority"] == "0":
+			why = "replica priority 0"
+		default:
+			return ""
+		}
+	}
+	return why
 }
 
 // KillMaster kills the primary's process and waits until the Sentinels
