@@ -86,3 +86,30 @@ func TestServerModuleIsLean(t *testing.T) {
 		}
 	}
 }
+
+// TestCIRunsTheREADMECommand: .ci/run runs the very test command README.md
+// gives a newcomer, so what CI proves is what the README promises.
+func TestCIRunsTheREADMECommand(t *testing.T) {
+	t.Parallel()
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ci, err := os.ReadFile("../../.ci/run")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var command string
+	for _, line := range strings.Split(string(readme), "\n") {
+		if strings.HasPrefix(line, "go test ") {
+			command = line
+			break
+		}
+	}
+	if command == "" {
+		t.Fatal("README.md has no line starting with \"go test \"")
+	}
+	if !strings.Contains(string(ci), "{ "+command+"; }") {
+		t.Errorf(".ci/run does not run README.md's test command %q", command)
+	}
+}
