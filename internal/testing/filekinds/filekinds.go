@@ -43,9 +43,8 @@ func All() []Kind {
 const SecretMark = "s3cr3t-Zq8"
 
 // SecretContent is the secret file: a line of /etc/shadow's form, which
-// reads as YAML with an unknown key of its own bytes, then a value YAML
-// quotes in its errors.
-const SecretContent = "root:$6$" + SecretMark + ":19000:0:99999:7:::\n" + SecretMark + "\n"
+// reads as YAML: a mapping whose one key is the whole line.
+const SecretContent = "root:$6$" + SecretMark + ":19000:0:99999:7:::\n"
 
 // Make puts a file of kind k at path. valid is what a regular file of the
 // role holds; TooBig is valid followed by newlines (which no role's format
@@ -82,12 +81,16 @@ func Make(t testing.TB, k Kind, path string, valid []byte, limit int64) {
 	}
 }
 
-// Replace puts a file of kind k where path is, as a rotation would: the
-// new file is made beside it and renamed over it.
+// Replace puts a file of kind k where the file path is: the new file is
+// made beside it and renamed over it once the old one is gone (a
+// directory cannot be renamed over a file).
 func Replace(t testing.TB, k Kind, path string, valid []byte, limit int64) {
 	t.Helper()
 	tmp := path + ".new"
 	Make(t, k, tmp, valid, limit)
+	if err := os.Remove(path); err != nil {
+		t.Fatalf("filekinds: %v", err)
+	}
 	if err := os.Rename(tmp, path); err != nil {
 		t.Fatalf("filekinds: rename %s: %v", tmp, err)
 	}
