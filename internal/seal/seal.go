@@ -37,7 +37,6 @@
 package seal
 
 import (
-	"bufio"
 	"crypto/aes"
 	"crypto/cipher"
 	"crypto/hkdf"
@@ -48,7 +47,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"strings"
 	"time"
 
@@ -56,6 +54,7 @@ import (
 
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/rotated"
+	"github.com/idem-extproc/idem-extproc/internal/safefile"
 )
 
 // ErrOpen is any failure to open an envelope: a key not in the ring, a
@@ -135,17 +134,21 @@ func loadRing(path string, log *slog.Logger, every time.Duration) (*Ring, error)
 	return &Ring{keys: v}, nil
 }
 
+// maxRingFile caps the key ring file: a key is a line of about 100 bytes,
+// and a ring holds a handful.
+const maxRingFile = 64 << 10
+
 func readRing(path string) (keySet, error) {
-	f, err := os.Open(path)
+	b, err := safefile.Read(path, maxRingFile)
 	if err != nil {
 		return keySet{}, fmt.Errorf("seal: key ring: %w", err)
 	}
-	defer f.Close()
 	keys := map[string]ringKey{}
 	active := ""
-	sc := bufio.NewScanner(f)
-	for n := 1; sc.Scan(); n++ {
-		line := strings.TrimSpace(sc.Text())
+	n := 0
+	for line := range strings.Lines(string(b)) {
+		n++
+		line = strings.TrimSpace(line)
 		if line == "" || strings.HasPrefix(line, "#") {
 			continue
 		}
@@ -168,9 +171,6 @@ func readRing(path string) (keySet, error) {
 		if active == "" {
 			active = kid
 		}
-	}
-	if err := sc.Err(); err != nil {
-		return keySet{}, fmt.Errorf("seal: key ring: %w", err)
 	}
 	if active == "" {
 		return keySet{}, fmt.Errorf("seal: %s: no key", path)
