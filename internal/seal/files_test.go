@@ -26,7 +26,7 @@ var ringRefusedAs = map[filekinds.Kind]string{
 // TestRingFileKinds: the key ring is read from a regular file only, at
 // start and on change; any other kind of file is refused by path and
 // kind, without blocking or quoting it, and a change refused keeps the
-// keys in force.
+// keys in force and is told to OnReload (which the daemon counts).
 func TestRingFileKinds(t *testing.T) {
 	valid := []byte("k1 " + key(t) + "\n")
 	for _, k := range filekinds.All() {
@@ -55,11 +55,16 @@ func TestRingFileKinds(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			var told []error
+			r.OnReload(func(err error) { told = append(told, err) })
 			filekinds.Replace(t, k, path, valid, maxRingFile)
 			var active string
 			filekinds.Returns(t, "ActiveKey", func() { active = r.ActiveKey() })
 			if active != "k0" {
 				t.Fatalf("active key %q after a refused change, want k0 kept", active)
+			}
+			if len(told) != 1 || told[0] == nil {
+				t.Fatalf("OnReload told %v, want the refusal", told)
 			}
 			if !strings.Contains(log.String(), "does not load") || strings.Contains(log.String(), filekinds.SecretMark) {
 				t.Fatalf("log %q: want the refusal, without the file's contents", log.String())

@@ -6,6 +6,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/idem-extproc/idem-extproc/internal/testing/certtest"
@@ -52,7 +53,8 @@ func tlsFiles(t *testing.T) Files {
 // TestFileKinds: the certificate, the key and the client CA are each read
 // from a regular file of at most 1 MiB; any other kind is refused by path
 // and kind at start, without blocking or quoting the file, and on
-// rotation the certificates in force stay.
+// rotation the certificates in force stay and OnReload (which the daemon
+// counts) is told.
 func TestFileKinds(t *testing.T) {
 	roles := map[string]func(*Files) *string{
 		"cert":      func(f *Files) *string { return &f.Cert },
@@ -83,6 +85,12 @@ func TestFileKinds(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
+				var told atomic.Int32
+				s.OnReload(func(err error) {
+					if err != nil {
+						told.Add(1)
+					}
+				})
 				before, _ := s.current()
 				filekinds.Replace(t, k, path, valid, maxPEMFile)
 				if k == filekinds.Regular {
@@ -94,6 +102,9 @@ func TestFileKinds(t *testing.T) {
 				})
 				if after, _ := s.current(); after != before {
 					t.Fatal("a refused rotation replaced the certificate")
+				}
+				if told.Load() != 1 {
+					t.Fatalf("OnReload told %d refusals, want 1", told.Load())
 				}
 				if strings.Contains(log.String(), filekinds.SecretMark) {
 					t.Fatalf("log %q holds the file's contents", log.String())
