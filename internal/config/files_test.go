@@ -66,7 +66,7 @@ func TestPolicyFileKindsAtStart(t *testing.T) {
 // TestPolicyFileKindsOnReload: a policy file replaced by any kind of file
 // but a valid regular one is a rejected reload, logged without the file's
 // contents and reported to OnReload (which the daemon counts), and the
-// policies in force stay.
+// policies in force stay; the next valid file is put in force as usual.
 func TestPolicyFileKindsOnReload(t *testing.T) {
 	for _, k := range filekinds.All() {
 		t.Run(string(k), func(t *testing.T) {
@@ -100,6 +100,11 @@ func TestPolicyFileKindsOnReload(t *testing.T) {
 			}
 			if !strings.Contains(log.String(), "reload rejected") || strings.Contains(log.String(), filekinds.SecretMark) {
 				t.Fatalf("log %q: want the rejection, without the file's contents", log.String())
+			}
+			filekinds.Replace(t, filekinds.Regular, path, []byte(validPolicies), maxPolicyFile)
+			filekinds.Returns(t, "the next Reload", func() { err = s.Reload() })
+			if err != nil || s.Current() == before || len(told) != 2 {
+				t.Fatalf("the next valid file: Reload = %v, told %v; want it in force", err, told)
 			}
 		})
 	}
