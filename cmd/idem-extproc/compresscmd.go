@@ -17,6 +17,7 @@ import (
 	"github.com/idem-extproc/idem-extproc/internal/compress"
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/policy"
+	"github.com/idem-extproc/idem-extproc/internal/safefile"
 )
 
 func compressCommand(e env) *cobra.Command {
@@ -92,7 +93,7 @@ func readSamples(paths []string) ([][]byte, error) {
 	}
 	samples := make([][]byte, 0, len(files))
 	for _, f := range files {
-		data, err := os.ReadFile(f)
+		data, err := safefile.Read(f, maxSampleFile)
 		if err != nil {
 			return nil, err
 		}
@@ -104,6 +105,10 @@ func readSamples(paths []string) ([][]byte, error) {
 	}
 	return samples, nil
 }
+
+// maxSampleFile caps one sample file at what Train reads of all of them
+// together (compress.maxTrainingBytes).
+const maxSampleFile = 256 << 20
 
 // sampleAnswer reads one sample: a whole HTTP response when it starts
 // with a status line, else a body. Headers a record never keeps

@@ -3,12 +3,10 @@ package main
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
-	"os"
 	"strings"
 	"time"
 
@@ -17,6 +15,8 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/idem-extproc/idem-extproc/internal/tlsfiles"
 )
 
 // probeCommand checks a running server the way a container runtime's
@@ -103,13 +103,9 @@ func probeHTTP(ctx context.Context, addr string) error {
 func probeGRPC(ctx context.Context, addr, caFile, serverName, service string) error {
 	creds := insecure.NewCredentials()
 	if caFile != "" {
-		pem, err := os.ReadFile(caFile)
+		pool, err := tlsfiles.CAPool(caFile)
 		if err != nil {
 			return fmt.Errorf("--grpc-ca-file: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return fmt.Errorf("--grpc-ca-file: %s holds no PEM certificate", caFile)
 		}
 		creds = credentials.NewTLS(&tls.Config{RootCAs: pool, ServerName: serverName, MinVersion: tls.VersionTLS12})
 	}

@@ -13,12 +13,13 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"os"
 	"strings"
 	"time"
 
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/policy"
+	"github.com/idem-extproc/idem-extproc/internal/rotated"
+	"github.com/idem-extproc/idem-extproc/internal/safefile"
 )
 
 // Store is what the API needs of a store.
@@ -32,8 +33,9 @@ type Config struct {
 	Store Store
 	// Policies gives the policies in force, to find a record's retention.
 	Policies func() *policy.Set
-	// TokenFile holds the bearer token. It is read on every request, so a
-	// rotated Kubernetes secret takes effect without a restart.
+	// TokenFile holds the bearer token. It is read when the handler is
+	// made and again when the file changes (a rotated Kubernetes secret),
+	// not on every request.
 	TokenFile string
 	Logger    *slog.Logger
 	// OnAction, when set, is told every action and its result.
@@ -56,6 +58,7 @@ func Handler(cfg Config) http.Handler {
 		cfg.Now = time.Now
 	}
 	a := &api{cfg: cfg}
+	a.token = a.loadToken()
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET "+Prefix+"records", a.get)
 	mux.HandleFunc("DELETE "+Prefix+"records", a.purge)
@@ -66,16 +69,54 @@ func Handler(cfg Config) http.Handler {
 	return a.authenticate(mux)
 }
 
-type api struct{ cfg Config }
+type api struct {
+	cfg Config
+	// token is the bearer token in force; nil when its file could not be
+	// read as the handler was made.
+	token *rotated.Value[string]
+}
+
+// tokenCheckEvery bounds how often a request looks at the token file's
+// modification time.
+const tokenCheckEvery = time.Second
+
+// maxTokenFile caps the token file: a bearer token is a line.
+const maxTokenFile = 16 << 10
+
+// loadToken reads the token file, to be read again only when it changes
+// (package rotated): a request neither pays for a read nor waits on a file
+// that blocks. A changed file that does not load (empty, too big, not a
+// regular file) keeps the previous token, logged and counted as the
+// action token_reload, result rejected.
+func (a *api) loadToken() *rotated.Value[string] {
+	path := a.cfg.TokenFile
+	v, err := rotated.Load([]string{path}, func() (string, error) { return ReadToken(path) }, rotated.Options[string]{
+		Every: tokenCheckEvery,
+		OnReload: func(_ string, err error) {
+			if err != nil {
+				a.cfg.Logger.Error("admin API: token file changed but does not load; keeping the previous token",
+					slog.String("error", err.Error()))
+				a.record("token_reload", "rejected")
+				return
+			}
+			a.cfg.Logger.Info("admin API: token reloaded", slog.String("file", path))
+			a.record("token_reload", "ok")
+		},
+	})
+	if err != nil {
+		a.cfg.Logger.Error("admin API: token file unreadable or empty; refusing every request", slog.String("error", err.Error()))
+		return nil
+	}
+	return v
+}
 
 func (a *api) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		token, err := ReadToken(a.cfg.TokenFile)
-		if err != nil {
-			a.cfg.Logger.Error("admin API: token file unreadable or empty; refusing", slog.String("error", errString(err)))
+		if a.token == nil {
 			writeError(w, http.StatusServiceUnavailable, "the admin token is not available")
 			return
 		}
+		token := a.token.Current()
 		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 		if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(token)) != 1 {
 			a.cfg.Logger.Warn("admin API: request refused", slog.String("method", r.Method), slog.String("path", r.URL.Path),
@@ -90,10 +131,11 @@ func (a *api) authenticate(next http.Handler) http.Handler {
 }
 
 // ReadToken reads the bearer token from its file (surrounding white space
-// dropped). The daemon checks it once at start, so that a wrong path stops
-// the start instead of turning every admin call away.
+// dropped), a regular file of at most 16 KiB. The daemon checks it once
+// at start, so that a wrong path stops the start instead of turning every
+// admin call away; the admin command reads its --token-file with it too.
 func ReadToken(path string) (string, error) {
-	b, err := os.ReadFile(path)
+	b, err := safefile.Read(path, maxTokenFile)
 	if err != nil {
 		return "", err
 	}

@@ -221,7 +221,7 @@ func requestFor(cmd string, f *cliFlags) (method, path string, payload []byte, e
 // success's body to stdout and reports a refusal on stderr; it returns
 // the exit code.
 func send(ctx context.Context, cmd string, f *cliFlags, method, path string, payload []byte, stdout, stderr io.Writer) int {
-	token, err := os.ReadFile(f.tokenFile)
+	token, err := ReadToken(f.tokenFile)
 	if err != nil {
 		fmt.Fprintln(stderr, "--token-file:", err)
 		return 2
@@ -243,7 +243,7 @@ func send(ctx context.Context, cmd string, f *cliFlags, method, path string, pay
 		fmt.Fprintln(stderr, err)
 		return 2
 	}
-	req.Header.Set("Authorization", "Bearer "+strings.TrimSpace(string(token)))
+	req.Header.Set("Authorization", "Bearer "+token)
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {

@@ -91,10 +91,7 @@ func walk(n *yaml.Node, path string, visit func(key, value *yaml.Node, path stri
 	case yaml.MappingNode:
 		for i := 0; i+1 < len(n.Content); i += 2 {
 			k, v := n.Content[i], n.Content[i+1]
-			p := k.Value
-			if path != "" {
-				p = path + "." + k.Value
-			}
+			p := childPath(path, k.Value)
 			visit(k, v, p)
 			walk(v, p, visit)
 		}

@@ -2,12 +2,12 @@ package config
 
 import (
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
 
 	"github.com/idem-extproc/idem-extproc/internal/compress"
 	"github.com/idem-extproc/idem-extproc/internal/policy"
+	"github.com/idem-extproc/idem-extproc/internal/safefile"
 )
 
 // compressionCfg is the compression group as written.
@@ -53,6 +53,11 @@ func (b *builder) compression(r *policy.Compression, s *settings, path string) {
 	}
 }
 
+// maxDictionaryFile caps a dictionary file: `idem-extproc compress train`
+// makes them 16 KiB unless told otherwise, and a dictionary far larger
+// than the answers it compresses only costs memory.
+const maxDictionaryFile = 1 << 20
+
 // codecs gives every policy of the set its compression codec: one per
 // distinct set of dictionaries, shared by the policies that name the same
 // files. A dictionary file that cannot be read, is not a zstd
@@ -68,7 +73,7 @@ func (b *builder) codecs(set *policy.Set, paths []string) {
 		if !filepath.IsAbs(full) {
 			full = filepath.Join(filepath.Dir(b.file), file)
 		}
-		data, err := os.ReadFile(full)
+		data, err := safefile.Read(full, maxDictionaryFile)
 		var d *compress.Dictionary
 		if err == nil {
 			d, err = compress.ParseDictionary(file, data)

@@ -10,7 +10,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"regexp"
 	"slices"
 	"strconv"
@@ -21,11 +20,16 @@ import (
 
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/policy"
+	"github.com/idem-extproc/idem-extproc/internal/safefile"
 )
+
+// maxPolicyFile caps the policy file: the annotated example is 20 KiB, and
+// a file of thousands of policies still fits.
+const maxPolicyFile = 4 << 20
 
 // Load reads and validates the configuration file at path.
 func Load(path string) (*policy.Set, error) {
-	data, err := os.ReadFile(path)
+	data, err := safefile.Read(path, maxPolicyFile)
 	if err != nil {
 		return nil, fmt.Errorf("config: %w", err)
 	}
@@ -83,7 +87,7 @@ var linePrefix = regexp.MustCompile(`^(?:yaml: )?line (\d+): `)
 // find expected key". The mistakes it decodes on after are a TypeError,
 // which decodeProblems reports instead.
 func yamlError(name string, err error) error {
-	m := strings.TrimSpace(err.Error())
+	m := hideContents(strings.TrimSpace(err.Error()))
 	if sm := linePrefix.FindStringSubmatch(m); sm != nil {
 		return fmt.Errorf("%s:%s: %s", name, sm[1], m[len(sm[0]):])
 	}

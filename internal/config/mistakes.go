@@ -112,10 +112,7 @@ func (x *nodeIndex) add(n *yaml.Node, t reflect.Type, path string) {
 		}
 		for i := 0; i+1 < len(n.Content); i += 2 {
 			k, v := n.Content[i], n.Content[i+1]
-			p := k.Value
-			if path != "" {
-				p = path + "." + k.Value
-			}
+			p := childPath(path, k.Value)
 			x.keys[keyAt{k.Line, k.Value}] = append(x.keys[keyAt{k.Line, k.Value}], p)
 			x.add(v, fields[k.Value], p)
 		}
@@ -200,7 +197,7 @@ func decodeProblems(name string, te *yaml.TypeError, x *nodeIndex) problems {
 			field := sm[2]
 			path, ok := x.key(line, field)
 			if !ok {
-				out = append(out, problem{line: line, err: fmt.Errorf("%s:%d: unknown field %s", name, line, field)})
+				out = append(out, problem{line: line, err: fmt.Errorf("%s:%d: unknown field %s", name, line, shownKey(field))})
 				continue
 			}
 			msg := "unknown field"
@@ -216,7 +213,7 @@ func decodeProblems(name string, te *yaml.TypeError, x *nodeIndex) problems {
 			if path, ok := x.key(line, key); ok && err == nil {
 				// yaml.v3 leaves the whole mapping that holds the key
 				// undecoded.
-				parent := strings.TrimSuffix(strings.TrimSuffix(path, key), ".")
+				parent := strings.TrimSuffix(strings.TrimSuffix(path, shownKey(key)), ".")
 				out = append(out, problem{line: line, unset: parent,
 					err: fmt.Errorf("%s:%d: %s: already defined at line %s", name, line, path, sm[3])})
 				continue
@@ -252,12 +249,50 @@ func decodeProblems(name string, te *yaml.TypeError, x *nodeIndex) problems {
 		}
 		if sm := linePrefix.FindStringSubmatch(m); sm != nil {
 			line, _ := strconv.Atoi(sm[1])
-			out = append(out, problem{line: line, err: fmt.Errorf("%s:%d: %s", name, line, m[len(sm[0]):])})
+			out = append(out, problem{line: line, err: fmt.Errorf("%s:%d: %s", name, line, hideContents(m[len(sm[0]):]))})
 			continue
 		}
-		out = append(out, problem{err: fmt.Errorf("%s: %s", name, strings.TrimPrefix(m, "yaml: "))})
+		out = append(out, problem{err: fmt.Errorf("%s: %s", name, hideContents(strings.TrimPrefix(m, "yaml: ")))})
 	}
 	return out
+}
+
+// A file pointed at by mistake may be a secret (a key, a token, a shadow
+// file), and errors go to logs: they name the file, line and field, never
+// what the file holds. Keys of the policy file's own fields are lower-case
+// words joined by underscores, so a key written like one is named (a
+// misspelt field must be found); any other key is hidden by shownKey, and
+// the values and tags yaml.v3 quotes in its messages by hideContents.
+var (
+	fieldLike = regexp.MustCompile(`^[a-z][a-z0-9_]{0,39}$`)
+	// yaml.v3 quotes a value in backquotes (decoder.terror), a key in
+	// double quotes (%#v, decoder.mapping) and an anchor in single quotes
+	// (decoder.alias, decoder.unmarshal): go.yaml.in/yaml/v3 decode.go.
+	quoted    = regexp.MustCompile("`[^`]*`|\"(?:[^\"\\\\]|\\\\.)*\"|'[^']*'")
+	customTag = regexp.MustCompile(`cannot unmarshal ![^!\s]\S*`)
+)
+
+// shownKey is key as an error shows it.
+func shownKey(key string) string {
+	if fieldLike.MatchString(key) {
+		return key
+	}
+	return "(a key not shown)"
+}
+
+// childPath is the path of key's value in the mapping at path.
+func childPath(path, key string) string {
+	if path == "" {
+		return shownKey(key)
+	}
+	return path + "." + shownKey(key)
+}
+
+// hideContents takes out of a yaml.v3 message the values, keys, anchors
+// and tags it quotes from the file.
+func hideContents(m string) string {
+	m = customTag.ReplaceAllLiteralString(m, "cannot unmarshal a tagged value")
+	return strings.ReplaceAll(quoted.ReplaceAllLiteralString(m, "(not shown)"), " (not shown) into", " into")
 }
 
 // expectedKind says what a value of the Go type yaml.v3 names (as

@@ -6,7 +6,6 @@ import (
 	"crypto/sha256"
 	"fmt"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -15,6 +14,7 @@ import (
 	"github.com/fsnotify/fsnotify"
 
 	"github.com/idem-extproc/idem-extproc/internal/policy"
+	"github.com/idem-extproc/idem-extproc/internal/safefile"
 )
 
 // Source holds the policies in force. Without a file it holds the built-in
@@ -97,13 +97,13 @@ const stableTries = 20
 // half way (a crash, a full disk): that file is stable, and is caught only
 // if it does not validate or lacks the end marker (Reload).
 func (s *Source) readStable() ([]byte, error) {
-	prev, err := os.ReadFile(s.path)
+	prev, err := safefile.Read(s.path, maxPolicyFile)
 	if err != nil {
 		return nil, err
 	}
 	for range stableTries {
 		time.Sleep(s.Settle)
-		data, err := os.ReadFile(s.path)
+		data, err := safefile.Read(s.path, maxPolicyFile)
 		if err != nil {
 			return nil, err
 		}

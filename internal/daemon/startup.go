@@ -36,11 +36,12 @@ import (
 // ports free and nothing running. getenv supplies the OTEL_* variables for
 // tracing (os.Getenv in production).
 func Start(cfg Config, log *slog.Logger, getenv func(string) string) (_ *Daemon, err error) {
-	files, err := validate(cfg, log)
+	metrics := observe.NewMetrics()
+	files, err := validate(cfg, log, metrics.ConfigReloaded)
 	if err != nil {
 		return nil, err
 	}
-	d := &Daemon{cfg: cfg, log: log, errc: make(chan error, 2), metrics: observe.NewMetrics(),
+	d := &Daemon{cfg: cfg, log: log, errc: make(chan error, 2), metrics: metrics,
 		policies: files.policies, sealer: files.sealer}
 	defer func() {
 		if err != nil {
@@ -67,8 +68,9 @@ type startFiles struct {
 // of the flags would check them: the admin token, the key ring, the
 // policies (which may need the ring), the listener's TLS files and the
 // Redis TLS files. It opens nothing that needs closing; each error wraps
-// ErrConfig and names its flag.
-func validate(cfg Config, log *slog.Logger) (startFiles, error) {
+// ErrConfig and names its flag. reloaded is told of every reload of the
+// key ring and the listener's TLS files, as the policy file's are.
+func validate(cfg Config, log *slog.Logger, reloaded func(error)) (startFiles, error) {
 	var f startFiles
 	if cfg.AdminTokenFile != "" {
 		if _, err := admin.ReadToken(cfg.AdminTokenFile); err != nil {
@@ -81,6 +83,7 @@ func validate(cfg Config, log *slog.Logger) (startFiles, error) {
 		if ring, err = seal.LoadRing(cfg.EncryptionKeysFile, log); err != nil {
 			return f, fmt.Errorf("%w: --encryption-keys-file: %w", ErrConfig, err)
 		}
+		ring.OnReload(reloaded)
 		f.sealer = ring
 	}
 	needsRing := func(set *policy.Set) error {
@@ -102,6 +105,7 @@ func validate(cfg Config, log *slog.Logger) (startFiles, error) {
 		if err != nil {
 			return f, fmt.Errorf("%w: --tls-cert-file, --tls-key-file, --tls-client-ca-file: %w", ErrConfig, err)
 		}
+		ts.OnReload(reloaded)
 		f.creds = credentials.NewTLS(ts.Config())
 	}
 	return f, checkRedisFiles(cfg.RedisSecurity)

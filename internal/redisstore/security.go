@@ -6,10 +6,11 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"os"
 	"strings"
 
 	"github.com/idem-extproc/idem-extproc/internal/rotated"
+	"github.com/idem-extproc/idem-extproc/internal/safefile"
+	"github.com/idem-extproc/idem-extproc/internal/tlsfiles"
 )
 
 // Security holds what a client needs to reach a protected Redis, read from
@@ -58,8 +59,11 @@ func (s Security) check(tlsURL bool) error {
 	return errors.Join(errs...)
 }
 
+// maxPasswordFile caps the password file: a password is a line.
+const maxPasswordFile = 16 << 10
+
 func readSecret(path string) (string, error) {
-	b, err := os.ReadFile(path)
+	b, err := safefile.Read(path, maxPasswordFile)
 	if err != nil {
 		return "", fmt.Errorf("redis password file: %w", err)
 	}
@@ -118,13 +122,9 @@ func (s Security) CheckFiles() error {
 }
 
 func loadCAPool(path string) (*x509.CertPool, error) {
-	pem, err := os.ReadFile(path)
+	pool, err := tlsfiles.CAPool(path)
 	if err != nil {
 		return nil, fmt.Errorf("redis CA file: %w", err)
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(pem) {
-		return nil, fmt.Errorf("redis CA file %s: no PEM certificate found", path)
 	}
 	return pool, nil
 }
@@ -135,9 +135,9 @@ func loadCAPool(path string) (*x509.CertPool, error) {
 // certificate.
 func loadKeyPair(certFile, keyFile string) (*rotated.Value[*tls.Certificate], error) {
 	return rotated.Load([]string{certFile, keyFile}, func() (*tls.Certificate, error) {
-		c, err := tls.LoadX509KeyPair(certFile, keyFile)
+		c, err := tlsfiles.KeyPair(certFile, keyFile)
 		if err != nil {
-			return nil, fmt.Errorf("redis client certificate %s / %s: %w", certFile, keyFile, err)
+			return nil, fmt.Errorf("redis client certificate: %w", err)
 		}
 		return &c, nil
 	}, rotated.Options[*tls.Certificate]{})

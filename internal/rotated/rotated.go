@@ -1,11 +1,12 @@
 // Package rotated follows files that change under a running server (a
 // rotated Kubernetes Secret, a cert-manager renewal, a new key ring): a
-// value loaded from them is loaded again when one of their modification
-// times changes, looked at no more than once per interval. A reload that
+// value loaded from them is loaded again when one of them changes (its
+// modification time, size, or the file a path names), looked at no more
+// than once per interval. A reload that
 // fails keeps the previous value, and the broken files are not read again
 // until they change once more. The TLS listener (tlsfiles), the Redis
-// client certificate (redisstore) and the key ring (seal) all follow their
-// files through it.
+// client certificate (redisstore), the key ring (seal) and the admin
+// token (admin) all follow their files through it.
 //
 // The policy file is not: config.Source reloads it as soon as its
 // directory changes (fsnotify), because a reload there is reported
@@ -13,6 +14,7 @@
 package rotated
 
 import (
+	"io/fs"
 	"os"
 	"slices"
 	"sync"
@@ -21,8 +23,8 @@ import (
 
 // Options configures a Value.
 type Options[T any] struct {
-	// Every bounds how often Current looks at the files' modification
-	// times; every call when zero.
+	// Every bounds how often Current looks at the files; every call when
+	// zero.
 	Every time.Duration
 	// OnReload, when set, is told the outcome of each reload after the
 	// first load: the new value, or the error (the previous value stays).
@@ -37,7 +39,7 @@ type Value[T any] struct {
 
 	mu        sync.Mutex
 	cur       T
-	mtimes    []time.Time
+	stats     []fs.FileInfo
 	lastCheck time.Time
 }
 
@@ -45,7 +47,7 @@ type Value[T any] struct {
 // (an optional file not configured).
 func Load[T any](paths []string, load func() (T, error), opts Options[T]) (*Value[T], error) {
 	v := &Value[T]{paths: paths, load: load, opts: opts}
-	v.mtimes = v.modTimes()
+	v.stats = v.stat()
 	cur, err := load()
 	if err != nil {
 		return nil, err
@@ -54,19 +56,29 @@ func Load[T any](paths []string, load func() (T, error), opts Options[T]) (*Valu
 	return v, nil
 }
 
-// modTimes stats every path; a file that cannot be stat'ed counts as the
-// zero time, so that its return counts as a change.
-func (v *Value[T]) modTimes() []time.Time {
-	m := make([]time.Time, len(v.paths))
+// stat stats every path; a file that cannot be stat'ed is nil, so that
+// its return counts as a change.
+func (v *Value[T]) stat() []fs.FileInfo {
+	m := make([]fs.FileInfo, len(v.paths))
 	for i, p := range v.paths {
 		if p == "" {
 			continue
 		}
 		if fi, err := os.Stat(p); err == nil {
-			m[i] = fi.ModTime()
+			m[i] = fi
 		}
 	}
 	return m
+}
+
+// same reports whether a and b describe one unchanged file. The
+// modification time alone misses a file renamed over another within one
+// tick of the kernel's coarse clock, which stamps both alike.
+func same(a, b fs.FileInfo) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return os.SameFile(a, b) && a.ModTime().Equal(b.ModTime()) && a.Size() == b.Size()
 }
 
 // Current returns the value in force, first loading it again if the files
@@ -79,13 +91,13 @@ func (v *Value[T]) Current() T {
 		return v.cur
 	}
 	v.lastCheck = now
-	m := v.modTimes()
-	if slices.EqualFunc(m, v.mtimes, time.Time.Equal) {
+	m := v.stat()
+	if slices.EqualFunc(m, v.stats, same) {
 		return v.cur
 	}
-	// Record the times whatever the outcome: broken files are not read
+	// Record what was seen whatever the outcome: broken files are not read
 	// again until they change.
-	v.mtimes = m
+	v.stats = m
 	cur, err := v.load()
 	if err == nil {
 		v.cur = cur

@@ -89,3 +89,27 @@ func TestLoadError(t *testing.T) {
 		t.Fatalf("Load = %v, want %v", err, want)
 	}
 }
+
+// TestRenameWithinOneTick: a file renamed over the one loaded is loaded
+// again even when both bear the same modification time, as two files
+// written within one tick of the kernel's coarse clock do.
+func TestRenameWithinOneTick(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "f")
+	at := time.Now()
+	touch(t, path, "one", at)
+	v, err := Load([]string{path}, func() (string, error) {
+		b, err := os.ReadFile(path)
+		return string(b), err
+	}, Options[string]{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	touch(t, filepath.Join(dir, "new"), "two", at)
+	if err := os.Rename(filepath.Join(dir, "new"), path); err != nil {
+		t.Fatal(err)
+	}
+	if got := v.Current(); got != "two" {
+		t.Fatalf("after a rename at the same time: %q, want two", got)
+	}
+}

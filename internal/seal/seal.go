@@ -37,7 +37,6 @@
 package seal
 
 import (
-	"bufio"
 	"crypto/aes"
 	"crypto/cipher"
 	"crypto/hkdf"
@@ -48,14 +47,15 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/crypto/chacha20poly1305"
 
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/rotated"
+	"github.com/idem-extproc/idem-extproc/internal/safefile"
 )
 
 // ErrOpen is any failure to open an envelope: a key not in the ring, a
@@ -92,8 +92,13 @@ const maxPlaintext = 1<<38 - 64
 // all of them open. Key ids are 1 to 64 characters without spaces. Make a
 // key with: head -c 32 /dev/urandom | base64
 type Ring struct {
-	keys *rotated.Value[keySet]
+	keys     *rotated.Value[keySet]
+	onReload atomic.Pointer[func(error)]
 }
+
+// OnReload has f told the outcome of every reload of the file from now on
+// (the daemon counts them).
+func (r *Ring) OnReload(f func(err error)) { r.onReload.Store(&f) }
 
 // keySet is what the ring file holds.
 type keySet struct {
@@ -119,9 +124,13 @@ func LoadRing(path string, log *slog.Logger) (*Ring, error) {
 // loadRing is LoadRing looking at the file every interval (tests: 0, each
 // use).
 func loadRing(path string, log *slog.Logger, every time.Duration) (*Ring, error) {
+	r := &Ring{}
 	v, err := rotated.Load([]string{path}, func() (keySet, error) { return readRing(path) }, rotated.Options[keySet]{
 		Every: every,
 		OnReload: func(ks keySet, err error) {
+			if f := r.onReload.Load(); f != nil {
+				(*f)(err)
+			}
 			if err != nil {
 				log.Error("key ring changed but does not load; keeping the previous keys", slog.String("error", err.Error()))
 				return
@@ -132,20 +141,25 @@ func loadRing(path string, log *slog.Logger, every time.Duration) (*Ring, error)
 	if err != nil {
 		return nil, err
 	}
-	return &Ring{keys: v}, nil
+	r.keys = v
+	return r, nil
 }
 
+// maxRingFile caps the key ring file: a key is a line of about 100 bytes,
+// and a ring holds a handful.
+const maxRingFile = 64 << 10
+
 func readRing(path string) (keySet, error) {
-	f, err := os.Open(path)
+	b, err := safefile.Read(path, maxRingFile)
 	if err != nil {
 		return keySet{}, fmt.Errorf("seal: key ring: %w", err)
 	}
-	defer f.Close()
 	keys := map[string]ringKey{}
 	active := ""
-	sc := bufio.NewScanner(f)
-	for n := 1; sc.Scan(); n++ {
-		line := strings.TrimSpace(sc.Text())
+	n := 0
+	for line := range strings.Lines(string(b)) {
+		n++
+		line = strings.TrimSpace(line)
 		if line == "" || strings.HasPrefix(line, "#") {
 			continue
 		}
@@ -168,9 +182,6 @@ func readRing(path string) (keySet, error) {
 		if active == "" {
 			active = kid
 		}
-	}
-	if err := sc.Err(); err != nil {
-		return keySet{}, fmt.Errorf("seal: key ring: %w", err)
 	}
 	if active == "" {
 		return keySet{}, fmt.Errorf("seal: %s: no key", path)

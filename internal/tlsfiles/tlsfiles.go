@@ -11,11 +11,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/idem-extproc/idem-extproc/internal/rotated"
+	"github.com/idem-extproc/idem-extproc/internal/safefile"
 )
 
 // Files names a server's TLS material.
@@ -38,7 +39,12 @@ const checkEvery = time.Second
 type Server struct {
 	files    Files
 	material *rotated.Value[material]
+	onReload atomic.Pointer[func(error)]
 }
+
+// OnReload has f told the outcome of every reload of the files from now
+// on (the daemon counts them).
+func (s *Server) OnReload(f func(err error)) { s.onReload.Store(&f) }
 
 // material is what the files hold.
 type material struct {
@@ -59,6 +65,9 @@ func NewServer(f Files, log *slog.Logger) (*Server, error) {
 	s.material, err = rotated.Load([]string{f.Cert, f.Key, f.ClientCA}, s.load, rotated.Options[material]{
 		Every: checkEvery,
 		OnReload: func(_ material, err error) {
+			if f := s.onReload.Load(); f != nil {
+				(*f)(err)
+			}
 			if err != nil {
 				log.Error("TLS files changed but do not load; keeping the previous ones", slog.String("error", err.Error()))
 				return
@@ -74,22 +83,54 @@ func NewServer(f Files, log *slog.Logger) (*Server, error) {
 
 // load reads every file.
 func (s *Server) load() (material, error) {
-	cert, err := tls.LoadX509KeyPair(s.files.Cert, s.files.Key)
+	cert, err := KeyPair(s.files.Cert, s.files.Key)
 	if err != nil {
-		return material{}, fmt.Errorf("tls: %s / %s: %w", s.files.Cert, s.files.Key, err)
+		return material{}, fmt.Errorf("tls: %w", err)
 	}
 	var pool *x509.CertPool
 	if s.files.ClientCA != "" {
-		pem, err := os.ReadFile(s.files.ClientCA)
-		if err != nil {
+		if pool, err = CAPool(s.files.ClientCA); err != nil {
 			return material{}, fmt.Errorf("tls: client CA: %w", err)
-		}
-		pool = x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return material{}, fmt.Errorf("tls: client CA %s: no PEM certificate found", s.files.ClientCA)
 		}
 	}
 	return material{cert: &cert, pool: pool}, nil
+}
+
+// maxPEMFile caps a certificate, key or CA bundle file: a chain is a few
+// KiB, and the bundle of every public CA about 200 KiB.
+const maxPEMFile = 1 << 20
+
+// KeyPair reads a certificate chain and its private key from PEM files,
+// each a regular file of at most 1 MiB (package safefile), as
+// tls.LoadX509KeyPair would read them without those bounds.
+func KeyPair(certFile, keyFile string) (tls.Certificate, error) {
+	certPEM, err := safefile.Read(certFile, maxPEMFile)
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	keyPEM, err := safefile.Read(keyFile, maxPEMFile)
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	cert, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		return tls.Certificate{}, fmt.Errorf("%s / %s: %w", certFile, keyFile, err)
+	}
+	return cert, nil
+}
+
+// CAPool reads a PEM bundle of CA certificates, a regular file of at most
+// 1 MiB.
+func CAPool(path string) (*x509.CertPool, error) {
+	pem, err := safefile.Read(path, maxPEMFile)
+	if err != nil {
+		return nil, err
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("%s: no PEM certificate found", path)
+	}
+	return pool, nil
 }
 
 // current returns the material in force, reloaded when the files changed
