@@ -80,8 +80,8 @@ type ReplyRefusedError struct{ Reason string }
 
 func (e *ReplyRefusedError) Error() string { return "redisstore: reply refused: " + e.Reason }
 
-// StoreResult names the error in the store call metric's result label.
-func (e *ReplyRefusedError) StoreResult() string { return "reply_refused" }
+// StoreFailure names the error in the store failure metric.
+func (e *ReplyRefusedError) StoreFailure() string { return "reply_refused" }
 
 func refuse(format string, args ...any) error {
 	return &ReplyRefusedError{Reason: fmt.Sprintf(format, args...)}

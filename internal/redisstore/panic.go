@@ -18,8 +18,8 @@ type PanicError struct {
 
 func (e *PanicError) Error() string { return fmt.Sprintf("redisstore: %s: panic: %v", e.Op, e.Value) }
 
-// StoreResult names the error in the store call metric's result label.
-func (e *PanicError) StoreResult() string { return "panic" }
+// StoreFailure names the error in the store failure metric.
+func (e *PanicError) StoreFailure() string { return "panic" }
 
 // panicked logs a recovered panic once, with the stack that raised it
 // (recover runs on top of the panicking frames), and returns the call's
