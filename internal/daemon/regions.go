@@ -200,6 +200,7 @@ func (d *Daemon) openRegion(ctx context.Context, name, url string, push func(fun
 	push(func() { _ = rdb.Close() })
 	opts := d.batchingAt(rtt, answers, name)
 	opts.CallTimeout = budget
+	opts.Logger = d.log.With(slog.String("region", name))
 	st := redisstore.New(rdb, opts)
 	push(func() { _ = st.Close() })
 	if answers { // else nothing to load the scripts into yet

@@ -200,6 +200,7 @@ func (d *Daemon) openStore() error {
 	pcancel()
 	opts := d.batchingAt(d.ownRTT, d.ownRTTErr == nil, "")
 	opts.CallTimeout = d.cfg.StoreTimeout
+	opts.Logger = d.log
 	st := redisstore.New(rdb, opts)
 	d.store = st
 	d.cleanup.push(func() { _ = st.Close() })

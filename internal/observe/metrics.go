@@ -39,6 +39,7 @@ type Metrics struct {
 	missingAttrs   *prometheus.CounterVec
 	droppedHeaders *prometheus.CounterVec
 	cancels        *prometheus.CounterVec
+	storeFailures  *prometheus.CounterVec
 	started        time.Time
 	// regions are the region metrics, registered by the first Regions.
 	regionsOnce sync.Once
@@ -121,6 +122,11 @@ func NewMetrics() *Metrics {
 			"(it had reached the store), not_held (it had not; refused should it arrive), failed or dropped (not undone: if it " +
 			"reached the store, the key answers request-in-progress, then outcome-unknown).",
 	}, []string{"policy", "result"})
+	m.storeFailures = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Name: "store_failures_total",
+		Help: "Store calls that failed for a reason of the server's own making, also counted as result error: " +
+			"reply_refused (a reply past the reply bounds; its connection was dropped), panic (the call panicked; logged with its stack).",
+	}, []string{"kind"})
 	m.decisionSeries = counters2(m.decisions)
 	m.requestSeries = counters2(m.requests)
 	m.storeSeries = observers2(m.storeCalls)
@@ -130,7 +136,7 @@ func NewMetrics() *Metrics {
 	m.safety = newStoreSafety(m.reg)
 	m.precreate()
 	m.reg.MustRegister(m.decisions, m.storeCalls, m.openStreams, m.replayAge, m.settleFailures, m.reloads, m.adminActions,
-		m.requests, m.shadow, m.keyWarnings, m.missingAttrs, m.droppedHeaders, m.cancels, build,
+		m.requests, m.shadow, m.keyWarnings, m.missingAttrs, m.droppedHeaders, m.cancels, m.storeFailures, build,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -163,6 +169,9 @@ func (m *Metrics) precreate() {
 		}
 	}
 	m.storeCalls.WithLabelValues("reserve", "ok")
+	for _, k := range []string{"reply_refused", "panic"} {
+		m.storeFailures.WithLabelValues(k)
+	}
 }
 
 // Registry returns the registry, for tests and extra collectors.

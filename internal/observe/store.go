@@ -85,6 +85,17 @@ func result(err error) string {
 	return "error"
 }
 
+// failureKind names a failure a store reports as its own making: a reply
+// it refused, a call that panicked (redisstore's ReplyRefusedError and
+// PanicError), known by their method so that no store is imported here.
+func failureKind(err error) string {
+	var k interface{ StoreFailure() string }
+	if errors.As(err, &k) {
+		return k.StoreFailure()
+	}
+	return ""
+}
+
 // begin starts timing one call of op and, with tracing on, its span as a
 // child of ctx's; the call's end reports both. The methods below call the
 // wrapped store directly between the two rather than through a closure:
@@ -111,6 +122,11 @@ type call struct {
 func (c call) end(err error) {
 	r := result(err)
 	c.m.ObserveStoreCall(c.op, r, time.Since(c.start))
+	if err != nil {
+		if k := failureKind(err); k != "" {
+			c.m.storeFailures.WithLabelValues(k).Inc()
+		}
+	}
 	if c.span == nil {
 		return
 	}

@@ -3,6 +3,7 @@ package observe_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 
 	dto "github.com/prometheus/client_model/go"
@@ -111,4 +112,51 @@ func labelValue(m *dto.Metric, name string) string {
 		}
 	}
 	return ""
+}
+
+// ownFailure is an error a store marks as a failure of its own making, as
+// redisstore's refused replies and recovered panics are.
+type ownFailure string
+
+func (e ownFailure) Error() string        { return string(e) }
+func (e ownFailure) StoreFailure() string { return string(e) }
+
+// failing answers every reservation with its error.
+type failing struct {
+	idem.Store
+	err error
+}
+
+func (f failing) Reserve(context.Context, idem.Reservation) (idem.ReserveResult, error) {
+	return idem.ReserveResult{}, f.err
+}
+
+// TestStoreFailuresAreCountedByKind: a refused reply or a panic under a
+// store call is counted by kind, wrapped or not, and still counted as an
+// error of the call, so that the alerts on store errors fire for it.
+func TestStoreFailuresAreCountedByKind(t *testing.T) {
+	m := observe.NewMetrics()
+	ms := memstore.New(memstore.Options{})
+	t.Cleanup(func() { _ = ms.Close() })
+	for _, err := range []error{ownFailure("panic"), fmt.Errorf("reserve: %w", ownFailure("reply_refused")), errors.New("other")} {
+		_, _ = observe.InstrumentStore(failing{ms, err}, m, nil).Reserve(context.Background(), idem.Reservation{})
+	}
+	mfs, err := m.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, mf := range mfs {
+		if mf.GetName() == observe.Namespace+"_store_failures_total" {
+			for _, s := range mf.GetMetric() {
+				got[labelValue(s, "kind")] = s.GetCounter().GetValue()
+			}
+		}
+	}
+	if got["panic"] != 1 || got["reply_refused"] != 1 || len(got) != 2 {
+		t.Errorf("store_failures_total = %v, want one panic and one reply_refused", got)
+	}
+	if n := storeCalls(t, m, "reserve"); n != 3 {
+		t.Errorf("%d reserve calls timed, want 3", n)
+	}
 }

@@ -11,7 +11,8 @@ import (
 var _ idem.Admin = (*Store)(nil)
 
 // Purge implements idem.Admin.
-func (s *Store) Purge(ctx context.Context, id idem.RecordID) error {
+func (s *Store) Purge(ctx context.Context, id idem.RecordID) (err error) {
+	defer s.recoverCall("purge", &err)
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	n, err := s.s.purge.Run(ctx, s.rdb, []string{s.Key(id)}).Int()
@@ -25,7 +26,8 @@ func (s *Store) Purge(ctx context.Context, id idem.RecordID) error {
 }
 
 // Resolve implements idem.Admin.
-func (s *Store) Resolve(ctx context.Context, id idem.RecordID, resp *idem.Response, retention time.Duration) error {
+func (s *Store) Resolve(ctx context.Context, id idem.RecordID, resp *idem.Response, retention time.Duration) (err error) {
+	defer s.recoverCall("resolve", &err)
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	args := []any{"release"}

@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -67,6 +68,7 @@ type batcher struct {
 	rdb         redis.UniversalClient
 	callTimeout time.Duration // a batch's deadline when no caller has one
 	slots       int           // batches in flight at most (DefaultBatchSlots)
+	log         *slog.Logger  // for a batch that panicked
 
 	mu      sync.Mutex
 	pending []*scriptCall
@@ -95,9 +97,9 @@ func (b *batcher) run(ctx context.Context, sc *redis.Script, keys []string, args
 	if len(b.pending) == 0 && b.busy < b.slots {
 		b.busy++
 		b.mu.Unlock()
-		cmd := sc.Run(ctx, b.rdb, keys, args...)
-		b.release()
-		return cmd
+		// Released even if the call panics (the store's method recovers).
+		defer b.release()
+		return sc.Run(ctx, b.rdb, keys, args...)
 	}
 	c := &scriptCall{ctx: ctx, sc: sc, keys: keys, args: args, done: make(chan struct{})}
 	// Every slot is taken, or a queue already waits for the next one to be
@@ -150,9 +152,21 @@ func (b *batcher) send() {
 	}
 }
 
-// exec sends one batch and hands every call its reply.
+// exec sends one batch and hands every call its reply. It runs on a
+// goroutine of its own, beyond the reach of the callers' recovery: a
+// panic fails the calls not yet answered, and the batcher goes on.
 func (b *batcher) exec(batch []*scriptCall) {
 	live := batch[:0:0]
+	answered := 0 // calls of live handed their reply, or to a goroutine that will
+	defer func() {
+		if v := recover(); v != nil {
+			err := panicked(b.log, "batch", v)
+			for _, c := range live[answered:] {
+				c.cmd = failedCmd(c.ctx, err)
+				close(c.done)
+			}
+		}
+	}()
 	var deadline time.Time
 	for _, c := range batch {
 		if c.ctx.Err() != nil {
@@ -206,14 +220,21 @@ func (b *batcher) exec(batch []*scriptCall) {
 			// few times without a reload). A failover produces exactly
 			// these, so such a call is run again on its own, on its
 			// caller's context, as it would have been without batching.
+			answered++
 			go func() {
+				defer close(c.done)
+				defer func() {
+					if v := recover(); v != nil {
+						c.cmd = failedCmd(c.ctx, panicked(b.log, "batch", v))
+					}
+				}()
 				c.cmd = c.sc.Run(c.ctx, b.rdb, c.keys, c.args...)
-				close(c.done)
 			}()
 			continue
 		}
 		c.cmd = cmds[i]
 		close(c.done)
+		answered++
 	}
 }
 
@@ -252,11 +273,11 @@ type batchers struct {
 	byNode map[string]*batcher
 }
 
-func newBatchers(rdb redis.UniversalClient, callTimeout time.Duration, slots int) *batchers {
+func newBatchers(rdb redis.UniversalClient, callTimeout time.Duration, slots int, log *slog.Logger) *batchers {
 	if slots <= 0 {
 		slots = DefaultBatchSlots
 	}
-	bs := &batchers{rdb: rdb, one: batcher{rdb: rdb, callTimeout: callTimeout, slots: slots}}
+	bs := &batchers{rdb: rdb, one: batcher{rdb: rdb, callTimeout: callTimeout, slots: slots, log: log}}
 	if cc, ok := rdb.(*redis.ClusterClient); ok {
 		bs.cluster, bs.byNode = cc, map[string]*batcher{}
 	}
@@ -279,7 +300,7 @@ func (bs *batchers) run(ctx context.Context, sc *redis.Script, keys []string, ar
 	bs.mu.Lock()
 	b := bs.byNode[addr]
 	if b == nil {
-		b = &batcher{rdb: bs.rdb, callTimeout: bs.one.callTimeout, slots: bs.one.slots}
+		b = &batcher{rdb: bs.rdb, callTimeout: bs.one.callTimeout, slots: bs.one.slots, log: bs.one.log}
 		bs.byNode[addr] = b
 	}
 	bs.mu.Unlock()

@@ -55,7 +55,11 @@ func newClient(rawURL string, callTimeout time.Duration, sec Security, minIdle i
 	if err := sec.apply(simple, multi); err != nil {
 		return nil, err
 	}
+	// One budget for every connection of the client, whatever the
+	// topology (guard.go).
+	budget := newReplyBudget(DefaultMaxReply)
 	if simple != nil {
+		simple.Dialer = guardedDialer(callTimeout, simple.TLSConfig, budget)
 		simple.ContextTimeoutEnabled = true
 		simple.DialTimeout = callTimeout
 		simple.ReadTimeout = callTimeout
@@ -76,6 +80,7 @@ func newClient(rawURL string, callTimeout time.Duration, sec Security, minIdle i
 		simple.MaintNotificationsConfig = noMaintNotifications()
 		return redis.NewClient(simple), nil
 	}
+	multi.Dialer = guardedDialer(callTimeout, multi.TLSConfig, budget)
 	multi.ContextTimeoutEnabled = true
 	multi.DialTimeout = callTimeout
 	multi.ReadTimeout = callTimeout

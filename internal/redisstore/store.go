@@ -15,6 +15,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"strings"
 	"sync"
@@ -54,7 +55,8 @@ func loadScripts() scripts {
 // EVALSHA refused with NOSCRIPT and sent again as EVAL. It matters for a
 // store a round trip of tens of milliseconds away (another region); a
 // restarted Redis forgets them, and its first calls pay that trip once.
-func (s *Store) LoadScripts(ctx context.Context) error {
+func (s *Store) LoadScripts(ctx context.Context) (err error) {
+	defer s.recoverCall("script_load", &err)
 	all := []*redis.Script{s.s.reserve, s.s.renew, s.s.complete, s.s.release, s.s.markUnknown,
 		s.s.watch, s.s.peek, s.s.cancel}
 	// At once, each on a connection of its own: one round trip, not eight.
@@ -87,6 +89,9 @@ type Options struct {
 	// does: for a Redis far enough away that waiting for a batch slot costs
 	// more than the writes batching saves (BatchingFor).
 	Unbatched bool
+	// Logger receives the stack of a call that panicked (slog.Default
+	// when nil).
+	Logger *slog.Logger
 }
 
 // Store implements idem.Store on a go-redis UniversalClient: standalone,
@@ -98,13 +103,18 @@ type Store struct {
 	s           scripts
 	hub         *hub
 	batch       *batchers // nil: every call on its own (tests compare)
+	log         *slog.Logger
 }
 
 var _ idem.Store = (*Store)(nil)
 
 // New returns a Store using rdb. The caller keeps ownership of rdb.
 func New(rdb redis.UniversalClient, opts Options) *Store {
-	st := &Store{rdb: rdb, prefix: opts.Prefix, callTimeout: opts.CallTimeout, s: loadScripts(), hub: newHub(rdb)}
+	st := &Store{rdb: rdb, prefix: opts.Prefix, callTimeout: opts.CallTimeout, s: loadScripts(), log: opts.Logger}
+	if st.log == nil {
+		st.log = slog.Default()
+	}
+	st.hub = newHub(rdb, st.log)
 	if st.prefix == "" {
 		st.prefix = DefaultPrefix
 	}
@@ -112,7 +122,7 @@ func New(rdb redis.UniversalClient, opts Options) *Store {
 		st.callTimeout = idem.DefaultStoreTimeout
 	}
 	if !opts.Unbatched {
-		st.batch = newBatchers(rdb, st.callTimeout, opts.BatchSlots)
+		st.batch = newBatchers(rdb, st.callTimeout, opts.BatchSlots, st.log)
 	}
 	return st
 }
@@ -163,7 +173,8 @@ func (s *Store) bound(ctx context.Context) (context.Context, context.CancelFunc)
 }
 
 // Reserve implements idem.Store.
-func (s *Store) Reserve(ctx context.Context, r idem.Reservation) (idem.ReserveResult, error) {
+func (s *Store) Reserve(ctx context.Context, r idem.Reservation) (_ idem.ReserveResult, err error) {
+	defer s.recoverCall("reserve", &err)
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	args := reserveArgs(&r)
@@ -249,10 +260,10 @@ func parseReserve(v []any) (idem.ReserveResult, error) {
 		}
 		res.Home, _ = v[3].(string)
 	case "completed":
-		rec, _ := v[3].(string)
 		if len(v) != 4 {
 			return idem.ReserveResult{}, fmt.Errorf("completed reply of %d elements", len(v))
 		}
+		rec, _ := v[3].(string)
 		n := completedHeadLen(rec)
 		if n == 0 {
 			return idem.ReserveResult{}, fmt.Errorf("completed record of %d bytes: %w", len(rec), errCorrupt)
@@ -290,7 +301,8 @@ func (s *Store) MarkUnknown(ctx context.Context, id idem.RecordID, tok idem.Toke
 }
 
 // Cancel implements idem.Store.
-func (s *Store) Cancel(ctx context.Context, id idem.RecordID, tok idem.Token, hold time.Duration) (idem.CancelResult, error) {
+func (s *Store) Cancel(ctx context.Context, id idem.RecordID, tok idem.Token, hold time.Duration) (_ idem.CancelResult, err error) {
+	defer s.recoverCall("cancel", &err)
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	n, err := s.run(ctx, s.s.cancel, s.markerKeys(id, tok), tok[:], max(hold.Milliseconds(), 1)).Int()
@@ -305,7 +317,8 @@ func (s *Store) Cancel(ctx context.Context, id idem.RecordID, tok idem.Token, ho
 
 // transition runs a token-checked script whose reply is 1 (applied), 0 (no
 // record) or -1 (token does not hold the record).
-func (s *Store) transition(ctx context.Context, op string, sc *redis.Script, id idem.RecordID, args ...any) error {
+func (s *Store) transition(ctx context.Context, op string, sc *redis.Script, id idem.RecordID, args ...any) (err error) {
+	defer s.recoverCall(op, &err)
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	n, err := s.run(ctx, sc, []string{s.Key(id)}, args...).Int()
@@ -323,7 +336,8 @@ func (s *Store) transition(ctx context.Context, op string, sc *redis.Script, id 
 }
 
 // Get implements idem.Store.
-func (s *Store) Get(ctx context.Context, id idem.RecordID) (idem.Record, error) {
+func (s *Store) Get(ctx context.Context, id idem.RecordID) (_ idem.Record, err error) {
+	defer s.recoverCall("get", &err)
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	key := s.Key(id)
@@ -383,7 +397,8 @@ func parseRecord(m map[string]string) (idem.Record, error) {
 }
 
 // Ping implements idem.Store.
-func (s *Store) Ping(ctx context.Context) error {
+func (s *Store) Ping(ctx context.Context) (err error) {
+	defer s.recoverCall("ping", &err)
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	if err := s.rdb.Ping(ctx).Err(); err != nil {

@@ -2,8 +2,11 @@ package redisstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -17,6 +20,7 @@ var _ idem.Watcher = (*Store)(nil)
 // while someone waits and left when the last waiter stops.
 type hub struct {
 	rdb redis.UniversalClient
+	log *slog.Logger
 
 	mu        sync.Mutex
 	ps        *redis.PubSub
@@ -26,9 +30,10 @@ type hub struct {
 	done      chan struct{}
 }
 
-func newHub(rdb redis.UniversalClient) *hub {
+func newHub(rdb redis.UniversalClient, log *slog.Logger) *hub {
 	return &hub{
 		rdb:       rdb,
+		log:       log,
 		waiters:   map[string][]chan struct{}{},
 		confirmed: map[string]bool{},
 		confirmWt: map[string][]chan struct{}{},
@@ -43,7 +48,7 @@ func (h *hub) join(ctx context.Context, channel string, w chan struct{}) (<-chan
 	if h.ps == nil {
 		h.ps = h.rdb.Subscribe(context.WithoutCancel(ctx))
 		h.done = make(chan struct{})
-		go h.dispatch(h.ps.ChannelWithSubscriptions(), h.done)
+		go h.receive(h.ps, h.done)
 	}
 	h.waiters[channel] = append(h.waiters[channel], w)
 	active := make(chan struct{})
@@ -92,28 +97,61 @@ func (h *hub) removeLocked(channel string, w chan struct{}) {
 	_ = h.ps.Unsubscribe(context.Background(), channel)
 }
 
-func (h *hub) dispatch(msgs <-chan any, done chan struct{}) {
+// receive reads the subscription's messages on a goroutine of the hub's
+// own rather than through PubSub.Channel, whose goroutine belongs to
+// go-redis: go-redis makes a message of a reply by asserting its shape
+// (pubsub.go newMessage indexes reply[0], reply[1] and reply[2] and
+// asserts their types unchecked), so a reply of another shape panics
+// there, and only here can that panic be recovered. As go-redis's own
+// loop does (pubsub.go channel.initAllChan), an error pauses the loop for
+// 100 ms and the next Receive reconnects and subscribes again; a closed
+// PubSub ends it. go-redis's loop also pings a silent connection; this
+// one relies on TCP keep-alive, which go-redis's dialer turns on
+// (options.go NewDialer), to notice a dead one.
+func (h *hub) receive(ps *redis.PubSub, done chan struct{}) {
 	defer close(done)
-	for m := range msgs {
-		h.mu.Lock()
-		switch m := m.(type) {
-		case *redis.Subscription:
-			// Also sent again after go-redis reconnects and resubscribes.
-			if m.Kind == "subscribe" && len(h.waiters[m.Channel]) > 0 {
-				h.confirmed[m.Channel] = true
-				for _, c := range h.confirmWt[m.Channel] {
-					close(c)
-				}
-				delete(h.confirmWt, m.Channel)
-			}
-		case *redis.Message:
-			for _, w := range h.waiters[m.Channel] {
-				close(w)
-			}
-			// The waiters are woken; they stop their watch themselves.
-			h.waiters[m.Channel] = nil
+	for {
+		m, err := h.receiveOne(ps)
+		switch {
+		case errors.Is(err, redis.ErrClosed):
+			return
+		case err != nil:
+			time.Sleep(100 * time.Millisecond)
+		default:
+			h.dispatch(m)
 		}
-		h.mu.Unlock()
+	}
+}
+
+func (h *hub) receiveOne(ps *redis.PubSub) (m any, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = panicked(h.log, "watch", v)
+		}
+	}()
+	return ps.Receive(context.Background())
+}
+
+// dispatch wakes the waiters a message concerns.
+func (h *hub) dispatch(m any) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	switch m := m.(type) {
+	case *redis.Subscription:
+		// Also sent again after go-redis reconnects and resubscribes.
+		if m.Kind == "subscribe" && len(h.waiters[m.Channel]) > 0 {
+			h.confirmed[m.Channel] = true
+			for _, c := range h.confirmWt[m.Channel] {
+				close(c)
+			}
+			delete(h.confirmWt, m.Channel)
+		}
+	case *redis.Message:
+		for _, w := range h.waiters[m.Channel] {
+			close(w)
+		}
+		// The waiters are woken; they stop their watch themselves.
+		h.waiters[m.Channel] = nil
 	}
 }
 
@@ -133,7 +171,8 @@ func (h *hub) close() error {
 // Watch implements idem.Watcher: it subscribes to the record's channel,
 // then marks the record as awaited (watch.lua), so the script that settles
 // it publishes. A record that is not in flight any more wakes at once.
-func (s *Store) Watch(ctx context.Context, id idem.RecordID) (<-chan struct{}, func(), error) {
+func (s *Store) Watch(ctx context.Context, id idem.RecordID) (_ <-chan struct{}, _ func(), err error) {
+	defer s.recoverCall("watch", &err)
 	key := s.Key(id)
 	w := make(chan struct{})
 	active, err := s.hub.join(ctx, key, w)
