@@ -239,6 +239,8 @@ func parseReserve(v []any) (idem.ReserveResult, error) {
 		res.Outcome = idem.Unknown
 	case "cancelled":
 		return idem.ReserveResult{}, idem.ErrCancelled
+	case "damaged":
+		return idem.ReserveResult{}, fmt.Errorf("the key holds no record the scripts write: %w", errCorrupt)
 	case "moved", "handed_over":
 		res.Outcome = idem.Moved
 		if outcome == "handed_over" {
