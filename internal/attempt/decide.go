@@ -187,7 +187,10 @@ func (a *Attempt) awaitFirst(ctx context.Context, fp idem.Fingerprint, first ide
 		case <-wctx.Done():
 		}
 		stop()
-		if res, done := a.reread(ctx, fp, first); done {
+		if res, done, err := a.reread(ctx, fp, first); done {
+			if err != nil {
+				return res, err
+			}
 			return a.opened(res)
 		}
 		if wctx.Err() != nil {
@@ -197,8 +200,9 @@ func (a *Attempt) awaitFirst(ctx context.Context, fp idem.Fingerprint, first ide
 }
 
 // reread reads the record a duplicate waits for once the store said it
-// may have settled, and reports what to answer if it did.
-func (a *Attempt) reread(ctx context.Context, fp idem.Fingerprint, first idem.ReserveResult) (idem.ReserveResult, bool) {
+// may have settled, and reports what to answer if it did: a damaged
+// record is an error, as at the reservation.
+func (a *Attempt) reread(ctx context.Context, fp idem.Fingerprint, first idem.ReserveResult) (idem.ReserveResult, bool, error) {
 	sctx, scancel := a.StoreCtx(ctx)
 	rec, err := a.recordStore().Get(sctx, a.ID)
 	scancel()
@@ -207,25 +211,30 @@ func (a *Attempt) reread(ctx context.Context, fp idem.Fingerprint, first idem.Re
 		// Released (the upstream asked for a retry): this attempt may run
 		// the operation now.
 		res, err := a.reserve(ctx, fp)
+		if errors.Is(err, idem.ErrDamaged) {
+			return first, true, unusable{err}
+		}
 		if err != nil {
 			// The duplicate is answered 409, as when the wait began; a
 			// reservation this call may still make is undone.
 			a.giveUp(ctx, err)
-			return first, true
+			return first, true, nil
 		}
-		return res, true
+		return res, true, nil
+	case errors.Is(err, idem.ErrDamaged):
+		return first, true, unusable{err}
 	case err != nil:
-		return first, true
+		return first, true, nil
 	case rec.Fingerprint != fp:
-		return idem.ReserveResult{Outcome: idem.Mismatch}, true
+		return idem.ReserveResult{Outcome: idem.Mismatch}, true, nil
 	case rec.State == idem.StateCompleted:
-		return idem.ReserveResult{Outcome: idem.Completed, Attempt: first.Attempt, Response: rec.Response, CreatedAt: rec.CreatedAt}, true
+		return idem.ReserveResult{Outcome: idem.Completed, Attempt: first.Attempt, Response: rec.Response, CreatedAt: rec.CreatedAt}, true, nil
 	case rec.State == idem.StateMoved:
-		return first, true // handed over meanwhile: the first answer stands
+		return first, true, nil // handed over meanwhile: the first answer stands
 	case rec.State == idem.StateUnknown:
-		return idem.ReserveResult{Outcome: idem.Unknown, Attempt: first.Attempt, CreatedAt: rec.CreatedAt}, true
+		return idem.ReserveResult{Outcome: idem.Unknown, Attempt: first.Attempt, CreatedAt: rec.CreatedAt}, true, nil
 	}
-	return first, false
+	return first, false, nil
 }
 
 // DecideShadow makes the decision an enforcing policy would make, against

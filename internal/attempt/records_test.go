@@ -198,3 +198,27 @@ func TestDamagedRecordsAre503(t *testing.T) {
 		}
 	})
 }
+
+// TestDamagedRecordAfterAWaitIs503: a duplicate that waited for the
+// attempt in flight and then finds the record damaged is answered 503,
+// not 409 request-in-progress as if the first attempt still ran.
+func TestDamagedRecordAfterAWaitIs503(t *testing.T) {
+	ctx := context.Background()
+	pol := policy.Default()
+	pol.WaitForInFlight = 200 * time.Millisecond
+	r := newRedisRecords(t, pol)
+	r.first(t, fp1)
+	c := &conv{}
+	dup := r.attempt(c)
+	if v := dup.Request(ctx, fp1); v.Kind != Wait {
+		t.Fatalf("duplicate: verdict %+v, want Wait", v)
+	}
+	r.put(t, "x")
+	v := dup.Await(ctx)
+	if v.Kind != Answer || v.Problem == nil || v.Problem.Kind != problem.StoreUnavailable {
+		t.Fatalf("verdict %+v, want 503 %s", v, problem.StoreUnavailable.Slug)
+	}
+	if got := c.decisions; !slices.Equal(got, []idem.Decision{idem.DecisionRecordUnusable}) {
+		t.Fatalf("decisions %v, want %v", got, idem.DecisionRecordUnusable)
+	}
+}
