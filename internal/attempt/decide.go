@@ -13,10 +13,11 @@ import (
 )
 
 // unusable is a store the attempt can reach but not use: the policy seals
-// and the server has no key ring, or a stored response does not open. The
-// request is then refused whatever the policy's failure_mode: fail_open is
-// for a store that cannot be asked, not for one whose answer cannot be
-// trusted. Its text is the cause's, as logged.
+// and the server has no key ring, or the stored record is damaged
+// (idem.ErrDamaged), not sealed under a policy that encrypts, or does not
+// open or expand. The request is then refused whatever the policy's
+// failure_mode: fail_open is for a store that cannot be asked, not for one
+// whose answer cannot be trusted. Its text is the cause's, as logged.
 type unusable struct{ err error }
 
 func (e unusable) Error() string { return e.err.Error() }
@@ -30,7 +31,13 @@ func Unreachable(err error) bool {
 	return !errors.As(err, &u)
 }
 
-var errNoKeyRing = errors.New("policy asks for encryption and the server has no key ring")
+var (
+	errNoKeyRing = errors.New("policy asks for encryption and the server has no key ring")
+	// errNotSealed: nothing in a record tells one stored in the clear
+	// before the policy encrypted from one forged in the clear since, so
+	// neither is replayed (docs/design.md §6.8).
+	errNotSealed = errors.New("a stored response is not sealed and the policy encrypts: stored before encryption was turned on, or forged")
+)
 
 // Decide is the request-time decision (docs/design.md §3) for a complete
 // request's fingerprint: it reserves the record for a new token; a
@@ -55,6 +62,9 @@ func (a *Attempt) Decide(ctx context.Context, fp idem.Fingerprint) (idem.Reserve
 		return idem.ReserveResult{}, unusable{errNoKeyRing}
 	}
 	res, err := a.reserve(ctx, fp)
+	if errors.Is(err, idem.ErrDamaged) {
+		return res, unusable{err} // it reserved nothing: no cancel
+	}
 	if err != nil {
 		if a.Policy.FailureMode != policy.FailOpen {
 			a.giveUp(ctx, err)
@@ -82,11 +92,14 @@ func (a *Attempt) waits(res idem.ReserveResult) (time.Duration, bool) {
 // opened gives a completed record's response as it is replayed: opened
 // when sealed, then expanded when compressed (it is compressed before it
 // is sealed). A stored response that does not open (tampered, or its key
-// left the ring) or does not expand is never replayed, and the key is not
-// free.
+// left the ring), is not sealed under a policy that encrypts, or does not
+// expand is never replayed, and the key is not free.
 func (a *Attempt) opened(res idem.ReserveResult) (idem.ReserveResult, error) {
 	if res.Outcome != idem.Completed {
 		return res, nil
+	}
+	if a.Policy.Encrypt && !res.Response.Sealed {
+		return res, unusable{errNotSealed}
 	}
 	if res.Response.Sealed {
 		opened, err := a.open(*res.Response)
@@ -174,7 +187,10 @@ func (a *Attempt) awaitFirst(ctx context.Context, fp idem.Fingerprint, first ide
 		case <-wctx.Done():
 		}
 		stop()
-		if res, done := a.reread(ctx, fp, first); done {
+		if res, done, err := a.reread(ctx, fp, first); done {
+			if err != nil {
+				return res, err
+			}
 			return a.opened(res)
 		}
 		if wctx.Err() != nil {
@@ -184,8 +200,9 @@ func (a *Attempt) awaitFirst(ctx context.Context, fp idem.Fingerprint, first ide
 }
 
 // reread reads the record a duplicate waits for once the store said it
-// may have settled, and reports what to answer if it did.
-func (a *Attempt) reread(ctx context.Context, fp idem.Fingerprint, first idem.ReserveResult) (idem.ReserveResult, bool) {
+// may have settled, and reports what to answer if it did: a damaged
+// record is an error, as at the reservation.
+func (a *Attempt) reread(ctx context.Context, fp idem.Fingerprint, first idem.ReserveResult) (idem.ReserveResult, bool, error) {
 	sctx, scancel := a.StoreCtx(ctx)
 	rec, err := a.recordStore().Get(sctx, a.ID)
 	scancel()
@@ -194,25 +211,30 @@ func (a *Attempt) reread(ctx context.Context, fp idem.Fingerprint, first idem.Re
 		// Released (the upstream asked for a retry): this attempt may run
 		// the operation now.
 		res, err := a.reserve(ctx, fp)
+		if errors.Is(err, idem.ErrDamaged) {
+			return first, true, unusable{err}
+		}
 		if err != nil {
 			// The duplicate is answered 409, as when the wait began; a
 			// reservation this call may still make is undone.
 			a.giveUp(ctx, err)
-			return first, true
+			return first, true, nil
 		}
-		return res, true
+		return res, true, nil
+	case errors.Is(err, idem.ErrDamaged):
+		return first, true, unusable{err}
 	case err != nil:
-		return first, true
+		return first, true, nil
 	case rec.Fingerprint != fp:
-		return idem.ReserveResult{Outcome: idem.Mismatch}, true
+		return idem.ReserveResult{Outcome: idem.Mismatch}, true, nil
 	case rec.State == idem.StateCompleted:
-		return idem.ReserveResult{Outcome: idem.Completed, Attempt: first.Attempt, Response: rec.Response, CreatedAt: rec.CreatedAt}, true
+		return idem.ReserveResult{Outcome: idem.Completed, Attempt: first.Attempt, Response: rec.Response, CreatedAt: rec.CreatedAt}, true, nil
 	case rec.State == idem.StateMoved:
-		return first, true // handed over meanwhile: the first answer stands
+		return first, true, nil // handed over meanwhile: the first answer stands
 	case rec.State == idem.StateUnknown:
-		return idem.ReserveResult{Outcome: idem.Unknown, Attempt: first.Attempt, CreatedAt: rec.CreatedAt}, true
+		return idem.ReserveResult{Outcome: idem.Unknown, Attempt: first.Attempt, CreatedAt: rec.CreatedAt}, true, nil
 	}
-	return first, false
+	return first, false, nil
 }
 
 // DecideShadow makes the decision an enforcing policy would make, against
@@ -325,8 +347,13 @@ func (a *Attempt) unavailable(ctx context.Context, err error) Verdict {
 		a.LogAt(ctx, slog.LevelWarn, "store unavailable; request passes unprotected (fail_open)", slog.String("error", err.Error()))
 		return verdictPass
 	}
-	a.conv.Decided(a.Policy.Name, idem.DecisionStoreUnavailable)
-	a.LogAt(ctx, slog.LevelError, "store unavailable; request refused (fail_closed)", slog.String("error", err.Error()))
+	if Unreachable(err) || errors.Is(err, errNoKeyRing) {
+		a.conv.Decided(a.Policy.Name, idem.DecisionStoreUnavailable)
+		a.LogAt(ctx, slog.LevelError, "store unavailable; request refused (fail_closed)", slog.String("error", err.Error()))
+	} else {
+		a.conv.Decided(a.Policy.Name, idem.DecisionRecordUnusable)
+		a.LogAt(ctx, slog.LevelError, "stored record cannot be used; request refused", slog.String("error", err.Error()))
+	}
 	prob := problem.New(problem.StoreUnavailable, "the idempotency store cannot be used; retry later")
 	prob.RetryAfter = a.Policy.RetryAfter
 	return Verdict{Kind: Answer, Problem: prob}

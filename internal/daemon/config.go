@@ -71,6 +71,8 @@ type Config struct {
 	// MaxMessageSize bounds one ext_proc message. A BUFFERED body arrives
 	// as one message, so it must exceed Envoy's buffer limit.
 	MaxMessageSize int
+	// Keepalive finds an Envoy gone without closing its connection.
+	Keepalive server.Keepalive
 	// MaxBufferedBytes bounds the body bytes all streams buffer together;
 	// 0 means defaultMaxBufferedBytes (a quarter of the container's
 	// memory limit, else 256 MiB).
@@ -161,6 +163,9 @@ func defineFlags(fs *flag.FlagSet, cfg *Config, raw *rawFlags) {
 	fs.IntVar(&cfg.RedisBatchSlots, "redis-batch-slots", 0, "script calls of concurrent streams in flight at once to one Redis primary, each on a connection of its own; calls beyond wait and leave together in one pipeline when a slot frees; 1 to 64. 0 (the default) chooses by the round trip measured at start: 2 slots up to 250µs (a Redis on the same host), no batching beyond (docs/redis.md, Pipelining)")
 	fs.IntVar(&cfg.MemoryMaxRecords, "memory-max-records", 1_000_000, "in-memory store only: most records held; past it new keys are refused with 503 (or pass under fail_open), so a flood of keys cannot exhaust memory")
 	fs.IntVar(&cfg.MaxMessageSize, "max-message-size", server.DefaultMaxMessageSize, "largest ext_proc message accepted, in bytes, at least 1048576 (1 MiB); above Envoy's buffer limit, since a BUFFERED body is one message")
+	fs.DurationVar(&cfg.Keepalive.Time, "keepalive-time", server.DefaultKeepalive.Time, "ping a peer (Envoy) after this long without a frame from it, at least 1s; with --keepalive-timeout it bounds how long the streams of a peer gone without a FIN or a reset stay open, their leases renewed")
+	fs.DurationVar(&cfg.Keepalive.Timeout, "keepalive-timeout", server.DefaultKeepalive.Timeout, "how long a pinged peer has to answer before its connection is closed and its streams end")
+	fs.DurationVar(&cfg.Keepalive.MinTime, "keepalive-min-time", server.DefaultKeepalive.MinTime, "shortest interval between a peer's keepalive pings accepted; a peer that pings sooner has its connection closed (GOAWAY too_many_pings), so keep it at or under the ext_proc cluster's connection_keepalive.interval")
 	fs.Int64Var(&cfg.MaxBufferedBytes, "max-buffered-bytes", 0, "most body bytes all streams buffer at once (request bodies being fingerprinted, responses being stored); past it new protected requests get 503 idempotency-capacity-exceeded; 0: a quarter of the cgroup's memory.max, else 256 MiB")
 	fs.IntVar(&cfg.GCPercent, "gc-percent", 0, "Go garbage collector target (GOGC): the heap grows by this percent of the live heap between collections; with a value above 100 the server also sets a soft memory limit (90% of the cgroup's memory.max, else twice --max-buffered-bytes plus 64 MiB) unless GOMEMLIMIT is set; 0: 400, or GOGC when that is set")
 	fs.StringVar(&raw.logLevel, "log-level", "info", "log level: debug, info, warn or error")
@@ -241,6 +246,16 @@ func (c *Config) check(raw rawFlags, where func(string) string) []error {
 	}
 	if c.MaxMessageSize < 1<<20 {
 		errs = append(errs, fmt.Errorf("%s: %d is below 1 MiB, the smallest Envoy buffer", where("max-message-size"), c.MaxMessageSize))
+	}
+	if c.Keepalive.Time < time.Second {
+		// grpc-go would raise it to 1 s in silence (server.go, KeepaliveParams).
+		errs = append(errs, fmt.Errorf("%s: %v is under 1s, the shortest gRPC allows", where("keepalive-time"), c.Keepalive.Time))
+	}
+	if c.Keepalive.Timeout <= 0 {
+		errs = append(errs, fmt.Errorf("%s: must be positive", where("keepalive-timeout")))
+	}
+	if c.Keepalive.MinTime <= 0 {
+		errs = append(errs, fmt.Errorf("%s: must be positive", where("keepalive-min-time")))
 	}
 	if c.MaxBufferedBytes < 0 {
 		errs = append(errs, fmt.Errorf("%s: must not be negative (0 picks the default)", where("max-buffered-bytes")))

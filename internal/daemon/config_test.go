@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/idem-extproc/idem-extproc/internal/server"
 )
 
 func env(m map[string]string) func(string) string {
@@ -22,7 +24,8 @@ func TestParseConfigDefaults(t *testing.T) {
 	}
 	want := Config{Listen: ":50051", AdminListen: ":8081", StoreTimeout: 100 * time.Millisecond,
 		DrainTimeout: 15 * time.Second, MaxMessageSize: 32 << 20, MemoryMaxRecords: 1_000_000, LogLevel: slog.LevelInfo, LogFormat: "json",
-		StoreCheckInterval: 30 * time.Second, RegionIdleConns: 8, RegionPingInterval: 5 * time.Second, RegionDefaultRTT: 150 * time.Millisecond}
+		StoreCheckInterval: 30 * time.Second, RegionIdleConns: 8, RegionPingInterval: 5 * time.Second, RegionDefaultRTT: 150 * time.Millisecond,
+		Keepalive: server.DefaultKeepalive}
 	if !reflect.DeepEqual(cfg, want) {
 		t.Fatalf("defaults = %+v, want %+v", cfg, want)
 	}
@@ -64,6 +67,8 @@ func TestParseConfigErrorsNameTheField(t *testing.T) {
 		{"bad log format", []string{"--log-format", "xml"}, nil, []string{"--log-format", "xml"}},
 		{"bad redis scheme", []string{"--redis-url", "http://x"}, nil, []string{"--redis-url", "redis://"}},
 		{"tiny message size", []string{"--max-message-size", "1000"}, nil, []string{"--max-message-size"}},
+		{"keepalive under gRPC's floor", []string{"--keepalive-time", "500ms"}, nil, []string{"--keepalive-time: 500ms is under 1s"}},
+		{"no keepalive timeout", nil, map[string]string{"IDEM_KEEPALIVE_TIMEOUT": "0s"}, []string{"--keepalive-timeout (from IDEM_KEEPALIVE_TIMEOUT): must be positive"}},
 		{"cert without key", []string{"--tls-cert-file", "c.pem"}, nil, []string{"--tls-cert-file", "--tls-key-file"}},
 		{"client CA without cert", []string{"--tls-client-ca-file", "ca.pem"}, nil, []string{"--tls-client-ca-file"}},
 		{"SANs without client CA", []string{"--tls-cert-file", "c", "--tls-key-file", "k", "--tls-allowed-sans", "spiffe://x"}, nil, []string{"--tls-allowed-sans"}},

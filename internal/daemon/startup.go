@@ -238,7 +238,7 @@ func (d *Daemon) serve(files startFiles, tp trace.TracerProvider) {
 			StoreTimeout: d.cfg.StoreTimeout, MaxBufferedBytes: budget, Sealer: files.sealer,
 			Homes: d.homes(),
 		},
-		Metrics: d.metrics, MaxMessageSize: d.cfg.MaxMessageSize, Creds: files.creds,
+		Metrics: d.metrics, MaxMessageSize: d.cfg.MaxMessageSize, Creds: files.creds, Keepalive: d.cfg.Keepalive,
 	})
 	if d.router != nil {
 		d.router.UseLocal(d.store) // instrumented now

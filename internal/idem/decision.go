@@ -17,6 +17,7 @@ const (
 	DecisionMismatch         Decision = "mismatch"          // 422 idempotency-key-reused
 	DecisionUnknown          Decision = "unknown"           // 409 outcome-unknown
 	DecisionStoreUnavailable Decision = "store_unavailable" // 503, failing closed
+	DecisionRecordUnusable   Decision = "record_unusable"   // 503, whatever the failure mode: a stored record that is damaged, not sealed under a policy that encrypts, or does not open
 	DecisionFailOpen         Decision = "fail_open"         // store down, passed unprotected
 	DecisionShadowed         Decision = "shadowed"          // a shadow policy decided (ShadowDecision) and let the request on
 

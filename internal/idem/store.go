@@ -3,6 +3,7 @@ package idem
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 )
 
@@ -30,6 +31,13 @@ var ErrCancelled = errors.New("idem: reservation cancelled by its own attempt be
 // full or when the caller's context had ended). A Reserve that failed so
 // leaves nothing to cancel.
 var ErrRefused = errors.New("idem: refused before any change")
+
+// ErrDamaged wraps a store error that says the value under the record's
+// id is none the store writes: cut short, of another type, or not
+// decodable. It tells nothing about the request, so it is never answered
+// as a mismatch or replayed. The call that met it reserved nothing, so it
+// wraps ErrRefused.
+var ErrDamaged = fmt.Errorf("idem: stored record is damaged: %w", ErrRefused)
 
 // LeaseExpiry says what an expired lease means.
 type LeaseExpiry uint8

@@ -64,7 +64,7 @@ func NewMetrics() *Metrics {
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: Namespace, Name: "decisions_total",
 			Help: "Decisions by policy and outcome: bypassed, rejected, reserved, replayed, conflict, mismatch, unknown, " +
-				"store_unavailable, fail_open at the request; stored, released, marked_unknown at the response.",
+				"store_unavailable, record_unusable, fail_open at the request; stored, released, marked_unknown at the response.",
 		}, []string{"policy", "decision"}),
 		storeCalls: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: Namespace, Name: "store_call_duration_seconds",
@@ -258,7 +258,7 @@ var requestPathOps = []string{"reserve", "renew", "complete", "release", "mark_u
 // observability/prometheus-rules.yaml reads.
 var (
 	alertedDecisions = []idem.Decision{idem.DecisionReserved, idem.DecisionReplayed,
-		idem.DecisionFailOpen, idem.DecisionMarkedUnknown}
+		idem.DecisionFailOpen, idem.DecisionMarkedUnknown, idem.DecisionRecordUnusable}
 	alertedSettles = []idem.Decision{idem.DecisionStored, idem.DecisionReleased, idem.DecisionMarkedUnknown}
 )
 

@@ -2,14 +2,15 @@ package redisstore
 
 import (
 	"encoding/binary"
-	"errors"
+	"fmt"
 	"strconv"
 	"time"
 
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 )
 
-var errCorrupt = errors.New("redisstore: corrupt stored headers")
+// errCorrupt is a stored record this package cannot decode.
+var errCorrupt = fmt.Errorf("redisstore: %w", idem.ErrDamaged)
 
 // encodeHeaders packs headers as uvarint count, then per header uvarint
 // name length, name, uvarint value length, value. It is binary-safe and far
@@ -51,11 +52,9 @@ func decodeHeaders[T ~string | ~[]byte](b T) ([]idem.Header, error) {
 }
 
 // decodeHeadersPrefix decodes the headers encodeHeaders wrote at the start
-// of b and returns what follows them.
+// of b and returns what follows them. Even no headers take a byte (the
+// count): an empty b is a record cut short.
 func decodeHeadersPrefix[T ~string | ~[]byte](b T) ([]idem.Header, T, error) {
-	if len(b) == 0 {
-		return nil, b, nil
-	}
 	count, b, err := uvarint(b)
 	if err != nil {
 		return nil, b, err

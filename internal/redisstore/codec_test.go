@@ -67,6 +67,7 @@ func TestDecodeResponseRejectsCorruption(t *testing.T) {
 	for name, b := range map[string][]byte{
 		"empty":           {},
 		"status only":     {200 & 0x7f, 1},
+		"no header count": {0xc8, 0x01, 0},
 		"status 0":        {0, 0},
 		"status 1000":     {0xe8, 0x07, 0},
 		"bad headers":     {0xc8, 0x01, 0, 0x80},

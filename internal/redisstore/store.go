@@ -250,6 +250,8 @@ func parseReserve(v []any) (idem.ReserveResult, error) {
 		res.Outcome = idem.Unknown
 	case "cancelled":
 		return idem.ReserveResult{}, idem.ErrCancelled
+	case "damaged":
+		return idem.ReserveResult{}, fmt.Errorf("the key holds no record the scripts write: %w", errCorrupt)
 	case "moved", "handed_over":
 		res.Outcome = idem.Moved
 		if outcome == "handed_over" {
@@ -350,6 +352,8 @@ func (s *Store) Get(ctx context.Context, id idem.RecordID) (_ idem.Record, err e
 		var v string
 		if v, err = s.rdb.Get(ctx, key).Result(); err == nil {
 			rec, err = parseCompleted(v)
+		} else if isWrongType(err) {
+			err = fmt.Errorf("neither a hash nor a string: %w", errCorrupt)
 		}
 	} else if err == nil {
 		rec, err = parseRecord(m)
@@ -381,11 +385,13 @@ func parseRecord(m map[string]string) (idem.Record, error) {
 		}
 		return rec, nil
 	default:
-		return rec, fmt.Errorf("unexpected state %q", m["s"])
+		return rec, fmt.Errorf("state %q: %w", m["s"], errCorrupt)
 	}
-	if copy(rec.Fingerprint[:], m["f"]) != len(rec.Fingerprint) || copy(rec.Token[:], m["t"]) != len(rec.Token) {
-		return rec, errors.New("short fingerprint or token")
+	if len(m["f"]) != len(rec.Fingerprint) || len(m["t"]) != len(rec.Token) {
+		return rec, fmt.Errorf("fingerprint or token of the wrong length: %w", errCorrupt)
 	}
+	copy(rec.Fingerprint[:], m["f"])
+	copy(rec.Token[:], m["t"])
 	if ms, err := strconv.ParseInt(m["l"], 10, 64); err == nil {
 		rec.LeaseUntil = time.UnixMilli(ms)
 	}

@@ -6,11 +6,14 @@
 package server
 
 import (
+	"cmp"
 	"runtime"
+	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/keepalive"
 
 	"github.com/idem-extproc/idem-extproc/internal/extproc"
 	"github.com/idem-extproc/idem-extproc/internal/extprocwire"
@@ -32,6 +35,54 @@ type Config struct {
 	MaxMessageSize int
 	// Creds are the listener's TLS credentials; plaintext when nil.
 	Creds credentials.TransportCredentials
+	// Keepalive finds peers gone without a FIN or a reset
+	// (DefaultKeepalive where a field is zero).
+	Keepalive Keepalive
+}
+
+// Keepalive is the ext_proc listener's HTTP/2 keepalive. A peer that
+// vanishes without closing its connection (a crashed host, a partition)
+// would otherwise hold its streams open, and their leases renewed, until
+// the kernel's TCP timeout: grpc-go's server pings only after 2 hours
+// without reads by default (google.golang.org/grpc v1.85.0
+// internal/transport/defaults.go, defaultServerKeepaliveTime).
+type Keepalive struct {
+	// Time without a frame read after which the server pings the peer,
+	// and Timeout how long it then waits for any frame: past both, the
+	// connection is closed and its streams' contexts cancelled
+	// (internal/transport/http2_server.go, http2Server.keepalive). grpc-go
+	// raises a Time under 1 s to 1 s (server.go, KeepaliveParams). It also
+	// sets TCP_USER_TIMEOUT to Timeout, so data the peer never acknowledges
+	// closes the connection as soon.
+	Time, Timeout time.Duration
+	// MinTime is the shortest interval between the peer's pings that the
+	// server accepts, with or without streams open. grpc-go counts a
+	// strike for each ping sooner than that, and past two strikes without
+	// data sent in between answers GOAWAY "too_many_pings" and closes the
+	// connection (http2_server.go, handlePing, maxPingStrikes); without
+	// streams, any ping sooner than 2 hours strikes unless
+	// PermitWithoutStream is set. Envoy pings every
+	// connection_keepalive.interval plus up to interval_jitter (15 % by
+	// default) of it, streams or not, and the next interval starts at the
+	// ping's ACK (envoyproxy/envoy source/common/http/http2/codec_impl.cc,
+	// ConnectionImpl::onKeepaliveResponse), so MinTime must not exceed
+	// that interval.
+	MinTime time.Duration
+}
+
+// DefaultKeepalive pings a peer silent for 30 s and gives it 10 s to
+// answer, and accepts Envoy's pings down to every 10 s: the shipped
+// Envoy configurations ping every 30 s.
+var DefaultKeepalive = Keepalive{Time: 30 * time.Second, Timeout: 10 * time.Second, MinTime: 10 * time.Second}
+
+// options are the gRPC server options of k, DefaultKeepalive's value for
+// each field left zero.
+func (k Keepalive) options() []grpc.ServerOption {
+	d := DefaultKeepalive
+	return []grpc.ServerOption{
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: cmp.Or(k.Time, d.Time), Timeout: cmp.Or(k.Timeout, d.Timeout)}),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: cmp.Or(k.MinTime, d.MinTime), PermitWithoutStream: true}),
+	}
 }
 
 // DefaultMaxMessageSize is the --max-message-size default: above Envoy's
@@ -49,7 +100,7 @@ func New(cfg Config) (*grpc.Server, idem.Store, *extproc.Server) {
 		cfg.Observer = cfg.Metrics
 		cfg.EnvoyObserver = cfg.Metrics
 	}
-	gs := NewGRPCServer(cfg.MaxMessageSize, cfg.Creds, extprocwire.ServerOption())
+	gs := NewGRPCServer(cfg.MaxMessageSize, cfg.Creds, append(cfg.Keepalive.options(), extprocwire.ServerOption())...)
 	ext := extproc.New(cfg.Config)
 	extprocv3.RegisterExternalProcessorServer(gs, ext)
 	return gs, cfg.Store, ext
@@ -60,7 +111,8 @@ func New(cfg Config) (*grpc.Server, idem.Store, *extproc.Server) {
 // maxMessageSize is zero), stream workers and, when creds is set, TLS. The
 // load tool's no-op and floor servers run on it too, so that they differ
 // from idem-extproc only in what they do per message and in the extra
-// options New adds (the hand-written ext_proc codec, extprocwire): the
+// options New adds (keepalive, and the hand-written ext_proc codec,
+// extprocwire): the
 // floor stays a minimal server on grpc-go's standard codec. (Its lean
 // server takes New's codec as well; its minimal server runs the floor's
 // handler on grpc-go's defaults instead.)

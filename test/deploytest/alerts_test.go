@@ -80,6 +80,11 @@ var firstEvents = map[string]func(m *observe.Metrics, step int){
 			m.Decided("orders", idem.DecisionFailOpen)
 		}
 	},
+	"IdemStoredRecordsUnusable": func(m *observe.Metrics, step int) {
+		if step == 1 {
+			m.Decided("orders", idem.DecisionRecordUnusable)
+		}
+	},
 	"IdemUnknownOutcomesRising": func(m *observe.Metrics, _ int) {
 		for i := range 100 {
 			m.Decided("orders", idem.DecisionReserved)

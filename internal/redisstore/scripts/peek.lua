@@ -11,16 +11,26 @@
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-if redis.call('TYPE', KEYS[1])['ok'] == 'string' then
+local kind = redis.call('TYPE', KEYS[1])['ok']
+if kind == 'string' then
   local rec = redis.call('GET', KEYS[1])
+  if damaged_completed(rec) then
+    return {'damaged', 0, 0}
+  end
   if string.sub(rec, 2, 33) ~= ARGV[1] then
     return {'mismatch', 0, 0}
   end
   local attempt, created = replay_counts(rec)
   return {'completed', attempt, created, rec}
 end
+if kind ~= 'hash' and kind ~= 'none' then
+  return {'damaged', 0, 0}
+end
 local cur = redis.call('HMGET', KEYS[1], 's', 'f', 'l', 'a', 'c')
 local state = cur[1]
+if kind == 'hash' and damaged_hash(state, cur[2]) then
+  return {'damaged', 0, 0}
+end
 if not state then
   return {'absent', 0, 0}
 end

@@ -14,7 +14,8 @@
 --          made, a moved tombstone naming it is left instead
 --
 -- Returns {outcome, attempt, created_ms} where outcome is one of
--- "reserved", "mismatch", "in_flight", "unknown", or "cancelled" when the
+-- "reserved", "mismatch", "in_flight", "unknown", "damaged" when the key
+-- holds a value no script writes (record.lib), or "cancelled" when the
 -- attempt cancelled this reservation before it arrived (cancel.lua: it
 -- then changes nothing); or, for a completed
 -- record, {"completed", attempt, created_ms, record} where record is the
@@ -43,8 +44,12 @@ end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
-if redis.call('TYPE', key)['ok'] == 'string' then
+local kind = redis.call('TYPE', key)['ok']
+if kind == 'string' then
   local rec = redis.call('GET', key)
+  if damaged_completed(rec) then
+    return {'damaged', 0, 0}
+  end
   if string.sub(rec, 2, 33) ~= ARGV[1] then
     return {'mismatch', 0, 0}
   end
@@ -55,8 +60,15 @@ if redis.call('TYPE', key)['ok'] == 'string' then
   return {'completed', attempt, created, rec}
 end
 
+if kind ~= 'hash' and kind ~= 'none' then
+  return {'damaged', 0, 0}
+end
+
 local cur = redis.call('HMGET', key, 's', 'f', 't', 'l', 'a', 'c', 'w', 'h')
 local state = cur[1]
+if kind == 'hash' and damaged_hash(state, cur[2]) then
+  return {'damaged', 0, 0}
+end
 local handover = ARGV[6] or ''  -- absent: a caller that never hands over (the load tool's floor)
 if state == 'm' then
   if handover ~= '' and handover == cur[8] then
