@@ -110,7 +110,6 @@ func (p *processor) awaitBody(ctx context.Context) *extprocv3.ProcessingResponse
 	case p.rpc.proxyless && p.requestBodyMode == procmodev3.ProcessingMode_NONE:
 		return p.decide(ctx)
 	case echoes(p.requestBodyMode):
-		p.rpc.hold(continueFor(p.phase))
 		p.rpc.headersHeld = true
 		return nil
 	}

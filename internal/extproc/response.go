@@ -170,7 +170,7 @@ func (p *processor) onStreamedResponseBody(ctx context.Context, body *extprocv3.
 	if p.respTooLarge {
 		return p.cont()
 	}
-	p.rpc.hold(p.echo())
+	p.rpc.echo.hold(p.phase, p.responseBodyMode == procmodev3.ProcessingMode_GRPC, p.respBody)
 	if !p.rpc.flow || len(body.GetBody()) == 0 {
 		return nil
 	}
