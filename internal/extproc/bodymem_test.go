@@ -24,21 +24,22 @@ import (
 	"github.com/idem-extproc/idem-extproc/internal/server"
 )
 
-// What holding a request body costs the server, per body byte, however
-// Envoy cuts it: the live heap (after a collection) at the two moments
-// the server holds the most of a protected request, measured against the
-// heap before the request. The server runs in the production wiring
-// (server.NewGRPCServer, the hand-written codec) on loopback; the client
-// sends what Envoy sends in each body mode and keeps nothing it sent.
+// What holding a body costs the server, per body byte, however Envoy
+// cuts it: the live heap (after a collection) at the moments the server
+// holds the most of it, measured against the heap before the request. The
+// server runs in the production wiring (server.NewGRPCServer, the
+// hand-written codec) on loopback; the client sends what Envoy sends in
+// each body mode and keeps nothing it sent.
 //
-//   - Before the last body message is read: every earlier chunk was
-//     handled (STREAMED: kept for the fingerprint; FULL_DUPLEX_STREAMED:
-//     kept for the fingerprint and its echo withheld until the key is
-//     reserved). A stream interceptor measures as the server asks for that
-//     message.
-//   - At the reservation: the body is fingerprinted, and in
+//   - Before the last body message is read: every earlier one was handled
+//     (a request body kept for the fingerprint, a response body for the
+//     record; in FULL_DUPLEX_STREAMED their echoes withheld until the key
+//     is reserved or the outcome stored). A stream interceptor measures as
+//     the server asks for that message.
+//   - At the reservation, for a request body: it is fingerprinted, and in
 //     FULL_DUPLEX_STREAMED still held for the echoes that follow the
-//     reservation. A store wrapper measures as Reserve is called.
+//     reservation; in BUFFERED mode it is the one message being answered.
+//     A store wrapper measures as Reserve is called.
 //
 // In BUFFERED mode Envoy itself gathers the chunks and sends the body as
 // one message (ext_proc.cc handleDataBufferedMode, sendBufferedData), so
@@ -56,6 +57,9 @@ type heldHeap struct {
 	// gRPC's buffers on either side (a stream may queue 64 KiB of reply
 	// messages, grpc-go's write quota, whatever holding them costs).
 	replies, wantReplies atomic.Int64
+	// atReserve: the reservation is a moment to measure (a request body
+	// is held then; a response body comes later).
+	atReserve atomic.Bool
 }
 
 func liveHeap() uint64 {
@@ -96,14 +100,16 @@ func (plainCodec) Unmarshal(data []byte, v any) error {
 }
 func (plainCodec) Name() string { return "proto" }
 
-// reserveProbe measures the heap when a key is reserved.
-type reserveProbe struct {
+// storeProbe measures the heap when a key is reserved.
+type storeProbe struct {
 	idem.Store
 	h *heldHeap
 }
 
-func (s reserveProbe) Reserve(ctx context.Context, r idem.Reservation) (idem.ReserveResult, error) {
-	s.h.measure(ctx)
+func (s storeProbe) Reserve(ctx context.Context, r idem.Reservation) (idem.ReserveResult, error) {
+	if s.h.atReserve.Load() {
+		s.h.measure(ctx)
+	}
 	return s.Store.Reserve(ctx, r)
 }
 
@@ -135,7 +141,7 @@ func newHeldHeap(tb testing.TB) *heldHeap {
 		grpc.StreamInterceptor(func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 			return handler(srv, &recvProbe{ServerStream: ss, h: h})
 		}))
-	extprocv3.RegisterExternalProcessorServer(gs, extproc.New(extproc.Config{Store: reserveProbe{Store: st, h: h}}))
+	extprocv3.RegisterExternalProcessorServer(gs, extproc.New(extproc.Config{Store: storeProbe{Store: st, h: h}}))
 	go func() { _ = gs.Serve(lis) }()
 	tb.Cleanup(gs.Stop)
 	// The client's messages are plain slices, not grpc-go's pooled
@@ -151,38 +157,52 @@ func newHeldHeap(tb testing.TB) *heldHeap {
 	// What the first requests set up once (the connection's buffers, the
 	// policy's and the store's first use) is no cost of a body.
 	for i, mode := range bodyModes {
-		h.perByte(tb, mode, 4<<10, 1<<10, "warm-"+strconv.Itoa(i))
+		h.perByte(tb, bodyCase{mode: mode, size: 4 << 10, chunk: 1 << 10}, "warm-"+strconv.Itoa(i))
+		h.perByte(tb, bodyCase{mode: mode, response: true, size: 4 << 10, chunk: 1 << 10}, "warm-response-"+strconv.Itoa(i))
 	}
 	return h
 }
 
-// perByte sends one protected request whose body of size bytes is cut
-// into chunks of chunk bytes (one message in BUFFERED mode), reads every
+// bodyCase is a body the client sends: in which mode, which direction,
+// how large, cut into how large chunks (one message in BUFFERED mode).
+type bodyCase struct {
+	mode        procmodev3.ProcessingMode_BodySendMode
+	response    bool
+	size, chunk int
+}
+
+// perByte sends one protected request with the case's body, reads every
 // reply, and returns the peak live heap it cost, per body byte.
-func (h *heldHeap) perByte(tb testing.TB, mode procmodev3.ProcessingMode_BodySendMode, size, chunk int, key string) float64 {
+func (h *heldHeap) perByte(tb testing.TB, c bodyCase, key string) float64 {
 	tb.Helper()
-	if mode == procmodev3.ProcessingMode_BUFFERED {
-		chunk = size
+	if c.mode == procmodev3.ProcessingMode_BUFFERED {
+		c.chunk = c.size
 	}
-	chunks := (size + chunk - 1) / chunk
+	chunks := (c.size + c.chunk - 1) / c.chunk
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	h.peak.Store(0)
-	// The headers are message 1, the last chunk message 1+chunks.
-	h.probeAt.Store(int64(1 + chunks))
-	// Before the last chunk is read: the headers reply and each earlier
-	// chunk's in STREAMED, the headers reply in BUFFERED (the body is one
-	// message); nothing in FULL_DUPLEX_STREAMED, where every reply is
-	// withheld until the reservation.
-	h.replies.Store(0)
-	switch mode {
-	case procmodev3.ProcessingMode_STREAMED:
-		h.wantReplies.Store(int64(chunks))
-	case procmodev3.ProcessingMode_BUFFERED:
-		h.wantReplies.Store(1)
-	default:
-		h.wantReplies.Store(0)
+	// Before the body: the request headers, and for a response body the
+	// response headers (the request has none).
+	before := []*extprocv3.ProcessingRequest{withModes(reqH(false, key), c.mode, c.mode)}
+	if c.response {
+		before = []*extprocv3.ProcessingRequest{withModes(reqH(true, key), c.mode, c.mode), respH(false)}
 	}
+	h.peak.Store(0)
+	h.probeAt.Store(int64(len(before) + chunks))
+	// Before the last chunk is read the client has the replies to the
+	// headers and, in STREAMED, to each earlier chunk; in
+	// FULL_DUPLEX_STREAMED the request headers reply is withheld with the
+	// request body until the reservation.
+	h.replies.Store(0)
+	want := len(before)
+	switch {
+	case c.mode == procmodev3.ProcessingMode_STREAMED:
+		want += chunks - 1
+	case c.mode == procmodev3.ProcessingMode_FULL_DUPLEX_STREAMED && !c.response:
+		want = 0
+	}
+	h.wantReplies.Store(int64(want))
+	h.atReserve.Store(!c.response)
 	base := liveHeap()
 	st, err := extprocv3.NewExternalProcessorClient(h.cc).Process(ctx)
 	if err != nil {
@@ -197,17 +217,28 @@ func (h *heldHeap) perByte(tb testing.TB, mode procmodev3.ProcessingMode_BodySen
 			h.replies.Add(1)
 		}
 	})
-	if err := st.Send(withModes(reqH(false, key), mode, mode)); err != nil {
-		tb.Fatal(err)
+	for _, m := range before {
+		if err := st.Send(m); err != nil {
+			tb.Fatal(err)
+		}
 	}
-	buf := make([]byte, chunk)
+	// A response comes once the request was answered, as from Envoy: no
+	// part of it waits on the client's side while the key is reserved.
+	for c.response && h.replies.Load() < int64(len(before)) && ctx.Err() == nil {
+		time.Sleep(time.Millisecond)
+	}
+	buf := make([]byte, c.chunk)
 	for i := range buf {
 		buf[i] = 'a' + byte(i%26)
 	}
-	for sent := 0; sent < size; sent += chunk {
-		n := min(chunk, size-sent)
-		body := &extprocv3.HttpBody{Body: buf[:n], EndOfStream: sent+n == size}
-		if err := st.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: body}}); err != nil {
+	for sent := 0; sent < c.size; sent += c.chunk {
+		n := min(c.chunk, c.size-sent)
+		body := &extprocv3.HttpBody{Body: buf[:n], EndOfStream: sent+n == c.size}
+		m := &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: body}}
+		if c.response {
+			m.Request = &extprocv3.ProcessingRequest_ResponseBody{ResponseBody: body}
+		}
+		if err := st.Send(m); err != nil {
 			tb.Fatal(err)
 		}
 	}
@@ -217,7 +248,7 @@ func (h *heldHeap) perByte(tb testing.TB, mode procmodev3.ProcessingMode_BodySen
 	if peak == 0 {
 		tb.Fatal("the server reached neither the last chunk nor the reservation")
 	}
-	return float64(int64(peak)-int64(base)) / float64(size)
+	return float64(int64(peak)-int64(base)) / float64(c.size)
 }
 
 var bodyModes = []procmodev3.ProcessingMode_BodySendMode{
@@ -226,46 +257,52 @@ var bodyModes = []procmodev3.ProcessingMode_BodySendMode{
 	procmodev3.ProcessingMode_BUFFERED,
 }
 
-// TestBodyMemoryPerByteIsBounded: a request body held by the server costs
-// at most three times its size in live heap in every body mode, also when
-// Envoy sends it one byte per message. Before the held echoes of
-// FULL_DUPLEX_STREAMED were kept as one buffer, a 64 KiB body in 1-byte
-// chunks cost about 600 bytes per byte there.
+// TestBodyMemoryPerByteIsBounded: a body held by the server, request or
+// response, costs at most three times its size in live heap in every body
+// mode, also when Envoy sends it one byte per message. Before the
+// withheld echoes of FULL_DUPLEX_STREAMED were kept as the body's bytes, a
+// 64 KiB body in 1-byte chunks held about 400 bytes per byte there.
 func TestBodyMemoryPerByteIsBounded(t *testing.T) {
 	h := newHeldHeap(t)
 	const size = 64 << 10
 	for i, mode := range bodyModes {
-		t.Run(mode.String(), func(t *testing.T) {
-			got := h.perByte(t, mode, size, 1, "mem-"+strconv.Itoa(i))
-			t.Logf("%.2f bytes of heap per body byte", got)
-			if got > 3 {
-				t.Errorf("a %d byte body in 1-byte chunks held %.1f bytes of heap per body byte, want at most 3", size, got)
-			}
-		})
+		for _, response := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/response=%v", mode, response), func(t *testing.T) {
+				got := h.perByte(t, bodyCase{mode: mode, response: response, size: size, chunk: 1}, fmt.Sprintf("mem-%d-%v", i, response))
+				t.Logf("%.2f bytes of heap per body byte", got)
+				if got > 3 {
+					t.Errorf("a %d byte body in 1-byte chunks held %.1f bytes of heap per body byte, want at most 3", size, got)
+				}
+			})
+		}
 	}
 }
 
 // BenchmarkBodyMemory reports the peak live heap per body byte (heap-B/B)
-// of a 256 KiB request body in each body mode, cut into chunks of 1 byte,
-// 1 KiB and 64 KiB. Its time per operation is that of one request of
-// that many messages over loopback gRPC, and not a figure to compare.
+// of a 256 KiB body, request or response, in each body mode, cut into
+// chunks of 1 byte, 1 KiB and 64 KiB (BUFFERED: one message). Its time
+// per operation is that of one request of that many messages over
+// loopback gRPC, not a figure to compare.
 func BenchmarkBodyMemory(b *testing.B) {
 	h := newHeldHeap(b)
 	const size = 256 << 10
 	n := 0
 	for _, mode := range bodyModes {
-		for _, chunk := range []int{1, 1 << 10, 64 << 10} {
-			if mode == procmodev3.ProcessingMode_BUFFERED && chunk != 1 {
-				continue // one message however it was cut
+		chunks := []int{1, 1 << 10, 64 << 10}
+		if mode == procmodev3.ProcessingMode_BUFFERED {
+			chunks = []int{size}
+		}
+		for _, chunk := range chunks {
+			for _, response := range []bool{false, true} {
+				b.Run(fmt.Sprintf("%s/response=%v/chunk=%d", mode, response, chunk), func(b *testing.B) {
+					var worst float64
+					for b.Loop() {
+						n++
+						worst = max(worst, h.perByte(b, bodyCase{mode: mode, response: response, size: size, chunk: chunk}, "bench-"+strconv.Itoa(n)))
+					}
+					b.ReportMetric(worst, "heap-B/B")
+				})
 			}
-			b.Run(fmt.Sprintf("%s/chunk=%d", mode, chunk), func(b *testing.B) {
-				var worst float64
-				for b.Loop() {
-					n++
-					worst = max(worst, h.perByte(b, mode, size, chunk, "bench-"+strconv.Itoa(n)))
-				}
-				b.ReportMetric(worst, "heap-B/B")
-			})
 		}
 	}
 }
