@@ -281,11 +281,7 @@ func (p *processor) storeResponseBytes(body *extprocv3.HttpBody) {
 		p.srv.budget.release(&p.held)
 		return
 	}
-	if framed {
-		p.respBody = appendFrame(p.respBody, body.GetBody(), body.GetGrpcMessageCompressed())
-	} else {
-		p.respBody = append(p.respBody, body.GetBody()...)
-	}
+	p.respBody = keepChunk(p.respBody, body.GetBody(), framed, body.GetGrpcMessageCompressed())
 }
 
 // responseOrigin classifies a response from its attributes. Without
