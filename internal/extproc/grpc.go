@@ -128,9 +128,10 @@ type heldEcho struct {
 
 // maxEchoBytes bounds the body of one reply made of coalesced messages;
 // a larger message is split. Envoy takes a streamed_response body of any
-// size (handleDuplexStreamedBodyResponse); the largest reply its gRPC
-// client accepts was not read, so replies stay far below the 4 MiB that
-// gRPC clients commonly accept (grpc-go's defaultClientMaxReceiveMessageSize).
+// size (handleDuplexStreamedBodyResponse), but the largest reply its gRPC
+// client accepts was not read: replies stay far below the 4 MiB a grpc-go
+// client accepts by default (clientconn.go,
+// defaultClientMaxReceiveMessageSize).
 const maxEchoBytes = 64 << 10
 
 // hold withholds the echoes of body, every message of the direction read
