@@ -4,7 +4,6 @@ import (
 	"testing"
 
 	procmodev3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
-	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 
 	"github.com/idem-extproc/idem-extproc/internal/attempt"
 )
@@ -46,7 +45,7 @@ func TestFinishedOnlyWhereEnvoyKeepsTheBody(t *testing.T) {
 		"response body being read":    func(p *processor) { p.stage = stageResponseBody },
 		"request body being read":     func(p *processor) { p.stage = stageRequestBody },
 		"a header owed to a response": func(p *processor) { p.respAdd = []attempt.ResponseHeader{{}} },
-		"a withheld reply":            func(p *processor) { p.rpc.held = []*extprocv3.ProcessingResponse{{}} },
+		"a withheld reply":            func(p *processor) { p.rpc.headersHeld = true },
 		"a gRPC call":                 func(p *processor) { p.rpc.call = true },
 	} {
 		p := done()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 
+	procmodev3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 
 	"github.com/idem-extproc/idem-extproc/internal/idem"
@@ -43,19 +44,20 @@ type rpcState struct {
 	origin   idem.Origin
 	// retried: an earlier upstream attempt may have been sent.
 	retried bool
-	// messages counts response messages.
-	messages int
-
-	// held are replies withheld until the decision, in order; release
-	// says which of them go out ahead of the reply to the current message.
-	held []*extprocv3.ProcessingResponse
-	// headersHeld: held starts with the request headers reply.
+	// headersHeld: the request headers reply is withheld until the
+	// decision; echo holds the body messages withheld with it, or the
+	// response's until its outcome is stored. release says which of them
+	// go out ahead of the reply to the current message. (The small fields
+	// sit together: a processor is allocated per request.)
 	headersHeld bool
 	release     release
 	// Flow control (grpc-go only, from flow_control_init): the client
 	// stops sending body messages once it has sent a window's worth the
 	// server has not acknowledged with a server_window_update.
-	flow      bool
+	flow bool
+	// messages counts response messages.
+	messages  int
+	echo      heldEcho
 	reqWindow int64
 	reqUnack  int64
 }
@@ -69,33 +71,91 @@ const (
 	releaseAll
 )
 
-// hold withholds a reply until the decision.
-func (r *rpcState) hold(resp *extprocv3.ProcessingResponse) { r.held = append(r.held, resp) }
+// withholds reports whether any reply is withheld.
+func (r *rpcState) withholds() bool { return r.headersHeld || len(r.echo.body) > 0 }
+
+// drop forgets every withheld reply: the request never goes on.
+func (r *rpcState) drop() { r.headersHeld, r.echo = false, heldEcho{} }
 
 // releaseAll lets every withheld reply go, ahead of the reply to the
-// current message; the stream loop sends them (released).
-func (r *rpcState) releaseAll() {
-	r.release, r.headersHeld = releaseAll, false
+// current message; the stream loop sends them (next).
+func (r *rpcState) releaseAll() { r.release = releaseAll }
+
+// next returns the next withheld reply to send now, and forgets it; nil
+// when none is left to send.
+func (r *rpcState) next() *extprocv3.ProcessingResponse {
+	if r.release == releaseNone {
+		return nil
+	}
+	if r.headersHeld {
+		r.headersHeld = false
+		if r.release == releaseFirst {
+			r.release = releaseNone
+		}
+		return continueFor(phaseRequestHeaders)
+	}
+	if r.release == releaseAll {
+		if resp := r.echo.next(); resp != nil {
+			return resp
+		}
+	}
+	r.release = releaseNone
+	return nil
 }
 
-// released returns the withheld replies to send now, in order, and
-// forgets them.
-func (r *rpcState) released() []*extprocv3.ProcessingResponse {
-	n := 0
-	switch r.release {
-	case releaseNone:
+// heldEcho is a body whose echoes are withheld. It is kept as the bytes
+// of its messages, not as one reply per message: a reply costs some
+// hundreds of bytes of protobuf values whatever its body, so a body sent
+// one byte per message would cost that much per byte held. body is the
+// buffer the body is read into for the fingerprint or the record
+// (processor.reqBody, respBody), shared, not copied.
+//
+// In FULL_DUPLEX_STREAMED, Envoy puts each streamed_response body into
+// the filter chain as it comes, however many replies carry it, and only a
+// reply with end_of_stream ends it (processor_state.cc
+// ProcessorState::handleDuplexStreamedBodyResponse: a non-empty body is
+// injectDataToFilterChain'ed, end_of_stream finishes the call): the
+// replies need not match the messages, and the withheld bytes go back in
+// replies of up to maxEchoBytes. In GRPC mode each reply is one gRPC
+// message to grpc-go (external_processor.proto, StreamedBodyResponse), so
+// the body is kept framed (appendFrame) and sent back one reply per
+// message, as it came.
+type heldEcho struct {
+	body   []byte
+	phase  phase
+	framed bool
+}
+
+// maxEchoBytes bounds the body of one reply made of coalesced messages;
+// a larger message is split. Envoy takes a streamed_response body of any
+// size (handleDuplexStreamedBodyResponse), but the largest reply its gRPC
+// client accepts was not read: replies stay far below the 4 MiB a grpc-go
+// client accepts by default (clientconn.go,
+// defaultClientMaxReceiveMessageSize).
+const maxEchoBytes = 64 << 10
+
+// hold withholds the echoes of body, every message of the direction read
+// so far.
+func (e *heldEcho) hold(ph phase, framed bool, body []byte) {
+	e.phase, e.framed, e.body = ph, framed, body
+}
+
+// next returns the reply that sends back the next part of the body, or
+// nil when all of it went.
+func (e *heldEcho) next() *extprocv3.ProcessingResponse {
+	if len(e.body) == 0 {
+		e.body = nil
 		return nil
-	case releaseFirst:
-		n = 1
-	case releaseAll:
-		n = len(r.held)
 	}
-	out := r.held[:n]
-	r.held, r.release = r.held[n:], releaseNone
-	if len(r.held) == 0 {
-		r.held = nil
+	sr := &extprocv3.StreamedBodyResponse{}
+	if e.framed {
+		n := frameHeaderLen + int(binary.BigEndian.Uint32(e.body[1:frameHeaderLen]))
+		sr.GrpcMessageCompressed, sr.Body, e.body = e.body[0] == 1, e.body[frameHeaderLen:n], e.body[n:]
+	} else {
+		n := min(len(e.body), maxEchoBytes)
+		sr.Body, e.body = e.body[:n], e.body[n:]
 	}
-	return out
+	return streamedReply(e.phase, sr)
 }
 
 // onStreamedRequestBody reads one body message of a protected request in
@@ -109,7 +169,7 @@ func (p *processor) onStreamedRequestBody(ctx context.Context, body *extprocv3.H
 	if body.GetEndOfStream() {
 		return p.decide(ctx)
 	}
-	p.rpc.hold(p.echo())
+	p.rpc.echo.hold(p.phase, p.requestBodyMode == procmodev3.ProcessingMode_GRPC, p.reqBody)
 	if !p.rpc.flow {
 		return nil
 	}
@@ -123,7 +183,7 @@ func (p *processor) onStreamedRequestBody(ctx context.Context, body *extprocv3.H
 		return nil
 	}
 	if p.rpc.headersHeld {
-		p.rpc.release, p.rpc.headersHeld = releaseFirst, false
+		p.rpc.release = releaseFirst
 	}
 	n := p.rpc.reqUnack
 	p.rpc.reqUnack = 0

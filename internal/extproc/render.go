@@ -59,7 +59,7 @@ func (p *processor) render(ctx context.Context, v attempt.Verdict) *extprocv3.Pr
 		return &extprocv3.ProcessingResponse{OverrideMessageTimeout: durationpb.New(v.Wait)}
 	}
 	p.stage = stagePassThrough
-	p.rpc.held = nil // the request never goes on
+	p.rpc.drop() // the request never goes on
 	if v.Replay != nil {
 		return p.replayReply(ctx, v.Replay)
 	}
@@ -78,7 +78,7 @@ func (p *processor) resume(ctx context.Context) *extprocv3.ProcessingResponse {
 // be added there (respAdd).
 func (p *processor) passThrough() *extprocv3.ProcessingResponse {
 	p.stage = stagePassThrough
-	if p.phase == phaseRequestHeaders && len(p.rpc.held) == 0 {
+	if p.phase == phaseRequestHeaders && !p.rpc.withholds() {
 		if len(p.respAdd) > 0 {
 			return continueWith(p.phase, onlyResponseHeaders)
 		}
@@ -141,30 +141,28 @@ func (p *processor) cont() *extprocv3.ProcessingResponse {
 // streamed_response (a reply without one fails the call in grpc-go and is
 // spurious to Envoy).
 func (p *processor) echo() *extprocv3.ProcessingResponse {
-	resp := continueFor(p.phase)
-	var br *extprocv3.BodyResponse
-	switch p.phase {
-	case phaseRequestBody:
-		if !echoes(p.requestBodyMode) {
-			return resp
-		}
-		br = resp.GetRequestBody()
-	case phaseResponseBody:
-		if !echoes(p.responseBodyMode) {
-			return resp
-		}
-		br = resp.GetResponseBody()
-	default:
-		return resp
-	}
-	body := p.msgBody
-	br.Response = &extprocv3.CommonResponse{BodyMutation: &extprocv3.BodyMutation{
-		Mutation: &extprocv3.BodyMutation_StreamedResponse{StreamedResponse: &extprocv3.StreamedBodyResponse{
+	switch {
+	case p.phase == phaseRequestBody && echoes(p.requestBodyMode), p.phase == phaseResponseBody && echoes(p.responseBodyMode):
+		body := p.msgBody
+		return streamedReply(p.phase, &extprocv3.StreamedBodyResponse{
 			Body:                      body.GetBody(),
 			EndOfStream:               body.GetEndOfStream(),
 			EndOfStreamWithoutMessage: body.GetEndOfStreamWithoutMessage(),
 			GrpcMessageCompressed:     body.GetGrpcMessageCompressed(),
-		}},
+		})
+	}
+	return continueFor(p.phase)
+}
+
+// streamedReply is a body phase's CONTINUE carrying sr.
+func streamedReply(ph phase, sr *extprocv3.StreamedBodyResponse) *extprocv3.ProcessingResponse {
+	resp := continueFor(ph)
+	br := resp.GetRequestBody()
+	if ph == phaseResponseBody {
+		br = resp.GetResponseBody()
+	}
+	br.Response = &extprocv3.CommonResponse{BodyMutation: &extprocv3.BodyMutation{
+		Mutation: &extprocv3.BodyMutation_StreamedResponse{StreamedResponse: sr},
 	}}
 	return resp
 }

@@ -110,7 +110,6 @@ func (p *processor) awaitBody(ctx context.Context) *extprocv3.ProcessingResponse
 	case p.rpc.proxyless && p.requestBodyMode == procmodev3.ProcessingMode_NONE:
 		return p.decide(ctx)
 	case echoes(p.requestBodyMode):
-		p.rpc.hold(continueFor(p.phase))
 		p.rpc.headersHeld = true
 		return nil
 	}
@@ -283,21 +282,45 @@ func (p *processor) deferToBody(ctx context.Context, hh *extprocv3.HttpHeaders, 
 // (bodyBudget.holdRequestBody).
 // In GRPC mode each message is framed as gRPC does on the wire, so that
 // message boundaries are part of the fingerprint; the half-close grpc-go
-// sends as end_of_stream_without_message adds nothing.
+// sends as end_of_stream_without_message adds nothing. The budget is
+// charged what is kept, frames included.
 func (p *processor) takeRequestBody(body *extprocv3.HttpBody) *problem.Problem {
 	msg := body.GetBody()
 	if len(p.reqBody)+len(msg) > p.att.Policy.MaxRequestBody {
 		return attempt.BodyTooLarge(p.att.Policy.MaxRequestBody)
 	}
-	if prob := p.srv.budget.holdRequestBody(&p.held, len(p.reqBody), len(msg), p.att.Policy.RetryAfter); prob != nil {
+	framed := p.requestBodyMode == procmodev3.ProcessingMode_GRPC
+	if framed && body.GetEndOfStream() && body.GetEndOfStreamWithoutMessage() {
+		return nil
+	}
+	n := len(msg)
+	if framed {
+		n += frameHeaderLen
+	}
+	if prob := p.srv.budget.holdRequestBody(&p.held, len(p.reqBody), n, p.att.Policy.RetryAfter); prob != nil {
 		return prob
 	}
-	if p.requestBodyMode != procmodev3.ProcessingMode_GRPC {
-		p.reqBody = append(p.reqBody, msg...)
-	} else if !(body.GetEndOfStream() && body.GetEndOfStreamWithoutMessage()) {
-		p.reqBody = appendFrame(p.reqBody, msg, body.GetGrpcMessageCompressed())
-	}
+	p.reqBody = keepChunk(p.reqBody, msg, framed, body.GetGrpcMessageCompressed())
 	return nil
+}
+
+// keepChunk appends a body chunk to what is kept of the body, framed in
+// GRPC mode (appendFrame). The first chunk is kept as it came, not
+// copied: a BUFFERED body, whole in one message, then costs no second
+// copy. The message's bytes are the server's own (extprocwire's Unmarshal
+// copies each message out of gRPC's buffers once; google.golang.org/protobuf
+// copies each bytes field it decodes, internal/impl consumeBytes) and
+// nothing writes to them; the
+// capacity is cut to the chunk so that the next append copies instead of
+// writing past it.
+func keepChunk(kept, msg []byte, framed, compressed bool) []byte {
+	switch {
+	case framed:
+		return appendFrame(kept, msg, compressed)
+	case kept == nil:
+		return msg[:len(msg):len(msg)]
+	}
+	return append(kept, msg...)
 }
 
 // routeNameMissing reports, for each policy of set that matches on route

@@ -170,7 +170,7 @@ func (p *processor) onStreamedResponseBody(ctx context.Context, body *extprocv3.
 	if p.respTooLarge {
 		return p.cont()
 	}
-	p.rpc.hold(p.echo())
+	p.rpc.echo.hold(p.phase, p.responseBodyMode == procmodev3.ProcessingMode_GRPC, p.respBody)
 	if !p.rpc.flow || len(body.GetBody()) == 0 {
 		return nil
 	}
@@ -281,11 +281,7 @@ func (p *processor) storeResponseBytes(body *extprocv3.HttpBody) {
 		p.srv.budget.release(&p.held)
 		return
 	}
-	if framed {
-		p.respBody = appendFrame(p.respBody, body.GetBody(), body.GetGrpcMessageCompressed())
-	} else {
-		p.respBody = append(p.respBody, body.GetBody()...)
-	}
+	p.respBody = keepChunk(p.respBody, body.GetBody(), framed, body.GetGrpcMessageCompressed())
 }
 
 // responseOrigin classifies a response from its attributes. Without

@@ -240,7 +240,7 @@ func (s *Server) serve(ctx context.Context, stream extprocv3.ExternalProcessor_P
 		pctx, span := p.trace.startPhase(ctx, s.tracer, &m)
 		resp, err := p.handle(pctx, &m)
 		for err == nil {
-			for _, r := range p.rpc.released() {
+			for r := p.rpc.next(); r != nil; r = p.rpc.next() {
 				if err = stream.Send(r); err != nil {
 					break
 				}
@@ -298,7 +298,7 @@ func (s *Server) serve(ctx context.Context, stream extprocv3.ExternalProcessor_P
 // not read closely enough to rely on: those streams end as before, when
 // Envoy closes them.
 func (p *processor) finished() bool {
-	return p.stage == stagePassThrough && len(p.respAdd) == 0 && len(p.rpc.held) == 0 && !p.rpc.call &&
+	return p.stage == stagePassThrough && len(p.respAdd) == 0 && !p.rpc.withholds() && !p.rpc.call &&
 		!p.att.Pending() && (p.body == nil || p.body.tools == nil) && p.modesKnown && keepsBody(p.requestBodyMode) && keepsBody(p.responseBodyMode)
 }
 

@@ -1,0 +1,50 @@
+package extproc
+
+import (
+	"bytes"
+	"slices"
+	"testing"
+)
+
+// TestHeldEchoSendsTheBodyBack: a withheld body comes back whole and in
+// order. In GRPC mode each message is one reply with its compressed flag,
+// an empty message included (grpc-go forwards each reply as one message);
+// otherwise the bytes are coalesced into replies of at most maxEchoBytes.
+func TestHeldEchoSendsTheBodyBack(t *testing.T) {
+	var framed []byte
+	msgs := []struct {
+		body       string
+		compressed bool
+	}{{"m1", false}, {"", false}, {"zz", true}}
+	for _, m := range msgs {
+		framed = keepChunk(framed, []byte(m.body), true, m.compressed)
+	}
+	e := heldEcho{}
+	e.hold(phaseResponseBody, true, framed)
+	for i, m := range msgs {
+		r := e.next()
+		sr := r.GetResponseBody().GetResponse().GetBodyMutation().GetStreamedResponse()
+		if sr == nil || string(sr.GetBody()) != m.body || sr.GetGrpcMessageCompressed() != m.compressed || sr.GetEndOfStream() {
+			t.Fatalf("message %d: reply %v, want body %q compressed %v", i, r, m.body, m.compressed)
+		}
+	}
+	if r := e.next(); r != nil {
+		t.Fatalf("a reply past the last message: %v", r)
+	}
+
+	body := bytes.Repeat([]byte("0123456789"), (2*maxEchoBytes+1000)/10)
+	var kept []byte
+	for c := range slices.Chunk(body, 7) {
+		kept = keepChunk(kept, c, false, false)
+	}
+	e.hold(phaseRequestBody, false, kept)
+	var got []byte
+	var sizes []int
+	for r := e.next(); r != nil; r = e.next() {
+		b := r.GetRequestBody().GetResponse().GetBodyMutation().GetStreamedResponse().GetBody()
+		got, sizes = append(got, b...), append(sizes, len(b))
+	}
+	if !bytes.Equal(got, body) || len(sizes) != 3 || sizes[0] != maxEchoBytes || sizes[1] != maxEchoBytes {
+		t.Fatalf("%d bytes back in replies of %v, want the %d bytes in two of %d and the rest", len(got), sizes, len(body), maxEchoBytes)
+	}
+}
