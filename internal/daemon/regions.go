@@ -151,7 +151,7 @@ func (d *Daemon) openRegions() error {
 	for i, name := range names[1:] {
 		stores[name] = opened[i]
 	}
-	r, err := region.NewRouter(d.cfg.Region, stores, d.regionMetrics)
+	r, err := region.NewRouter(d.cfg.Region, stores, d.cfg.EnvoyMaxMessageTimeout, d.regionMetrics)
 	if err != nil {
 		return err
 	}
