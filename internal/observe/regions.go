@@ -15,6 +15,7 @@ type Regions struct {
 	moved       *prometheus.CounterVec
 	quarantined *prometheus.CounterVec
 	outOfReach  *prometheus.CounterVec
+	scripts     *prometheus.CounterVec
 	rtt         *prometheus.GaugeVec
 	epoch       prometheus.Gauge
 	// callSeries are calls' series of each region named at start, by
@@ -55,6 +56,10 @@ func newRegions(m *Metrics, names []string) *Regions {
 			Namespace: Namespace, Name: "region_out_of_reach_total",
 			Help: "Keys refused (idempotency-home-out-of-reach) before anything was reserved: the calls to their home's store cannot fit in the time Envoy grants one message (--envoy-max-message-timeout).",
 		}, []string{"home"}),
+		scripts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Name: "region_script_loads_total",
+			Help: "Loads of the store's scripts into another region's Redis, at start and then each --region-ping-interval until one succeeds, by result (ok, error).",
+		}, []string{"region", "result"}),
 		rtt: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: Namespace, Name: "region_store_rtt_seconds",
 			Help: "Round trip of a PING to each region's store on a warm connection, measured every few seconds.",
@@ -77,7 +82,7 @@ func newRegions(m *Metrics, names []string) *Regions {
 		r.handovers.WithLabelValues(n, "error")
 		r.handovers.WithLabelValues(n, "moved")
 	}
-	m.reg.MustRegister(r.calls, r.handovers, r.moved, r.quarantined, r.outOfReach, r.rtt, r.epoch)
+	m.reg.MustRegister(r.calls, r.handovers, r.moved, r.quarantined, r.outOfReach, r.scripts, r.rtt, r.epoch)
 	return r
 }
 
@@ -106,6 +111,15 @@ func (r *Regions) RoundTrip(region string, d time.Duration) {
 
 // OutOfReach implements region.Observer.
 func (r *Regions) OutOfReach(home string) { r.outOfReach.WithLabelValues(home).Inc() }
+
+// ScriptsLoaded counts one load of the scripts into region's Redis.
+func (r *Regions) ScriptsLoaded(region string, err error) {
+	result := "ok"
+	if err != nil {
+		result = "error"
+	}
+	r.scripts.WithLabelValues(region, result).Inc()
+}
 
 // Epoch records the homes map's epoch.
 func (r *Regions) Epoch(n int) { r.epoch.Set(float64(n)) }
