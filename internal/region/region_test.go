@@ -370,3 +370,21 @@ func TestOutOfReachIsRefusedBeforeAnything(t *testing.T) {
 		t.Fatalf("far home, no move = %v, %v", res.Outcome, err)
 	}
 }
+
+// TestFutureMoveWaitsForItsTime: a move whose moved_at is still to come
+// leaves the scope at its former home until then, with no hand-over.
+func TestFutureMoveWaitsForItsTime(t *testing.T) {
+	f := newFleet("eu", "us")
+	p := withHomes(&policy.Homes{Epoch: 2, Default: "eu", Rules: []policy.HomeRule{
+		{Scopes: []string{"acme"}, Region: "us", MovedFrom: "eu", MovedAt: time.Now().Add(time.Hour)}}})
+	if _, res, err := reserve(t, f.router(t, "us"), p, "acme", "k", idem.Fingerprint{1}); err != nil || res.Outcome != idem.Reserved {
+		t.Fatalf("reserve = %v, %v", res.Outcome, err)
+	}
+	id := idem.RecordIDFor(p.Name, "acme", "k")
+	if rec, err := f.stores["eu"].Get(context.Background(), id); err != nil || rec.State != idem.StateInFlight {
+		t.Errorf("the record is not at the former home: %+v, %v", rec, err)
+	}
+	if n := f.obs.get("handover:eu:handed_over"); n != 0 {
+		t.Errorf("handed over %d keys before the move's time", n)
+	}
+}
