@@ -181,12 +181,25 @@ func (d *Daemon) openRegions() error {
 	})
 	d.router = r
 	d.regionMetrics.Epoch(epochOf(d.policies.Current()))
+	d.warnOutOfReach(d.policies.Current())
 	d.OnReload(func(set *policy.Set, err error) {
 		if err == nil {
 			d.regionMetrics.Epoch(epochOf(set))
+			d.warnOutOfReach(set)
 		}
 	})
 	return nil
+}
+
+// warnOutOfReach names, at start and on each reload, the homes whose keys
+// this server will refuse (idempotency-home-out-of-reach): their calls
+// cannot fit in what Envoy grants one message.
+func (d *Daemon) warnOutOfReach(set *policy.Set) {
+	if far := d.router.OutOfReach(set.Homes); len(far) > 0 {
+		d.log.Warn("homes this server cannot reach within Envoy's timers: their keys are refused (idempotency-home-out-of-reach); "+
+			"raise the filter's max_message_timeout and --envoy-max-message-timeout, or home the scopes nearer",
+			slog.String("homes", strings.Join(far, ", ")), slog.Duration("envoy_max_message_timeout", d.cfg.EnvoyMaxMessageTimeout))
+	}
 }
 
 // epochOf is the epoch of set's homes map, 0 without one.

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/idem-extproc/idem-extproc/internal/testing/redistest"
@@ -149,4 +150,48 @@ func TestScriptsReachEveryRegion(t *testing.T) {
 	}
 	link.Release()
 	testwait.Until(t, "the scripts loaded into us", func() bool { return loads("ok") == 1 })
+}
+
+// TestOutOfReachFlaggedAtStart: a home whose calls cannot fit in what
+// Envoy grants one message (--envoy-max-message-timeout) is named at
+// start, with the flag to change.
+func TestOutOfReachFlaggedAtStart(t *testing.T) {
+	redis, other := redistest.Start(t, redistest.Options{}), redistest.Start(t, redistest.Options{})
+	file := filepath.Join(t.TempDir(), "policies.yaml")
+	if err := os.WriteFile(file, []byte("policies: []\nhomes: {epoch: 1, default: eu, rules: [{scopes: [acme], region: us}]}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := ParseConfig([]string{"--listen", "127.0.0.1:0", "--admin-listen", "", "--redis-url", redis.URL(), "--config", file,
+		"--region", "eu", "--region-redis", "us=" + other.URL(), "--envoy-max-message-timeout", "150ms"},
+		func(string) string { return "" }, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &lockedLog{}
+	d, err := Start(cfg, slog.New(slog.NewTextHandler(logs, nil)), func(string) string { return "" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(d.Shutdown)
+	if out := logs.String(); !strings.Contains(out, "cannot reach within Envoy's timers") || !strings.Contains(out, "homes=us") {
+		t.Errorf("no warning naming us:\n%s", out)
+	}
+}
+
+// lockedLog takes log lines from any goroutine.
+type lockedLog struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }

@@ -197,6 +197,37 @@ func (r *Router) StoreFor(p *policy.Policy, scope, key string) attempt.HomeStore
 	return a
 }
 
+// OutOfReach lists the homes of h whose first reservation's calls cannot
+// fit in what the proxy grants one message (Plan), each as "home" or
+// "home moved from from": a request of their scopes entering this server
+// is refused.
+func (r *Router) OutOfReach(h *policy.Homes) []string {
+	if h == nil {
+		return nil
+	}
+	local, b := r.stores[r.local].Budget, r.budgets()
+	var out []string
+	check := func(home, from string) {
+		if plan, _ := Plan(b, r.local, home, from, r.room); plan > local && plan > r.room {
+			s := home
+			if from != "" {
+				s += " moved from " + from
+			}
+			if !slices.Contains(out, s) {
+				out = append(out, s)
+			}
+		}
+	}
+	check(h.Default, "")
+	for _, rule := range h.Rules {
+		check(rule.Region, "")
+		if rule.MovedFrom != "" {
+			check(rule.Region, rule.MovedFrom)
+		}
+	}
+	return out
+}
+
 // budgets is each region's budget, by name.
 func (r *Router) budgets() map[string]time.Duration {
 	b := make(map[string]time.Duration, len(r.stores))

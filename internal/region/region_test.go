@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -363,6 +364,9 @@ func TestOutOfReachIsRefusedBeforeAnything(t *testing.T) {
 		if n := f.obs.get("call:" + r + ":reserve"); n != 0 {
 			t.Errorf("%s was asked %d times", r, n)
 		}
+	}
+	if got := f.router(t, "eu").OutOfReach(p.Homes); !slices.Equal(got, []string{"us moved from ap"}) {
+		t.Errorf("OutOfReach = %q", got)
 	}
 	// The same home without the move fits: one call and a tombstone's.
 	p.Homes.Rules[0].MovedFrom = ""
