@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -194,4 +195,19 @@ func (l *lockedLog) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.String()
+}
+
+// TestHelpNamesMetricsAsServed: a metric --help names is one /metrics
+// serves: every name carries the idem_extproc_ namespace.
+func TestHelpNamesMetricsAsServed(t *testing.T) {
+	var usage strings.Builder
+	_, _ = ParseConfig([]string{"-h"}, func(string) string { return "" }, &usage)
+	for _, name := range regexp.MustCompile(`\bidem_[a-z_]+`).FindAllString(usage.String(), -1) {
+		if !strings.HasPrefix(name, "idem_extproc_") {
+			t.Errorf("--help names %s; /metrics serves idem_extproc_…", name)
+		}
+	}
+	if !strings.Contains(usage.String(), "idem_extproc_region_store_rtt_seconds") {
+		t.Error("--help does not name the round-trip metric")
+	}
 }
