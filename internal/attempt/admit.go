@@ -87,8 +87,7 @@ func (a *Attempt) Admit(scope, key string) *problem.Problem {
 	}
 	a.ID = idem.RecordIDFor(ns, scope, key)
 	if a.srv.Homes != nil && a.Policy.Homes != nil {
-		st, budget := a.srv.Homes.StoreFor(a.Policy, scope, key)
-		a.home = &home{store: st, budget: budget}
+		a.home = &home{store: a.srv.Homes.StoreFor(a.Policy, scope, key)}
 	}
 	return nil
 }

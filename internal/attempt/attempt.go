@@ -22,6 +22,7 @@ package attempt
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -49,6 +50,11 @@ type Server struct {
 	Log *slog.Logger
 	// StoreTimeout bounds each store call made while Envoy waits.
 	StoreTimeout time.Duration
+	// MaxMessageTimeout is the longest Envoy extends one message's timer
+	// (the filter's max_message_timeout): a longer ask is ignored, not
+	// capped (ext_proc.cc Filter::onNewTimeout), so no ask is ever made
+	// above it and a wait is shortened to fit. Zero means no limit is known.
+	MaxMessageTimeout time.Duration
 	// SettleAtEndTimeout bounds the settling done once the stream ended,
 	// and the cancel of a reservation given up on (cancel.go).
 	SettleAtEndTimeout time.Duration
@@ -82,10 +88,38 @@ func (s *Server) Wait(ctx context.Context) error {
 // in several regions' stores (package region).
 type HomeFinder interface {
 	// StoreFor returns the store one attempt of p's key in scope calls for
-	// its whole life, and the budget of each of its calls while the proxy
-	// waits. A home the finder cannot use gives a store whose calls fail.
-	StoreFor(p *policy.Policy, scope, key string) (idem.Store, time.Duration)
+	// its whole life. A home the finder cannot use gives a store whose
+	// calls fail.
+	StoreFor(p *policy.Policy, scope, key string) HomeStore
 }
+
+// HomeStore is the store of one attempt's record as a HomeFinder placed
+// it. It bounds each call by the budget of the store the call goes to.
+//
+// Its Reserve may answer idem.Moved: a tombstone newer than the server's
+// map sent the key to a store whose calls need more time than the proxy
+// gave the message. The attempt then asks the proxy for Budget and
+// reserves again, once.
+type HomeStore interface {
+	idem.Store
+	// Budget is the time the attempt's next call may take while the
+	// proxy waits, with every store call it makes on the way (a
+	// hand-over before a reservation, a tombstone followed).
+	Budget() time.Duration
+}
+
+// The errors of a HomeStore that refuse a request whatever its policy's
+// failure mode: passing it unprotected would not be a store outage
+// tolerated but a key left to run in two places.
+var (
+	// ErrHomeOutOfReach: the calls to the key's home cannot fit in the
+	// time the proxy grants one message (MaxMessageTimeout); nothing was
+	// reserved.
+	ErrHomeOutOfReach = errors.New("the key's home region is out of reach within the proxy's timers")
+	// ErrHomesDisagree: the key's stores name different homes for it
+	// (two homes maps); nothing was reserved.
+	ErrHomesDisagree = errors.New("the homes maps disagree about the key's home")
+)
 
 // Conversation is the attempt's side of the protocol's conversation: it
 // puts a decision on the request's metrics and span, and gives the context
@@ -149,6 +183,10 @@ type Attempt struct {
 	atBody bool
 	// wait is the decision a Wait verdict left for Await.
 	wait *waiting
+	// asked is what the proxy was asked for before a far home's calls
+	// (askForHome); waitFor is the wait a duplicate has within what it
+	// grants (extension).
+	asked, waitFor time.Duration
 }
 
 // New returns an attempt of srv that talks through conv.
@@ -291,12 +329,10 @@ func (r *renewer) stop() {
 	r.timer.Stop()
 }
 
-// home is the store of a record a homes map placed, and the budget of
-// each of its calls while the proxy waits.
+// home is the store of a record a homes map placed.
 type home struct {
-	store  idem.Store
-	budget time.Duration
-	// asked is set once the proxy was asked for a far home's time
-	// (Request).
+	store HomeStore
+	// asked is set once the proxy was asked for the home's time
+	// (Request): it extends a message's timer once.
 	asked bool
 }

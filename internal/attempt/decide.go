@@ -28,7 +28,7 @@ func (e unusable) Unwrap() error { return e.err }
 // could not be used.
 func Unreachable(err error) bool {
 	var u unusable
-	return !errors.As(err, &u)
+	return !errors.As(err, &u) && !errors.Is(err, ErrHomeOutOfReach) && !errors.Is(err, ErrHomesDisagree)
 }
 
 var (
@@ -77,8 +77,8 @@ func (a *Attempt) Decide(ctx context.Context, fp idem.Fingerprint) (idem.Reserve
 
 // waits reports whether a duplicate of an attempt in flight waits for it
 // (wait_for_in_flight, with a store that can watch), and for how long the
-// proxy must then give the request's message: the wait plus two store
-// calls.
+// proxy must then give the request's message (extension). A far home's
+// ask was made before its reservation, wait included.
 func (a *Attempt) waits(res idem.ReserveResult) (time.Duration, bool) {
 	if res.Outcome != idem.InFlight || a.Policy.WaitForInFlight <= 0 {
 		return 0, false
@@ -86,7 +86,32 @@ func (a *Attempt) waits(res idem.ReserveResult) (time.Duration, bool) {
 	if _, ok := a.recordStore().(idem.Watcher); !ok {
 		return 0, false
 	}
-	return a.Policy.WaitForInFlight + 2*a.storeBudget(), true
+	d := a.asked
+	if d == 0 {
+		d = a.extension(0, a.storeBudget())
+	}
+	return d, a.waitFor > 0
+}
+
+// extension is the time to ask the proxy for in one message, which it
+// grants once (ext_proc processor_state.cc restartMessageTimer): calls,
+// the store calls about to be made; a duplicate's wait after them
+// (wait_for_in_flight) and its two calls of after each (awaitFirst: the
+// record reread, and a reservation if it was released); and the server's
+// own budget, for its work and the reply's way back, because Envoy's timer
+// starts when the ask arrives, before the calls do. The wait is shortened
+// so that the ask fits Server.MaxMessageTimeout, down to none; awaitFirst
+// waits waitFor.
+func (a *Attempt) extension(calls, after time.Duration) time.Duration {
+	fixed := calls + a.srv.StoreTimeout + 2*after
+	a.waitFor = a.Policy.WaitForInFlight
+	if limit := a.srv.MaxMessageTimeout; limit > 0 && fixed+a.waitFor > limit {
+		a.waitFor = max(0, limit-fixed)
+	}
+	if a.waitFor == 0 {
+		return calls + a.srv.StoreTimeout
+	}
+	return fixed + a.waitFor
 }
 
 // opened gives a completed record's response as it is replayed: opened
@@ -161,11 +186,19 @@ func (a *Attempt) reserve(ctx context.Context, fp idem.Fingerprint) (idem.Reserv
 		WaitReplicas: waitReplicas,
 		WaitTimeout:  waitTimeout,
 	})
-	if err == nil {
+	switch {
+	case err != nil:
+	case a.home == nil:
 		err = homeElsewhere(res)
+	case res.Outcome == idem.Moved:
+		err = errMoved
 	}
 	return res, err
 }
+
+// errMoved is a HomeStore's Moved answer (HomeStore): nothing was
+// reserved, and the key's new home needs more time than the message has.
+var errMoved = fmt.Errorf("%w: the key's store sent it to a newer home", idem.ErrRefused)
 
 // awaitFirst lets a duplicate wait, up to the policy's wait_for_in_flight,
 // for the attempt that holds the record to settle, woken by the store
@@ -175,7 +208,7 @@ func (a *Attempt) reserve(ctx context.Context, fp idem.Fingerprint) (idem.Reserv
 // ends.
 func (a *Attempt) awaitFirst(ctx context.Context, fp idem.Fingerprint, first idem.ReserveResult) (idem.ReserveResult, error) {
 	w := a.recordStore().(idem.Watcher) // waits checked it
-	wctx, cancel := context.WithTimeout(ctx, a.Policy.WaitForInFlight)
+	wctx, cancel := context.WithTimeout(ctx, a.waitFor)
 	defer cancel()
 	for {
 		changed, stop, err := w.Watch(wctx, a.ID)
@@ -272,18 +305,18 @@ func (a *Attempt) DecideShadow(ctx context.Context, fp idem.Fingerprint) (idem.S
 // fail_open and the 503 otherwise. A shadow policy's request always goes
 // on (DecideShadow).
 func (a *Attempt) Request(ctx context.Context, fp idem.Fingerprint) Verdict {
-	if h := a.home; h != nil && h.budget > a.srv.StoreTimeout && !h.asked {
+	if h := a.home; h != nil && !h.asked && h.store.Budget() > a.srv.StoreTimeout {
 		// The scope's home is another region (Server.Homes): its store
 		// calls may outlast the proxy's timer for this message, so the
-		// proxy is asked for their time first (and for a wait that may
-		// follow: the proxy extends a message's timer once), shadow
-		// policies' included: a shadow must never make a request fail.
-		h.asked = true
-		a.wait = &waiting{fp: fp, far: true}
-		return Verdict{Kind: Wait, Wait: 2*h.budget + a.Policy.WaitForInFlight}
+		// proxy is asked for their time first, shadow policies' included:
+		// a shadow must never make a request fail.
+		return a.askForHome(fp)
 	}
 	if a.Policy.Enforcement == policy.EnforcementShadow {
 		d, err := a.DecideShadow(ctx, fp)
+		if errors.Is(err, errMoved) && !a.home.asked {
+			return a.askForHome(fp)
+		}
 		if err != nil {
 			return a.shadowed(ctx, d, verdictPass, slog.String("error", err.Error()))
 		}
@@ -294,6 +327,14 @@ func (a *Attempt) Request(ctx context.Context, fp idem.Fingerprint) Verdict {
 		return a.shadowed(ctx, d, verdictPass)
 	}
 	res, err := a.Decide(ctx, fp)
+	if errors.Is(err, errMoved) {
+		if !a.home.asked {
+			return a.askForHome(fp)
+		}
+		// The message's one extension is spent: the key cannot be
+		// followed in time.
+		err = fmt.Errorf("%w: its store sent it on to a home this message has no time left for", ErrHomeOutOfReach)
+	}
 	if err != nil {
 		return a.unavailable(ctx, err)
 	}
@@ -302,6 +343,17 @@ func (a *Attempt) Request(ctx context.Context, fp idem.Fingerprint) Verdict {
 		return Verdict{Kind: Wait, Wait: d}
 	}
 	return a.answer(ctx, res)
+}
+
+// askForHome is the verdict that asks the proxy for the time of the home's
+// calls (HomeStore.Budget) before they are made; Await then decides.
+func (a *Attempt) askForHome(fp idem.Fingerprint) Verdict {
+	h := a.home
+	h.asked = true
+	a.wait = &waiting{fp: fp, far: true}
+	b := h.store.Budget()
+	a.asked = a.extension(b, b)
+	return Verdict{Kind: Wait, Wait: a.asked}
 }
 
 // Await waits for the attempt in flight after a Wait verdict and gives the
@@ -347,10 +399,23 @@ func (a *Attempt) unavailable(ctx context.Context, err error) Verdict {
 		a.LogAt(ctx, slog.LevelWarn, "store unavailable; request passes unprotected (fail_open)", slog.String("error", err.Error()))
 		return verdictPass
 	}
-	if Unreachable(err) || errors.Is(err, errNoKeyRing) {
+	switch {
+	case errors.Is(err, ErrHomeOutOfReach):
+		// A retry would take as long: no Retry-After.
+		a.conv.Decided(a.Policy.Name, idem.DecisionStoreUnavailable)
+		a.LogAt(ctx, slog.LevelError, "key's home out of reach within the proxy's timers; request refused", slog.String("error", err.Error()))
+		return Verdict{Kind: Answer, Problem: problem.New(problem.HomeOutOfReach,
+			"the idempotency store of this key's home region cannot be asked within the proxy's timers; nothing was done")}
+	case errors.Is(err, ErrHomesDisagree):
+		// A retry would meet the same maps until they are rolled out.
+		a.conv.Decided(a.Policy.Name, idem.DecisionStoreUnavailable)
+		a.LogAt(ctx, slog.LevelError, "homes maps disagree about the key's home; request refused", slog.String("error", err.Error()))
+		return Verdict{Kind: Answer, Problem: problem.New(problem.HomesDisagree,
+			"the idempotency servers' homes maps disagree about this key's home region; nothing was done")}
+	case Unreachable(err) || errors.Is(err, errNoKeyRing):
 		a.conv.Decided(a.Policy.Name, idem.DecisionStoreUnavailable)
 		a.LogAt(ctx, slog.LevelError, "store unavailable; request refused (fail_closed)", slog.String("error", err.Error()))
-	} else {
+	default:
 		a.conv.Decided(a.Policy.Name, idem.DecisionRecordUnusable)
 		a.LogAt(ctx, slog.LevelError, "stored record cannot be used; request refused", slog.String("error", err.Error()))
 	}
@@ -410,7 +475,7 @@ func (a *Attempt) recordStore() idem.Store {
 // storeBudget bounds each call to recordStore while the proxy waits.
 func (a *Attempt) storeBudget() time.Duration {
 	if a.home != nil {
-		return a.home.budget
+		return a.home.store.Budget()
 	}
 	return a.srv.StoreTimeout
 }

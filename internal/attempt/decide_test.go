@@ -188,7 +188,7 @@ func TestWaitForFirstTable(t *testing.T) {
 			if res.Outcome != tc.want {
 				t.Fatalf("outcome %v, want %v", res.Outcome, tc.want)
 			}
-			if want := pol.WaitForInFlight + 2*d.srv.StoreTimeout; len(d.conv.waits) != 1 || d.conv.waits[0] != want {
+			if want := pol.WaitForInFlight + 3*d.srv.StoreTimeout; len(d.conv.waits) != 1 || d.conv.waits[0] != want {
 				t.Fatalf("waits announced %v, want [%v]", d.conv.waits, want)
 			}
 		})

@@ -17,8 +17,18 @@ type farHome struct {
 	budget time.Duration
 }
 
-func (f farHome) StoreFor(*policy.Policy, string, string) (idem.Store, time.Duration) {
-	return f.st, f.budget
+func (f farHome) StoreFor(*policy.Policy, string, string) HomeStore { return budgeted{f.st, f.budget} }
+
+// budgeted is a store whose calls have a budget of their own.
+type budgeted struct {
+	idem.Store
+	budget time.Duration
+}
+
+func (b budgeted) Budget() time.Duration { return b.budget }
+
+func (b budgeted) Watch(ctx context.Context, id idem.RecordID) (<-chan struct{}, func(), error) {
+	return b.Store.(idem.Watcher).Watch(ctx, id)
 }
 
 // TestFarHome: a policy whose scope's home is a far store has every call
@@ -40,8 +50,8 @@ func TestFarHome(t *testing.T) {
 		t.Fatal(prob)
 	}
 	v := a.Request(ctx, idem.Fingerprint{1})
-	if v.Kind != Wait || v.Wait != 900*time.Millisecond {
-		t.Fatalf("first verdict %+v, want a wait of two far budgets", v)
+	if v.Kind != Wait || v.Wait != 550*time.Millisecond {
+		t.Fatalf("first verdict %+v, want a wait of the far budget and the local one", v)
 	}
 	if v = a.Await(ctx); v.Kind != Continue {
 		t.Fatalf("after the wait %+v, want continue (reserved)", v)
@@ -72,5 +82,66 @@ func TestFarHome(t *testing.T) {
 	}
 	if v := b.Request(ctx, idem.Fingerprint{1}); v.Kind != Answer || v.Problem == nil || v.Problem.Status != 503 {
 		t.Fatalf("a moved key without a finder: %+v, want 503", v)
+	}
+}
+
+// TestAskFitsWhatEnvoyGrants: Envoy ignores an override_message_timeout
+// above its max_message_timeout rather than capping it (ext_proc.cc
+// Filter::onNewTimeout), so the ask for a far home's calls never exceeds
+// Server.MaxMessageTimeout: a duplicate's wait is shortened to what is
+// left, down to none.
+func TestAskFitsWhatEnvoyGrants(t *testing.T) {
+	ctx := context.Background()
+	for _, c := range []struct {
+		name          string
+		budget        time.Duration
+		ask, waitedAt time.Duration
+	}{
+		// 550 ms of calls, the local 100 ms, two calls after the wait:
+		// 1.75 s, so 750 ms of the 2 s wait fit.
+		{"wait shortened", 550 * time.Millisecond, 2500 * time.Millisecond, 750 * time.Millisecond},
+		// 850 ms of calls leave no room for a wait and its two calls.
+		{"no wait", 850 * time.Millisecond, 950 * time.Millisecond, 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			far := memstore.New(memstore.Options{})
+			srv := &Server{Store: memstore.New(memstore.Options{}), Homes: farHome{far, c.budget}, Observer: idem.NopObserver{},
+				Log: slog.New(slog.DiscardHandler), StoreTimeout: 100 * time.Millisecond, SettleAtEndTimeout: time.Second,
+				MaxMessageTimeout: 2500 * time.Millisecond}
+			p := policy.Default()
+			p.Homes = &policy.Homes{Epoch: 1, Default: "far"}
+			p.WaitForInFlight = 2 * time.Second
+			first := New(srv, &reporter{})
+			first.Policy = p
+			if prob := first.Admit("scope", "k"); prob != nil {
+				t.Fatal(prob)
+			}
+			if v := first.Request(ctx, idem.Fingerprint{1}); v.Kind != Wait || v.Wait > srv.MaxMessageTimeout {
+				t.Fatalf("first ask %+v", v)
+			}
+			if v := first.Await(ctx); v.Kind != Continue {
+				t.Fatalf("first %+v", v)
+			}
+			defer first.stopRenewing()
+			dup := New(srv, &reporter{})
+			dup.Policy = p
+			if prob := dup.Admit("scope", "k"); prob != nil {
+				t.Fatal(prob)
+			}
+			v := dup.Request(ctx, idem.Fingerprint{1})
+			if v.Kind != Wait || v.Wait != c.ask {
+				t.Fatalf("duplicate's ask %+v, want %v", v, c.ask)
+			}
+			v = dup.Await(ctx)
+			if c.waitedAt == 0 {
+				if v.Kind != Answer || v.Problem == nil || v.Problem.Slug != "request-in-progress" {
+					t.Fatalf("without room to wait: %+v, want 409 at once", v)
+				}
+				return
+			}
+			if v.Kind != Wait || dup.waitFor != c.waitedAt {
+				t.Fatalf("duplicate %+v waits %v, want a wait of %v", v, dup.waitFor, c.waitedAt)
+			}
+		})
 	}
 }

@@ -215,7 +215,7 @@ func TestRequestVerdictTable(t *testing.T) {
 					a.stopRenewing()
 				}
 				if v.Kind == Wait {
-					if v.Wait != p.WaitForInFlight+2*d.srv.StoreTimeout {
+					if v.Wait != p.WaitForInFlight+3*d.srv.StoreTimeout {
 						t.Fatalf("wait %v", v.Wait)
 					}
 					return

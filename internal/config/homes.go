@@ -131,15 +131,14 @@ func unhomes(h *policy.Homes) homesDoc {
 	if h == nil {
 		return homesDoc{}
 	}
-	doc := homesDoc{Epoch: intScalar(h.Epoch), Default: str(h.Default)}
-	if h.KeyClockSkew != DefaultKeyClockSkew {
-		doc.KeyClockSkew = durScalar(h.KeyClockSkew)
-	}
+	// key_clock_skew is written even at its default: config check shows
+	// what a failover's keys are judged by.
+	doc := homesDoc{Epoch: intScalar(h.Epoch), Default: str(h.Default), KeyClockSkew: durScalar(h.KeyClockSkew)}
 	for _, r := range h.Rules {
 		hr := homeRule{Scopes: list(r.Scopes), Region: str(r.Region)}
 		if r.MovedFrom != "" {
 			hr.MovedFrom = str(r.MovedFrom)
-			hr.MovedAt = str(r.MovedAt.UTC().Format(time.RFC3339))
+			hr.MovedAt = str(r.MovedAt.UTC().Format(time.RFC3339Nano))
 		}
 		if r.Lost {
 			hr.Lost = boolScalar(true)

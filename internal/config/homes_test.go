@@ -1,6 +1,8 @@
 package config
 
 import (
+	"fmt"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -81,5 +83,43 @@ homes:
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("missing %q in:\n%v", want, err)
 		}
+	}
+}
+
+// TestRegionsDocSnippets: every YAML snippet of docs/regions.md is a
+// policy file this package loads (a snippet of the homes section alone
+// with no policies), and the key_clock_skew comment says what
+// configuration.md's row says.
+func TestRegionsDocSnippets(t *testing.T) {
+	doc, err := os.ReadFile("../../docs/regions.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	conf, err := os.ReadFile("../../docs/configuration.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rest, n := string(doc), 0
+	for {
+		_, after, ok := strings.Cut(rest, "```yaml\n")
+		if !ok {
+			break
+		}
+		snippet, tail, _ := strings.Cut(after, "```")
+		rest, n = tail, n+1
+		if !strings.Contains(snippet, "policies:") {
+			snippet = "policies: []\n" + snippet
+		}
+		if _, err := Parse(fmt.Sprintf("regions.md snippet %d", n), []byte(snippet)); err != nil {
+			t.Errorf("%v\n%s", err, snippet)
+		}
+		for _, line := range strings.Split(snippet, "\n") {
+			if _, comment, ok := strings.Cut(line, "key_clock_skew: 1m   # "); ok && !strings.Contains(string(conf), comment) {
+				t.Errorf("regions.md says key_clock_skew is %q; configuration.md does not", comment)
+			}
+		}
+	}
+	if n < 3 {
+		t.Errorf("found %d YAML snippets in docs/regions.md", n)
 	}
 }

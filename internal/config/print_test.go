@@ -404,3 +404,36 @@ func casesWithExample(t *testing.T) map[string]string {
 	cases["example"] = string(ex)
 	return cases
 }
+
+// TestHomesPrintedWhole: config check shows the homes map as it is
+// judged: key_clock_skew even at its default, and moved_at to the
+// fraction of a second the file gave.
+func TestHomesPrintedWhole(t *testing.T) {
+	set, err := Parse("in.yaml", []byte(`
+policies: []
+homes:
+  epoch: 2
+  default: eu
+  rules:
+    - {scopes: [acme], region: us, moved_from: eu, moved_at: '2026-11-30T10:00:00.25+01:00'}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := Marshal(set)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"key_clock_skew: 1m", "moved_at: \"2026-11-30T09:00:00.25Z\""} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("config check prints no %q:\n%s", want, out)
+		}
+	}
+	again, err := Parse("out.yaml", out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := again.Homes.Rules[0].MovedAt, set.Homes.Rules[0].MovedAt; !got.Equal(want) {
+		t.Errorf("moved_at read back %v, want %v", got, want)
+	}
+}

@@ -55,6 +55,9 @@ type Config struct {
 	RegionIdleConns    int
 	RegionPingInterval time.Duration
 	RegionDefaultRTT   time.Duration
+	// EnvoyMaxMessageTimeout is the ext_proc filter's max_message_timeout:
+	// the longest Envoy extends a message's timer when asked.
+	EnvoyMaxMessageTimeout time.Duration
 	// DrainTimeout bounds how long open streams may run after SIGTERM.
 	DrainTimeout time.Duration
 	// AllowEvictingRedis lets the server start on a Redis whose
@@ -155,8 +158,9 @@ func defineFlags(fs *flag.FlagSet, cfg *Config, raw *rawFlags) {
 	fs.StringVar(&cfg.Region, "region", "", "this server's region, as the policy file's homes section names regions; with --region-redis, the keys of a scope homed in another region are arbitrated by that region's store (docs/regions.md); empty: every key lives in this server's store")
 	fs.Var(&cfg.RegionRedis, "region-redis", "the store of each other region: name=redis-url pairs separated by spaces (the flag may be repeated); the Redis files (--redis-password-file, --redis-ca-file, …) apply to them too; needs --region")
 	fs.IntVar(&cfg.RegionIdleConns, "region-idle-conns", 8, "connections kept open to each other region's store (per node), so that a first write rarely pays a new connection's round trips")
-	fs.DurationVar(&cfg.RegionPingInterval, "region-ping-interval", 5*time.Second, "how often every region's store is pinged: keeps idle connections warm and updates idem_region_store_rtt_seconds")
+	fs.DurationVar(&cfg.RegionPingInterval, "region-ping-interval", 5*time.Second, "how often every region's store is pinged: keeps idle connections warm and updates idem_extproc_region_store_rtt_seconds")
 	fs.DurationVar(&cfg.RegionDefaultRTT, "region-default-rtt", 150*time.Millisecond, "round trip assumed for a region whose store does not answer at start, until a restart measures it; each call to another region's store gets --store-timeout plus three round trips")
+	fs.DurationVar(&cfg.EnvoyMaxMessageTimeout, "envoy-max-message-timeout", DefaultEnvoyMaxMessageTimeout, "the ext_proc filter's max_message_timeout (the shipped configs'); the server never asks Envoy for more, since Envoy ignores a longer ask (docs/envoy.md): a wait_for_in_flight is shortened to fit, and a key whose home region's calls cannot fit is refused (idempotency-home-out-of-reach)")
 	fs.DurationVar(&cfg.DrainTimeout, "drain-timeout", 15*time.Second, "how long open streams may finish after SIGTERM/SIGINT")
 	fs.BoolVar(&cfg.AllowEvictingRedis, "allow-evicting-redis", false, "start even when a Redis primary's maxmemory-policy may evict records (anything but noeviction); they can then vanish and their retries run again")
 	fs.DurationVar(&cfg.StoreCheckInterval, "store-check-interval", 30*time.Second, "how often each Redis primary's eviction policy, persistence, replicas and marker record are checked again after the check at start")
@@ -299,6 +303,11 @@ func checkListenAddr(addr string) error {
 // ext_proc message timeout a deployment sets is a mistake, not a choice.
 const maxStoreTimeout = 10 * time.Second
 
+// DefaultEnvoyMaxMessageTimeout is --envoy-max-message-timeout's default:
+// the max_message_timeout of the shipped Envoy configurations (checked by
+// test/deploytest).
+const DefaultEnvoyMaxMessageTimeout = 2500 * time.Millisecond
+
 func (c *Config) checkRegions(where func(string) string) []error {
 	var errs []error
 	if c.Region == "" {
@@ -323,6 +332,9 @@ func (c *Config) checkRegions(where func(string) string) []error {
 	}
 	if c.RegionPingInterval <= 0 {
 		errs = append(errs, fmt.Errorf("%s: must be positive", where("region-ping-interval")))
+	}
+	if c.EnvoyMaxMessageTimeout < 0 {
+		errs = append(errs, fmt.Errorf("%s: must not be negative", where("envoy-max-message-timeout")))
 	}
 	if c.RegionDefaultRTT <= 0 {
 		errs = append(errs, fmt.Errorf("%s: must be positive", where("region-default-rtt")))

@@ -25,7 +25,7 @@ func TestParseConfigDefaults(t *testing.T) {
 	want := Config{Listen: ":50051", AdminListen: ":8081", StoreTimeout: 100 * time.Millisecond,
 		DrainTimeout: 15 * time.Second, MaxMessageSize: 32 << 20, MemoryMaxRecords: 1_000_000, LogLevel: slog.LevelInfo, LogFormat: "json",
 		StoreCheckInterval: 30 * time.Second, RegionIdleConns: 8, RegionPingInterval: 5 * time.Second, RegionDefaultRTT: 150 * time.Millisecond,
-		Keepalive: server.DefaultKeepalive}
+		Keepalive: server.DefaultKeepalive, EnvoyMaxMessageTimeout: 2500 * time.Millisecond}
 	if !reflect.DeepEqual(cfg, want) {
 		t.Fatalf("defaults = %+v, want %+v", cfg, want)
 	}

@@ -33,6 +33,7 @@ import (
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/observe"
 	"github.com/idem-extproc/idem-extproc/internal/policy"
+	"github.com/idem-extproc/idem-extproc/internal/redisstore"
 	"github.com/idem-extproc/idem-extproc/internal/region"
 )
 
@@ -75,6 +76,9 @@ type Daemon struct {
 	// its work (both nil without --region).
 	router        *region.Router
 	regionMetrics *observe.Regions
+	// unloaded are the other regions' stores whose scripts did not load
+	// at start: keepRegionsWarm loads them.
+	unloaded map[string]*redisstore.Store
 	// reloadMu guards onReload, which OnReload adds to while the file
 	// watcher may be reporting a reload.
 	reloadMu sync.Mutex

@@ -102,7 +102,10 @@ func remoteBudget(local, rtt time.Duration) time.Duration {
 func (d *Daemon) openRegions() error {
 	if d.cfg.Region == "" {
 		d.policies.AlsoCheck(needRegion)
-		return needRegion(d.policies.Current())
+		if err := needRegion(d.policies.Current()); err != nil {
+			return fmt.Errorf("%w: --config: %w", ErrConfig, err)
+		}
+		return nil
 	}
 	names := append([]string{d.cfg.Region}, slices.Sorted(maps.Keys(d.cfg.RegionRedis))...)
 	d.regionMetrics = d.metrics.Regions(names)
@@ -134,9 +137,15 @@ func (d *Daemon) openRegions() error {
 		defer mu.Unlock()
 		d.cleanup.push(f)
 	}
+	d.unloaded = map[string]*redisstore.Store{}
+	unloaded := func(name string, st *redisstore.Store) {
+		mu.Lock()
+		defer mu.Unlock()
+		d.unloaded[name] = st
+	}
 	for i, name := range names[1:] {
 		wg.Go(func() {
-			st, budget, err := d.openRegion(ctx, name, d.cfg.RegionRedis[name], push)
+			st, budget, err := d.openRegion(ctx, name, d.cfg.RegionRedis[name], push, unloaded)
 			if err != nil {
 				errs[i] = fmt.Errorf("--region-redis %s: %w", name, err)
 				return
@@ -151,22 +160,46 @@ func (d *Daemon) openRegions() error {
 	for i, name := range names[1:] {
 		stores[name] = opened[i]
 	}
-	r, err := region.NewRouter(d.cfg.Region, stores, d.regionMetrics)
+	r, err := region.NewRouter(d.cfg.Region, stores, d.cfg.EnvoyMaxMessageTimeout, d.regionMetrics)
 	if err != nil {
 		return err
 	}
 	if err := r.Check(d.policies.Current().Homes); err != nil {
 		return fmt.Errorf("%w: --config: %w", ErrConfig, err)
 	}
-	d.policies.AlsoCheck(func(set *policy.Set) error { return r.Check(set.Homes) })
+	d.policies.AlsoCheck(func(set *policy.Set) error {
+		if err := r.Check(set.Homes); err != nil {
+			return err
+		}
+		// A smaller epoch is an older map coming back (a stale file, a
+		// rollback done by hand): the servers would disagree about which
+		// map is newer.
+		if in := epochOf(d.policies.Current()); set.Homes != nil && set.Homes.Epoch < in {
+			return fmt.Errorf("homes.epoch: %d is smaller than the epoch in force, %d; give every change of the map a larger epoch", set.Homes.Epoch, in)
+		}
+		return nil
+	})
 	d.router = r
 	d.regionMetrics.Epoch(epochOf(d.policies.Current()))
+	d.warnOutOfReach(d.policies.Current())
 	d.OnReload(func(set *policy.Set, err error) {
 		if err == nil {
 			d.regionMetrics.Epoch(epochOf(set))
+			d.warnOutOfReach(set)
 		}
 	})
 	return nil
+}
+
+// warnOutOfReach names, at start and on each reload, the homes whose keys
+// this server will refuse (idempotency-home-out-of-reach): their calls
+// cannot fit in what Envoy grants one message.
+func (d *Daemon) warnOutOfReach(set *policy.Set) {
+	if far := d.router.OutOfReach(set.Homes); len(far) > 0 {
+		d.log.Warn("homes this server cannot reach within Envoy's timers: their keys are refused (idempotency-home-out-of-reach); "+
+			"raise the filter's max_message_timeout and --envoy-max-message-timeout, or home the scopes nearer",
+			slog.String("homes", strings.Join(far, ", ")), slog.Duration("envoy_max_message_timeout", d.cfg.EnvoyMaxMessageTimeout))
+	}
 }
 
 // epochOf is the epoch of set's homes map, 0 without one.
@@ -181,7 +214,7 @@ func epochOf(set *policy.Set) int {
 // over a first client; the store's client then gets the budget made of it
 // and keeps connections open (MinIdleConns), so that a first write in a
 // burst does not pay for a new one.
-func (d *Daemon) openRegion(ctx context.Context, name, url string, push func(func())) (idem.Store, time.Duration, error) {
+func (d *Daemon) openRegion(ctx context.Context, name, url string, push func(func()), unloaded func(string, *redisstore.Store)) (idem.Store, time.Duration, error) {
 	rtt, err := d.probeRTT(ctx, url)
 	answers := err == nil
 	if !answers {
@@ -203,11 +236,18 @@ func (d *Daemon) openRegion(ctx context.Context, name, url string, push func(fun
 	opts.Logger = d.log.With(slog.String("region", name))
 	st := redisstore.New(rdb, opts)
 	push(func() { _ = st.Close() })
+	loaded := false
 	if answers { // else nothing to load the scripts into yet
-		if err := st.LoadScripts(ctx); err != nil {
-			d.log.Warn("region's store scripts not loaded; its first calls pay one more round trip", slog.String("region", name),
-				slog.String("error", err.Error()))
+		err := st.LoadScripts(ctx)
+		d.regionMetrics.ScriptsLoaded(name, err)
+		if err != nil {
+			d.log.Warn("region's store scripts not loaded; loading them again in the background, and until then "+
+				"its calls pay one more round trip", slog.String("region", name), slog.String("error", err.Error()))
 		}
+		loaded = err == nil
+	}
+	if !loaded {
+		unloaded(name, st)
 	}
 	d.regionMetrics.RoundTrip(name, rtt)
 	d.log.Info("region's store", slog.String("region", name), slog.Duration("rtt", rtt), slog.Duration("budget", budget))
@@ -222,12 +262,43 @@ func needRegion(set *policy.Set) error {
 	return nil
 }
 
-// keepRegionsWarm pings every region's store each --region-ping-interval.
+// keepRegionsWarm pings every region's store each --region-ping-interval,
+// and loads the scripts that did not load at start.
 func (d *Daemon) keepRegionsWarm(ctx context.Context) {
 	if d.router == nil {
 		return
 	}
 	go d.router.KeepWarm(ctx, d.cfg.RegionPingInterval, d.regionMetrics.RoundTrip)
+	for name, st := range d.unloaded {
+		go d.loadScripts(ctx, name, st)
+	}
+}
+
+// loadScripts loads the store's scripts into region name's Redis, trying
+// again each --region-ping-interval until they are loaded or ctx ends: a
+// region whose Redis was down, or slow, at start gets them once it
+// answers. Each try is bounded as the loads at start are.
+func (d *Daemon) loadScripts(ctx context.Context, name string, st *redisstore.Store) {
+	t := time.NewTicker(d.cfg.RegionPingInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err := st.LoadScripts(lctx)
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		d.regionMetrics.ScriptsLoaded(name, err)
+		if err == nil {
+			d.log.Info("region's store scripts loaded", slog.String("region", name))
+			return
+		}
+	}
 }
 
 var _ region.Observer = (*observe.Regions)(nil)

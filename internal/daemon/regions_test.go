@@ -1,14 +1,18 @@
 package daemon
 
 import (
+	"errors"
 	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/idem-extproc/idem-extproc/internal/testing/redistest"
+	"github.com/idem-extproc/idem-extproc/internal/testing/testwait"
 )
 
 // TestRegionFlagMistakes: each mistake in the region flags is named at
@@ -67,8 +71,8 @@ func TestHomesNeedTheirRegions(t *testing.T) {
 		return d, err
 	}
 	write("homes: {epoch: 1, default: eu, rules: [{scopes: [acme], region: us}]}\n")
-	if _, err := start(); err == nil || !strings.Contains(err.Error(), "no --region") {
-		t.Errorf("homes without --region: %v", err)
+	if _, err := start(); err == nil || !strings.Contains(err.Error(), "no --region") || !errors.Is(err, ErrConfig) {
+		t.Errorf("homes without --region: %v, want a configuration error (exit 2)", err)
 	}
 	if _, err := start("--region", "eu"); err == nil || !strings.Contains(err.Error(), `region "us" has no store`) {
 		t.Errorf("homes naming an unknown region: %v", err)
@@ -89,5 +93,121 @@ func TestHomesNeedTheirRegions(t *testing.T) {
 	}
 	if h := d.Policies().Homes; h == nil || h.Epoch != 1 {
 		t.Errorf("after a refused reload the map in force is %+v", h)
+	}
+	write("homes: {epoch: 3, default: eu, rules: [{scopes: [acme], region: us}]}\n")
+	if err := d.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	write("homes: {epoch: 2, default: us}\n")
+	if err := d.Reload(); err == nil || !strings.Contains(err.Error(), "homes.epoch: 2 is smaller than the epoch in force, 3") {
+		t.Errorf("reload with a smaller epoch: %v", err)
+	}
+	if h := d.Policies().Homes; h == nil || h.Epoch != 3 {
+		t.Errorf("after a smaller epoch the map in force is %+v", h)
+	}
+}
+
+// TestScriptsReachEveryRegion: a region whose Redis does not answer at
+// start gets the scripts once it does, loaded in the background and
+// counted.
+func TestScriptsReachEveryRegion(t *testing.T) {
+	redis, other := redistest.Start(t, redistest.Options{}), redistest.Start(t, redistest.Options{})
+	link := redistest.NewDelayLink(t, other.Addr())
+	link.Hold(true, true)
+	cfg, err := ParseConfig([]string{"--listen", "127.0.0.1:0", "--admin-listen", "", "--redis-url", redis.URL(),
+		"--region", "eu", "--region-redis", "us=" + link.URL(), "--region-ping-interval", "100ms"},
+		func(string) string { return "" }, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := Start(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), func(string) string { return "" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(d.Shutdown)
+	loads := func(result string) float64 {
+		mfs, err := d.Metrics().Registry().Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() != "idem_extproc_region_script_loads_total" {
+				continue
+			}
+			for _, m := range mf.GetMetric() {
+				labels := map[string]string{}
+				for _, lp := range m.GetLabel() {
+					labels[lp.GetName()] = lp.GetValue()
+				}
+				if labels["region"] == "us" && labels["result"] == result {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+		return 0
+	}
+	if n := loads("ok"); n != 0 {
+		t.Fatalf("loaded %v times through a held link", n)
+	}
+	link.Release()
+	testwait.Until(t, "the scripts loaded into us", func() bool { return loads("ok") == 1 })
+}
+
+// TestOutOfReachFlaggedAtStart: a home whose calls cannot fit in what
+// Envoy grants one message (--envoy-max-message-timeout) is named at
+// start, with the flag to change.
+func TestOutOfReachFlaggedAtStart(t *testing.T) {
+	redis, other := redistest.Start(t, redistest.Options{}), redistest.Start(t, redistest.Options{})
+	file := filepath.Join(t.TempDir(), "policies.yaml")
+	if err := os.WriteFile(file, []byte("policies: []\nhomes: {epoch: 1, default: eu, rules: [{scopes: [acme], region: us}]}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := ParseConfig([]string{"--listen", "127.0.0.1:0", "--admin-listen", "", "--redis-url", redis.URL(), "--config", file,
+		"--region", "eu", "--region-redis", "us=" + other.URL(), "--envoy-max-message-timeout", "150ms"},
+		func(string) string { return "" }, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &lockedLog{}
+	d, err := Start(cfg, slog.New(slog.NewTextHandler(logs, nil)), func(string) string { return "" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(d.Shutdown)
+	if out := logs.String(); !strings.Contains(out, "cannot reach within Envoy's timers") || !strings.Contains(out, "homes=us") {
+		t.Errorf("no warning naming us:\n%s", out)
+	}
+}
+
+// lockedLog takes log lines from any goroutine.
+type lockedLog struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// TestHelpNamesMetricsAsServed: a metric --help names is one /metrics
+// serves: every name carries the idem_extproc_ namespace.
+func TestHelpNamesMetricsAsServed(t *testing.T) {
+	var usage strings.Builder
+	_, _ = ParseConfig([]string{"-h"}, func(string) string { return "" }, &usage)
+	for _, name := range regexp.MustCompile(`\bidem_[a-z_]+`).FindAllString(usage.String(), -1) {
+		if !strings.HasPrefix(name, "idem_extproc_") {
+			t.Errorf("--help names %s; /metrics serves idem_extproc_…", name)
+		}
+	}
+	if !strings.Contains(usage.String(), "idem_extproc_region_store_rtt_seconds") {
+		t.Error("--help does not name the round-trip metric")
 	}
 }

@@ -47,6 +47,8 @@ var grpcCodes = map[string]codes.Code{
 	problem.BodyIncomplete.Slug:   codes.ResourceExhausted,
 	problem.PrincipalMissing.Slug: codes.Unauthenticated,
 	problem.CapacityExceeded.Slug: codes.Unavailable,
+	problem.HomeOutOfReach.Slug:   codes.FailedPrecondition,
+	problem.HomesDisagree.Slug:    codes.FailedPrecondition,
 	problem.BodyUnreadable.Slug:   codes.InvalidArgument,
 }
 

@@ -35,6 +35,9 @@ type Config struct {
 	Logger   *slog.Logger
 	// StoreTimeout bounds each store call; idem.DefaultStoreTimeout when zero.
 	StoreTimeout time.Duration
+	// MaxMessageTimeout is the filter's max_message_timeout
+	// (attempt.Server); zero when unknown.
+	MaxMessageTimeout time.Duration
 	// Homes finds the store of a scope homed in another region (package
 	// region); nil when every key lives in Store.
 	Homes attempt.HomeFinder
@@ -108,7 +111,7 @@ func New(cfg Config) *Server {
 		s.env = nopEnvoyObserver{}
 	}
 	s.att = attempt.Server{Store: cfg.Store, Homes: cfg.Homes, Sealer: cfg.Sealer, Observer: s.obs, Log: log,
-		StoreTimeout: cfg.StoreTimeout, SettleAtEndTimeout: cfg.SettleAtEndTimeout}
+		StoreTimeout: cfg.StoreTimeout, SettleAtEndTimeout: cfg.SettleAtEndTimeout, MaxMessageTimeout: cfg.MaxMessageTimeout}
 	if cfg.MaxBufferedBytes > 0 {
 		s.budget = &bodyBudget{limit: cfg.MaxBufferedBytes}
 	}

@@ -90,6 +90,8 @@ const (
 	CodeOutcomeUnknown   = -33063 // problem.OutcomeUnknown
 	CodeStoreUnavailable = -33064 // problem.StoreUnavailable
 	CodeCapacityExceeded = -33065 // problem.CapacityExceeded
+	CodeHomeOutOfReach   = -33066 // problem.HomeOutOfReach
+	CodeHomesDisagree    = -33067 // problem.HomesDisagree
 	CodeKeyMissing       = -33070 // problem.KeyMissing
 	CodeKeyInvalid       = -33071 // problem.KeyInvalid
 	CodeBodyTooLarge     = -33072 // problem.BodyTooLarge
@@ -116,6 +118,8 @@ var codes = map[string]int{
 	problem.OutcomeUnknown.Slug:   CodeOutcomeUnknown,
 	problem.StoreUnavailable.Slug: CodeStoreUnavailable,
 	problem.CapacityExceeded.Slug: CodeCapacityExceeded,
+	problem.HomeOutOfReach.Slug:   CodeHomeOutOfReach,
+	problem.HomesDisagree.Slug:    CodeHomesDisagree,
 	problem.KeyMissing.Slug:       CodeKeyMissing,
 	problem.KeyInvalid.Slug:       CodeKeyInvalid,
 	problem.BodyTooLarge.Slug:     CodeBodyTooLarge,

@@ -14,6 +14,8 @@ type Regions struct {
 	handovers   *prometheus.CounterVec
 	moved       *prometheus.CounterVec
 	quarantined *prometheus.CounterVec
+	outOfReach  *prometheus.CounterVec
+	scripts     *prometheus.CounterVec
 	rtt         *prometheus.GaugeVec
 	epoch       prometheus.Gauge
 	// callSeries are calls' series of each region named at start, by
@@ -50,6 +52,14 @@ func newRegions(m *Metrics, names []string) *Regions {
 			Namespace: Namespace, Name: "region_quarantined_total",
 			Help: "Keys answered outcome-unknown because the region declared lost that may have seen them could not be asked.",
 		}, []string{"lost"}),
+		outOfReach: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Name: "region_out_of_reach_total",
+			Help: "Keys refused (idempotency-home-out-of-reach) before anything was reserved: the calls to their home's store cannot fit in the time Envoy grants one message (--envoy-max-message-timeout).",
+		}, []string{"home"}),
+		scripts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Name: "region_script_loads_total",
+			Help: "Loads of the store's scripts into another region's Redis, at start and then each --region-ping-interval until one succeeds, by result (ok, error).",
+		}, []string{"region", "result"}),
 		rtt: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: Namespace, Name: "region_store_rtt_seconds",
 			Help: "Round trip of a PING to each region's store on a warm connection, measured every few seconds.",
@@ -68,10 +78,11 @@ func newRegions(m *Metrics, names []string) *Regions {
 		}
 		r.quarantined.WithLabelValues(n)
 		r.moved.WithLabelValues(n)
+		r.outOfReach.WithLabelValues(n)
 		r.handovers.WithLabelValues(n, "error")
 		r.handovers.WithLabelValues(n, "moved")
 	}
-	m.reg.MustRegister(r.calls, r.handovers, r.moved, r.quarantined, r.rtt, r.epoch)
+	m.reg.MustRegister(r.calls, r.handovers, r.moved, r.quarantined, r.outOfReach, r.scripts, r.rtt, r.epoch)
 	return r
 }
 
@@ -96,6 +107,18 @@ func (r *Regions) Quarantined(lost string) { r.quarantined.WithLabelValues(lost)
 // RoundTrip records region's measured round trip.
 func (r *Regions) RoundTrip(region string, d time.Duration) {
 	r.rtt.WithLabelValues(region).Set(d.Seconds())
+}
+
+// OutOfReach implements region.Observer.
+func (r *Regions) OutOfReach(home string) { r.outOfReach.WithLabelValues(home).Inc() }
+
+// ScriptsLoaded counts one load of the scripts into region's Redis.
+func (r *Regions) ScriptsLoaded(region string, err error) {
+	result := "ok"
+	if err != nil {
+		result = "error"
+	}
+	r.scripts.WithLabelValues(region, result).Inc()
 }
 
 // Epoch records the homes map's epoch.

@@ -57,12 +57,16 @@ type Home struct {
 const MoveWindowMargin = time.Hour
 
 // For returns the home of scope under p at now: its rule's region, and
-// the former home while the move's window lasts.
+// the former home while the move's window lasts. Before a move's time the
+// former home is still the home: a move can be rolled out ahead of it.
 func (h *Homes) For(p *Policy, scope string, now time.Time) Home {
 	for i := range h.Rules {
 		r := &h.Rules[i]
 		if !r.matches(scope) {
 			continue
+		}
+		if r.MovedFrom != "" && now.Before(r.MovedAt) {
+			return Home{Region: r.MovedFrom}
 		}
 		home := Home{Region: r.Region}
 		if r.MovedFrom != "" && now.Before(r.MovedAt.Add(p.Retention+MoveWindowMargin)) {

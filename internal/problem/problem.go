@@ -35,7 +35,11 @@ var (
 	BodyIncomplete   = Kind{"request-body-incomplete", "Request body did not arrive whole", 413}
 	PrincipalMissing = Kind{"principal-missing", "The request's principal is required to scope its Idempotency-Key", 401}
 	CapacityExceeded = Kind{"idempotency-capacity-exceeded", "The idempotency server has no room to buffer this request now", 503}
-	BodyUnreadable   = Kind{"request-body-unreadable", "Request body cannot be read as JSON", 400}
+	// HomeOutOfReach and HomesDisagree refuse a key whose scope is homed
+	// in another region (docs/regions.md) before anything is reserved.
+	HomeOutOfReach = Kind{"idempotency-home-out-of-reach", "The key's home region cannot be asked within the proxy's timers", 503}
+	HomesDisagree  = Kind{"idempotency-homes-disagree", "The servers' homes maps disagree about the key's home region", 503}
+	BodyUnreadable = Kind{"request-body-unreadable", "Request body cannot be read as JSON", 400}
 	// HeaderMismatch is MCP 2026-07-28's: the headers that mirror a
 	// call's method and name do not match its body (answers: jsonrpc).
 	HeaderMismatch = Kind{"mcp-header-mismatch", "HeaderMismatch", 400}

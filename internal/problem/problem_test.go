@@ -46,7 +46,8 @@ func TestRetryAfterHeader(t *testing.T) {
 func TestKindsAreDistinct(t *testing.T) {
 	seen := map[string]bool{}
 	for _, k := range []Kind{KeyMissing, KeyInvalid, KeyReused, InProgress, OutcomeUnknown,
-		StoreUnavailable, BodyTooLarge, BodyIncomplete, PrincipalMissing, CapacityExceeded, BodyUnreadable} {
+		StoreUnavailable, BodyTooLarge, BodyIncomplete, PrincipalMissing, CapacityExceeded, BodyUnreadable,
+		HomeOutOfReach, HomesDisagree} {
 		if seen[k.Slug] || k.Title == "" || k.Status < 400 || k.Status > 599 {
 			t.Errorf("bad kind %+v", k)
 		}

@@ -309,7 +309,7 @@ func checkRoutes(cfg *envoyConfig, rc *routev3.RouteConfiguration, ep *extprocv3
 			}
 			life := maxProtectedLifetime(to.AsDuration(), ep)
 			if life >= recommendedClientTimeout {
-				fail("route %s: timeout %v plus four message_timeouts is %v, not under the %v client timeout",
+				fail("route %s: timeout %v plus four message_timeouts and max_message_timeout is %v, not under the %v client timeout (docs/envoy.md, a protected request's time in Envoy)",
 					name, to.AsDuration(), life, recommendedClientTimeout)
 			}
 			// No check of grpc_service.timeout against life: Envoy does not

@@ -242,7 +242,7 @@ func checkEnvoyGatewayObjects(objs []k8sObject) error {
 			if err != nil || d <= 0 {
 				fail("%s: timeouts.request %q must be a finite duration", where, *rule.Timeouts.Request)
 			} else if life := maxProtectedLifetime(d, filter); life >= recommendedClientTimeout {
-				fail("%s: timeout plus four message_timeouts is %v, not under the %v client timeout", where, life, recommendedClientTimeout)
+				fail("%s: timeout plus four message_timeouts and max_message_timeout is %v, not under the %v client timeout (docs/envoy.md, a protected request's time in Envoy)", where, life, recommendedClientTimeout)
 			}
 		}
 	}

@@ -8,6 +8,7 @@ import (
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 
+	"github.com/idem-extproc/idem-extproc/internal/daemon"
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/testing/envoysim"
 )
@@ -97,6 +98,13 @@ func checkExtProc(c *extprocv3.ExternalProcessor) error {
 		fail("message_timeout is %v, want at least %v (the server's store budget %v plus %v)",
 			mt, min, idem.DefaultStoreTimeout, messageTimeoutMargin)
 	}
+	// The server never asks for more than it believes Envoy grants: an ask
+	// above max_message_timeout is ignored, not capped (ext_proc.cc
+	// Filter::onNewTimeout, "out of config range. Ignoring the message").
+	if m := c.GetMaxMessageTimeout(); m != nil && m.AsDuration() != daemon.DefaultEnvoyMaxMessageTimeout {
+		fail("max_message_timeout is %v, and idem-extproc's --envoy-max-message-timeout defaults to %v: make them equal (or pass the flag)",
+			m.AsDuration(), daemon.DefaultEnvoyMaxMessageTimeout)
+	}
 	if s := c.GetStatusOnError(); s != nil && (s.GetCode() < 500 || s.GetCode() > 599) {
 		fail("status_on_error is %d: a failed ext_proc call is a server-side failure, want 5xx", s.GetCode())
 	}
@@ -120,8 +128,14 @@ func extProcCluster(c *extprocv3.ExternalProcessor) string {
 }
 
 // maxProtectedLifetime is how long a protected request can take inside
-// Envoy: the route timeout plus one message_timeout for each of the four
-// ext_proc messages (request headers and body, response headers and body).
+// Envoy, the rule docs/envoy.md states ("A protected request's time in
+// Envoy"): the route timeout, one message_timeout for each of the four
+// ext_proc messages (request headers and body, response headers and body),
+// and one max_message_timeout for the one message the server extends (the
+// request's decision, wait included): Envoy restarts that message's timer
+// once, when the ask arrives (ext_proc processor_state.cc
+// ProcessorState::restartMessageTimer, new_timeout_received_), at most
+// message_timeout after the message left.
 func maxProtectedLifetime(routeTimeout time.Duration, c *extprocv3.ExternalProcessor) time.Duration {
-	return routeTimeout + 4*messageTimeout(c)
+	return routeTimeout + 4*messageTimeout(c) + c.GetMaxMessageTimeout().AsDuration()
 }

@@ -292,7 +292,7 @@ func checkVirtualServices(objs []k8sObject, exempt map[string]bool, ep *extprocv
 			if r.GetTimeout() == nil || r.GetTimeout().AsDuration() <= 0 {
 				fail("%s: set an explicit route timeout (the route-timeout rule)", where)
 			} else if life := maxProtectedLifetime(r.GetTimeout().AsDuration(), ep); life >= recommendedClientTimeout {
-				fail("%s: timeout plus four message_timeouts is %v, not under the %v client timeout", where, life, recommendedClientTimeout)
+				fail("%s: timeout plus four message_timeouts and max_message_timeout is %v, not under the %v client timeout (docs/envoy.md, a protected request's time in Envoy)", where, life, recommendedClientTimeout)
 			}
 			// Without retries Istio retries anyway: HTTPRoute.retries
 			// defaults to 2 attempts on connect-failure, refused-stream,

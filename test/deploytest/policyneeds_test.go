@@ -63,10 +63,12 @@ func examplePolicyNeeds() (filterNeeds, error) {
 }
 
 // overrideWanted is the message timeout the server asks for while a
-// duplicate waits: wait_for_in_flight plus two store calls
-// (internal/attempt decide.go Request and awaitFirst; internal/extproc render.go, override_message_timeout).
+// duplicate waits the whole wait_for_in_flight: the wait, its two store
+// calls and the server's own budget (internal/attempt decide.go
+// extension; internal/extproc render.go, override_message_timeout). Under
+// a smaller max_message_timeout the server shortens the wait.
 func overrideWanted(wait, storeTimeout time.Duration) time.Duration {
-	return wait + 2*storeTimeout
+	return wait + 3*storeTimeout
 }
 
 // checkFilterServes checks that filter c gives the policies what they need:

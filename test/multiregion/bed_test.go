@@ -33,13 +33,21 @@ import (
 // regionNames are the bed's regions.
 var regionNames = []string{"eu", "us", "ap"}
 
-// The policy every region runs: orders scoped by tenant, a required key.
+// The policies every region runs: orders scoped by tenant, a required
+// key; waits, the same whose duplicates wait for the attempt in flight
+// (the shipped examples/policies.yaml's 2 s).
 const ordersPolicy = `policies:
   - name: orders
     match: {methods: [POST], path: {prefix: /orders}}
     key: {required: true}
     scope: {from: header, header: x-tenant}
     lease: 3s
+  - name: waits
+    match: {methods: [POST], path: {prefix: /waits}}
+    key: {required: true}
+    scope: {from: header, header: x-tenant}
+    lease: 3s
+    wait_for_in_flight: 2s
 `
 
 // homesV1 places each tenant's keys in one region: t-eu-* in eu (the
@@ -237,9 +245,14 @@ func newKey(v7 bool) string {
 
 // post sends one attempt of key into region r, waiting at most timeout.
 func (b *bed) post(r, key, tenant, body string, timeout time.Duration) harness.Reply {
+	return b.postTo(r, "/orders", key, tenant, body, timeout)
+}
+
+// postTo is post to path.
+func (b *bed) postTo(r, path, key, tenant, body string, timeout time.Duration) harness.Reply {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	return b.regions[r].env.DoContext(ctx, "POST", "/orders", body, "Idempotency-Key", key, "x-tenant", tenant)
+	return b.regions[r].env.DoContext(ctx, "POST", path, body, "Idempotency-Key", key, "x-tenant", tenant)
 }
 
 // oracle checks the effect log against every answer: at most one
