@@ -168,6 +168,14 @@ func TestMistakesNameFileLineAndField(t *testing.T) {
 		{"bad hint_cache_size", "defaults:\n  answers: jsonrpc\n  tools: {protect: unless_hinted, hint_cache_size: 0}\n", []string{"bad.yaml:3:", "defaults.tools.hint_cache_size", "from 1 to"}},
 		{"short hint_ttl", "defaults:\n  answers: jsonrpc\n  tools: {protect: unless_hinted, hint_ttl: 10ms}\n", []string{"bad.yaml:3:", "defaults.tools.hint_ttl", "minimum"}},
 		{"advertise without unless_hinted", "policies:\n  - name: a\n    match: {methods: [POST]}\n    answers: jsonrpc\n    tools:\n      advertise_idempotent: true\n", []string{"bad.yaml:6:", "policies[0].tools.advertise_idempotent", "unless_hinted"}},
+		{"advertise with an optional header key", "policies:\n  - name: a\n    match: {methods: [POST]}\n    answers: jsonrpc\n    tools:\n      protect: unless_hinted\n      advertise_idempotent: true\n",
+			[]string{"bad.yaml:7:", "policies[0].tools.advertise_idempotent", "same arguments", "key.required: true"}},
+		{"advertise with a required key in its grace period", "defaults:\n  answers: jsonrpc\n  key: {required: true, warn_until: 2030-01-01}\n  tools: {protect: unless_hinted, advertise_idempotent: true}\n",
+			[]string{"bad.yaml:4:", "default_policy.tools.advertise_idempotent", "without key.warn_until"}},
+		{"advertise with a key derived from more than the arguments", "defaults:\n  answers: jsonrpc\n  key: {from: [derived], derive: [/params/name, /params/arguments, /id]}\n  tools: {protect: unless_hinted, advertise_idempotent: true}\n",
+			[]string{"bad.yaml:4:", "default_policy.tools.advertise_idempotent"}},
+		{"advertise with a header key before the derived one", "defaults:\n  answers: jsonrpc\n  key: {from: [header, derived], derive: [/params/name, /params/arguments]}\n  tools: {protect: unless_hinted, advertise_idempotent: true}\n",
+			[]string{"bad.yaml:4:", "default_policy.tools.advertise_idempotent"}},
 		{"mcp_headers on an HTTP policy", "policies:\n  - name: a\n    match: {methods: [POST]}\n    mcp_headers: trust\n", []string{"bad.yaml:4:", "policies[0].mcp_headers", "answers: jsonrpc"}},
 		{"mcp_param without key.param", "policies:\n  - name: a\n    match: {methods: [POST]}\n    answers: jsonrpc\n    key: {from: [mcp_param]}\n", []string{"bad.yaml:5:", "policies[0].key.param", "required"}},
 		{"not YAML", "defaults: [\n", []string{"bad.yaml"}},
@@ -519,5 +527,20 @@ policies:
 	if err == nil || !strings.Contains(err.Error(), "bad.yaml:4: default_policy.compression: compress: dictionaries") ||
 		!strings.Contains(err.Error(), "same id 40001") {
 		t.Fatalf("same id: %v", err)
+	}
+}
+
+// TestAdvertiseIdempotentAccepted: the hint is accepted where it holds: a
+// key every call must carry, or one derived from the tool's name and
+// arguments alone.
+func TestAdvertiseIdempotentAccepted(t *testing.T) {
+	for _, key := range []string{
+		"{required: true}",
+		"{from: [derived], derive: [/params/arguments, /params/name]}",
+	} {
+		doc := "defaults:\n  answers: jsonrpc\n  key: " + key + "\n  tools: {protect: unless_hinted, advertise_idempotent: true}\n"
+		if _, err := Parse("ok.yaml", []byte(doc)); err != nil {
+			t.Errorf("key %s: %v", key, err)
+		}
 	}
 }

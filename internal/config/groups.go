@@ -2,6 +2,7 @@ package config
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -68,10 +69,35 @@ func (b *builder) checkTools(p *policy.Policy, s, defaults *settings, path strin
 		b.errorf(at(t.Advertise, d.Advertise), path+".tools.advertise_idempotent",
 			"needs tools.protect: unless_hinted (the server reads the tools/list answers it rewrites)")
 	}
+	if p.Tools.AdvertiseIdempotent && !sameArgumentsSameKey(&p.KeyRules) {
+		b.errorf(at(t.Advertise, d.Advertise), path+".tools.advertise_idempotent",
+			"idempotentHint promises that \"calling the tool repeatedly with the same arguments will have no additional effect\" (MCP 2026-07-28 schema.ts, ToolAnnotations), which holds only if every call has a key and equal arguments mean an equal key: set key.required: true without key.warn_until, or key.from: [derived] with key.derive: [/params/name, /params/arguments]")
+	}
 	if p.Tools.Protect != policy.ToolsUnlessHinted && (t.HintTTL.Set || t.HintCacheSize.Set) {
 		b.errorf(at(t.HintTTL, t.HintCacheSize), path+".tools",
 			"hint_ttl and hint_cache_size need tools.protect: unless_hinted (they size what it learns)")
 	}
+}
+
+// sameArgumentsSameKey reports whether a policy's tools/call requests
+// cannot run twice for the same arguments, as idempotentHint promises: the
+// key is required with no grace period (a call without one is refused,
+// never run unprotected), or it is derived from the
+// tool's name and arguments alone, so that a call with the same arguments
+// is the same operation whatever else differs (the JSON-RPC id, _meta).
+func sameArgumentsSameKey(r *policy.KeyRules) bool {
+	if r.KeyRequired && r.KeyWarnUntil.IsZero() {
+		return true
+	}
+	if !slices.Equal(r.KeySources, []policy.KeySource{policy.KeyFromDerived}) {
+		return false
+	}
+	derive := make([]string, len(r.KeyDerive))
+	for i, p := range r.KeyDerive {
+		derive[i] = p.String()
+	}
+	slices.Sort(derive)
+	return slices.Equal(derive, []string{"/params/arguments", "/params/name"})
 }
 
 // key parses the key group: key.header, key.required, key.max_length,

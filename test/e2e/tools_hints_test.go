@@ -342,3 +342,48 @@ func TestToolHintsAdvertised(t *testing.T) {
 		t.Fatalf("the event stream was rewritten: %d %s", sse.Status, sse.Body)
 	}
 }
+
+// TestAgentRetryingByTheHint plays an agent that reads idempotentHint at
+// the specification's meaning ("calling the tool repeatedly with the same
+// arguments will have no additional effect", schema.ts ToolAnnotations):
+// it lists the tools and, for each one the server advertised idempotent
+// in place of the upstream, sends the call again with the same arguments
+// as a new JSON-RPC request (a new id and progress token, no key of its
+// own), as an agent does after a lost answer. Each such tool runs once.
+func TestAgentRetryingByTheHint(t *testing.T) {
+	doc := strings.Replace(hintPolicies, "      protect: unless_hinted\n", "      protect: unless_hinted\n      advertise_idempotent: true\n", 1)
+	env, up, _ := startHints(t, doc, hintedTools, nil)
+	r := env.Post("/mcp", "", listTools("1"), "x-agent", "agent-1")
+	var msg struct {
+		Result struct {
+			Tools []struct {
+				Name        string `json:"name"`
+				Annotations struct {
+					ReadOnly   bool `json:"readOnlyHint"`
+					Idempotent bool `json:"idempotentHint"`
+				} `json:"annotations"`
+			} `json:"tools"`
+		} `json:"result"`
+	}
+	if r.Status != 200 || json.Unmarshal([]byte(r.Body), &msg) != nil {
+		t.Fatalf("tools/list: %d %s", r.Status, r.Body)
+	}
+	retried := 0
+	for _, tool := range msg.Result.Tools {
+		if !tool.Annotations.Idempotent || tool.Annotations.ReadOnly || strings.Contains(hintedTools, `"name":"`+tool.Name+`","inputSchema":{"type":"object"},"annotations":{"idempotentHint":true`) {
+			continue // not hinted, or the upstream's own promise
+		}
+		retried++
+		for i, id := range []string{"21", "22"} {
+			if r := env.Post("/mcp", "", call(id, tool.Name, `{"to":"a@example.com"}`), "x-agent", "agent-1"); r.Status != 200 {
+				t.Fatalf("%s attempt %d: %d %s", tool.Name, i+1, r.Status, r.Body)
+			}
+		}
+		if n := up.ran(tool.Name); n != 1 {
+			t.Errorf("%s, advertised idempotent, ran %d times for two calls with the same arguments", tool.Name, n)
+		}
+	}
+	if retried != 3 {
+		t.Fatalf("the agent retried %d advertised tools, want 3 (send_email, wipe, charge): %s", retried, r.Body)
+	}
+}

@@ -186,7 +186,9 @@ func (x *exchange) connectionAttribute(name string) *structpb.Value {
 // the client sent them. At an edge (Options.Edge: use_remote_address with no
 // trusted hops, an external client) the client's x-forwarded-proto is
 // overwritten with the connection's scheme, and its x-request-id replaced
-// unless preserve_external_request_id.
+// unless preserve_external_request_id. A client that is not internal
+// (Options.InternalClient) loses its retry headers: mutateRequestHeaders
+// calls cleanInternalHeaders unless internal_request, edge or not.
 func connectionManagerHeaders(r *Request, opts Options) []Header {
 	scheme := r.Scheme
 	if scheme == "" {
@@ -195,6 +197,11 @@ func connectionManagerHeaders(r *Request, opts Options) []Header {
 	hs := make([]Header, 0, len(r.Headers)+6)
 	hs = append(hs, Header{":authority", r.Authority}, Header{":path", r.Path}, Header{":method", r.Method}, Header{":scheme", scheme})
 	hs = append(hs, r.Headers...)
+	if !opts.InternalClient {
+		for _, name := range retryHeaders {
+			hs = remove(hs, name)
+		}
+	}
 	if opts.Edge {
 		hs = remove(hs, "x-forwarded-proto")
 		if !opts.PreserveExternalRequestID {

@@ -539,3 +539,50 @@ func TestEmptyDetailsArePresent(t *testing.T) {
 	}
 	t.Fatal("no response headers message")
 }
+
+// TestRetryHeaders plays a client's own retry headers on a route with no
+// retry policy: from a client the connection manager counts as internal
+// they arm the router's retries (one by default, x-envoy-max-retries
+// more), so a write the first attempt already delivered runs again behind
+// the filter; the route's request_headers_to_remove takes them away before
+// the router reads them; a client that is not internal (Envoy 1.33+'s
+// default) loses them in the connection manager. The upstream never sees
+// them.
+func TestRetryHeaders(t *testing.T) {
+	retryHeaders := []Header{{"x-envoy-retry-on", "5xx"}, {"x-envoy-max-retries", "2"}}
+	for _, tc := range []struct {
+		name     string
+		headers  []Header
+		internal bool
+		remove   []string
+		calls    int
+	}{
+		{"internal client, route keeps them", retryHeaders, true, nil, 3},
+		{"internal client, default retry count", []Header{{"x-envoy-retry-on", "reset, 5xx"}}, true, nil, 2},
+		{"internal client, gRPC conditions only", []Header{{"x-envoy-retry-grpc-on", "unavailable"}}, true, nil, 1},
+		{"internal client, unknown condition", []Header{{"x-envoy-retry-on", "sometimes"}, {"x-envoy-max-retries", "5"}}, true, nil, 1},
+		{"internal client, route removes them", retryHeaders, true, []string{"X-Envoy-Retry-On", "x-envoy-retry-grpc-on"}, 1},
+		{"external client", retryHeaders, false, nil, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			req := post("x")
+			req.Headers = append(req.Headers, tc.headers...)
+			req.RemoveHeaders = tc.remove
+			calls := 0
+			up := func(_ context.Context, r *Request) (*Response, error) {
+				calls++
+				for _, h := range r.Headers {
+					if strings.HasPrefix(h.Name, "x-envoy-retry") || h.Name == "x-envoy-max-retries" {
+						t.Errorf("the upstream received %s", h.Name)
+					}
+				}
+				return &Response{Status: 503, Body: []byte("wrote, then failed")}, nil
+			}
+			s := &scripted{script: continueAll(nil)}
+			res := start(t, s, RecommendedConfig(), Options{InternalClient: tc.internal}).Do(context.Background(), req, up)
+			if calls != tc.calls || res.UpstreamAttempts != tc.calls {
+				t.Errorf("the upstream was called %d times (attempts %d), want %d", calls, res.UpstreamAttempts, tc.calls)
+			}
+		})
+	}
+}

@@ -44,6 +44,11 @@ type Options struct {
 	// (ConnectionManagerUtility::mutateRequestHeaders).
 	Edge                      bool
 	PreserveExternalRequestID bool
+	// InternalClient makes the connection manager count the client as
+	// internal (its address in internal_address_config), so that it keeps
+	// the client's x-envoy-* retry headers; by default, as in Envoy 1.33+,
+	// no client is internal and they are removed (retryHeaders).
+	InternalClient bool
 	// CloseStreamEarly selects Envoy 1.37+, which closes the gRPC stream as
 	// soon as a reply leaves no later phase that needs the server
 	// (ext_proc.cc Filter::closeGrpcStreamIfLastRespReceived, runtime

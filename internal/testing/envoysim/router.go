@@ -3,6 +3,7 @@ package envoysim
 import (
 	"context"
 	"errors"
+	"strconv"
 	"strings"
 )
 
@@ -50,13 +51,116 @@ func (p *RetryPolicy) covers(f *UpstreamFailure, resp *Response) bool {
 		return p.RetryOn(f, resp)
 	}
 	if f != nil {
-		switch f.Details {
-		case UpstreamTimeout.Details, UpstreamOverflow.Details, NoHealthyUpstream.Details:
-			return false
-		}
-		return true
+		return isReset(f)
 	}
 	return resp.Status >= 500
+}
+
+// isReset reports whether a router failure is an upstream reset that
+// retry_on "5xx", "gateway-error" and "reset" cover: every reset but an
+// overflow (wouldRetryFromReset). The global timeout and a missing host
+// are no resets.
+func isReset(f *UpstreamFailure) bool {
+	switch f.Details {
+	case UpstreamTimeout.Details, UpstreamOverflow.Details, NoHealthyUpstream.Details:
+		return false
+	}
+	return true
+}
+
+// retryHeaders are the request headers from which Envoy's router arms
+// retries: RetryStateImpl::create makes a retry state when
+// x-envoy-retry-on or x-envoy-retry-grpc-on is present, even on a route
+// with no retry policy; x-envoy-max-retries then sets the number of
+// retries; all three are consumed, never sent upstream
+// (source/common/router/retry_state_impl.cc). The connection manager
+// removes them from a client it does not count as internal
+// (source/common/http/conn_manager_utility.cc, mutateRequestHeaders →
+// cleanInternalHeaders). Other x-envoy-* headers that shape retries
+// (x-envoy-retriable-status-codes, x-envoy-hedge-on-per-try-timeout,
+// x-envoy-upstream-rq-per-try-timeout-ms) act only through a retry state
+// and are not modelled.
+var retryHeaders = [...]string{"x-envoy-retry-on", "x-envoy-retry-grpc-on", "x-envoy-max-retries"}
+
+// routerRetryPolicy is the retry state the router makes in decodeHeaders,
+// and the headers it sends upstream. It applies the route's
+// request_headers_to_remove first (finalizeRequestHeaders) and reads the
+// retry headers only then (createRetryState, a few lines later in
+// source/common/router/router.cc Filter::decodeHeaders), so a route that
+// removes them is never retried by them. A header on a route without a
+// policy arms the default RetryPolicyImpl, one retry ("We set the number
+// of retries to 1 by default ... when retries get enabled through the
+// x-envoy-retry-on header", source/common/router/config_impl.h
+// num_retries_); x-envoy-max-retries overrides the count when some
+// retry_on is set (RetryStateImpl's constructor).
+func routerRetryPolicy(route *RetryPolicy, removeNames []string, hs []Header) (*RetryPolicy, []Header) {
+	for _, name := range removeNames {
+		hs = remove(hs, strings.ToLower(name))
+	}
+	on, onSet := Get(hs, "x-envoy-retry-on")
+	grpcOn, grpcSet := Get(hs, "x-envoy-retry-grpc-on")
+	maxRetries, maxSet := Get(hs, "x-envoy-max-retries")
+	for _, name := range retryHeaders {
+		hs = remove(hs, name)
+	}
+	if !onSet && !grpcSet {
+		return route, hs
+	}
+	headerOn, known := parseRetryOn(on, grpcOn)
+	p := &RetryPolicy{NumRetries: 1, RetryOn: func(*UpstreamFailure, *Response) bool { return false }}
+	if route != nil {
+		*p = *route
+		p.RetryOn = route.covers
+	}
+	routeOn := p.RetryOn
+	p.RetryOn = func(f *UpstreamFailure, resp *Response) bool { return routeOn(f, resp) || headerOn(f, resp) }
+	if n, err := strconv.ParseUint(maxRetries, 10, 32); maxSet && err == nil && (known || route != nil) {
+		p.NumRetries = int(n)
+	}
+	return p, hs
+}
+
+// parseRetryOn reads x-envoy-retry-on and x-envoy-retry-grpc-on as
+// RetryStateImpl::parseRetryOn and parseRetryGrpcOn do (comma-separated,
+// unknown values ignored), for the conditions envoysim's endings can meet:
+// 5xx, gateway-error, reset, connect-failure (a refused connection: the
+// stored copy's single ConnectionFailure reason) and the gRPC statuses
+// read from the response headers (wouldRetryFromHeaders). It reports
+// whether any value was known.
+func parseRetryOn(on, grpcOn string) (func(*UpstreamFailure, *Response) bool, bool) {
+	var conds []func(*UpstreamFailure, *Response) bool
+	for v := range strings.SplitSeq(on, ",") {
+		switch strings.TrimSpace(v) {
+		case "5xx":
+			conds = append(conds, func(f *UpstreamFailure, r *Response) bool {
+				return f != nil && isReset(f) || r != nil && r.Status >= 500
+			})
+		case "gateway-error":
+			conds = append(conds, func(f *UpstreamFailure, r *Response) bool {
+				return f != nil && isReset(f) || r != nil && r.Status >= 502 && r.Status <= 504
+			})
+		case "reset":
+			conds = append(conds, func(f *UpstreamFailure, _ *Response) bool { return f != nil && isReset(f) })
+		case "connect-failure":
+			conds = append(conds, func(f *UpstreamFailure, _ *Response) bool { return f == ConnectFailure })
+		}
+	}
+	grpcStatus := map[string]string{"cancelled": "1", "deadline-exceeded": "4", "resource-exhausted": "8", "internal": "13", "unavailable": "14"}
+	for v := range strings.SplitSeq(grpcOn, ",") {
+		if code, ok := grpcStatus[strings.TrimSpace(v)]; ok {
+			conds = append(conds, func(_ *UpstreamFailure, r *Response) bool {
+				return r != nil && get(r.Headers, "grpc-status") == code
+			})
+		}
+	}
+	return func(f *UpstreamFailure, r *Response) bool {
+		for _, c := range conds {
+			if c(f, r) {
+				return true
+			}
+		}
+		return false
+	}, len(conds) > 0
 }
 
 // attemptResult is one attempt's ending: the upstream's response or the
@@ -76,7 +180,8 @@ type attemptResult struct {
 // attempt (a filter answered, or decodeHeaders found no host before it
 // set the count), else the number of attempts begun.
 func (x *exchange) runAttempts(ctx context.Context, up Upstream, upReq *Request) (attemptResult, error) {
-	policy := x.req.Retry
+	policy, headers := routerRetryPolicy(x.req.Retry, x.req.RemoveHeaders, upReq.Headers)
+	upReq.Headers = headers
 	for attempt := 1; ; attempt++ {
 		req := *upReq
 		req.Attempt = attempt

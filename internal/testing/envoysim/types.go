@@ -69,6 +69,10 @@ type Request struct {
 
 	// Retry is the matched route's retry policy; nil for none (router.go).
 	Retry *RetryPolicy
+	// RemoveHeaders is the matched route's request_headers_to_remove (its
+	// own, its virtual host's and its route configuration's): the router
+	// removes them before it reads the retry headers (router.go).
+	RemoveHeaders []string
 	// Attempt is the router's attempt number as the upstream receives the
 	// request (1 for the first; x-envoy-attempt-count's value); set by the
 	// router on the copy it sends upstream.
