@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"path/filepath"
 	"time"
 
@@ -195,8 +196,14 @@ func runDemo(ctx context.Context, e env, f demoFlags) error {
 	go func() { errc <- front.Serve(frontLis) }()
 	defer front.Close()
 
+	exe, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("the path of this binary, for the printed commands: %w", err)
+	}
+	_, err = os.Stat(filepath.Join("cmd", "idem-extproc", "main.go"))
 	p := &demoPrinter{
 		w: e.stdout, front: frontLis.Addr().String(), admin: d.AdminAddr(), run: runID(),
+		self: demoSelf(os.Args[0], exe, err == nil),
 		// Absolute, so that the printed commands work from any directory.
 		config: absPath(f.config), redisURL: f.redisURL, tokenFile: absPath(f.adminTokenFile), upstream: f.upstream,
 	}
