@@ -113,17 +113,17 @@ func (d *demoRun) arrivals() int { return strings.Count(d.stderr.String(), demoA
 
 // TestBinaryDemo runs `idem-extproc demo` as a newcomer would, then runs the
 // curl commands it printed, parsed from its output and sent with net/http,
-// and checks each answer: a replay, a 422 and a 409, with the order counter
-// showing what really ran; then the default policy's own example. Each
-// exchange is logged.
+// and checks each answer: a replay, a 422, a 409 request-in-progress and a
+// 409 outcome-unknown, with the order counter showing what really ran; then
+// the default policy's own example. Each exchange is logged.
 func TestBinaryDemo(t *testing.T) {
 	d := startDemo(t)
 	printed := d.block()
 	steps, policies := splitDemoBlock(t, printed)
 	runDemoSteps(t, d, steps)
-	testwait.Until(t, "the upstream's arrival lines", func() bool { return d.arrivals() >= 2 })
-	if n := d.arrivals(); n != 2 {
-		t.Fatalf("%d POSTs reached the upstream, want 2: the first create and the slow one (no replay, 422 or 409)", n)
+	testwait.Until(t, "the upstream's arrival lines", func() bool { return d.arrivals() >= 3 })
+	if n := d.arrivals(); n != 3 {
+		t.Fatalf("%d POSTs reached the upstream, want 3: the first create, the slow one and the lost one (no replay, 422 or 409)", n)
 	}
 	got := runPolicyExamples(t, policies, demoOrdersHits(d))
 	if want := map[string]string{"default": ""}; !sameOutcomes(got, want) {
@@ -165,6 +165,9 @@ func runDemoSteps(t *testing.T, d *demoRun, printed []string) {
 		{status: 201}, // the slow first attempt, in the background
 		{status: 409, problem: "request-in-progress"},
 		{status: 200, body: `{"orders_created":2}`},
+		{status: 503}, // the answer lost
+		{status: 409, problem: "outcome-unknown"},
+		{status: 200, body: `{"orders_created":3}`},
 	}
 	var background []chan demoAnswer
 	i, arrivedBefore := 0, 0
@@ -175,7 +178,7 @@ func runDemoSteps(t *testing.T, d *demoRun, printed []string) {
 			(w.problem != "" && !strings.Contains(a.body, "#"+w.problem)) || (w.body != "" && strings.TrimSpace(a.body) != w.body) {
 			t.Errorf("exchange %d: got %d replayed=%v %s; want %+v", a.i+1, a.status, a.replayed, a.body, w)
 		}
-		if w.status == 409 && a.header.Get("Retry-After") != "1" {
+		if w.problem == "request-in-progress" && a.header.Get("Retry-After") != "1" {
 			t.Errorf("exchange %d: Retry-After %q, want 1", a.i+1, a.header.Get("Retry-After"))
 		}
 	}

@@ -221,6 +221,7 @@ func demoSteps(front, run string) []demoStep {
 	create := `curl -si -X POST '` + front + `/orders' -H 'Idempotency-Key: order-` + run + `-1' -H 'Content-Type: application/json' -d '{"item":"book","qty":1}'`
 	count := `curl -si '` + front + `/orders/count'`
 	slow := `curl -si -X POST '` + front + `/orders?delay=3s' -H 'Idempotency-Key: order-` + run + `-2' -H 'Content-Type: application/json' -d '{"item":"pen","qty":1}'`
+	lost := `curl -si -X POST '` + front + `/orders?drop' -H 'Idempotency-Key: order-` + run + `-3' -H 'Content-Type: application/json' -d '{"item":"ink","qty":1}'`
 	return []demoStep{
 		{comment: "1. Create an order, then send the same request again: the stored answer, marked\n#    idempotent-replayed: true. The counter shows one order.",
 			lines: []string{create, create, count}},
@@ -228,6 +229,8 @@ func demoSteps(front, run string) []demoStep {
 			lines: []string{strings.Replace(create, `"qty":1`, `"qty":2`, 1), count}},
 		{comment: "3. Retry while the first attempt still runs (?delay=3s slows the upstream): 409 request-in-progress\n#    with Retry-After: 1; the first attempt completes, and the counter shows two orders.",
 			lines: []string{slow + " &", "sleep 1", slow, "wait", count}},
+		{comment: "4. Lose the answer (?drop: demo-orders creates the order, then closes the connection unanswered): the\n#    front answers 503 itself, so the outcome is unknown. The same request again is not run but answered\n#    409 outcome-unknown (read the order before acting again); the counter shows three orders.",
+			lines: []string{lost, lost, count}},
 	}
 }
 
