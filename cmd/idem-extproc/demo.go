@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"path/filepath"
 	"time"
 
@@ -68,7 +69,7 @@ func demoCommand(e env) *cobra.Command {
 			"curl commands that show a replay through the front and, with --admin-token-file, the idem-extproc admin\n" +
 			"commands that look the record up and purge it. With --config it prints them again each time the\n" +
 			"policy file changes (or says why the change was rejected). Without --config and --upstream it first\n" +
-			"prints the commands that show a replay, a 422 and a 409. It serves until interrupted; nothing here is\n" +
+			"prints the commands that show a replay, a 422, a 409 and an unknown outcome. It serves until interrupted; nothing here is\n" +
 			"for production.",
 		Example: "  idem-extproc demo\n" +
 			"  idem-extproc demo --config policies.yaml --admin-token-file token --redis-url redis://localhost:6379/0\n" +
@@ -132,12 +133,21 @@ func serveDemoUpstream(e env) (demoUpstream, error) {
 // with the filter settings of envoy/envoy.yaml, its routes, and a router
 // to upstream.
 func demoProxy(cc *grpc.ClientConn, upstream *url.URL) *envoysim.Proxy {
+	// The client never sends a request again on its own, as Envoy's router
+	// does not without a retry policy (envoy/envoy.yaml sets none on
+	// writes): net/http's Transport resends a request that carries an
+	// Idempotency-Key when a reused connection closes before the answer
+	// (net/http/transport.go, persistConn.shouldRetryRequest; request.go,
+	// Request.isReplayable), which would run twice a POST whose answer was
+	// lost. A connection per request is never a reused one. No proxy
+	// either: Envoy reads no HTTP_PROXY.
+	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
 	filterCfg := envoysim.RecommendedConfig()
 	filterCfg.MessageTimeout = durationpb.New(demoMessageTimeout)
 	filterCfg.MaxMessageTimeout = durationpb.New(demoMaxMessageTimeout)
 	return &envoysim.Proxy{
 		Filter:   envoysim.NewFilter(cc, filterCfg, envoysim.Options{}),
-		Upstream: envoysim.HTTPUpstream(http.DefaultClient, upstream, demoRouteTimeout),
+		Upstream: envoysim.HTTPUpstream(client, upstream, demoRouteTimeout),
 		Route:    demoRoute,
 	}
 }
@@ -195,8 +205,14 @@ func runDemo(ctx context.Context, e env, f demoFlags) error {
 	go func() { errc <- front.Serve(frontLis) }()
 	defer front.Close()
 
+	exe, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("the path of this binary, for the printed commands: %w", err)
+	}
+	_, err = os.Stat(filepath.Join("cmd", "idem-extproc", "main.go"))
 	p := &demoPrinter{
 		w: e.stdout, front: frontLis.Addr().String(), admin: d.AdminAddr(), run: runID(),
+		self: demoSelf(os.Args[0], exe, err == nil),
 		// Absolute, so that the printed commands work from any directory.
 		config: absPath(f.config), redisURL: f.redisURL, tokenFile: absPath(f.adminTokenFile), upstream: f.upstream,
 	}

@@ -67,6 +67,14 @@ func TestBinaryDemoOwnSetup(t *testing.T) {
 		t.Error("with --config the demo printed the steps made for the default policy")
 	}
 	_, section := splitDemoBlock(t, first)
+	check, ok := strings.CutPrefix(printedLine(section, "# Every setting of each: "), "# Every setting of each: ")
+	words, err := shellWords(check)
+	if !ok || err != nil {
+		t.Fatalf("the config check command is not printed as one this test runs: %q (%v)", check, err)
+	}
+	if out, err := exec.Command(words[0], words[1:]...).CombinedOutput(); err != nil || !strings.Contains(string(out), "shop-orders") {
+		t.Errorf("%s: %v\n%s", check, err, out)
+	}
 	got := runPolicyExamples(t, section, demoOrdersHits(d))
 	want := map[string]string{"shop-orders": "", "partner-orders": "", "beta-rollout": "", "default": ""}
 	if !sameOutcomes(got, want) {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -29,7 +30,9 @@ type demoPrinter struct {
 	// front and admin are the front's and the admin listener's host:port.
 	front, admin string
 	// run is in every key the printed commands send (runID).
-	run                                   string
+	run string
+	// self runs this binary in the printed commands (demoSelf).
+	self                                  string
 	config, redisURL, tokenFile, upstream string
 
 	mu sync.Mutex // one block at a time
@@ -104,7 +107,7 @@ func (p *demoPrinter) policies(set *policy.Set) {
 	p.blocks++
 	fmt.Fprintln(p.w, "# The policies in force, in match order: the first whose match holds takes a request.")
 	if p.config != "" {
-		fmt.Fprintf(p.w, "# Every setting of each: idem-extproc config check %s\n", shellQuote(p.config))
+		fmt.Fprintf(p.w, "# Every setting of each: %s config check %s\n", p.self, shellQuote(p.config))
 	}
 	if len(set.Policies) == 0 {
 		fmt.Fprintln(p.w, "# None: no request is protected.")
@@ -173,9 +176,42 @@ func (p *demoPrinter) example(pol *policy.Policy, ex demoExample) {
 	fmt.Fprintln(p.w, "# Look its record up, purge it, and the same request runs again:")
 	name := fmt.Sprintf("--addr http://%s --token-file %s --policy %s --scope %s --key %s",
 		p.admin, shellQuote(p.tokenFile), shellQuote(pol.Name), shellQuote(ex.scope), shellQuote(ex.key))
-	fmt.Fprintln(p.w, "idem-extproc admin get "+name)
-	fmt.Fprintln(p.w, "idem-extproc admin purge "+name)
+	fmt.Fprintln(p.w, p.self+" admin get "+name)
+	fmt.Fprintln(p.w, p.self+" admin purge "+name)
 	fmt.Fprintln(p.w, curl)
+}
+
+// demoSelf is how the printed commands run this binary, which they do from
+// another shell, perhaps in another directory: args0 is how it was started
+// (os.Args[0]), exe where it is (os.Executable), and checkout whether the
+// working directory is this repository's root.
+func demoSelf(args0, exe string, checkout bool) string {
+	switch {
+	case checkout && goRunBuild(exe):
+		// README.md's own path, go run ./cmd/idem-extproc demo, run again
+		// where it works.
+		return "go run ./cmd/idem-extproc"
+	case args0 != "" && !strings.ContainsRune(args0, filepath.Separator):
+		// Started by name: the shell found it on PATH, as the next one will.
+		return args0
+	}
+	// A path works from any directory once absolute; a go run build's
+	// lasts at least while the demo runs.
+	return shellQuote(exe)
+}
+
+// goRunBuild reports whether exe was built by go run, which links into a
+// temporary directory named go-build… (cmd/go/internal/work/action.go,
+// Builder.Init and LinkAction: $WORK/b001/exe/NAME) or, since Go 1.24,
+// keeps the executable in the build cache, by default a directory named
+// go-build (cmd/go/internal/cache/default.go).
+func goRunBuild(exe string) bool {
+	for _, elem := range strings.Split(filepath.ToSlash(exe), "/") {
+		if strings.HasPrefix(elem, "go-build") {
+			return true
+		}
+	}
+	return false
 }
 
 // demoSteps are the exchanges the demo prints first with demo-orders and
@@ -185,6 +221,7 @@ func demoSteps(front, run string) []demoStep {
 	create := `curl -si -X POST '` + front + `/orders' -H 'Idempotency-Key: order-` + run + `-1' -H 'Content-Type: application/json' -d '{"item":"book","qty":1}'`
 	count := `curl -si '` + front + `/orders/count'`
 	slow := `curl -si -X POST '` + front + `/orders?delay=3s' -H 'Idempotency-Key: order-` + run + `-2' -H 'Content-Type: application/json' -d '{"item":"pen","qty":1}'`
+	lost := `curl -si -X POST '` + front + `/orders?drop' -H 'Idempotency-Key: order-` + run + `-3' -H 'Content-Type: application/json' -d '{"item":"ink","qty":1}'`
 	return []demoStep{
 		{comment: "1. Create an order, then send the same request again: the stored answer, marked\n#    idempotent-replayed: true. The counter shows one order.",
 			lines: []string{create, create, count}},
@@ -192,6 +229,8 @@ func demoSteps(front, run string) []demoStep {
 			lines: []string{strings.Replace(create, `"qty":1`, `"qty":2`, 1), count}},
 		{comment: "3. Retry while the first attempt still runs (?delay=3s slows the upstream): 409 request-in-progress\n#    with Retry-After: 1; the first attempt completes, and the counter shows two orders.",
 			lines: []string{slow + " &", "sleep 1", slow, "wait", count}},
+		{comment: "4. Lose the answer (?drop: demo-orders creates the order, then closes the connection unanswered): the\n#    front answers 503 itself, so the outcome is unknown. The same request again is not run but answered\n#    409 outcome-unknown (read the order before acting again); the counter shows three orders.",
+			lines: []string{lost, lost, count}},
 	}
 }
 

@@ -118,3 +118,25 @@ func TestDemoExampleForAnEarlierPolicy(t *testing.T) {
 		}
 	}
 }
+
+// TestDemoSelf: the printed commands run the binary as README.md's go run
+// path does, by name when the shell found it on PATH, else by its absolute
+// path.
+func TestDemoSelf(t *testing.T) {
+	for _, c := range []struct {
+		args0, exe string
+		checkout   bool
+		want       string
+	}{
+		{"/tmp/go-build123/b001/exe/idem-extproc", "/tmp/go-build123/b001/exe/idem-extproc", true, "go run ./cmd/idem-extproc"},
+		{"/home/u/.cache/go-build/b0/b0a1-d/idem-extproc", "/home/u/.cache/go-build/b0/b0a1-d/idem-extproc", true, "go run ./cmd/idem-extproc"},
+		// go run from elsewhere than the checkout's root: the build itself.
+		{"/tmp/go-build123/b001/exe/idem-extproc", "/tmp/go-build123/b001/exe/idem-extproc", false, "/tmp/go-build123/b001/exe/idem-extproc"},
+		{"idem-extproc", "/home/u/go/bin/idem-extproc", true, "idem-extproc"},
+		{"./idem-extproc", "/src/idem extproc/idem-extproc", true, "'/src/idem extproc/idem-extproc'"},
+	} {
+		if got := demoSelf(c.args0, c.exe, c.checkout); got != c.want {
+			t.Errorf("demoSelf(%q, %q, %v) = %q, want %q", c.args0, c.exe, c.checkout, got, c.want)
+		}
+	}
+}

@@ -5,7 +5,9 @@
 // it. A ?delay= on the POST holds the answer back, long enough to send a
 // concurrent retry (409) or to outlast Envoy's route timeout; the order is
 // created after the delay even if the caller has gone, as a real backend
-// that does not notice a vanished client would.
+// that does not notice a vanished client would. A ?drop on the POST creates
+// the order and closes the connection without answering, as a backend that
+// crashed after its commit: whoever sent it cannot tell whether it ran.
 package demoorders
 
 import (
@@ -49,6 +51,7 @@ type Server struct {
 // Handler serves the API:
 //
 //	POST /orders[?delay=2s]  create an order from a JSON body: 201
+//	POST /orders?drop        create it, then close the connection unanswered
 //	GET  /orders/count       {"orders_created": n}
 //	GET  /orders/{id}        one order, or 404
 //	GET  /healthz            ok
@@ -105,6 +108,11 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 	if s.Log != nil {
 		s.Log.Info("order created", slog.String("id", o.ID), slog.Int("number", o.Number),
 			slog.String("idempotency_key", r.Header.Get("Idempotency-Key")))
+	}
+	if r.URL.Query().Has("drop") {
+		// Nothing written yet: the server closes the connection with no
+		// response, and logs no stack (net/http, ErrAbortHandler).
+		panic(http.ErrAbortHandler)
 	}
 	w.Header().Set("Location", "/orders/"+o.ID)
 	writeJSON(w, http.StatusCreated, o)

@@ -89,3 +89,25 @@ func TestDelayedCreateHappensEvenIfCallerLeft(t *testing.T) {
 		t.Errorf("count %d, want 1", s.Count())
 	}
 }
+
+// TestDropCreatesAndLeavesUnanswered: ?drop creates the order and closes
+// the connection with no response, so the caller sees a transport error.
+func TestDropCreatesAndLeavesUnanswered(t *testing.T) {
+	s := &Server{}
+	srv := httptest.NewServer(s.Handler())
+	t.Cleanup(srv.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/orders?drop", strings.NewReader("{}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := srv.Client().Do(req)
+	if err == nil {
+		resp.Body.Close()
+		t.Fatalf("got %d, want the connection closed unanswered", resp.StatusCode)
+	}
+	if s.Count() != 1 {
+		t.Errorf("count %d, want 1", s.Count())
+	}
+}
