@@ -70,29 +70,40 @@ func benchCodec(b *testing.B, c corpus.Class, mode string) *Codec {
 }
 
 // BenchmarkDecodeS2Dict: the server's decoder of S2 blocks against
-// s2.Dict.Decode, on an object answer's block and on the block of a 1 KiB
-// run of one byte (the load tool's filler), whose copies overlap.
+// s2.Dict.Decode, on the blocks of 50 answers of every measured class of
+// the corpus (corpus.Measured, the held-out orders included), and on the
+// block of a 1 KiB run of one byte (the load tool's filler), whose copies
+// overlap.
 func BenchmarkDecodeS2Dict(b *testing.B) {
 	c := newCodec(b, Options{Mode: S2})
-	object := corpus.New(1).Answer(corpus.Object)
-	for name, plain := range map[string][]byte{
-		"object": idem.AppendContents(nil, &object),
-		"run":    []byte(`{"id":"` + strings.Repeat("x", 1015) + `"}`),
-	} {
-		block := c.words.Encode(nil, plain)
-		_, head := binary.Uvarint(block)
-		dst := make([]byte, len(plain))
+	sets := map[string][][]byte{"run": {[]byte(`{"id":"` + strings.Repeat("x", 1015) + `"}`)}}
+	for _, class := range corpus.Measured {
+		for _, a := range corpus.New(1).Answers(class, 50) {
+			sets[string(class)] = append(sets[string(class)], idem.AppendContents(nil, &a))
+		}
+	}
+	for name, plains := range sets {
+		blocks := make([][]byte, len(plains))
+		for i, p := range plains {
+			blocks[i] = c.words.Encode(nil, p)
+		}
+		dst := make([]byte, 0, corpus.MaxBody)
 		b.Run(name+"/server", func(b *testing.B) {
 			for b.Loop() {
-				if !decodeS2Dict(dst, block[head:], c.wordsDict, c.wordsRepeat) {
-					b.Fatal("refused")
+				for i, block := range blocks {
+					_, head := binary.Uvarint(block)
+					if !decodeS2Dict(dst[:len(plains[i])], block[head:], c.wordsDict, c.wordsRepeat) {
+						b.Fatal("refused")
+					}
 				}
 			}
 		})
 		b.Run(name+"/s2", func(b *testing.B) {
 			for b.Loop() {
-				if _, err := c.words.Decode(dst, block); err != nil {
-					b.Fatal(err)
+				for i, block := range blocks {
+					if _, err := c.words.Decode(dst[:len(plains[i])], block); err != nil {
+						b.Fatal(err)
+					}
 				}
 			}
 		})

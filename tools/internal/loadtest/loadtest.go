@@ -92,7 +92,7 @@ type config struct {
 	keyless                   bool
 	reqBody, respBody         int
 	// respFrom names the corpus class whose answer body the upstream
-	// sends instead of respBody filler bytes ("" for the filler).
+	// sends, or fillerAnswer for respBody filler bytes.
 	respFrom            string
 	redisURL, dir       string
 	serverArgs          []string
@@ -148,9 +148,14 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 // of the class is the upstream's answer to every write.
 var answerClasses = []corpus.Class{corpus.Object, corpus.List, corpus.Error, corpus.Order}
 
+// fillerAnswer is the --response-from value for a synthetic answer of
+// --response-body bytes, one byte repeated: it compresses far better than
+// any API's answer, so no default figure is measured on it.
+const fillerAnswer = "filler"
+
 // responseBody is the body the upstream answers writes with.
 func (cfg *config) responseBody() []byte {
-	if cfg.respFrom == "" {
+	if cfg.respFrom == fillerAnswer {
 		return jsonBody(cfg.respBody, "id")
 	}
 	return corpus.New(1).Answer(corpus.Class(cfg.respFrom)).Body
@@ -177,7 +182,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.StringVar(&cfg.unprotectedKind, "unprotected", "get", "unprotected requests: get (GET, no bodies: two header phases for the no-op) or keyless (POST without a key)")
 	fs.IntVar(&cfg.reqBody, "request-body", 256, "request body size of writes, bytes")
 	fs.IntVar(&cfg.respBody, "response-body", 1024, "response body size of writes, bytes")
-	fs.StringVar(&cfg.respFrom, "response-from", "", "the upstream's answer to writes: empty, a JSON object of --response-body bytes of filler; or a class of the generated corpus (object, list, error, order: internal/corpus), a realistic JSON answer that compresses as live traffic does")
+	fs.StringVar(&cfg.respFrom, "response-from", string(corpus.Object), "the upstream's answer to writes: a class of the generated corpus (object, list, error, order: internal/corpus), a realistic JSON answer that compresses as live traffic does; or filler, a JSON object of --response-body bytes of one byte repeated")
 	fs.StringVar(&cfg.redisURL, "redis-url", "", "Redis for idem-extproc and the floor server; empty: start redis-server on a free loopback port (see --redis)")
 	fs.StringVar(&cfg.topologyList, "redis", topologyStandalone, "Redis the tool starts, a comma-separated list measured one after the other with fresh servers: standalone (one redis-server), cluster (a 3-primary Redis Cluster; Redis CPU is summed over its nodes)")
 	fs.Var(&cfg.serverBins, "server-bin", "idem-extproc binary to measure (go build ./cmd/idem-extproc), or several as label=path, comma-separated or repeated (e.g. base=/tmp/a,new=/tmp/b): each is a server of its own, taking turns with the others, and the report gives each one's ratios to the first; empty: this tool runs the same daemon code itself")
@@ -202,8 +207,8 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 			errs = append(errs, fmt.Errorf("--scenario: unknown %q", s))
 		}
 	}
-	if cfg.respFrom != "" && !slices.Contains(answerClasses, corpus.Class(cfg.respFrom)) {
-		errs = append(errs, fmt.Errorf("--response-from: unknown corpus class %q (want one of %v)", cfg.respFrom, answerClasses))
+	if cfg.respFrom != fillerAnswer && !slices.Contains(answerClasses, corpus.Class(cfg.respFrom)) {
+		errs = append(errs, fmt.Errorf("--response-from: unknown %q (want filler or a corpus class, one of %v)", cfg.respFrom, answerClasses))
 	}
 	servers := splitList(cfg.serverList)
 	for _, s := range servers {

@@ -124,7 +124,7 @@ func TestParseFlags(t *testing.T) {
 		{name: "zero streams", args: []string{"-concurrency", "1,0"}, err: "--concurrency"},
 		{name: "not a number", args: []string{"-concurrency", "four"}, err: "--concurrency"},
 		{name: "unknown topology", args: []string{"-redis", "sentinel"}, err: `"sentinel" is not standalone or cluster`},
-		{name: "an answer of an unknown class", args: []string{"-response-from", "invoice"}, err: `--response-from: unknown corpus class "invoice"`},
+		{name: "an answer of an unknown class", args: []string{"-response-from", "invoice"}, err: `--response-from: unknown "invoice"`},
 		{name: "a cluster with --redis-url", args: []string{"-redis", "cluster", "-redis-url", "redis://127.0.0.1:1/0"}, err: "--redis-url"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -167,14 +167,14 @@ func TestParseFlags(t *testing.T) {
 // is checked against them), and the report says so.
 func TestResponseFrom(t *testing.T) {
 	var stderr bytes.Buffer
-	plain, err := parseFlags([]string{"-response-body", "300"}, &stderr)
+	plain, err := parseFlags([]string{"-response-from", "filler", "-response-body", "300"}, &stderr)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if b := plain.responseBody(); len(b) != 300 || !json.Valid(b) {
 		t.Errorf("filler answer: %d bytes (valid JSON %v), want a JSON object of 300", len(b), json.Valid(b))
 	}
-	cfg, err := parseFlags([]string{"-response-from", "object"}, &stderr)
+	cfg, err := parseFlags(nil, &stderr) // an object answer of the corpus unless told otherwise
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,7 +12,7 @@ import (
 
 // answerText says what the upstream answers writes with.
 func (cfg *config) answerText() string {
-	if cfg.respFrom == "" {
+	if cfg.respFrom == fillerAnswer {
 		return fmt.Sprintf("a %d-byte body", cfg.respBody)
 	}
 	return fmt.Sprintf("a %d-byte JSON %s of the generated corpus", len(cfg.responseBody()), cfg.respFrom)
