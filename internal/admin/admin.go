@@ -71,8 +71,8 @@ func Handler(cfg Config) http.Handler {
 
 type api struct {
 	cfg Config
-	// token is the bearer token in force; nil when its file could not be
-	// read as the handler was made.
+	// token is the bearer token in force; "" while its file has not been
+	// read since the handler was made.
 	token *rotated.Value[string]
 }
 
@@ -87,10 +87,23 @@ const maxTokenFile = 16 << 10
 // (package rotated): a request neither pays for a read nor waits on a file
 // that blocks. A changed file that does not load (empty, too big, not a
 // regular file) keeps the previous token, logged and counted as the
-// action token_reload, result rejected.
+// action token_reload, result rejected. A file that cannot be read as the
+// handler is made (the daemon checked it just before) leaves no token, and
+// every request refused, until it changes.
 func (a *api) loadToken() *rotated.Value[string] {
 	path := a.cfg.TokenFile
-	v, err := rotated.Load([]string{path}, func() (string, error) { return ReadToken(path) }, rotated.Options[string]{
+	first := true
+	load := func() (string, error) {
+		token, err := ReadToken(path)
+		if first && err != nil {
+			a.cfg.Logger.Error("admin API: token file unreadable or empty; refusing every request until it changes",
+				slog.String("error", err.Error()))
+			err = nil
+		}
+		first = false
+		return token, err
+	}
+	v, _ := rotated.Load([]string{path}, load, rotated.Options[string]{
 		Every: tokenCheckEvery,
 		OnReload: func(_ string, err error) {
 			if err != nil {
@@ -103,20 +116,16 @@ func (a *api) loadToken() *rotated.Value[string] {
 			a.record("token_reload", "ok")
 		},
 	})
-	if err != nil {
-		a.cfg.Logger.Error("admin API: token file unreadable or empty; refusing every request", slog.String("error", err.Error()))
-		return nil
-	}
 	return v
 }
 
 func (a *api) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if a.token == nil {
+		token := a.token.Current()
+		if token == "" {
 			writeError(w, http.StatusServiceUnavailable, "the admin token is not available")
 			return
 		}
-		token := a.token.Current()
 		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 		if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(token)) != 1 {
 			a.cfg.Logger.Warn("admin API: request refused", slog.String("method", r.Method), slog.String("path", r.URL.Path),

@@ -62,7 +62,8 @@ func (api *tokenAPI) did(action string) bool {
 }
 
 // TestTokenFileKindsAtStart: the token is read from a regular file only;
-// any other kind of file is refused by path and kind without blocking.
+// any other kind of file is refused by path and kind without blocking,
+// and the API refuses every request until a token file is in place.
 // A regular file holding a secret is a token like any other.
 func TestTokenFileKindsAtStart(t *testing.T) {
 	refused := map[filekinds.Kind]string{
@@ -89,9 +90,14 @@ func TestTokenFileKindsAtStart(t *testing.T) {
 			if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), path) {
 				t.Fatalf("ReadToken = %v, want it to name %s and say %q", err, path, want)
 			}
-			if api := newTokenAPI(path); api.status(t, "t0ken") != http.StatusServiceUnavailable {
+			api := newTokenAPI(path)
+			if api.status(t, "t0ken") != http.StatusServiceUnavailable {
 				t.Fatal("the API served with no token read")
 			}
+			filekinds.Replace(t, filekinds.Regular, path, []byte("t0ken\n"), maxTokenFile)
+			testwait.Until(t, "the token in force once its file is", func() bool {
+				return api.status(t, "t0ken") == http.StatusBadRequest
+			})
 		})
 	}
 }

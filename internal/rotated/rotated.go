@@ -73,7 +73,9 @@ func (v *Value[T]) stat() []fs.FileInfo {
 
 // same reports whether a and b describe one unchanged file. The
 // modification time alone misses a file renamed over another within one
-// tick of the kernel's coarse clock, which stamps both alike.
+// tick of the clock Linux stamps files with ("any change that happens
+// within that jiffy will end up with the same timestamp": torvalds/linux,
+// Documentation/filesystems/multigrain-ts.rst).
 func same(a, b fs.FileInfo) bool {
 	if a == nil || b == nil {
 		return a == b

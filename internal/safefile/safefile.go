@@ -30,8 +30,9 @@ func Read(path string, limit int64) ([]byte, error) {
 	}
 	// O_NONBLOCK: should the path change into a FIFO between the look and
 	// the open, the open returns at once instead of waiting for a writer
-	// (open(2), "O_NONBLOCK or O_NDELAY"; fifo(7)). It does not change how
-	// a regular file is read.
+	// (fifo(7): "opening for read-only succeeds even if no one has opened
+	// on the write side yet"); open(2) says the flag "has no effect for
+	// regular files and block devices".
 	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, err
