@@ -3,7 +3,6 @@ package idem
 import (
 	"context"
 	"errors"
-	"fmt"
 	"time"
 )
 
@@ -35,9 +34,8 @@ var ErrRefused = errors.New("idem: refused before any change")
 // ErrDamaged wraps a store error that says the value under the record's
 // id is none the store writes: cut short, of another type, or not
 // decodable. It tells nothing about the request, so it is never answered
-// as a mismatch or replayed. The call that met it reserved nothing, so it
-// wraps ErrRefused.
-var ErrDamaged = fmt.Errorf("idem: stored record is damaged: %w", ErrRefused)
+// as a mismatch or replayed; a Reserve that met it reserved nothing.
+var ErrDamaged = errors.New("idem: stored record is damaged")
 
 // LeaseExpiry says what an expired lease means.
 type LeaseExpiry uint8

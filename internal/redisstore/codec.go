@@ -2,7 +2,6 @@ package redisstore
 
 import (
 	"encoding/binary"
-	"fmt"
 	"strconv"
 	"time"
 
@@ -10,7 +9,7 @@ import (
 )
 
 // errCorrupt is a stored record this package cannot decode.
-var errCorrupt = fmt.Errorf("redisstore: %w", idem.ErrDamaged)
+var errCorrupt = idem.ErrDamaged
 
 // encodeHeaders packs headers as uvarint count, then per header uvarint
 // name length, name, uvarint value length, value. It is binary-safe and far

@@ -4,9 +4,12 @@ import (
 	"context"
 	"io"
 	"net"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -17,20 +20,29 @@ import (
 	"github.com/idem-extproc/idem-extproc/internal/testing/redistest"
 )
 
-// streams reports when an ext_proc stream starts and ends.
+// streams reports when an ext_proc stream starts and ends, and its
+// decisions.
 type streams struct {
 	idem.NopObserver
 	started, ended chan struct{}
+	mu             sync.Mutex
+	decisions      []idem.Decision
 }
 
 func (s *streams) StreamStarted() { s.started <- struct{}{} }
 func (s *streams) StreamEnded()   { s.ended <- struct{}{} }
+func (s *streams) Decided(_ string, d idem.Decision) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.decisions = append(s.decisions, d)
+}
 
 // TestSilentPeerIsDropped: a peer whose connection goes silent, without a
 // FIN or a reset (a link the test holds in both directions, as a crashed
 // host or a partition would), has its stream ended by the server's
-// keepalive within Time plus Timeout, so nothing goes on renewing the
-// lease of a request nobody waits for.
+// keepalive within Time plus Timeout, and its reservation is settled as
+// for a stream reset (unknown), so nothing goes on renewing the lease of a
+// request nobody waits for.
 func TestSilentPeerIsDropped(t *testing.T) {
 	st := memstore.New(memstore.Options{})
 	t.Cleanup(func() { _ = st.Close() })
@@ -54,13 +66,28 @@ func TestSilentPeerIsDropped(t *testing.T) {
 	t.Cleanup(func() { _ = conn.Close() })
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	if _, err := extprocv3.NewExternalProcessorClient(conn).Process(ctx); err != nil {
+	stream, err := extprocv3.NewExternalProcessorClient(conn).Process(ctx)
+	if err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case <-obs.started:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the stream never reached the server")
+	// A protected POST with a key and no body: reserved at its headers.
+	var hs []*corev3.HeaderValue
+	for _, h := range [][2]string{{":method", "POST"}, {":path", "/orders"}, {":authority", "shop"}, {"idempotency-key", "k1"}} {
+		hs = append(hs, &corev3.HeaderValue{Key: h[0], RawValue: []byte(h[1])})
+	}
+	if err := stream.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{
+		RequestHeaders: &extprocv3.HttpHeaders{Headers: &corev3.HeaderMap{Headers: hs}, EndOfStream: true}}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stream.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	<-obs.started
+	obs.mu.Lock()
+	reserved := slices.Equal(obs.decisions, []idem.Decision{idem.DecisionReserved})
+	obs.mu.Unlock()
+	if !reserved {
+		t.Fatalf("decisions %v, want reserved", obs.decisions)
 	}
 
 	link.Hold(true, true)
@@ -71,6 +98,11 @@ func TestSilentPeerIsDropped(t *testing.T) {
 		t.Logf("stream ended %v after the peer went silent (Time %v + Timeout %v)", time.Since(held).Round(10*time.Millisecond), ka.Time, ka.Timeout)
 	case <-time.After(30 * time.Second):
 		t.Fatalf("the stream of a silent peer still runs %v after it went silent", time.Since(held).Round(time.Second))
+	}
+	obs.mu.Lock()
+	defer obs.mu.Unlock()
+	if want := []idem.Decision{idem.DecisionReserved, idem.DecisionMarkedUnknown}; !slices.Equal(obs.decisions, want) {
+		t.Fatalf("decisions %v, want %v", obs.decisions, want)
 	}
 }
 
