@@ -251,6 +251,31 @@ func checkExtProcCluster(c *clusterv3.Cluster, name string) error {
 	return errors.Join(errs...)
 }
 
+// retryArmingHeaders are the request headers that make Envoy's router
+// retry a route that has no retry policy: RetryStateImpl::create makes a
+// retry state when either is present (source/common/router/
+// retry_state_impl.cc); x-envoy-max-retries and the hedging and per-try
+// headers act only through that state. The connection manager removes
+// them only from clients it does not count as internal
+// (conn_manager_utility.cc cleanInternalHeaders; internal_address_config),
+// so a protected route removes them itself: Filter::decodeHeaders applies
+// the route's, virtual host's and route configuration's
+// request_headers_to_remove (finalizeRequestHeaders) before it calls
+// createRetryState (source/common/router/router.cc).
+var retryArmingHeaders = []string{"x-envoy-retry-on", "x-envoy-retry-grpc-on"}
+
+// retryHeadersKept returns the retry-arming headers a route's removal list
+// leaves in place.
+func retryHeadersKept(removed []string) []string {
+	var kept []string
+	for _, h := range retryArmingHeaders {
+		if !slices.ContainsFunc(removed, func(n string) bool { return strings.EqualFold(n, h) }) {
+			kept = append(kept, h)
+		}
+	}
+	return kept
+}
+
 // checkRoutes applies the route rules of docs/deployment.md: read-only
 // routes disable the filter, and only they; protected routes have an
 // explicit timeout that, with the ext_proc phases, fits inside the
@@ -298,6 +323,9 @@ func checkRoutes(cfg *envoyConfig, rc *routev3.RouteConfiguration, ep *extprocv3
 			}
 			if r.GetRoute().GetRetryPolicy() != nil {
 				fail("route %s: retry_policy would re-send writes past the ext_proc filter", name)
+			}
+			for _, h := range retryHeadersKept(slices.Concat(r.GetRequestHeadersToRemove(), vh.GetRequestHeadersToRemove(), rc.GetRequestHeadersToRemove())) {
+				fail("route %s: a client's %s would arm router retries that re-send writes past the ext_proc filter; add it to the route's request_headers_to_remove", name, h)
 			}
 			for _, c := range clusters {
 				protectedBy[c] = append(protectedBy[c], name)
@@ -555,7 +583,7 @@ func TestClusterRetryPolicyOnEveryRouteToIt(t *testing.T) {
 		{"a cluster without retries", &routev3.RouteAction{ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: "plain"}}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			rc := &routev3.RouteConfiguration{VirtualHosts: []*routev3.VirtualHost{{
+			rc := &routev3.RouteConfiguration{RequestHeadersToRemove: retryArmingHeaders, VirtualHosts: []*routev3.VirtualHost{{
 				Name: "vh", Routes: []*routev3.Route{read, write(tc.action)},
 			}}}
 			err := checkRoutes(cfg, rc, envoysim.RecommendedConfig())
@@ -564,6 +592,52 @@ func TestClusterRetryPolicyOnEveryRouteToIt(t *testing.T) {
 				t.Fatalf("a protected route reaching a retrying cluster: got %v, want the cluster's retry_policy refused", err)
 			case !tc.refuse && err != nil:
 				t.Fatalf("retries on a cluster only a read-only route uses: %v", err)
+			}
+		})
+	}
+}
+
+// TestRetryHeadersRemovedOnProtectedRoutes: a protected route must remove
+// the two retry-arming headers itself, at the route, its virtual host or
+// its route configuration (all three are applied by finalizeRequestHeaders
+// before the router reads them), in any case of the names.
+func TestRetryHeadersRemovedOnProtectedRoutes(t *testing.T) {
+	cfg := &envoyConfig{clusters: map[string]*clusterv3.Cluster{"plain": {Name: "plain"}}}
+	disabled, err := anypb.New(&extprocv3.ExtProcPerRoute{Override: &extprocv3.ExtProcPerRoute_Disabled{Disabled: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	action := func() *routev3.Route_Route {
+		return &routev3.Route_Route{Route: &routev3.RouteAction{
+			ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: "plain"}, Timeout: durationpb.New(10 * time.Second)}}
+	}
+	read := &routev3.Route{Name: "read", Match: &routev3.RouteMatch{Headers: []*routev3.HeaderMatcher{{
+		Name: ":method", HeaderMatchSpecifier: &routev3.HeaderMatcher_StringMatch{StringMatch: &matcherv3.StringMatcher{
+			MatchPattern: &matcherv3.StringMatcher_Exact{Exact: "GET"}}},
+	}}}, Action: action(), TypedPerFilterConfig: map[string]*anypb.Any{extProcFilterName: disabled}}
+	both := []string{"X-Envoy-Retry-On", "x-envoy-retry-grpc-on"}
+	for _, tc := range []struct {
+		name              string
+		route, vh, config []string
+		kept              []string
+	}{
+		{"none", nil, nil, nil, retryArmingHeaders},
+		{"one", []string{"x-envoy-retry-on"}, nil, nil, []string{"x-envoy-retry-grpc-on"}},
+		{"route", both, nil, nil, nil},
+		{"virtual host", nil, both, nil, nil},
+		{"split between levels", both[:1], nil, both[1:], nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			write := &routev3.Route{Name: "write", Action: action(), RequestHeadersToRemove: tc.route}
+			rc := &routev3.RouteConfiguration{RequestHeadersToRemove: tc.config, VirtualHosts: []*routev3.VirtualHost{{
+				Name: "vh", Routes: []*routev3.Route{read, write}, RequestHeadersToRemove: tc.vh,
+			}}}
+			err := checkRoutes(cfg, rc, envoysim.RecommendedConfig())
+			for _, h := range retryArmingHeaders {
+				want := slices.Contains(tc.kept, h)
+				if got := err != nil && strings.Contains(err.Error(), "client's "+h+" "); got != want {
+					t.Errorf("%s refused: %v, want %v (%v)", h, got, want, err)
+				}
 			}
 		})
 	}

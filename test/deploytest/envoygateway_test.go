@@ -234,6 +234,18 @@ func checkEnvoyGatewayObjects(objs []k8sObject) error {
 			if rule.Retry != nil {
 				fail("%s: retry would re-send writes past the ext_proc filter (Envoy Gateway writes it as the route's retry_policy); remove it", where)
 			}
+			// A RequestHeaderModifier's remove becomes the route's
+			// request_headers_to_remove (internal/gatewayapi/filters.go,
+			// internal/xds/translator/route.go buildXdsRoute, v1.9).
+			var removed []string
+			for _, f := range rule.Filters {
+				if f.Type == gwv1.HTTPRouteFilterRequestHeaderModifier && f.RequestHeaderModifier != nil {
+					removed = append(removed, f.RequestHeaderModifier.Remove...)
+				}
+			}
+			for _, h := range retryHeadersKept(removed) {
+				fail("%s: a client's %s would arm router retries that re-send writes past the ext_proc filter; remove it with a RequestHeaderModifier filter", where, h)
+			}
 			if rule.Timeouts == nil || rule.Timeouts.Request == nil {
 				fail("%s: set timeouts.request (the route-timeout rule)", where)
 				continue

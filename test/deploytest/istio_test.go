@@ -303,6 +303,12 @@ func checkVirtualServices(objs []k8sObject, exempt map[string]bool, ep *extprocv
 			// turns retries off (HTTPRetry.attempts: "If `0`, retries will
 			// be disabled"; istio/istio pilot/pkg/networking/core/route/
 			// retry/retry.go ConvertPolicy returns no policy for it).
+			// headers.request.remove becomes the route's
+			// request_headers_to_remove (istio/istio pilot/pkg/networking/
+			// core/route/route.go TranslateHeadersOperations).
+			for _, h := range retryHeadersKept(r.GetHeaders().GetRequest().GetRemove()) {
+				fail("%s: a client's %s would arm router retries that re-send writes past ext_proc; add it to headers.request.remove", where, h)
+			}
 			switch rt := r.GetRetries(); {
 			case rt == nil:
 				fail("%s: no retries: Istio then retries twice (or as the mesh's defaultHttpRetryPolicy says) and re-sends writes past ext_proc; set retries.attempts: 0", where)

@@ -368,9 +368,22 @@ func TestAgentRetryingByTheHint(t *testing.T) {
 	if r.Status != 200 || json.Unmarshal([]byte(r.Body), &msg) != nil {
 		t.Fatalf("tools/list: %d %s", r.Status, r.Body)
 	}
+	var listed struct {
+		Tools []struct {
+			Name        string         `json:"name"`
+			Annotations map[string]any `json:"annotations"`
+		} `json:"tools"`
+	}
+	if err := json.Unmarshal([]byte(hintedTools), &listed); err != nil {
+		t.Fatal(err)
+	}
+	upstreamHinted := map[string]bool{}
+	for _, tool := range listed.Tools {
+		upstreamHinted[tool.Name] = tool.Annotations["idempotentHint"] == true
+	}
 	retried := 0
 	for _, tool := range msg.Result.Tools {
-		if !tool.Annotations.Idempotent || tool.Annotations.ReadOnly || strings.Contains(hintedTools, `"name":"`+tool.Name+`","inputSchema":{"type":"object"},"annotations":{"idempotentHint":true`) {
+		if !tool.Annotations.Idempotent || tool.Annotations.ReadOnly || upstreamHinted[tool.Name] {
 			continue // not hinted, or the upstream's own promise
 		}
 		retried++
