@@ -70,7 +70,9 @@ func (p *processor) render(ctx context.Context, v attempt.Verdict) *extprocv3.Pr
 // attempt waits, and its verdict answers the message.
 func (p *processor) resume(ctx context.Context) *extprocv3.ProcessingResponse {
 	p.waiting = false
-	return p.render(ctx, p.att.Await(ctx))
+	resp := p.render(ctx, p.att.Await(ctx))
+	p.releaseRequestBody()
+	return resp
 }
 
 // passThrough lets an unprotected request go on and asks Envoy to skip

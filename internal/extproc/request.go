@@ -209,8 +209,18 @@ func (p *processor) decide(ctx context.Context) *extprocv3.ProcessingResponse {
 		JSONOptions: p.att.Policy.FingerprintOptions(),
 	}, p.att.Policy.FingerprintHeaders)
 	p.reqBody, p.reqHeaders = nil, nil
-	p.srv.budget.release(&p.held) // the request body is no longer kept
-	return p.render(ctx, p.att.Request(ctx, fp))
+	resp := p.render(ctx, p.att.Request(ctx, fp))
+	p.releaseRequestBody()
+	return resp
+}
+
+// releaseRequestBody gives the request body's bytes back to the budget
+// once nothing keeps them. Echoes withheld through a wait still do: they
+// are the body, kept until the wait's verdict sends or drops them.
+func (p *processor) releaseRequestBody() {
+	if !p.waiting || !p.rpc.withholds() {
+		p.srv.budget.release(&p.held)
+	}
 }
 
 // bodyDecision is what a request deferred to its body carries from its
