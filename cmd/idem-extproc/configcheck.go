@@ -2,16 +2,25 @@ package main
 
 import (
 	"fmt"
+	"io"
+	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/idem-extproc/idem-extproc/internal/config"
+	"github.com/idem-extproc/idem-extproc/internal/daemon"
+	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/policy"
+	"github.com/idem-extproc/idem-extproc/internal/region"
 )
 
 func configCommand(e env) *cobra.Command {
 	cmd := groupCommand("config", "Work with policy configuration files offline", e)
-	var sizeAt []string
+	var (
+		sizeAt                    []string
+		storeTimeout, envoyMaxMsg time.Duration
+	)
 	check := &cobra.Command{
 		Use:   "check FILE",
 		Short: "Validate a policy file as the server would and print the effective policies",
@@ -53,6 +62,9 @@ func configCommand(e env) *cobra.Command {
 					fmt.Fprintf(e.stderr, "note: policy %q has encrypt: true: the server needs --encryption-keys-file\n", p.Name)
 				}
 			}
+			if set.Homes != nil {
+				noteReach(e.stderr, set.Homes, storeTimeout, envoyMaxMsg)
+			}
 			if !hasDefault(set) {
 				fmt.Fprintln(e.stderr, "note: default_policy is disabled: requests no listed policy matches are not protected")
 			}
@@ -62,8 +74,28 @@ func configCommand(e env) *cobra.Command {
 	check.Flags().StringArrayVar(&sizeAt, "size-at", nil,
 		"print the Redis memory needed at RATE protected first writes per second (`RATE` for every policy, "+
 			"or POLICY=RATE, repeated)")
+	check.Flags().DurationVar(&storeTimeout, "store-timeout", idem.DefaultStoreTimeout,
+		"the servers' --store-timeout, for the reach of a homes map")
+	check.Flags().DurationVar(&envoyMaxMsg, "envoy-max-message-timeout", daemon.DefaultEnvoyMaxMessageTimeout,
+		"the servers' --envoy-max-message-timeout, for the reach of a homes map")
 	cmd.AddCommand(check)
 	return cmd
+}
+
+// noteReach says how far from a scope's home a server may be before it
+// refuses the scope's keys (idempotency-home-out-of-reach): the largest
+// round trip at which a first reservation's calls fit in what Envoy grants
+// one message, for a home elsewhere and for each move.
+func noteReach(w io.Writer, h *policy.Homes, storeTimeout, envoyMaxMsg time.Duration) {
+	fmt.Fprintf(w, "note: homes: with --store-timeout %v and --envoy-max-message-timeout %v, a server more than %v "+
+		"(round trip) from a scope's home refuses its keys (idempotency-home-out-of-reach, docs/regions.md)\n",
+		storeTimeout, envoyMaxMsg, region.MaxRTT(1, storeTimeout, envoyMaxMsg))
+	for _, r := range h.Rules {
+		if r.MovedFrom != "" {
+			fmt.Fprintf(w, "note: homes: while %s move from %s to %s, a server more than %v from both (neither its own region) refuses their keys\n",
+				strings.Join(r.Scopes, ", "), r.MovedFrom, r.Region, region.MaxRTT(2, storeTimeout, envoyMaxMsg))
+		}
+	}
 }
 
 func hasDefault(set *policy.Set) bool {

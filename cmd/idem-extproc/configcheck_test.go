@@ -201,3 +201,31 @@ default_policy: {enabled: false}
 		}
 	}
 }
+
+// TestConfigCheckNotesHomesReach: with a homes map, config check says how
+// far from a scope's home a server may be before it refuses the scope's
+// keys, for a home elsewhere and for each move, at the flags given.
+func TestConfigCheckNotesHomesReach(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "p.yaml")
+	if err := os.WriteFile(path, []byte("policies: []\nhomes:\n  epoch: 2\n  default: eu\n  rules:\n"+
+		"    - {scopes: [acme], region: us, moved_from: ap, moved_at: '2026-12-02T10:00:00Z'}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var stdout, stderr bytes.Buffer
+	if code := run(context.Background(), []string{"config", "check", path}, func(string) string { return "" }, &stdout, &stderr); code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr.String())
+	}
+	for _, want := range []string{
+		"a server more than 766.666666ms (round trip) from a scope's home refuses its keys",
+		"while acme move from ap to us, a server more than 366.666666ms from both",
+	} {
+		if !strings.Contains(stderr.String(), want) {
+			t.Errorf("no %q in:\n%s", want, stderr.String())
+		}
+	}
+	stderr.Reset()
+	if code := run(context.Background(), []string{"config", "check", path, "--envoy-max-message-timeout", "0"},
+		func(string) string { return "" }, &stdout, &stderr); code != 0 || !strings.Contains(stderr.String(), "a server more than 0s") {
+		t.Errorf("without an extension: exit %d, %s", code, stderr.String())
+	}
+}

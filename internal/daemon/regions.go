@@ -54,13 +54,6 @@ func (r *regionStores) Set(v string) error {
 	return nil
 }
 
-// Round trips the budgets of a remote region's calls are made of: the
-// call itself, and a connection the client opens for it (TCP's handshake
-// and the client's HELLO, one round trip each; TLS adds more, which the
-// measured round trip of a TLS store's PING does not show: give such a
-// store a larger --store-timeout).
-const remoteBudgetRTTs = 3
-
 // rttSamples PINGs measure a store's round trip at start, after one that
 // opens the connection.
 const rttSamples = 5
@@ -87,13 +80,6 @@ func (d *Daemon) probeRTT(ctx context.Context, url string) (time.Duration, error
 	}
 	slices.Sort(ds)
 	return ds[len(ds)/2], nil
-}
-
-// remoteBudget is the budget of each call to a store rtt away: the local
-// budget, which covers the work at both ends, plus the round trips a call
-// over a fresh connection pays.
-func remoteBudget(local, rtt time.Duration) time.Duration {
-	return local + remoteBudgetRTTs*rtt
 }
 
 // openRegions opens the other regions' stores, measures their round trips,
@@ -225,7 +211,7 @@ func (d *Daemon) openRegion(ctx context.Context, name, url string, push func(fun
 			slog.String("error", err.Error()))
 		rtt = d.cfg.RegionDefaultRTT
 	}
-	budget := remoteBudget(d.cfg.StoreTimeout, rtt)
+	budget := region.RemoteBudget(d.cfg.StoreTimeout, rtt)
 	rdb, err := redisstore.NewRemoteClient(url, budget, d.cfg.RedisSecurity, d.cfg.RegionIdleConns)
 	if err != nil {
 		return nil, 0, err

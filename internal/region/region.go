@@ -75,6 +75,28 @@ func NewRouter(local string, stores map[string]Store, extension time.Duration, o
 	return &Router{local: local, stores: stores, obs: obs, now: time.Now, room: Room(extension, ls.Budget)}, nil
 }
 
+// Round trips the budgets of a remote region's calls are made of: the
+// call itself, and a connection the client opens for it (TCP's handshake
+// and the client's HELLO, one round trip each; TLS adds more, which the
+// measured round trip of a TLS store's PING does not show: give such a
+// store a larger --store-timeout).
+const remoteBudgetRTTs = 3
+
+// RemoteBudget is the budget of each call to a store rtt away: the local
+// budget, which covers the work at both ends, plus the round trips a call
+// over a fresh connection pays.
+func RemoteBudget(local, rtt time.Duration) time.Duration {
+	return local + remoteBudgetRTTs*rtt
+}
+
+// MaxRTT is the largest round trip to other regions' stores at which a
+// first reservation that calls n of them (1 for a home elsewhere, 2 for a
+// scope moving between two regions elsewhere) still fits in what the proxy
+// grants one message (Room); beyond it, the key is refused.
+func MaxRTT(n int, local, extension time.Duration) time.Duration {
+	return max(0, (Room(extension, local)-time.Duration(n)*local)/time.Duration(n*remoteBudgetRTTs))
+}
+
 // Room is the longest the store calls of one reservation may take in a
 // message whose timer the proxy extends to extension: the local budget is
 // kept for the server's own work and the reply's way back, since the

@@ -392,3 +392,19 @@ func TestFutureMoveWaitsForItsTime(t *testing.T) {
 		t.Errorf("handed over %d keys before the move's time", n)
 	}
 }
+
+// TestMaxRTTIsWherePlansStopFitting: at MaxRTT a home elsewhere, and a
+// moving scope, still fit in what the proxy grants; a millisecond more
+// and they do not.
+func TestMaxRTTIsWherePlansStopFitting(t *testing.T) {
+	room := Room(extension, budget)
+	for n, c := range map[int]struct{ home, from string }{1: {"us", ""}, 2: {"us", "ap"}} {
+		for _, rtt := range []time.Duration{MaxRTT(n, budget, extension), MaxRTT(n, budget, extension) + time.Millisecond} {
+			rb := RemoteBudget(budget, rtt)
+			plan, _ := Plan(map[string]time.Duration{"eu": budget, "us": rb, "ap": rb}, "eu", c.home, c.from, room)
+			if fits := plan <= room; fits != (rtt == MaxRTT(n, budget, extension)) {
+				t.Errorf("%d far stores at %v: plan %v, room %v", n, rtt, plan, room)
+			}
+		}
+	}
+}

@@ -137,8 +137,16 @@ func (b *bed) start(name, homes string) {
 	if err := os.WriteFile(r.config, []byte(ordersPolicy+homes), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	// The longest Envoy gives one message: the shipped max_message_timeout
+	// with the shipped timers, else the harness's message_timeout (its
+	// filter sets no max_message_timeout, so an ask is ignored and each
+	// message keeps that timer).
+	envoyMax := harness.TestMessageTimeout
+	if b.opts.messageTimeout > 0 {
+		envoyMax = max(b.opts.messageTimeout, b.opts.maxMessageTimeout)
+	}
 	args := []string{"--listen", "127.0.0.1:0", "--admin-listen", "", "--redis-url", r.redis.URL(),
-		"--config", r.config, "--store-timeout", b.opts.storeTimeout.String()}
+		"--config", r.config, "--store-timeout", b.opts.storeTimeout.String(), "--envoy-max-message-timeout", envoyMax.String()}
 	if !b.opts.independent {
 		var others []string
 		for to, l := range b.links[name] {
