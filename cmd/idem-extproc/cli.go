@@ -82,8 +82,21 @@ func newRoot(e env) *cobra.Command {
 	root.Flags().Bool("version", false, "print the version and exit")
 	root.SetOut(e.stdout)
 	root.SetErr(e.stderr)
-	plain := root.UsageTemplate()
-	root.SetUsageTemplate(plain + environmentHelp())
+	// Usage by function, not template: a template makes the binary link
+	// text/template's executor, whose reflect.Value.MethodByName keeps
+	// every exported method of every type the linker sees (cmd/link,
+	// deadcode.go: the ReflectMethod attribute), Redis commands never
+	// sent included. cobra's own usage is a function since v1.10.
+	plain := root.UsageFunc()
+	environment := environmentHelp()
+	withEnvironment := func(c *cobra.Command) error {
+		if err := plain(c); err != nil {
+			return err
+		}
+		_, err := io.WriteString(c.OutOrStderr(), environment)
+		return err
+	}
+	root.SetUsageFunc(withEnvironment)
 	root.AddGroup(&cobra.Group{ID: "main", Title: "Commands:"})
 
 	srv := &cobra.Command{
@@ -94,12 +107,12 @@ func newRoot(e env) *cobra.Command {
 		RunE:               serve(e, false),
 	}
 	srv.Flags().AddGoFlagSet(daemon.Flags())
-	srv.SetUsageTemplate(srv.UsageTemplate() + environmentHelp())
+	srv.SetUsageFunc(withEnvironment)
 	root.AddCommand(srv, adminCommand(e), configCommand(e), compressCommand(e), probeCommand(e), demoCommand(e), versionCommand(e))
 	for _, c := range root.Commands() {
 		c.GroupID = "main"
 		if c != srv { // the environment is the server's
-			c.SetUsageTemplate(plain)
+			c.SetUsageFunc(plain)
 		}
 	}
 	root.SetCompletionCommandGroupID("main")

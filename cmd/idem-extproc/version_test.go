@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -83,5 +84,24 @@ func TestBinaryVersionUnstamped(t *testing.T) {
 	}
 	if got := version("-buildvcs=false"); !strings.HasPrefix(got, "idem-extproc (devel) (revision unknown, go") {
 		t.Errorf("a build with -buildvcs=false reports %q, want (devel) and no revision", got)
+	}
+}
+
+// TestBinaryLinksOnlyWhatItCalls: the release build keeps the linker's
+// dead-code elimination of methods, which a reachable call of
+// reflect.Value.MethodByName with a name known only at run time turns off
+// for the whole binary (cmd/link/internal/ld/deadcode.go, "reflectSeen"):
+// text/template's executor makes one (text/template/exec.go, evalField),
+// so neither the usage text nor grpc-go's tracing pages (grpcnotrace) may
+// link it. A Redis command the store never sends is the witness.
+func TestBinaryLinksOnlyWhatItCalls(t *testing.T) {
+	bin, err := os.ReadFile(binary(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sym := range []string{"text/template.(*state).evalField", "github.com/redis/go-redis/v9.cmdable.FTCreate"} {
+		if bytes.Contains(bin, []byte(sym)) {
+			t.Errorf("the binary links %s", sym)
+		}
 	}
 }

@@ -16,11 +16,13 @@ import (
 // base's container has the bare image name below, and the overlay a user
 // applies sets where the image really is with an images: entry (kustomize
 // edit set image). Each overlay refuses to build while the image has no tag,
-// which the bare name never has: a replacement copies the image's tag onto
-// itself, splitting it at ":" (options.delimiter, index 1), and kustomize
-// fails such a replacement with "options.index 1 is out of bounds for value
-// <image>" when the value has no ":" (sigs.k8s.io/kustomize/api
-// filters/replacement/replacement.go, getRefinedValue). Within one
+// which the bare name never has: a replacement puts the image before the
+// sentence of the Deployment's image-check annotation (a target's
+// options.index below 0 prefixes, setFieldValue), and another copies the
+// annotation's part after a ":" onto itself, which kustomize fails with
+// "options.index 1 is out of bounds for value <annotation>" when there is
+// no ":" (sigs.k8s.io/kustomize/api filters/replacement/replacement.go,
+// getRefinedValue): the message names the image and the section. Within one
 // kustomization kustomize runs images: before replacements:
 // (api/internal/target/kusttarget_configplugin.go,
 // configureBuiltinTransformers), so the check sees the overlay's own image.
@@ -30,7 +32,8 @@ const (
 	baseImageName = "idem-extproc"
 	// noImageError is what kustomize says when the overlay applied sets
 	// no image (docs/deployment.md quotes it).
-	noImageError = "options.index 1 is out of bounds for value " + baseImageName
+	noImageError = "options.index 1 is out of bounds for value " + baseImageName +
+		` is the server's image; it needs a tag, and docs/deployment.md, section "Setting the image", says how to set the one you built`
 	// testImageTag is the tag the tests give the image where a kustomization
 	// sets none, as a user who built and loaded idem-extproc:0.1.0 would
 	// (kustomize edit set image idem-extproc:0.1.0); the name stays the
