@@ -53,6 +53,7 @@ type demoFlags struct {
 	redisURL       string
 	adminTokenFile string
 	keysFile       string
+	storeTimeout   string
 	upstream       string
 }
 
@@ -88,6 +89,7 @@ func demoCommand(e env) *cobra.Command {
 	fl.StringVar(&f.adminTokenFile, "admin-token-file", "", "the server's "+server.Lookup("admin-token-file").Usage+
 		" (with it, the demo prints the idem-extproc admin commands that use it)")
 	fl.StringVar(&f.keysFile, "encryption-keys-file", "", "the server's "+server.Lookup("encryption-keys-file").Usage)
+	fl.StringVar(&f.storeTimeout, "store-timeout", server.Lookup("store-timeout").DefValue, "the server's "+server.Lookup("store-timeout").Usage)
 	fl.StringVar(&f.upstream, "upstream", "", "the API the front sends requests to, http://host:port (no path); empty: demo-orders")
 	return cmd
 }
@@ -97,7 +99,7 @@ func (f demoFlags) serverArgs() []string {
 	args := []string{"--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0",
 		"--log-format", "text", "--log-level", f.logLevel, "--drain-timeout", "2s"}
 	for _, a := range []struct{ flag, value string }{{"config", f.config}, {"redis-url", f.redisURL}, {"admin-token-file", f.adminTokenFile},
-		{"encryption-keys-file", f.keysFile}} {
+		{"encryption-keys-file", f.keysFile}, {"store-timeout", f.storeTimeout}} {
 		if a.value != "" {
 			args = append(args, "--"+a.flag, a.value)
 		}
