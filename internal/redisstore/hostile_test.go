@@ -174,3 +174,40 @@ func TestHostileStoreFailsTheCallNotTheProcess(t *testing.T) {
 		}
 	}
 }
+
+// TestHostileSeedsOfSentinelAndCluster: the guard is on every connection
+// of a Sentinel or Cluster client too, the sentinels' and the nodes' that
+// tell the client its topology: a reply past the bounds to SENTINEL or
+// CLUSTER fails the call, not the process.
+func TestHostileSeedsOfSentinelAndCluster(t *testing.T) {
+	srv := redistest.Start(t, redistest.Options{})
+	h := redistest.NewHostile(t, srv.Addr())
+	for _, tc := range []struct{ url, command string }{
+		{"redis+sentinel://" + h.Addr() + "/primary", "SENTINEL"},
+		{"redis+cluster://" + h.Addr(), "CLUSTER"},
+	} {
+		for _, reply := range [][]byte{redistest.HugeBulk, redistest.HugeArray} {
+			t.Run(tc.command+"/"+string(reply[:1]), func(t *testing.T) {
+				h.SetAttack(redistest.Attack{Commands: []string{tc.command}, Reply: reply})
+				s := redistest.OpenStore(t, tc.url, time.Second)
+				var before, after runtime.MemStats
+				runtime.ReadMemStats(&before)
+				err := s.Ping(context.Background())
+				runtime.ReadMemStats(&after)
+				if h.Hits() == 0 {
+					t.Fatalf("no %s command met the attack (err = %v)", tc.command, err)
+				}
+				if err == nil {
+					t.Error("a client that could not learn its topology answered a ping")
+				}
+				if grew := after.TotalAlloc - before.TotalAlloc; grew > 64<<20 {
+					t.Errorf("the call allocated %d MiB", grew>>20)
+				}
+				var pe *redisstore.PanicError
+				if errors.As(err, &pe) {
+					t.Errorf("err = %v", err)
+				}
+			})
+		}
+	}
+}

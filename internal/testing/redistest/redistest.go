@@ -3,7 +3,8 @@
 // them to inject faults. StartCluster and StartSentinel build a Redis
 // Cluster and a Sentinel group from such processes and fail them over;
 // LinkProxy freezes a replica's replication stream; DelayLink slows or
-// holds back a client's link and heals it.
+// holds back a client's link and heals it; Hostile answers chosen commands
+// with replies no Redis sends.
 package redistest
 
 import (
