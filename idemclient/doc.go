@@ -13,8 +13,10 @@
 // (after its Retry-After), 503 idempotency-store-unavailable and 503
 // idempotency-capacity-exceeded (after its Retry-After). It stops
 // with a *ProblemError on 422 idempotency-key-reused, on 409
-// outcome-unknown (the caller must read the resource before it decides) and
-// on any problem type it does not know. A replayed answer
+// outcome-unknown (the caller must read the resource before it decides), on
+// 503 idempotency-home-out-of-reach and idempotency-homes-disagree (a retry
+// would meet the same refusal: the operator must act) and on any problem
+// type it does not know. A replayed answer
 // (Idempotent-Replayed: true) is final: see Replayed.
 //
 // The whole chain lives inside the request's context: its deadline bounds

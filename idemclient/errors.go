@@ -48,6 +48,8 @@ var knownProblems = map[string]error{
 	problem.CapacityExceeded.Slug: nil,
 	problem.BodyUnreadable.Slug:   nil,
 	problem.HeaderMismatch.Slug:   nil,
+	problem.HomeOutOfReach.Slug:   nil,
+	problem.HomesDisagree.Slug:    nil,
 }
 
 // ProblemError is an RFC 9457 answer that ended the chain: one the contract
