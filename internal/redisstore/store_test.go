@@ -173,7 +173,10 @@ func TestSentinel(t *testing.T) {
 // reservation; it is refused and released, never reported Reserved.
 func TestDurableWithoutReplicas(t *testing.T) {
 	srv := redistest.Start(t, redistest.Options{})
-	s := redistest.OpenStore(t, srv.URL(), 100*time.Millisecond)
+	// The call's budget leaves room around the reservation's 50 ms WAIT
+	// on a busy machine: with 100 ms the call once ran out of time before
+	// WAIT answered, a deadline error instead of ErrNotDurable.
+	s := redistest.OpenStore(t, srv.URL(), time.Second)
 	r := durableReservation()
 	_, err := s.Reserve(context.Background(), r)
 	wantNotDurableAndReleased(t, s, r, err)
