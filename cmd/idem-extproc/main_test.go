@@ -563,10 +563,10 @@ func TestBinaryStartupErrorsNameTheFlag(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"--admin-token-file", filepath.Join(t.TempDir(), "missing")}, "--admin-token-file: open"},
+		{[]string{"--admin-token-file", filepath.Join(t.TempDir(), "missing")}, "--admin-token-file: stat"},
 		{[]string{"--admin-token-file", empty}, "--admin-token-file: " + empty + " is empty"},
 		{[]string{"--redis-url", "redis://localhost:99999999/0"}, `--redis-url: redis url: address "localhost:99999999": port`},
-		{[]string{"--config", filepath.Join(t.TempDir(), "missing.yaml")}, "--config: open"},
+		{[]string{"--config", filepath.Join(t.TempDir(), "missing.yaml")}, "--config: stat"},
 		{[]string{"--config", empty}, empty + ": the file is empty"},
 		{[]string{"--encryption-keys-file", filepath.Join(t.TempDir(), "missing")}, "--encryption-keys-file: "},
 		{[]string{"--tls-cert-file", empty, "--tls-key-file", empty}, "--tls-cert-file, --tls-key-file"},
