@@ -152,6 +152,18 @@ func (b *batcher) send() {
 	}
 }
 
+// runAlone runs c on its own, on its caller's context, and hands it its
+// reply; a panic fails c alone.
+func (b *batcher) runAlone(c *scriptCall) {
+	defer close(c.done)
+	defer func() {
+		if v := recover(); v != nil {
+			c.cmd = failedCmd(c.ctx, panicked(b.log, "batch", v))
+		}
+	}()
+	c.cmd = c.sc.Run(c.ctx, b.rdb, c.keys, c.args...)
+}
+
 // exec sends one batch and hands every call its reply. It runs on a
 // goroutine of its own, beyond the reach of the callers' recovery: a
 // panic fails the calls not yet answered, and the batcher goes on.
@@ -221,15 +233,7 @@ func (b *batcher) exec(batch []*scriptCall) {
 			// these, so such a call is run again on its own, on its
 			// caller's context, as it would have been without batching.
 			answered++
-			go func() {
-				defer close(c.done)
-				defer func() {
-					if v := recover(); v != nil {
-						c.cmd = failedCmd(c.ctx, panicked(b.log, "batch", v))
-					}
-				}()
-				c.cmd = c.sc.Run(c.ctx, b.rdb, c.keys, c.args...)
-			}()
+			go b.runAlone(c)
 			continue
 		}
 		c.cmd = cmds[i]
