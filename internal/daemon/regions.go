@@ -153,18 +153,7 @@ func (d *Daemon) openRegions() error {
 	if err := r.Check(d.policies.Current().Homes); err != nil {
 		return fmt.Errorf("%w: --config: %w", ErrConfig, err)
 	}
-	d.policies.AlsoCheck(func(set *policy.Set) error {
-		if err := r.Check(set.Homes); err != nil {
-			return err
-		}
-		// A smaller epoch is an older map coming back (a stale file, a
-		// rollback done by hand): the servers would disagree about which
-		// map is newer.
-		if in := epochOf(d.policies.Current()); set.Homes != nil && set.Homes.Epoch < in {
-			return fmt.Errorf("homes.epoch: %d is smaller than the epoch in force, %d; give every change of the map a larger epoch", set.Homes.Epoch, in)
-		}
-		return nil
-	})
+	d.policies.AlsoCheck(d.checkHomes(r))
 	d.router = r
 	d.regionMetrics.Epoch(epochOf(d.policies.Current()))
 	d.warnOutOfReach(d.policies.Current())
@@ -175,6 +164,22 @@ func (d *Daemon) openRegions() error {
 		}
 	})
 	return nil
+}
+
+// checkHomes is the reload check of a homes map: r must reach its regions,
+// and its epoch must not go back. A smaller epoch is an older map coming
+// back (a stale file, a rollback done by hand): the servers would disagree
+// about which map is newer.
+func (d *Daemon) checkHomes(r *region.Router) func(*policy.Set) error {
+	return func(set *policy.Set) error {
+		if err := r.Check(set.Homes); err != nil {
+			return err
+		}
+		if in := epochOf(d.policies.Current()); set.Homes != nil && set.Homes.Epoch < in {
+			return fmt.Errorf("homes.epoch: %d is smaller than the epoch in force, %d; give every change of the map a larger epoch", set.Homes.Epoch, in)
+		}
+		return nil
+	}
 }
 
 // warnOutOfReach names, at start and on each reload, the homes whose keys
