@@ -122,11 +122,7 @@ func NewMetrics() *Metrics {
 			"(it had reached the store), not_held (it had not; refused should it arrive), failed or dropped (not undone: if it " +
 			"reached the store, the key answers request-in-progress, then outcome-unknown).",
 	}, []string{"policy", "result"})
-	m.storeFailures = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: Namespace, Name: "store_failures_total",
-		Help: "Store calls that failed for a reason of the server's own making, also counted as result error: " +
-			"reply_refused (a reply past the reply bounds; its connection was dropped), panic (the call panicked; logged with its stack).",
-	}, []string{"kind"})
+	m.storeFailures = newStoreFailures()
 	m.decisionSeries = counters2(m.decisions)
 	m.requestSeries = counters2(m.requests)
 	m.storeSeries = observers2(m.storeCalls)
@@ -139,6 +135,20 @@ func NewMetrics() *Metrics {
 		m.requests, m.shadow, m.keyWarnings, m.missingAttrs, m.droppedHeaders, m.cancels, m.storeFailures, build,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
+}
+
+// newStoreFailures is the store_failures_total counter, with a series of
+// each kind from the start, so that an alert sees its first increase.
+func newStoreFailures() *prometheus.CounterVec {
+	c := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Name: "store_failures_total",
+		Help: "Store calls that failed for a reason of the server's own making, also counted as result error: " +
+			"reply_refused (a reply past the reply bounds; its connection was dropped), panic (the call panicked; logged with its stack).",
+	}, []string{"kind"})
+	for _, k := range []string{"reply_refused", "panic"} {
+		c.WithLabelValues(k)
+	}
+	return c
 }
 
 // newBuildInfo is the build_info gauge, set.
@@ -169,9 +179,6 @@ func (m *Metrics) precreate() {
 		}
 	}
 	m.storeCalls.WithLabelValues("reserve", "ok")
-	for _, k := range []string{"reply_refused", "panic"} {
-		m.storeFailures.WithLabelValues(k)
-	}
 }
 
 // Registry returns the registry, for tests and extra collectors.
