@@ -52,14 +52,19 @@ func checkRequestOnlyRoute(r *routev3.Route, methods []string) (bool, error) {
 	if !slices.Equal(methods, []string{"POST"}) {
 		errs = append(errs, fmt.Errorf("leaves its answer unprocessed but matches %v, not POST alone", methods))
 	}
-	for header, want := range map[string]map[string]bool{
-		policy.MCPMethodHeader:  {policy.SubscriptionsListen: true, "tools/call": false, "": false},
-		policy.MCPVersionHeader: {policy.MCPValidatedFrom: true, "2027-01-15": true, "2025-11-25": false, "": false},
-	} {
-		for v, match := range want {
-			if got, err := headerMatchesIn(r, header, v); err != nil || got != match {
-				errs = append(errs, fmt.Errorf("leaves its answer unprocessed: with %s %q it matches %v, want %v (%v)", header, v, got, match, err))
-			}
+	exact := false
+	for _, h := range r.GetMatch().GetHeaders() {
+		sm := h.GetStringMatch()
+		exact = exact || h.GetName() == policy.MCPMethodHeader && sm.GetExact() == policy.SubscriptionsListen &&
+			!sm.GetIgnoreCase() && !h.GetInvertMatch()
+	}
+	if !exact {
+		errs = append(errs, fmt.Errorf("leaves its answer unprocessed but does not match %s exactly %q", policy.MCPMethodHeader, policy.SubscriptionsListen))
+	}
+	for v, match := range map[string]bool{policy.MCPValidatedFrom: true, "2027-01-15": true, "2025-11-25": false, "2026-07-27": false, "": false} {
+		if got, err := headerMatchesIn(r, policy.MCPVersionHeader, v); err != nil || got != match {
+			errs = append(errs, fmt.Errorf("leaves its answer unprocessed: with %s %q it matches %v, want %v (%v)",
+				policy.MCPVersionHeader, v, got, match, err))
 		}
 	}
 	return true, errors.Join(errs...)
