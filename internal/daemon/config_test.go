@@ -116,31 +116,3 @@ func TestMainConfigErrorExitsTwo(t *testing.T) {
 		t.Fatalf("--help exits %d", code)
 	}
 }
-
-// TestEveryFlagIsDocumented: each flag has a row in docs/flags.md's flags
-// table, with its environment variable.
-func TestEveryFlagIsDocumented(t *testing.T) {
-	doc, err := os.ReadFile("../../docs/flags.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var usage strings.Builder
-	_, _ = ParseConfig([]string{"-h"}, env(nil), &usage)
-	n := 0
-	for _, line := range strings.Split(usage.String(), "\n") {
-		line = strings.TrimSpace(line)
-		if !strings.HasPrefix(line, "-") {
-			continue
-		}
-		name := strings.Fields(strings.TrimPrefix(line, "-"))[0]
-		n++
-		for _, want := range []string{"`--" + name + "`", "`" + EnvName(name) + "`"} {
-			if !strings.Contains(string(doc), want) {
-				t.Errorf("docs/flags.md does not document %s", want)
-			}
-		}
-	}
-	if n < 10 {
-		t.Fatalf("found only %d flags in the usage text", n)
-	}
-}

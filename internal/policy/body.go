@@ -193,10 +193,26 @@ const (
 	// take it for a call that meets them. It is not a miss like the
 	// others: see attempt.AdmitUnreadable.
 	BodyUnreadable
+	// BodySubscription: an MCP subscriptions/listen request, on a policy
+	// that answers in JSON-RPC, whatever its criteria say: never protected
+	// (SubscriptionsListen).
+	BodySubscription
 )
 
+// SubscriptionsListen is the MCP 2026-07-28 method that opens a
+// long-lived notification stream, answered by an event stream that "stays
+// open and delivers the change notifications the client opted in to"
+// until the client or the server closes it (modelcontextprotocol,
+// docs/specification/2026-07-28/basic/transports/streamable-http.mdx,
+// "Receiving Messages"; basic/patterns/subscriptions.mdx, "Cancellation").
+// It changes nothing upstream and has no one answer to store or replay,
+// and the route that carries it leaves its answer unprocessed
+// (envoy/envoy-mcp.yaml), so a policy that took it would hold a record
+// no response ever settles.
+const SubscriptionsListen = "subscriptions/listen"
+
 func (m BodyMiss) String() string {
-	return [...]string{"matched", "not-json", "batch", "notification", "criteria", "hinted", "unreadable"}[m]
+	return [...]string{"matched", "not-json", "batch", "notification", "criteria", "hinted", "unreadable", "subscription"}[m]
 }
 
 // ErrBodyUnreadable: a request body that is there but is not JSON this
@@ -285,6 +301,9 @@ func (p *Policy) MatchBodyWhy(body []byte) (id []byte, miss BodyMiss, unreadable
 		}
 		if method.Kind != jsonpointer.KindString {
 			return nil, BodyNotification, nil // a response, not a request
+		}
+		if method.OneOf(SubscriptionsListen) {
+			return nil, BodySubscription, nil
 		}
 		if p.Tools.Protect == ToolsUnlessHinted && !method.OneOf("tools/call") {
 			return nil, BodyCriteria, nil // the policy protects tool calls only

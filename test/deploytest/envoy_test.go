@@ -330,6 +330,12 @@ func checkRoutes(cfg *envoyConfig, rc *routev3.RouteConfiguration, ep *extprocv3
 			for _, c := range clusters {
 				protectedBy[c] = append(protectedBy[c], name)
 			}
+			if requestOnly, err := checkRequestOnlyRoute(r, methods); requestOnly || err != nil {
+				if err != nil {
+					fail("route %s: %v", name, err)
+				}
+				continue // its answer is never stored: no route timeout needed
+			}
 			to := r.GetRoute().GetTimeout()
 			if to == nil || to.AsDuration() <= 0 {
 				fail("route %s: set an explicit, finite route timeout (the route-timeout rule)", name)
@@ -413,21 +419,27 @@ func checkClusterRetries(c *clusterv3.Cluster, name string) error {
 	return nil
 }
 
-// extProcDisabled reads a route's ExtProcPerRoute. Only "disabled: true"
-// is used in our files; an override would need checkExtProc of its own.
+// extProcDisabled reads a route's ExtProcPerRoute. Our files use
+// "disabled: true", and overrides only as checkRequestOnlyRoute allows;
+// any other override would need checkExtProc of its own.
 func extProcDisabled(per map[string]*anypb.Any) (bool, error) {
-	a, ok := per[extProcFilterName]
-	if !ok {
-		return false, nil
-	}
-	pr, err := typedConfig[*extprocv3.ExtProcPerRoute](a)
-	if err != nil {
+	pr, err := extProcPerRoute(per)
+	if err != nil || pr == nil {
 		return false, err
 	}
-	if pr.GetOverrides() != nil {
-		return false, errors.New("ExtProcPerRoute.overrides is not checked by these tests; use disabled or nothing")
+	if o := pr.GetOverrides(); o != nil && !requestOnlyOverrides(o) {
+		return false, errors.New("ExtProcPerRoute.overrides is not checked by these tests beyond a processing_mode that checks the request and leaves the answer alone (checkRequestOnlyRoute); use disabled or nothing")
 	}
 	return pr.GetDisabled(), nil
+}
+
+// extProcPerRoute decodes a route's ExtProcPerRoute, nil when it has none.
+func extProcPerRoute(per map[string]*anypb.Any) (*extprocv3.ExtProcPerRoute, error) {
+	a, ok := per[extProcFilterName]
+	if !ok {
+		return nil, nil
+	}
+	return typedConfig[*extprocv3.ExtProcPerRoute](a)
 }
 
 // routeMethods lists the methods a route can match, from its :method

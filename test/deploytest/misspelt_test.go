@@ -250,6 +250,14 @@ var brokenSettings = []mutation{
 		want: "cluster orders: HttpProtocolOptions.retry_policy"},
 	{file: "envoy/envoy-mcp.yaml", from: "  - name: mcp_server\n    type: STRICT_DNS\n", to: "  - name: mcp_server\n    type: STRICT_DNS\n" + clusterRetryPolicy,
 		want: "cluster mcp_server: HttpProtocolOptions.retry_policy"},
+	// The subscriptions/listen route leaves its answer unprocessed, so only
+	// a listen request of a validated revision may reach it, and only that
+	// override is accepted.
+	{file: "envoy/envoy-mcp.yaml", from: "string_match: { exact: subscriptions/listen }", to: "string_match: { prefix: subscriptions }",
+		want: "leaves its answer unprocessed"},
+	{file: "envoy/envoy-mcp.yaml", from: "{ regex: \"^(2026-07-(2[89]|3[01])|", to: "{ regex: \"^(2025-11-25|2026-07-(2[89]|3[01])|",
+		want: "leaves its answer unprocessed"},
+	{file: "envoy/envoy-mcp.yaml", from: "response_body_mode: NONE", to: "response_body_mode: BUFFERED", want: "ExtProcPerRoute.overrides"},
 	// Envoy Gateway writes a route's retry_policy from the HTTPRoute rule's
 	// retry and from a BackendTrafficPolicy's retry on the route or its
 	// Gateway.

@@ -243,44 +243,50 @@ func routeTimeout(rc *routev3.RouteConfiguration) time.Duration {
 	return 0
 }
 
-// matchRoute picks the route Envoy would for r among the matchers our
-// files use (prefix and :method/header string matchers), in order, and
-// returns its name and ExtProcPerRoute.
+// matchRoute picks the route Envoy would for r (routeFor) and returns its
+// name and ExtProcPerRoute.
 func matchRoute(rc *routev3.RouteConfiguration, r *http.Request) (string, *extprocfilterv3.ExtProcPerRoute, error) {
+	rt, err := routeFor(rc, r)
+	if err != nil {
+		return "", nil, err
+	}
+	per, err := extProcPerRoute(rt.GetTypedPerFilterConfig())
+	return rt.GetName(), per, err
+}
+
+// routeFor picks the route Envoy would for r among the matchers our files
+// use (prefix and path, :method and header string matchers), in order. An
+// absent header matches no string matcher, as in Envoy.
+func routeFor(rc *routev3.RouteConfiguration, r *http.Request) (*routev3.Route, error) {
 	for _, vh := range rc.GetVirtualHosts() {
 		for _, rt := range vh.GetRoutes() {
 			m := rt.GetMatch()
 			if m.GetPrefix() == "" && m.GetPath() == "" {
-				return "", nil, fmt.Errorf("route %s: only prefix and path matches are simulated", rt.GetName())
+				return nil, fmt.Errorf("route %s: only prefix and path matches are simulated", rt.GetName())
 			}
 			if (m.GetPrefix() != "" && !strings.HasPrefix(r.URL.Path, m.GetPrefix())) || (m.GetPath() != "" && r.URL.Path != m.GetPath()) {
 				continue
 			}
 			ok := true
 			for _, h := range m.GetHeaders() {
-				v := r.Header.Get(h.GetName())
+				vs, present := r.Header[http.CanonicalHeaderKey(h.GetName())]
+				v := ""
+				if present {
+					v = vs[0]
+				}
 				if h.GetName() == ":method" {
-					v = r.Method
+					v, present = r.Method, true
 				}
 				hit, err := headerMatches(h, v)
 				if err != nil {
-					return "", nil, err
+					return nil, err
 				}
-				ok = ok && hit
+				ok = ok && present && hit
 			}
-			if !ok {
-				continue
+			if ok {
+				return rt, nil
 			}
-			var per *extprocfilterv3.ExtProcPerRoute
-			if a, found := rt.GetTypedPerFilterConfig()[extProcFilterName]; found {
-				p, err := typedConfig[*extprocfilterv3.ExtProcPerRoute](a)
-				if err != nil {
-					return "", nil, err
-				}
-				per = p
-			}
-			return rt.GetName(), per, nil
 		}
 	}
-	return "", nil, fmt.Errorf("no route matches %s %s", r.Method, r.URL.Path)
+	return nil, fmt.Errorf("no route matches %s %s", r.Method, r.URL.Path)
 }

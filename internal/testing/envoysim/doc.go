@@ -113,4 +113,8 @@
 //     #41769 (1.37); 1.34-1.36 skipped them (runtime
 //     skip_ext_proc_on_local_reply). Options.SkipLocalReplies selects the
 //     older behaviour. Their details and flags are Envoy's (types.go).
+//   - A long-lived answer (Filter.DoStream) runs on a clock the test
+//     writes, against the route timeout (0 disables it), the stream idle
+//     timeout, and no ext_proc timer once no message awaits a reply. See
+//     longstream.go.
 package envoysim
