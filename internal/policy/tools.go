@@ -55,7 +55,7 @@ func (p *Policy) PrepareTools() {
 		p.Tools.Hints = nil
 		return
 	}
-	p.Tools.Hints = toolhints.New(p.Tools.HintCacheSize, p.Tools.HintTTL)
+	p.Tools.Hints = toolhints.New(p.Tools.HintCacheSize, p.Tools.HintTTL, nil)
 }
 
 // LearnsTools reports whether the policy learns tools' annotations from
