@@ -97,13 +97,7 @@ func (a *Attempt) AtBody(ctx context.Context, cands []Candidate, body []byte, no
 		out := BodyVerdict{JSONRPC: c.Policy.Answers == policy.AnswersJSONRPC, ID: id}
 		if out.JSONRPC {
 			a.callID = id // a replay answers this call (answer)
-			// As a compliant server would, before any effect: the headers
-			// an intermediary may have acted on lie, or one is missing.
-			why := c.Policy.MCPParamMismatch(c.MCP, c.Upstream, body, now)
-			if policy.MCPHeaderMismatch(c.MCP, body) {
-				why = "the Mcp-Method or Mcp-Name header does not match the request body"
-			}
-			if why != "" {
+			if why := headersMismatch(c, body, now); why != "" {
 				out.Verdict = a.Refuse(ctx, problem.New(problem.HeaderMismatch, why))
 				return out
 			}
@@ -139,6 +133,17 @@ func (a *Attempt) AtBody(ctx context.Context, cands []Candidate, body []byte, no
 	a.LogAt(ctx, slog.LevelDebug, "no policy's body criteria hold; passes unprotected", slog.String("body", miss.String()))
 	a.Policy = nil
 	return BodyVerdict{Verdict: verdictPass}
+}
+
+// headersMismatch says why a JSON-RPC call's MCP headers disagree with
+// its body, or "": such a call is refused as a compliant server would
+// refuse it, before any effect, since an intermediary may have acted on
+// the headers (policy.MCPHeaderMismatch, policy.MCPParamMismatch).
+func headersMismatch(c *Candidate, body []byte, now time.Time) string {
+	if policy.MCPHeaderMismatch(c.MCP, body) {
+		return "the Mcp-Method or Mcp-Name header does not match the request body"
+	}
+	return c.Policy.MCPParamMismatch(c.MCP, c.Upstream, body, now)
 }
 
 // unreadable judges a body candidate c cannot read (AdmitUnreadable):
