@@ -198,9 +198,9 @@ func (p *Policy) MCPParamMismatch(h MCPHeaders, upstream string, body []byte, no
 	if !p.KeyFrom(KeyFromMCPParam) || !p.LearnsTools() {
 		return ""
 	}
-	vs, err := FindInBody(body, toolNamePointer, p.KeyParam)
-	if err != nil {
-		return "" // no call, or one refused as unreadable elsewhere
+	vs, err := FindInBody(body, toolNamePointer, p.KeyParam, methodPointer)
+	if err != nil || !vs[2].OneOf("tools/call") {
+		return "" // no tool call, or one refused as unreadable elsewhere
 	}
 	tool, err := vs[0].Text()
 	if err != nil {
@@ -230,7 +230,9 @@ func (p *Policy) MCPParamMismatch(h MCPHeaders, upstream string, body []byte, no
 		return "an Mcp-Param-" + hints.Header + " header, though the body has no value at " + p.KeyParam.String()
 	}
 	v, ok := DecodeMCPValue(sent[0])
-	want := string(arg.Raw) // integers and booleans as written; a key is a string
+	// Integers and booleans as written, not numerically as the "Server
+	// Validation" note advises: a key is a string.
+	want := string(arg.Raw)
 	if arg.Kind == jsonpointer.KindString {
 		want, _ = arg.Text()
 	}

@@ -117,6 +117,7 @@ func TestMCPParamMismatch(t *testing.T) {
 		{"null argument, no header", v, "up", sql(`{"region":null}`), false},
 		{"absent argument, no header", v, "up", sql(`{"query":"x"}`), false},
 		{"another upstream's list", with(v, "mcp-param-region", "eu-west1"), "other", example, false},
+		{"not a tools/call", v, "up", []byte(`{"jsonrpc":"2.0","id":1,"method":"prompts/get","params":{"name":"execute_sql","arguments":{"region":"a"}}}`), false},
 		{"a tool not listed", v, "up", []byte(`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"x","arguments":{"region":"a"}}}`), false},
 	} {
 		if got := region.MCPParamMismatch(c.h, c.upstream, c.body, now); (got != "") != c.mismatch {
