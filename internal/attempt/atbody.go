@@ -31,10 +31,6 @@ type Candidate struct {
 	// MCP are the request's MCP headers, for a JSON-RPC policy's check of
 	// them against the body (policy.MCPHeaderMismatch).
 	MCP policy.MCPHeaders
-	// Param and HasParam are the policy's Mcp-Param-{name} header
-	// (policy.KeyFromMCPParam).
-	Param    string
-	HasParam bool
 	// Upstream names where the request goes (policy.ToolsUpstream), for a
 	// policy that protects tools by their annotations
 	// (policy.ToolHinted).
@@ -101,16 +97,12 @@ func (a *Attempt) AtBody(ctx context.Context, cands []Candidate, body []byte, no
 		out := BodyVerdict{JSONRPC: c.Policy.Answers == policy.AnswersJSONRPC, ID: id}
 		if out.JSONRPC {
 			a.callID = id // a replay answers this call (answer)
-			if policy.MCPHeaderMismatch(c.MCP, body) {
-				// As a compliant server would, before any effect: the
-				// headers an intermediary may have acted on lie.
-				out.Verdict = a.Refuse(ctx, problem.New(problem.HeaderMismatch,
-					"the Mcp-Method or Mcp-Name header does not match the request body"))
+			if why := headersMismatch(c, body, now); why != "" {
+				out.Verdict = a.Refuse(ctx, problem.New(problem.HeaderMismatch, why))
 				return out
 			}
 		}
-		adm, key, prob := a.AdmitKeyFrom(KeyInput{HeaderRaw: c.RawKey, HeaderLines: c.KeyLines, Body: body,
-			Param: c.Param, HasParam: c.HasParam}, now)
+		adm, key, prob := a.AdmitKeyFrom(KeyInput{HeaderRaw: c.RawKey, HeaderLines: c.KeyLines, Body: body}, now)
 		if out.Verdict = a.Admitted(ctx, adm, prob); out.Kind != Continue {
 			return out
 		}
@@ -141,6 +133,17 @@ func (a *Attempt) AtBody(ctx context.Context, cands []Candidate, body []byte, no
 	a.LogAt(ctx, slog.LevelDebug, "no policy's body criteria hold; passes unprotected", slog.String("body", miss.String()))
 	a.Policy = nil
 	return BodyVerdict{Verdict: verdictPass}
+}
+
+// headersMismatch says why a JSON-RPC call's MCP headers disagree with
+// its body, or "": such a call is refused as a compliant server would
+// refuse it, before any effect, since an intermediary may have acted on
+// the headers (policy.MCPHeaderMismatch, policy.MCPParamMismatch).
+func headersMismatch(c *Candidate, body []byte, now time.Time) string {
+	if policy.MCPHeaderMismatch(c.MCP, body) {
+		return "the Mcp-Method or Mcp-Name header does not match the request body"
+	}
+	return c.Policy.MCPParamMismatch(c.MCP, c.Upstream, body, now)
 }
 
 // unreadable judges a body candidate c cannot read (AdmitUnreadable):

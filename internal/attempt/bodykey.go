@@ -21,10 +21,6 @@ type KeyInput struct {
 	HeaderRaw   string
 	HeaderLines int
 	Body        []byte
-	// Param and HasParam are the Mcp-Param-{name} header of a policy whose
-	// key may come from it (policy.KeyFromMCPParam).
-	Param    string
-	HasParam bool
 }
 
 // keyMiss is why one source yielded no key.
@@ -97,29 +93,17 @@ func (a *Attempt) keyFrom(src policy.KeySource, in KeyInput) (string, keyMiss, *
 	p := a.Policy
 	switch src {
 	case policy.KeyFromBody:
-		vs, err := policy.FindInBody(in.Body, p.KeyPointer)
-		if errors.Is(err, policy.ErrBodyUnreadable) {
-			return "", keyMiss{}, UnreadableProblem(err)
-		}
-		var s string
-		if err == nil {
-			s, err = vs[0].Text()
-		}
-		if err != nil {
-			return "", bodyMiss(p.KeyPointer, err), nil
-		}
-		if err := idem.CheckKey(s, p.MaxKeyLength); err != nil {
-			return "", keyMiss{}, problem.New(problem.KeyInvalid, fmt.Sprintf("the key at %s: %v", p.KeyPointer, err))
-		}
-		return s, keyMiss{}, nil
+		return bodyKey(p.KeyPointer, p.MaxKeyLength, in.Body)
+	case policy.KeyFromMCPParam:
+		// The body's value: its Mcp-Param header, if the tool marks the
+		// parameter, was checked against it (policy.MCPParamMismatch).
+		return bodyKey(p.KeyParam, p.MaxKeyLength, in.Body)
 	case policy.KeyFromDerived:
 		key, miss, err := derivedKey(p.KeyDerive, in.Body)
 		if err != nil {
 			return "", keyMiss{}, UnreadableProblem(err)
 		}
 		return key, miss, nil
-	case policy.KeyFromMCPParam:
-		return mcpParamKey(p, in)
 	}
 	if in.HeaderLines == 0 {
 		return "", keyMiss{problem.KeyMissing, "no " + p.KeyHeader + " header"}, nil
@@ -129,6 +113,25 @@ func (a *Attempt) keyFrom(src policy.KeySource, in KeyInput) (string, keyMiss, *
 		return "", keyMiss{}, prob
 	}
 	return key, keyMiss{}, nil
+}
+
+// bodyKey reads the key at ptr in body: a string of 1 to maxLen bytes.
+func bodyKey(ptr jsonpointer.Pointer, maxLen int, body []byte) (string, keyMiss, *problem.Problem) {
+	vs, err := policy.FindInBody(body, ptr)
+	if errors.Is(err, policy.ErrBodyUnreadable) {
+		return "", keyMiss{}, UnreadableProblem(err)
+	}
+	var s string
+	if err == nil {
+		s, err = vs[0].Text()
+	}
+	if err != nil {
+		return "", bodyMiss(ptr, err), nil
+	}
+	if err := idem.CheckKey(s, maxLen); err != nil {
+		return "", keyMiss{}, problem.New(problem.KeyInvalid, fmt.Sprintf("the key at %s: %v", ptr, err))
+	}
+	return s, keyMiss{}, nil
 }
 
 // bodyMiss words why the body has no key at ptr.
@@ -206,34 +209,4 @@ func UnreadableProblem(cause error) *problem.Problem {
 	return problem.New(problem.BodyUnreadable, fmt.Sprintf(
 		"%v; this endpoint protects some requests by what their body says, so a body it cannot read is refused, "+
 			"not passed unprotected; send one JSON object, in UTF-8, nested at most 200 levels, each member name once", cause))
-}
-
-// mcpParamKey reads the key an MCP 2026-07-28 client mirrors from the tool
-// parameter KeyParam into its Mcp-Param-{name} header (decoded when written
-// "=?base64?…?="). The header must say what the body says: a parameter
-// present in /params/arguments with another value is a HeaderMismatch, as
-// a server that reads the body answers it ("Server Behavior for Custom
-// Headers"), so a key the headers invent never names a record the body
-// does not. A client that has no tool list yet sends no such header (the
-// Go SDK mirrors only parameters it has seen marked): the next source, such
-// as body, is then tried.
-func mcpParamKey(p *policy.Policy, in KeyInput) (string, keyMiss, *problem.Problem) {
-	if !in.HasParam {
-		return "", keyMiss{problem.KeyMissing, "no " + p.MCPParamHeader() + " header"}, nil
-	}
-	key, ok := policy.DecodeMCPValue(in.Param)
-	if !ok {
-		return "", keyMiss{}, problem.New(problem.KeyInvalid, "the "+p.MCPParamHeader()+" header's Base64 does not decode")
-	}
-	vs, err := policy.FindInBody(in.Body, p.KeyParamArgument)
-	if err == nil && vs[0].Found() {
-		if body, terr := vs[0].Text(); terr != nil || body != key {
-			return "", keyMiss{}, problem.New(problem.HeaderMismatch,
-				"the "+p.MCPParamHeader()+" header does not match the call's "+p.KeyParam+" argument")
-		}
-	}
-	if err := idem.CheckKey(key, p.MaxKeyLength); err != nil {
-		return "", keyMiss{}, problem.New(problem.KeyInvalid, fmt.Sprintf("the key in %s: %v", p.MCPParamHeader(), err))
-	}
-	return key, keyMiss{}, nil
 }

@@ -2,7 +2,6 @@ package config
 
 import (
 	"fmt"
-	"regexp"
 	"slices"
 
 	"github.com/idem-extproc/idem-extproc/internal/jsonpointer"
@@ -85,8 +84,9 @@ func (b *builder) bodyKey(r *policy.BodyKeyRules, s *settings, path string) {
 		}
 	}
 	if k.Param.Set {
-		if !mcpParamName.MatchString(k.Param.Value) || r.SetKeyParam(k.Param.Value) != nil {
-			b.errorf(k.Param.Line, path+".key.param", "%q is not a tool parameter name a header can carry (letters, digits, '_' and '-')", k.Param.Value)
+		r.KeyParam = b.pointer(k.Param, path+".key.param")
+		if _, err := jsonpointer.Parse(k.Param.Value); err == nil && (len(r.KeyParamPath()) == 0 || !prefixOf(policy.ArgumentsPointer, r.KeyParam)) {
+			b.errorf(k.Param.Line, path+".key.param", "%q is not a tool parameter: name one under /params/arguments, such as /params/arguments/idempotency_key", k.Param.Value)
 		}
 	}
 	if k.Derive.Set {
@@ -118,8 +118,8 @@ func (b *builder) checkBody(p *policy.Policy, s, defaults *settings, path string
 	if !p.KeyFrom(policy.KeyFromBody) && (s.Key.Pointer.Set || defaults.Key.Pointer.Set) {
 		b.errorf(at(s.Key.Pointer, defaults.Key.Pointer), path+".key.pointer", "only used with key.from: body")
 	}
-	if p.KeyFrom(policy.KeyFromMCPParam) && p.KeyParam == "" {
-		b.errorf(keyFromAt, path+".key.param", "required with key.from: mcp_param (the tool parameter mirrored in Mcp-Param-{name}, such as idempotency_key)")
+	if p.KeyFrom(policy.KeyFromMCPParam) && p.KeyParam.Len() == 0 {
+		b.errorf(keyFromAt, path+".key.param", "required with key.from: mcp_param (the tool parameter that carries the key, such as /params/arguments/idempotency_key)")
 	}
 	if p.KeyFrom(policy.KeyFromMCPParam) && p.Answers != policy.AnswersJSONRPC {
 		b.errorf(keyFromAt, path+".key.from", "mcp_param applies to MCP servers only: set answers: jsonrpc")
@@ -175,7 +175,3 @@ func prefixOf(a, b jsonpointer.Pointer) bool {
 	at, bt := a.Tokens(), b.Tokens()
 	return len(at) <= len(bt) && slices.Equal(at, bt[:len(at)])
 }
-
-// mcpParamName is a tool parameter name the Mcp-Param-{name} header can
-// carry: the header's name is an RFC 9110 token.
-var mcpParamName = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)

@@ -178,6 +178,9 @@ func TestMistakesNameFileLineAndField(t *testing.T) {
 			[]string{"bad.yaml:4:", "default_policy.tools.advertise_idempotent"}},
 		{"mcp_headers on an HTTP policy", "policies:\n  - name: a\n    match: {methods: [POST]}\n    mcp_headers: trust\n", []string{"bad.yaml:4:", "policies[0].mcp_headers", "answers: jsonrpc"}},
 		{"mcp_param without key.param", "policies:\n  - name: a\n    match: {methods: [POST]}\n    answers: jsonrpc\n    key: {from: [mcp_param]}\n", []string{"bad.yaml:5:", "policies[0].key.param", "required"}},
+		{"key.param outside the arguments", "policies:\n  - name: a\n    match: {methods: [POST]}\n    answers: jsonrpc\n    key: {from: [mcp_param], param: /params/name}\n", []string{"bad.yaml:5:", "policies[0].key.param", "under /params/arguments"}},
+		{"key.param the arguments themselves", "policies:\n  - name: a\n    match: {methods: [POST]}\n    answers: jsonrpc\n    key: {from: [mcp_param], param: /params/arguments}\n", []string{"bad.yaml:5:", "policies[0].key.param", "under /params/arguments"}},
+		{"key.param a bare name", "policies:\n  - name: a\n    match: {methods: [POST]}\n    answers: jsonrpc\n    key: {from: [mcp_param], param: idempotency_key}\n", []string{"bad.yaml:5:", "policies[0].key.param", "not a JSON Pointer"}},
 		{"not YAML", "defaults: [\n", []string{"bad.yaml"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

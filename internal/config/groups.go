@@ -73,9 +73,9 @@ func (b *builder) checkTools(p *policy.Policy, s, defaults *settings, path strin
 		b.errorf(at(t.Advertise, d.Advertise), path+".tools.advertise_idempotent",
 			"idempotentHint promises that \"calling the tool repeatedly with the same arguments will have no additional effect\" (MCP 2026-07-28 schema.ts, ToolAnnotations), which holds only if every call has a key and equal arguments mean an equal key: set key.required: true without key.warn_until, or key.from: [derived] with key.derive: [/params/name, /params/arguments]")
 	}
-	if p.Tools.Protect != policy.ToolsUnlessHinted && (t.HintTTL.Set || t.HintCacheSize.Set) {
+	if p.Tools.Protect != policy.ToolsUnlessHinted && !p.KeyFrom(policy.KeyFromMCPParam) && (t.HintTTL.Set || t.HintCacheSize.Set) {
 		b.errorf(at(t.HintTTL, t.HintCacheSize), path+".tools",
-			"hint_ttl and hint_cache_size need tools.protect: unless_hinted (they size what it learns)")
+			"hint_ttl and hint_cache_size need tools.protect: unless_hinted or key.from: mcp_param (they size what it learns)")
 	}
 }
 

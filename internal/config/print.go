@@ -229,7 +229,7 @@ func unapplyKey(s *settings, p *policy.Policy, errs *errList) {
 		s.Key.Derive = pointerList(p.KeyDerive)
 	}
 	if p.KeyFrom(policy.KeyFromMCPParam) {
-		s.Key.Param = str(p.KeyParam)
+		s.Key.Param = str(p.KeyParam.String())
 	}
 	s.Key.Required = boolScalar(p.KeyRequired)
 	s.Key.MaxLength = intScalar(p.MaxKeyLength)

@@ -66,7 +66,7 @@ policies:
       json:
         - {pointer: /method, equals: tools/call}
         - {pointer: /a~1b, one_of: ['1', 'no', "it's"]}
-    key: {from: [mcp_param, body, derived], param: idempotency_key, pointer: /idempotency_key, derive: [/params/name, /params/arguments]}
+    key: {from: [mcp_param, body, derived], param: /params/arguments/payment/idempotency_key, pointer: /idempotency_key, derive: [/params/name, /params/arguments]}
     scope: {from: none}
     fingerprint: {json: true, headers: [X-B, x-a], include: [/params], exclude: [/params/_meta]}
     answers: jsonrpc

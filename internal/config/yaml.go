@@ -197,8 +197,8 @@ type keySettings struct {
 	Required  scalar `yaml:"required,omitempty"`
 	MaxLength scalar `yaml:"max_length,omitempty"`
 	WarnUntil scalar `yaml:"warn_until,omitempty"`
-	// From, Pointer and Derive draw the key from the body; Param from an
-	// MCP parameter's mirrored header.
+	// From, Pointer, Derive and Param draw the key from the body (Param:
+	// an MCP tool parameter, whose mirrored header is checked).
 	From    scalars `yaml:"from,omitempty"`
 	Pointer scalar  `yaml:"pointer,omitempty"`
 	Derive  scalars `yaml:"derive,omitempty"`

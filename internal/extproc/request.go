@@ -261,6 +261,7 @@ func (p *processor) deferToBody(ctx context.Context, hh *extprocv3.HttpHeaders, 
 		if v, ok := p.att.RuledOutByHeaders(ctx, pols, mcp); ok {
 			return p.render(ctx, v)
 		}
+		mcp.Params = mcpParams(hs, pols)
 	}
 	d := &bodyDecision{cands: make([]attempt.Candidate, 0, len(pols)), jsonrpc: first.Answers == policy.AnswersJSONRPC}
 	for _, pol := range pols {
@@ -273,9 +274,6 @@ func (p *processor) deferToBody(ctx context.Context, hh *extprocv3.HttpHeaders, 
 			if raw, ok := findHeader(hs, pol.KeyHeader); ok {
 				c.RawKey, c.KeyLines = raw, countHeader(hs, pol.KeyHeader)
 			}
-		}
-		if pol.KeyFrom(policy.KeyFromMCPParam) {
-			c.Param, c.HasParam = findHeader(hs, pol.MCPParamHeader())
 		}
 		d.cands = append(d.cands, c)
 	}

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 	"unicode/utf8"
 
 	"github.com/idem-extproc/idem-extproc/internal/fingerprint"
@@ -27,10 +26,13 @@ const (
 	// (key.derive), for clients that send no key at all; an identical
 	// retry within the retention is the same operation.
 	KeyFromDerived
-	// KeyFromMCPParam reads it from the Mcp-Param-{name} header in which
-	// an MCP 2026-07-28 client mirrors the tool parameter named KeyParam
-	// (Streamable HTTP, "Custom Headers from Tool Parameters"): a header,
-	// but only for a call whose tool asks for the mirror (x-mcp-header).
+	// KeyFromMCPParam reads it from the tool parameter KeyParam of a
+	// tools/call, whose value an MCP 2026-07-28 client mirrors in an
+	// Mcp-Param header when the tool marks the parameter with
+	// x-mcp-header (Streamable HTTP, "Custom Headers from Tool
+	// Parameters"). The key is the body's value; the header, when the
+	// upstream's tools/list says which it is, must agree with it
+	// (MCPParamMismatch).
 	KeyFromMCPParam
 )
 
@@ -118,29 +120,26 @@ type BodyKeyRules struct {
 	KeyPointer jsonpointer.Pointer
 	// KeyDerive are the members hashed into a KeyFromDerived key.
 	KeyDerive []jsonpointer.Pointer
-	// KeyParam is the tool parameter whose Mcp-Param-{name} header carries
-	// a KeyFromMCPParam key (MCPParamHeader), and KeyParamArgument the
-	// member of the call's body that must say the same
-	// (/params/arguments/{name}; SetKeyParam sets both).
-	KeyParam         string
-	KeyParamArgument jsonpointer.Pointer
-	keyParamHeader   string
+	// KeyParam is the tool parameter a KeyFromMCPParam key is read
+	// from: its pointer in a tools/call body, under /params/arguments
+	// (deeper for a nested parameter). Which Mcp-Param header mirrors it
+	// is the tool's to say, by an x-mcp-header mark in its input schema
+	// (MCPParamMismatch).
+	KeyParam jsonpointer.Pointer
 }
 
-// SetKeyParam sets KeyParam and the pointer to the argument it mirrors,
-// built once here rather than per request.
-func (r *BodyKeyRules) SetKeyParam(name string) error {
-	ptr, err := jsonpointer.Parse("/params/arguments/" + strings.NewReplacer("~", "~0", "/", "~1").Replace(name))
-	if err != nil {
-		return err
+// KeyParamPath is KeyParam's path of property names under the call's
+// arguments, as a tool's input schema nests them.
+func (r *BodyKeyRules) KeyParamPath() []string {
+	if r.KeyParam.Len() <= len(ArgumentsPointer.Tokens()) {
+		return nil
 	}
-	r.KeyParam, r.KeyParamArgument, r.keyParamHeader = name, ptr, "mcp-param-"+strings.ToLower(name)
-	return nil
+	return r.KeyParam.Tokens()[len(ArgumentsPointer.Tokens()):]
 }
 
-// MCPParamHeader is the header, in lower case as Envoy sends header names,
-// that mirrors the tool parameter KeyParam ("Mcp-Param-{name}").
-func (r *BodyKeyRules) MCPParamHeader() string { return r.keyParamHeader }
+// ArgumentsPointer is where a tools/call carries the tool's arguments
+// (schema.ts CallToolRequestParams.arguments); key.param lies under it.
+var ArgumentsPointer = mustPointer("/params/arguments")
 
 // KeyFrom reports whether src is one of the policy's key sources.
 func (p *Policy) KeyFrom(src KeySource) bool {

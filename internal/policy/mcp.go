@@ -4,7 +4,9 @@ import (
 	"encoding/base64"
 	"slices"
 	"strings"
+	"time"
 
+	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/jsonpointer"
 )
 
@@ -33,7 +35,15 @@ const (
 type MCPHeaders struct {
 	Version, Method, Name string
 	HasMethod, HasName    bool
+	// Params are its Mcp-Param-{Name} headers, names in lower case as
+	// Envoy sends them, for a policy whose key is a tool parameter
+	// (MCPParamMismatch); Envoy's header limits bound them.
+	Params []idem.Header
 }
+
+// MCPParamPrefix starts the name of every header a 2026-07-28 client
+// mirrors a marked tool parameter in, in lower case ("Mcp-Param-{Name}").
+const MCPParamPrefix = "mcp-param-"
 
 // Validated reports whether the request claims a revision whose servers
 // check these headers against the body.
@@ -165,4 +175,80 @@ func MCPHeaderMismatch(h MCPHeaders, body []byte) bool {
 	}
 	got, err := vs[0].Text()
 	return err == nil && got != name
+}
+
+// MCPParamMismatch says why a tools/call's Mcp-Param header for the
+// policy's key parameter (KeyParam) disagrees with its body, or "" when
+// it does not. Which header mirrors the parameter is the tool's to say:
+// the x-mcp-header mark on it in the input schema upstream last listed
+// (toolhints.Mark), not the parameter's name (modelcontextprotocol,
+// docs/specification/2026-07-28/basic/transports/streamable-http.mdx,
+// "Custom Headers from Tool Parameters"). With a mark known, "Server
+// Behavior for Custom Headers" has a server that processes the body
+// reject, 400 with HeaderMismatch: a header whose value, decoded, is not
+// the body's, or that holds characters "Value Encoding" does not allow;
+// and a header left out while the body has the value ("Client omits
+// header but value is in body | Non-conforming client | Server MUST
+// reject the request"), which only clients of that revision or later
+// must send, so only for them (h.Validated). A header for a parameter the
+// body lacks, or has as null, disagrees too: the client "MUST omit" it.
+// A tool not listed, or whose schema marks no such parameter, has no
+// header to check: the key is then the body's value all the same.
+func (p *Policy) MCPParamMismatch(h MCPHeaders, upstream string, body []byte, now time.Time) string {
+	if !p.KeyFrom(KeyFromMCPParam) || !p.LearnsTools() {
+		return ""
+	}
+	vs, err := FindInBody(body, toolNamePointer, p.KeyParam, methodPointer)
+	if err != nil || !vs[2].OneOf("tools/call") {
+		return "" // no tool call, or one refused as unreadable elsewhere
+	}
+	tool, err := vs[0].Text()
+	if err != nil {
+		return ""
+	}
+	hints, ok := p.Tools.Hints.Lookup(upstream, tool, now)
+	if !ok || hints.Header == "" {
+		return ""
+	}
+	name := MCPParamPrefix + strings.ToLower(hints.Header)
+	var sent []string
+	for _, hd := range h.Params {
+		if hd.Name == name {
+			sent = append(sent, hd.Value)
+		}
+	}
+	arg := vs[1]
+	present := arg.Found() && arg.Kind != jsonpointer.KindNull
+	switch {
+	case len(sent) == 0 && present && h.Validated():
+		return "no Mcp-Param-" + hints.Header + " header, though tool " + tool + " marks " + p.KeyParam.String() + " with x-mcp-header and the body has it"
+	case len(sent) == 0:
+		return ""
+	case len(sent) > 1:
+		return "Mcp-Param-" + hints.Header + " sent twice"
+	case !present:
+		return "an Mcp-Param-" + hints.Header + " header, though the body has no value at " + p.KeyParam.String()
+	}
+	v, ok := DecodeMCPValue(sent[0])
+	// Integers and booleans as written, not numerically as the "Server
+	// Validation" note advises: a key is a string.
+	want := string(arg.Raw)
+	if arg.Kind == jsonpointer.KindString {
+		want, _ = arg.Text()
+	}
+	if !ok || !headerSafe(sent[0]) || v != want {
+		return "the Mcp-Param-" + hints.Header + " header does not match the body's " + p.KeyParam.String()
+	}
+	return ""
+}
+
+// headerSafe reports whether v holds only what "Value Encoding" allows in
+// a header value: visible ASCII (0x21-0x7E), space and horizontal tab.
+func headerSafe(v string) bool {
+	for i := 0; i < len(v); i++ {
+		if c := v[i]; c != '\t' && (c < 0x20 || c > 0x7e) {
+			return false
+		}
+	}
+	return true
 }

@@ -42,27 +42,29 @@ type ToolRules struct {
 	// answers the server reads, on every tool the policy protects
 	// (ProtectsTool; toolhints.Advertise).
 	AdvertiseIdempotent bool
-	// Hints are the tools' annotations as this server learned them from
-	// the upstreams' tools/list results, for ToolsUnlessHinted; nil
-	// otherwise. Each server learns on its own.
+	// Hints are the tools' annotations, and the x-mcp-header mark on the
+	// key parameter (KeyParam), as this server learned them from the
+	// upstreams' tools/list results, for ToolsUnlessHinted and
+	// KeyFromMCPParam; nil otherwise. Each server learns on its own.
 	Hints *toolhints.Cache
 }
 
-// PrepareTools gives a ToolsUnlessHinted policy its own, empty cache of
-// annotations (ToolRules.Hints), sized as its rules say.
+// PrepareTools gives a ToolsUnlessHinted or KeyFromMCPParam policy its
+// own, empty cache of what tools/list says (ToolRules.Hints), sized as its
+// rules say.
 func (p *Policy) PrepareTools() {
-	if p.Tools.Protect != ToolsUnlessHinted {
-		p.Tools.Hints = nil
-		return
+	p.Tools.Hints = nil
+	if p.Tools.Protect == ToolsUnlessHinted || p.KeyFrom(KeyFromMCPParam) {
+		p.Tools.Hints = toolhints.New(p.Tools.HintCacheSize, p.Tools.HintTTL, p.KeyParamPath())
 	}
-	p.Tools.Hints = toolhints.New(p.Tools.HintCacheSize, p.Tools.HintTTL)
 }
 
-// LearnsTools reports whether the policy learns tools' annotations from
-// tools/list results.
-func (p *Policy) LearnsTools() bool {
-	return p.Tools.Protect == ToolsUnlessHinted && p.Tools.Hints != nil
-}
+// LearnsTools reports whether the policy learns from tools/list results.
+func (p *Policy) LearnsTools() bool { return p.Tools.Hints != nil }
+
+// hinted reports whether the policy protects tools by their annotations
+// and has learned them.
+func (p *Policy) hinted() bool { return p.Tools.Protect == ToolsUnlessHinted && p.LearnsTools() }
 
 var toolNamePointer = mustPointer("/params/name")
 
@@ -72,7 +74,7 @@ var toolNamePointer = mustPointer("/params/name")
 // ToolsUnlessHinted the policy does not protect it. False for every other
 // policy, and for a tool whose name is not a string.
 func (p *Policy) ToolHinted(upstream string, body []byte, now time.Time) bool {
-	if !p.LearnsTools() {
+	if !p.hinted() {
 		return false
 	}
 	vs, err := FindInBody(body, toolNamePointer)
@@ -134,7 +136,7 @@ func (p *Policy) ProtectsTool(upstream, name string, now time.Time) bool {
 			return false
 		}
 	}
-	if p.LearnsTools() {
+	if p.hinted() {
 		if h, ok := p.Tools.Hints.Lookup(upstream, name, now); ok && h.Harmless() {
 			return false
 		}

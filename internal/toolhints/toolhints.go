@@ -1,6 +1,7 @@
 // Package toolhints keeps what an MCP server last said of its tools'
 // behaviour: the readOnlyHint and idempotentHint annotations of the tools
-// its tools/list results named, per upstream, in a bounded in-memory
+// its tools/list results named, and the x-mcp-header that marks one chosen
+// parameter of their input schemas, per upstream, in a bounded in-memory
 // cache. A tool the cache does not hold (never listed, expired, evicted)
 // is one nothing is known of.
 //
@@ -27,6 +28,10 @@ import (
 // "idempotentHint … Default: false" (schema.ts ToolAnnotations).
 type Hints struct {
 	ReadOnly, Idempotent bool
+	// Header is the x-mcp-header the tool's inputSchema puts on the
+	// cache's parameter (New), "" when it marks none: a 2026-07-28 client
+	// mirrors that parameter's value in the Mcp-Param-{Header} header.
+	Header string
 }
 
 // Harmless reports whether the tool says a repeated call has no further
@@ -40,6 +45,7 @@ func (h Hints) Harmless() bool { return h.ReadOnly || h.Idempotent }
 type Cache struct {
 	max        int
 	defaultTTL time.Duration
+	param      []string
 
 	mu      sync.Mutex
 	entries map[entryKey]*list.Element
@@ -55,9 +61,11 @@ type entry struct {
 }
 
 // New returns a cache of at most max tools whose hints are kept for
-// defaultTTL when the list that named them gives no ttlMs.
-func New(max int, defaultTTL time.Duration) *Cache {
-	return &Cache{max: max, defaultTTL: defaultTTL, entries: map[entryKey]*list.Element{}, order: list.New()}
+// defaultTTL when the list that named them gives no ttlMs. param, when
+// not empty, is the path of property names under the tool's arguments
+// whose x-mcp-header mark each tool's Hints.Header records (Mark).
+func New(max int, defaultTTL time.Duration, param []string) *Cache {
+	return &Cache{max: max, defaultTTL: defaultTTL, param: param, entries: map[entryKey]*list.Element{}, order: list.New()}
 }
 
 // Max is the number of tools the cache holds at most.
@@ -95,6 +103,9 @@ func (c *Cache) Lookup(upstream, tool string, now time.Time) (Hints, bool) {
 type Tool struct {
 	Name  string
 	Hints Hints
+	// inputSchema is the tool's inputSchema as listed, read by Learn for
+	// the cache's parameter and not kept.
+	inputSchema json.RawMessage
 }
 
 // Learn records the tools of a tools/list result of upstream, read at
@@ -111,6 +122,9 @@ func (c *Cache) Learn(upstream string, tools []Tool, ttl time.Duration, now time
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, t := range tools {
+		if len(c.param) > 0 {
+			t.Hints.Header = Mark(t.inputSchema, c.param)
+		}
 		k := entryKey{upstream, t.Name}
 		if el, ok := c.entries[k]; ok {
 			e := el.Value.(*entry)
@@ -145,7 +159,8 @@ type Listing struct {
 type listResult struct {
 	Result *struct {
 		Tools []struct {
-			Name        *string `json:"name"`
+			Name        *string         `json:"name"`
+			InputSchema json.RawMessage `json:"inputSchema"`
 			Annotations struct {
 				ReadOnly   any `json:"readOnlyHint"`
 				Idempotent any `json:"idempotentHint"`
@@ -188,7 +203,7 @@ func parseMessage(msg []byte) (Listing, bool) {
 		}
 		ro, _ := t.Annotations.ReadOnly.(bool)
 		id, _ := t.Annotations.Idempotent.(bool)
-		out.Tools = append(out.Tools, Tool{Name: *t.Name, Hints: Hints{ReadOnly: ro, Idempotent: id}})
+		out.Tools = append(out.Tools, Tool{Name: *t.Name, Hints: Hints{ReadOnly: ro, Idempotent: id}, inputSchema: t.InputSchema})
 	}
 	if ms := r.Result.TTLMs; ms != nil && *ms >= 0 && *ms < float64(1<<62)/float64(time.Millisecond) {
 		out.TTL, out.HasTTL = time.Duration(*ms*float64(time.Millisecond)), true

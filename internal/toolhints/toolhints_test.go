@@ -15,7 +15,7 @@ func TestParseResponse(t *testing.T) {
 		`{"name":"i","annotations":{"idempotentHint":true,"readOnlyHint":false}},` +
 		`{"name":"s","annotations":{"readOnlyHint":"true"}},` +
 		`{"name":"n"},{"annotations":{"readOnlyHint":true}}]}}`
-	want := []Tool{{"r", Hints{ReadOnly: true}}, {"i", Hints{Idempotent: true}}, {"s", Hints{}}, {"n", Hints{}}}
+	want := []Tool{{Name: "r", Hints: Hints{ReadOnly: true}}, {Name: "i", Hints: Hints{Idempotent: true}}, {Name: "s", Hints: Hints{}}, {Name: "n", Hints: Hints{}}}
 	note := `{"jsonrpc":"2.0","method":"notifications/progress","params":{}}`
 	for name, c := range map[string]struct {
 		body string
@@ -31,7 +31,7 @@ func TestParseResponse(t *testing.T) {
 			t.Fatalf("%s: %v %+v", name, ok, l)
 		}
 		for i := range want {
-			if l.Tools[i] != want[i] {
+			if l.Tools[i].Name != want[i].Name || l.Tools[i].Hints != want[i].Hints {
 				t.Errorf("%s: tool %d is %+v, want %+v", name, i, l.Tools[i], want[i])
 			}
 		}
@@ -57,13 +57,13 @@ func TestParseResponse(t *testing.T) {
 // again refreshes its tools; upstreams do not share entries.
 func TestCacheBoundAndExpiry(t *testing.T) {
 	now := time.Unix(1000, 0)
-	c := New(2, time.Minute)
-	c.Learn("u", []Tool{{"a", Hints{ReadOnly: true}}, {"b", Hints{Idempotent: true}}}, time.Minute, now)
+	c := New(2, time.Minute, nil)
+	c.Learn("u", []Tool{{Name: "a", Hints: Hints{ReadOnly: true}}, {Name: "b", Hints: Hints{Idempotent: true}}}, time.Minute, now)
 	if _, ok := c.Lookup("v", "a", now); ok {
 		t.Fatal("another upstream's entry was found")
 	}
-	c.Learn("u", []Tool{{"a", Hints{ReadOnly: true}}}, time.Minute, now) // a is now the most recent
-	c.Learn("u", []Tool{{"c", Hints{}}}, time.Minute, now)
+	c.Learn("u", []Tool{{Name: "a", Hints: Hints{ReadOnly: true}}}, time.Minute, now) // a is now the most recent
+	c.Learn("u", []Tool{{Name: "c", Hints: Hints{}}}, time.Minute, now)
 	if _, ok := c.Lookup("u", "b", now); ok || c.Len() != 2 {
 		t.Fatalf("b was kept past the bound: len %d", c.Len())
 	}
@@ -73,7 +73,7 @@ func TestCacheBoundAndExpiry(t *testing.T) {
 	if _, ok := c.Lookup("u", "a", now.Add(time.Minute)); ok {
 		t.Fatal("a outlived its ttl")
 	}
-	if n := c.Learn("u", []Tool{{"d", Hints{}}}, 0, now); n != 0 {
+	if n := c.Learn("u", []Tool{{Name: "d", Hints: Hints{}}}, 0, now); n != 0 {
 		t.Fatal("a list with ttl 0 was learned")
 	}
 }

@@ -134,37 +134,3 @@ func BenchmarkMCPReadAtHeaders(b *testing.B) {
 		})
 	}
 }
-
-// TestMCPParamKey: a key read from the Mcp-Param-{name} header an MCP
-// 2026-07-28 client mirrors a tool parameter in (key.from: mcp_param); a
-// header that says another value than the call's argument is answered
-// HeaderMismatch before any effect, and a call without the header (a
-// client that has not listed the tools) falls to the body.
-func TestMCPParamKey(t *testing.T) {
-	doc := strings.Replace(mcpPolicies, `      from: [header, derived]
-      derive: [/params/name, /params/arguments]`, `      from: [mcp_param, body]
-      param: idempotency_key
-      pointer: /params/arguments/idempotency_key`, 1)
-	if doc == mcpPolicies {
-		t.Fatal("the policy was not rewritten")
-	}
-	env, up, _ := startMCP(t, doc)
-	hs := append(mcpHeaders("2026-07-28", "tools/call", "send_email"), "Mcp-Param-Idempotency_key", "op-1")
-	first := env.Post("/mcp", "", call("1", "send_email", `{"to":"a","idempotency_key":"op-1"}`), hs...)
-	retry := env.Post("/mcp", "", call("2", "send_email", `{"to":"a","idempotency_key":"op-1"}`), hs...)
-	if first.Status != 200 || retry.Header.Get("Idempotent-Replayed") != "true" || up.count("tools/call/send_email") != 1 {
-		t.Fatalf("first %d %s, retry %d %v %s, runs %d", first.Status, first.Body, retry.Status, retry.Header, retry.Body,
-			up.count("tools/call/send_email"))
-	}
-	// The header names another operation than the body: refused.
-	lie := append(mcpHeaders("2026-07-28", "tools/call", "send_email"), "Mcp-Param-Idempotency_key", "op-2")
-	r := env.Post("/mcp", "", call("3", "send_email", `{"to":"a","idempotency_key":"op-1"}`), lie...)
-	if id, code, _ := rpcErrorAt(t, r, http.StatusBadRequest); id != "3" || code != jsonrpc.CodeHeaderMismatch {
-		t.Fatalf("a lying Mcp-Param header: id %s code %d, want -32020", id, code)
-	}
-	// No header: the body's member is the key, the same operation.
-	plain := env.Post("/mcp", "", call("4", "send_email", `{"to":"a","idempotency_key":"op-1"}`), mcpHeaders("2026-07-28", "tools/call", "send_email")...)
-	if plain.Header.Get("Idempotent-Replayed") != "true" || up.count("tools/call/send_email") != 1 {
-		t.Fatalf("without the header: %d %v %s, runs %d", plain.Status, plain.Header, plain.Body, up.count("tools/call/send_email"))
-	}
-}
