@@ -135,8 +135,10 @@ func TestEncryptionSwitchedOnRefusesClearRecords(t *testing.T) {
 	}
 }
 
-// TestDamagedRecordsAre503: a completed record cut at any length, emptied,
-// or replaced by a value of another Redis type is never replayed and never
+// TestDamagedRecordsAre503: a completed record cut at any length (inside
+// its body too, where a record in the clear would otherwise replay a
+// shorter body as the whole one), emptied, grown by bytes appended, or
+// replaced by a value of another Redis type is never replayed and never
 // answered with a claim about the client's request (422
 // idempotency-key-reused): 503, under either failure mode.
 func TestDamagedRecordsAre503(t *testing.T) {
@@ -160,17 +162,13 @@ func TestDamagedRecordsAre503(t *testing.T) {
 			}
 			r.first(t, fp1).SettleStored(ctx, tc.resp)
 			whole := r.raw(t)
-			// A record in the clear carries no length of its body
-			// (docs/design.md §6.1): a cut in the body of one that is
-			// neither sealed nor compressed is a shorter body, replayed
-			// as such. Every cut before its body is refused.
-			cuts := len(whole)
-			if tc.name == "plain" {
-				cuts = len(whole) - len(small.Body)
-			}
-			for n := range cuts {
+			for n := range len(whole) {
 				r.put(t, whole[:n])
 				r.refused(t, fmt.Sprintf("cut to %d of %d bytes", n, len(whole)))
+			}
+			for _, tail := range []string{"\x00", "x", whole[len(whole)-1:], whole} {
+				r.put(t, whole+tail)
+				r.refused(t, fmt.Sprintf("%d bytes appended", len(tail)))
 			}
 			r.put(t, whole)
 			if res, err := r.attempt(r.conv).Decide(ctx, fp1); err != nil || res.Outcome != idem.Completed {
