@@ -15,8 +15,9 @@
 -- layout (completed_record, record.lib), which states its own length. That
 -- keeps a record with a 1 KiB body near 1.3 KiB of Redis memory where a
 -- hashtable would take twice that. The token is at offset 33 in every
--- layout, so a record written in an earlier layout ("d", "c") is
--- recognised as this token's all the same.
+-- layout (GETRANGE's end is inclusive, src/t_string.c getrangeCommand),
+-- so a record written in an earlier layout ("d", "c") is recognised as
+-- this token's all the same.
 -- Publishes on the channel KEYS[1] when a duplicate waits (field w; see
 -- watch.lua).
 
