@@ -2,6 +2,7 @@ package attempt
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"slices"
 	"testing"
@@ -69,8 +70,16 @@ func (r *redisRecords) refused(t *testing.T, what string) {
 }
 
 // flagsAt is the offset of the flags byte in a completed record of the
-// compact layout whose status is 200 to 16383 (a two-byte uvarint).
-const flagsAt = 59 + 2
+// sized layout whose status is 200 to 16383 (a two-byte uvarint).
+const flagsAt = 63 + 2
+
+// whole gives the sized record v the length it has, at offset 59, as
+// whoever can write to Redis and knows the layout would: what refuses it
+// then is not its shape.
+func whole(v []byte) string {
+	binary.BigEndian.PutUint32(v[59:63], uint32(len(v)))
+	return string(v)
+}
 
 // TestUnsealedRecordUnderEncryptionIsRefused: under a policy that
 // encrypts, a record whose sealed flag was cleared (its envelope then
@@ -87,14 +96,24 @@ func TestUnsealedRecordUnderEncryptionIsRefused(t *testing.T) {
 		t.Fatalf("flags %08b: not sealed", v[flagsAt])
 	}
 	v[flagsAt] &^= 2
-	r.put(t, string(v))
+	r.put(t, whole(v))
 	r.refused(t, "sealed flag cleared")
 
 	// A forged record in the clear, compressed or not.
-	for _, flags := range []byte{0, 4} {
-		v[flagsAt] = flags
-		r.put(t, string(v[:flagsAt+1])+"\x00forged")
+	forged := func(flags byte) string {
+		f := append(v[:flagsAt:flagsAt], flags)
+		return whole(append(f, "\x00forged"...))
+	}
+	for _, flags := range []byte{4, 0} {
+		r.put(t, forged(flags))
 		r.refused(t, fmt.Sprintf("forged in the clear, flags %08b", flags))
+	}
+	// The same forgery, uncompressed, replays under a policy that does not
+	// encrypt: encryption is what refused it.
+	r.pol.Encrypt = false
+	res, err := r.attempt(r.conv).Decide(context.Background(), fp1)
+	if err != nil || res.Outcome != idem.Completed || string(res.Response.Body) != "forged" {
+		t.Fatalf("forged record without encryption: %v %v", res.Outcome, err)
 	}
 }
 
@@ -135,8 +154,10 @@ func TestEncryptionSwitchedOnRefusesClearRecords(t *testing.T) {
 	}
 }
 
-// TestDamagedRecordsAre503: a completed record cut at any length, emptied,
-// or replaced by a value of another Redis type is never replayed and never
+// TestDamagedRecordsAre503: a completed record cut at any length (inside
+// its body too, where a record in the clear would otherwise replay a
+// shorter body as the whole one), emptied, grown by bytes appended, or
+// replaced by a value of another Redis type is never replayed and never
 // answered with a claim about the client's request (422
 // idempotency-key-reused): 503, under either failure mode.
 func TestDamagedRecordsAre503(t *testing.T) {
@@ -160,17 +181,13 @@ func TestDamagedRecordsAre503(t *testing.T) {
 			}
 			r.first(t, fp1).SettleStored(ctx, tc.resp)
 			whole := r.raw(t)
-			// A record in the clear carries no length of its body
-			// (docs/design.md §6.1): a cut in the body of one that is
-			// neither sealed nor compressed is a shorter body, replayed
-			// as such. Every cut before its body is refused.
-			cuts := len(whole)
-			if tc.name == "plain" {
-				cuts = len(whole) - len(small.Body)
-			}
-			for n := range cuts {
+			for n := range len(whole) {
 				r.put(t, whole[:n])
 				r.refused(t, fmt.Sprintf("cut to %d of %d bytes", n, len(whole)))
+			}
+			for _, tail := range []string{"\x00", "x", whole[len(whole)-1:], whole} {
+				r.put(t, whole+tail)
+				r.refused(t, fmt.Sprintf("%d bytes appended", len(tail)))
 			}
 			r.put(t, whole)
 			if res, err := r.attempt(r.conv).Decide(ctx, fp1); err != nil || res.Outcome != idem.Completed {

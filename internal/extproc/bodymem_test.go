@@ -173,6 +173,16 @@ type bodyCase struct {
 	size, chunk int
 }
 
+// headersBefore are the messages before the body: the request headers,
+// and for a response body the response headers too (the request has
+// none).
+func headersBefore(c bodyCase, key string) []*extprocv3.ProcessingRequest {
+	if c.response {
+		return []*extprocv3.ProcessingRequest{withModes(reqH(true, key), c.mode, c.mode), respH(false)}
+	}
+	return []*extprocv3.ProcessingRequest{withModes(reqH(false, key), c.mode, c.mode)}
+}
+
 // perByte sends one protected request with the case's body, reads every
 // reply, and returns the peak live heap it cost, per body byte.
 func (h *heldHeap) perByte(tb testing.TB, c bodyCase, key string) float64 {
@@ -181,22 +191,15 @@ func (h *heldHeap) perByte(tb testing.TB, c bodyCase, key string) float64 {
 		c.chunk = c.size
 	}
 	chunks := (c.size + c.chunk - 1) / c.chunk
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	// Before the body: the request headers, and for a response body the
-	// response headers (the request has none).
-	before := []*extprocv3.ProcessingRequest{withModes(reqH(false, key), c.mode, c.mode)}
-	if c.response {
-		before = []*extprocv3.ProcessingRequest{withModes(reqH(true, key), c.mode, c.mode), respH(false)}
-	}
+	before := len(headersBefore(c, key))
 	h.peak.Store(0)
-	h.probeAt.Store(int64(len(before) + chunks))
+	h.probeAt.Store(int64(before + chunks))
 	// Before the last chunk is read the client has the replies to the
 	// headers and, in STREAMED, to each earlier chunk; in
 	// FULL_DUPLEX_STREAMED the request headers reply is withheld with the
 	// request body until the reservation.
 	h.replies.Store(0)
-	want := len(before)
+	want := before
 	switch {
 	case c.mode == procmodev3.ProcessingMode_STREAMED:
 		want += chunks - 1
@@ -206,7 +209,33 @@ func (h *heldHeap) perByte(tb testing.TB, c bodyCase, key string) float64 {
 	h.wantReplies.Store(int64(want))
 	h.atReserve.Store(!c.response)
 	base := liveHeap()
-	st, err := extprocv3.NewExternalProcessorClient(h.cc).Process(ctx)
+	// One chunk's bytes sent again and again: the client keeps no more of
+	// the body than that in this process's heap.
+	buf := make([]byte, c.chunk)
+	for i := range buf {
+		buf[i] = 'a' + byte(i%26)
+	}
+	sendBody(tb, h.cc, c, key, buf, &h.replies)
+	peak := h.peak.Load()
+	if peak == 0 {
+		tb.Fatal("the server reached neither the last chunk nor the reservation")
+	}
+	return float64(int64(peak)-int64(base)) / float64(c.size)
+}
+
+// sendBody runs one protected request on cc as Envoy sends it in the
+// case's mode (BUFFERED: the body in one message), with its body cut into
+// the case's chunks, and reads every reply, counting them in replies,
+// until the server ends the stream. The body is src, or when src is
+// shorter than the case's size, src's first bytes again for every chunk.
+func sendBody(tb testing.TB, cc *grpc.ClientConn, c bodyCase, key string, src []byte, replies *atomic.Int64) {
+	tb.Helper()
+	if c.mode == procmodev3.ProcessingMode_BUFFERED {
+		c.chunk = c.size
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	st, err := extprocv3.NewExternalProcessorClient(cc).Process(ctx)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -216,9 +245,10 @@ func (h *heldHeap) perByte(tb testing.TB, c bodyCase, key string) float64 {
 			if _, err := st.Recv(); err != nil {
 				return
 			}
-			h.replies.Add(1)
+			replies.Add(1)
 		}
 	})
+	before := headersBefore(c, key)
 	for _, m := range before {
 		if err := st.Send(m); err != nil {
 			tb.Fatal(err)
@@ -226,16 +256,16 @@ func (h *heldHeap) perByte(tb testing.TB, c bodyCase, key string) float64 {
 	}
 	// A response comes once the request was answered, as from Envoy: no
 	// part of it waits on the client's side while the key is reserved.
-	for c.response && h.replies.Load() < int64(len(before)) && ctx.Err() == nil {
+	for c.response && replies.Load() < int64(len(before)) && ctx.Err() == nil {
 		time.Sleep(time.Millisecond)
-	}
-	buf := make([]byte, c.chunk)
-	for i := range buf {
-		buf[i] = 'a' + byte(i%26)
 	}
 	for sent := 0; sent < c.size; sent += c.chunk {
 		n := min(c.chunk, c.size-sent)
-		body := &extprocv3.HttpBody{Body: buf[:n], EndOfStream: sent+n == c.size}
+		chunk := src[:n]
+		if len(src) >= c.size {
+			chunk = src[sent : sent+n]
+		}
+		body := &extprocv3.HttpBody{Body: chunk, EndOfStream: sent+n == c.size}
 		m := &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: body}}
 		if c.response {
 			m.Request = &extprocv3.ProcessingRequest_ResponseBody{ResponseBody: body}
@@ -246,11 +276,6 @@ func (h *heldHeap) perByte(tb testing.TB, c bodyCase, key string) float64 {
 	}
 	_ = st.CloseSend()
 	wg.Wait()
-	peak := h.peak.Load()
-	if peak == 0 {
-		tb.Fatal("the server reached neither the last chunk nor the reservation")
-	}
-	return float64(int64(peak)-int64(base)) / float64(c.size)
 }
 
 var bodyModes = []procmodev3.ProcessingMode_BodySendMode{

@@ -171,19 +171,33 @@ func decodeResponse[T ~string | ~[]byte](b T) (*idem.Response, error) {
 // starts with a fixed-width head the Lua scripts read and update by
 // offset, then the response head (encodeResponseHead) and the body. Its
 // first byte names the layout of that head. Every record is written in the
-// compact layout:
+// sized layout:
 //
-//	offset  0     "d"
+//	offset  0     "e"
 //	offset  1     fingerprint, 32 bytes
 //	offset 33     token, 16 bytes
 //	offset 49     attempts, 4 bytes big-endian unsigned (SETRANGE-d on
 //	              each replay; it stops at 2^32-1 rather than wrap)
 //	offset 53     created, Unix ms, 6 bytes big-endian unsigned (to the
 //	              year 10889)
+//	offset 59     the whole string's length, 4 bytes big-endian unsigned
+//	offset 63     the response
+//
+// The body carries no length of its own, so without the string's length a
+// record cut inside the body of a response neither sealed nor compressed
+// would read as a shorter whole one; with it, a record cut or grown
+// anywhere is damaged (record.lib checks it before reading anything else,
+// completedHeadLen again).
+//
+// Records written before it are still read, replayed and counted in their
+// own layout until their retention ends, without that check: the compact
+// layout, the same head less the length,
+//
+//	offset  0     "d"
+//	offset  1..58 as in the sized layout
 //	offset 59     the response
 //
-// Records written before it, in the decimal layout, are still read,
-// replayed and counted in their own layout until their retention ends:
+// and, before it, the decimal layout:
 //
 //	offset  0     "c"
 //	offset  1     fingerprint, 32 bytes
@@ -192,22 +206,28 @@ func decodeResponse[T ~string | ~[]byte](b T) (*idem.Response, error) {
 //	offset 59     created, Unix ms, 15 decimal digits
 //	offset 74     the response
 //
-// The compact head is 15 bytes shorter. The scripts read and write its
-// numbers with the struct library Redis loads into every script's Lua
-// (src/script_lua.c, luaLoadLibraries; deps/lua/src/lua_struct.c), whose
-// integer sizes are powers of two: created is packed as ">I2I4", its high
-// 16 and low 32 bits.
+// The scripts read and write the binary numbers with the struct library
+// Redis loads into every script's Lua (src/script_lua.c, luaLoadLibraries;
+// deps/lua/src/lua_struct.c), whose integer sizes are powers of two:
+// created is packed as ">I2I4", its high 16 and low 32 bits.
 //
 // In-flight and unknown records stay small hashes (see reserve.lua).
 const (
+	layoutSized   = 'e'
 	layoutCompact = 'd'
 	layoutDecimal = 'c'
 
 	recordFPAt      = 1
 	recordTokenAt   = 33
-	recordAttemptAt = 49 // in both layouts
+	recordAttemptAt = 49 // in every layout
 
-	// compactHeadLen is the length of the compact layout's fixed head.
+	// sizedHeadLen is the length of the sized layout's fixed head, whose
+	// last 4 bytes (at sizedLenAt) are the whole string's length.
+	sizedHeadLen = 63
+	sizedLenAt   = 59
+
+	// compactHeadLen is the length of the compact layout's fixed head;
+	// the sized layout's starts the same.
 	compactHeadLen   = 59
 	compactCreatedAt = 53
 
@@ -217,9 +237,15 @@ const (
 )
 
 // completedHeadLen is the length of the fixed head of the completed
-// record v, by its layout, or 0 when v is not one.
+// record v, by its layout, or 0 when v is not one: a sized record whose
+// length is not the one its head states is none.
 func completedHeadLen(v string) int {
 	switch {
+	case len(v) >= sizedHeadLen && v[0] == layoutSized:
+		if bigEndian(v[sizedLenAt:sizedHeadLen]) != uint64(len(v)) {
+			return 0
+		}
+		return sizedHeadLen
 	case len(v) >= compactHeadLen && v[0] == layoutCompact:
 		return compactHeadLen
 	case len(v) >= decimalHeadLen && v[0] == layoutDecimal:
@@ -228,7 +254,7 @@ func completedHeadLen(v string) int {
 	return 0
 }
 
-// parseCompleted decodes a completed record's string, in either layout.
+// parseCompleted decodes a completed record's string, in any layout.
 func parseCompleted(v string) (idem.Record, error) {
 	var rec idem.Record
 	n := completedHeadLen(v)
@@ -238,7 +264,7 @@ func parseCompleted(v string) (idem.Record, error) {
 	rec.State = idem.StateCompleted
 	copy(rec.Fingerprint[:], v[recordFPAt:recordTokenAt])
 	copy(rec.Token[:], v[recordTokenAt:recordAttemptAt])
-	if n == compactHeadLen {
+	if n != decimalHeadLen {
 		rec.Attempts = int(bigEndian(v[recordAttemptAt:compactCreatedAt]))
 		rec.CreatedAt = time.UnixMilli(int64(bigEndian(v[compactCreatedAt:compactHeadLen])))
 	} else {

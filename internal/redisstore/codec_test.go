@@ -1,6 +1,7 @@
 package redisstore
 
 import (
+	"encoding/binary"
 	"errors"
 	"strings"
 	"testing"
@@ -81,9 +82,10 @@ func TestDecodeResponseRejectsCorruption(t *testing.T) {
 
 // TestParseCompletedLayout pins the completed record's heads to the
 // offsets the Lua scripts read (string.sub and struct.unpack are 1-based:
-// fingerprint at 2..33, token 34..49; then in the compact layout attempts
-// 50..53 and created 54..59, in the decimal one attempts 50..59 and
-// created 60..74).
+// fingerprint at 2..33, token 34..49; then in the sized and compact
+// layouts attempts 50..53 and created 54..59, and in the sized one the
+// string's length 60..63; in the decimal one attempts 50..59 and created
+// 60..74).
 func TestParseCompletedLayout(t *testing.T) {
 	var fp idem.Fingerprint
 	var tok idem.Token
@@ -96,11 +98,12 @@ func TestParseCompletedLayout(t *testing.T) {
 	resp := idem.Response{Status: 201, Body: []byte("ok")}
 	enc := string(testEncodeResponse(&resp))
 	compact := "d" + string(fp[:]) + string(tok[:]) + "\x00\x00\x01\x07" + "\x01\x8b\xcf\xe5\x68\x7b" + enc
+	sized := "e" + compact[1:compactHeadLen] + string(binary.BigEndian.AppendUint32(nil, uint32(sizedHeadLen+len(enc)))) + enc
 	decimal := "c" + string(fp[:]) + string(tok[:]) + "0000000263" + "001700000000123" + enc
-	if len(compact) != compactHeadLen+len(enc) || len(decimal) != decimalHeadLen+len(enc) {
-		t.Fatalf("heads of %d and %d bytes", len(compact)-len(enc), len(decimal)-len(enc))
+	if len(sized) != sizedHeadLen+len(enc) || len(compact) != compactHeadLen+len(enc) || len(decimal) != decimalHeadLen+len(enc) {
+		t.Fatalf("heads of %d, %d and %d bytes", len(sized)-len(enc), len(compact)-len(enc), len(decimal)-len(enc))
 	}
-	for _, v := range []string{compact, decimal} {
+	for _, v := range []string{sized, compact, decimal} {
 		rec, err := parseCompleted(v)
 		if err != nil {
 			t.Fatal(err)
@@ -111,13 +114,17 @@ func TestParseCompletedLayout(t *testing.T) {
 		}
 	}
 	for name, bad := range map[string]string{
+		"sized, short":           sized[:sizedHeadLen-1],
+		"sized, cut in the body": sized[:len(sized)-1],
+		"sized, grown":           sized + "k",
+		"sized, head alone":      sized[:sizedHeadLen],
 		"compact, short":         compact[:compactHeadLen-1],
 		"compact, bad response":  compact[:compactHeadLen],
 		"decimal, short":         decimal[:decimalHeadLen-1],
 		"decimal, bad attempts":  decimal[:recordAttemptAt] + "00000000x7" + decimal[decimalCreatedAt:],
 		"decimal, bad created":   decimal[:decimalCreatedAt] + "0017000000x0123" + decimal[decimalHeadLen:],
 		"decimal, bad response":  decimal[:decimalHeadLen],
-		"unknown layout":         "e" + compact[1:],
+		"unknown layout":         "f" + sized[1:],
 		"in-flight state letter": "i" + decimal[1:],
 	} {
 		if _, err := parseCompleted(bad); err == nil {
@@ -127,16 +134,22 @@ func TestParseCompletedLayout(t *testing.T) {
 }
 
 // TestCompletedHeadLenByLayout: the response starts where the record's
-// own layout puts it, and a string of neither layout has none.
+// own layout puts it, and a string of no layout, or a sized one whose
+// length is not the one its head states, has none.
 func TestCompletedHeadLenByLayout(t *testing.T) {
 	for v, want := range map[string]int{
-		"d" + strings.Repeat("\x00", 58):  59,
-		"d" + strings.Repeat("\x00", 80):  59,
-		"c" + strings.Repeat("0", 73):     74,
-		"c" + strings.Repeat("0", 60):     0,
-		"d" + strings.Repeat("\x00", 57):  0,
-		"x" + strings.Repeat("\x00", 100): 0,
-		"":                                0,
+		"e" + strings.Repeat("\x00", 61) + "\x3f":       63,
+		"e" + strings.Repeat("\x00", 61) + "\x40" + "x": 63,
+		"e" + strings.Repeat("\x00", 61) + "\x40":       0,
+		"e" + strings.Repeat("\x00", 61) + "\x3e" + "x": 0,
+		"e" + strings.Repeat("\x00", 60):                0,
+		"d" + strings.Repeat("\x00", 58):                59,
+		"d" + strings.Repeat("\x00", 80):                59,
+		"c" + strings.Repeat("0", 73):                   74,
+		"c" + strings.Repeat("0", 60):                   0,
+		"d" + strings.Repeat("\x00", 57):                0,
+		"x" + strings.Repeat("\x00", 100):               0,
+		"":                                              0,
 	} {
 		if got := completedHeadLen(v); got != want {
 			t.Errorf("%q: head of %d bytes, want %d", v, got, want)

@@ -17,8 +17,9 @@ var updateGolden = flag.Bool("update-golden", false, "rewrite the testdata recor
 // goldenRecords are completed records as Redis holds them (the string
 // complete.lua writes), kept byte for byte in testdata: the first three
 // were written by the store before responses could be compressed, in the
-// layout with a decimal attempt count and creation time; the last in the
-// compact layout (codec.go). All must keep replaying whatever changes in
+// layout with a decimal attempt count and creation time; the fourth in
+// the compact layout, before records held their length; the last in the
+// sized layout (codec.go). All must keep replaying whatever changes in
 // the codec, and only the records of the layout written now (current) are
 // rewritten by -update-golden.
 var goldenRecords = []struct {
@@ -35,7 +36,10 @@ var goldenRecords = []struct {
 	{"testdata/completed-sealed.record", idem.Response{Status: 201, Body: []byte("\x02\x02k1-sealed-envelope"), Sealed: true}, false},
 	{"testdata/completed-compact.record", idem.Response{Status: 201, Headers: []idem.Header{
 		{Name: "content-type", Value: "application/json"}, {Name: "location", Value: "/v1/orders/ord_2"},
-	}, Body: []byte(`{"id":"ord_2","object":"order","amount":2500,"currency":"usd","status":"created"}`)}, true},
+	}, Body: []byte(`{"id":"ord_2","object":"order","amount":2500,"currency":"usd","status":"created"}`)}, false},
+	{"testdata/completed-sized.record", idem.Response{Status: 201, Headers: []idem.Header{
+		{Name: "content-type", Value: "application/json"}, {Name: "location", Value: "/v1/orders/ord_3"},
+	}, Body: []byte(`{"id":"ord_3","object":"order","amount":4200,"currency":"gbp","status":"created"}`)}, true},
 }
 
 var goldenFP = idem.Fingerprint{0xaa, 0xbb}

@@ -19,7 +19,7 @@ import (
 
 // TestRecordMemory holds Redis's own account (MEMORY USAGE) of one record to
 // what it measures: 200 bytes in flight, 1368 once completed with a 1 KiB
-// body, a string of the compact head's 59 bytes and the response (the
+// body, a string of the sized head's 63 bytes and the response (the
 // target is at most 1.5 KiB). A hash holding that body would be converted
 // to a hashtable and take about 2.1 KiB; the completed record is a string
 // for that reason (codec.go). The figures are Redis's allocator's sizes,
@@ -63,8 +63,8 @@ func TestRecordMemory(t *testing.T) {
 	if n := usage(); n > completedUsage {
 		t.Errorf("completed record, 1 KiB body: MEMORY USAGE %d bytes, want <= %d", n, completedUsage)
 	}
-	if n, want := rdb.StrLen(ctx, st.Key(id)).Val(), int64(59+len(redisstore.EncodeHead(&resp))+len(resp.Body)); n != want {
-		t.Errorf("completed record: %d bytes, want %d (the 59-byte head and the response)", n, want)
+	if n, want := rdb.StrLen(ctx, st.Key(id)).Val(), int64(63+len(redisstore.EncodeHead(&resp))+len(resp.Body)); n != want {
+		t.Errorf("completed record: %d bytes, want %d (the 63-byte head and the response)", n, want)
 	}
 	// A replay rewrites the attempt count in place, not the record.
 	if _, err := st.Reserve(ctx, idem.Reservation{ID: id, Fingerprint: fp, Token: idem.NewToken(),

@@ -11,11 +11,13 @@
 --
 -- Returns 1 when stored (or already stored by this token), 0 when no record
 -- exists, -1 when the token does not hold the record.
--- The in-flight hash becomes the completed record's string in the compact
--- layout (completed_record, record.lib). That keeps a record with a 1 KiB body near
--- 1.3 KiB of Redis memory where a hashtable would take twice that. The
--- token is at offset 33 in both layouts, so a record written in the
--- decimal layout before ("c") is recognised as this token's all the same.
+-- The in-flight hash becomes the completed record's string in the sized
+-- layout (completed_record, record.lib), which states its own length. That
+-- keeps a record with a 1 KiB body near 1.3 KiB of Redis memory where a
+-- hashtable would take twice that. The token is at offset 33 in every
+-- layout (GETRANGE's end is inclusive, src/t_string.c getrangeCommand),
+-- so a record written in an earlier layout ("d", "c") is recognised as
+-- this token's all the same.
 -- Publishes on the channel KEYS[1] when a duplicate waits (field w; see
 -- watch.lua).
 

@@ -31,8 +31,9 @@
 -- A moved tombstone is a hash: s m, h the region the key moved to, c
 -- created (ms).
 -- A completed record is a string (complete.lua; record.lib and codec.go
--- give its two layouts); a replay counts its attempt in the record's own
--- layout (replay_counts).
+-- give its layouts); one cut or grown is damaged before anything else of it
+-- is read (damaged_completed); a replay counts its attempt in the record's
+-- own layout (replay_counts).
 -- Turning a record unknown or taking it over publishes on KEYS[1] for
 -- those waiters.
 

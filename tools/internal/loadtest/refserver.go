@@ -309,11 +309,12 @@ func (c *floorCalls) reserve(ctx context.Context) (bool, int, []byte, error) {
 // completedLayout and completedHeadLen are the first byte and the fixed
 // head of a completed record in the layout redisstore's complete.lua
 // writes (internal/redisstore/codec.go): the floor reads only records its
-// own calls to that script wrote. TestSmoke's floor replays fail if the
-// layout moves without them.
+// own calls to that script wrote, whose length the script checked before
+// replying. TestSmoke's floor replays fail if the layout moves without
+// them.
 const (
-	completedLayout  = 'd'
-	completedHeadLen = 59
+	completedLayout  = 'e'
+	completedHeadLen = 63
 )
 
 func (c *floorCalls) complete(ctx context.Context, status int, body []byte) error {
