@@ -30,6 +30,7 @@ import (
 //     the request never goes on.
 //   - Wait: Envoy's timer for the message is extended for the wait, and
 //     the stream loop resumes the decision once that reply is sent.
+//   - SendHome: the request goes on to its home region's route (sendHome).
 //
 // Headers a verdict adds to the response are kept for the response
 // headers reply (withAddedHeaders); gRPC answers carry none.
@@ -57,6 +58,8 @@ func (p *processor) render(ctx context.Context, v attempt.Verdict) *extprocv3.Pr
 			return nil
 		}
 		return &extprocv3.ProcessingResponse{OverrideMessageTimeout: durationpb.New(v.Wait)}
+	case attempt.SendHome:
+		return p.sendHome(v.Home) // home.go
 	}
 	p.stage = stagePassThrough
 	p.rpc.drop() // the request never goes on
