@@ -55,6 +55,9 @@ type Config struct {
 	RegionIdleConns    int
 	RegionPingInterval time.Duration
 	RegionDefaultRTT   time.Duration
+	// RegionSendHome sends a request homed in another region there through
+	// Envoy (extproc.HomeHeader) instead of calling that region's store.
+	RegionSendHome bool
 	// EnvoyMaxMessageTimeout is the ext_proc filter's max_message_timeout:
 	// the longest Envoy extends a message's timer when asked.
 	EnvoyMaxMessageTimeout time.Duration
@@ -160,6 +163,7 @@ func defineFlags(fs *flag.FlagSet, cfg *Config, raw *rawFlags) {
 	fs.IntVar(&cfg.RegionIdleConns, "region-idle-conns", 8, "connections kept open to each other region's store (per node), so that a first write rarely pays a new connection's round trips")
 	fs.DurationVar(&cfg.RegionPingInterval, "region-ping-interval", 5*time.Second, "how often every region's store is pinged: keeps idle connections warm and updates idem_extproc_region_store_rtt_seconds")
 	fs.DurationVar(&cfg.RegionDefaultRTT, "region-default-rtt", 150*time.Millisecond, "round trip assumed for a region whose store does not answer at start, until a restart measures it; each call to another region's store gets --store-timeout plus three round trips")
+	fs.BoolVar(&cfg.RegionSendHome, "region-send-home", false, "send a request of an enforced policy whose scope is homed in another region to that region through Envoy (the x-idem-home header its routes match, and a cleared route cache), where that region's server reserves in its own store; Envoy needs a route per region (envoy/envoy-regions.yaml, docs/regions.md); needs --region")
 	fs.DurationVar(&cfg.EnvoyMaxMessageTimeout, "envoy-max-message-timeout", DefaultEnvoyMaxMessageTimeout, "the longest Envoy gives one message: the ext_proc filter's max_message_timeout (the shipped configs'), or its message_timeout if longer; the server never asks Envoy for more, since Envoy ignores a longer ask (docs/envoy.md): a wait_for_in_flight is shortened to fit, and a key whose home region's calls cannot fit is refused (idempotency-home-out-of-reach)")
 	fs.DurationVar(&cfg.DrainTimeout, "drain-timeout", 15*time.Second, "how long open streams may finish after SIGTERM/SIGINT")
 	fs.BoolVar(&cfg.AllowEvictingRedis, "allow-evicting-redis", false, "start even when a Redis primary's maxmemory-policy may evict records (anything but noeviction); they can then vanish and their retries run again")
@@ -313,6 +317,9 @@ func (c *Config) checkRegions(where func(string) string) []error {
 	if c.Region == "" {
 		if len(c.RegionRedis) > 0 {
 			errs = append(errs, fmt.Errorf("%s: needs --region, this server's own region", where("region-redis")))
+		}
+		if c.RegionSendHome {
+			errs = append(errs, fmt.Errorf("%s: needs --region, this server's own region", where("region-send-home")))
 		}
 		return errs
 	}
