@@ -82,10 +82,10 @@ type bedOptions struct {
 }
 
 type region struct {
-	name   string
-	redis  *redistest.Server
-	d      *daemon.Daemon
-	env    *harness.Env
+	name  string
+	redis *redistest.Server
+	d     *daemon.Daemon
+	env   *harness.Env
 	// peer is the front other regions send requests home to (sendHome):
 	// it keeps the home header, and has no route to another region.
 	peer   *harness.Env

@@ -157,4 +157,3 @@ func median(ds []time.Duration) time.Duration {
 	slices.Sort(s)
 	return s[len(s)/2].Round(time.Millisecond)
 }
-
