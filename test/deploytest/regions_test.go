@@ -1,0 +1,159 @@
+package deploytest
+
+import (
+	"errors"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
+
+	"github.com/idem-extproc/idem-extproc/internal/extproc"
+)
+
+// homeFront is what checkHomeRoutes reads of one connection manager.
+type homeFront struct {
+	listener string
+	rc       *routev3.RouteConfiguration
+	extProc  *extprocv3.ExternalProcessor
+	// homeRoutes are the routes matching extproc.HomeHeader, by name.
+	homeRoutes map[string]*routev3.Route
+	mtls       bool
+}
+
+// TestHomeRoutes: an Envoy configuration that sends requests home
+// (docs/regions.md, "Sending requests home") keeps the promises the
+// server's loop guard relies on, and fails with the file's listener named
+// otherwise:
+//
+//   - a connection manager with a route matching the home header lists the
+//     header in internal_only_headers, so that no client chooses that route
+//     or forges the mark (conn_manager_utility.cc cleanInternalHeaders runs
+//     before the filters and the route selection);
+//   - its ext_proc filter lets the server's reply clear the route cache
+//     (route_cache_action DEFAULT or CLEAR, and no
+//     disable_clear_route_cache: processor_state.cc
+//     DecodingProcessorState::clearRouteCache);
+//   - the connection manager that keeps the header (the one other regions
+//     send to) has no route matching it, so a request sent home is never
+//     sent on by Envoy either, and requires a client certificate, so only
+//     another region's Envoy can send it the mark;
+//   - a home route waits longer than the receiving front's protected routes
+//     with their ext_proc phases, so that the sending Envoy, not a client,
+//     sees how the attempt ended.
+func TestHomeRoutes(t *testing.T) {
+	found := false
+	for _, path := range envoyConfigFiles(t) {
+		cfg, err := checkEnvoyConfig(readFile(t, path))
+		if err != nil {
+			t.Fatalf("%s: %v", filepath.Base(path), err)
+		}
+		fronts := homeFronts(cfg)
+		if !slices.ContainsFunc(fronts, func(f homeFront) bool { return len(f.homeRoutes) > 0 }) {
+			continue
+		}
+		found = true
+		if err := checkHomeRoutes(fronts); err != nil {
+			t.Errorf("%s: %v", filepath.Base(path), err)
+		}
+	}
+	if !found {
+		t.Fatal("no shipped Envoy configuration sends requests home (envoy/envoy-regions.yaml)")
+	}
+}
+
+// homeFronts reads every connection manager with the ext_proc filter.
+func homeFronts(cfg *envoyConfig) []homeFront {
+	var out []homeFront
+	for _, l := range cfg.bootstrap.GetStaticResources().GetListeners() {
+		for _, fc := range l.GetFilterChains() {
+			for _, f := range fc.GetFilters() {
+				hcm, err := typedConfig[*hcmv3.HttpConnectionManager](f.GetTypedConfig())
+				if err != nil {
+					continue
+				}
+				front := homeFront{listener: l.GetName(), rc: hcm.GetRouteConfig(), homeRoutes: map[string]*routev3.Route{}, mtls: requiresClientCert(fc)}
+				for _, hf := range hcm.GetHttpFilters() {
+					if hf.GetName() == extProcFilterName {
+						front.extProc, _ = typedConfig[*extprocv3.ExternalProcessor](hf.GetTypedConfig())
+					}
+				}
+				for _, vh := range hcm.GetRouteConfig().GetVirtualHosts() {
+					for _, r := range vh.GetRoutes() {
+						for _, h := range r.GetMatch().GetHeaders() {
+							if strings.EqualFold(h.GetName(), extproc.HomeHeader) {
+								front.homeRoutes[r.GetName()] = r
+							}
+						}
+					}
+				}
+				out = append(out, front)
+			}
+		}
+	}
+	return out
+}
+
+// requiresClientCert reports whether a filter chain's TLS requires the
+// client's certificate.
+func requiresClientCert(fc *listenerv3.FilterChain) bool {
+	ts := fc.GetTransportSocket()
+	if ts == nil {
+		return false
+	}
+	d, err := typedConfig[*tlsv3.DownstreamTlsContext](ts.GetTypedConfig())
+	return err == nil && d.GetRequireClientCertificate().GetValue()
+}
+
+func checkHomeRoutes(fronts []homeFront) error {
+	var errs []error
+	fail := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	var homeTimeouts []time.Duration
+	var receivers []homeFront
+	for _, f := range fronts {
+		internal := slices.ContainsFunc(f.rc.GetInternalOnlyHeaders(), func(h string) bool { return strings.EqualFold(h, extproc.HomeHeader) })
+		switch {
+		case len(f.homeRoutes) > 0 && !internal:
+			fail("listener %s routes on %s but does not list it in internal_only_headers: a client could choose a region's route", f.listener, extproc.HomeHeader)
+		case len(f.homeRoutes) == 0 && !internal:
+			receivers = append(receivers, f)
+			if !f.mtls {
+				fail("listener %s keeps %s from its clients (the front other regions send home to) and requires no client certificate: anyone could forge the mark", f.listener, extproc.HomeHeader)
+			}
+		}
+		if len(f.homeRoutes) > 0 {
+			if a := f.extProc.GetRouteCacheAction(); a == extprocv3.ExternalProcessor_RETAIN || f.extProc.GetDisableClearRouteCache() {
+				fail("listener %s: the ext_proc filter keeps the route cache (route_cache_action %v, disable_clear_route_cache %v): the home routes are never selected",
+					f.listener, a, f.extProc.GetDisableClearRouteCache())
+			}
+			for _, r := range f.homeRoutes {
+				homeTimeouts = append(homeTimeouts, r.GetRoute().GetTimeout().AsDuration())
+			}
+		}
+	}
+	if len(receivers) == 0 {
+		fail("no listener keeps %s for the requests other regions send home", extproc.HomeHeader)
+	}
+	shortest := slices.Min(homeTimeouts)
+	for _, f := range receivers {
+		for _, vh := range f.rc.GetVirtualHosts() {
+			for _, r := range vh.GetRoutes() {
+				if disabled, _ := extProcDisabled(r.GetTypedPerFilterConfig()); disabled || r.GetRoute().GetTimeout() == nil {
+					continue
+				}
+				if life := maxProtectedLifetime(r.GetRoute().GetTimeout().AsDuration(), f.extProc); life >= shortest {
+					fail("listener %s route %s: its timeout with the ext_proc phases is %v, not under the home routes' %v: the sending Envoy would give up first",
+						f.listener, r.GetName(), life, shortest)
+				}
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
