@@ -3,6 +3,7 @@ package deploytest
 import (
 	"errors"
 	"fmt"
+	"path"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -14,6 +15,11 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
+	"google.golang.org/protobuf/encoding/protojson"
+	istioapi "istio.io/api/networking/v1alpha3"
+	istionetv1 "istio.io/client-go/pkg/apis/networking/v1"
+	istionetv1a3 "istio.io/client-go/pkg/apis/networking/v1alpha3"
+	"sigs.k8s.io/kustomize/kyaml/filesys"
 
 	"github.com/idem-extproc/idem-extproc/internal/extproc"
 )
@@ -156,4 +162,102 @@ func checkHomeRoutes(fronts []homeFront) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+func init() {
+	k8sDecoders["networking.istio.io/v1/ServiceEntry"] = func(j []byte) (any, error) {
+		o := &istionetv1.ServiceEntry{}
+		return o, decodeIstio(j, &o.TypeMeta, &o.ObjectMeta, &o.Spec)
+	}
+}
+
+// withComponent builds overlay with component added, in fsys, as a user's
+// kustomization would: resources the overlay, components the component.
+func withComponent(t *testing.T, fsys filesys.FileSystem, overlay, component string) []k8sObject {
+	t.Helper()
+	dir := path.Join(k8sDir, "with-"+component)
+	k := "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n" +
+		"resources:\n- ../overlays/" + overlay + "\ncomponents:\n- ../components/" + component + "\n"
+	if err := fsys.WriteFile("/"+dir+"/kustomization.yaml", []byte(k)); err != nil {
+		t.Fatal(err)
+	}
+	objs, err := buildObjects(fsys, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := checkServerObjects(objs); err != nil {
+		t.Fatal(err)
+	}
+	srv, err := findServer(objs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !srv.cfg.RegionSendHome || srv.cfg.Region == "" {
+		t.Errorf("the server does not send requests home (region %q, send home %v)", srv.cfg.Region, srv.cfg.RegionSendHome)
+	}
+	return objs
+}
+
+// TestRegionsIstioComponent: k8s/components/regions-istio, on the Istio
+// overlay, passes the overlay's checks and keeps TestHomeRoutes' promises
+// in Istio's terms: the public gateway port strips the home header
+// (a ROUTE_CONFIGURATION MERGE of internal_only_headers), the orders
+// VirtualService routes it to each other region before its write route,
+// and the port other regions send home to requires their client
+// certificates and has no route on the header.
+func TestRegionsIstioComponent(t *testing.T) {
+	objs := withComponent(t, loadK8s(t), "istio", "regions-istio")
+	if err := checkIstioObjects(objs); err != nil {
+		t.Fatal(err)
+	}
+	stripped := map[uint32]bool{}
+	for _, ef := range objectsOf[istionetv1a3.EnvoyFilter](objs) {
+		for _, cp := range ef.Spec.GetConfigPatches() {
+			if cp.GetApplyTo() != istioapi.EnvoyFilter_ROUTE_CONFIGURATION {
+				continue
+			}
+			b, _ := protojson.Marshal(cp.GetPatch().GetValue())
+			rc := &routev3.RouteConfiguration{}
+			if err := protojson.Unmarshal(b, rc); err == nil && slices.Contains(rc.GetInternalOnlyHeaders(), extproc.HomeHeader) {
+				stripped[cp.GetMatch().GetRouteConfiguration().GetPortNumber()] = true
+			}
+		}
+	}
+	servers := map[string]*istioapi.Server{} // gateway name -> its server
+	for _, gw := range objectsOf[istionetv1.Gateway](objs) {
+		for _, s := range gw.Spec.GetServers() {
+			servers[gw.Name] = s
+		}
+	}
+	for _, vs := range objectsOf[istionetv1.VirtualService](objs) {
+		homes, write := 0, -1
+		for i, r := range vs.Spec.GetHttp() {
+			for _, m := range r.GetMatch() {
+				if m.GetHeaders()[extproc.HomeHeader] != nil {
+					homes++
+					if write >= 0 {
+						t.Errorf("VirtualService %s: home route %s after the write route: never taken", vs.Name, r.GetName())
+					}
+				}
+			}
+			if len(r.GetMatch()) == 0 && write < 0 {
+				write = i
+			}
+		}
+		for _, g := range vs.Spec.GetGateways() {
+			s := servers[g]
+			if s == nil {
+				continue
+			}
+			switch port := s.GetPort().GetNumber(); {
+			case homes > 0 && !stripped[port]:
+				t.Errorf("VirtualService %s routes on %s at port %d, which does not strip it from clients", vs.Name, extproc.HomeHeader, port)
+			case homes == 0 && !stripped[port] && s.GetTls().GetMode() != istioapi.ServerTLSSettings_MUTUAL:
+				t.Errorf("gateway %s port %d keeps %s from clients without requiring their certificates", g, port, extproc.HomeHeader)
+			}
+		}
+		if vs.Name == "orders" && homes != 2 {
+			t.Errorf("VirtualService orders has %d home routes, want one per other region (2)", homes)
+		}
+	}
 }
