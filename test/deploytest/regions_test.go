@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	egv1a1 "github.com/envoyproxy/gateway/api/v1alpha1"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
@@ -19,6 +20,7 @@ import (
 	istioapi "istio.io/api/networking/v1alpha3"
 	istionetv1 "istio.io/client-go/pkg/apis/networking/v1"
 	istionetv1a3 "istio.io/client-go/pkg/apis/networking/v1alpha3"
+	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 
 	"github.com/idem-extproc/idem-extproc/internal/extproc"
@@ -259,5 +261,75 @@ func TestRegionsIstioComponent(t *testing.T) {
 		if vs.Name == "orders" && homes != 2 {
 			t.Errorf("VirtualService orders has %d home routes, want one per other region (2)", homes)
 		}
+	}
+}
+
+func init() {
+	k8sDecoders["gateway.envoyproxy.io/v1alpha1/Backend"] = strictAs[egv1a1.Backend]
+	k8sDecoders["gateway.networking.k8s.io/v1/Gateway"] = strictAs[gwv1.Gateway]
+}
+
+// TestRegionsEnvoyGatewayComponent: k8s/components/regions-envoy-gateway,
+// on the Envoy Gateway overlay, passes the overlay's checks and keeps
+// TestHomeRoutes' promises in Envoy Gateway's terms: the public Gateway
+// removes the home header from clients before routing (a
+// ClientTrafficPolicy's earlyRequestHeaders), the write route has a rule
+// per other region that outranks its write rule (the same methods, plus
+// the header), and eg-home, which keeps the header, requires client
+// certificates, has no rule on the header, and has the ext_proc filter.
+func TestRegionsEnvoyGatewayComponent(t *testing.T) {
+	objs := withComponent(t, loadK8s(t), "envoy-gateway", "regions-envoy-gateway")
+	if err := checkEnvoyGatewayObjects(objs); err != nil {
+		t.Fatal(err)
+	}
+	stripped, mtls := map[string]bool{}, map[string]bool{}
+	for _, ctp := range objectsOf[egv1a1.ClientTrafficPolicy](objs) {
+		for _, ref := range ctp.Spec.TargetRefs {
+			if h := ctp.Spec.Headers; h != nil && h.EarlyRequestHeaders != nil && slices.Contains(h.EarlyRequestHeaders.Remove, extproc.HomeHeader) {
+				stripped[string(ref.Name)] = true
+			}
+			if tls := ctp.Spec.TLS; tls != nil && tls.ClientValidation != nil && len(tls.ClientValidation.CACertificateRefs) > 0 && !tls.ClientValidation.Optional {
+				mtls[string(ref.Name)] = true
+			}
+		}
+	}
+	targeted := map[string]bool{}
+	for _, p := range objectsOf[egv1a1.EnvoyExtensionPolicy](objs) {
+		for _, ref := range p.Spec.TargetRefs {
+			targeted[string(ref.Name)] = true
+		}
+	}
+	homeRules := 0
+	for _, r := range objectsOf[gwv1.HTTPRoute](objs) {
+		for _, pr := range r.Spec.ParentRefs {
+			gw := string(pr.Name)
+			routes := 0
+			for _, rule := range r.Spec.Rules {
+				onHeader := false
+				for _, m := range rule.Matches {
+					if slices.ContainsFunc(m.Headers, func(h gwv1.HTTPHeaderMatch) bool { return strings.EqualFold(string(h.Name), extproc.HomeHeader) }) {
+						onHeader = true
+						if m.Method == nil {
+							t.Errorf("HTTPRoute %s: a home match without a method is outranked by the write rule's method matches", r.Name)
+						}
+					}
+				}
+				if onHeader {
+					routes++
+				}
+			}
+			homeRules += routes
+			switch {
+			case routes > 0 && !stripped[gw]:
+				t.Errorf("HTTPRoute %s routes on %s through Gateway %s, which does not remove it from clients", r.Name, extproc.HomeHeader, gw)
+			case routes == 0 && !stripped[gw] && !mtls[gw]:
+				t.Errorf("Gateway %s keeps %s from clients without requiring their certificates", gw, extproc.HomeHeader)
+			case routes == 0 && !stripped[gw] && !targeted[r.Name]:
+				t.Errorf("HTTPRoute %s takes requests sent home without the ext_proc filter", r.Name)
+			}
+		}
+	}
+	if homeRules != 2 {
+		t.Errorf("%d home rules, want one per other region (2)", homeRules)
 	}
 }
