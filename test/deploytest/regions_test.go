@@ -173,9 +173,14 @@ func init() {
 	}
 }
 
-// withComponent builds overlay with component added, in fsys, as a user's
-// kustomization would: resources the overlay, components the component.
-func withComponent(t *testing.T, fsys filesys.FileSystem, overlay, component string) []k8sObject {
+// regionsComponents are the components that send requests home, each with
+// the overlay it is written for; no overlay uses them.
+var regionsComponents = map[string]string{"regions-istio": "istio", "regions-envoy-gateway": "envoy-gateway"}
+
+// componentBuild writes, in fsys, a kustomization as a user's would be:
+// resources the overlay, components the component; it returns its
+// directory.
+func componentBuild(t *testing.T, fsys filesys.FileSystem, overlay, component string) string {
 	t.Helper()
 	dir := path.Join(k8sDir, "with-"+component)
 	k := "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n" +
@@ -183,7 +188,14 @@ func withComponent(t *testing.T, fsys filesys.FileSystem, overlay, component str
 	if err := fsys.WriteFile("/"+dir+"/kustomization.yaml", []byte(k)); err != nil {
 		t.Fatal(err)
 	}
-	objs, err := buildObjects(fsys, dir)
+	return dir
+}
+
+// withComponent builds overlay with component added (componentBuild) and
+// checks the server in it.
+func withComponent(t *testing.T, fsys filesys.FileSystem, overlay, component string) []k8sObject {
+	t.Helper()
+	objs, err := buildObjects(fsys, componentBuild(t, fsys, overlay, component))
 	if err != nil {
 		t.Fatal(err)
 	}
