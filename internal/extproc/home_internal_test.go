@@ -1,9 +1,12 @@
 package extproc
 
 import (
+	"context"
 	"testing"
 
 	procmodev3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+
+	"github.com/idem-extproc/idem-extproc/internal/attempt"
 )
 
 // TestSendHomeReplyPerPhase: a SendHome verdict is the home header and
@@ -14,7 +17,7 @@ import (
 func TestSendHomeReplyPerPhase(t *testing.T) {
 	for _, ph := range []phase{phaseRequestHeaders, phaseRequestBody} {
 		p := &processor{phase: ph}
-		resp := p.sendHome("us")
+		resp := p.render(context.Background(), attempt.Verdict{Kind: attempt.SendHome, Home: "us"})
 		cr := resp.GetRequestHeaders().GetResponse()
 		if ph == phaseRequestBody {
 			cr = resp.GetRequestBody().GetResponse()
@@ -31,7 +34,7 @@ func TestSendHomeReplyPerPhase(t *testing.T) {
 		}
 	}
 	p := &processor{phase: phaseRequestTrailers}
-	if ir := p.sendHome("us").GetImmediateResponse(); ir == nil || ir.GetStatus().GetCode() != 503 {
+	if ir := p.render(context.Background(), attempt.Verdict{Kind: attempt.SendHome, Home: "us"}).GetImmediateResponse(); ir == nil || ir.GetStatus().GetCode() != 503 {
 		t.Fatalf("trailers: %v, want an immediate 503", ir)
 	}
 }
