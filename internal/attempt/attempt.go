@@ -41,11 +41,12 @@ type Server struct {
 	// scope homed there. Without it, or for a policy without homes, every
 	// key lives in Store.
 	Homes HomeFinder
-	// SendHome sends a request of an enforced policy whose scope is homed
-	// in another region to that region through the proxy (a SendHome
+	// SendHome names the regions a request of an enforced policy whose
+	// scope is homed there is sent to through the proxy (a SendHome
 	// verdict), where its server reserves in its own store, instead of
-	// making the store calls across regions from here (route.go).
-	SendHome bool
+	// this server making the store calls across regions (route.go): those
+	// the proxy has a route for.
+	SendHome []string
 	// Sealer seals and opens the responses of policies with Encrypt; nil
 	// when the server has no key ring.
 	Sealer   idem.Sealer

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/policy"
@@ -39,7 +40,7 @@ func (a *Attempt) route(scope string) (string, error) {
 	case sent != "" && (!here || sent != home):
 		return "", fmt.Errorf("%w: a server of another region sent the request to region %q, and this server's map homes scope %q in %q",
 			ErrHomesDisagree, sent, scope, home)
-	case sent != "" || here || !a.srv.SendHome || !a.Routing.CanSend:
+	case sent != "" || here || !slices.Contains(a.srv.SendHome, home) || !a.Routing.CanSend:
 		return "", nil
 	}
 	return home, nil

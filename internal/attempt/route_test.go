@@ -42,7 +42,7 @@ func TestSendHome(t *testing.T) {
 		slug     string
 	}{
 		{"homed elsewhere: sent home", true, Routing{CanSend: true}, false, false, SendHome, ""},
-		{"without the option: decided here", false, Routing{CanSend: true}, false, false, Continue, ""},
+		{"without the option, or a region the proxy has no route for: decided here", false, Routing{CanSend: true}, false, false, Continue, ""},
 		{"a proxy that cannot route: decided here", true, Routing{}, false, false, Continue, ""},
 		{"a shadow policy is never moved", true, Routing{CanSend: true}, false, true, Continue, ""},
 		{"homed here: decided here", true, Routing{CanSend: true}, true, false, Continue, ""},
@@ -53,7 +53,11 @@ func TestSendHome(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			far := memstore.New(memstore.Options{})
 			finder := mapHome{farHome: farHome{far, 450 * time.Millisecond}, home: "home", here: c.here}
-			srv := &Server{Store: memstore.New(memstore.Options{}), Homes: finder, SendHome: c.sendHome, Observer: idem.NopObserver{},
+			var sendTo []string
+			if c.sendHome {
+				sendTo = []string{"home"}
+			}
+			srv := &Server{Store: memstore.New(memstore.Options{}), Homes: finder, SendHome: sendTo, Observer: idem.NopObserver{},
 				Log: slog.New(slog.DiscardHandler), StoreTimeout: 100 * time.Millisecond, SettleAtEndTimeout: time.Second}
 			p := policy.Default()
 			p.Homes = &policy.Homes{Epoch: 1, Default: "home"}

@@ -43,7 +43,11 @@ func homeFront(t *testing.T, sendHome, internal bool) (*envoysim.Filter, map[str
 		t.Fatal(err)
 	}
 	gs := grpc.NewServer()
-	extprocv3.RegisterExternalProcessorServer(gs, extproc.New(extproc.Config{Store: bare["eu"], Homes: r, SendHome: sendHome,
+	var sendTo []string
+	if sendHome {
+		sendTo = []string{"us"}
+	}
+	extprocv3.RegisterExternalProcessorServer(gs, extproc.New(extproc.Config{Store: bare["eu"], Homes: r, SendHome: sendTo,
 		MaxMessageTimeout: 2500 * time.Millisecond, Policies: func() *policy.Set { return set }}))
 	go func() { _ = gs.Serve(lis) }()
 	t.Cleanup(gs.Stop)

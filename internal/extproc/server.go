@@ -41,9 +41,9 @@ type Config struct {
 	// Homes finds the store of a scope homed in another region (package
 	// region); nil when every key lives in Store.
 	Homes attempt.HomeFinder
-	// SendHome sends a request homed in another region there through
-	// Envoy (attempt.Server.SendHome, HomeHeader).
-	SendHome bool
+	// SendHome names the regions a request homed there is sent to
+	// through Envoy (attempt.Server.SendHome, HomeHeader).
+	SendHome []string
 	// SettleAtEndTimeout bounds the store call that settles a record after its
 	// stream ended; it runs while no one waits, so it may be longer.
 	// DefaultSettleAtEndTimeout when zero.

@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -166,7 +167,7 @@ func (b *bed) start(name, homes string) {
 		args = append(args, "--region", name, "--region-redis", strings.Join(others, " "),
 			"--region-ping-interval", "200ms")
 		if b.opts.sendHome {
-			args = append(args, "--region-send-home")
+			args = append(args, "--region-send-home", strings.Join(slices.DeleteFunc(slices.Clone(regionNames), func(n string) bool { return n == name }), ","))
 		}
 	}
 	cfg, err := daemon.ParseConfig(args, func(string) string { return "" }, io.Discard)
