@@ -120,6 +120,14 @@ func requiresClientCert(fc *listenerv3.FilterChain) bool {
 	return err == nil && d.GetRequireClientCertificate().GetValue()
 }
 
+// refusesMarked reports whether a route matches only requests without the
+// home header.
+func refusesMarked(r *routev3.Route) bool {
+	return slices.ContainsFunc(r.GetMatch().GetHeaders(), func(h *routev3.HeaderMatcher) bool {
+		return strings.EqualFold(h.GetName(), extproc.HomeHeader) && h.GetPresentMatch() && h.GetInvertMatch()
+	})
+}
+
 func checkHomeRoutes(fronts []homeFront) error {
 	var errs []error
 	fail := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
@@ -137,6 +145,15 @@ func checkHomeRoutes(fronts []homeFront) error {
 			}
 		}
 		if len(f.homeRoutes) > 0 {
+			for _, vh := range f.rc.GetVirtualHosts() {
+				for _, r := range vh.GetRoutes() {
+					if disabled, _ := extProcDisabled(r.GetTypedPerFilterConfig()); disabled || f.homeRoutes[r.GetName()] != nil || refusesMarked(r) {
+						continue
+					}
+					fail("listener %s route %s takes a request marked with %s: one marked for a region without a home route would run here unprotected; match the header's absence (present_match, invert_match)",
+						f.listener, r.GetName(), extproc.HomeHeader)
+				}
+			}
 			if a := f.extProc.GetRouteCacheAction(); a == extprocv3.ExternalProcessor_RETAIN || f.extProc.GetDisableClearRouteCache() {
 				fail("listener %s: the ext_proc filter keeps the route cache (route_cache_action %v, disable_clear_route_cache %v): the home routes are never selected",
 					f.listener, a, f.extProc.GetDisableClearRouteCache())
@@ -206,7 +223,7 @@ func withComponent(t *testing.T, fsys filesys.FileSystem, overlay, component str
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !srv.cfg.RegionSendHome || srv.cfg.Region == "" {
+	if len(srv.cfg.RegionSendHome) == 0 || srv.cfg.Region == "" {
 		t.Errorf("the server does not send requests home (region %q, send home %v)", srv.cfg.Region, srv.cfg.RegionSendHome)
 	}
 	return objs
@@ -254,7 +271,7 @@ func TestRegionsIstioComponent(t *testing.T) {
 					}
 				}
 			}
-			if len(r.GetMatch()) == 0 && write < 0 {
+			if slices.ContainsFunc(r.GetMatch(), func(m *istioapi.HTTPMatchRequest) bool { return m.GetWithoutHeaders()[extproc.HomeHeader] != nil }) && write < 0 {
 				write = i
 			}
 		}
@@ -270,8 +287,8 @@ func TestRegionsIstioComponent(t *testing.T) {
 				t.Errorf("gateway %s port %d keeps %s from clients without requiring their certificates", g, port, extproc.HomeHeader)
 			}
 		}
-		if vs.Name == "orders" && homes != 2 {
-			t.Errorf("VirtualService orders has %d home routes, want one per other region (2)", homes)
+		if vs.Name == "orders" && (homes != 2 || write < 0) {
+			t.Errorf("VirtualService orders has %d home routes (want one per other region, 2), and its write route takes marked requests: %v", homes, write < 0)
 		}
 	}
 }
