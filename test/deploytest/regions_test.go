@@ -317,7 +317,7 @@ func TestRegionsEnvoyGatewayComponent(t *testing.T) {
 			if h := ctp.Spec.Headers; h != nil && h.EarlyRequestHeaders != nil && slices.Contains(h.EarlyRequestHeaders.Remove, extproc.HomeHeader) {
 				stripped[string(ref.Name)] = true
 			}
-			if tls := ctp.Spec.TLS; tls != nil && tls.ClientValidation != nil && len(tls.ClientValidation.CACertificateRefs) > 0 && !tls.ClientValidation.Optional {
+			if requiresClientCertEG(ctp.Spec.TLS) {
 				mtls[string(ref.Name)] = true
 			}
 		}
@@ -361,4 +361,20 @@ func TestRegionsEnvoyGatewayComponent(t *testing.T) {
 	if homeRules != 2 {
 		t.Errorf("%d home rules, want one per other region (2)", homeRules)
 	}
+}
+
+// requiresClientCertEG reports whether a ClientTrafficPolicy's TLS requires
+// and verifies the client's certificate: a CA to verify it against, and the
+// mode RequireAndVerify (the default when unset). The deprecated optional
+// flag must stay unset too.
+func requiresClientCertEG(tls *egv1a1.ClientTLSSettings) bool {
+	if tls == nil || tls.ClientValidation == nil || len(tls.ClientValidation.CACertificateRefs) == 0 {
+		return false
+	}
+	cv := tls.ClientValidation
+	//lint:ignore SA1019 the deprecated field must stay unset: it is what is checked.
+	if cv.Optional {
+		return false
+	}
+	return cv.Mode == nil || *cv.Mode == egv1a1.ClientValidationRequireAndVerify
 }
