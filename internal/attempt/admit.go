@@ -87,7 +87,11 @@ func (a *Attempt) Admit(scope, key string) *problem.Problem {
 	}
 	a.ID = idem.RecordIDFor(ns, scope, key)
 	if a.srv.Homes != nil && a.Policy.Homes != nil {
-		a.home = &home{store: a.srv.Homes.StoreFor(a.Policy, scope, key)}
+		// A request sent to its home asks no store here, not even to
+		// find out that its calls would not fit (StoreFor).
+		if a.sendTo, a.astray = a.route(scope); a.sendTo == "" && a.astray == nil {
+			a.home = &home{store: a.srv.Homes.StoreFor(a.Policy, scope, key)}
+		}
 	}
 	return nil
 }
@@ -144,13 +148,13 @@ func (a *Attempt) Key(ctx context.Context, raw string, lines int, now time.Time)
 }
 
 // Named is the verdict on naming the record of a Keyed request in scope
-// (Admit): Continue, or the refusal of a request without the principal its
-// policy scopes by.
+// (Admit): Continue, the refusal of a request without the principal its
+// policy scopes by, or where a homes map sends the request (routed).
 func (a *Attempt) Named(ctx context.Context, scope, key string) Verdict {
 	if prob := a.Admit(scope, key); prob != nil {
 		return a.Refuse(ctx, prob)
 	}
-	return verdictContinue
+	return a.routed(ctx)
 }
 
 // grace lets a request without a required key on during the policy's

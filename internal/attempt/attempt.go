@@ -41,6 +41,12 @@ type Server struct {
 	// scope homed there. Without it, or for a policy without homes, every
 	// key lives in Store.
 	Homes HomeFinder
+	// SendHome names the regions a request of an enforced policy whose
+	// scope is homed there is sent to through the proxy (a SendHome
+	// verdict), where its server reserves in its own store, instead of
+	// this server making the store calls across regions (route.go): those
+	// the proxy has a route for.
+	SendHome []string
 	// Sealer seals and opens the responses of policies with Encrypt; nil
 	// when the server has no key ring.
 	Sealer   idem.Sealer
@@ -91,6 +97,9 @@ type HomeFinder interface {
 	// its whole life. A home the finder cannot use gives a store whose
 	// calls fail.
 	StoreFor(p *policy.Policy, scope, key string) HomeStore
+	// HomeOf names the region whose store arbitrates the keys of scope
+	// under p now, and whether it is this server's own.
+	HomeOf(p *policy.Policy, scope string) (home string, here bool)
 }
 
 // HomeStore is the store of one attempt's record as a HomeFinder placed
@@ -153,12 +162,21 @@ type Attempt struct {
 	Number int
 	// RequestID is the request's x-request-id, for the log lines.
 	RequestID string
+	// Routing is what the proxy says of the request's way between
+	// regions (route.go); set before the record is named.
+	Routing Routing
 	// Started is when the attempt's stream began: its lines' latency.
 	Started time.Time
 
 	// home is where a homes map placed the record (Server.Homes); nil
-	// when it lives in Server.Store (recordStore, storeBudget).
+	// when it lives in Server.Store (recordStore, storeBudget), or when
+	// the request goes to another region (sendTo).
 	home *home
+	// sendTo is the home region Admit found the request is to be sent to
+	// (SendHome); astray refuses a request another region's server sent
+	// here that this server's map homes elsewhere (route.go).
+	sendTo string
+	astray error
 	// callID is the JSON-RPC id of the call a policy with answers: jsonrpc
 	// took at its body: a replay is that call's response (answer).
 	callID []byte

@@ -19,6 +19,8 @@ type farHome struct {
 
 func (f farHome) StoreFor(*policy.Policy, string, string) HomeStore { return budgeted{f.st, f.budget} }
 
+func (f farHome) HomeOf(*policy.Policy, string) (string, bool) { return "far", false }
+
 // budgeted is a store whose calls have a budget of their own.
 type budgeted struct {
 	idem.Store

@@ -29,6 +29,10 @@ const (
 	// Wait: the request waits, up to Verdict.Wait, for the attempt in
 	// flight; Await gives the verdict once the wait is over.
 	Wait
+	// SendHome: the proxy is to send the request to the region named
+	// Verdict.Home, whose server decides it; this server records nothing
+	// of it (Server.SendHome).
+	SendHome
 )
 
 // Verdict is one decision about a request.
@@ -47,6 +51,8 @@ type Verdict struct {
 	// Wait bounds a Wait: the time the proxy must give the request's
 	// current message (the wait plus two store calls).
 	Wait time.Duration
+	// Home is the region a SendHome sends the request to.
+	Home string
 }
 
 // ResponseHeader is a header a verdict adds to the response: appended to

@@ -55,6 +55,10 @@ type Config struct {
 	RegionIdleConns    int
 	RegionPingInterval time.Duration
 	RegionDefaultRTT   time.Duration
+	// RegionSendHome names the regions a request homed there is sent to
+	// through Envoy (extproc.HomeHeader) instead of this server calling
+	// their store: those Envoy has a home route for.
+	RegionSendHome regionNames
 	// EnvoyMaxMessageTimeout is the ext_proc filter's max_message_timeout:
 	// the longest Envoy extends a message's timer when asked.
 	EnvoyMaxMessageTimeout time.Duration
@@ -160,6 +164,7 @@ func defineFlags(fs *flag.FlagSet, cfg *Config, raw *rawFlags) {
 	fs.IntVar(&cfg.RegionIdleConns, "region-idle-conns", 8, "connections kept open to each other region's store (per node), so that a first write rarely pays a new connection's round trips")
 	fs.DurationVar(&cfg.RegionPingInterval, "region-ping-interval", 5*time.Second, "how often every region's store is pinged: keeps idle connections warm and updates idem_extproc_region_store_rtt_seconds")
 	fs.DurationVar(&cfg.RegionDefaultRTT, "region-default-rtt", 150*time.Millisecond, "round trip assumed for a region whose store does not answer at start, until a restart measures it; each call to another region's store gets --store-timeout plus three round trips")
+	fs.Var(&cfg.RegionSendHome, "region-send-home", "the regions Envoy has a home route for, separated by spaces or commas (the flag may be repeated): a request of an enforced policy whose scope is homed in one of them is sent there through Envoy (the x-idem-home header its routes match, and a cleared route cache), where that region's server reserves in its own store; empty: none (envoy/envoy-regions.yaml, docs/regions.md); each must be in --region-redis")
 	fs.DurationVar(&cfg.EnvoyMaxMessageTimeout, "envoy-max-message-timeout", DefaultEnvoyMaxMessageTimeout, "the longest Envoy gives one message: the ext_proc filter's max_message_timeout (the shipped configs'), or its message_timeout if longer; the server never asks Envoy for more, since Envoy ignores a longer ask (docs/envoy.md): a wait_for_in_flight is shortened to fit, and a key whose home region's calls cannot fit is refused (idempotency-home-out-of-reach)")
 	fs.DurationVar(&cfg.DrainTimeout, "drain-timeout", 15*time.Second, "how long open streams may finish after SIGTERM/SIGINT")
 	fs.BoolVar(&cfg.AllowEvictingRedis, "allow-evicting-redis", false, "start even when a Redis primary's maxmemory-policy may evict records (anything but noeviction); they can then vanish and their retries run again")
@@ -314,6 +319,9 @@ func (c *Config) checkRegions(where func(string) string) []error {
 		if len(c.RegionRedis) > 0 {
 			errs = append(errs, fmt.Errorf("%s: needs --region, this server's own region", where("region-redis")))
 		}
+		if len(c.RegionSendHome) > 0 {
+			errs = append(errs, fmt.Errorf("%s: needs --region, this server's own region", where("region-send-home")))
+		}
 		return errs
 	}
 	if !config.ValidRegion(c.Region) {
@@ -325,6 +333,11 @@ func (c *Config) checkRegions(where func(string) string) []error {
 			errs = append(errs, fmt.Errorf("%s: names this server's own region %q, whose store is --redis-url", where("region-redis"), name))
 		case !config.ValidRegion(name):
 			errs = append(errs, fmt.Errorf("%s: %q is not a region name", where("region-redis"), name))
+		}
+	}
+	for _, name := range c.RegionSendHome {
+		if _, ok := c.RegionRedis[name]; !ok {
+			errs = append(errs, fmt.Errorf("%s: %q is not a region of --region-redis", where("region-send-home"), name))
 		}
 	}
 	if c.RegionIdleConns < 0 {

@@ -23,12 +23,17 @@ func TestRegionFlagMistakes(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), `"bogus" is not name=redis-url`) {
 		t.Fatalf("bad pair: %v", err)
 	}
-	_, err = ParseConfig([]string{"--region-redis", "us=redis://a:1", "--store-timeout", "1h"},
+	_, err = ParseConfig([]string{"--region-redis", "us=redis://a:1", "--region-send-home", "us", "--store-timeout", "1h"},
 		func(string) string { return "" }, io.Discard)
-	for _, want := range []string{"--region-redis: needs --region", "--store-timeout: 1h0m0s is above 10s"} {
+	for _, want := range []string{"--region-redis: needs --region", "--region-send-home: needs --region", "--store-timeout: 1h0m0s is above 10s"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("missing %q in %v", want, err)
 		}
+	}
+	_, err = ParseConfig([]string{"--region", "eu", "--region-redis", "us=redis://a:1", "--region-send-home", "us,ap"},
+		func(string) string { return "" }, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), `--region-send-home: "ap" is not a region of --region-redis`) {
+		t.Errorf("a region to send home to without a store: %v", err)
 	}
 	_, err = ParseConfig([]string{"--region", "EU", "--region-redis", "EU=redis://a:1"},
 		func(string) string { return "" }, io.Discard)

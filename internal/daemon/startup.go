@@ -236,7 +236,7 @@ func (d *Daemon) serve(files startFiles, tp trace.TracerProvider) {
 		Config: extproc.Config{
 			Store: d.store, TracerProvider: tp, Policies: d.policies.Current, Logger: d.log,
 			StoreTimeout: d.cfg.StoreTimeout, MaxBufferedBytes: budget, Sealer: files.sealer,
-			Homes: d.homes(), MaxMessageTimeout: d.cfg.EnvoyMaxMessageTimeout,
+			Homes: d.homes(), SendHome: d.cfg.RegionSendHome, MaxMessageTimeout: d.cfg.EnvoyMaxMessageTimeout,
 		},
 		Metrics: d.metrics, MaxMessageSize: d.cfg.MaxMessageSize, Creds: files.creds, Keepalive: d.cfg.Keepalive,
 	})

@@ -30,6 +30,7 @@ import (
 //     the request never goes on.
 //   - Wait: Envoy's timer for the message is extended for the wait, and
 //     the stream loop resumes the decision once that reply is sent.
+//   - SendHome: the request goes on to its home region's route (homeReply).
 //
 // Headers a verdict adds to the response are kept for the response
 // headers reply (withAddedHeaders); gRPC answers carry none.
@@ -57,6 +58,12 @@ func (p *processor) render(ctx context.Context, v attempt.Verdict) *extprocv3.Pr
 			return nil
 		}
 		return &extprocv3.ProcessingResponse{OverrideMessageTimeout: durationpb.New(v.Wait)}
+	case attempt.SendHome:
+		p.stage = stagePassThrough // nothing is recorded here
+		if resp := homeReply(p.phase, v.Home); resp != nil {
+			return resp // home.go
+		}
+		return p.problemReply(homeUnreachable())
 	}
 	p.stage = stagePassThrough
 	p.rpc.drop() // the request never goes on

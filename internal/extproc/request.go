@@ -53,6 +53,7 @@ func (p *processor) onRequestHeaders(ctx context.Context, hh *extprocv3.HttpHead
 	hs := hh.GetHeaders()
 	t := requestTarget(hs, f.attrs, p.requestBodyMode)
 	p.method, p.path, p.att.RequestID = t.method, t.path, t.requestID
+	p.att.Routing = routingOf(t, p.requestBodyMode)
 	p.rpc.proxyless, p.rpc.call = t.proxyless, t.call
 	if fc := f.flow; fc != nil && fc.GetInitialWindowDownstreamToSidestream() > 0 {
 		p.rpc.flow, p.rpc.reqWindow = true, fc.GetInitialWindowDownstreamToSidestream()

@@ -41,6 +41,9 @@ type Config struct {
 	// Homes finds the store of a scope homed in another region (package
 	// region); nil when every key lives in Store.
 	Homes attempt.HomeFinder
+	// SendHome names the regions a request homed there is sent to
+	// through Envoy (attempt.Server.SendHome, HomeHeader).
+	SendHome []string
 	// SettleAtEndTimeout bounds the store call that settles a record after its
 	// stream ended; it runs while no one waits, so it may be longer.
 	// DefaultSettleAtEndTimeout when zero.
@@ -110,7 +113,7 @@ func New(cfg Config) *Server {
 	if s.env == nil {
 		s.env = nopEnvoyObserver{}
 	}
-	s.att = attempt.Server{Store: cfg.Store, Homes: cfg.Homes, Sealer: cfg.Sealer, Observer: s.obs, Log: log,
+	s.att = attempt.Server{Store: cfg.Store, Homes: cfg.Homes, SendHome: cfg.SendHome, Sealer: cfg.Sealer, Observer: s.obs, Log: log,
 		StoreTimeout: cfg.StoreTimeout, SettleAtEndTimeout: cfg.SettleAtEndTimeout, MaxMessageTimeout: cfg.MaxMessageTimeout}
 	if cfg.MaxBufferedBytes > 0 {
 		s.budget = &bodyBudget{limit: cfg.MaxBufferedBytes}

@@ -20,6 +20,7 @@ const (
 	DecisionRecordUnusable   Decision = "record_unusable"   // 503, whatever the failure mode: a stored record that is damaged, not sealed under a policy that encrypts, or does not open
 	DecisionFailOpen         Decision = "fail_open"         // store down, passed unprotected
 	DecisionShadowed         Decision = "shadowed"          // a shadow policy decided (ShadowDecision) and let the request on
+	DecisionSentHome         Decision = "sent_home"         // sent to its scope's home region, whose server decides (attempt.SendHome)
 
 	DecisionStored        Decision = "stored"         // the response completed the record
 	DecisionReleased      Decision = "released"       // the record was deleted for a retry

@@ -408,3 +408,17 @@ func TestMaxRTTIsWherePlansStopFitting(t *testing.T) {
 		}
 	}
 }
+
+// TestHomeOf names the scope's home under the map in force, and whether it
+// is the server's own region (attempt.HomeFinder.HomeOf).
+func TestHomeOf(t *testing.T) {
+	f := newFleet("eu", "us")
+	p := withHomes(&policy.Homes{Epoch: 1, Default: "eu", Rules: []policy.HomeRule{{Scopes: []string{"acme"}, Region: "us"}}})
+	eu := f.router(t, "eu")
+	if home, here := eu.HomeOf(p, "acme"); home != "us" || here {
+		t.Errorf("acme from eu: %q here %v, want us, not here", home, here)
+	}
+	if home, here := eu.HomeOf(p, "other"); home != "eu" || !here {
+		t.Errorf("other from eu: %q here %v, want eu, here", home, here)
+	}
+}

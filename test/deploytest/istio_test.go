@@ -123,6 +123,17 @@ func checkIstioObjects(objs []k8sObject) error {
 					continue
 				}
 				exempt[name] = true
+			case istioapi.EnvoyFilter_ROUTE_CONFIGURATION:
+				// A MERGE into the gateway's route configuration of a port
+				// (internal_only_headers, regions_test.go): decoded strictly.
+				rc := &routev3.RouteConfiguration{}
+				if err := (protojson.UnmarshalOptions{Resolver: envoyResolver}).Unmarshal(value, rc); err != nil {
+					fail("%s: %v", where, err)
+					continue
+				}
+				if cp.GetPatch().GetOperation() != istioapi.EnvoyFilter_Patch_MERGE || cp.GetMatch().GetRouteConfiguration().GetPortNumber() == 0 {
+					fail("%s: want a MERGE into the route configuration of one port", where)
+				}
 			default:
 				fail("%s: applyTo %s is not checked by these tests", where, cp.GetApplyTo())
 			}

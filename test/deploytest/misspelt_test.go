@@ -66,6 +66,14 @@ var misspellings = []mutation{
 	{file: "k8s/overlays/envoy-gateway/orders-httproutes.yaml", from: "timeouts:", to: "timeout:"},
 	{file: "k8s/overlays/envoy-gateway/clienttrafficpolicy.yaml", from: "bufferLimit:", to: "bufferlimit:"},
 	{file: "k8s/overlays/envoy-gateway/envoyproxy.yaml", from: "filterOrder:", to: "filterorder:"},
+	{file: "envoy/envoy-regions.yaml", from: "internal_only_headers:", to: "internal_only_header:"},
+	{file: "k8s/components/regions-istio/kustomization.yaml", from: "patches:", to: "patchs:"},
+	{file: "k8s/components/regions-istio/envoyfilter-regions.yaml", from: "workloadSelector:", to: "workloadSelecter:"},
+	{file: "k8s/components/regions-istio/orders-home.yaml", from: "credentialName:", to: "credentialNme:"},
+	{file: "k8s/components/regions-istio/regions.yaml", from: "resolution:", to: "resolutin:"},
+	{file: "k8s/components/regions-envoy-gateway/kustomization.yaml", from: "patches:", to: "patchs:"},
+	{file: "k8s/components/regions-envoy-gateway/backends.yaml", from: "caCertificateRefs:", to: "caCertificateRef:"},
+	{file: "k8s/components/regions-envoy-gateway/eg-home.yaml", from: "allowedRoutes:", to: "allowedRoute:"},
 }
 
 // TestMisspeltFieldFails plants each misspelling in a copy of its file and
@@ -184,8 +192,13 @@ func checkChangedFile(t *testing.T, file string, data []byte) error {
 			t.Fatal(err)
 		}
 		withTestImages(t, fsys) // after the change, which may be to a kustomization.yaml
+		dirs := kustomizationsWith(t, file)
+		if overlay, ok := regionsComponents[strings.Split(file, "/")[2]]; ok {
+			// No overlay uses it: it is built on the one it is for.
+			dirs = []string{componentBuild(t, fsys, overlay, strings.Split(file, "/")[2])}
+		}
 		// The first build that includes the file and fails is enough.
-		for _, dir := range kustomizationsWith(t, file) {
+		for _, dir := range dirs {
 			if err := checkKustomization(fsys, dir); err != nil {
 				return err
 			}

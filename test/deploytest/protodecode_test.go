@@ -35,6 +35,7 @@ var envoyTypes = []proto.Message{
 	&upstreamhttpv3.HttpProtocolOptions{},
 	&streamv3.StdoutAccessLog{},
 	&tlsv3.UpstreamTlsContext{},
+	&tlsv3.DownstreamTlsContext{},
 	// The Istio sidecar patch wraps ext_proc in a matcher that skips reads.
 	&matchingv3.ExtensionWithMatcher{},
 	&skipv3.SkipFilter{},

@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -75,13 +76,20 @@ type bedOptions struct {
 	// timers (the shipped configs': 300 ms and 2.5 s) instead of the
 	// harness's generous one.
 	messageTimeout, maxMessageTimeout time.Duration
+	// sendHome runs each daemon with --region-send-home, and each region
+	// with a second front, for requests other regions send home
+	// (sendhome_test.go).
+	sendHome bool
 }
 
 type region struct {
-	name   string
-	redis  *redistest.Server
-	d      *daemon.Daemon
-	env    *harness.Env
+	name  string
+	redis *redistest.Server
+	d     *daemon.Daemon
+	env   *harness.Env
+	// peer is the front other regions send requests home to (sendHome):
+	// it keeps the home header, and has no route to another region.
+	peer   *harness.Env
 	config string
 	logs   *harness.LogBuffer
 }
@@ -93,6 +101,10 @@ type bed struct {
 	// links[from][to] carries region from's calls to region to's store.
 	links map[string]map[string]*redistest.DelayLink
 	up    *harness.Upstream
+	// homeLinks carry requests sent home, from one region's front to
+	// another's peer front, over the same WAN (sendhome_test.go).
+	homeMu    sync.Mutex
+	homeLinks map[string]*redistest.DelayLink
 }
 
 func newBed(t testing.TB, opts bedOptions) *bed {
@@ -154,6 +166,9 @@ func (b *bed) start(name, homes string) {
 		}
 		args = append(args, "--region", name, "--region-redis", strings.Join(others, " "),
 			"--region-ping-interval", "200ms")
+		if b.opts.sendHome {
+			args = append(args, "--region-send-home", strings.Join(slices.DeleteFunc(slices.Clone(regionNames), func(n string) bool { return n == name }), ","))
+		}
 	}
 	cfg, err := daemon.ParseConfig(args, func(string) string { return "" }, io.Discard)
 	if err != nil {
@@ -175,8 +190,13 @@ func (b *bed) start(name, homes string) {
 			filter.MaxMessageTimeout = durationpb.New(b.opts.maxMessageTimeout)
 		}
 	}
-	r.env = harness.Start(t, harness.Options{ServerAddr: d.Addr(), Store: harness.OnRedis(r.redis),
-		UpstreamURL: b.up.URL(), ExpectProcessingErrors: true, Filter: filter})
+	front := harness.Options{ServerAddr: d.Addr(), Store: harness.OnRedis(r.redis),
+		UpstreamURL: b.up.URL(), ExpectProcessingErrors: true, Filter: filter}
+	if b.opts.sendHome {
+		r.peer = harness.Start(t, front)
+		front.FilterOptions = b.homeRoutes(name)
+	}
+	r.env = harness.Start(t, front)
 }
 
 // setHomes rewrites the homes section of the regions named and waits until

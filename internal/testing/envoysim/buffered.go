@@ -26,6 +26,7 @@ func (x *exchange) bufferedBody(ctx context.Context, headers []Header, body []by
 	if headers, local = x.mutate(headers, cr); local != nil {
 		return headers, body, local, nil
 	}
+	x.clearRouteCache(phase, cr)
 	m := cr.GetBodyMutation()
 	if checkLength && m != nil {
 		if cl, ok := Get(headers, "content-length"); ok {

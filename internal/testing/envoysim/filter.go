@@ -54,6 +54,15 @@ type Options struct {
 	// (ext_proc.cc Filter::closeGrpcStreamIfLastRespReceived, runtime
 	// envoy.reloadable_features.ext_proc_stream_close_optimization).
 	CloseStreamEarly bool
+	// Routes, when set, is the route configuration: the connection manager
+	// selects each request's route from them (its name replaces
+	// Request.RouteName), and a filter may clear the route so that the
+	// router selects it again from the mutated headers (routecache.go).
+	Routes []Route
+	// InternalOnlyHeaders is the route configuration's
+	// internal_only_headers: removed from every client not counted internal
+	// before the filters and the route selection (routecache.go).
+	InternalOnlyHeaders []string
 	// OnReply, when set, is told how long each message waited for its
 	// reply: from sending it to receiving the reply that answers it (a
 	// CONTINUE or an immediate response). It only observes; a load tool
@@ -118,6 +127,8 @@ type exchange struct {
 	respStatus    int
 	respDetails   string
 	respFlags     uint64
+	// routing is the request's route cache (routecache.go).
+	routing routing
 	// attempts is StreamInfo::attemptCount(): the router's attempts, 0
 	// before the first (router.go).
 	attempts int
@@ -140,7 +151,8 @@ var ErrSpurious = errors.New("spurious message")
 // downstream client receives along with a record of the conversation.
 func (f *Filter) Do(ctx context.Context, req *Request, up Upstream) *Result {
 	x := &exchange{f: f, req: req, res: &Result{}, mode: f.effectiveMode(req)}
-	x.reqHeaders = connectionManagerHeaders(req, f.opts)
+	x.reqHeaders = cleanInternalOnly(connectionManagerHeaders(req, f.opts), f.opts)
+	x.startRouting()
 	x.side.client = f.client
 	defer x.side.close()
 	resp, err := x.run(ctx, up)
@@ -282,6 +294,7 @@ func (x *exchange) requestHeaders(ctx context.Context, headers []Header, endOfSt
 			if headers, local = x.mutate(headers, reply.GetRequestHeaders().GetResponse()); local != nil {
 				return headers, local, nil
 			}
+			x.clearRouteCache(PhaseRequestHeaders, reply.GetRequestHeaders().GetResponse())
 		}
 	} else if stripCL && !x.complete {
 		headers = remove(headers, "content-length")
@@ -298,6 +311,10 @@ func (x *exchange) route(ctx context.Context, up Upstream, headers []Header, bod
 		Method: get(headers, ":method"), Path: get(headers, ":path"), Authority: get(headers, ":authority"),
 		Scheme: get(headers, ":scheme"), Headers: withoutPseudo(headers), Body: body, Trailers: trailers,
 		RouteName: req.RouteName, PeerCertificate: req.PeerCertificate, RemoteAddress: req.RemoteAddress,
+	}
+	up, found := x.routed(headers, up, upReq)
+	if !found {
+		return x.localReply(ctx, RouteNotFound)
 	}
 	x.res.UpstreamCalled, x.res.UpstreamRequest = true, upReq
 	start := time.Now()

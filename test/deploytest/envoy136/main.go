@@ -77,6 +77,7 @@ var anyTypes = []proto.Message{
 	&upstreamhttpv3.HttpProtocolOptions{},
 	&streamv3.StdoutAccessLog{},
 	&tlsv3.UpstreamTlsContext{},
+	&tlsv3.DownstreamTlsContext{},
 	&matchingv3.ExtensionWithMatcher{},
 	&skipv3.SkipFilter{},
 	&matcherv3.HttpRequestHeaderMatchInput{},
