@@ -3,8 +3,8 @@ package compress
 import (
 	"testing"
 
-	"github.com/idem-extproc/idem-extproc/internal/corpus"
 	"github.com/idem-extproc/idem-extproc/internal/idem"
+	"github.com/idem-extproc/idem-extproc/internal/testing/corpus"
 )
 
 // benchModes are the codecs measured: auto, zstd and s2 with the built-in

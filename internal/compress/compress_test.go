@@ -13,8 +13,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/idem-extproc/idem-extproc/internal/corpus"
 	"github.com/idem-extproc/idem-extproc/internal/idem"
+	"github.com/idem-extproc/idem-extproc/internal/testing/corpus"
 )
 
 var update = flag.Bool("update", false, "write the testdata/builtin-object*.frame fixtures that are missing (never rewrite one: records in stores are like it)")
