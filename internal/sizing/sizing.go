@@ -13,24 +13,14 @@ import (
 )
 
 // Class is a kind of answer the table has a column for, named as the
-// generator of the measured answers names it (TestClassesAreTheCorpus).
+// generator of the measured answers (internal/testing/corpus) names it.
 type Class string
 
-// The classes of answer.
-const (
-	// Object is one payment-intent-like object, about 1.2 KiB of JSON.
-	Object Class = "object"
-	// List is a paginated list of 14 objects, about 17 KiB.
-	List Class = "list"
-	// Error is an error body, about 280 bytes.
-	Error Class = "error"
-	// Mixed is objects mostly, lists of 1 to 50 items (up to about 64
-	// KiB), and errors.
-	Mixed Class = "mixed"
-)
-
-// Classes lists the classes in the table's order.
-var Classes = []Class{Object, List, Error, Mixed}
+// Classes lists the classes in the table's order, the generator's
+// (TestClassesAreTheCorpus): a 1.2 KiB payment-intent-like object, a
+// 17 KiB list of 14 of them, a 280-byte error body, and a mix of objects
+// mostly, lists of up to 64 KiB and errors.
+var Classes = []Class{"object", "list", "error", "mixed"}
 
 // Mode is how a policy stores its answers.
 type Mode string
@@ -54,10 +44,10 @@ var Modes = []Mode{Uncompressed, Auto, Zstd, S2, Trained}
 // figure, the key, keyspace and expiry entries and the allocator's size
 // classes included. docs/performance.md, "Memory per stored answer".
 var PerRecord = map[Class]map[Mode]float64{
-	Object: {Uncompressed: 1806, Auto: 1041, Zstd: 905, S2: 1040, Trained: 536},
-	List:   {Uncompressed: 20624, Auto: 4240, Zstd: 4240, S2: 6287, Trained: 3738},
-	Error:  {Uncompressed: 684, Auto: 492, Zstd: 474, S2: 492, Trained: 290},
-	Mixed:  {Uncompressed: 7667, Auto: 2044, Zstd: 1973, S2: 2546, Trained: 1574},
+	"object": {Uncompressed: 1806, Auto: 1041, Zstd: 905, S2: 1040, Trained: 536},
+	"list":   {Uncompressed: 20624, Auto: 4240, Zstd: 4240, S2: 6287, Trained: 3738},
+	"error":  {Uncompressed: 684, Auto: 492, Zstd: 474, S2: 492, Trained: 290},
+	"mixed":  {Uncompressed: 7667, Auto: 2044, Zstd: 1973, S2: 2546, Trained: 1574},
 }
 
 // sealOverhead is what sealing adds to a stored response: the envelope's

@@ -17,12 +17,12 @@ func TestEstimate(t *testing.T) {
 	p := policy.Default()
 	p.Retention = time.Hour
 	r := Estimate(p, 10)
-	if r.Mode != Auto || r.Records != 36000 || r.Bytes[Object] != 36000*PerRecord[Object][Auto] {
+	if r.Mode != Auto || r.Records != 36000 || r.Bytes["object"] != 36000*PerRecord["object"][Auto] {
 		t.Fatalf("builtin: %+v", r)
 	}
 	p.Compression.Dictionary = "orders.zdict"
 	p.Encrypt = true
-	if r := Estimate(p, 10); r.Mode != Trained || r.Bytes[List] != 36000*(PerRecord[List][Trained]+sealOverhead) {
+	if r := Estimate(p, 10); r.Mode != Trained || r.Bytes["list"] != 36000*(PerRecord["list"][Trained]+sealOverhead) {
 		t.Fatalf("trained, sealed: %+v", r)
 	}
 	p.Compression.Mode = compress.Off
