@@ -10,7 +10,7 @@ import (
 	"testing"
 
 	"github.com/idem-extproc/idem-extproc/internal/config"
-	"github.com/idem-extproc/idem-extproc/internal/corpus"
+	"github.com/idem-extproc/idem-extproc/internal/testing/corpus"
 )
 
 // TestCompressTrain: a dictionary trained from `curl -si`-like samples

@@ -15,7 +15,6 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/idem-extproc/idem-extproc/internal/config"
-	"github.com/idem-extproc/idem-extproc/internal/corpus"
 	"github.com/idem-extproc/idem-extproc/internal/sizing"
 )
 
@@ -183,10 +182,10 @@ default_policy: {enabled: false}
 	payments := 100 * 72 * 3600.0 // records
 	orders := 2000 * 24 * 3600.0
 	for _, want := range []string{
-		"payments  uncompressed  72h  100  25920000  " + sizing.Human(payments*sizing.PerRecord[corpus.Object][sizing.Uncompressed]),
-		"orders  auto  24h  2000  172800000  " + sizing.Human(orders*sizing.PerRecord[corpus.Object][sizing.Auto]),
-		"total  198720000  " + sizing.Human(payments*sizing.PerRecord[corpus.Object][sizing.Uncompressed]+
-			orders*sizing.PerRecord[corpus.Object][sizing.Auto]),
+		"payments  uncompressed  72h  100  25920000  " + sizing.Human(payments*sizing.PerRecord["object"][sizing.Uncompressed]),
+		"orders  auto  24h  2000  172800000  " + sizing.Human(orders*sizing.PerRecord["object"][sizing.Auto]),
+		"total  198720000  " + sizing.Human(payments*sizing.PerRecord["object"][sizing.Uncompressed]+
+			orders*sizing.PerRecord["object"][sizing.Auto]),
 	} {
 		if norm := func(s string) string { return strings.Join(strings.Fields(s), " ") }; !strings.Contains(norm(out), norm(want)) {
 			t.Errorf("no %q in\n%s", want, out)

@@ -8,7 +8,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/idem-extproc/idem-extproc/internal/corpus"
 	"github.com/idem-extproc/idem-extproc/internal/policy"
 	"github.com/idem-extproc/idem-extproc/internal/sizing"
 )
@@ -54,11 +53,11 @@ func printSizing(w io.Writer, set *policy.Set, rates map[string]float64) {
 		"# stored answer\"). Leave room above it for fragmentation, replication and client buffers (docs/redis.md).\n")
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprint(tw, "policy\tstored\tretention\twrites/s\trecords\t")
-	for _, c := range corpus.Classes {
+	for _, c := range sizing.Classes {
 		fmt.Fprintf(tw, "%s\t", c)
 	}
 	fmt.Fprintln(tw)
-	total := map[corpus.Class]float64{}
+	total := map[sizing.Class]float64{}
 	var records float64
 	for _, p := range set.Policies {
 		rate, ok := rates[p.Name]
@@ -71,7 +70,7 @@ func printSizing(w io.Writer, set *policy.Set, rates map[string]float64) {
 			stored += ", sealed"
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%g\t%.0f\t", p.Name, stored, hours(r.Retention), r.Rate, r.Records)
-		for _, c := range corpus.Classes {
+		for _, c := range sizing.Classes {
 			fmt.Fprintf(tw, "%s\t", sizing.Human(r.Bytes[c]))
 			total[c] += r.Bytes[c]
 		}
@@ -79,7 +78,7 @@ func printSizing(w io.Writer, set *policy.Set, rates map[string]float64) {
 		records += r.Records
 	}
 	fmt.Fprintf(tw, "total\t\t\t\t%.0f\t", records)
-	for _, c := range corpus.Classes {
+	for _, c := range sizing.Classes {
 		fmt.Fprintf(tw, "%s\t", sizing.Human(total[c]))
 	}
 	fmt.Fprintln(tw)

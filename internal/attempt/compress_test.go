@@ -11,10 +11,10 @@ import (
 	"testing"
 
 	"github.com/idem-extproc/idem-extproc/internal/compress"
-	"github.com/idem-extproc/idem-extproc/internal/corpus"
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/policy"
 	"github.com/idem-extproc/idem-extproc/internal/seal"
+	"github.com/idem-extproc/idem-extproc/internal/testing/corpus"
 )
 
 func codec(t *testing.T, o compress.Options) *compress.Codec {

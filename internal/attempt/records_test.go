@@ -8,10 +8,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idem-extproc/idem-extproc/internal/corpus"
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/policy"
 	"github.com/idem-extproc/idem-extproc/internal/problem"
+	"github.com/idem-extproc/idem-extproc/internal/testing/corpus"
 	"github.com/idem-extproc/idem-extproc/internal/testing/redistest"
 )
 

@@ -1,12 +1,10 @@
 package compress
 
 import (
-	"encoding/binary"
-	"strings"
 	"testing"
 
-	"github.com/idem-extproc/idem-extproc/internal/corpus"
 	"github.com/idem-extproc/idem-extproc/internal/idem"
+	"github.com/idem-extproc/idem-extproc/internal/testing/corpus"
 )
 
 // benchModes are the codecs measured: auto, zstd and s2 with the built-in
@@ -67,45 +65,4 @@ func benchCodec(b *testing.B, c corpus.Class, mode string) *Codec {
 		return newCodec(b, Options{Mode: S2})
 	}
 	return newCodec(b, Options{})
-}
-
-// BenchmarkDecodeS2Dict: the server's decoder of S2 blocks against
-// s2.Dict.Decode, on the blocks of 50 answers of every measured class of
-// the corpus (corpus.Measured, the held-out orders included), and on the
-// block of a 1 KiB run of one byte (the load tool's filler), whose copies
-// overlap.
-func BenchmarkDecodeS2Dict(b *testing.B) {
-	c := newCodec(b, Options{Mode: S2})
-	sets := map[string][][]byte{"run": {[]byte(`{"id":"` + strings.Repeat("x", 1015) + `"}`)}}
-	for _, class := range corpus.Measured {
-		for _, a := range corpus.New(1).Answers(class, 50) {
-			sets[string(class)] = append(sets[string(class)], idem.AppendContents(nil, &a))
-		}
-	}
-	for name, plains := range sets {
-		blocks := make([][]byte, len(plains))
-		for i, p := range plains {
-			blocks[i] = c.words.Encode(nil, p)
-		}
-		dst := make([]byte, 0, corpus.MaxBody)
-		b.Run(name+"/server", func(b *testing.B) {
-			for b.Loop() {
-				for i, block := range blocks {
-					_, head := binary.Uvarint(block)
-					if !decodeS2Dict(dst[:len(plains[i])], block[head:], c.wordsDict, c.wordsRepeat) {
-						b.Fatal("refused")
-					}
-				}
-			}
-		})
-		b.Run(name+"/s2", func(b *testing.B) {
-			for b.Loop() {
-				for i, block := range blocks {
-					if _, err := c.words.Decode(dst[:len(plains[i])], block); err != nil {
-						b.Fatal(err)
-					}
-				}
-			}
-		})
-	}
 }

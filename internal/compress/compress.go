@@ -42,7 +42,6 @@ package compress
 
 import (
 	"bytes"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"sync"
@@ -138,14 +137,10 @@ type Codec struct {
 	once sync.Once
 	enc  *zstd.Encoder
 	dec  *zstd.Decoder
-	// words is the built-in dictionary as S2's: it makes format 3. Its
-	// tables are built at first use and shared: S2's dictionary encoder
-	// keeps its own per call.
+	// words is the built-in dictionary as S2's: it makes and opens
+	// format 3. Its tables are built at first use and shared: S2's
+	// dictionary encoder keeps its own per call.
 	words *s2.Dict
-	// wordsDict and wordsRepeat are words as S2 opens format 3 with
-	// (decodeS2Dict): its bytes and its initial repeat offset's index.
-	wordsDict   []byte
-	wordsRepeat int
 	// plains holds the buffers (*[]byte) the contents are laid out in
 	// before compressing: a first write allocates only its frame.
 	plains sync.Pool
@@ -189,8 +184,7 @@ func New(o Options) (*Codec, error) {
 		}
 		c.active = o.Dictionary
 	}
-	c.words = s2.MakeDict([]byte(builtinVocabulary), nil)
-	if c.wordsDict, c.wordsRepeat = s2DictParts(c.words); c.wordsDict == nil {
+	if c.words = s2.MakeDict([]byte(builtinVocabulary), nil); c.words == nil {
 		return nil, errors.New("compress: the built-in words do not make an S2 dictionary")
 	}
 	for _, d := range append([]*Dictionary{builtin, o.Dictionary}, o.Previous...) {
@@ -386,7 +380,8 @@ func (c *Codec) Expand(r idem.Response, maxBody int) (idem.Response, error) {
 }
 
 // expandS2 expands an S2 block of format 3, refusing one that says it
-// expands past maxBody before expanding it.
+// expands past maxBody before expanding it: s2.Dict.Decode allocates
+// whatever length the block declares (up to 4 GiB) when dst is shorter.
 func (c *Codec) expandS2(block []byte, maxBody int) ([]byte, error) {
 	n, err := s2.DecodedLen(block)
 	if err != nil {
@@ -395,26 +390,11 @@ func (c *Codec) expandS2(block []byte, maxBody int) ([]byte, error) {
 	if n > maxBody {
 		return nil, fmt.Errorf("%w: block of %d bytes exceeds the limit of %d", ErrExpand, n, maxBody)
 	}
-	_, head := binary.Uvarint(block) // DecodedLen read it
-	plain := make([]byte, n)
-	if !decodeS2Dict(plain, block[head:], c.wordsDict, c.wordsRepeat) {
-		return nil, fmt.Errorf("%w: %w", ErrExpand, s2.ErrCorrupt)
+	plain, err := c.words.Decode(make([]byte, n), block)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrExpand, err)
 	}
 	return plain, nil
-}
-
-// s2DictParts is d's bytes and the index of its initial repeat offset, as
-// d.Bytes serializes them (a uvarint, then the bytes), or nil.
-func s2DictParts(d *s2.Dict) ([]byte, int) {
-	if d == nil {
-		return nil, 0
-	}
-	b := d.Bytes()
-	repeat, n := binary.Uvarint(b)
-	if n <= 0 || repeat > uint64(len(b)-n) {
-		return nil, 0
-	}
-	return b[n:], int(repeat)
 }
 
 // expandZstd expands a zstd frame of format 1 or 2 (body, its format byte

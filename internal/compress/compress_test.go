@@ -8,12 +8,13 @@ import (
 	"errors"
 	"flag"
 	"os"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
 
-	"github.com/idem-extproc/idem-extproc/internal/corpus"
 	"github.com/idem-extproc/idem-extproc/internal/idem"
+	"github.com/idem-extproc/idem-extproc/internal/testing/corpus"
 )
 
 var update = flag.Bool("update", false, "write the testdata/builtin-object*.frame fixtures that are missing (never rewrite one: records in stores are like it)")
@@ -233,6 +234,28 @@ func TestExpandRefuses(t *testing.T) {
 	// An uncompressed response passes through.
 	if got, err := builtin.Expand(r, 10); err != nil || !same(got, r) {
 		t.Fatalf("uncompressed: %v", err)
+	}
+}
+
+// TestExpandS2DeclaredLengthIsCapped: an S2 block that declares a
+// length past the limit, here 1 GiB in a few bytes, is refused before
+// anything of that length is allocated (s2.Dict.Decode would allocate
+// what the block declares).
+func TestExpandS2DeclaredLengthIsCapped(t *testing.T) {
+	c := newCodec(t, Options{Mode: S2})
+	body := slices.Concat([]byte{formatS2Builtin}, binary.AppendUvarint(nil, 1<<30), []byte{0, 'x'})
+	r := idem.Response{Status: 200, Body: body, Compressed: true}
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	for range 8 {
+		if _, err := c.Expand(r, 1<<20); !errors.Is(err, ErrExpand) ||
+			!strings.Contains(err.Error(), "exceeds the limit of 1048576") {
+			t.Fatalf("Expand = %v, want ErrExpand past the limit", err)
+		}
+	}
+	runtime.ReadMemStats(&after)
+	if grew := after.TotalAlloc - before.TotalAlloc; grew > 1<<20 {
+		t.Fatalf("refusing 8 blocks allocated %d bytes", grew)
 	}
 }
 

@@ -255,66 +255,51 @@ func responseBody(w *extprocv3.ProcessingRequest_ResponseBody) *extprocv3.Proces
 }
 
 func protocolConfig(b []byte, pc *extprocv3.ProtocolConfiguration) bool {
-	for len(b) > 0 {
-		f, rest, ok := next(b)
-		if !ok || !f.isVarint() {
-			return false
-		}
-		b = rest
-		switch f.num {
+	return varints(b, func(num protowire.Number, v uint64) bool {
+		switch num {
 		case 1: // an open enum keeps any value, truncated to int32 as the generic decoder does
-			pc.RequestBodyMode = bodySendMode(f.v)
+			pc.RequestBodyMode = bodySendMode(v)
 		case 2:
-			pc.ResponseBodyMode = bodySendMode(f.v)
+			pc.ResponseBodyMode = bodySendMode(v)
 		case 3:
-			pc.SendBodyWithoutWaitingForHeaderResponse = f.v != 0
+			pc.SendBodyWithoutWaitingForHeaderResponse = v != 0
 		default:
 			return false
 		}
-	}
-	return true
+		return true
+	})
 }
 
 func flowControlInit(b []byte, fc *extprocv3.ProcessingRequest_FlowControlInit) bool {
-	for len(b) > 0 {
-		f, rest, ok := next(b)
-		if !ok || !f.isVarint() {
-			return false
-		}
-		b = rest
-		switch f.num {
+	return varints(b, func(num protowire.Number, v uint64) bool {
+		switch num {
 		case 1:
-			fc.InitialWindowDownstreamToSidestream = int64(f.v)
+			fc.InitialWindowDownstreamToSidestream = int64(v)
 		case 2:
-			fc.InitialWindowSidestreamToUpstream = int64(f.v)
+			fc.InitialWindowSidestreamToUpstream = int64(v)
 		case 3:
-			fc.InitialWindowUpstreamToSidestream = int64(f.v)
+			fc.InitialWindowUpstreamToSidestream = int64(v)
 		case 4:
-			fc.InitialWindowSidestreamToDownstream = int64(f.v)
+			fc.InitialWindowSidestreamToDownstream = int64(v)
 		default:
 			return false
 		}
-	}
-	return true
+		return true
+	})
 }
 
 func clientWindowUpdate(b []byte, cw *extprocv3.ProcessingRequest_ClientWindowUpdate) bool {
-	for len(b) > 0 {
-		f, rest, ok := next(b)
-		if !ok || !f.isVarint() {
-			return false
-		}
-		b = rest
-		switch f.num {
+	return varints(b, func(num protowire.Number, v uint64) bool {
+		switch num {
 		case 1:
-			cw.WindowIncrementSidestreamToUpstream = int64(f.v)
+			cw.WindowIncrementSidestreamToUpstream = int64(v)
 		case 2:
-			cw.WindowIncrementSidestreamToDownstream = int64(f.v)
+			cw.WindowIncrementSidestreamToDownstream = int64(v)
 		default:
 			return false
 		}
-	}
-	return true
+		return true
+	})
 }
 
 // bodySendMode is an open enum's value as the generic decoder keeps it: any

@@ -43,6 +43,20 @@ func next(b []byte) (f field, rest []byte, ok bool) {
 	return f, b[n:], true
 }
 
+// varints hands each field of b, a message of varint fields only, to set,
+// and reports false for a field of another type, a damaged one, or one set
+// refuses (a number it does not know).
+func varints(b []byte, set func(num protowire.Number, v uint64) bool) bool {
+	for len(b) > 0 {
+		f, rest, ok := next(b)
+		if !ok || !f.isVarint() || !set(f.num, f.v) {
+			return false
+		}
+		b = rest
+	}
+	return true
+}
+
 func (f field) isBytes() bool { return f.typ == protowire.BytesType }
 
 func (f field) isVarint() bool { return f.typ == protowire.VarintType }

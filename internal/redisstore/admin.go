@@ -15,7 +15,7 @@ func (s *Store) Purge(ctx context.Context, id idem.RecordID) (err error) {
 	defer s.recoverCall("purge", &err)
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	n, err := s.s.purge.Run(ctx, s.rdb, []string{s.Key(id)}).Int()
+	n, err := runScript(ctx, s.rdb, s.s.purge, []string{s.Key(id)}).Int()
 	if err != nil {
 		return fmt.Errorf("redisstore: purge: %w", err)
 	}
@@ -34,7 +34,7 @@ func (s *Store) Resolve(ctx context.Context, id idem.RecordID, resp *idem.Respon
 	if resp != nil {
 		args = []any{"complete", retention.Milliseconds(), encodeResponseHead(resp), resp.Body}
 	}
-	n, err := s.s.resolve.Run(ctx, s.rdb, []string{s.Key(id)}, args...).Int()
+	n, err := runScript(ctx, s.rdb, s.s.resolve, []string{s.Key(id)}, args...).Int()
 	switch {
 	case err != nil:
 		return fmt.Errorf("redisstore: resolve: %w", err)

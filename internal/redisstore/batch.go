@@ -99,7 +99,7 @@ func (b *batcher) run(ctx context.Context, sc *redis.Script, keys []string, args
 		b.mu.Unlock()
 		// Released even if the call panics (the store's method recovers).
 		defer b.release()
-		return sc.Run(ctx, b.rdb, keys, args...)
+		return runScript(ctx, b.rdb, sc, keys, args...)
 	}
 	c := &scriptCall{ctx: ctx, sc: sc, keys: keys, args: args, done: make(chan struct{})}
 	// Every slot is taken, or a queue already waits for the next one to be
@@ -161,7 +161,7 @@ func (b *batcher) runAlone(c *scriptCall) {
 			c.cmd = failedCmd(c.ctx, panicked(b.log, "batch", v))
 		}
 	}()
-	c.cmd = c.sc.Run(c.ctx, b.rdb, c.keys, c.args...)
+	c.cmd = runScript(c.ctx, b.rdb, c.sc, c.keys, c.args...)
 }
 
 // exec sends one batch and hands every call its reply. It runs on a
@@ -201,26 +201,7 @@ func (b *batcher) exec(batch []*scriptCall) {
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
 	cmds := make([]*redis.Cmd, len(live))
-	pipeline(ctx, b.rdb, live, cmds, (*redis.Script).EvalSha)
-	// A Redis that restarted or failed over has forgotten the scripts:
-	// go-redis's Script.Run falls back from EVALSHA to EVAL on NOSCRIPT
-	// (go-redis v9 script.go, Script.Run), and so does a batch, for the
-	// calls that got it.
-	var again []*scriptCall
-	var at []int
-	for i, cmd := range cmds {
-		if isNoScript(cmd.Err()) {
-			again = append(again, live[i])
-			at = append(at, i)
-		}
-	}
-	if len(again) > 0 {
-		retried := make([]*redis.Cmd, len(again))
-		pipeline(ctx, b.rdb, again, retried, (*redis.Script).Eval)
-		for j, i := range at {
-			cmds[i] = retried[j]
-		}
-	}
+	evalScripts(func(eval evalFunc) bool { return pipeline(ctx, b.rdb, live, cmds, eval) })
 	for i, c := range live {
 		if retryAlone(cmds[i].Err()) && c.ctx.Err() == nil {
 			// go-redis retries a lone command after a broken connection or
@@ -242,25 +223,33 @@ func (b *batcher) exec(batch []*scriptCall) {
 	}
 }
 
-// pipeline sends one command per call, made by mk, as one pipeline.
+// pipeline sends as one pipeline, each made by eval, the calls not sent
+// yet (cmds[i] nil) and those Redis answered NOSCRIPT, their replies into
+// cmds, and reports whether it answered any of them NOSCRIPT
+// (evalScripts).
 func pipeline(ctx context.Context, rdb redis.UniversalClient, calls []*scriptCall, cmds []*redis.Cmd,
-	mk func(*redis.Script, context.Context, redis.Scripter, []string, ...any) *redis.Cmd) {
+	eval evalFunc) (noScript bool) {
 	pipe := rdb.Pipeline()
 	for i, c := range calls {
-		cmds[i] = mk(c.sc, ctx, pipe, c.keys, c.args...)
-	}
-	_, err := pipe.Exec(ctx)
-	if err == nil {
-		return
-	}
-	// go-redis stamps a failed pipeline's error on each command (redis.go
-	// generalProcessPipelineFrom, osscluster.go processPipeline: setCmdsErr);
-	// a command left with neither a reply nor an error was never answered.
-	for _, cmd := range cmds {
-		if cmd.Err() == nil && cmd.Val() == nil {
-			cmd.SetErr(err)
+		if cmds[i] == nil || isNoScript(cmds[i].Err()) {
+			cmds[i] = eval(c.sc, ctx, pipe, c.keys, c.args...)
 		}
 	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		// go-redis stamps a failed pipeline's error on each command
+		// (redis.go generalProcessPipelineFrom, osscluster.go
+		// processPipeline: setCmdsErr); a command left with neither a reply
+		// nor an error was never answered.
+		for _, cmd := range cmds {
+			if cmd.Err() == nil && cmd.Val() == nil {
+				cmd.SetErr(err)
+			}
+		}
+	}
+	for _, cmd := range cmds {
+		noScript = noScript || isNoScript(cmd.Err())
+	}
+	return noScript
 }
 
 // batchers gives each Redis primary a batcher of its own, so that a hung

@@ -113,29 +113,22 @@ func (s *Store) reserveDurable(ctx context.Context, r idem.Reservation, args []a
 // reserveAndWait sends the reservation script and WAIT on conn in one
 // pipeline. A Redis that has forgotten the script (restarted, failed
 // over) answers NOSCRIPT, and its WAIT then followed no write: the two are
-// sent again, the script whole (EVAL), which also loads it. err is the
-// script's failure, werr WAIT's.
+// sent again, the script whole (evalScripts). err is the script's
+// failure, werr WAIT's.
 func (s *Store) reserveAndWait(ctx context.Context, conn *redis.Conn, keys []string, args []any, replicas int, wait time.Duration) (v []any, acked int64, werr, err error) {
-	for _, whole := range []bool{false, true} {
+	var w *redis.Cmd
+	evalScripts(func(eval evalFunc) bool {
 		var script *redis.Cmd
-		var w *redis.Cmd
 		_, _ = conn.Pipelined(ctx, func(p redis.Pipeliner) error {
-			if whole {
-				script = s.s.reserve.Eval(ctx, p, keys, args...)
-			} else {
-				script = s.s.reserve.EvalSha(ctx, p, keys, args...)
-			}
+			script = eval(s.s.reserve, ctx, p, keys, args...)
 			// go-redis's Pipeliner has no Wait; the command is sent as is.
 			w = p.Do(ctx, "WAIT", replicas, wait.Milliseconds())
 			return nil
 		})
 		v, err = script.Slice()
-		if isNoScript(err) && !whole {
-			continue
-		}
-		acked, werr = w.Int64()
-		return v, acked, werr, err
-	}
+		return isNoScript(err)
+	})
+	acked, werr = w.Int64()
 	return v, acked, werr, err
 }
 

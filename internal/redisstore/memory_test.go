@@ -10,10 +10,10 @@ import (
 	"time"
 
 	"github.com/idem-extproc/idem-extproc/internal/compress"
-	"github.com/idem-extproc/idem-extproc/internal/corpus"
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/redisstore"
 	"github.com/idem-extproc/idem-extproc/internal/sizing"
+	"github.com/idem-extproc/idem-extproc/internal/testing/corpus"
 	"github.com/idem-extproc/idem-extproc/internal/testing/redistest"
 )
 
@@ -219,7 +219,7 @@ func TestMemoryPerRecord(t *testing.T) {
 			// The sizing command's table (internal/sizing), of
 			// corpus.Classes, is this measurement: it must stay within 3 %
 			// of it.
-			if want := sizing.PerRecord[c][sizing.Mode(m.name)]; slices.Contains(corpus.Classes, c) &&
+			if want := sizing.PerRecord[sizing.Class(c)][sizing.Mode(m.name)]; slices.Contains(corpus.Classes, c) &&
 				math.Abs(cost.perRec-want) > 0.03*want {
 				t.Errorf("%s, %s: measured %.0f bytes per record, internal/sizing says %.0f: update its table", c, m.name, cost.perRec, want)
 			}

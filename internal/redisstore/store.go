@@ -223,7 +223,7 @@ func completeArgs(tok idem.Token, resp *idem.Response, retention time.Duration) 
 // calls of other streams (batch.go).
 func (s *Store) run(ctx context.Context, sc *redis.Script, keys []string, args ...any) *redis.Cmd {
 	if s.batch == nil {
-		return sc.Run(ctx, s.rdb, keys, args...)
+		return runScript(ctx, s.rdb, sc, keys, args...)
 	}
 	return s.batch.run(ctx, sc, keys, args...)
 }

@@ -189,7 +189,7 @@ func (s *Store) Watch(ctx context.Context, id idem.RecordID) (_ <-chan struct{},
 		stop()
 		return nil, nil, fmt.Errorf("redisstore: watch: subscription not confirmed: %w", bctx.Err())
 	}
-	state, err := s.s.watch.Run(bctx, s.rdb, []string{key}).Text()
+	state, err := runScript(bctx, s.rdb, s.s.watch, []string{key}).Text()
 	if err != nil {
 		stop()
 		return nil, nil, fmt.Errorf("redisstore: watch: %w", err)

@@ -1,6 +1,6 @@
 // Package sizing says how much Redis memory a policy set needs at a given
 // rate of protected first writes, from the bytes per record measured on
-// the generated corpus (package corpus) by TestMemoryPerRecord
+// generated answers (internal/testing/corpus) by TestMemoryPerRecord
 // (internal/redisstore), which also holds this table to the measurement.
 package sizing
 
@@ -9,9 +9,18 @@ import (
 	"time"
 
 	"github.com/idem-extproc/idem-extproc/internal/compress"
-	"github.com/idem-extproc/idem-extproc/internal/corpus"
 	"github.com/idem-extproc/idem-extproc/internal/policy"
 )
+
+// Class is a kind of answer the table has a column for, named as the
+// generator of the measured answers (internal/testing/corpus) names it.
+type Class string
+
+// Classes lists the classes in the table's order, the generator's
+// (TestClassesAreTheCorpus): a 1.2 KiB payment-intent-like object, a
+// 17 KiB list of 14 of them, a 280-byte error body, and a mix of objects
+// mostly, lists of up to 64 KiB and errors.
+var Classes = []Class{"object", "list", "error", "mixed"}
 
 // Mode is how a policy stores its answers.
 type Mode string
@@ -34,11 +43,11 @@ var Modes = []Mode{Uncompressed, Auto, Zstd, S2, Trained}
 // of answer and mode: redis 7.0.15 (jemalloc 5.3.0), 2,000 records per
 // figure, the key, keyspace and expiry entries and the allocator's size
 // classes included. docs/performance.md, "Memory per stored answer".
-var PerRecord = map[corpus.Class]map[Mode]float64{
-	corpus.Object: {Uncompressed: 1806, Auto: 1041, Zstd: 905, S2: 1040, Trained: 544},
-	corpus.List:   {Uncompressed: 20624, Auto: 4240, Zstd: 4240, S2: 6287, Trained: 3738},
-	corpus.Error:  {Uncompressed: 684, Auto: 492, Zstd: 474, S2: 492, Trained: 304},
-	corpus.Mixed:  {Uncompressed: 7667, Auto: 2044, Zstd: 1973, S2: 2546, Trained: 1581},
+var PerRecord = map[Class]map[Mode]float64{
+	"object": {Uncompressed: 1806, Auto: 1041, Zstd: 905, S2: 1040, Trained: 544},
+	"list":   {Uncompressed: 20624, Auto: 4240, Zstd: 4240, S2: 6287, Trained: 3738},
+	"error":  {Uncompressed: 684, Auto: 492, Zstd: 474, S2: 492, Trained: 304},
+	"mixed":  {Uncompressed: 7667, Auto: 2044, Zstd: 1973, S2: 2546, Trained: 1581},
 }
 
 // sealOverhead is what sealing adds to a stored response: the envelope's
@@ -71,14 +80,14 @@ type Row struct {
 	Rate    float64
 	Records float64
 	// Bytes is used_memory per class of answer.
-	Bytes map[corpus.Class]float64
+	Bytes map[Class]float64
 }
 
 // Estimate is p's need at rate first writes per second.
 func Estimate(p *policy.Policy, rate float64) Row {
 	r := Row{Policy: p.Name, Mode: ModeOf(p), Retention: p.Retention, Rate: rate,
-		Records: rate * p.Retention.Seconds(), Bytes: map[corpus.Class]float64{}}
-	for _, c := range corpus.Classes {
+		Records: rate * p.Retention.Seconds(), Bytes: map[Class]float64{}}
+	for _, c := range Classes {
 		per := PerRecord[c][r.Mode]
 		if p.Encrypt {
 			per += sealOverhead

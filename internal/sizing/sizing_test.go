@@ -1,12 +1,13 @@
 package sizing
 
 import (
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/idem-extproc/idem-extproc/internal/compress"
-	"github.com/idem-extproc/idem-extproc/internal/corpus"
 	"github.com/idem-extproc/idem-extproc/internal/policy"
+	"github.com/idem-extproc/idem-extproc/internal/testing/corpus"
 )
 
 // TestEstimate: records are the rate times the retention, bytes the
@@ -16,12 +17,12 @@ func TestEstimate(t *testing.T) {
 	p := policy.Default()
 	p.Retention = time.Hour
 	r := Estimate(p, 10)
-	if r.Mode != Auto || r.Records != 36000 || r.Bytes[corpus.Object] != 36000*PerRecord[corpus.Object][Auto] {
+	if r.Mode != Auto || r.Records != 36000 || r.Bytes["object"] != 36000*PerRecord["object"][Auto] {
 		t.Fatalf("builtin: %+v", r)
 	}
 	p.Compression.Dictionary = "orders.zdict"
 	p.Encrypt = true
-	if r := Estimate(p, 10); r.Mode != Trained || r.Bytes[corpus.List] != 36000*(PerRecord[corpus.List][Trained]+sealOverhead) {
+	if r := Estimate(p, 10); r.Mode != Trained || r.Bytes["list"] != 36000*(PerRecord["list"][Trained]+sealOverhead) {
 		t.Fatalf("trained, sealed: %+v", r)
 	}
 	p.Compression.Mode = compress.Off
@@ -32,5 +33,18 @@ func TestEstimate(t *testing.T) {
 		if got := Human(b); got != want {
 			t.Errorf("Human(%v) = %q, want %q", b, got, want)
 		}
+	}
+}
+
+// TestClassesAreTheCorpus: the table's classes are the generator's, by
+// name and in order, so that each figure is of the answers its column
+// names.
+func TestClassesAreTheCorpus(t *testing.T) {
+	var names []Class
+	for _, c := range corpus.Classes {
+		names = append(names, Class(c))
+	}
+	if !slices.Equal(names, Classes) {
+		t.Fatalf("sizing.Classes %v, corpus.Classes %v", Classes, corpus.Classes)
 	}
 }

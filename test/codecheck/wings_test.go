@@ -54,10 +54,9 @@ type listedPackage struct {
 	IgnoredGoFiles []string
 }
 
-// productFiles lists every non-test Go file of the root module's product
-// packages, including files another platform's build constraints would
-// select, keyed by their path relative to the repository's root.
-func productFiles(t *testing.T) map[string]string {
+// listPackages lists the root module's packages (go list ./...), and
+// gives the repository's root as an absolute path.
+func listPackages(t *testing.T) ([]listedPackage, string) {
 	t.Helper()
 	cmd := exec.Command(goTool(t), "list", "-e", "-json=ImportPath,Dir,GoFiles,CgoFiles,IgnoredGoFiles", "./...")
 	cmd.Dir = "../.."
@@ -69,7 +68,7 @@ func productFiles(t *testing.T) map[string]string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	files := map[string]string{}
+	var pkgs []listedPackage
 	dec := json.NewDecoder(bytes.NewReader(out))
 	for {
 		var p listedPackage
@@ -78,6 +77,19 @@ func productFiles(t *testing.T) map[string]string {
 		} else if err != nil {
 			t.Fatalf("decoding go list's output: %v", err)
 		}
+		pkgs = append(pkgs, p)
+	}
+	return pkgs, root
+}
+
+// productFiles lists every non-test Go file of the root module's product
+// packages, including files another platform's build constraints would
+// select, keyed by their path relative to the repository's root.
+func productFiles(t *testing.T) map[string]string {
+	t.Helper()
+	pkgs, root := listPackages(t)
+	files := map[string]string{}
+	for _, p := range pkgs {
 		if isSupport(p.ImportPath) {
 			continue
 		}

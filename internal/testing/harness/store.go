@@ -47,11 +47,6 @@ func Memory(opts memstore.Options) StoreOption {
 	}
 }
 
-// Given uses st as it is (the test owns it); Env.Redis is nil.
-func Given(st idem.Store) StoreOption {
-	return func(testing.TB, time.Duration) (idem.Store, *redistest.Server) { return st, nil }
-}
-
 // storeOption is the option o says: a redis-server of the test's own
 // unless Store names another.
 func (o Options) storeOption() StoreOption {

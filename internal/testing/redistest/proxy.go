@@ -54,9 +54,6 @@ func NewLinkProxy(t testing.TB) *LinkProxy {
 // Port is the proxy's port.
 func (p *LinkProxy) Port() int { return p.lis.Addr().(*net.TCPAddr).Port }
 
-// Addr is the proxy's host:port.
-func (p *LinkProxy) Addr() string { return p.lis.Addr().String() }
-
 // SetTarget sets the address connections are forwarded to.
 func (p *LinkProxy) SetTarget(addr string) {
 	p.mu.Lock()
@@ -74,14 +71,6 @@ func (p *LinkProxy) SetTargetPort(port int) {
 func (p *LinkProxy) Freeze() {
 	p.mu.Lock()
 	p.frozen = true
-	p.mu.Unlock()
-}
-
-// Thaw lets held bytes and later ones through again.
-func (p *LinkProxy) Thaw() {
-	p.mu.Lock()
-	p.frozen = false
-	p.thawed.Broadcast()
 	p.mu.Unlock()
 }
 

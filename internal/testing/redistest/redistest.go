@@ -139,9 +139,6 @@ func (s *Server) Port() int { return s.port }
 // BusPort returns the cluster bus port (zero outside cluster mode).
 func (s *Server) BusPort() int { return s.busPort }
 
-// Dir is the server's working directory.
-func (s *Server) Dir() string { return s.dir }
-
 func (s *Server) start() error {
 	var args []string
 	if s.opts.Config != "" {

@@ -95,9 +95,6 @@ func StartSentinel(t testing.TB, opts SentinelOptions) *SentinelGroup {
 	return g
 }
 
-// Password returns the data nodes' password.
-func (g *SentinelGroup) Password() string { return g.opts.Password }
-
 // URL returns the redis+sentinel:// URL of the group.
 func (g *SentinelGroup) URL() string {
 	addrs := make([]string, 0, len(g.Sentinels))

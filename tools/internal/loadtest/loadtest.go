@@ -23,9 +23,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/idem-extproc/idem-extproc/internal/corpus"
 	"github.com/idem-extproc/idem-extproc/internal/daemon"
 	"github.com/idem-extproc/idem-extproc/internal/idem"
+	"github.com/idem-extproc/idem-extproc/internal/testing/corpus"
 )
 
 // The scenarios.
@@ -182,7 +182,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.StringVar(&cfg.unprotectedKind, "unprotected", "get", "unprotected requests: get (GET, no bodies: two header phases for the no-op) or keyless (POST without a key)")
 	fs.IntVar(&cfg.reqBody, "request-body", 256, "request body size of writes, bytes")
 	fs.IntVar(&cfg.respBody, "response-body", 1024, "response body size of writes, bytes")
-	fs.StringVar(&cfg.respFrom, "response-from", string(corpus.Object), "the upstream's answer to writes: a class of the generated corpus (object, list, error, order: internal/corpus), a realistic JSON answer that compresses as live traffic does; or filler, a JSON object of --response-body bytes of one byte repeated")
+	fs.StringVar(&cfg.respFrom, "response-from", string(corpus.Object), "the upstream's answer to writes: a class of the generated corpus (object, list, error, order: internal/testing/corpus), a realistic JSON answer that compresses as live traffic does; or filler, a JSON object of --response-body bytes of one byte repeated")
 	fs.StringVar(&cfg.redisURL, "redis-url", "", "Redis for idem-extproc and the floor server; empty: start redis-server on a free loopback port (see --redis)")
 	fs.StringVar(&cfg.topologyList, "redis", topologyStandalone, "Redis the tool starts, a comma-separated list measured one after the other with fresh servers: standalone (one redis-server), cluster (a 3-primary Redis Cluster; Redis CPU is summed over its nodes)")
 	fs.Var(&cfg.serverBins, "server-bin", "idem-extproc binary to measure (go build ./cmd/idem-extproc), or several as label=path, comma-separated or repeated (e.g. base=/tmp/a,new=/tmp/b): each is a server of its own, taking turns with the others, and the report gives each one's ratios to the first; empty: this tool runs the same daemon code itself")
