@@ -245,6 +245,9 @@ func TestHelmChartRefusesWhatCannotWork(t *testing.T) {
 		{prod, map[string]any{"image": map[string]any{"tag": "latest"}}, "pin a version"},
 		{prod, map[string]any{"tls": map[string]any{"enabled": true}}, "tls.secretName is required"},
 		{prod, map[string]any{"envoyGateway": map[string]any{"enabled": true, "policyNamespace": "orders"}}, "envoyGateway.targetRefs"},
+		{prod, map[string]any{"istio": map[string]any{"enabled": true, "gatewayFilter": map[string]any{"enabled": true}}}, "istio.gatewayFilter.protectedRoutes"},
+		{prod, map[string]any{"istio": map[string]any{"enabled": true, "gatewayFilter": map[string]any{"enabled": true,
+			"protectedRoutes": []any{map[string]any{"vhost": "orders.example.com:80"}}}}}, "protectedRoutes[].name"},
 	} {
 		_, err := renderChart(t, tc.file, tc.overrides)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
