@@ -248,7 +248,6 @@ func istioRouteExtProc(per map[string]*anypb.Any) (bool, error) {
 // istioGatewayRoute is one route of a VirtualService bound to a Gateway,
 // and whether the gateway's ext_proc filter runs on it.
 type istioGatewayRoute struct {
-	vs      *istionetv1.VirtualService
 	route   *istioapi.HTTPRoute
 	reaches bool
 	patches []istioRoutePatch // the route patches that match it
@@ -274,7 +273,7 @@ func istioGatewayRoutes(objs []k8sObject, gw istioGateway) ([]istioGatewayRoute,
 			continue // bound to the mesh only
 		}
 		for _, r := range vs.Spec.GetHttp() {
-			gr := istioGatewayRoute{vs: vs, route: r, reaches: gw.inserted && !gw.disabled,
+			gr := istioGatewayRoute{route: r, reaches: gw.inserted && !gw.disabled,
 				where: "VirtualService " + vs.Namespace + "/" + vs.Name + " route " + r.GetName()}
 			names := istioRouteNames(r)
 			for _, p := range gw.routes {
