@@ -65,7 +65,7 @@ func shippedEnvoyDocs(t *testing.T) []envoy136Doc {
 	}
 
 	fsys := loadK8s(t)
-	for _, dir := range kustomizations(t) {
+	for _, dir := range append(kustomizations(t), exampleBuilds(t)...) {
 		objs, err := buildObjects(fsys, dir)
 		if err != nil {
 			t.Fatal(err)

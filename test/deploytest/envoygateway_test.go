@@ -582,12 +582,12 @@ func TestEGSortFiltersFollowsEnvoyGateway(t *testing.T) {
 // cannot be evaluated here) and left alone on the read-only route; an
 // HTTPRoute rule's retry likewise.
 func TestEGRetryRefusedOnProtectedRoutesOnly(t *testing.T) {
-	base, err := buildObjects(loadK8s(t), k8sDir+"/overlays/envoy-gateway")
+	base, err := buildObjects(loadK8s(t), exampleBuild("orders-envoy-gateway"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := checkEnvoyGatewayObjects(base); err != nil {
-		t.Fatalf("the overlay itself: %v", err)
+		t.Fatalf("the overlay and its example: %v", err)
 	}
 	ref := func(kind, name string) gwv1.LocalPolicyTargetReferenceWithSectionName {
 		return gwv1.LocalPolicyTargetReferenceWithSectionName{LocalPolicyTargetReference: gwv1.LocalPolicyTargetReference{

@@ -140,7 +140,7 @@ func chartValuesFiles(t testing.TB) []string {
 }
 
 // applicationObjects are objects the chart does not ship but attaches to:
-// the application's routes, taken from the overlays where they stand for
+// the application's routes, taken from the examples where they stand for
 // yours, decoded strictly like the rest.
 func applicationObjects(t testing.TB, files ...string) []k8sObject {
 	t.Helper()
@@ -187,12 +187,12 @@ func TestHelmChart(t *testing.T) {
 			withApp := objs
 			switch filepath.Base(file) {
 			case "istio-values.yaml":
-				withApp = append(withApp, applicationObjects(t, "k8s/overlays/istio/orders-gateway.yaml", "k8s/overlays/istio/orders-virtualservice.yaml")...)
+				withApp = append(withApp, applicationObjects(t, "k8s/examples/orders-istio/gateway.yaml", "k8s/examples/orders-istio/virtualservice.yaml")...)
 				if len(objectsOf[istionetv1a3.EnvoyFilter](objs)) == 0 {
 					checks = append(checks, errors.New("istio values render no EnvoyFilter"))
 				}
 			case "envoy-gateway-values.yaml":
-				withApp = append(withApp, applicationObjects(t, "k8s/overlays/envoy-gateway/orders-httproutes.yaml")...)
+				withApp = append(withApp, applicationObjects(t, "k8s/examples/orders-envoy-gateway/httproutes.yaml")...)
 				if len(objectsOf[egv1a1.EnvoyExtensionPolicy](objs)) == 0 {
 					checks = append(checks, errors.New("envoy-gateway values render no EnvoyExtensionPolicy"))
 				}
@@ -245,6 +245,9 @@ func TestHelmChartRefusesWhatCannotWork(t *testing.T) {
 		{prod, map[string]any{"image": map[string]any{"tag": "latest"}}, "pin a version"},
 		{prod, map[string]any{"tls": map[string]any{"enabled": true}}, "tls.secretName is required"},
 		{prod, map[string]any{"envoyGateway": map[string]any{"enabled": true, "policyNamespace": "orders"}}, "envoyGateway.targetRefs"},
+		{prod, map[string]any{"istio": map[string]any{"enabled": true, "gatewayFilter": map[string]any{"enabled": true}}}, "istio.gatewayFilter.protectedRoutes"},
+		{prod, map[string]any{"istio": map[string]any{"enabled": true, "gatewayFilter": map[string]any{"enabled": true,
+			"protectedRoutes": []any{map[string]any{"vhost": "orders.example.com:80"}}}}}, "protectedRoutes[].name"},
 	} {
 		_, err := renderChart(t, tc.file, tc.overrides)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

@@ -42,11 +42,13 @@ const (
 )
 
 // loadK8s reads k8s/ into memory as a user deploys it: with an image set
-// in every kustomization that sets none (withTestImages).
+// in every kustomization that sets none (withTestImages), and each example
+// buildable with its overlay (withExampleBuilds).
 func loadK8s(t testing.TB) filesys.FileSystem {
 	t.Helper()
 	fsys := loadTree(t, k8sDir)
 	withTestImages(t, fsys)
+	withExampleBuilds(t, fsys)
 	return fsys
 }
 

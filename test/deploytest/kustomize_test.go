@@ -158,6 +158,59 @@ func kustomizations(t testing.TB) []string {
 	return dirs
 }
 
+// examplesDir holds example application objects: an application's side of
+// an overlay (its routes, and what puts them through the filter), applied
+// on purpose after the overlay and never by it.
+const examplesDir = k8sDir + "/examples"
+
+// exampleOverlays names the overlay each example is applied after.
+var exampleOverlays = map[string]string{
+	"orders-istio":         "istio",
+	"orders-istio-sidecar": "istio",
+	"orders-envoy-gateway": "envoy-gateway",
+}
+
+// exampleBuilds lists the kustomizations withExampleBuilds writes, one per
+// directory of k8s/examples; an example exampleOverlays does not place
+// fails the test.
+func exampleBuilds(t testing.TB) []string {
+	t.Helper()
+	entries, err := os.ReadDir(filepath.Join(repoRoot, examplesDir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dirs []string
+	for _, e := range entries {
+		if !e.IsDir() {
+			continue
+		}
+		if _, ok := exampleOverlays[e.Name()]; !ok {
+			t.Fatalf("%s/%s: exampleOverlays does not say which overlay it goes with", examplesDir, e.Name())
+		}
+		dirs = append(dirs, exampleBuild(e.Name()))
+	}
+	return dirs
+}
+
+// exampleBuild is the directory of the kustomization that builds example
+// together with its overlay, as applying the one after the other does.
+func exampleBuild(example string) string {
+	return path.Join(k8sDir, "with-example-"+example)
+}
+
+// withExampleBuilds writes into fsys the kustomizations of exampleBuilds.
+func withExampleBuilds(t testing.TB, fsys filesys.FileSystem) {
+	t.Helper()
+	for _, dir := range exampleBuilds(t) {
+		example := strings.TrimPrefix(path.Base(dir), "with-example-")
+		k := "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n" +
+			"- ../overlays/" + exampleOverlays[example] + "\n- ../examples/" + example + "\n"
+		if err := fsys.WriteFile("/"+dir+"/kustomization.yaml", []byte(k)); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // buildObjects builds one kustomization from fsys with kustomize's own
 // library and decodes every resulting object strictly.
 func buildObjects(fsys filesys.FileSystem, dir string) ([]k8sObject, error) {
@@ -241,13 +294,68 @@ func checkKustomization(fsys filesys.FileSystem, dir string) error {
 	return errors.Join(errs...)
 }
 
-// TestKustomizations builds the base and every overlay in-process and
-// checks each.
+// TestKustomizations builds the base, every overlay and every example
+// (with its overlay) in-process and checks each.
 func TestKustomizations(t *testing.T) {
+	fsys := loadK8s(t)
+	for _, dir := range append(kustomizations(t), exampleBuilds(t)...) {
+		t.Run(strings.TrimPrefix(dir, k8sDir+"/"), func(t *testing.T) {
+			if err := checkKustomization(fsys, dir); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// applicationKinds are an application's routing and what puts its routes
+// through the filter: an overlay creates none of them (k8s/examples has an
+// example application's).
+var applicationKinds = []string{"Gateway", "VirtualService", "HTTPRoute", "EnvoyExtensionPolicy", "ReferenceGrant"}
+
+// proxyWiring lists what an overlay may create outside the server's
+// namespace, as kind/namespace: the proxy's own configuration, in the
+// proxy's namespace.
+var proxyWiring = []string{"EnvoyFilter/istio-system", "ClientTrafficPolicy/envoy-gateway-system", "EnvoyProxy/envoy-gateway-system"}
+
+// checkOnlyTheService: a build creates the server's namespace, objects in
+// it, and the proxy's wiring; no application's routing, and no EnvoyFilter
+// patch that names routes (which are an application's).
+func checkOnlyTheService(objs []k8sObject) error {
+	var errs []error
+	for _, o := range objs {
+		switch {
+		case slices.Contains(applicationKinds, o.kind):
+			errs = append(errs, fmt.Errorf("%s is an application's: it belongs in %s, applied on purpose", o, examplesDir))
+		case o.kind == "Namespace" && o.name == serverNamespace, o.namespace == serverNamespace:
+		case slices.Contains(proxyWiring, o.kind+"/"+o.namespace):
+		default:
+			errs = append(errs, fmt.Errorf("%s is neither in the namespace %s nor the proxy's configuration", o, serverNamespace))
+		}
+		if ef, ok := o.obj.(*istionetv1a3.EnvoyFilter); ok {
+			for i, cp := range ef.Spec.GetConfigPatches() {
+				if cp.GetMatch().GetRouteConfiguration() != nil {
+					errs = append(errs, fmt.Errorf("%s configPatches[%d] patches routes, which are an application's: it belongs in %s", o, i, examplesDir))
+				}
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// TestOverlaysCreateOnlyTheService builds the base and every overlay and
+// requires each to create the server and the proxy's wiring only, so that
+// applying one creates nothing that was not asked for (and stops on no
+// missing application namespace); an example's objects are applied on
+// their own (exampleBuilds).
+func TestOverlaysCreateOnlyTheService(t *testing.T) {
 	fsys := loadK8s(t)
 	for _, dir := range kustomizations(t) {
 		t.Run(strings.TrimPrefix(dir, k8sDir+"/"), func(t *testing.T) {
-			if err := checkKustomization(fsys, dir); err != nil {
+			objs, err := buildObjects(fsys, dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := checkOnlyTheService(objs); err != nil {
 				t.Fatal(err)
 			}
 		})

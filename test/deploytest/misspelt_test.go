@@ -52,18 +52,23 @@ var misspellings = []mutation{
 	{file: "k8s/overlays/istio/networkpolicy-gateway.yaml", from: "namespaceSelector:", to: "namespaceSelecter:"},
 	{file: "k8s/overlays/istio/envoyfilter-gateway.yaml", from: "workloadSelector:", to: "workloadSelecter:"},
 	{file: "k8s/overlays/istio/envoyfilter-gateway.yaml", from: "allow_mode_override:", to: "allow_mode_overide:"},
-	{file: "k8s/overlays/istio/envoyfilter-sidecar.yaml", from: "subFilter:", to: "subfilter:"},
-	{file: "k8s/overlays/istio/envoyfilter-sidecar.yaml", from: "xds_matcher:", to: "xds_matchr:"},
-	{file: "k8s/overlays/istio/envoyfilter-sidecar.yaml", from: "header_name:", to: "headername:"},
+	{file: "k8s/examples/orders-istio-sidecar/envoyfilter-sidecar.yaml", from: "subFilter:", to: "subfilter:"},
+	{file: "k8s/examples/orders-istio-sidecar/envoyfilter-sidecar.yaml", from: "xds_matcher:", to: "xds_matchr:"},
+	{file: "k8s/examples/orders-istio-sidecar/envoyfilter-sidecar.yaml", from: "header_name:", to: "headername:"},
 	{file: "k8s/overlays/istio/destinationrule.yaml", from: "http2MaxRequests:", to: "http2MaxRequest:"},
-	{file: "k8s/overlays/istio/orders-gateway.yaml", from: "servers:", to: "server:"},
-	{file: "k8s/overlays/istio/orders-virtualservice.yaml", from: "retries:", to: "retrys:"},
+	{file: "k8s/examples/orders-istio/gateway.yaml", from: "servers:", to: "server:"},
+	{file: "k8s/examples/orders-istio/virtualservice.yaml", from: "retries:", to: "retrys:"},
+	{file: "k8s/examples/orders-istio/envoyfilter-routes.yaml", from: "typed_per_filter_config:", to: "typed_per_filter_confg:"},
+	{file: "k8s/examples/orders-istio/kustomization.yaml", from: "resources:", to: "resource:"},
+	{file: "k8s/examples/orders-istio-sidecar/virtualservice-mesh.yaml", from: "gateways:", to: "gateway:"},
+	{file: "k8s/examples/orders-istio-sidecar/kustomization.yaml", from: "resources:", to: "resource:"},
+	{file: "k8s/examples/orders-envoy-gateway/kustomization.yaml", from: "resources:", to: "resource:"},
 	{file: "k8s/overlays/envoy-gateway/kustomization.yaml", from: "resources:", to: "resource:"},
 	{file: "k8s/overlays/envoy-gateway/networkpolicy-proxies.yaml", from: "podSelector:", to: "podSelecter:"},
-	{file: "k8s/overlays/envoy-gateway/envoyextensionpolicy.yaml", from: "allowModeOverride:", to: "allowModeOveride:"},
-	{file: "k8s/overlays/envoy-gateway/envoyextensionpolicy.yaml", from: "messageTimeout:", to: "messagetimeout:"},
-	{file: "k8s/overlays/envoy-gateway/referencegrant.yaml", from: "    namespace: orders", to: "    namespce: orders"},
-	{file: "k8s/overlays/envoy-gateway/orders-httproutes.yaml", from: "timeouts:", to: "timeout:"},
+	{file: "k8s/examples/orders-envoy-gateway/envoyextensionpolicy.yaml", from: "allowModeOverride:", to: "allowModeOveride:"},
+	{file: "k8s/examples/orders-envoy-gateway/envoyextensionpolicy.yaml", from: "messageTimeout:", to: "messagetimeout:"},
+	{file: "k8s/examples/orders-envoy-gateway/referencegrant.yaml", from: "    namespace: orders", to: "    namespce: orders"},
+	{file: "k8s/examples/orders-envoy-gateway/httproutes.yaml", from: "timeouts:", to: "timeout:"},
 	{file: "k8s/overlays/envoy-gateway/clienttrafficpolicy.yaml", from: "bufferLimit:", to: "bufferlimit:"},
 	{file: "k8s/overlays/envoy-gateway/envoyproxy.yaml", from: "filterOrder:", to: "filterorder:"},
 	{file: "envoy/envoy-regions.yaml", from: "internal_only_headers:", to: "internal_only_header:"},
@@ -192,10 +197,11 @@ func checkChangedFile(t *testing.T, file string, data []byte) error {
 			t.Fatal(err)
 		}
 		withTestImages(t, fsys) // after the change, which may be to a kustomization.yaml
+		withExampleBuilds(t, fsys)
 		dirs := kustomizationsWith(t, file)
-		if overlay, ok := regionsComponents[strings.Split(file, "/")[2]]; ok {
-			// No overlay uses it: it is built on the one it is for.
-			dirs = []string{componentBuild(t, fsys, overlay, strings.Split(file, "/")[2])}
+		if component := strings.Split(file, "/")[2]; regionsComponents[component] != "" {
+			// No overlay uses it: it is built on the example it is for.
+			dirs = []string{componentBuild(t, fsys, component)}
 		}
 		// The first build that includes the file and fails is enough.
 		for _, dir := range dirs {
@@ -210,17 +216,27 @@ func checkChangedFile(t *testing.T, file string, data []byte) error {
 }
 
 // kustomizationsWith lists the kustomizations whose build includes file:
-// an overlay's own files are in that overlay only, a component's in the
-// overlays (which may use it), the base's in everything.
+// an example's files are in that example's build only, an overlay's own
+// in that overlay and its examples' builds, a component's in the overlays
+// (which may use it) and the examples' builds, the base's in everything.
 func kustomizationsWith(t *testing.T, file string) []string {
 	t.Helper()
-	all := kustomizations(t)
+	all := append(kustomizations(t), exampleBuilds(t)...)
 	parts := strings.Split(file, "/")
 	switch parts[1] {
+	case "examples":
+		return []string{exampleBuild(parts[2])}
 	case "overlays":
-		return []string{path.Join(k8sDir, "overlays", parts[2])}
+		dirs := []string{path.Join(k8sDir, "overlays", parts[2])}
+		for example, overlay := range exampleOverlays {
+			if overlay == parts[2] {
+				dirs = append(dirs, exampleBuild(example))
+			}
+		}
+		slices.Sort(dirs[1:])
+		return dirs
 	case "components":
-		return slices.DeleteFunc(all, func(d string) bool { return !strings.HasPrefix(d, k8sDir+"/overlays/") })
+		return slices.DeleteFunc(all, func(d string) bool { return d == path.Join(k8sDir, "base") })
 	}
 	return all
 }
@@ -240,16 +256,16 @@ var brokenSettings = []mutation{
 	{file: "envoy/envoy.yaml", from: "response_body_mode: BUFFERED", to: "response_body_mode: STREAMED", want: "response_body_mode"},
 	{file: "envoy/envoy.yaml", from: "- response.flags", to: "- response.code", want: "response.flags"},
 	{file: "envoy/envoy.yaml", from: "              - upstream.request_attempt_count\n", to: "", want: "lacks upstream.request_attempt_count"},
-	{file: "k8s/overlays/istio/envoyfilter-sidecar.yaml", from: "              - upstream.request_attempt_count\n", to: "", want: "lacks upstream.request_attempt_count"},
-	{file: "k8s/overlays/envoy-gateway/envoyextensionpolicy.yaml", from: "        - upstream.request_attempt_count\n", to: "", want: "lacks upstream.request_attempt_count"},
+	{file: "k8s/examples/orders-istio-sidecar/envoyfilter-sidecar.yaml", from: "              - upstream.request_attempt_count\n", to: "", want: "lacks upstream.request_attempt_count"},
+	{file: "k8s/examples/orders-envoy-gateway/envoyextensionpolicy.yaml", from: "        - upstream.request_attempt_count\n", to: "", want: "lacks upstream.request_attempt_count"},
 	{file: "envoy/envoy.yaml", from: "- xds.route_name", to: "- request.path", want: "xds.route_name"},
 	{file: "envoy/envoy.yaml", from: "GET|HEAD|OPTIONS", to: "GET|HEAD|OPTIONS|POST", want: "POST"},
 	{file: "envoy/envoy.yaml", from: "http2_protocol_options:\n            connection_keepalive:\n              interval: 30s\n              timeout: 5s",
 		to: "http_protocol_options: {}", want: "HTTP/2"},
 	{file: "envoy/envoy.yaml", from: "timeout: 10s\n                # A client's own", to: "timeout: 20s\n                # A client's own", want: "client timeout"},
 	{file: "envoy/envoy.yaml", from: "request_headers_to_remove: [x-envoy-retry-on, x-envoy-retry-grpc-on]", to: "request_headers_to_remove: [x-envoy-retry-grpc-on]", want: "x-envoy-retry-on would arm router retries"},
-	{file: "k8s/overlays/istio/orders-virtualservice.yaml", from: "remove: [x-envoy-retry-on, x-envoy-retry-grpc-on]", to: "remove: [x-envoy-retry-on]", want: "x-envoy-retry-grpc-on would arm router retries"},
-	{file: "k8s/overlays/envoy-gateway/orders-httproutes.yaml", from: "remove: [x-envoy-retry-on, x-envoy-retry-grpc-on]", to: "remove: []", want: "x-envoy-retry-on would arm router retries"},
+	{file: "k8s/examples/orders-istio/virtualservice.yaml", from: "remove: [x-envoy-retry-on, x-envoy-retry-grpc-on]", to: "remove: [x-envoy-retry-on]", want: "x-envoy-retry-grpc-on would arm router retries"},
+	{file: "k8s/examples/orders-envoy-gateway/httproutes.yaml", from: "remove: [x-envoy-retry-on, x-envoy-retry-grpc-on]", to: "remove: []", want: "x-envoy-retry-on would arm router retries"},
 	{file: "envoy/envoy.yaml", from: "port_value: 50051", to: "port_value: 50052", want: "listens on 50051"},
 	{file: "envoy/envoy.yaml", from: "max_message_timeout: 2.5s", to: "max_message_timeout: 1s", want: "max_message_timeout"},
 	{file: "envoy/envoy-jwt.yaml", from: "              max_message_timeout: 2.5s\n", to: "", want: "max_message_timeout"},
@@ -274,11 +290,11 @@ var brokenSettings = []mutation{
 	// Envoy Gateway writes a route's retry_policy from the HTTPRoute rule's
 	// retry and from a BackendTrafficPolicy's retry on the route or its
 	// Gateway.
-	{file: "k8s/overlays/envoy-gateway/orders-httproutes.yaml", from: "    timeouts:\n      request: 10s\n---\n",
+	{file: "k8s/examples/orders-envoy-gateway/httproutes.yaml", from: "    timeouts:\n      request: 10s\n---\n",
 		to: "    timeouts:\n      request: 10s\n    retry:\n      attempts: 2\n---\n", want: "rule 0: retry"},
-	{file: "k8s/overlays/envoy-gateway/orders-httproutes.yaml", from: "    timeouts:\n      request: 10s\n---\n",
+	{file: "k8s/examples/orders-envoy-gateway/httproutes.yaml", from: "    timeouts:\n      request: 10s\n---\n",
 		to: "    timeouts:\n      request: 10s\n---\n" + egRetryPolicy("orders", "HTTPRoute", "orders-write"), want: "BackendTrafficPolicy orders/retries: retry"},
-	{file: "k8s/overlays/envoy-gateway/orders-httproutes.yaml", from: "    timeouts:\n      request: 10s\n---\n",
+	{file: "k8s/examples/orders-envoy-gateway/httproutes.yaml", from: "    timeouts:\n      request: 10s\n---\n",
 		to: "    timeouts:\n      request: 10s\n---\n" + egRetryPolicy("envoy-gateway-system", "Gateway", "eg"), want: "BackendTrafficPolicy envoy-gateway-system/retries: retry"},
 	{file: "docker-compose.yml", from: "IDEM_STORE_TIMEOUT: 100ms", to: "IDEM_STORE_TIMEOUT: 250ms", want: "store-timeout"},
 	{file: "docker-compose.yml", from: "IDEM_LOG_LEVEL:", to: "IDEM_LOGLEVEL:", want: "IDEM_LOGLEVEL"},
@@ -293,31 +309,36 @@ var brokenSettings = []mutation{
 	{file: "k8s/base/deployment.yaml", from: "runAsNonRoot: true", to: "runAsNonRoot: false", want: "runAsNonRoot"},
 	{file: "k8s/base/service.yaml", from: "appProtocol: grpc", to: "appProtocol: http", want: "appProtocol grpc"},
 	{file: "k8s/components/dev-redis/statefulset.yaml", from: "- noeviction", to: "- allkeys-lru", want: "noeviction"},
-	{file: "k8s/overlays/istio/orders-virtualservice.yaml", from: "attempts: 0", to: "attempts: 2", want: "orders-write: retries.attempts 2"},
+	{file: "k8s/examples/orders-istio/virtualservice.yaml", from: "attempts: 0", to: "attempts: 2", want: "orders-write: retries.attempts 2"},
 	// Istio's default when retries is unset: 2 retries.
-	{file: "k8s/overlays/istio/orders-virtualservice.yaml", from: "    timeout: 10s\n    retries:\n      attempts: 0\n", to: "    timeout: 10s\n",
+	{file: "k8s/examples/orders-istio/virtualservice.yaml", from: "    timeout: 10s\n    retries:\n      attempts: 0\n", to: "    timeout: 10s\n",
 		want: "orders-write: no retries"},
-	{file: "k8s/overlays/istio/orders-virtualservice.yaml", from: "  - name: orders-mesh\n    route:\n    - destination:\n        host: orders.orders.svc.cluster.local\n        port:\n          number: 8080\n    timeout: 10s\n    retries:\n      attempts: 0\n",
+	{file: "k8s/examples/orders-istio-sidecar/virtualservice-mesh.yaml", from: "  - name: orders-mesh\n    route:\n    - destination:\n        host: orders.orders.svc.cluster.local\n        port:\n          number: 8080\n    timeout: 10s\n    retries:\n      attempts: 0\n",
 		to:   "  - name: orders-mesh\n    route:\n    - destination:\n        host: orders.orders.svc.cluster.local\n        port:\n          number: 8080\n    timeout: 10s\n",
 		want: "orders-mesh: no retries"},
 	{file: "k8s/overlays/istio/envoyfilter-gateway.yaml", from: "idem-extproc.idem-extproc.svc", to: "idem.idem-extproc.svc", want: "no Service"},
-	{file: "k8s/overlays/istio/envoyfilter-gateway.yaml", from: "name: orders-read", to: "name: orders-write", want: "may write"},
-	{file: "k8s/overlays/istio/envoyfilter-sidecar.yaml", from: "value_match: { exact: GET }", to: "value_match: { exact: POST }", want: "skips the filter for POST, which may write"},
-	{file: "k8s/overlays/istio/envoyfilter-sidecar.yaml", from: "value_match: { exact: HEAD }", to: "value_match: { exact: HAED }", want: "the sidecar filter runs for HEAD"},
-	{file: "k8s/overlays/istio/envoyfilter-sidecar.yaml", from: "- connection.uri_san_peer_certificate", to: "- source.principal", want: "source.principal is not an Envoy attribute"},
+	{file: "k8s/overlays/istio/envoyfilter-gateway.yaml", from: "        disabled: true\n", to: "", want: "runs on every route through the gateway"},
+	{file: "k8s/examples/orders-istio/envoyfilter-routes.yaml", from: "name: orders-write", to: "name: orders-read", want: "matches POST, which may write, and the gateway's ext_proc filter does not run on it"},
+	{file: "k8s/examples/orders-istio/envoyfilter-routes.yaml", from: "name: orders-write", to: "name: orders-writes", want: "names route orders-writes (virtual host \"orders.example.com:80\"), which no VirtualService"},
+	{file: "k8s/examples/orders-istio/envoyfilter-routes.yaml", from: "name: orders.example.com:80", to: "name: orders.example.com:8080", want: "which no VirtualService bound to a Gateway in the build has"},
+	{file: "k8s/examples/orders-istio/envoyfilter-routes.yaml", from: "config: {}", to: "disabled: true", want: "the gateway's ext_proc filter does not run on it"},
+	{file: "k8s/examples/orders-istio-sidecar/envoyfilter-sidecar.yaml", from: "        portNumber: 8080\n", to: "", want: "matches every inbound port of the workload"},
+	{file: "k8s/examples/orders-istio-sidecar/envoyfilter-sidecar.yaml", from: "value_match: { exact: GET }", to: "value_match: { exact: POST }", want: "skips the filter for POST, which may write"},
+	{file: "k8s/examples/orders-istio-sidecar/envoyfilter-sidecar.yaml", from: "value_match: { exact: HEAD }", to: "value_match: { exact: HAED }", want: "the sidecar filter runs for HEAD"},
+	{file: "k8s/examples/orders-istio-sidecar/envoyfilter-sidecar.yaml", from: "- connection.uri_san_peer_certificate", to: "- source.principal", want: "source.principal is not an Envoy attribute"},
 	{file: "k8s/overlays/istio/kustomization.yaml", from: "terminationDrainDuration: 20s", to: "terminationDrainDuration: 10s", want: "drains for 10s"},
 	{file: "k8s/overlays/istio/kustomization.yaml", from: "proxy.istio.io/config: |", to: "proxy.istio.io/confg: |", want: "drains for 5s"},
-	{file: "k8s/overlays/istio/orders-virtualservice.yaml", from: "  - mesh", to: "  - orders-gateway", want: "bound to the mesh"},
-	{file: "k8s/overlays/envoy-gateway/envoyextensionpolicy.yaml", from: "body: Buffered", to: "body: Streamed", want: "request_body_mode"},
-	{file: "k8s/overlays/envoy-gateway/envoyextensionpolicy.yaml", from: "body: Buffered", to: "body: Bufered", want: "Bufered"},
-	{file: "k8s/overlays/envoy-gateway/envoyextensionpolicy.yaml", from: "name: orders-write", to: "name: orders-read", want: "no EnvoyExtensionPolicy protects it"},
-	{file: "k8s/overlays/envoy-gateway/referencegrant.yaml", from: "namespace: orders", to: "namespace: shop", want: "ReferenceGrant"},
+	{file: "k8s/examples/orders-istio-sidecar/virtualservice-mesh.yaml", from: "  - mesh", to: "  - orders-gateway", want: "bound to the mesh"},
+	{file: "k8s/examples/orders-envoy-gateway/envoyextensionpolicy.yaml", from: "body: Buffered", to: "body: Streamed", want: "request_body_mode"},
+	{file: "k8s/examples/orders-envoy-gateway/envoyextensionpolicy.yaml", from: "body: Buffered", to: "body: Bufered", want: "Bufered"},
+	{file: "k8s/examples/orders-envoy-gateway/envoyextensionpolicy.yaml", from: "name: orders-write", to: "name: orders-read", want: "no EnvoyExtensionPolicy protects it"},
+	{file: "k8s/examples/orders-envoy-gateway/referencegrant.yaml", from: "namespace: orders", to: "namespace: shop", want: "ReferenceGrant"},
 	{file: "k8s/overlays/envoy-gateway/clienttrafficpolicy.yaml", from: "bufferLimit: 1Mi", to: "bufferLimit: 32Ki", want: "a larger protected request gets 413"},
 	{file: "k8s/overlays/envoy-gateway/clienttrafficpolicy.yaml", from: "    name: eg", to: "    name: other", want: "32768 bytes (Envoy Gateway's default)"},
 	{file: "k8s/overlays/envoy-gateway/kustomization.yaml", from: "- clienttrafficpolicy.yaml\n", to: "", want: "Envoy Gateway's default"},
 	{file: "k8s/overlays/envoy-gateway/envoyproxy.yaml", from: "after: envoy.filters.http.ratelimit", to: "after: envoy.filters.http.cors", want: "envoy.filters.http.ratelimit runs after envoy.filters.http.ext_proc"},
 	{file: "k8s/overlays/envoy-gateway/kustomization.yaml", from: "- envoyproxy.yaml\n", to: "", want: "no EnvoyProxy"},
-	{file: "k8s/overlays/envoy-gateway/envoyextensionpolicy.yaml", from: "- connection.uri_san_peer_certificate", to: "- source.principal", want: "source.principal is not an Envoy attribute"},
+	{file: "k8s/examples/orders-envoy-gateway/envoyextensionpolicy.yaml", from: "- connection.uri_san_peer_certificate", to: "- source.principal", want: "source.principal is not an Envoy attribute"},
 	{file: "k8s/base/policy.yaml", from: "  store_failure: fail_closed\n", to: "  store_failure: fail_closed\n  wait_for_in_flight: 1s\n", want: "Envoy Gateway cannot serve"},
 	{file: "k8s/base/policy.yaml", from: "max_request_body: 1MiB", to: "max_request_body: 4MiB", want: "4194304-byte bodies"},
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	streamv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/access_loggers/stream/v3"
 	matchingv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/matching/v3"
 	skipv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/common/matcher/action/v3"
@@ -30,6 +31,9 @@ var envoyTypes = []proto.Message{
 	&hcmv3.HttpConnectionManager{},
 	&extprocv3.ExternalProcessor{},
 	&extprocv3.ExtProcPerRoute{},
+	// What turns a filter inserted disabled on for one route (the Istio
+	// gateway's).
+	&routev3.FilterConfig{},
 	&routerv3.Router{},
 	&jwtv3.JwtAuthentication{},
 	&upstreamhttpv3.HttpProtocolOptions{},
@@ -138,11 +142,25 @@ func walkAnys(m protoreflect.Message, path string, fn func(path string, a *anypb
 			for i := 0; i < l.Len(); i++ {
 				visitMessage(l.Get(i).Message(), fmt.Sprintf("%s[%d]", p, i), fn)
 			}
+		case emptyFilterConfig(m, fd, v):
+			// Not an Any to resolve: Envoy's mark that the route turns the
+			// filter on as it is (source/common/router/per_filter_config.cc,
+			// "If the field `config` is configured but is empty, we treat
+			// the filter is enabled explicitly").
 		case fd.Kind() == protoreflect.MessageKind || fd.Kind() == protoreflect.GroupKind:
 			visitMessage(v.Message(), p, fn)
 		}
 		return true
 	})
+}
+
+// emptyFilterConfig reports whether fd of m is the config of a route's
+// FilterConfig, set and empty.
+func emptyFilterConfig(m protoreflect.Message, fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+	if m.Descriptor().FullName() != "envoy.config.route.v3.FilterConfig" || fd.Name() != "config" {
+		return false
+	}
+	return proto.Size(v.Message().Interface()) == 0
 }
 
 func visitMessage(m protoreflect.Message, path string, fn func(string, *anypb.Any)) {

@@ -191,28 +191,31 @@ func init() {
 }
 
 // regionsComponents are the components that send requests home, each with
-// the overlay it is written for; no overlay uses them.
-var regionsComponents = map[string]string{"regions-istio": "istio", "regions-envoy-gateway": "envoy-gateway"}
+// the example it is written for (whose routes it patches, over that
+// example's overlay); no overlay uses them.
+var regionsComponents = map[string]string{"regions-istio": "orders-istio", "regions-envoy-gateway": "orders-envoy-gateway"}
 
 // componentBuild writes, in fsys, a kustomization as a user's would be:
-// resources the overlay, components the component; it returns its
-// directory.
-func componentBuild(t *testing.T, fsys filesys.FileSystem, overlay, component string) string {
+// resources the example's overlay and the example, components the
+// component; it returns its directory.
+func componentBuild(t *testing.T, fsys filesys.FileSystem, component string) string {
 	t.Helper()
+	example := regionsComponents[component]
 	dir := path.Join(k8sDir, "with-"+component)
 	k := "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n" +
-		"resources:\n- ../overlays/" + overlay + "\ncomponents:\n- ../components/" + component + "\n"
+		"resources:\n- ../overlays/" + exampleOverlays[example] + "\n- ../examples/" + example +
+		"\ncomponents:\n- ../components/" + component + "\n"
 	if err := fsys.WriteFile("/"+dir+"/kustomization.yaml", []byte(k)); err != nil {
 		t.Fatal(err)
 	}
 	return dir
 }
 
-// withComponent builds overlay with component added (componentBuild) and
+// withComponent builds the example with component added (componentBuild) and
 // checks the server in it.
-func withComponent(t *testing.T, fsys filesys.FileSystem, overlay, component string) []k8sObject {
+func withComponent(t *testing.T, fsys filesys.FileSystem, component string) []k8sObject {
 	t.Helper()
-	objs, err := buildObjects(fsys, componentBuild(t, fsys, overlay, component))
+	objs, err := buildObjects(fsys, componentBuild(t, fsys, component))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -237,7 +240,7 @@ func withComponent(t *testing.T, fsys filesys.FileSystem, overlay, component str
 // and the port other regions send home to requires their client
 // certificates and has no route on the header.
 func TestRegionsIstioComponent(t *testing.T) {
-	objs := withComponent(t, loadK8s(t), "istio", "regions-istio")
+	objs := withComponent(t, loadK8s(t), "regions-istio")
 	if err := checkIstioObjects(objs); err != nil {
 		t.Fatal(err)
 	}
@@ -307,7 +310,7 @@ func init() {
 // the header), and eg-home, which keeps the header, requires client
 // certificates, has no rule on the header, and has the ext_proc filter.
 func TestRegionsEnvoyGatewayComponent(t *testing.T) {
-	objs := withComponent(t, loadK8s(t), "envoy-gateway", "regions-envoy-gateway")
+	objs := withComponent(t, loadK8s(t), "regions-envoy-gateway")
 	if err := checkEnvoyGatewayObjects(objs); err != nil {
 		t.Fatal(err)
 	}

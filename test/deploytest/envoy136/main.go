@@ -72,6 +72,7 @@ var anyTypes = []proto.Message{
 	&hcmv3.HttpConnectionManager{},
 	&extprocv3.ExternalProcessor{},
 	&extprocv3.ExtProcPerRoute{},
+	&routev3.FilterConfig{},
 	&routerv3.Router{},
 	&jwtv3.JwtAuthentication{},
 	&upstreamhttpv3.HttpProtocolOptions{},
@@ -179,6 +180,10 @@ func walkAnys(m protoreflect.Message, path string, fn func(string, *anypb.Any)) 
 					visit(v.List().Get(i).Message(), fmt.Sprintf("%s[%d]", p, i), fn)
 				}
 			}
+		case m.Descriptor().FullName() == "envoy.config.route.v3.FilterConfig" && fd.Name() == "config" &&
+			proto.Size(v.Message().Interface()) == 0:
+			// Not an Any to resolve: Envoy's mark that the route turns the
+			// filter on as it is (source/common/router/per_filter_config.cc).
 		case fd.Kind() == protoreflect.MessageKind:
 			visit(v.Message(), p, fn)
 		}
