@@ -53,7 +53,7 @@ func (p *processor) render(ctx context.Context, v attempt.Verdict) *extprocv3.Pr
 		// it only up to the filter's max_message_timeout. There is no
 		// timer in the echo modes, and grpc-go takes any first reply but
 		// the headers' as an error.
-		p.waiting = true
+		p.then = p.resume
 		if p.rpc.proxyless || echoes(p.requestBodyMode) {
 			return nil
 		}
@@ -76,7 +76,6 @@ func (p *processor) render(ctx context.Context, v attempt.Verdict) *extprocv3.Pr
 // resume ends a wait (render's Wait) once Envoy was told of it: the
 // attempt waits, and its verdict answers the message.
 func (p *processor) resume(ctx context.Context) *extprocv3.ProcessingResponse {
-	p.waiting = false
 	resp := p.render(ctx, p.att.Await(ctx))
 	p.releaseRequestBody()
 	return resp

@@ -219,7 +219,7 @@ func (p *processor) decide(ctx context.Context) *extprocv3.ProcessingResponse {
 // once nothing keeps them. Echoes withheld through a wait still do: they
 // are the body, kept until the wait's verdict sends or drops them.
 func (p *processor) releaseRequestBody() {
-	if !p.waiting || !p.rpc.withholds() {
+	if p.then == nil || !p.rpc.withholds() {
 		p.srv.budget.release(&p.held)
 	}
 }

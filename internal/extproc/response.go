@@ -336,3 +336,20 @@ func withAddedHeaders(resp *extprocv3.ProcessingResponse, add []attempt.Response
 		hr.Response.HeaderMutation.SetHeaders = append(hr.Response.HeaderMutation.SetHeaders, setHeader(h.Name, h.Value, h.Append))
 	}
 }
+
+// maySettle reports whether answering m may settle the record: the
+// response's headers, or the end of its body or its trailers, on a stream
+// whose messages Envoy times (no timer runs in the echo modes, and
+// grpc-go takes any first reply but the headers' as an error).
+func maySettle(m *message, st stage, mode procmodev3.ProcessingMode_BodySendMode, proxyless bool) bool {
+	if proxyless || echoes(mode) {
+		return false
+	}
+	switch m.phase {
+	case phaseResponseHeaders:
+		return st == stageUpstream
+	case phaseResponseBody:
+		return st == stageResponseBody && (m.body.GetEndOfStream() || mode == procmodev3.ProcessingMode_BUFFERED)
+	}
+	return st == stageResponseBody
+}

@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/idem-extproc/idem-extproc/internal/attempt"
 	"github.com/idem-extproc/idem-extproc/internal/idem"
@@ -68,19 +69,20 @@ type processor struct {
 	// configuration is assumed and no override is asked for.
 	requestBodyMode, responseBodyMode procmodev3.ProcessingMode_BodySendMode
 	modesKnown                        bool
-	// stage, phase, waiting and respTooLarge sit next to modesKnown, in what would be
+	// stage, phase and respTooLarge sit next to modesKnown, in what would be
 	// padding: a processor is allocated per request, and this keeps it in
 	// the 480 byte size class.
 	stage stage
 	// phase is the message being answered; msgBody its body, for a body
 	// message (echoed back in the echo modes).
 	phase phase
-	// waiting: the reply just queued extends Envoy's timer for a wait
-	// (attempt.Wait); the loop sends it, then calls resume.
-	waiting bool
 	// respTooLarge: the response is recorded without its body.
 	respTooLarge bool
 	msgBody      *extprocv3.HttpBody
+	// then: the reply just queued extends Envoy's timer (a wait,
+	// attempt.Wait, or a far home's settlement); the loop sends it, then
+	// answers the message with what then returns.
+	then func(context.Context) *extprocv3.ProcessingResponse
 
 	// att is the attempt: policy, record, token, what it holds.
 	att        attempt.Attempt
@@ -190,6 +192,13 @@ func (p *processor) handle(ctx context.Context, m *message) (*extprocv3.Processi
 	if m.phase <= phaseRequestTrailers {
 		return p.onRequest(ctx, m)
 	}
+	// A message that may settle a record held in a far home's store first
+	// asks Envoy for the settlement's time (attempt.SettleAsk), as a wait
+	// does at the request: message_timeout is shorter than one call there.
+	if d := p.att.SettleAsk(); d > 0 && maySettle(m, p.stage, p.responseBodyMode, p.rpc.proxyless) {
+		p.then = func(ctx context.Context) *extprocv3.ProcessingResponse { return p.onResponse(ctx, m) }
+		return &extprocv3.ProcessingResponse{OverrideMessageTimeout: durationpb.New(d)}, nil
+	}
 	return p.onResponse(ctx, m), nil
 }
 
@@ -223,8 +232,8 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 // serve is the stream loop: it reads each message, has the processor
 // answer it, and sends what the answer queued, in protocol order: replies
 // withheld until now (rpcState), then the reply to the message itself.
-// A duplicate that waits for the attempt in flight first gets Envoy's
-// timer extended, then the wait's verdict (processor.resume).
+// A duplicate that waits for the attempt in flight, or a settlement in a
+// far home's store, first gets Envoy's timer extended (processor.then).
 func (s *Server) serve(ctx context.Context, stream extprocv3.ExternalProcessor_ProcessServer, p *processor) error {
 	for {
 		req, err := stream.Recv()
@@ -248,10 +257,12 @@ func (s *Server) serve(ctx context.Context, stream extprocv3.ExternalProcessor_P
 			if err == nil && resp != nil {
 				err = stream.Send(resp)
 			}
-			if err != nil || !p.waiting {
+			if err != nil || p.then == nil {
 				break
 			}
-			resp = p.resume(pctx)
+			next := p.then
+			p.then = nil
+			resp = next(pctx)
 		}
 		span.End()
 		if _, bad := err.(protocolError); bad {

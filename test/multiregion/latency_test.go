@@ -112,3 +112,28 @@ func TestFarHomeWithinEnvoysTimers(t *testing.T) {
 		})
 	}
 }
+
+// TestFarHomeSettlementWithinEnvoysTimers: a first write whose record is
+// held in a far home's store is settled there at its response, one round
+// trip (250 ms here) more than the filter's message_timeout (200 ms here)
+// allows. The server asks Envoy for the settlement's time at that message
+// too (attempt.SettleAsk), so the write is answered and its retry
+// replayed; without the ask Envoy would end it with 504 at the response.
+func TestFarHomeSettlementWithinEnvoysTimers(t *testing.T) {
+	bed := newBed(t, bedOptions{rtt: 250 * time.Millisecond, storeTimeout: 100 * time.Millisecond,
+		messageTimeout: 200 * time.Millisecond, maxMessageTimeout: 2500 * time.Millisecond})
+	bed.setHomes(2, `homes:
+  epoch: 2
+  default: eu
+  rules:
+    - {scopes: [t-far], region: us}
+`, "eu")
+	key := newKey(false)
+	for i, want := range []string{"", "true"} {
+		r := bed.post("eu", key, "t-far", `{"n":1}`, 10*time.Second)
+		if r.Err != nil || r.Status != 201 || r.Header.Get("Idempotent-Replayed") != want {
+			t.Fatalf("attempt %d = %d %v replayed %q %.200s; want 201 replayed %q\n%v", i+1, r.Status, r.Err,
+				r.Header.Get("Idempotent-Replayed"), r.Body, want, bed.regions["eu"].env.Results())
+		}
+	}
+}
