@@ -82,7 +82,7 @@ func TestFarHome(t *testing.T) {
 	if prob := b.Admit("scope", "k2"); prob != nil {
 		t.Fatal(prob)
 	}
-	if v := b.Request(ctx, idem.Fingerprint{1}); v.Kind != Answer || v.Problem == nil || v.Problem.Status != 503 {
+	if v := b.Request(ctx, idem.Fingerprint{1}); v.Kind != answered || v.Problem == nil || v.Problem.Status != 503 {
 		t.Fatalf("a moved key without a finder: %+v, want 503", v)
 	}
 }
@@ -136,7 +136,7 @@ func TestAskFitsWhatEnvoyGrants(t *testing.T) {
 			}
 			v = dup.Await(ctx)
 			if c.waitedAt == 0 {
-				if v.Kind != Answer || v.Problem == nil || v.Problem.Slug != "request-in-progress" {
+				if v.Kind != answered || v.Problem == nil || v.Problem.Slug != "request-in-progress" {
 					t.Fatalf("without room to wait: %+v, want 409 at once", v)
 				}
 				return

@@ -152,7 +152,7 @@ const (
 
 var refusalCodes = map[int]int{400: codeHeaderMismatch, 404: codeMethodNotFound}
 
-// Interim reports whether rs, the upstream's answer to the JSON-RPC call
+// isInterim reports whether rs, the upstream's answer to the JSON-RPC call
 // whose id is id, is an MCP multi round-trip request's interim result
 // (jsonrpc.InputRequired): the server asks the client for input, and the
 // client will retry the call with it under a new id
@@ -162,7 +162,7 @@ var refusalCodes = map[int]int{400: codeHeaderMismatch, 404: codeMethodNotFound}
 // fingerprint (policy.ContinuationMembers), runs the final step and
 // stores its result, which a retry of the call from its first round then
 // gets. A stored text/event-stream answer is judged by its final response.
-func Interim(rs idem.Response, id []byte) bool {
+func isInterim(rs idem.Response, id []byte) bool {
 	if rs.Status < 200 || rs.Status > 299 || rs.BodyOmitted || id == nil {
 		return false
 	}
@@ -182,7 +182,7 @@ func Interim(rs idem.Response, id []byte) bool {
 // store: completed with it, unless it is the upstream's transport refusing
 // the call (TransportRefused), which never ran it: then the record is
 // released (unknown when an earlier attempt may have run it:
-// unlessRetried); or an interim result that asks for input (Interim),
+// unlessRetried); or an interim result that asks for input (isInterim),
 // which is released for the continuation. attrs are added to the settled
 // line.
 func (a *Attempt) SettleCall(ctx context.Context, rs idem.Response, id []byte, attrs ...slog.Attr) {
@@ -191,7 +191,7 @@ func (a *Attempt) SettleCall(ctx context.Context, rs idem.Response, id []byte, a
 		a.SettleStored(ctx, rs, attrs...)
 	case TransportRefused(rs, id):
 		a.Settle(ctx, a.unlessRetried(idem.ActionRelease), append(attrs, slog.String("reason", "transport refused the call"))...)
-	case Interim(rs, id):
+	case isInterim(rs, id):
 		// The server asks for input; an interim round is taken to have no
 		// effect of its own (docs/design.md §4, MCP multi round-trip
 		// requests): the record goes, the continuation runs.

@@ -106,8 +106,8 @@ func TestInterim(t *testing.T) {
 		{"not 2xx", idem.Response{Status: 500, Headers: js, Body: []byte(interim)}, false},
 		{"body not kept", idem.Response{Status: 200, Headers: js, BodyOmitted: true}, false},
 	} {
-		if got := Interim(tc.rs, []byte(`7`)); got != tc.want {
-			t.Errorf("%s: Interim = %v, want %v", tc.name, got, tc.want)
+		if got := isInterim(tc.rs, []byte(`7`)); got != tc.want {
+			t.Errorf("%s: isInterim = %v, want %v", tc.name, got, tc.want)
 		}
 	}
 }
