@@ -21,9 +21,12 @@ import (
 // through Envoy or from grpc-go's filter (rpcState), a JSON-RPC client
 // (bodyDecision). A new caller kind is rendered here, and nowhere else.
 
-// render turns a verdict into the reply to the current message.
-//   - Continue: the reserved request goes upstream (stageUpstream); every
-//     withheld reply is released (cont).
+// render turns a verdict into the reply to the current message, and is
+// the one place the stream's stage changes on a verdict.
+//   - Continue: before the decision (the attempt holds nothing yet), the
+//     body is awaited (stageRequestBody, awaitBody); after it, the
+//     reserved request goes upstream (stageUpstream) and every withheld
+//     reply is released (cont).
 //   - Pass: the request goes on unprotected (passThrough).
 //   - Answer: the server answers in the upstream's place, with the problem
 //     or the replay in the caller's form; withheld replies are dropped,
@@ -43,6 +46,10 @@ func (p *processor) render(ctx context.Context, v attempt.Verdict) *extprocv3.Pr
 	}
 	switch v.Kind {
 	case attempt.Continue:
+		if !p.att.Held() {
+			p.stage = stageRequestBody
+			return p.awaitBody(ctx)
+		}
 		p.stage = stageUpstream
 		return p.cont()
 	case attempt.Pass:
