@@ -146,17 +146,11 @@ func (p *processor) replayReply(ctx context.Context, r *idem.Response) *extprocv
 }
 
 // cont lets the message go on: every withheld reply goes first, then the
-// message's own CONTINUE, or in an echo mode its body sent back.
+// message's own CONTINUE; a body message in an echo mode is answered with
+// its body sent back unchanged as a streamed_response (a reply without one
+// fails the call in grpc-go and is spurious to Envoy).
 func (p *processor) cont() *extprocv3.ProcessingResponse {
 	p.rpc.releaseAll()
-	return p.echo()
-}
-
-// echo answers the current message with CONTINUE; a body message in an
-// echo mode is answered with its body sent back unchanged as a
-// streamed_response (a reply without one fails the call in grpc-go and is
-// spurious to Envoy).
-func (p *processor) echo() *extprocv3.ProcessingResponse {
 	switch {
 	case p.phase == phaseRequestBody && echoes(p.requestBodyMode), p.phase == phaseResponseBody && echoes(p.responseBodyMode):
 		body := p.msgBody
