@@ -80,6 +80,47 @@ func (p *processor) render(ctx context.Context, v attempt.Verdict) *extprocv3.Pr
 	return p.problemReply(v.Problem)
 }
 
+// awaitBody asks for a protected request's body, whole, before anything
+// of the request goes upstream (render's Continue before the decision). In the echo modes the headers reply is
+// withheld (rpcState); grpc-go without a request body mode sends no body
+// at all, so the call is decided on its headers (its fingerprint then
+// lacks the message).
+func (p *processor) awaitBody(ctx context.Context) *extprocv3.ProcessingResponse {
+	if p.srv.budget.full() && !p.body.answersJSONRPC() {
+		// A JSON-RPC answer here could not carry the request's id, which
+		// only its body holds: such a request is refused at its body,
+		// where the budget refuses it still if it stays full.
+		return p.render(ctx, p.att.Refuse(ctx, p.srv.budget.capacityProblem(p.att.Policy.RetryAfter)))
+	}
+	switch {
+	case p.rpc.proxyless && p.requestBodyMode == procmodev3.ProcessingMode_NONE:
+		return p.decide(ctx)
+	case echoes(p.requestBodyMode):
+		p.rpc.headersHeld = true
+		return nil
+	}
+	if !p.modesKnown {
+		p.requestBodyMode, p.responseBodyMode = procmodev3.ProcessingMode_BUFFERED, procmodev3.ProcessingMode_BUFFERED
+		return continueFor(p.phase)
+	}
+	switch p.requestBodyMode {
+	case procmodev3.ProcessingMode_NONE, procmodev3.ProcessingMode_STREAMED:
+		// The fingerprint needs the whole body, and the upstream must see
+		// no part of the request before the reservation: in STREAMED mode
+		// Envoy would forward the headers and every answered chunk at once
+		// (processor_state.cc handleHeaderContinue). Ask for BUFFERED,
+		// which holds the headers until the body's reply. Body modes are
+		// always copied from an override, so the response's is restated.
+		// If Envoy does not honour overrides, the chunks are read as they
+		// come (onRequestBody).
+		return continueWith(p.phase, &procmodev3.ProcessingMode{
+			RequestBodyMode:  procmodev3.ProcessingMode_BUFFERED,
+			ResponseBodyMode: wantedResponseBodyMode(p.responseBodyMode),
+		})
+	}
+	return continueFor(p.phase)
+}
+
 // resume ends a wait (render's Wait) once Envoy was told of it: the
 // attempt waits, and its verdict answers the message.
 func (p *processor) resume(ctx context.Context) *extprocv3.ProcessingResponse {
