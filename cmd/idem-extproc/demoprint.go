@@ -123,7 +123,7 @@ func (p *demoPrinter) policies(set *policy.Set) {
 			// demo-orders refuses any other request 404 or 405, with no
 			// JSON-RPC response: the server takes that for an MCP transport
 			// refusing the call, and stores nothing
-			// (attempt.TransportRefused).
+			// (attempt.transportRefused).
 			err = errors.New("answers: jsonrpc needs a JSON-RPC server upstream, and demo-orders is none; " +
 				"run the demo with --upstream at your MCP server")
 		}

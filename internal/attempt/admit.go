@@ -27,7 +27,7 @@ const (
 	// admitRefused: refused with a problem (400 key missing or invalid).
 	admitRefused
 	// admitKeyed: the key is valid; the record is named once the scope is
-	// known (Admit).
+	// known (admit).
 	admitKeyed
 )
 
@@ -66,13 +66,13 @@ func (a *Attempt) admitKey(raw string, lines int, now time.Time) (admission, str
 	return a.headerKey(raw, lines)
 }
 
-// Admit names the record of an admitKeyed request's key in scope, the owner of
+// admit names the record of an admitKeyed request's key in scope, the owner of
 // its key space read where the policy says. A policy that scopes by a
 // header, metadata or the peer's identity refuses a request that carries
 // none (401 principal-missing): its key would otherwise share a record
 // with every other unscoped client's. Scoped by authority or not at all,
 // "" is a scope like any other.
-func (a *Attempt) Admit(scope, key string) *problem.Problem {
+func (a *Attempt) admit(scope, key string) *problem.Problem {
 	switch a.Policy.Scope.Source {
 	case policy.ScopeNone, policy.ScopeAuthority:
 	default:
@@ -148,10 +148,10 @@ func (a *Attempt) Key(ctx context.Context, raw string, lines int, now time.Time)
 }
 
 // Named is the verdict on naming the record of an admitKeyed request in scope
-// (Admit): Continue, the refusal of a request without the principal its
+// (admit): Continue, the refusal of a request without the principal its
 // policy scopes by, or where a homes map sends the request (routed).
 func (a *Attempt) Named(ctx context.Context, scope, key string) Verdict {
-	if prob := a.Admit(scope, key); prob != nil {
+	if prob := a.admit(scope, key); prob != nil {
 		return a.Refuse(ctx, prob)
 	}
 	return a.routed(ctx)

@@ -83,10 +83,10 @@ func TestAdmissionTable(t *testing.T) {
 func TestAdmitNamesTheRecord(t *testing.T) {
 	a := New(&Server{}, &reporter{})
 	a.Policy = policy.Default()
-	a.Admit("tenant-a", "k")
+	a.admit("tenant-a", "k")
 	b := New(&Server{}, &reporter{})
 	b.Policy = policy.Default()
-	b.Admit("tenant-b", "k")
+	b.admit("tenant-b", "k")
 	if a.ID == b.ID || a.ID != idem.RecordIDFor(a.Policy.RecordNamespace(), "tenant-a", "k") || a.Scope != "tenant-a" {
 		t.Fatalf("ids %s %s", a.ID, b.ID)
 	}
@@ -112,7 +112,7 @@ func TestAdmitScopeTable(t *testing.T) {
 		a := New(&Server{}, &reporter{})
 		a.Policy = policy.Default()
 		a.Policy.Scope = policy.Scope{Source: tc.source}
-		prob := a.Admit(tc.scope, "k")
+		prob := a.admit(tc.scope, "k")
 		if (prob != nil) != tc.refused || (prob != nil && prob.Slug != problem.PrincipalMissing.Slug) {
 			t.Errorf("source %v scope %q: problem %v, want refused %v", tc.source, tc.scope, prob, tc.refused)
 		}

@@ -54,7 +54,7 @@ type BodyVerdict struct {
 
 // AtBody picks the policy of a deferred request once its body is whole:
 // the first candidate whose body criteria hold, whose key is then admitted
-// (admitKeyFrom) and record named (Admit). The verdict is Continue when the
+// (admitKeyFrom) and record named (admit). The verdict is Continue when the
 // request is admitted (the attempt's policy is the chosen one), a Pass when
 // no candidate takes the body or one passes it without a key, and a
 // refusal otherwise. A request no candidate takes costs no store call.
@@ -102,7 +102,7 @@ func (a *Attempt) AtBody(ctx context.Context, cands []Candidate, body []byte, no
 				return out
 			}
 		}
-		adm, key, prob := a.admitKeyFrom(keyInput{headerRaw: c.RawKey, headerLines: c.KeyLines, Body: body}, now)
+		adm, key, prob := a.admitKeyFrom(keyInput{headerRaw: c.RawKey, headerLines: c.KeyLines, body: body}, now)
 		if out.Verdict = a.admitted(ctx, adm, prob); out.Kind != Continue {
 			return out
 		}

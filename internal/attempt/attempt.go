@@ -156,7 +156,7 @@ type Attempt struct {
 	// ID names the record; empty until the key is admitted.
 	ID    idem.RecordID
 	Scope string
-	Token idem.Token
+	token idem.Token
 	// Number is the attempt's number for the operation (1 for the first);
 	// zero until the store told it.
 	Number int
@@ -172,7 +172,7 @@ type Attempt struct {
 	// when it lives in Server.Store (recordStore, storeBudget), or when
 	// the request goes to another region (sendTo).
 	home *home
-	// sendTo is the home region Admit found the request is to be sent to
+	// sendTo is the home region admit found the request is to be sent to
 	// (SendHome); astray refuses a request another region's server sent
 	// here that this server's map homes elsewhere (route.go).
 	sendTo string
@@ -281,10 +281,10 @@ func (a *Attempt) attemptAttrs(attrs []slog.Attr) []slog.Attr {
 	return append(attrs, slog.Float64("latency_ms", float64(time.Since(a.started).Microseconds())/1000))
 }
 
-// Hold makes the attempt the record's holder once the store reserved it
+// hold makes the attempt the record's holder once the store reserved it
 // for its token, and keeps the lease alive until the attempt settles; base
 // carries the stream's span (its cancellation is ignored).
-func (a *Attempt) Hold(base context.Context) {
+func (a *Attempt) hold(base context.Context) {
 	a.renew = a.startRenewer(base)
 }
 
@@ -308,7 +308,7 @@ func (a *Attempt) startRenewer(base context.Context) *renewer {
 	if base.Done() != nil {
 		base = context.WithoutCancel(base)
 	}
-	s, st, budget, id, tok, lease := a.srv, a.recordStore(), a.storeBudget(), a.ID, a.Token, a.Policy.Lease
+	s, st, budget, id, tok, lease := a.srv, a.recordStore(), a.storeBudget(), a.ID, a.token, a.Policy.Lease
 	r := &renewer{}
 	every := lease / 2
 	tick := func() {

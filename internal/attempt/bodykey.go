@@ -20,7 +20,7 @@ import (
 type keyInput struct {
 	headerRaw   string
 	headerLines int
-	Body        []byte
+	body        []byte
 }
 
 // keyMiss is why one source yielded no key.
@@ -35,7 +35,7 @@ type keyMiss struct {
 // whatever follows (it is the client's key, sent wrong). When no source
 // yields one, key.required decides as for a header: 400 with a detail
 // naming what was looked for (the header, the pointer), the grace period,
-// or a pass. A derived key lives in a key space of its own (Admit).
+// or a pass. A derived key lives in a key space of its own (admit).
 func (a *Attempt) admitKeyFrom(in keyInput, now time.Time) (admission, string, *problem.Problem) {
 	p := a.Policy
 	a.keySource, a.atBody = policy.KeyFromHeader, true
@@ -93,13 +93,13 @@ func (a *Attempt) keyFrom(src policy.KeySource, in keyInput) (string, keyMiss, *
 	p := a.Policy
 	switch src {
 	case policy.KeyFromBody:
-		return bodyKey(p.KeyPointer, p.MaxKeyLength, in.Body)
+		return bodyKey(p.KeyPointer, p.MaxKeyLength, in.body)
 	case policy.KeyFromMCPParam:
 		// The body's value: its Mcp-Param header, if the tool marks the
 		// parameter, was checked against it (policy.MCPParamMismatch).
-		return bodyKey(p.KeyParam, p.MaxKeyLength, in.Body)
+		return bodyKey(p.KeyParam, p.MaxKeyLength, in.body)
 	case policy.KeyFromDerived:
-		key, miss, err := derivedKey(p.KeyDerive, in.Body)
+		key, miss, err := derivedKey(p.KeyDerive, in.body)
 		if err != nil {
 			return "", keyMiss{}, unreadableProblem(err)
 		}

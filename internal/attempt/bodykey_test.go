@@ -49,32 +49,32 @@ func TestAdmitKeyFromBody(t *testing.T) {
 		key          string
 		derivedSpace bool
 	}{
-		{"body key", body(true), keyInput{Body: []byte(`{"idempotency_key":"k-1","amount":5}`)}, admitKeyed, "", "", "k-1", false},
-		{"body key with a comma is one key", body(true), keyInput{Body: []byte(`{"idempotency_key":"a,b"}`)}, admitKeyed, "", "", "a,b", false},
-		{"body key missing, required", body(true), keyInput{Body: []byte(`{"amount":5}`)}, admitRefused, problem.KeyMissing.Slug, "/idempotency_key", "", false},
-		{"body key missing, optional", body(false), keyInput{Body: []byte(`{"amount":5}`)}, admitBypass, "", "", "", false},
-		{"body not an object, required", body(true), keyInput{Body: []byte(`"k-1"`)}, admitRefused, problem.KeyMissing.Slug, "not a JSON object", "", false},
+		{"body key", body(true), keyInput{body: []byte(`{"idempotency_key":"k-1","amount":5}`)}, admitKeyed, "", "", "k-1", false},
+		{"body key with a comma is one key", body(true), keyInput{body: []byte(`{"idempotency_key":"a,b"}`)}, admitKeyed, "", "", "a,b", false},
+		{"body key missing, required", body(true), keyInput{body: []byte(`{"amount":5}`)}, admitRefused, problem.KeyMissing.Slug, "/idempotency_key", "", false},
+		{"body key missing, optional", body(false), keyInput{body: []byte(`{"amount":5}`)}, admitBypass, "", "", "", false},
+		{"body not an object, required", body(true), keyInput{body: []byte(`"k-1"`)}, admitRefused, problem.KeyMissing.Slug, "not a JSON object", "", false},
 		{"no body, required", body(true), keyInput{}, admitRefused, problem.KeyMissing.Slug, "/idempotency_key", "", false},
-		{"body not an object, optional", body(false), keyInput{Body: []byte(`"k-1"`)}, admitBypass, "", "", "", false},
-		{"no body, optional", body(false), keyInput{Body: []byte(" ")}, admitBypass, "", "", "", false},
+		{"body not an object, optional", body(false), keyInput{body: []byte(`"k-1"`)}, admitBypass, "", "", "", false},
+		{"no body, optional", body(false), keyInput{body: []byte(" ")}, admitBypass, "", "", "", false},
 		// A body that cannot be read may hold the key: refused, required or not.
-		{"body not JSON, required", body(true), keyInput{Body: []byte(`idempotency_key=k-1`)}, admitRefused, problem.BodyUnreadable.Slug, "cannot be read", "", false},
-		{"body not JSON, optional", body(false), keyInput{Body: []byte(`idempotency_key=k-1`)}, admitRefused, problem.BodyUnreadable.Slug, "cannot be read", "", false},
-		{"body not UTF-8, optional", body(false), keyInput{Body: []byte("{\"idempotency_key\":\"k-1\",\"n\":\"\xff\"}")}, admitRefused, problem.BodyUnreadable.Slug, "UTF-8", "", false},
-		{"body key not a string, required", body(true), keyInput{Body: []byte(`{"idempotency_key":7}`)}, admitRefused, problem.KeyInvalid.Slug, "/idempotency_key", "", false},
-		{"body key not a string, optional", body(false), keyInput{Body: []byte(`{"idempotency_key":7}`)}, admitBypass, "", "", "", false},
-		{"body key too long", body(false), keyInput{Body: []byte(`{"idempotency_key":"` + strings.Repeat("k", 256) + `"}`)}, admitRefused, problem.KeyInvalid.Slug, "/idempotency_key", "", false},
-		{"body key not visible ASCII", body(false), keyInput{Body: []byte(`{"idempotency_key":"a b"}`)}, admitRefused, problem.KeyInvalid.Slug, "/idempotency_key", "", false},
-		{"body key empty", body(false), keyInput{Body: []byte(`{"idempotency_key":""}`)}, admitRefused, problem.KeyInvalid.Slug, "empty", "", false},
-		{"duplicate member", body(false), keyInput{Body: []byte(`{"idempotency_key":"a","idempotency_key":"b"}`)}, admitRefused, problem.BodyUnreadable.Slug, "duplicate", "", false},
-		{"derived, deep body, optional", derived(false, policy.KeyFromDerived), keyInput{Body: []byte(`{"params":{"name":"a","arguments":` + strings.Repeat("[", 250) + strings.Repeat("]", 250) + `}}`)}, admitRefused, problem.BodyUnreadable.Slug, "nested deeper", "", false},
-		{"header first, body unread", derived(true, policy.KeyFromHeader, policy.KeyFromDerived), keyInput{headerRaw: "h-2", headerLines: 1, Body: []byte(`{"a":1,"a":2}`)}, admitKeyed, "", "", "h-2", false},
-		{"derived", derived(true, policy.KeyFromDerived), keyInput{Body: []byte(call)}, admitKeyed, "", "", "", true},
-		{"derived, no member", derived(true, policy.KeyFromDerived), keyInput{Body: []byte(`{"id":1,"method":"x"}`)}, admitRefused, problem.KeyMissing.Slug, "/params/name", "", false},
-		{"header first", derived(true, policy.KeyFromHeader, policy.KeyFromDerived), keyInput{headerRaw: "h-1", headerLines: 1, Body: []byte(call)}, admitKeyed, "", "", "h-1", false},
-		{"no header: derived", derived(true, policy.KeyFromHeader, policy.KeyFromDerived), keyInput{Body: []byte(call)}, admitKeyed, "", "", "", true},
-		{"header malformed is refused, not derived", derived(true, policy.KeyFromHeader, policy.KeyFromDerived), keyInput{headerRaw: "a,b", headerLines: 1, Body: []byte(call)}, admitRefused, problem.KeyInvalid.Slug, "", "", false},
-		{"nothing at all, required", derived(true, policy.KeyFromHeader, policy.KeyFromDerived), keyInput{Body: []byte(`[1]`)}, admitRefused, problem.KeyMissing.Slug, "no idempotency-key header", "", false},
+		{"body not JSON, required", body(true), keyInput{body: []byte(`idempotency_key=k-1`)}, admitRefused, problem.BodyUnreadable.Slug, "cannot be read", "", false},
+		{"body not JSON, optional", body(false), keyInput{body: []byte(`idempotency_key=k-1`)}, admitRefused, problem.BodyUnreadable.Slug, "cannot be read", "", false},
+		{"body not UTF-8, optional", body(false), keyInput{body: []byte("{\"idempotency_key\":\"k-1\",\"n\":\"\xff\"}")}, admitRefused, problem.BodyUnreadable.Slug, "UTF-8", "", false},
+		{"body key not a string, required", body(true), keyInput{body: []byte(`{"idempotency_key":7}`)}, admitRefused, problem.KeyInvalid.Slug, "/idempotency_key", "", false},
+		{"body key not a string, optional", body(false), keyInput{body: []byte(`{"idempotency_key":7}`)}, admitBypass, "", "", "", false},
+		{"body key too long", body(false), keyInput{body: []byte(`{"idempotency_key":"` + strings.Repeat("k", 256) + `"}`)}, admitRefused, problem.KeyInvalid.Slug, "/idempotency_key", "", false},
+		{"body key not visible ASCII", body(false), keyInput{body: []byte(`{"idempotency_key":"a b"}`)}, admitRefused, problem.KeyInvalid.Slug, "/idempotency_key", "", false},
+		{"body key empty", body(false), keyInput{body: []byte(`{"idempotency_key":""}`)}, admitRefused, problem.KeyInvalid.Slug, "empty", "", false},
+		{"duplicate member", body(false), keyInput{body: []byte(`{"idempotency_key":"a","idempotency_key":"b"}`)}, admitRefused, problem.BodyUnreadable.Slug, "duplicate", "", false},
+		{"derived, deep body, optional", derived(false, policy.KeyFromDerived), keyInput{body: []byte(`{"params":{"name":"a","arguments":` + strings.Repeat("[", 250) + strings.Repeat("]", 250) + `}}`)}, admitRefused, problem.BodyUnreadable.Slug, "nested deeper", "", false},
+		{"header first, body unread", derived(true, policy.KeyFromHeader, policy.KeyFromDerived), keyInput{headerRaw: "h-2", headerLines: 1, body: []byte(`{"a":1,"a":2}`)}, admitKeyed, "", "", "h-2", false},
+		{"derived", derived(true, policy.KeyFromDerived), keyInput{body: []byte(call)}, admitKeyed, "", "", "", true},
+		{"derived, no member", derived(true, policy.KeyFromDerived), keyInput{body: []byte(`{"id":1,"method":"x"}`)}, admitRefused, problem.KeyMissing.Slug, "/params/name", "", false},
+		{"header first", derived(true, policy.KeyFromHeader, policy.KeyFromDerived), keyInput{headerRaw: "h-1", headerLines: 1, body: []byte(call)}, admitKeyed, "", "", "h-1", false},
+		{"no header: derived", derived(true, policy.KeyFromHeader, policy.KeyFromDerived), keyInput{body: []byte(call)}, admitKeyed, "", "", "", true},
+		{"header malformed is refused, not derived", derived(true, policy.KeyFromHeader, policy.KeyFromDerived), keyInput{headerRaw: "a,b", headerLines: 1, body: []byte(call)}, admitRefused, problem.KeyInvalid.Slug, "", "", false},
+		{"nothing at all, required", derived(true, policy.KeyFromHeader, policy.KeyFromDerived), keyInput{body: []byte(`[1]`)}, admitRefused, problem.KeyMissing.Slug, "no idempotency-key header", "", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			obs := &adoption{}
@@ -99,7 +99,7 @@ func TestAdmitKeyFromBody(t *testing.T) {
 			if tc.derivedSpace && (len(key) != 64 || strings.Contains(key, "send_email")) {
 				t.Fatalf("derived key %q is not a hash", key)
 			}
-			a.Admit("scope", key)
+			a.admit("scope", key)
 			want := idem.RecordIDFor(tc.pol.RecordNamespace(), "scope", key)
 			if tc.derivedSpace {
 				want = idem.RecordIDFor(tc.pol.RecordNamespace()+policy.DerivedNamespaceSuffix, "scope", key)
@@ -140,10 +140,10 @@ func TestDerivedKeyReadsOnlyItsMembers(t *testing.T) {
 	p := policy.Default()
 	a := New(&Server{}, &reporter{})
 	a.Policy, a.keySource = p, policy.KeyFromDerived
-	a.Admit("s", base)
+	a.admit("s", base)
 	b := New(&Server{}, &reporter{})
 	b.Policy = p
-	b.Admit("s", base) // a client sending the derived key's text as its own key
+	b.admit("s", base) // a client sending the derived key's text as its own key
 	if a.ID == b.ID {
 		t.Fatal("a derived key shares the record of a client key of the same text")
 	}

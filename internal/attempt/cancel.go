@@ -88,7 +88,7 @@ func (a *Attempt) giveUp(ctx context.Context, err error) {
 			sctx, scancel := context.WithTimeout(ctx, snap.storeBudget())
 			defer scancel()
 			var err error
-			res, err = snap.recordStore().Cancel(sctx, snap.ID, snap.Token, cancelHold)
+			res, err = snap.recordStore().Cancel(sctx, snap.ID, snap.token, cancelHold)
 			return err
 		})
 		if cerr != nil {

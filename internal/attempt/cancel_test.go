@@ -136,7 +136,7 @@ func TestGivenUpReservationLandedFirst(t *testing.T) {
 		t.Fatalf("decide: %v, want the store's timeout", err)
 	}
 	wantOutcome(t, obs, idem.CancelOutcomeReleased)
-	if got := l.cancelled(); len(got) != 1 || got[0] != a.Token || l.holds[0] != cancelHold {
+	if got := l.cancelled(); len(got) != 1 || got[0] != a.token || l.holds[0] != cancelHold {
 		t.Fatalf("cancels %v (holds %v), want one of the attempt's token for %v", got, l.holds, cancelHold)
 	}
 	d.srv.Store = d.store
@@ -182,7 +182,7 @@ func TestGivenUpWhileWaiting(t *testing.T) {
 		t.Fatalf("the duplicate: %v %v after %d waits, want in flight (409) after one", res.Outcome, err, len(d.conv.waits))
 	}
 	wantOutcome(t, obs, idem.CancelOutcomeReleased)
-	if got := l.cancelled(); len(got) != 1 || got[0] != dup.Token {
+	if got := l.cancelled(); len(got) != 1 || got[0] != dup.token {
 		t.Fatalf("cancels %v, want the duplicate's token", got)
 	}
 	if _, err := d.store.Get(context.Background(), dup.ID); !errors.Is(err, idem.ErrNotFound) {

@@ -27,7 +27,7 @@ import (
 // such a reservation is left to turn unknown: the effect may have
 // happened.
 func (a *Attempt) decide(ctx context.Context, fp idem.Fingerprint) (idem.ReserveResult, error) {
-	a.Token = idem.NewToken()
+	a.token = idem.NewToken()
 	if a.Policy.Encrypt && a.srv.Sealer == nil {
 		// The response could not be stored as the policy demands: refuse
 		// before anything runs. (The daemon refuses such a configuration;
@@ -152,7 +152,7 @@ func (a *Attempt) reserve(ctx context.Context, fp idem.Fingerprint) (idem.Reserv
 	res, err := a.recordStore().Reserve(sctx, idem.Reservation{
 		ID:           a.ID,
 		Fingerprint:  fp,
-		Token:        a.Token,
+		Token:        a.token,
 		Lease:        a.Policy.Lease,
 		Retention:    a.Policy.Retention,
 		LeaseExpiry:  a.Policy.LeaseExpiry,
@@ -248,7 +248,7 @@ func (a *Attempt) reread(ctx context.Context, fp idem.Fingerprint, first idem.Re
 // request goes on whatever it is (docs/design.md §9).
 //
 // A first attempt holds its reservation as an enforced one does (the
-// caller calls Hold), so its response completes the record and later
+// caller calls hold), so its response completes the record and later
 // duplicates are measured against it. A duplicate holds nothing: the
 // upstream runs it again (that is what shadow means) and its own response
 // stores nothing, so it never overwrites the first one's record. It does
@@ -258,7 +258,7 @@ func (a *Attempt) reread(ctx context.Context, fp idem.Fingerprint, first idem.Re
 // same, so a reservation the failed call may still make is not cancelled
 // (cancel.go): the upstream ran.
 func (a *Attempt) decideShadow(ctx context.Context, fp idem.Fingerprint) (idem.ShadowDecision, error) {
-	a.Token = idem.NewToken()
+	a.token = idem.NewToken()
 	if a.Policy.Encrypt && a.srv.Sealer == nil {
 		return idem.ShadowStoreError, errNoKeyRing
 	}
@@ -294,7 +294,7 @@ func (a *Attempt) Request(ctx context.Context, fp idem.Fingerprint) Verdict {
 			return a.shadowed(ctx, d, verdictPass, slog.String("error", err.Error()))
 		}
 		if d == idem.ShadowWouldReserve {
-			a.Hold(a.conv.Background())
+			a.hold(a.conv.Background())
 			return a.shadowed(ctx, d, verdictContinue)
 		}
 		return a.shadowed(ctx, d, verdictPass)
@@ -345,14 +345,14 @@ func (a *Attempt) Await(ctx context.Context) Verdict {
 }
 
 // replay is the answer that replays rs: as stored, or for a JSON-RPC call
-// as the call's own response (JSONRPCReplay). A stored response that is
+// as the call's own response (jsonrpcReplay). A stored response that is
 // no JSON-RPC response to replay answers outcome-unknown: the call ran,
 // and what it returned cannot be told.
 func (a *Attempt) replay(ctx context.Context, rs *idem.Response) Verdict {
 	if a.callID == nil {
 		return Verdict{Kind: answered, Replay: rs}
 	}
-	out, err := JSONRPCReplay(*rs, a.callID)
+	out, err := jsonrpcReplay(*rs, a.callID)
 	if err != nil {
 		a.LogAt(ctx, slog.LevelWarn, "stored response cannot be replayed as a JSON-RPC response; answering outcome-unknown",
 			slog.String("error", err.Error()))
@@ -378,7 +378,7 @@ func (a *Attempt) answer(ctx context.Context, res idem.ReserveResult) Verdict {
 	a.conv.Decided(a.Policy.Name, d)
 	switch res.Outcome {
 	case idem.Reserved:
-		a.Hold(a.conv.Background())
+		a.hold(a.conv.Background())
 		return verdictContinue
 	case idem.Completed:
 		if !res.CreatedAt.IsZero() {

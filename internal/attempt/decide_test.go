@@ -84,7 +84,7 @@ func newDecider(t *testing.T, pol *policy.Policy) *decider {
 func (d *decider) attempt(c Conversation) *Attempt {
 	a := New(d.srv, c)
 	a.Policy = d.pol
-	a.Admit("tenant", "k")
+	a.admit("tenant", "k")
 	return &a
 }
 
@@ -97,7 +97,7 @@ func (d *decider) first(t *testing.T, fp idem.Fingerprint) *Attempt {
 	if err != nil || res.Outcome != idem.Reserved {
 		t.Fatalf("first attempt: %v %v", res.Outcome, err)
 	}
-	a.Hold(context.Background())
+	a.hold(context.Background())
 	t.Cleanup(a.stopRenewing)
 	return a
 }

@@ -167,7 +167,7 @@ func (p *processor) problemReply(prob *problem.Problem) *extprocv3.ProcessingRes
 
 // replayReply answers a retry of a completed operation: the stored
 // response for HTTP, rewritten to the retry's id for JSON-RPC
-// (attempt.JSONRPCReplay), ALREADY_EXISTS naming the original status for
+// (attempt.jsonrpcReplay), ALREADY_EXISTS naming the original status for
 // gRPC. A stored body that is no JSON-RPC response is never replayed to a
 // wrong id: the answer is the outcome-unknown error, since the call did
 // run and what it returned cannot be told.

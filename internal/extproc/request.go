@@ -303,7 +303,7 @@ func (s *Server) routeNameMissing(ctx context.Context, a *attempt.Attempt, set *
 }
 
 // scopeOf reads the owner of the request's key space where pol says
-// (attempt.Admit judges it); "" when the request carries none.
+// (attempt.admit judges it); "" when the request carries none.
 func (s *Server) scopeOf(ctx context.Context, a *attempt.Attempt, pol *policy.Policy, authority string, hs *corev3.HeaderMap, f *envoyFacts) string {
 	switch sc := pol.Scope; sc.Source {
 	case policy.ScopeAuthority:
