@@ -13,22 +13,22 @@ import (
 	"github.com/idem-extproc/idem-extproc/internal/problem"
 )
 
-// Admission is what admission made of a request, before any store call
+// admission is what admission made of a request, before any store call
 // (docs/design.md §3, the first table).
-type Admission uint8
+type admission uint8
 
 const (
-	// Bypass: not protected (no policy, enforcement off, no key where it
+	// admitBypass: not protected (no policy, enforcement off, no key where it
 	// is optional); the request goes on and nothing is recorded.
-	Bypass Admission = iota + 1
-	// Grace: no key where one is required, within the policy's grace
+	admitBypass admission = iota + 1
+	// admitGrace: no key where one is required, within the policy's grace
 	// period (key.warn_until): the request goes on with a warning.
-	Grace
-	// Refuse: refused with a problem (400 key missing or invalid).
-	Refuse
-	// Keyed: the key is valid; the record is named once the scope is
-	// known (Admit).
-	Keyed
+	admitGrace
+	// admitRefused: refused with a problem (400 key missing or invalid).
+	admitRefused
+	// admitKeyed: the key is valid; the record is named once the scope is
+	// known (admit).
+	admitKeyed
 )
 
 // Match picks the request's policy out of set: Continue when one matched,
@@ -42,37 +42,37 @@ func (a *Attempt) Match(set *policy.Set, r policy.Request) Verdict {
 	return verdictContinue
 }
 
-// AdmitKey judges the request's key field under the matched policy: raw is
+// admitKey judges the request's key field under the matched policy: raw is
 // its first line's value, lines how many lines carried it (0 when absent).
 // It counts the request for key adoption, whatever the enforcement. For
-// Keyed it returns the parsed key, for Refuse the problem.
-func (a *Attempt) AdmitKey(raw string, lines int, now time.Time) (Admission, string, *problem.Problem) {
+// admitKeyed it returns the parsed key, for admitRefused the problem.
+func (a *Attempt) admitKey(raw string, lines int, now time.Time) (admission, string, *problem.Problem) {
 	a.srv.Observer.Requested(a.Policy.Name, lines > 0)
 	if a.Policy.Enforcement == policy.EnforcementOff {
 		// Matched for the adoption counts only: no store call.
 		a.conv.Decided(a.Policy.Name, idem.DecisionBypassed)
-		return Bypass, "", nil
+		return admitBypass, "", nil
 	}
 	if lines == 0 {
 		switch {
 		case a.Policy.KeyRequired && a.Policy.KeyGrace(now):
-			return Grace, "", nil
+			return admitGrace, "", nil
 		case a.Policy.KeyRequired:
-			return Refuse, "", problem.New(problem.KeyMissing, "this endpoint requires an Idempotency-Key header")
+			return admitRefused, "", problem.New(problem.KeyMissing, "this endpoint requires an Idempotency-Key header")
 		}
 		a.conv.Decided(a.Policy.Name, idem.DecisionBypassed)
-		return Bypass, "", nil
+		return admitBypass, "", nil
 	}
 	return a.headerKey(raw, lines)
 }
 
-// Admit names the record of a Keyed request's key in scope, the owner of
+// admit names the record of an admitKeyed request's key in scope, the owner of
 // its key space read where the policy says. A policy that scopes by a
 // header, metadata or the peer's identity refuses a request that carries
 // none (401 principal-missing): its key would otherwise share a record
 // with every other unscoped client's. Scoped by authority or not at all,
 // "" is a scope like any other.
-func (a *Attempt) Admit(scope, key string) *problem.Problem {
+func (a *Attempt) admit(scope, key string) *problem.Problem {
 	switch a.Policy.Scope.Source {
 	case policy.ScopeNone, policy.ScopeAuthority:
 	default:
@@ -96,19 +96,19 @@ func (a *Attempt) Admit(scope, key string) *problem.Problem {
 	return nil
 }
 
-// headerKey is AdmitKey's judgement of a header key that is present.
-func (a *Attempt) headerKey(raw string, lines int) (Admission, string, *problem.Problem) {
+// headerKey is admitKey's judgement of a header key that is present.
+func (a *Attempt) headerKey(raw string, lines int) (admission, string, *problem.Problem) {
 	if lines > 1 {
 		// Which line counts would depend on who reads it (this server the
 		// first, many upstreams the last): one record for two keys.
-		return Refuse, "", problem.New(problem.KeyInvalid,
+		return admitRefused, "", problem.New(problem.KeyInvalid,
 			fmt.Sprintf("invalid Idempotency-Key: sent on %d field lines; the field is a single string", lines))
 	}
 	key, err := idem.ParseKey(raw, a.Policy.MaxKeyLength)
 	if err != nil {
-		return Refuse, "", problem.New(problem.KeyInvalid, err.Error())
+		return admitRefused, "", problem.New(problem.KeyInvalid, err.Error())
 	}
-	return Keyed, key, nil
+	return admitKeyed, key, nil
 }
 
 // Refuse is the verdict on a request the policy refuses before any store
@@ -121,37 +121,37 @@ func (a *Attempt) Refuse(ctx context.Context, prob *problem.Problem) Verdict {
 	}
 	a.conv.Decided(a.Policy.Name, idem.DecisionRejected)
 	a.LogAt(ctx, slog.LevelInfo, "rejected", slog.String("problem", prob.Slug))
-	return Verdict{Kind: Answer, Problem: prob}
+	return Verdict{Kind: answered, Problem: prob}
 }
 
-// Admitted is the verdict on an admission that did not name a record
-// (AdmitKey, AdmitKeyFrom): a pass, a pass in the key's grace period, or a
-// refusal. It is Continue for Keyed.
-func (a *Attempt) Admitted(ctx context.Context, adm Admission, prob *problem.Problem) Verdict {
+// admitted is the verdict on an admission that did not name a record
+// (admitKey, admitKeyFrom): a pass, a pass in the key's grace period, or a
+// refusal. It is Continue for admitKeyed.
+func (a *Attempt) admitted(ctx context.Context, adm admission, prob *problem.Problem) Verdict {
 	switch adm {
-	case Bypass:
+	case admitBypass:
 		return verdictPass
-	case Grace:
+	case admitGrace:
 		return a.grace(ctx)
-	case Refuse:
+	case admitRefused:
 		return a.Refuse(ctx, prob)
 	}
 	return verdictContinue
 }
 
-// Key is the verdict on the request's key field (AdmitKey): Continue with
-// the parsed key when it is Keyed, and otherwise the pass or refusal
-// (Admitted).
+// Key is the verdict on the request's key field (admitKey): Continue with
+// the parsed key when it is admitKeyed, and otherwise the pass or refusal
+// (admitted).
 func (a *Attempt) Key(ctx context.Context, raw string, lines int, now time.Time) (string, Verdict) {
-	adm, key, prob := a.AdmitKey(raw, lines, now)
-	return key, a.Admitted(ctx, adm, prob)
+	adm, key, prob := a.admitKey(raw, lines, now)
+	return key, a.admitted(ctx, adm, prob)
 }
 
-// Named is the verdict on naming the record of a Keyed request in scope
-// (Admit): Continue, the refusal of a request without the principal its
+// Named is the verdict on naming the record of an admitKeyed request in scope
+// (admit): Continue, the refusal of a request without the principal its
 // policy scopes by, or where a homes map sends the request (routed).
 func (a *Attempt) Named(ctx context.Context, scope, key string) Verdict {
-	if prob := a.Admit(scope, key); prob != nil {
+	if prob := a.admit(scope, key); prob != nil {
 		return a.Refuse(ctx, prob)
 	}
 	return a.routed(ctx)

@@ -42,26 +42,26 @@ func TestAdmissionTable(t *testing.T) {
 		pol      *policy.Policy
 		raw      string
 		lines    int
-		want     Admission
-		slug     string // the problem's, for Refuse
-		key      string // for Keyed
+		want     admission
+		slug     string // the problem's, for admitRefused
+		key      string // for admitKeyed
 		bypassed bool   // reported DecisionBypassed
 	}{
-		{"enforcement off", off, "k", 1, Bypass, "", "", true},
-		{"no key, optional", optional, "", 0, Bypass, "", "", true},
-		{"no key, required, in grace", grace, "", 0, Grace, "", "", false},
-		{"no key, required, grace over", graceOver, "", 0, Refuse, problem.KeyMissing.Slug, "", false},
-		{"no key, required", required, "", 0, Refuse, problem.KeyMissing.Slug, "", false},
-		{"key on two lines", required, "a", 2, Refuse, problem.KeyInvalid.Slug, "", false},
-		{"key malformed", required, "a,b", 1, Refuse, problem.KeyInvalid.Slug, "", false},
-		{"key valid", required, `"order-1"`, 1, Keyed, "", "order-1", false},
+		{"enforcement off", off, "k", 1, admitBypass, "", "", true},
+		{"no key, optional", optional, "", 0, admitBypass, "", "", true},
+		{"no key, required, in grace", grace, "", 0, admitGrace, "", "", false},
+		{"no key, required, grace over", graceOver, "", 0, admitRefused, problem.KeyMissing.Slug, "", false},
+		{"no key, required", required, "", 0, admitRefused, problem.KeyMissing.Slug, "", false},
+		{"key on two lines", required, "a", 2, admitRefused, problem.KeyInvalid.Slug, "", false},
+		{"key malformed", required, "a,b", 1, admitRefused, problem.KeyInvalid.Slug, "", false},
+		{"key valid", required, `"order-1"`, 1, admitKeyed, "", "order-1", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			obs := &adoption{}
 			rep := &reporter{}
 			a := New(&Server{Observer: obs}, rep)
 			a.Policy = tc.pol
-			got, key, prob := a.AdmitKey(tc.raw, tc.lines, now)
+			got, key, prob := a.admitKey(tc.raw, tc.lines, now)
 			if got != tc.want || key != tc.key {
 				t.Fatalf("admission %v key %q, want %v %q", got, key, tc.want, tc.key)
 			}
@@ -83,10 +83,10 @@ func TestAdmissionTable(t *testing.T) {
 func TestAdmitNamesTheRecord(t *testing.T) {
 	a := New(&Server{}, &reporter{})
 	a.Policy = policy.Default()
-	a.Admit("tenant-a", "k")
+	a.admit("tenant-a", "k")
 	b := New(&Server{}, &reporter{})
 	b.Policy = policy.Default()
-	b.Admit("tenant-b", "k")
+	b.admit("tenant-b", "k")
 	if a.ID == b.ID || a.ID != idem.RecordIDFor(a.Policy.RecordNamespace(), "tenant-a", "k") || a.Scope != "tenant-a" {
 		t.Fatalf("ids %s %s", a.ID, b.ID)
 	}
@@ -112,7 +112,7 @@ func TestAdmitScopeTable(t *testing.T) {
 		a := New(&Server{}, &reporter{})
 		a.Policy = policy.Default()
 		a.Policy.Scope = policy.Scope{Source: tc.source}
-		prob := a.Admit(tc.scope, "k")
+		prob := a.admit(tc.scope, "k")
 		if (prob != nil) != tc.refused || (prob != nil && prob.Slug != problem.PrincipalMissing.Slug) {
 			t.Errorf("source %v scope %q: problem %v, want refused %v", tc.source, tc.scope, prob, tc.refused)
 		}

@@ -54,7 +54,7 @@ type BodyVerdict struct {
 
 // AtBody picks the policy of a deferred request once its body is whole:
 // the first candidate whose body criteria hold, whose key is then admitted
-// (AdmitKeyFrom) and record named (Admit). The verdict is Continue when the
+// (admitKeyFrom) and record named (admit). The verdict is Continue when the
 // request is admitted (the attempt's policy is the chosen one), a Pass when
 // no candidate takes the body or one passes it without a key, and a
 // refusal otherwise. A request no candidate takes costs no store call.
@@ -102,8 +102,8 @@ func (a *Attempt) AtBody(ctx context.Context, cands []Candidate, body []byte, no
 				return out
 			}
 		}
-		adm, key, prob := a.AdmitKeyFrom(KeyInput{HeaderRaw: c.RawKey, HeaderLines: c.KeyLines, Body: body}, now)
-		if out.Verdict = a.Admitted(ctx, adm, prob); out.Kind != Continue {
+		adm, key, prob := a.admitKeyFrom(keyInput{headerRaw: c.RawKey, headerLines: c.KeyLines, body: body}, now)
+		if out.Verdict = a.admitted(ctx, adm, prob); out.Kind != Continue {
 			return out
 		}
 		if out.Verdict = a.Named(ctx, c.Scope, key); out.Kind != Continue {
@@ -146,13 +146,13 @@ func headersMismatch(c *Candidate, body []byte, now time.Time) string {
 	return c.Policy.MCPParamMismatch(c.MCP, c.Upstream, body, now)
 }
 
-// unreadable judges a body candidate c cannot read (AdmitUnreadable):
+// unreadable judges a body candidate c cannot read (admitUnreadable):
 // the refusal, in c's answers (counted and passed on a shadow policy), or
 // false when c would pass the request whatever its body said, and the
 // next candidate is tried.
 func (a *Attempt) unreadable(ctx context.Context, c *Candidate, why error, now time.Time) (BodyVerdict, bool) {
-	adm, prob := a.AdmitUnreadable(why, c.KeyLines, now)
-	if adm != Refuse {
+	adm, prob := a.admitUnreadable(why, c.KeyLines, now)
+	if adm != admitRefused {
 		return BodyVerdict{}, false
 	}
 	return BodyVerdict{Verdict: a.Refuse(ctx, prob), JSONRPC: c.Policy.Answers == policy.AnswersJSONRPC, Unreadable: true}, true

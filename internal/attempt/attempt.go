@@ -156,7 +156,7 @@ type Attempt struct {
 	// ID names the record; empty until the key is admitted.
 	ID    idem.RecordID
 	Scope string
-	Token idem.Token
+	token idem.Token
 	// Number is the attempt's number for the operation (1 for the first);
 	// zero until the store told it.
 	Number int
@@ -165,14 +165,14 @@ type Attempt struct {
 	// Routing is what the proxy says of the request's way between
 	// regions (route.go); set before the record is named.
 	Routing Routing
-	// Started is when the attempt's stream began: its lines' latency.
-	Started time.Time
+	// started is when the attempt's stream began: its lines' latency.
+	started time.Time
 
 	// home is where a homes map placed the record (Server.Homes); nil
 	// when it lives in Server.Store (recordStore, storeBudget), or when
 	// the request goes to another region (sendTo).
 	home *home
-	// sendTo is the home region Admit found the request is to be sent to
+	// sendTo is the home region admit found the request is to be sent to
 	// (SendHome); astray refuses a request another region's server sent
 	// here that this server's map homes elsewhere (route.go).
 	sendTo string
@@ -189,7 +189,7 @@ type Attempt struct {
 	// once more.
 	retry         func(context.Context) error
 	retryDecision decisionCode
-	// keySource is where the key came from (AdmitKeyFrom); a derived
+	// keySource is where the key came from (admitKeyFrom); a derived
 	// key's record lives in the policy's derived key space.
 	keySource policy.KeySource
 	// origin is the origin of the response ActionFor judged, retried
@@ -197,7 +197,7 @@ type Attempt struct {
 	origin  idem.Origin
 	retried bool
 	// atBody: the policy and key were decided at the request's body
-	// (AdmitKeyFrom); the decision's line says where the key came from.
+	// (admitKeyFrom); the decision's line says where the key came from.
 	atBody bool
 	// wait is the decision a Wait verdict left for Await.
 	wait *waiting
@@ -209,7 +209,7 @@ type Attempt struct {
 
 // New returns an attempt of srv that talks through conv.
 func New(srv *Server, conv Conversation) Attempt {
-	return Attempt{srv: srv, conv: conv, Started: time.Now()}
+	return Attempt{srv: srv, conv: conv, started: time.Now()}
 }
 
 // Held reports whether this attempt holds the record and has not settled
@@ -231,12 +231,8 @@ var settleDecisions = [...]idem.Decision{idem.DecisionStored, idem.DecisionRelea
 
 func (c decisionCode) decision() idem.Decision { return settleDecisions[c] }
 
-// KeySource is where the admitted key came from: the header unless the
-// policy reads it from the body (AdmitKeyFrom).
-func (a *Attempt) KeySource() policy.KeySource { return a.keySource }
-
-// PolicyName is the matched policy's name, "" when none matched.
-func (a *Attempt) PolicyName() string {
+// policyName is the matched policy's name, "" when none matched.
+func (a *Attempt) policyName() string {
 	if a.Policy == nil {
 		return ""
 	}
@@ -282,13 +278,13 @@ func (a *Attempt) attemptAttrs(attrs []slog.Attr) []slog.Attr {
 	if a.Number > 0 {
 		attrs = append(attrs, slog.Int("attempt", a.Number))
 	}
-	return append(attrs, slog.Float64("latency_ms", float64(time.Since(a.Started).Microseconds())/1000))
+	return append(attrs, slog.Float64("latency_ms", float64(time.Since(a.started).Microseconds())/1000))
 }
 
-// Hold makes the attempt the record's holder once the store reserved it
+// hold makes the attempt the record's holder once the store reserved it
 // for its token, and keeps the lease alive until the attempt settles; base
 // carries the stream's span (its cancellation is ignored).
-func (a *Attempt) Hold(base context.Context) {
+func (a *Attempt) hold(base context.Context) {
 	a.renew = a.startRenewer(base)
 }
 
@@ -312,7 +308,7 @@ func (a *Attempt) startRenewer(base context.Context) *renewer {
 	if base.Done() != nil {
 		base = context.WithoutCancel(base)
 	}
-	s, st, budget, id, tok, lease := a.srv, a.recordStore(), a.storeBudget(), a.ID, a.Token, a.Policy.Lease
+	s, st, budget, id, tok, lease := a.srv, a.recordStore(), a.storeBudget(), a.ID, a.token, a.Policy.Lease
 	r := &renewer{}
 	every := lease / 2
 	tick := func() {

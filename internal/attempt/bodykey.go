@@ -14,13 +14,13 @@ import (
 	"github.com/idem-extproc/idem-extproc/internal/problem"
 )
 
-// KeyInput is what a request decided at its body offers as its key: the
+// keyInput is what a request decided at its body offers as its key: the
 // key header's first line and how many lines carried it, and the whole
 // body.
-type KeyInput struct {
-	HeaderRaw   string
-	HeaderLines int
-	Body        []byte
+type keyInput struct {
+	headerRaw   string
+	headerLines int
+	body        []byte
 }
 
 // keyMiss is why one source yielded no key.
@@ -29,20 +29,20 @@ type keyMiss struct {
 	detail string
 }
 
-// AdmitKeyFrom judges a request's key under a policy whose key may come
+// admitKeyFrom judges a request's key under a policy whose key may come
 // from the body (key.from): each source in order, the first
 // that yields a key wins. A key that is there but malformed is refused,
 // whatever follows (it is the client's key, sent wrong). When no source
 // yields one, key.required decides as for a header: 400 with a detail
 // naming what was looked for (the header, the pointer), the grace period,
-// or a pass. A derived key lives in a key space of its own (Admit).
-func (a *Attempt) AdmitKeyFrom(in KeyInput, now time.Time) (Admission, string, *problem.Problem) {
+// or a pass. A derived key lives in a key space of its own (admit).
+func (a *Attempt) admitKeyFrom(in keyInput, now time.Time) (admission, string, *problem.Problem) {
 	p := a.Policy
 	a.keySource, a.atBody = policy.KeyFromHeader, true
 	if p.Enforcement == policy.EnforcementOff {
-		a.srv.Observer.Requested(p.Name, in.HeaderLines > 0)
+		a.srv.Observer.Requested(p.Name, in.headerLines > 0)
 		a.conv.Decided(a.Policy.Name, idem.DecisionBypassed)
-		return Bypass, "", nil
+		return admitBypass, "", nil
 	}
 	sources := p.KeySources
 	if len(sources) == 0 {
@@ -54,8 +54,8 @@ func (a *Attempt) AdmitKeyFrom(in KeyInput, now time.Time) (Admission, string, *
 		if prob != nil {
 			// A key sent malformed, or a body that may hold one and cannot
 			// be read: whether a key was sent is known for the header only.
-			a.srv.Observer.Requested(p.Name, prob.Kind != problem.BodyUnreadable || in.HeaderLines > 0)
-			return Refuse, "", prob
+			a.srv.Observer.Requested(p.Name, prob.Kind != problem.BodyUnreadable || in.headerLines > 0)
+			return admitRefused, "", prob
 		}
 		if miss.detail != "" {
 			misses = append(misses, miss)
@@ -63,12 +63,12 @@ func (a *Attempt) AdmitKeyFrom(in KeyInput, now time.Time) (Admission, string, *
 		}
 		a.srv.Observer.Requested(p.Name, src != policy.KeyFromDerived)
 		a.keySource = src
-		return Keyed, key, nil
+		return admitKeyed, key, nil
 	}
 	a.srv.Observer.Requested(p.Name, false)
 	switch {
 	case p.KeyRequired && p.KeyGrace(now):
-		return Grace, "", nil
+		return admitGrace, "", nil
 	case p.KeyRequired:
 		kind, details := problem.KeyMissing, make([]string, 0, len(misses))
 		for _, m := range misses {
@@ -77,10 +77,10 @@ func (a *Attempt) AdmitKeyFrom(in KeyInput, now time.Time) (Admission, string, *
 			}
 			details = append(details, m.detail)
 		}
-		return Refuse, "", problem.New(kind, "this endpoint requires an idempotency key: "+strings.Join(details, "; "))
+		return admitRefused, "", problem.New(kind, "this endpoint requires an idempotency key: "+strings.Join(details, "; "))
 	}
 	a.conv.Decided(a.Policy.Name, idem.DecisionBypassed)
-	return Bypass, "", nil
+	return admitBypass, "", nil
 }
 
 // keyFrom reads one source: a key, or why there is none (miss), or the
@@ -89,27 +89,27 @@ func (a *Attempt) AdmitKeyFrom(in KeyInput, now time.Time) (Admission, string, *
 // key.required says: the key may be in it, as the upstream reads it, and
 // the request would pass unprotected although the client sent one (for a
 // derived key, although the body would have yielded one).
-func (a *Attempt) keyFrom(src policy.KeySource, in KeyInput) (string, keyMiss, *problem.Problem) {
+func (a *Attempt) keyFrom(src policy.KeySource, in keyInput) (string, keyMiss, *problem.Problem) {
 	p := a.Policy
 	switch src {
 	case policy.KeyFromBody:
-		return bodyKey(p.KeyPointer, p.MaxKeyLength, in.Body)
+		return bodyKey(p.KeyPointer, p.MaxKeyLength, in.body)
 	case policy.KeyFromMCPParam:
 		// The body's value: its Mcp-Param header, if the tool marks the
 		// parameter, was checked against it (policy.MCPParamMismatch).
-		return bodyKey(p.KeyParam, p.MaxKeyLength, in.Body)
+		return bodyKey(p.KeyParam, p.MaxKeyLength, in.body)
 	case policy.KeyFromDerived:
-		key, miss, err := derivedKey(p.KeyDerive, in.Body)
+		key, miss, err := derivedKey(p.KeyDerive, in.body)
 		if err != nil {
-			return "", keyMiss{}, UnreadableProblem(err)
+			return "", keyMiss{}, unreadableProblem(err)
 		}
 		return key, miss, nil
 	}
-	if in.HeaderLines == 0 {
+	if in.headerLines == 0 {
 		return "", keyMiss{problem.KeyMissing, "no " + p.KeyHeader + " header"}, nil
 	}
-	adm, key, prob := a.headerKey(in.HeaderRaw, in.HeaderLines)
-	if adm == Refuse {
+	adm, key, prob := a.headerKey(in.headerRaw, in.headerLines)
+	if adm == admitRefused {
 		return "", keyMiss{}, prob
 	}
 	return key, keyMiss{}, nil
@@ -119,7 +119,7 @@ func (a *Attempt) keyFrom(src policy.KeySource, in KeyInput) (string, keyMiss, *
 func bodyKey(ptr jsonpointer.Pointer, maxLen int, body []byte) (string, keyMiss, *problem.Problem) {
 	vs, err := policy.FindInBody(body, ptr)
 	if errors.Is(err, policy.ErrBodyUnreadable) {
-		return "", keyMiss{}, UnreadableProblem(err)
+		return "", keyMiss{}, unreadableProblem(err)
 	}
 	var s string
 	if err == nil {
@@ -175,37 +175,37 @@ func derivedKey(members []jsonpointer.Pointer, body []byte) (string, keyMiss, er
 	return hex.EncodeToString(sum[:]), keyMiss{}, nil
 }
 
-// AdmitUnreadable judges a request under a policy with body criteria
+// admitUnreadable judges a request under a policy with body criteria
 // whose body cannot be read (policy.BodyUnreadable), so whether the
 // criteria hold cannot be told, while another reader upstream may well
 // take the body for a call that meets them. The request is refused
-// (UnreadableProblem) unless the policy would let it pass unprotected
-// whatever its body said, which is then a Bypass of this policy only (the
+// (unreadableProblem) unless the policy would let it pass unprotected
+// whatever its body said, which is then an admitBypass of this policy only (the
 // caller goes on to the next): under enforcement: off, and when the key
 // comes from the header alone, none was sent, and none is required (or a
 // grace period lets a request without one pass). A key the client sent
 // in the header asks for protection that cannot be given without reading
 // the body, and a key from the body or derived from it cannot be read:
 // both refuse, whatever key.required says. A shadow policy's refusal is
-// counted, never made: the caller answers a Refuse as any other.
-func (a *Attempt) AdmitUnreadable(cause error, headerLines int, now time.Time) (Admission, *problem.Problem) {
+// counted, never made: the caller answers an admitRefused as any other.
+func (a *Attempt) admitUnreadable(cause error, headerLines int, now time.Time) (admission, *problem.Problem) {
 	p := a.Policy
 	if p.Enforcement == policy.EnforcementOff {
-		return Bypass, nil
+		return admitBypass, nil
 	}
 	fromBody := p.KeyFrom(policy.KeyFromBody) || p.KeyFrom(policy.KeyFromDerived)
 	headerKey := p.KeyFrom(policy.KeyFromHeader) && headerLines > 0
 	if !fromBody && !headerKey && !(p.KeyRequired && !p.KeyGrace(now)) {
-		return Bypass, nil
+		return admitBypass, nil
 	}
 	a.srv.Observer.Requested(p.Name, headerKey)
-	return Refuse, UnreadableProblem(cause)
+	return admitRefused, unreadableProblem(cause)
 }
 
-// UnreadableProblem is the answer to a body a policy must read and cannot
+// unreadableProblem is the answer to a body a policy must read and cannot
 // (policy.ErrBodyUnreadable): 400 request-body-unreadable, or in JSON-RPC
 // the parse error -32700. Nothing was reserved or executed.
-func UnreadableProblem(cause error) *problem.Problem {
+func unreadableProblem(cause error) *problem.Problem {
 	return problem.New(problem.BodyUnreadable, fmt.Sprintf(
 		"%v; this endpoint protects some requests by what their body says, so a body it cannot read is refused, "+
 			"not passed unprotected; send one JSON object, in UTF-8, nested at most 200 levels, each member name once", cause))

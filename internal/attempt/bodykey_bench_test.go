@@ -64,7 +64,7 @@ func BenchmarkBodyDecision(b *testing.B) {
 			a.Policy = pol
 			b.SetBytes(int64(len(body)))
 			for range b.N {
-				if adm, _, _ := a.AdmitKeyFrom(KeyInput{Body: body}, now); adm != Keyed {
+				if adm, _, _ := a.admitKeyFrom(keyInput{body: body}, now); adm != admitKeyed {
 					b.Fatal(adm)
 				}
 			}

@@ -42,45 +42,45 @@ func TestAdmitKeyFromBody(t *testing.T) {
 	for _, tc := range []struct {
 		name         string
 		pol          *policy.Policy
-		in           KeyInput
-		want         Admission
+		in           keyInput
+		want         admission
 		slug         string
 		detail       string // in the problem's detail
 		key          string
 		derivedSpace bool
 	}{
-		{"body key", body(true), KeyInput{Body: []byte(`{"idempotency_key":"k-1","amount":5}`)}, Keyed, "", "", "k-1", false},
-		{"body key with a comma is one key", body(true), KeyInput{Body: []byte(`{"idempotency_key":"a,b"}`)}, Keyed, "", "", "a,b", false},
-		{"body key missing, required", body(true), KeyInput{Body: []byte(`{"amount":5}`)}, Refuse, problem.KeyMissing.Slug, "/idempotency_key", "", false},
-		{"body key missing, optional", body(false), KeyInput{Body: []byte(`{"amount":5}`)}, Bypass, "", "", "", false},
-		{"body not an object, required", body(true), KeyInput{Body: []byte(`"k-1"`)}, Refuse, problem.KeyMissing.Slug, "not a JSON object", "", false},
-		{"no body, required", body(true), KeyInput{}, Refuse, problem.KeyMissing.Slug, "/idempotency_key", "", false},
-		{"body not an object, optional", body(false), KeyInput{Body: []byte(`"k-1"`)}, Bypass, "", "", "", false},
-		{"no body, optional", body(false), KeyInput{Body: []byte(" ")}, Bypass, "", "", "", false},
+		{"body key", body(true), keyInput{body: []byte(`{"idempotency_key":"k-1","amount":5}`)}, admitKeyed, "", "", "k-1", false},
+		{"body key with a comma is one key", body(true), keyInput{body: []byte(`{"idempotency_key":"a,b"}`)}, admitKeyed, "", "", "a,b", false},
+		{"body key missing, required", body(true), keyInput{body: []byte(`{"amount":5}`)}, admitRefused, problem.KeyMissing.Slug, "/idempotency_key", "", false},
+		{"body key missing, optional", body(false), keyInput{body: []byte(`{"amount":5}`)}, admitBypass, "", "", "", false},
+		{"body not an object, required", body(true), keyInput{body: []byte(`"k-1"`)}, admitRefused, problem.KeyMissing.Slug, "not a JSON object", "", false},
+		{"no body, required", body(true), keyInput{}, admitRefused, problem.KeyMissing.Slug, "/idempotency_key", "", false},
+		{"body not an object, optional", body(false), keyInput{body: []byte(`"k-1"`)}, admitBypass, "", "", "", false},
+		{"no body, optional", body(false), keyInput{body: []byte(" ")}, admitBypass, "", "", "", false},
 		// A body that cannot be read may hold the key: refused, required or not.
-		{"body not JSON, required", body(true), KeyInput{Body: []byte(`idempotency_key=k-1`)}, Refuse, problem.BodyUnreadable.Slug, "cannot be read", "", false},
-		{"body not JSON, optional", body(false), KeyInput{Body: []byte(`idempotency_key=k-1`)}, Refuse, problem.BodyUnreadable.Slug, "cannot be read", "", false},
-		{"body not UTF-8, optional", body(false), KeyInput{Body: []byte("{\"idempotency_key\":\"k-1\",\"n\":\"\xff\"}")}, Refuse, problem.BodyUnreadable.Slug, "UTF-8", "", false},
-		{"body key not a string, required", body(true), KeyInput{Body: []byte(`{"idempotency_key":7}`)}, Refuse, problem.KeyInvalid.Slug, "/idempotency_key", "", false},
-		{"body key not a string, optional", body(false), KeyInput{Body: []byte(`{"idempotency_key":7}`)}, Bypass, "", "", "", false},
-		{"body key too long", body(false), KeyInput{Body: []byte(`{"idempotency_key":"` + strings.Repeat("k", 256) + `"}`)}, Refuse, problem.KeyInvalid.Slug, "/idempotency_key", "", false},
-		{"body key not visible ASCII", body(false), KeyInput{Body: []byte(`{"idempotency_key":"a b"}`)}, Refuse, problem.KeyInvalid.Slug, "/idempotency_key", "", false},
-		{"body key empty", body(false), KeyInput{Body: []byte(`{"idempotency_key":""}`)}, Refuse, problem.KeyInvalid.Slug, "empty", "", false},
-		{"duplicate member", body(false), KeyInput{Body: []byte(`{"idempotency_key":"a","idempotency_key":"b"}`)}, Refuse, problem.BodyUnreadable.Slug, "duplicate", "", false},
-		{"derived, deep body, optional", derived(false, policy.KeyFromDerived), KeyInput{Body: []byte(`{"params":{"name":"a","arguments":` + strings.Repeat("[", 250) + strings.Repeat("]", 250) + `}}`)}, Refuse, problem.BodyUnreadable.Slug, "nested deeper", "", false},
-		{"header first, body unread", derived(true, policy.KeyFromHeader, policy.KeyFromDerived), KeyInput{HeaderRaw: "h-2", HeaderLines: 1, Body: []byte(`{"a":1,"a":2}`)}, Keyed, "", "", "h-2", false},
-		{"derived", derived(true, policy.KeyFromDerived), KeyInput{Body: []byte(call)}, Keyed, "", "", "", true},
-		{"derived, no member", derived(true, policy.KeyFromDerived), KeyInput{Body: []byte(`{"id":1,"method":"x"}`)}, Refuse, problem.KeyMissing.Slug, "/params/name", "", false},
-		{"header first", derived(true, policy.KeyFromHeader, policy.KeyFromDerived), KeyInput{HeaderRaw: "h-1", HeaderLines: 1, Body: []byte(call)}, Keyed, "", "", "h-1", false},
-		{"no header: derived", derived(true, policy.KeyFromHeader, policy.KeyFromDerived), KeyInput{Body: []byte(call)}, Keyed, "", "", "", true},
-		{"header malformed is refused, not derived", derived(true, policy.KeyFromHeader, policy.KeyFromDerived), KeyInput{HeaderRaw: "a,b", HeaderLines: 1, Body: []byte(call)}, Refuse, problem.KeyInvalid.Slug, "", "", false},
-		{"nothing at all, required", derived(true, policy.KeyFromHeader, policy.KeyFromDerived), KeyInput{Body: []byte(`[1]`)}, Refuse, problem.KeyMissing.Slug, "no idempotency-key header", "", false},
+		{"body not JSON, required", body(true), keyInput{body: []byte(`idempotency_key=k-1`)}, admitRefused, problem.BodyUnreadable.Slug, "cannot be read", "", false},
+		{"body not JSON, optional", body(false), keyInput{body: []byte(`idempotency_key=k-1`)}, admitRefused, problem.BodyUnreadable.Slug, "cannot be read", "", false},
+		{"body not UTF-8, optional", body(false), keyInput{body: []byte("{\"idempotency_key\":\"k-1\",\"n\":\"\xff\"}")}, admitRefused, problem.BodyUnreadable.Slug, "UTF-8", "", false},
+		{"body key not a string, required", body(true), keyInput{body: []byte(`{"idempotency_key":7}`)}, admitRefused, problem.KeyInvalid.Slug, "/idempotency_key", "", false},
+		{"body key not a string, optional", body(false), keyInput{body: []byte(`{"idempotency_key":7}`)}, admitBypass, "", "", "", false},
+		{"body key too long", body(false), keyInput{body: []byte(`{"idempotency_key":"` + strings.Repeat("k", 256) + `"}`)}, admitRefused, problem.KeyInvalid.Slug, "/idempotency_key", "", false},
+		{"body key not visible ASCII", body(false), keyInput{body: []byte(`{"idempotency_key":"a b"}`)}, admitRefused, problem.KeyInvalid.Slug, "/idempotency_key", "", false},
+		{"body key empty", body(false), keyInput{body: []byte(`{"idempotency_key":""}`)}, admitRefused, problem.KeyInvalid.Slug, "empty", "", false},
+		{"duplicate member", body(false), keyInput{body: []byte(`{"idempotency_key":"a","idempotency_key":"b"}`)}, admitRefused, problem.BodyUnreadable.Slug, "duplicate", "", false},
+		{"derived, deep body, optional", derived(false, policy.KeyFromDerived), keyInput{body: []byte(`{"params":{"name":"a","arguments":` + strings.Repeat("[", 250) + strings.Repeat("]", 250) + `}}`)}, admitRefused, problem.BodyUnreadable.Slug, "nested deeper", "", false},
+		{"header first, body unread", derived(true, policy.KeyFromHeader, policy.KeyFromDerived), keyInput{headerRaw: "h-2", headerLines: 1, body: []byte(`{"a":1,"a":2}`)}, admitKeyed, "", "", "h-2", false},
+		{"derived", derived(true, policy.KeyFromDerived), keyInput{body: []byte(call)}, admitKeyed, "", "", "", true},
+		{"derived, no member", derived(true, policy.KeyFromDerived), keyInput{body: []byte(`{"id":1,"method":"x"}`)}, admitRefused, problem.KeyMissing.Slug, "/params/name", "", false},
+		{"header first", derived(true, policy.KeyFromHeader, policy.KeyFromDerived), keyInput{headerRaw: "h-1", headerLines: 1, body: []byte(call)}, admitKeyed, "", "", "h-1", false},
+		{"no header: derived", derived(true, policy.KeyFromHeader, policy.KeyFromDerived), keyInput{body: []byte(call)}, admitKeyed, "", "", "", true},
+		{"header malformed is refused, not derived", derived(true, policy.KeyFromHeader, policy.KeyFromDerived), keyInput{headerRaw: "a,b", headerLines: 1, body: []byte(call)}, admitRefused, problem.KeyInvalid.Slug, "", "", false},
+		{"nothing at all, required", derived(true, policy.KeyFromHeader, policy.KeyFromDerived), keyInput{body: []byte(`[1]`)}, admitRefused, problem.KeyMissing.Slug, "no idempotency-key header", "", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			obs := &adoption{}
 			a := New(&Server{Observer: obs}, &reporter{})
 			a.Policy = tc.pol
-			got, key, prob := a.AdmitKeyFrom(tc.in, now)
+			got, key, prob := a.admitKeyFrom(tc.in, now)
 			if got != tc.want || (tc.key != "" && key != tc.key) {
 				t.Fatalf("admission %v key %q, want %v %q", got, key, tc.want, tc.key)
 			}
@@ -90,16 +90,16 @@ func TestAdmitKeyFromBody(t *testing.T) {
 			if obs.withKey+obs.without != 1 {
 				t.Fatalf("adoption counted %+v", obs)
 			}
-			if got != Keyed {
+			if got != admitKeyed {
 				return
 			}
-			if tc.derivedSpace != (a.KeySource() == policy.KeyFromDerived) {
-				t.Fatalf("key source %v", a.KeySource())
+			if tc.derivedSpace != (a.keySource == policy.KeyFromDerived) {
+				t.Fatalf("key source %v", a.keySource)
 			}
 			if tc.derivedSpace && (len(key) != 64 || strings.Contains(key, "send_email")) {
 				t.Fatalf("derived key %q is not a hash", key)
 			}
-			a.Admit("scope", key)
+			a.admit("scope", key)
 			want := idem.RecordIDFor(tc.pol.RecordNamespace(), "scope", key)
 			if tc.derivedSpace {
 				want = idem.RecordIDFor(tc.pol.RecordNamespace()+policy.DerivedNamespaceSuffix, "scope", key)
@@ -140,10 +140,10 @@ func TestDerivedKeyReadsOnlyItsMembers(t *testing.T) {
 	p := policy.Default()
 	a := New(&Server{}, &reporter{})
 	a.Policy, a.keySource = p, policy.KeyFromDerived
-	a.Admit("s", base)
+	a.admit("s", base)
 	b := New(&Server{}, &reporter{})
 	b.Policy = p
-	b.Admit("s", base) // a client sending the derived key's text as its own key
+	b.admit("s", base) // a client sending the derived key's text as its own key
 	if a.ID == b.ID {
 		t.Fatal("a derived key shares the record of a client key of the same text")
 	}
@@ -169,28 +169,28 @@ func TestAdmitUnreadable(t *testing.T) {
 		name        string
 		pol         *policy.Policy
 		headerLines int
-		want        Admission
+		want        admission
 	}{
-		{"required", pol(true, policy.EnforcementEnforce), 0, Refuse},
-		{"required, shadow (the caller only counts it)", pol(true, policy.EnforcementShadow), 0, Refuse},
-		{"required, off", pol(true, policy.EnforcementOff), 1, Bypass},
-		{"optional, no key", pol(false, policy.EnforcementEnforce), 0, Bypass},
-		{"optional, a header key", pol(false, policy.EnforcementEnforce), 1, Refuse},
-		{"required in its grace period, no key", grace, 0, Bypass},
-		{"required in its grace period, a header key", grace, 1, Refuse},
-		{"optional, key from the body", pol(false, policy.EnforcementEnforce, policy.KeyFromBody), 0, Refuse},
-		{"optional, derived", pol(false, policy.EnforcementEnforce, policy.KeyFromHeader, policy.KeyFromDerived), 0, Refuse},
-		{"optional, body key only, a header line", pol(false, policy.EnforcementEnforce, policy.KeyFromBody), 1, Refuse},
+		{"required", pol(true, policy.EnforcementEnforce), 0, admitRefused},
+		{"required, shadow (the caller only counts it)", pol(true, policy.EnforcementShadow), 0, admitRefused},
+		{"required, off", pol(true, policy.EnforcementOff), 1, admitBypass},
+		{"optional, no key", pol(false, policy.EnforcementEnforce), 0, admitBypass},
+		{"optional, a header key", pol(false, policy.EnforcementEnforce), 1, admitRefused},
+		{"required in its grace period, no key", grace, 0, admitBypass},
+		{"required in its grace period, a header key", grace, 1, admitRefused},
+		{"optional, key from the body", pol(false, policy.EnforcementEnforce, policy.KeyFromBody), 0, admitRefused},
+		{"optional, derived", pol(false, policy.EnforcementEnforce, policy.KeyFromHeader, policy.KeyFromDerived), 0, admitRefused},
+		{"optional, body key only, a header line", pol(false, policy.EnforcementEnforce, policy.KeyFromBody), 1, admitRefused},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			obs := &adoption{}
 			a := New(&Server{Observer: obs}, &reporter{})
 			a.Policy = tc.pol
-			got, prob := a.AdmitUnreadable(cause, tc.headerLines, now)
-			if got != tc.want || (got == Refuse) != (prob != nil) || (prob != nil && prob.Slug != problem.BodyUnreadable.Slug) {
+			got, prob := a.admitUnreadable(cause, tc.headerLines, now)
+			if got != tc.want || (got == admitRefused) != (prob != nil) || (prob != nil && prob.Slug != problem.BodyUnreadable.Slug) {
 				t.Fatalf("admission %v %+v, want %v", got, prob, tc.want)
 			}
-			if n := obs.withKey + obs.without; (got == Refuse) != (n == 1) {
+			if n := obs.withKey + obs.without; (got == admitRefused) != (n == 1) {
 				t.Fatalf("adoption counted %+v", obs)
 			}
 		})

@@ -132,15 +132,15 @@ func TestGivenUpReservationLandedFirst(t *testing.T) {
 	l := &late{landed: true}
 	d, obs := lateDecider(t, policy.Default(), l)
 	a := d.attempt(d.conv)
-	if _, err := a.Decide(context.Background(), fp1); !errors.Is(err, errTimeout) {
-		t.Fatalf("Decide: %v, want the store's timeout", err)
+	if _, err := a.decide(context.Background(), fp1); !errors.Is(err, errTimeout) {
+		t.Fatalf("decide: %v, want the store's timeout", err)
 	}
 	wantOutcome(t, obs, idem.CancelOutcomeReleased)
-	if got := l.cancelled(); len(got) != 1 || got[0] != a.Token || l.holds[0] != cancelHold {
+	if got := l.cancelled(); len(got) != 1 || got[0] != a.token || l.holds[0] != cancelHold {
 		t.Fatalf("cancels %v (holds %v), want one of the attempt's token for %v", got, l.holds, cancelHold)
 	}
 	d.srv.Store = d.store
-	if res, err := d.attempt(d.conv).Decide(context.Background(), fp1); err != nil || res.Outcome != idem.Reserved {
+	if res, err := d.attempt(d.conv).decide(context.Background(), fp1); err != nil || res.Outcome != idem.Reserved {
 		t.Fatalf("the next attempt: %v %v, want reserved", res.Outcome, err)
 	}
 }
@@ -151,8 +151,8 @@ func TestGivenUpReservationLandedFirst(t *testing.T) {
 func TestGivenUpReservationLandsAfterTheCancel(t *testing.T) {
 	l := &late{}
 	d, obs := lateDecider(t, policy.Default(), l)
-	if _, err := d.attempt(d.conv).Decide(context.Background(), fp1); !errors.Is(err, errTimeout) {
-		t.Fatalf("Decide: %v", err)
+	if _, err := d.attempt(d.conv).decide(context.Background(), fp1); !errors.Is(err, errTimeout) {
+		t.Fatalf("decide: %v", err)
 	}
 	wantOutcome(t, obs, idem.CancelOutcomeNotHeld)
 	errs := l.deliver(t)
@@ -160,7 +160,7 @@ func TestGivenUpReservationLandsAfterTheCancel(t *testing.T) {
 		t.Fatalf("the late reservation: %v, want ErrCancelled", errs)
 	}
 	d.srv.Store = d.store
-	if res, err := d.attempt(d.conv).Decide(context.Background(), fp1); err != nil || res.Outcome != idem.Reserved {
+	if res, err := d.attempt(d.conv).decide(context.Background(), fp1); err != nil || res.Outcome != idem.Reserved {
 		t.Fatalf("the next attempt: %v %v, want reserved", res.Outcome, err)
 	}
 }
@@ -182,7 +182,7 @@ func TestGivenUpWhileWaiting(t *testing.T) {
 		t.Fatalf("the duplicate: %v %v after %d waits, want in flight (409) after one", res.Outcome, err, len(d.conv.waits))
 	}
 	wantOutcome(t, obs, idem.CancelOutcomeReleased)
-	if got := l.cancelled(); len(got) != 1 || got[0] != dup.Token {
+	if got := l.cancelled(); len(got) != 1 || got[0] != dup.token {
 		t.Fatalf("cancels %v, want the duplicate's token", got)
 	}
 	if _, err := d.store.Get(context.Background(), dup.ID); !errors.Is(err, idem.ErrNotFound) {
@@ -225,14 +225,14 @@ func TestNoCancelWhenTheRequestGoesOn(t *testing.T) {
 			a := d.attempt(d.conv)
 			var err error
 			if tc.shadow {
-				_, err = a.DecideShadow(ctx, fp1)
+				_, err = a.decideShadow(ctx, fp1)
 			} else {
-				_, err = a.Decide(ctx, fp1)
+				_, err = a.decide(ctx, fp1)
 			}
 			if err == nil {
-				t.Fatal("Decide succeeded")
+				t.Fatal("decide succeeded")
 			}
-			// A cancel is counted before Decide returns, and blocks in the
+			// A cancel is counted before decide returns, and blocks in the
 			// store until cleanup: none may be running.
 			if n := d.srv.cancelling.Load(); n != 0 {
 				t.Fatalf("%d cancels started", n)
@@ -247,8 +247,8 @@ func TestCancelsAreBounded(t *testing.T) {
 	l := &late{landed: true}
 	d, obs := lateDecider(t, policy.Default(), l)
 	d.srv.cancelling.Store(maxCancelling)
-	if _, err := d.attempt(d.conv).Decide(context.Background(), fp1); err == nil {
-		t.Fatal("Decide succeeded")
+	if _, err := d.attempt(d.conv).decide(context.Background(), fp1); err == nil {
+		t.Fatal("decide succeeded")
 	}
 	wantOutcome(t, obs, idem.CancelOutcomeDropped)
 	if got := l.cancelled(); len(got) != 0 {
@@ -266,8 +266,8 @@ func TestCancelKeepsTryingWithinItsTime(t *testing.T) {
 	l := &late{landed: true, cancelErr: errDown}
 	d, obs := lateDecider(t, policy.Default(), l)
 	d.srv.SettleAtEndTimeout = 200 * time.Millisecond
-	if _, err := d.attempt(d.conv).Decide(context.Background(), fp1); err == nil {
-		t.Fatal("Decide succeeded")
+	if _, err := d.attempt(d.conv).decide(context.Background(), fp1); err == nil {
+		t.Fatal("decide succeeded")
 	}
 	wantOutcome(t, obs, idem.CancelOutcomeFailed)
 	if got := l.cancelled(); len(got) < 2 {
@@ -281,8 +281,8 @@ func TestCancelKeepsTryingWithinItsTime(t *testing.T) {
 func TestWaitForCancels(t *testing.T) {
 	l := &late{landed: true, block: make(chan struct{})}
 	d, obs := lateDecider(t, policy.Default(), l)
-	if _, err := d.attempt(d.conv).Decide(context.Background(), fp1); err == nil {
-		t.Fatal("Decide succeeded")
+	if _, err := d.attempt(d.conv).decide(context.Background(), fp1); err == nil {
+		t.Fatal("decide succeeded")
 	}
 	testwait.Until(t, "the cancel asked the store", func() bool { return len(l.cancelled()) == 1 })
 	short, cancel := context.WithCancel(context.Background())

@@ -75,7 +75,7 @@ func TestCompressedReplayIsByteIdentical(t *testing.T) {
 			if !encrypt && len(st.Body) >= idem.ContentsSize(&want)*3/4 {
 				t.Fatalf("stored %d bytes for %d of headers and body", len(st.Body), idem.ContentsSize(&want))
 			}
-			res, err := d.attempt(d.conv).Decide(ctx, fp1)
+			res, err := d.attempt(d.conv).decide(ctx, fp1)
 			if err != nil || res.Outcome != idem.Completed {
 				t.Fatalf("replay: %v %v", res.Outcome, err)
 			}
@@ -101,7 +101,7 @@ func TestRecordsWrittenUncompressedStillReplay(t *testing.T) {
 		t.Fatal("stored compressed without a codec")
 	}
 	pol.Compression.Codec = codec(t, compress.Options{})
-	res, err := d.attempt(d.conv).Decide(ctx, fp1)
+	res, err := d.attempt(d.conv).decide(ctx, fp1)
 	if err != nil || string(res.Response.Body) != string(want.Body) || !slices.Equal(res.Response.Headers, want.Headers) {
 		t.Fatalf("replay %+v %v", res.Response, err)
 	}
@@ -121,15 +121,15 @@ func TestDictionaryRotation(t *testing.T) {
 	d.first(t, fp1).SettleStored(ctx, want)
 
 	pol.Compression.Codec = codec(t, compress.Options{Dictionary: d2, Previous: []*compress.Dictionary{d1}})
-	res, err := d.attempt(d.conv).Decide(ctx, fp1)
+	res, err := d.attempt(d.conv).decide(ctx, fp1)
 	if err != nil || string(res.Response.Body) != string(want.Body) {
 		t.Fatalf("after rotation: %v", err)
 	}
 
 	pol.Compression.Codec = codec(t, compress.Options{Dictionary: d2})
-	_, err = d.attempt(d.conv).Decide(ctx, fp1)
-	if !errors.Is(err, compress.ErrExpand) || Unreachable(err) {
-		t.Fatalf("dictionary dropped: err %v, unreachable %v", err, Unreachable(err))
+	_, err = d.attempt(d.conv).decide(ctx, fp1)
+	if !errors.Is(err, compress.ErrExpand) || unreachable(err) {
+		t.Fatalf("dictionary dropped: err %v, unreachable %v", err, unreachable(err))
 	}
 }
 

@@ -12,49 +12,22 @@ import (
 	"github.com/idem-extproc/idem-extproc/internal/problem"
 )
 
-// unusable is a store the attempt can reach but not use: the policy seals
-// and the server has no key ring, or the stored record is damaged
-// (idem.ErrDamaged), not sealed under a policy that encrypts, or does not
-// open or expand. The request is then refused whatever the policy's
-// failure_mode: fail_open is for a store that cannot be asked, not for one
-// whose answer cannot be trusted. Its text is the cause's, as logged.
-type unusable struct{ err error }
-
-func (e unusable) Error() string { return e.err.Error() }
-func (e unusable) Unwrap() error { return e.err }
-
-// Unreachable reports whether an error from Decide means the store could
-// not be asked (so fail_open may pass the request), rather than that it
-// could not be used.
-func Unreachable(err error) bool {
-	var u unusable
-	return !errors.As(err, &u) && !errors.Is(err, ErrHomeOutOfReach) && !errors.Is(err, ErrHomesDisagree)
-}
-
-var (
-	errNoKeyRing = errors.New("policy asks for encryption and the server has no key ring")
-	// errNotSealed: nothing in a record tells one stored in the clear
-	// before the policy encrypted from one forged in the clear since, so
-	// neither is replayed (docs/design.md §6.8).
-	errNotSealed = errors.New("a stored response is not sealed and the policy encrypts: stored before encryption was turned on, or forged")
-)
-
-// Decide is the request-time decision (docs/design.md §3) for a complete
+// decide is the request-time decision (docs/design.md §3) for a complete
 // request's fingerprint: it reserves the record for a new token; a
 // completed record's response is opened when sealed. A duplicate of an
 // attempt in flight is returned as such: whether it waits for that attempt
 // is Request's to say (waits), and the wait is awaitFirst. An error means
-// no answer: the store could not be asked or used (Unreachable tells
+// no answer: the store could not be asked or used (unreachable tells
 // which).
 //
 // After an error the request goes on only under a policy that fails open
-// (and only when Unreachable): otherwise the caller refuses it (503), and
-// Decide has already started undoing the reservation the failed call may
+// (and only when unreachable): otherwise the caller refuses it (503), and
+// decide has already started undoing the reservation the failed call may
 // still make (cancel.go). Under fail_open the request runs unprotected, so
 // such a reservation is left to turn unknown: the effect may have
 // happened.
-func (a *Attempt) Decide(ctx context.Context, fp idem.Fingerprint) (idem.ReserveResult, error) {
-	a.Token = idem.NewToken()
+func (a *Attempt) decide(ctx context.Context, fp idem.Fingerprint) (idem.ReserveResult, error) {
+	a.token = idem.NewToken()
 	if a.Policy.Encrypt && a.srv.Sealer == nil {
 		// The response could not be stored as the policy demands: refuse
 		// before anything runs. (The daemon refuses such a configuration;
@@ -173,13 +146,13 @@ func (a *Attempt) open(r idem.Response) (idem.Response, error) {
 // retention and durability; a store that sends the key elsewhere is an
 // error (homeElsewhere).
 func (a *Attempt) reserve(ctx context.Context, fp idem.Fingerprint) (idem.ReserveResult, error) {
-	sctx, cancel := a.StoreCtx(ctx)
+	sctx, cancel := a.storeCtx(ctx)
 	defer cancel()
 	waitReplicas, waitTimeout := a.Policy.WaitReplicas()
 	res, err := a.recordStore().Reserve(sctx, idem.Reservation{
 		ID:           a.ID,
 		Fingerprint:  fp,
-		Token:        a.Token,
+		Token:        a.token,
 		Lease:        a.Policy.Lease,
 		Retention:    a.Policy.Retention,
 		LeaseExpiry:  a.Policy.LeaseExpiry,
@@ -236,7 +209,7 @@ func (a *Attempt) awaitFirst(ctx context.Context, fp idem.Fingerprint, first ide
 // may have settled, and reports what to answer if it did: a damaged
 // record is an error, as at the reservation.
 func (a *Attempt) reread(ctx context.Context, fp idem.Fingerprint, first idem.ReserveResult) (idem.ReserveResult, bool, error) {
-	sctx, scancel := a.StoreCtx(ctx)
+	sctx, scancel := a.storeCtx(ctx)
 	rec, err := a.recordStore().Get(sctx, a.ID)
 	scancel()
 	switch {
@@ -270,12 +243,12 @@ func (a *Attempt) reread(ctx context.Context, fp idem.Fingerprint, first idem.Re
 	return first, false, nil
 }
 
-// DecideShadow makes the decision an enforcing policy would make, against
+// decideShadow makes the decision an enforcing policy would make, against
 // the shadow key space (policy.RecordNamespace), and reports it: the
 // request goes on whatever it is (docs/design.md §9).
 //
 // A first attempt holds its reservation as an enforced one does (the
-// caller calls Hold), so its response completes the record and later
+// caller calls hold), so its response completes the record and later
 // duplicates are measured against it. A duplicate holds nothing: the
 // upstream runs it again (that is what shadow means) and its own response
 // stores nothing, so it never overwrites the first one's record. It does
@@ -284,8 +257,8 @@ func (a *Attempt) reread(ctx context.Context, fp idem.Fingerprint, first idem.Re
 // used is ShadowStoreError, with the error; the request goes on all the
 // same, so a reservation the failed call may still make is not cancelled
 // (cancel.go): the upstream ran.
-func (a *Attempt) DecideShadow(ctx context.Context, fp idem.Fingerprint) (idem.ShadowDecision, error) {
-	a.Token = idem.NewToken()
+func (a *Attempt) decideShadow(ctx context.Context, fp idem.Fingerprint) (idem.ShadowDecision, error) {
+	a.token = idem.NewToken()
 	if a.Policy.Encrypt && a.srv.Sealer == nil {
 		return idem.ShadowStoreError, errNoKeyRing
 	}
@@ -299,11 +272,11 @@ func (a *Attempt) DecideShadow(ctx context.Context, fp idem.Fingerprint) (idem.S
 
 // Request is the request-time verdict (docs/design.md §3) for a complete
 // request's fingerprint: Continue for the attempt that reserved the record
-// (it now holds it, its lease renewed), an Answer for any other (a replay,
+// (it now holds it, its lease renewed), an answer for any other (a replay,
 // 409, 422), Wait for a duplicate that waits for the attempt in flight
 // (wait_for_in_flight), and for a store that cannot be asked, Pass under
 // fail_open and the 503 otherwise. A shadow policy's request always goes
-// on (DecideShadow).
+// on (decideShadow).
 func (a *Attempt) Request(ctx context.Context, fp idem.Fingerprint) Verdict {
 	if h := a.home; h != nil && !h.asked && h.store.Budget() > a.srv.StoreTimeout {
 		// The scope's home is another region (Server.Homes): its store
@@ -313,7 +286,7 @@ func (a *Attempt) Request(ctx context.Context, fp idem.Fingerprint) Verdict {
 		return a.askForHome(fp)
 	}
 	if a.Policy.Enforcement == policy.EnforcementShadow {
-		d, err := a.DecideShadow(ctx, fp)
+		d, err := a.decideShadow(ctx, fp)
 		if errors.Is(err, errMoved) && !a.home.asked {
 			return a.askForHome(fp)
 		}
@@ -321,12 +294,12 @@ func (a *Attempt) Request(ctx context.Context, fp idem.Fingerprint) Verdict {
 			return a.shadowed(ctx, d, verdictPass, slog.String("error", err.Error()))
 		}
 		if d == idem.ShadowWouldReserve {
-			a.Hold(a.conv.Background())
+			a.hold(a.conv.Background())
 			return a.shadowed(ctx, d, verdictContinue)
 		}
 		return a.shadowed(ctx, d, verdictPass)
 	}
-	res, err := a.Decide(ctx, fp)
+	res, err := a.decide(ctx, fp)
 	if errors.Is(err, errMoved) {
 		if !a.home.asked {
 			return a.askForHome(fp)
@@ -371,57 +344,23 @@ func (a *Attempt) Await(ctx context.Context) Verdict {
 	return a.answer(ctx, res)
 }
 
-// replay is the Answer that replays rs: as stored, or for a JSON-RPC call
-// as the call's own response (JSONRPCReplay). A stored response that is
+// replay is the answer that replays rs: as stored, or for a JSON-RPC call
+// as the call's own response (jsonrpcReplay). A stored response that is
 // no JSON-RPC response to replay answers outcome-unknown: the call ran,
 // and what it returned cannot be told.
 func (a *Attempt) replay(ctx context.Context, rs *idem.Response) Verdict {
 	if a.callID == nil {
-		return Verdict{Kind: Answer, Replay: rs}
+		return Verdict{Kind: answered, Replay: rs}
 	}
-	out, err := JSONRPCReplay(*rs, a.callID)
+	out, err := jsonrpcReplay(*rs, a.callID)
 	if err != nil {
 		a.LogAt(ctx, slog.LevelWarn, "stored response cannot be replayed as a JSON-RPC response; answering outcome-unknown",
 			slog.String("error", err.Error()))
-		return Verdict{Kind: Answer, Problem: problem.New(problem.OutcomeUnknown,
+		return Verdict{Kind: answered, Problem: problem.New(problem.OutcomeUnknown,
 			"an earlier call with this key completed, but its response cannot be replayed as a JSON-RPC response; "+
 				"check the tool's effect before calling again with a new key")}
 	}
-	return Verdict{Kind: Answer, Replay: &out}
-}
-
-// unavailable is the verdict when the store cannot be asked or used: the
-// request passes unprotected under fail_open when the store could not be
-// asked at all, and is refused 503 otherwise.
-func (a *Attempt) unavailable(ctx context.Context, err error) Verdict {
-	if Unreachable(err) && a.Policy.FailureMode == policy.FailOpen {
-		a.conv.Decided(a.Policy.Name, idem.DecisionFailOpen)
-		a.LogAt(ctx, slog.LevelWarn, "store unavailable; request passes unprotected (fail_open)", slog.String("error", err.Error()))
-		return verdictPass
-	}
-	switch {
-	case errors.Is(err, ErrHomeOutOfReach):
-		// A retry would take as long: no Retry-After.
-		a.conv.Decided(a.Policy.Name, idem.DecisionStoreUnavailable)
-		a.LogAt(ctx, slog.LevelError, "key's home out of reach within the proxy's timers; request refused", slog.String("error", err.Error()))
-		return Verdict{Kind: Answer, Problem: problem.New(problem.HomeOutOfReach,
-			"the idempotency store of this key's home region cannot be asked within the proxy's timers; nothing was done")}
-	case errors.Is(err, ErrHomesDisagree):
-		// A retry would meet the same maps until they are rolled out.
-		a.conv.Decided(a.Policy.Name, idem.DecisionStoreUnavailable)
-		a.LogAt(ctx, slog.LevelError, "homes maps disagree about the key's home; request refused", slog.String("error", err.Error()))
-		return Verdict{Kind: Answer, Problem: problem.New(problem.HomesDisagree,
-			"the idempotency servers' homes maps disagree about this key's home region; nothing was done")}
-	case Unreachable(err) || errors.Is(err, errNoKeyRing):
-		a.conv.Decided(a.Policy.Name, idem.DecisionStoreUnavailable)
-		a.LogAt(ctx, slog.LevelError, "store unavailable; request refused (fail_closed)", slog.String("error", err.Error()))
-	default:
-		a.conv.Decided(a.Policy.Name, idem.DecisionRecordUnusable)
-		a.LogAt(ctx, slog.LevelError, "stored record cannot be used; request refused", slog.String("error", err.Error()))
-	}
-	prob := problem.New(problem.StoreUnavailable, "the idempotency store cannot be used; retry later")
-	prob.RetryAfter = a.Policy.RetryAfter
-	return Verdict{Kind: Answer, Problem: prob}
+	return Verdict{Kind: answered, Replay: &out}
 }
 
 // answer turns a reservation's outcome into the verdict. The decision's
@@ -439,7 +378,7 @@ func (a *Attempt) answer(ctx context.Context, res idem.ReserveResult) Verdict {
 	a.conv.Decided(a.Policy.Name, d)
 	switch res.Outcome {
 	case idem.Reserved:
-		a.Hold(a.conv.Background())
+		a.hold(a.conv.Background())
 		return verdictContinue
 	case idem.Completed:
 		if !res.CreatedAt.IsZero() {
@@ -449,18 +388,18 @@ func (a *Attempt) answer(ctx context.Context, res idem.ReserveResult) Verdict {
 	case idem.InFlight:
 		prob := problem.New(problem.InProgress, "an earlier request with this Idempotency-Key is still being processed; retry later")
 		prob.RetryAfter = a.Policy.RetryAfter
-		return Verdict{Kind: Answer, Problem: prob}
+		return Verdict{Kind: answered, Problem: prob}
 	case idem.Unknown:
-		return Verdict{Kind: Answer, Problem: problem.New(problem.OutcomeUnknown,
+		return Verdict{Kind: answered, Problem: problem.New(problem.OutcomeUnknown,
 			"an earlier request with this Idempotency-Key ended without a known outcome; "+
 				"check the resource's state before retrying with a new key")}
 	}
-	return Verdict{Kind: Answer, Problem: problem.New(problem.KeyReused, // idem.Mismatch
+	return Verdict{Kind: answered, Problem: problem.New(problem.KeyReused, // idem.Mismatch
 		"this Idempotency-Key was already used for a request with a different method, path, headers or body")}
 }
 
-// StoreCtx bounds one store call made while Envoy waits.
-func (a *Attempt) StoreCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+// storeCtx bounds one store call made while Envoy waits.
+func (a *Attempt) storeCtx(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(ctx, a.storeBudget())
 }
 

@@ -20,10 +20,10 @@ type conv struct {
 	waits      []time.Duration
 }
 
-// decideAndWait is Decide, then the wait Request would ask for (waits,
+// decideAndWait is decide, then the wait Request would ask for (waits,
 // awaitFirst), with the hook run between them.
 func (c *conv) decideAndWait(ctx context.Context, a *Attempt, fp idem.Fingerprint) (idem.ReserveResult, error) {
-	res, err := a.Decide(ctx, fp)
+	res, err := a.decide(ctx, fp)
 	if err != nil {
 		return res, err
 	}
@@ -84,7 +84,7 @@ func newDecider(t *testing.T, pol *policy.Policy) *decider {
 func (d *decider) attempt(c Conversation) *Attempt {
 	a := New(d.srv, c)
 	a.Policy = d.pol
-	a.Admit("tenant", "k")
+	a.admit("tenant", "k")
 	return &a
 }
 
@@ -93,11 +93,11 @@ func (d *decider) attempt(c Conversation) *Attempt {
 func (d *decider) first(t *testing.T, fp idem.Fingerprint) *Attempt {
 	t.Helper()
 	a := d.attempt(&d.conv.reporter)
-	res, err := a.Decide(context.Background(), fp)
+	res, err := a.decide(context.Background(), fp)
 	if err != nil || res.Outcome != idem.Reserved {
 		t.Fatalf("first attempt: %v %v", res.Outcome, err)
 	}
-	a.Hold(context.Background())
+	a.hold(context.Background())
 	t.Cleanup(a.stopRenewing)
 	return a
 }
@@ -203,17 +203,17 @@ func TestStoreCannotBeUsed(t *testing.T) {
 	t.Run("unreachable", func(t *testing.T) {
 		d := newDecider(t, policy.Default())
 		d.srv.Store = down{d.store}
-		_, err := d.attempt(d.conv).Decide(ctx, fp1)
-		if !errors.Is(err, errDown) || !Unreachable(err) {
-			t.Fatalf("err %v, unreachable %v", err, Unreachable(err))
+		_, err := d.attempt(d.conv).decide(ctx, fp1)
+		if !errors.Is(err, errDown) || !unreachable(err) {
+			t.Fatalf("err %v, unreachable %v", err, unreachable(err))
 		}
 	})
 	t.Run("encrypt without a key ring", func(t *testing.T) {
 		pol := policy.Default()
 		pol.Encrypt = true
 		d := newDecider(t, pol)
-		_, err := d.attempt(d.conv).Decide(ctx, fp1)
-		if err == nil || Unreachable(err) || err.Error() != "policy asks for encryption and the server has no key ring" {
+		_, err := d.attempt(d.conv).decide(ctx, fp1)
+		if err == nil || unreachable(err) || err.Error() != "policy asks for encryption and the server has no key ring" {
 			t.Fatalf("err %v", err)
 		}
 	})
@@ -223,7 +223,7 @@ func TestStoreCannotBeUsed(t *testing.T) {
 		d := newDecider(t, pol)
 		d.srv.Sealer = sealer{}
 		d.first(t, fp1).SettleStored(ctx, idem.Response{Status: 201, Body: []byte("ok")})
-		res, err := d.attempt(d.conv).Decide(ctx, fp1)
+		res, err := d.attempt(d.conv).decide(ctx, fp1)
 		if err != nil || res.Outcome != idem.Completed || res.Response.Sealed || string(res.Response.Body) != "ok" {
 			t.Fatalf("res %+v err %v", res.Response, err)
 		}
@@ -234,8 +234,8 @@ func TestStoreCannotBeUsed(t *testing.T) {
 		d := newDecider(t, pol)
 		d.srv.Sealer = sealer{}
 		d.first(t, fp1).SettleStored(ctx, idem.Response{Status: 201, Body: []byte("tampered")})
-		_, err := d.attempt(d.conv).Decide(ctx, fp1)
-		if err == nil || Unreachable(err) {
+		_, err := d.attempt(d.conv).decide(ctx, fp1)
+		if err == nil || unreachable(err) {
 			t.Fatalf("err %v", err)
 		}
 	})
@@ -271,7 +271,7 @@ func TestShadowDecisionTable(t *testing.T) {
 			if tc.down {
 				d.srv.Store = down{d.store}
 			}
-			got, err := d.attempt(d.conv).DecideShadow(ctx, tc.fp)
+			got, err := d.attempt(d.conv).decideShadow(ctx, tc.fp)
 			if got != tc.want || (err != nil) != tc.down {
 				t.Fatalf("shadow decision %v (err %v), want %v", got, err, tc.want)
 			}

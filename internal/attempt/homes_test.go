@@ -48,7 +48,7 @@ func TestFarHome(t *testing.T) {
 
 	a := New(srv, &reporter{})
 	a.Policy = p
-	if prob := a.Admit("scope", "k1"); prob != nil {
+	if prob := a.admit("scope", "k1"); prob != nil {
 		t.Fatal(prob)
 	}
 	v := a.Request(ctx, idem.Fingerprint{1})
@@ -79,10 +79,10 @@ func TestFarHome(t *testing.T) {
 	b := New(&Server{Store: local, Observer: idem.NopObserver{}, Log: slog.New(slog.DiscardHandler),
 		StoreTimeout: 100 * time.Millisecond, SettleAtEndTimeout: time.Second}, &reporter{})
 	b.Policy = policy.Default()
-	if prob := b.Admit("scope", "k2"); prob != nil {
+	if prob := b.admit("scope", "k2"); prob != nil {
 		t.Fatal(prob)
 	}
-	if v := b.Request(ctx, idem.Fingerprint{1}); v.Kind != Answer || v.Problem == nil || v.Problem.Status != 503 {
+	if v := b.Request(ctx, idem.Fingerprint{1}); v.Kind != answered || v.Problem == nil || v.Problem.Status != 503 {
 		t.Fatalf("a moved key without a finder: %+v, want 503", v)
 	}
 }
@@ -115,7 +115,7 @@ func TestAskFitsWhatEnvoyGrants(t *testing.T) {
 			p.WaitForInFlight = 2 * time.Second
 			first := New(srv, &reporter{})
 			first.Policy = p
-			if prob := first.Admit("scope", "k"); prob != nil {
+			if prob := first.admit("scope", "k"); prob != nil {
 				t.Fatal(prob)
 			}
 			if v := first.Request(ctx, idem.Fingerprint{1}); v.Kind != Wait || v.Wait > srv.MaxMessageTimeout {
@@ -127,7 +127,7 @@ func TestAskFitsWhatEnvoyGrants(t *testing.T) {
 			defer first.stopRenewing()
 			dup := New(srv, &reporter{})
 			dup.Policy = p
-			if prob := dup.Admit("scope", "k"); prob != nil {
+			if prob := dup.admit("scope", "k"); prob != nil {
 				t.Fatal(prob)
 			}
 			v := dup.Request(ctx, idem.Fingerprint{1})
@@ -136,7 +136,7 @@ func TestAskFitsWhatEnvoyGrants(t *testing.T) {
 			}
 			v = dup.Await(ctx)
 			if c.waitedAt == 0 {
-				if v.Kind != Answer || v.Problem == nil || v.Problem.Slug != "request-in-progress" {
+				if v.Kind != answered || v.Problem == nil || v.Problem.Slug != "request-in-progress" {
 					t.Fatalf("without room to wait: %+v, want 409 at once", v)
 				}
 				return

@@ -16,7 +16,7 @@ import (
 // replay.
 var errBodyOmitted = errors.New("the stored response kept no body")
 
-// JSONRPCReplay is the stored response rs as a replay to the JSON-RPC
+// jsonrpcReplay is the stored response rs as a replay to the JSON-RPC
 // request whose id is id (answers: jsonrpc): its top-level id rewritten to
 // id, every other byte as stored (jsonrpc.RewriteID). A stored
 // text/event-stream answer (MCP Streamable HTTP may answer a call that
@@ -28,7 +28,7 @@ var errBodyOmitted = errors.New("the stored response kept no body")
 // "application/json" case, handleJSON). An error means there is no
 // JSON-RPC response to replay (no body kept, or not JSON-RPC): the caller
 // answers outcome-unknown rather than a response to the wrong id.
-func JSONRPCReplay(rs idem.Response, id []byte) (idem.Response, error) {
+func jsonrpcReplay(rs idem.Response, id []byte) (idem.Response, error) {
 	if rs.BodyOmitted {
 		return rs, errBodyOmitted
 	}
@@ -67,7 +67,7 @@ func eventStream(rs idem.Response) bool {
 	return false
 }
 
-// TransportRefused reports whether rs, the upstream's own answer to the
+// transportRefused reports whether rs, the upstream's own answer to the
 // JSON-RPC call whose id is id (answers: jsonrpc), is the MCP Streamable
 // HTTP transport refusing the call before dispatching it, rather than the
 // call's outcome: a status the transport sends for a request it does not
@@ -118,7 +118,7 @@ func eventStream(rs idem.Response) bool {
 // code nor status tells a refusal from an answer. A body omitted from the
 // record (larger than max_stored_body, or cut short) cannot be read, so
 // its response is stored too.
-func TransportRefused(rs idem.Response, id []byte) bool {
+func transportRefused(rs idem.Response, id []byte) bool {
 	switch rs.Status {
 	case 400, 401, 403, 404, 405, 406, 415:
 	default:
@@ -141,7 +141,7 @@ func TransportRefused(rs idem.Response, id []byte) bool {
 	return !jsonrpc.ResponseTo(body, id)
 }
 
-// The MCP 2026-07-28 refusals of the transport (TransportRefused), by the
+// The MCP 2026-07-28 refusals of the transport (transportRefused), by the
 // status they come with (basic/index.mdx, "Error Codes"; Streamable HTTP,
 // "Protocol Version Header").
 const (
@@ -152,7 +152,7 @@ const (
 
 var refusalCodes = map[int]int{400: codeHeaderMismatch, 404: codeMethodNotFound}
 
-// Interim reports whether rs, the upstream's answer to the JSON-RPC call
+// isInterim reports whether rs, the upstream's answer to the JSON-RPC call
 // whose id is id, is an MCP multi round-trip request's interim result
 // (jsonrpc.InputRequired): the server asks the client for input, and the
 // client will retry the call with it under a new id
@@ -162,7 +162,7 @@ var refusalCodes = map[int]int{400: codeHeaderMismatch, 404: codeMethodNotFound}
 // fingerprint (policy.ContinuationMembers), runs the final step and
 // stores its result, which a retry of the call from its first round then
 // gets. A stored text/event-stream answer is judged by its final response.
-func Interim(rs idem.Response, id []byte) bool {
+func isInterim(rs idem.Response, id []byte) bool {
 	if rs.Status < 200 || rs.Status > 299 || rs.BodyOmitted || id == nil {
 		return false
 	}
@@ -180,18 +180,18 @@ func Interim(rs idem.Response, id []byte) bool {
 // SettleCall settles the record with rs, the response to the JSON-RPC
 // call whose id is id (answers: jsonrpc), that the response rules said to
 // store: completed with it, unless it is the upstream's transport refusing
-// the call (TransportRefused), which never ran it: then the record is
+// the call (transportRefused), which never ran it: then the record is
 // released (unknown when an earlier attempt may have run it:
-// unlessRetried); or an interim result that asks for input (Interim),
+// unlessRetried); or an interim result that asks for input (isInterim),
 // which is released for the continuation. attrs are added to the settled
 // line.
 func (a *Attempt) SettleCall(ctx context.Context, rs idem.Response, id []byte, attrs ...slog.Attr) {
 	switch {
 	case a.origin != idem.OriginUpstream:
 		a.SettleStored(ctx, rs, attrs...)
-	case TransportRefused(rs, id):
+	case transportRefused(rs, id):
 		a.Settle(ctx, a.unlessRetried(idem.ActionRelease), append(attrs, slog.String("reason", "transport refused the call"))...)
-	case Interim(rs, id):
+	case isInterim(rs, id):
 		// The server asks for input; an interim round is taken to have no
 		// effect of its own (docs/design.md §4, MCP multi round-trip
 		// requests): the record goes, the continuation runs.

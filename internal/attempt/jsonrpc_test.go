@@ -17,13 +17,13 @@ func TestJSONRPCReplay(t *testing.T) {
 		return []idem.Header{{Name: "x-a", Value: "1"}, {Name: "content-type", Value: ct}, {Name: "x-b", Value: "2"}}
 	}
 	stored := `{"jsonrpc":"2.0", "id" : 1,"result":{"id":1,"text":"sent"}}`
-	got, err := JSONRPCReplay(idem.Response{Status: 200, Headers: hs("application/json"), Body: []byte(stored)}, []byte(`"r-2"`))
+	got, err := jsonrpcReplay(idem.Response{Status: 200, Headers: hs("application/json"), Body: []byte(stored)}, []byte(`"r-2"`))
 	if err != nil || string(got.Body) != `{"jsonrpc":"2.0", "id" : "r-2","result":{"id":1,"text":"sent"}}` || len(got.Headers) != 3 {
 		t.Fatalf("JSON: %s %v %v", got.Body, got.Headers, err)
 	}
 	stream := "event: message\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\",\"params\":{}}\n\n" +
 		"event: message\ndata: {\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{}}\n\n"
-	got, err = JSONRPCReplay(idem.Response{Status: 200, Headers: hs("text/event-stream; charset=utf-8"), Body: []byte(stream)}, []byte(`7`))
+	got, err = jsonrpcReplay(idem.Response{Status: 200, Headers: hs("text/event-stream; charset=utf-8"), Body: []byte(stream)}, []byte(`7`))
 	if err != nil || string(got.Body) != `{"jsonrpc":"2.0","id":7,"result":{}}` {
 		t.Fatalf("SSE: %s %v", got.Body, err)
 	}
@@ -36,7 +36,7 @@ func TestJSONRPCReplay(t *testing.T) {
 		"stream, no end": {Status: 200, Headers: hs("text/event-stream"), Body: []byte("data: {\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{}}\n")},
 		"body omitted":   {Status: 200, Headers: hs("application/json"), BodyOmitted: true},
 	} {
-		if _, err := JSONRPCReplay(rs, []byte(`1`)); err == nil {
+		if _, err := jsonrpcReplay(rs, []byte(`1`)); err == nil {
 			t.Errorf("%s: replayed", name)
 		} else if name != "body omitted" && !errors.Is(err, jsonrpc.ErrNotResponse) {
 			t.Errorf("%s: %v", name, err)
@@ -83,8 +83,8 @@ func TestTransportRefused(t *testing.T) {
 		{"200 not JSON-RPC", idem.Response{Status: 200, Headers: plain, Body: []byte("ok")}, false},
 		{"202", idem.Response{Status: 202}, false},
 	} {
-		if got := TransportRefused(tc.rs, []byte(`7`)); got != tc.want {
-			t.Errorf("%s: TransportRefused = %v, want %v", tc.name, got, tc.want)
+		if got := transportRefused(tc.rs, []byte(`7`)); got != tc.want {
+			t.Errorf("%s: transportRefused = %v, want %v", tc.name, got, tc.want)
 		}
 	}
 }
@@ -106,8 +106,8 @@ func TestInterim(t *testing.T) {
 		{"not 2xx", idem.Response{Status: 500, Headers: js, Body: []byte(interim)}, false},
 		{"body not kept", idem.Response{Status: 200, Headers: js, BodyOmitted: true}, false},
 	} {
-		if got := Interim(tc.rs, []byte(`7`)); got != tc.want {
-			t.Errorf("%s: Interim = %v, want %v", tc.name, got, tc.want)
+		if got := isInterim(tc.rs, []byte(`7`)); got != tc.want {
+			t.Errorf("%s: isInterim = %v, want %v", tc.name, got, tc.want)
 		}
 	}
 }

@@ -59,7 +59,7 @@ func (r *redisRecords) refused(t *testing.T, what string) {
 		r.pol.FailureMode = mode
 		c := &conv{}
 		v := r.attempt(c).Request(context.Background(), fp1)
-		if v.Kind != Answer || v.Problem == nil || v.Problem.Kind != problem.StoreUnavailable {
+		if v.Kind != answered || v.Problem == nil || v.Problem.Kind != problem.StoreUnavailable {
 			t.Fatalf("%s (%v): verdict %+v, want 503 %s", what, mode, v, problem.StoreUnavailable.Slug)
 		}
 		if got := c.decisions; !slices.Equal(got, []idem.Decision{idem.DecisionRecordUnusable}) {
@@ -111,7 +111,7 @@ func TestUnsealedRecordUnderEncryptionIsRefused(t *testing.T) {
 	// The same forgery, uncompressed, replays under a policy that does not
 	// encrypt: encryption is what refused it.
 	r.pol.Encrypt = false
-	res, err := r.attempt(r.conv).Decide(context.Background(), fp1)
+	res, err := r.attempt(r.conv).decide(context.Background(), fp1)
 	if err != nil || res.Outcome != idem.Completed || string(res.Response.Body) != "forged" {
 		t.Fatalf("forged record without encryption: %v %v", res.Outcome, err)
 	}
@@ -129,7 +129,7 @@ func TestEncryptionSwitchedOnRefusesClearRecords(t *testing.T) {
 			r := newRedisRecords(t, pol)
 			want := idem.Response{Status: 201, Headers: []idem.Header{{Name: "content-type", Value: "application/json"}}, Body: []byte(body)}
 			r.first(t, fp1).SettleStored(ctx, want)
-			if res, err := r.attempt(r.conv).Decide(ctx, fp1); err != nil || res.Outcome != idem.Completed {
+			if res, err := r.attempt(r.conv).decide(ctx, fp1); err != nil || res.Outcome != idem.Completed {
 				t.Fatalf("replay before the switch: %v %v", res.Outcome, err)
 			}
 
@@ -146,7 +146,7 @@ func TestEncryptionSwitchedOnRefusesClearRecords(t *testing.T) {
 			if st := r.stored(t); !st.Sealed {
 				t.Fatal("stored in the clear after the switch")
 			}
-			res, err := r.attempt(r.conv).Decide(ctx, fp1)
+			res, err := r.attempt(r.conv).decide(ctx, fp1)
 			if err != nil || res.Outcome != idem.Completed || string(res.Response.Body) != body {
 				t.Fatalf("replay after the switch: %v %v", res.Outcome, err)
 			}
@@ -190,7 +190,7 @@ func TestDamagedRecordsAre503(t *testing.T) {
 				r.refused(t, fmt.Sprintf("%d bytes appended", len(tail)))
 			}
 			r.put(t, whole)
-			if res, err := r.attempt(r.conv).Decide(ctx, fp1); err != nil || res.Outcome != idem.Completed {
+			if res, err := r.attempt(r.conv).decide(ctx, fp1); err != nil || res.Outcome != idem.Completed {
 				t.Fatalf("whole record: %v %v", res.Outcome, err)
 			}
 		})
@@ -232,7 +232,7 @@ func TestDamagedRecordAfterAWaitIs503(t *testing.T) {
 	}
 	r.put(t, "x")
 	v := dup.Await(ctx)
-	if v.Kind != Answer || v.Problem == nil || v.Problem.Kind != problem.StoreUnavailable {
+	if v.Kind != answered || v.Problem == nil || v.Problem.Kind != problem.StoreUnavailable {
 		t.Fatalf("verdict %+v, want 503 %s", v, problem.StoreUnavailable.Slug)
 	}
 	if got := c.decisions; !slices.Equal(got, []idem.Decision{idem.DecisionRecordUnusable}) {

@@ -38,7 +38,7 @@ func TestSendHome(t *testing.T) {
 		routing  Routing
 		here     bool
 		shadow   bool
-		want     Kind
+		want     verdictKind
 		slug     string
 	}{
 		{"homed elsewhere: sent home", true, Routing{CanSend: true}, false, false, SendHome, ""},
@@ -47,8 +47,8 @@ func TestSendHome(t *testing.T) {
 		{"a shadow policy is never moved", true, Routing{CanSend: true}, false, true, Continue, ""},
 		{"homed here: decided here", true, Routing{CanSend: true}, true, false, Continue, ""},
 		{"sent here, homed here: decided here, never sent on", true, Routing{SentTo: "home", CanSend: true}, true, false, Continue, ""},
-		{"sent here, this map homes it elsewhere: refused", true, Routing{SentTo: "home", CanSend: true}, false, false, Answer, problem.HomesDisagree.Slug},
-		{"sent here under another region's name: refused", true, Routing{SentTo: "other", CanSend: true}, true, false, Answer, problem.HomesDisagree.Slug},
+		{"sent here, this map homes it elsewhere: refused", true, Routing{SentTo: "home", CanSend: true}, false, false, answered, problem.HomesDisagree.Slug},
+		{"sent here under another region's name: refused", true, Routing{SentTo: "other", CanSend: true}, true, false, answered, problem.HomesDisagree.Slug},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			far := memstore.New(memstore.Options{})

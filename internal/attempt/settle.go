@@ -56,7 +56,7 @@ func (a *Attempt) SettleStored(ctx context.Context, resp idem.Response, attrs ..
 		resp = sealed
 	}
 	a.settleWith(ctx, codeStored, func(ctx context.Context) error {
-		return a.recordStore().Complete(ctx, a.ID, a.Token, resp, a.Policy.Retention)
+		return a.recordStore().Complete(ctx, a.ID, a.token, resp, a.Policy.Retention)
 	}, attrs...)
 }
 
@@ -67,10 +67,10 @@ func (a *Attempt) Settle(ctx context.Context, action idem.Action, attrs ...slog.
 		return
 	}
 	d, op := codeMarkedUnknown, func(ctx context.Context) error {
-		return a.recordStore().MarkUnknown(ctx, a.ID, a.Token, a.Policy.Retention)
+		return a.recordStore().MarkUnknown(ctx, a.ID, a.token, a.Policy.Retention)
 	}
 	if action == idem.ActionRelease {
-		d, op = codeReleased, func(ctx context.Context) error { return a.recordStore().Release(ctx, a.ID, a.Token) }
+		d, op = codeReleased, func(ctx context.Context) error { return a.recordStore().Release(ctx, a.ID, a.token) }
 	}
 	a.settleWith(ctx, d, op, attrs...)
 }

@@ -88,14 +88,14 @@ func held(t *testing.T, pol *policy.Policy, wrap func(idem.Store) idem.Store) *f
 		StoreTimeout: time.Second, SettleAtEndTimeout: time.Second}
 	f.att = New(srv, f.rep)
 	f.att.Policy = pol
-	f.att.Admit("tenant", "key-1")
-	f.att.Token = idem.NewToken()
+	f.att.admit("tenant", "key-1")
+	f.att.token = idem.NewToken()
 	res, err := ms.Reserve(context.Background(), idem.Reservation{ID: f.att.ID, Fingerprint: idem.Fingerprint{1},
-		Token: f.att.Token, Lease: pol.Lease, Retention: pol.Retention})
+		Token: f.att.token, Lease: pol.Lease, Retention: pol.Retention})
 	if err != nil || res.Outcome != idem.Reserved {
 		t.Fatalf("reserve: %v %v", res.Outcome, err)
 	}
-	f.att.Hold(context.Background())
+	f.att.hold(context.Background())
 	t.Cleanup(f.att.stopRenewing)
 	return f
 }
@@ -226,7 +226,7 @@ func TestRefusedSettlementRetriedAtEnd(t *testing.T) {
 func TestSettleWithoutHoldIsNothing(t *testing.T) {
 	f := held(t, policy.Default(), nil)
 	other := New(f.att.srv, f.rep)
-	other.Policy, other.ID, other.Token = f.att.Policy, f.att.ID, idem.NewToken()
+	other.Policy, other.ID, other.token = f.att.Policy, f.att.ID, idem.NewToken()
 	other.SettleStored(context.Background(), idem.Response{Status: 201})
 	other.Settle(context.Background(), idem.ActionRelease)
 	other.SettleAtEnd(context.Background(), nil)

@@ -14,18 +14,18 @@ import (
 // the phase at hand and the caller (HTTP, gRPC, JSON-RPC); it decides
 // nothing.
 
-// Kind is what a verdict tells the request to do.
-type Kind uint8
+// verdictKind is what a verdict tells the request to do.
+type verdictKind uint8
 
 const (
 	// Continue: the request goes on, protected: the attempt reads more of
 	// it, or (once decided) holds the record while the upstream runs.
-	Continue Kind = iota
+	Continue verdictKind = iota
 	// Pass: the request goes on unprotected; nothing more is recorded.
 	Pass
-	// Answer: the server answers in the upstream's place, with Problem or
+	// answered: the server answers in the upstream's place, with Problem or
 	// with Replay, and the request goes no further.
-	Answer
+	answered
 	// Wait: the request waits, up to Verdict.Wait, for the attempt in
 	// flight; Await gives the verdict once the wait is over.
 	Wait
@@ -37,10 +37,10 @@ const (
 
 // Verdict is one decision about a request.
 type Verdict struct {
-	Kind Kind
-	// Problem is the refusal an Answer carries; nil for a replay.
+	Kind verdictKind
+	// Problem is the refusal an answer carries; nil for a replay.
 	Problem *problem.Problem
-	// Replay is the stored response an Answer carries (opened when it was
+	// Replay is the stored response an answer carries (opened when it was
 	// sealed); nil for a refusal.
 	Replay *idem.Response
 	// Add are headers to add to the response the client gets: a shadow

@@ -23,7 +23,7 @@ func (o *shadowCounts) KeyWarned(string)                              { o.warned
 
 // want is a verdict as the tables state it.
 type want struct {
-	kind   Kind
+	kind   verdictKind
 	slug   string              // the problem's, for a refusal
 	replay int                 // the replayed status, for a replay
 	shadow idem.ShadowDecision // a shadow policy's decision
@@ -85,15 +85,15 @@ func TestAdmissionVerdictTable(t *testing.T) {
 			p.KeyRequired, p.KeyWarnUntil = true, now.Add(time.Hour)
 		}, "", 0, "t", want{kind: Pass, add: "warning"}, want{kind: Pass}, true},
 		{"no key, key required", func(p *policy.Policy) { p.KeyRequired = true }, "", 0, "t",
-			want{kind: Answer, slug: problem.KeyMissing.Slug},
+			want{kind: answered, slug: problem.KeyMissing.Slug},
 			want{kind: Pass, shadow: idem.ShadowWouldReject, add: "idempotency-shadow"}, false},
 		{"key malformed", enforce, "a,b", 1, "t",
-			want{kind: Answer, slug: problem.KeyInvalid.Slug},
+			want{kind: answered, slug: problem.KeyInvalid.Slug},
 			want{kind: Pass, shadow: idem.ShadowWouldReject, add: "idempotency-shadow"}, false},
 		{"scope source yields nothing", func(p *policy.Policy) {
 			p.Scope = policy.Scope{Source: policy.ScopeHeader, Header: "x-tenant"}
 		}, "k", 1, "",
-			want{kind: Answer, slug: problem.PrincipalMissing.Slug},
+			want{kind: answered, slug: problem.PrincipalMissing.Slug},
 			want{kind: Pass, shadow: idem.ShadowWouldReject, add: "idempotency-shadow"}, false},
 		{"key valid, scoped", enforce, "k", 1, "t", want{kind: Continue}, want{kind: Continue}, false},
 	} {
@@ -137,7 +137,7 @@ func TestRefusalVerdicts(t *testing.T) {
 		p := policy.Default()
 		a := New(&Server{Observer: idem.NopObserver{}, Log: slog.New(slog.DiscardHandler)}, &reporter{})
 		a.Policy = p
-		checkVerdict(t, a.Refuse(ctx, prob), want{kind: Answer, slug: prob.Slug})
+		checkVerdict(t, a.Refuse(ctx, prob), want{kind: answered, slug: prob.Slug})
 		p.Enforcement = policy.EnforcementShadow
 		checkVerdict(t, a.Refuse(ctx, prob), want{kind: Pass, shadow: idem.ShadowWouldReject})
 	}
@@ -165,26 +165,26 @@ func TestRequestVerdictTable(t *testing.T) {
 		{"none: reserved", nil, fp1, nil, nil,
 			want{kind: Continue}, want{kind: Continue, shadow: idem.ShadowWouldReserve, add: "idempotency-shadow"}},
 		{"any state, differs: 422", completed, fp2, nil, nil,
-			want{kind: Answer, slug: problem.KeyReused.Slug}, want{kind: Pass, shadow: idem.ShadowWouldMismatch, add: "idempotency-shadow"}},
+			want{kind: answered, slug: problem.KeyReused.Slug}, want{kind: Pass, shadow: idem.ShadowWouldMismatch, add: "idempotency-shadow"}},
 		{"in flight, same: 409", func(t *testing.T, d *decider) { d.first(t, fp1) }, fp1, nil, nil,
-			want{kind: Answer, slug: problem.InProgress.Slug}, want{kind: Pass, shadow: idem.ShadowWouldConflict, add: "idempotency-shadow"}},
+			want{kind: answered, slug: problem.InProgress.Slug}, want{kind: Pass, shadow: idem.ShadowWouldConflict, add: "idempotency-shadow"}},
 		{"in flight, same, wait_for_in_flight: wait", func(t *testing.T, d *decider) { d.first(t, fp1) }, fp1, nil,
 			func(p *policy.Policy) { p.WaitForInFlight = time.Second },
 			want{kind: Wait}, want{kind: Pass, shadow: idem.ShadowWouldConflict, add: "idempotency-shadow"}},
 		{"completed, same: replay", completed, fp1, nil, nil,
-			want{kind: Answer, replay: 201}, want{kind: Pass, shadow: idem.ShadowWouldReplay, add: "idempotency-shadow"}},
+			want{kind: answered, replay: 201}, want{kind: Pass, shadow: idem.ShadowWouldReplay, add: "idempotency-shadow"}},
 		{"unknown, same: 409 outcome-unknown", func(t *testing.T, d *decider) {
 			d.first(t, fp1).Settle(ctx, idem.ActionUnknown)
 		}, fp1, nil, nil,
-			want{kind: Answer, slug: problem.OutcomeUnknown.Slug}, want{kind: Pass, shadow: idem.ShadowWouldUnknown, add: "idempotency-shadow"}},
+			want{kind: answered, slug: problem.OutcomeUnknown.Slug}, want{kind: Pass, shadow: idem.ShadowWouldUnknown, add: "idempotency-shadow"}},
 		{"store unreachable, fail_closed: 503", nil, fp1, func(d *decider) { d.srv.Store = down{d.store} }, nil,
-			want{kind: Answer, slug: problem.StoreUnavailable.Slug}, want{kind: Pass, shadow: idem.ShadowStoreError, add: "idempotency-shadow"}},
+			want{kind: answered, slug: problem.StoreUnavailable.Slug}, want{kind: Pass, shadow: idem.ShadowStoreError, add: "idempotency-shadow"}},
 		{"store unreachable, fail_open: passed", nil, fp1, func(d *decider) { d.srv.Store = down{d.store} },
 			func(p *policy.Policy) { p.FailureMode = policy.FailOpen },
 			want{kind: Pass}, want{kind: Pass, shadow: idem.ShadowStoreError, add: "idempotency-shadow"}},
 		{"encrypt without a key ring: 503 whatever the failure mode", nil, fp1, nil,
 			func(p *policy.Policy) { p.Encrypt, p.FailureMode = true, policy.FailOpen },
-			want{kind: Answer, slug: problem.StoreUnavailable.Slug}, want{kind: Pass, shadow: idem.ShadowStoreError, add: "idempotency-shadow"}},
+			want{kind: answered, slug: problem.StoreUnavailable.Slug}, want{kind: Pass, shadow: idem.ShadowStoreError, add: "idempotency-shadow"}},
 	} {
 		for _, mode := range []string{"enforce", "shadow"} {
 			t.Run(tc.name+"/"+mode, func(t *testing.T) {
@@ -237,9 +237,9 @@ func TestAwaitVerdicts(t *testing.T) {
 		settle func(first *Attempt)
 		want   want
 	}{
-		{"completed: replay", func(f *Attempt) { f.SettleStored(ctx, idem.Response{Status: 201}) }, want{kind: Answer, replay: 201}},
+		{"completed: replay", func(f *Attempt) { f.SettleStored(ctx, idem.Response{Status: 201}) }, want{kind: answered, replay: 201}},
 		{"released: this attempt reserves", func(f *Attempt) { f.Settle(ctx, idem.ActionRelease) }, want{kind: Continue}},
-		{"unknown: 409 outcome-unknown", func(f *Attempt) { f.Settle(ctx, idem.ActionUnknown) }, want{kind: Answer, slug: problem.OutcomeUnknown.Slug}},
+		{"unknown: 409 outcome-unknown", func(f *Attempt) { f.Settle(ctx, idem.ActionUnknown) }, want{kind: answered, slug: problem.OutcomeUnknown.Slug}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := policy.Default()

@@ -21,9 +21,12 @@ import (
 // through Envoy or from grpc-go's filter (rpcState), a JSON-RPC client
 // (bodyDecision). A new caller kind is rendered here, and nowhere else.
 
-// render turns a verdict into the reply to the current message.
-//   - Continue: the reserved request goes upstream (stageUpstream); every
-//     withheld reply is released (cont).
+// render turns a verdict into the reply to the current message, and is
+// the one place the stream's stage changes on a verdict.
+//   - Continue: before the decision (the attempt holds nothing yet), the
+//     body is awaited (stageRequestBody, awaitBody); after it, the
+//     reserved request goes upstream (stageUpstream) and every withheld
+//     reply is released (cont).
 //   - Pass: the request goes on unprotected (passThrough).
 //   - Answer: the server answers in the upstream's place, with the problem
 //     or the replay in the caller's form; withheld replies are dropped,
@@ -43,6 +46,10 @@ func (p *processor) render(ctx context.Context, v attempt.Verdict) *extprocv3.Pr
 	}
 	switch v.Kind {
 	case attempt.Continue:
+		if !p.att.Held() {
+			p.stage = stageRequestBody
+			return p.awaitBody(ctx)
+		}
 		p.stage = stageUpstream
 		return p.cont()
 	case attempt.Pass:
@@ -71,6 +78,47 @@ func (p *processor) render(ctx context.Context, v attempt.Verdict) *extprocv3.Pr
 		return p.replayReply(ctx, v.Replay)
 	}
 	return p.problemReply(v.Problem)
+}
+
+// awaitBody asks for a protected request's body, whole, before anything
+// of the request goes upstream (render's Continue before the decision). In the echo modes the headers reply is
+// withheld (rpcState); grpc-go without a request body mode sends no body
+// at all, so the call is decided on its headers (its fingerprint then
+// lacks the message).
+func (p *processor) awaitBody(ctx context.Context) *extprocv3.ProcessingResponse {
+	if p.srv.budget.full() && !p.body.answersJSONRPC() {
+		// A JSON-RPC answer here could not carry the request's id, which
+		// only its body holds: such a request is refused at its body,
+		// where the budget refuses it still if it stays full.
+		return p.render(ctx, p.att.Refuse(ctx, p.srv.budget.capacityProblem(p.att.Policy.RetryAfter)))
+	}
+	switch {
+	case p.rpc.proxyless && p.requestBodyMode == procmodev3.ProcessingMode_NONE:
+		return p.decide(ctx)
+	case echoes(p.requestBodyMode):
+		p.rpc.headersHeld = true
+		return nil
+	}
+	if !p.modesKnown {
+		p.requestBodyMode, p.responseBodyMode = procmodev3.ProcessingMode_BUFFERED, procmodev3.ProcessingMode_BUFFERED
+		return continueFor(p.phase)
+	}
+	switch p.requestBodyMode {
+	case procmodev3.ProcessingMode_NONE, procmodev3.ProcessingMode_STREAMED:
+		// The fingerprint needs the whole body, and the upstream must see
+		// no part of the request before the reservation: in STREAMED mode
+		// Envoy would forward the headers and every answered chunk at once
+		// (processor_state.cc handleHeaderContinue). Ask for BUFFERED,
+		// which holds the headers until the body's reply. Body modes are
+		// always copied from an override, so the response's is restated.
+		// If Envoy does not honour overrides, the chunks are read as they
+		// come (onRequestBody).
+		return continueWith(p.phase, &procmodev3.ProcessingMode{
+			RequestBodyMode:  procmodev3.ProcessingMode_BUFFERED,
+			ResponseBodyMode: wantedResponseBodyMode(p.responseBodyMode),
+		})
+	}
+	return continueFor(p.phase)
 }
 
 // resume ends a wait (render's Wait) once Envoy was told of it: the
@@ -118,7 +166,7 @@ func (p *processor) problemReply(prob *problem.Problem) *extprocv3.ProcessingRes
 
 // replayReply answers a retry of a completed operation: the stored
 // response for HTTP, rewritten to the retry's id for JSON-RPC
-// (attempt.JSONRPCReplay), ALREADY_EXISTS naming the original status for
+// (attempt.jsonrpcReplay), ALREADY_EXISTS naming the original status for
 // gRPC. A stored body that is no JSON-RPC response is never replayed to a
 // wrong id: the answer is the outcome-unknown error, since the call did
 // run and what it returned cannot be told.
@@ -138,17 +186,11 @@ func (p *processor) replayReply(ctx context.Context, r *idem.Response) *extprocv
 }
 
 // cont lets the message go on: every withheld reply goes first, then the
-// message's own CONTINUE, or in an echo mode its body sent back.
+// message's own CONTINUE; a body message in an echo mode is answered with
+// its body sent back unchanged as a streamed_response (a reply without one
+// fails the call in grpc-go and is spurious to Envoy).
 func (p *processor) cont() *extprocv3.ProcessingResponse {
 	p.rpc.releaseAll()
-	return p.echo()
-}
-
-// echo answers the current message with CONTINUE; a body message in an
-// echo mode is answered with its body sent back unchanged as a
-// streamed_response (a reply without one fails the call in grpc-go and is
-// spurious to Envoy).
-func (p *processor) echo() *extprocv3.ProcessingResponse {
 	switch {
 	case p.phase == phaseRequestBody && echoes(p.requestBodyMode), p.phase == phaseResponseBody && echoes(p.responseBodyMode):
 		body := p.msgBody

@@ -72,7 +72,7 @@ func (p *processor) onRequestHeaders(ctx context.Context, hh *extprocv3.HttpHead
 		return p.render(ctx, v)
 	}
 	if p.att.Policy.NeedsBody() {
-		return p.deferToBody(ctx, hh, preq, f)
+		return p.deferToBody(ctx, v, hh, preq, f)
 	}
 	rawKey, present := findHeader(hs, p.att.Policy.KeyHeader)
 	lines := 0
@@ -84,56 +84,14 @@ func (p *processor) onRequestHeaders(ctx context.Context, hh *extprocv3.HttpHead
 		return p.render(ctx, v)
 	}
 	scope := p.srv.scopeOf(ctx, &p.att, p.att.Policy, t.authority, hs, f)
-	if v := p.att.Named(ctx, scope, key); v.Kind != attempt.Continue {
+	if v = p.att.Named(ctx, scope, key); v.Kind != attempt.Continue {
 		return p.render(ctx, v)
 	}
 	p.reqHeaders = selectHeaders(hs, p.att.Policy.FingerprintHeaders)
 	if hh.GetEndOfStream() {
 		return p.decide(ctx)
 	}
-	return p.awaitBody(ctx)
-}
-
-// awaitBody asks for a protected request's body, whole, before anything
-// of the request goes upstream. In the echo modes the headers reply is
-// withheld (rpcState); grpc-go without a request body mode sends no body
-// at all, so the call is decided on its headers (its fingerprint then
-// lacks the message).
-func (p *processor) awaitBody(ctx context.Context) *extprocv3.ProcessingResponse {
-	if p.srv.budget.full() && !p.body.answersJSONRPC() {
-		// A JSON-RPC answer here could not carry the request's id, which
-		// only its body holds: such a request is refused at its body,
-		// where the budget refuses it still if it stays full.
-		return p.render(ctx, p.att.Refuse(ctx, p.srv.budget.capacityProblem(p.att.Policy.RetryAfter)))
-	}
-	p.stage = stageRequestBody
-	switch {
-	case p.rpc.proxyless && p.requestBodyMode == procmodev3.ProcessingMode_NONE:
-		return p.decide(ctx)
-	case echoes(p.requestBodyMode):
-		p.rpc.headersHeld = true
-		return nil
-	}
-	if !p.modesKnown {
-		p.requestBodyMode, p.responseBodyMode = procmodev3.ProcessingMode_BUFFERED, procmodev3.ProcessingMode_BUFFERED
-		return continueFor(p.phase)
-	}
-	switch p.requestBodyMode {
-	case procmodev3.ProcessingMode_NONE, procmodev3.ProcessingMode_STREAMED:
-		// The fingerprint needs the whole body, and the upstream must see
-		// no part of the request before the reservation: in STREAMED mode
-		// Envoy would forward the headers and every answered chunk at once
-		// (processor_state.cc handleHeaderContinue). Ask for BUFFERED,
-		// which holds the headers until the body's reply. Body modes are
-		// always copied from an override, so the response's is restated.
-		// If Envoy does not honour overrides, the chunks are read as they
-		// come (onRequestBody).
-		return continueWith(p.phase, &procmodev3.ProcessingMode{
-			RequestBodyMode:  procmodev3.ProcessingMode_BUFFERED,
-			ResponseBodyMode: wantedResponseBodyMode(p.responseBodyMode),
-		})
-	}
-	return continueFor(p.phase)
+	return p.render(ctx, v) // Continue, undecided: the body is awaited
 }
 
 // wantedResponseBodyMode is the response body mode to restate in an
@@ -249,10 +207,11 @@ type bodyDecision struct {
 func (d *bodyDecision) answersJSONRPC() bool { return d != nil && d.jsonrpc }
 
 // deferToBody reads, for every policy the request may end with, the key
-// header, the scope and the fingerprint headers, and waits for the body.
+// header, the scope and the fingerprint headers, and renders matched, the
+// match's Continue: the body is awaited.
 // Until the body says otherwise, the first policy's limits (its
 // max_request_body) and answers hold.
-func (p *processor) deferToBody(ctx context.Context, hh *extprocv3.HttpHeaders, r policy.Request, f *envoyFacts) *extprocv3.ProcessingResponse {
+func (p *processor) deferToBody(ctx context.Context, matched attempt.Verdict, hh *extprocv3.HttpHeaders, r policy.Request, f *envoyFacts) *extprocv3.ProcessingResponse {
 	hs := hh.GetHeaders()
 	first := p.att.Policy
 	pols := p.policies.BodyCandidates(r, first)
@@ -282,7 +241,7 @@ func (p *processor) deferToBody(ctx context.Context, hh *extprocv3.HttpHeaders, 
 	if hh.GetEndOfStream() {
 		return p.decide(ctx) // no body: a JSON criterion cannot hold
 	}
-	return p.awaitBody(ctx)
+	return p.render(ctx, matched)
 }
 
 // takeRequestBody keeps a request body chunk for the fingerprint, or
@@ -344,7 +303,7 @@ func (s *Server) routeNameMissing(ctx context.Context, a *attempt.Attempt, set *
 }
 
 // scopeOf reads the owner of the request's key space where pol says
-// (attempt.Admit judges it); "" when the request carries none.
+// (attempt.admit judges it); "" when the request carries none.
 func (s *Server) scopeOf(ctx context.Context, a *attempt.Attempt, pol *policy.Policy, authority string, hs *corev3.HeaderMap, f *envoyFacts) string {
 	switch sc := pol.Scope; sc.Source {
 	case policy.ScopeAuthority:

@@ -8,7 +8,7 @@
 // on members such as /method and /params/name of a JSON-RPC request, and
 // the fingerprint may include or exclude members by pointer
 // (internal/fingerprint). Policies (policy.Policy.MatchBody) and the
-// attempt (attempt.AdmitKeyFrom) read bodies with it (docs/mcp.md).
+// attempt (attempt.admitKeyFrom) read bodies with it (docs/mcp.md).
 package jsonpointer
 
 import (

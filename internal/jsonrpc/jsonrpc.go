@@ -5,7 +5,7 @@
 // JSON-RPC error responses that stand for the HTTP problems, and takes the
 // final JSON-RPC response out of a stored text/event-stream body (MCP's
 // Streamable HTTP transport). It is protocol-free; policies with answers:
-// jsonrpc use it (attempt.JSONRPCReplay, extproc's JSON-RPC answers,
+// jsonrpc use it (attempt.jsonrpcReplay, extproc's JSON-RPC answers,
 // docs/mcp.md).
 //
 // JSON-RPC 2.0 is https://www.jsonrpc.org/specification; MCP's use of it

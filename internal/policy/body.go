@@ -190,7 +190,7 @@ const (
 	// BodyUnreadable: the body cannot be read (ErrBodyUnreadable), so
 	// whether the criteria hold cannot be told: another reader may well
 	// take it for a call that meets them. It is not a miss like the
-	// others: see attempt.AdmitUnreadable.
+	// others: see attempt.admitUnreadable.
 	BodyUnreadable
 	// BodySubscription: an MCP subscriptions/listen request, on a policy
 	// that answers in JSON-RPC, whatever its criteria say: never protected
