@@ -84,14 +84,17 @@ func (a *Attempt) Settle(ctx context.Context, action idem.Action, attrs ...slog.
 // at a response message, or 0 when the settlement fits the message's own
 // timer: it does unless the record is held in a far home's store, whose
 // budget (HomeStore.Budget) passes the local --store-timeout. Envoy's
-// timer starts when the ask arrives, so the server's own budget is added;
+// timer starts when the ask arrives, so the server's own budget is added.
 // Envoy ignores an ask above its max_message_timeout rather than cap it
-// (ext_proc.cc Filter::onNewTimeout), so the ask is capped here.
+// (ext_proc.cc Filter::onNewTimeout); the ask is capped here at what the
+// request's own ask (a.asked) left of it, so that the asks of one request
+// add up to at most max_message_timeout, as docs/envoy.md's rule for a
+// request's time in Envoy counts them.
 func (a *Attempt) SettleAsk() time.Duration {
-	if !a.Held() || a.home == nil || a.storeBudget() <= a.srv.StoreTimeout || a.srv.MaxMessageTimeout <= 0 {
+	if !a.Held() || a.home == nil || a.storeBudget() <= a.srv.StoreTimeout {
 		return 0
 	}
-	return min(a.storeBudget()+a.srv.StoreTimeout, a.srv.MaxMessageTimeout)
+	return max(0, min(a.storeBudget()+a.srv.StoreTimeout, a.srv.MaxMessageTimeout-a.asked))
 }
 
 func (a *Attempt) settleWith(ctx context.Context, code decisionCode, apply func(context.Context) error, attrs ...slog.Attr) {
