@@ -202,5 +202,5 @@ func appendFrame(dst, msg []byte, compressed bool) []byte {
 		prefix[0] = 1
 	}
 	binary.BigEndian.PutUint32(prefix[1:], uint32(len(msg)))
-	return append(append(dst, prefix[:]...), msg...)
+	return append(append(growBody(dst, frameHeaderLen+len(msg)), prefix[:]...), msg...)
 }

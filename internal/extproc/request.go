@@ -288,7 +288,23 @@ func keepChunk(kept, msg []byte, framed, compressed bool) []byte {
 	case kept == nil:
 		return msg[:len(msg):len(msg)]
 	}
-	return append(kept, msg...)
+	return append(growBody(kept, len(msg)), msg...)
+}
+
+// growBody makes room for n more bytes in a body buffer, doubling its
+// capacity when it must grow. append's own growth for large slices is
+// about 1.25× (runtime/slice.go nextslicecap), which copies a body about
+// four times over while it arrives, each copy garbage the collector lets
+// accumulate; doubling copies it about once. Capacity never written to
+// is not resident: the runtime takes large spans fresh from the kernel,
+// already zeroed, and does not touch them (runtime/malloc.go, needzero).
+func growBody(kept []byte, n int) []byte {
+	if cap(kept)-len(kept) >= n {
+		return kept
+	}
+	grown := make([]byte, len(kept), max(2*len(kept), len(kept)+n))
+	copy(grown, kept)
+	return grown
 }
 
 // routeNameMissing reports, for each policy of set that matches on route
