@@ -212,7 +212,7 @@ func BenchmarkResidentMemory(b *testing.B) {
 			for _, response := range directions(mode) {
 				for _, declared := range []bool{false, true} {
 					if declared && chunk <= 1 {
-						continue // declared lengths are measured at 1 and 64 KiB chunks
+						continue // declared lengths are measured at 1 KiB and 64 KiB chunks
 					}
 					name := fmt.Sprintf("%s/response=%v/chunk=%d", mode, response, chunk)
 					if declared {
