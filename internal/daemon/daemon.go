@@ -344,6 +344,9 @@ func Main(ctx context.Context, args []string, getenv func(string) string, stderr
 		log.Error("startup failed", slog.String("error", err.Error()))
 		return 1
 	}
+	if percent > 0 {
+		defer startBodyPacer(percent, d.ext.BufferedBytes).stop()
+	}
 	if err := d.Wait(ctx); err != nil {
 		log.Error("server failed", slog.String("error", err.Error()))
 		return 1

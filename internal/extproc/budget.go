@@ -68,6 +68,15 @@ func (b *bodyBudget) holdRequestBody(held *int64, size, cost int, retryAfter tim
 	return nil
 }
 
+// BufferedBytes is what all streams' bodies hold of the budget now (0
+// without a budget).
+func (s *Server) BufferedBytes() int64 {
+	if s.budget == nil {
+		return 0
+	}
+	return s.budget.used.Load()
+}
+
 // release returns every byte a stream holds to the budget.
 func (b *bodyBudget) release(held *int64) {
 	if *held > 0 {
