@@ -136,18 +136,23 @@ func (d *Daemon) checkHealth(ctx context.Context) {
 		}
 	}
 	set()
-	go func() {
-		t := time.NewTicker(healthCheckInterval)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
+	go every(ctx, healthCheckInterval, func() bool { set(); return true })
+}
+
+// every calls f every interval until ctx ends or f returns false.
+func every(ctx context.Context, interval time.Duration, f func() bool) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if !f() {
 				return
-			case <-t.C:
-				set()
 			}
 		}
-	}()
+	}
 }
 
 // reloadOnHangup reloads the configuration on SIGHUP until ctx ends.
