@@ -262,7 +262,7 @@ func (c *Codec) Compress(r idem.Response) idem.Response {
 		return r
 	}
 	n := idem.ContentsSize(&r)
-	if n < c.minSize {
+	if n < c.minSize || c.incompressible(r.Body) {
 		return r
 	}
 	// The contents are laid out in a pooled buffer, which goes back to the
@@ -287,6 +287,35 @@ func (c *Codec) Compress(r idem.Response) idem.Response {
 		return r
 	}
 	return idem.Response{Status: r.Status, Body: frame, Compressed: true}
+}
+
+// A large answer is first tried on a sample: its first sampleBytes, made
+// a zstd frame. When zstd cannot take a fiftieth off them, the answer is
+// taken to be incompressible (an image, an archive, a body compressed
+// already) and kept as it came, without laying it out and encoding it
+// whole: that work would be thrown away, and its buffers, several times
+// the answer's size, are garbage the collector lets build up. zstd is
+// the sample's judge in every mode because it is the stronger of the two
+// encoders: what it cannot shrink, S2, with no entropy coding, cannot
+// either. An answer whose start is incompressible and whose rest is not
+// is kept uncompressed too: it costs its store more bytes, never a
+// different replay.
+const (
+	sampleFrom  = 64 << 10
+	sampleBytes = 16 << 10
+)
+
+// incompressible reports a body of at least sampleFrom bytes whose sample
+// zstd cannot shrink by a fiftieth.
+func (c *Codec) incompressible(body []byte) bool {
+	if len(body) < sampleFrom {
+		return false
+	}
+	enc, _ := c.coders()
+	bp := c.buffer()
+	frame := enc.EncodeAll(body[:sampleBytes], (*bp)[:0])
+	c.release(bp, frame)
+	return len(frame)*50 >= sampleBytes*49
 }
 
 // buffer is a buffer of plains, for the caller to give back with release.

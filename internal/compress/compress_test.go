@@ -192,6 +192,40 @@ func randomBytes(n int) []byte {
 	return b
 }
 
+// TestLargeIncompressibleAnswersAreTriedOnASample: a large answer zstd
+// cannot shrink is kept as it came after encoding a sample of it, not
+// laid out and encoded whole. Before, a 1 MiB one allocated about 4 MiB
+// on its way to being kept uncompressed. A large answer that compresses
+// only past its start is kept uncompressed too; one that compresses from
+// its start still is.
+func TestLargeIncompressibleAnswersAreTriedOnASample(t *testing.T) {
+	for _, mode := range []Mode{Auto, Zstd, S2} {
+		c := newCodec(t, Options{Mode: mode})
+		for range 2 * runtime.GOMAXPROCS(0) { // every one of the encoder's coders made, the pools filled
+			c.Compress(idem.Response{Status: 200, Body: randomBytes(sampleFrom)})
+		}
+		r := idem.Response{Status: 200, Body: randomBytes(1 << 20)}
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		got := c.Compress(r)
+		runtime.ReadMemStats(&after)
+		if !same(got, r) || got.Compressed {
+			t.Errorf("%v: a 1 MiB incompressible answer became %+v", mode, got)
+		}
+		if a := after.TotalAlloc - before.TotalAlloc; a > 64<<10 {
+			t.Errorf("%v: keeping a 1 MiB incompressible answer allocated %d bytes, want at most 64 KiB", mode, a)
+		}
+		text := bytes.Repeat([]byte(`{"id":"ord_1","status":"created"},`), (1<<20)/34)
+		if got := c.Compress(idem.Response{Status: 200, Body: text}); !got.Compressed {
+			t.Errorf("%v: a 1 MiB answer of repeated JSON was not compressed", mode)
+		}
+		mixed := append(randomBytes(sampleBytes), text...)
+		if got := c.Compress(idem.Response{Status: 200, Body: mixed}); got.Compressed {
+			t.Errorf("%v: an answer incompressible at its start was compressed", mode)
+		}
+	}
+}
+
 // TestExpandRefuses frames it must not replay.
 func TestExpandRefuses(t *testing.T) {
 	trainedCodec := newCodec(t, Options{Dictionary: trainedDict(t, corpus.Object, 50001)})

@@ -136,18 +136,23 @@ func (d *Daemon) checkHealth(ctx context.Context) {
 		}
 	}
 	set()
-	go func() {
-		t := time.NewTicker(healthCheckInterval)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
+	go every(ctx, healthCheckInterval, func() bool { set(); return true })
+}
+
+// every calls f every interval until ctx ends or f returns false.
+func every(ctx context.Context, interval time.Duration, f func() bool) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if !f() {
 				return
-			case <-t.C:
-				set()
 			}
 		}
-	}()
+	}
 }
 
 // reloadOnHangup reloads the configuration on SIGHUP until ctx ends.
@@ -343,6 +348,9 @@ func Main(ctx context.Context, args []string, getenv func(string) string, stderr
 	if err != nil {
 		log.Error("startup failed", slog.String("error", err.Error()))
 		return 1
+	}
+	if percent > 0 {
+		defer startBodyPacer(percent, d.ext.BufferedBytes).stop()
 	}
 	if err := d.Wait(ctx); err != nil {
 		log.Error("server failed", slog.String("error", err.Error()))

@@ -1,8 +1,11 @@
 package daemon
 
 import (
+	"runtime"
 	"runtime/debug"
+	"runtime/metrics"
 	"strconv"
+	"sync"
 )
 
 // DefaultGCPercent is the garbage collector's target when neither
@@ -93,4 +96,90 @@ func (s gcSettings) apply() (percent int, limit int64) {
 	percent = debug.SetGCPercent(-1) // read back: SetGCPercent returns the old value
 	debug.SetGCPercent(percent)
 	return percent, debug.SetMemoryLimit(-1) // a negative limit only reads it
+}
+
+// bodyPacer gives the bodies the server buffers less of the collector's
+// headroom than the rest of the heap. The collector lets the heap grow to
+// (1 + percent/100) × the live heap before it runs again, and a buffered
+// body is live heap: at the default 400, a body held while its stream's
+// messages make garbage (one message per byte, at worst) would cost five
+// times its size. After each collection the pacer sets the percent whose
+// goal gives everything but the bodies the percent the daemon chose and
+// the bodies bodyHeadroomPercent (pacedPercent).
+//
+// It learns of each collection from a cleanup attached to an object
+// nothing references: the runtime runs it once a collection has found
+// the object unreachable (runtime.AddCleanup; runtime/mcleanup.go). The
+// object is 64 bytes, not a tiny allocation, which the function's
+// documentation says may be batched with others and never be collected.
+// The percent is set with debug.SetGCPercent, which takes the heap lock
+// and recomputes the goal (runtime/mgcpacer.go setGCPercent,
+// gcControllerCommit) without stopping the world.
+type bodyPacer struct {
+	percent int          // the percent for everything but the bodies
+	held    func() int64 // the body bytes the server holds now
+	mu      sync.Mutex   // collected and stop
+	set     int          // the percent in force
+	stopped bool
+	live    [1]metrics.Sample
+}
+
+// bodyHeadroomPercent is the garbage the collector lets build up per
+// buffered body byte before it runs, in percent (at most the daemon's own
+// percent).
+const bodyHeadroomPercent = 50
+
+// gcCycle is the object whose cleanup marks the end of a collection.
+type gcCycle [64]byte
+
+// startBodyPacer paces the collector from now on; held reports the body
+// bytes the server holds.
+func startBodyPacer(percent int, held func() int64) *bodyPacer {
+	p := &bodyPacer{percent: percent, held: held, set: percent}
+	p.live[0].Name = "/gc/heap/live:bytes"
+	p.arm()
+	return p
+}
+
+func (p *bodyPacer) arm() { runtime.AddCleanup(new(gcCycle), (*bodyPacer).collected, p) }
+
+// collected runs after each collection.
+func (p *bodyPacer) collected() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.stopped {
+		return
+	}
+	metrics.Read(p.live[:])
+	if p.live[0].Value.Kind() == metrics.KindUint64 {
+		if pc := pacedPercent(p.percent, int64(p.live[0].Value.Uint64()), p.held()); pc != p.set {
+			debug.SetGCPercent(pc)
+			p.set = pc
+		}
+	}
+	p.arm()
+}
+
+// stop ends the pacing and puts back the daemon's percent.
+func (p *bodyPacer) stop() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.stopped && p.set != p.percent {
+		debug.SetGCPercent(p.percent)
+	}
+	p.stopped = true
+}
+
+// pacedPercent is the percent whose goal, (1 + result/100) × live, gives
+// the live heap but held bytes of it percent's headroom and the held
+// bytes bodyHeadroomPercent's (or percent's, when that is less). held is
+// capped at live: bytes counted as held may have become garbage.
+func pacedPercent(percent int, live, held int64) int {
+	if percent <= 0 || live <= 0 || held <= 0 {
+		return percent
+	}
+	held = min(held, live)
+	body := int64(min(percent, bodyHeadroomPercent))
+	goal := (live-held)*int64(100+percent) + held*(100+body) // × 100
+	return max(1, int(goal/live)-100)
 }

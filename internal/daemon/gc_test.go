@@ -2,9 +2,12 @@ package daemon
 
 import (
 	"io/fs"
+	"runtime"
 	"runtime/debug"
+	"runtime/metrics"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestPlanGC: the default percent with a soft limit from the cgroup or the
@@ -91,5 +94,54 @@ func TestGCPercentFlagErrors(t *testing.T) {
 	cfg, err := ParseConfig([]string{"--gc-percent", "250"}, env(nil), &strings.Builder{})
 	if err != nil || cfg.GCPercent != 250 {
 		t.Fatalf("--gc-percent 250: %+v, %v", cfg.GCPercent, err)
+	}
+}
+
+// TestPacedPercent: bodies get bodyHeadroomPercent of headroom, the rest
+// of the heap the daemon's percent; nothing held, no change.
+func TestPacedPercent(t *testing.T) {
+	for _, c := range []struct {
+		percent          int
+		live, held, want int64
+	}{
+		{400, 100, 0, 400},
+		{400, 100, 50, 225}, // 50 × 5 + 50 × 1.5 = 325: +225 %
+		{400, 100, 100, 50}, // all bodies
+		{400, 100, 500, 50}, // held bodies already garbage count no more than live
+		{100, 100, 50, 75},  // 50 × 2 + 50 × 1.5 = 175
+		{25, 100, 100, 25},  // never more headroom than the daemon's own
+		{-1, 100, 100, -1},  // collection off stays off
+		{400, 0, 100, 400},  // no collection yet
+		{1, 1000, 999, 1},   // never 0, which collects at every allocation
+	} {
+		if got := pacedPercent(c.percent, c.live, c.held); int64(got) != c.want {
+			t.Errorf("pacedPercent(%d, live %d, held %d) = %d, want %d", c.percent, c.live, c.held, got, c.want)
+		}
+	}
+}
+
+// TestBodyPacerFollowsCollections: after a collection that finds most of
+// the heap held as bodies, the percent in force is the paced one; stop
+// puts the daemon's back.
+func TestBodyPacerFollowsCollections(t *testing.T) {
+	old := debug.SetGCPercent(400)
+	defer debug.SetGCPercent(old)
+	body := make([]byte, 64<<20)
+	p := startBodyPacer(400, func() int64 { return int64(len(body)) })
+	gogc := []metrics.Sample{{Name: "/gc/gogc:percent"}}
+	for deadline := time.Now().Add(time.Minute); ; {
+		runtime.GC()
+		time.Sleep(10 * time.Millisecond) // the cleanup runs on its own goroutine
+		if metrics.Read(gogc); gogc[0].Value.Uint64() < 100 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the percent stayed %d with 64 MiB of the heap held as bodies", gogc[0].Value.Uint64())
+		}
+	}
+	runtime.KeepAlive(body)
+	p.stop()
+	if metrics.Read(gogc); gogc[0].Value.Uint64() != 400 {
+		t.Errorf("after stop the percent is %d, want 400", gogc[0].Value.Uint64())
 	}
 }

@@ -270,26 +270,19 @@ func (d *Daemon) keepRegionsWarm(ctx context.Context) {
 // region whose Redis was down, or slow, at start gets them once it
 // answers. Each try is bounded as the loads at start are.
 func (d *Daemon) loadScripts(ctx context.Context, name string, st *redisstore.Store) {
-	t := time.NewTicker(d.cfg.RegionPingInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	every(ctx, d.cfg.RegionPingInterval, func() bool {
 		lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		err := st.LoadScripts(lctx)
 		cancel()
 		if ctx.Err() != nil {
-			return
+			return false
 		}
 		d.regionMetrics.ScriptsLoaded(name, err)
 		if err == nil {
 			d.log.Info("region's store scripts loaded", slog.String("region", name))
-			return
 		}
-	}
+		return err != nil
+	})
 }
 
 var _ region.Observer = (*observe.Regions)(nil)

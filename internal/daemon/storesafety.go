@@ -64,29 +64,21 @@ func (d *Daemon) checkStoreAtStart(st *redisstore.Store) error {
 
 // watch checks again every --store-check-interval until ctx ends.
 func (s *storeSafety) watch(ctx context.Context) {
-	go func() {
-		t := time.NewTicker(s.d.cfg.StoreCheckInterval)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
-			cctx, cancel := context.WithTimeout(ctx, storeCheckTimeout)
-			nodes, err := s.checker.Check(cctx)
-			cancel()
-			if ctx.Err() != nil {
-				return
-			}
-			if err != nil {
-				s.say("", slog.LevelWarn, "redis safety not checked: the store does not answer", slog.String("error", err.Error()))
-				continue
-			}
+	go every(ctx, s.d.cfg.StoreCheckInterval, func() bool {
+		cctx, cancel := context.WithTimeout(ctx, storeCheckTimeout)
+		nodes, err := s.checker.Check(cctx)
+		cancel()
+		switch {
+		case ctx.Err() != nil:
+			return false
+		case err != nil:
+			s.say("", slog.LevelWarn, "redis safety not checked: the store does not answer", slog.String("error", err.Error()))
+		default:
 			s.said[""] = ""
 			s.report(nodes)
 		}
-	}()
+		return true
+	})
 }
 
 // report logs and exposes what a check found.

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	procmodev3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc"
@@ -171,16 +172,27 @@ type bodyCase struct {
 	mode        procmodev3.ProcessingMode_BodySendMode
 	response    bool
 	size, chunk int
+	// declared: the body's headers carry its content-length.
+	declared bool
 }
 
 // headersBefore are the messages before the body: the request headers,
 // and for a response body the response headers too (the request has
 // none).
 func headersBefore(c bodyCase, key string) []*extprocv3.ProcessingRequest {
-	if c.response {
-		return []*extprocv3.ProcessingRequest{withModes(reqH(true, key), c.mode, c.mode), respH(false)}
+	req, resp := reqH(c.response, key), respH(false)
+	if c.declared {
+		h := &corev3.HeaderValue{Key: "content-length", RawValue: []byte(strconv.Itoa(c.size))}
+		hs := req.GetRequestHeaders().GetHeaders()
+		if c.response {
+			hs = resp.GetResponseHeaders().GetHeaders()
+		}
+		hs.Headers = append(hs.Headers, h)
 	}
-	return []*extprocv3.ProcessingRequest{withModes(reqH(false, key), c.mode, c.mode)}
+	if c.response {
+		return []*extprocv3.ProcessingRequest{withModes(req, c.mode, c.mode), resp}
+	}
+	return []*extprocv3.ProcessingRequest{withModes(req, c.mode, c.mode)}
 }
 
 // perByte sends one protected request with the case's body, reads every

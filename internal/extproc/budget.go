@@ -53,19 +53,28 @@ func (b *bodyBudget) hold(held *int64, n int) bool {
 	return true
 }
 
-// holdRequestBody charges the next n bytes of a request body of which have
-// bytes are held, or returns the problem to answer: 413 when the body
-// alone would pass the whole budget (it could never be taken; a retry
-// would not help), 503 with Retry-After when the budget is only full for
-// now.
-func (b *bodyBudget) holdRequestBody(held *int64, have, n int, retryAfter time.Duration) *problem.Problem {
-	if b != nil && int64(have+n) > b.limit {
+// holdRequestBody charges cost more bytes for a request body that will be
+// size bytes long with its next chunk, or returns the problem to answer:
+// 413 when the body alone would pass the whole budget (it could never be
+// taken; a retry would not help), 503 with Retry-After when the budget is
+// only full for now.
+func (b *bodyBudget) holdRequestBody(held *int64, size, cost int, retryAfter time.Duration) *problem.Problem {
+	if b != nil && int64(size) > b.limit {
 		return attempt.BodyTooLarge(int(b.limit))
 	}
-	if !b.hold(held, n) {
+	if !b.hold(held, cost) {
 		return b.capacityProblem(retryAfter)
 	}
 	return nil
+}
+
+// BufferedBytes is what all streams' bodies hold of the budget now (0
+// without a budget).
+func (s *Server) BufferedBytes() int64 {
+	if s.budget == nil {
+		return 0
+	}
+	return s.budget.used.Load()
 }
 
 // release returns every byte a stream holds to the budget.

@@ -17,7 +17,7 @@ func TestHeldEchoSendsTheBodyBack(t *testing.T) {
 		compressed bool
 	}{{"m1", false}, {"", false}, {"zz", true}}
 	for _, m := range msgs {
-		framed = keepChunk(framed, []byte(m.body), true, m.compressed)
+		framed = keep(framed, []byte(m.body), true, m.compressed, 0)
 	}
 	e := heldEcho{}
 	e.hold(phaseResponseBody, true, framed)
@@ -35,7 +35,7 @@ func TestHeldEchoSendsTheBodyBack(t *testing.T) {
 	body := bytes.Repeat([]byte("0123456789"), (2*maxEchoBytes+1000)/10)
 	var kept []byte
 	for c := range slices.Chunk(body, 7) {
-		kept = keepChunk(kept, c, false, false)
+		kept = keep(kept, c, false, false, 0)
 	}
 	e.hold(phaseRequestBody, false, kept)
 	var got []byte

@@ -48,23 +48,25 @@ type target struct {
 	// sentTo is HomeHeader's value: the region another region's server
 	// sent the request to (attempt.Routing).
 	sentTo string
+	// length is the body's declared length (content-length), 0 when none.
+	length int
 	// proxyless: grpc-go's filter sent the call (rpcState.proxyless);
 	// call: the request is a gRPC call.
 	proxyless, call bool
 }
 
 // targetHeaders are the request headers requestTarget keeps, in one copy.
-var targetHeaders = [...]string{":method", ":path", ":authority", "x-request-id", HomeHeader}
+var targetHeaders = [...]string{":method", ":path", ":authority", "x-request-id", HomeHeader, "content-length"}
 
-// requestTarget reads the request's method, path, authority, x-request-id
-// and HomeHeader, and learns what kind of client sent it. Envoy sends
+// requestTarget reads the request's method, path, authority, x-request-id,
+// HomeHeader and content-length, and learns what kind of client sent it. Envoy sends
 // pseudo-headers; grpc-go sends none, and the request_attributes
 // request.method, request.path and request.host carry them instead (a gRPC
 // call is always a POST).
 func requestTarget(hs *corev3.HeaderMap, attrs *structpb.Struct, reqBodyMode procmodev3.ProcessingMode_BodySendMode) target {
 	var v [len(targetHeaders)]string
 	found := copyHeaders(hs, targetHeaders[:], v[:])
-	t := target{method: v[0], path: v[1], authority: v[2], requestID: v[3], sentTo: v[4]}
+	t := target{method: v[0], path: v[1], authority: v[2], requestID: v[3], sentTo: v[4], length: declaredLength(v[5])}
 	t.proxyless = found&0b11 == 0 // neither :method nor :path
 	if t.proxyless {
 		t.method, t.path, t.authority = attrString(attrs, "request.method"), attrString(attrs, "request.path"), attrString(attrs, "request.host")

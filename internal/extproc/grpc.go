@@ -195,12 +195,3 @@ func (p *processor) onStreamedRequestBody(ctx context.Context, body *extprocv3.H
 // frameHeaderLen is a gRPC frame's prefix: the compressed flag and the
 // message length (gRPC's PROTOCOL-HTTP2.md, Length-Prefixed-Message).
 const frameHeaderLen = 5
-
-func appendFrame(dst, msg []byte, compressed bool) []byte {
-	var prefix [frameHeaderLen]byte
-	if compressed {
-		prefix[0] = 1
-	}
-	binary.BigEndian.PutUint32(prefix[1:], uint32(len(msg)))
-	return append(append(dst, prefix[:]...), msg...)
-}

@@ -52,7 +52,7 @@ func (p *processor) onRequest(ctx context.Context, m *message) (*extprocv3.Proce
 func (p *processor) onRequestHeaders(ctx context.Context, hh *extprocv3.HttpHeaders, f *envoyFacts) *extprocv3.ProcessingResponse {
 	hs := hh.GetHeaders()
 	t := requestTarget(hs, f.attrs, p.requestBodyMode)
-	p.method, p.path, p.att.RequestID = t.method, t.path, t.requestID
+	p.method, p.path, p.att.RequestID, p.reqLength = t.method, t.path, t.requestID, t.length
 	p.att.Routing = routingOf(t, p.requestBodyMode)
 	p.rpc.proxyless, p.rpc.call = t.proxyless, t.call
 	if fc := f.flow; fc != nil && fc.GetInitialWindowDownstreamToSidestream() > 0 {
@@ -251,7 +251,7 @@ func (p *processor) deferToBody(ctx context.Context, matched attempt.Verdict, hh
 // In GRPC mode each message is framed as gRPC does on the wire, so that
 // message boundaries are part of the fingerprint; the half-close grpc-go
 // sends as end_of_stream_without_message adds nothing. The budget is
-// charged what is kept, frames included.
+// charged what keeping it costs (bodybuf.go).
 func (p *processor) takeRequestBody(body *extprocv3.HttpBody) *problem.Problem {
 	msg := body.GetBody()
 	if len(p.reqBody)+len(msg) > p.att.Policy.MaxRequestBody {
@@ -265,30 +265,12 @@ func (p *processor) takeRequestBody(body *extprocv3.HttpBody) *problem.Problem {
 	if framed {
 		n += frameHeaderLen
 	}
-	if prob := p.srv.budget.holdRequestBody(&p.held, len(p.reqBody), n, p.att.Policy.RetryAfter); prob != nil {
+	capacity := chunkCapacity(p.reqBody, n, framed, p.reqLength, p.att.Policy.MaxRequestBody)
+	if prob := p.srv.budget.holdRequestBody(&p.held, len(p.reqBody)+n, capacity-cap(p.reqBody), p.att.Policy.RetryAfter); prob != nil {
 		return prob
 	}
-	p.reqBody = keepChunk(p.reqBody, msg, framed, body.GetGrpcMessageCompressed())
+	p.reqBody = keepChunk(p.reqBody, msg, framed, body.GetGrpcMessageCompressed(), capacity)
 	return nil
-}
-
-// keepChunk appends a body chunk to what is kept of the body, framed in
-// GRPC mode (appendFrame). The first chunk is kept as it came, not
-// copied: a BUFFERED body, whole in one message, then costs no second
-// copy. The message's bytes are the server's own (extprocwire's Unmarshal
-// copies each message out of gRPC's buffers once; google.golang.org/protobuf
-// copies each bytes field it decodes, internal/impl consumeBytes) and
-// nothing writes to them; the
-// capacity is cut to the chunk so that the next append copies instead of
-// writing past it.
-func keepChunk(kept, msg []byte, framed, compressed bool) []byte {
-	switch {
-	case framed:
-		return appendFrame(kept, msg, compressed)
-	case kept == nil:
-		return msg[:len(msg):len(msg)]
-	}
-	return append(kept, msg...)
 }
 
 // routeNameMissing reports, for each policy of set that matches on route

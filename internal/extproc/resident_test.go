@@ -210,22 +210,37 @@ func BenchmarkResidentMemory(b *testing.B) {
 		}
 		for _, chunk := range chunks {
 			for _, response := range directions(mode) {
-				b.Run(fmt.Sprintf("%s/response=%v/chunk=%d", mode, response, chunk), func(b *testing.B) {
-					sizes := residentSizes(chunk)
-					var growth [2]int64
-					var base int64
-					for b.Loop() {
-						for i, n := range sizes {
-							growth[i], base = residentGrowth(b, bodyCase{mode: mode, response: response, size: n, chunk: chunk}, body)
-						}
+				for _, declared := range []bool{false, true} {
+					if declared && chunk <= 1 {
+						continue // declared lengths are measured at 1 KiB and 64 KiB chunks
 					}
-					slope := float64(growth[1]-growth[0]) / float64(sizes[1]-sizes[0])
-					b.ReportMetric(float64(growth[1])/float64(sizes[1]), "rss-B/B")
-					b.ReportMetric(slope, "slope-B/B")
-					b.ReportMetric((float64(growth[0])-slope*float64(sizes[0]))/(1<<20), "const-MiB")
-					b.ReportMetric(float64(base)/(1<<20), "base-MiB")
-				})
+					name := fmt.Sprintf("%s/response=%v/chunk=%d", mode, response, chunk)
+					if declared {
+						name += "/content-length"
+					}
+					b.Run(name, func(b *testing.B) {
+						residentCase(b, bodyCase{mode: mode, response: response, chunk: chunk, declared: declared}, body)
+					})
+				}
 			}
 		}
 	}
+}
+
+// residentCase measures c at both residentSizes and reports the figures.
+func residentCase(b *testing.B, c bodyCase, body []byte) {
+	sizes := residentSizes(c.chunk)
+	var growth [2]int64
+	var base int64
+	for b.Loop() {
+		for i, n := range sizes {
+			c.size = n
+			growth[i], base = residentGrowth(b, c, body)
+		}
+	}
+	slope := float64(growth[1]-growth[0]) / float64(sizes[1]-sizes[0])
+	b.ReportMetric(float64(growth[1])/float64(sizes[1]), "rss-B/B")
+	b.ReportMetric(slope, "slope-B/B")
+	b.ReportMetric((float64(growth[0])-slope*float64(sizes[0]))/(1<<20), "const-MiB")
+	b.ReportMetric(float64(base)/(1<<20), "base-MiB")
 }

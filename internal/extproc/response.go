@@ -116,6 +116,9 @@ func (p *processor) onResponseHeaders(ctx context.Context, hh *extprocv3.HttpHea
 		}
 	}
 	p.respHeaders = keptHeaders(hs, p.att.Policy.StoresHeader, p.respHeaders[:0])
+	if v, ok := headerBytes(hs, "content-length"); ok {
+		p.respLength = declaredLength(string(v))
+	}
 	if hh.GetEndOfStream() {
 		var carrier []idem.Header
 		if p.rpc.response {
@@ -276,12 +279,13 @@ func (p *processor) storeResponseBytes(body *extprocv3.HttpBody) {
 	if framed {
 		n += frameHeaderLen
 	}
-	if len(p.respBody)+n > p.att.Policy.MaxStoredBody || !p.srv.budget.hold(&p.held, n) {
+	capacity := chunkCapacity(p.respBody, n, framed, p.respLength, p.att.Policy.MaxStoredBody)
+	if len(p.respBody)+n > p.att.Policy.MaxStoredBody || !p.srv.budget.hold(&p.held, capacity-cap(p.respBody)) {
 		p.respTooLarge, p.respBody = true, nil
 		p.srv.budget.release(&p.held)
 		return
 	}
-	p.respBody = keepChunk(p.respBody, body.GetBody(), framed, body.GetGrpcMessageCompressed())
+	p.respBody = keepChunk(p.respBody, body.GetBody(), framed, body.GetGrpcMessageCompressed(), capacity)
 }
 
 // responseOrigin classifies a response from its attributes. Without

@@ -90,6 +90,10 @@ type processor struct {
 	path       string
 	reqHeaders []idem.Header
 	reqBody    []byte
+	// reqLength and respLength are the bodies' declared lengths
+	// (content-length), 0 when unknown: the size of their buffers
+	// (bodybuf.go).
+	reqLength, respLength int
 	// held is what this stream's buffered bodies take of the server's
 	// budget (budget.go).
 	held int64

@@ -22,7 +22,7 @@
 -- (the call fails and is retried); a reservation arriving meanwhile is
 -- refused by the same check.
 
-local held = 0
+local deleted = 0
 if redis.call('TYPE', KEYS[1])['ok'] == 'hash' then
   local cur = redis.call('HMGET', KEYS[1], 't', 'w')
   if cur[1] == ARGV[1] then
@@ -30,8 +30,8 @@ if redis.call('TYPE', KEYS[1])['ok'] == 'hash' then
     if cur[2] then
       redis.call('PUBLISH', KEYS[1], 'r')
     end
-    held = 1
+    deleted = 1
   end
 end
 redis.call('SET', KEYS[2], '1', 'PX', ARGV[2])
-return held
+return deleted

@@ -9,15 +9,9 @@
 -- when the token does not hold the record or it completed.
 -- Publishes on the channel KEYS[1] when a duplicate waits (see watch.lua).
 
-if redis.call('TYPE', KEYS[1])['ok'] == 'string' then
-  return -1 -- completed
-end
-local cur = redis.call('HMGET', KEYS[1], 's', 't', 'w')
-if not cur[1] then
-  return 0
-end
-if cur[2] ~= ARGV[1] then
-  return -1
+local cur, answer = held(KEYS[1], ARGV[1], 'w')
+if not cur then
+  return answer
 end
 if cur[1] == 'u' then
   return 1

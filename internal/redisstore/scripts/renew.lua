@@ -8,14 +8,11 @@
 -- Returns 1 when renewed, 0 when no record exists, -1 when the token does
 -- not hold an in-flight record.
 
-if redis.call('TYPE', KEYS[1])['ok'] == 'string' then
-  return -1 -- completed
+local cur, answer = held(KEYS[1], ARGV[1])
+if not cur then
+  return answer
 end
-local cur = redis.call('HMGET', KEYS[1], 's', 't')
-if not cur[1] then
-  return 0
-end
-if cur[2] ~= ARGV[1] or cur[1] ~= 'i' then
+if cur[1] ~= 'i' then
   return -1
 end
 local t = redis.call('TIME')
