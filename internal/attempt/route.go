@@ -32,8 +32,8 @@ type Routing struct {
 // (ErrHomesDisagree) rather than run it in a store the sender's map does
 // not name. A shadow policy never moves a request.
 func (a *Attempt) route(scope string) (string, error) {
-	if a.Policy.Enforcement != policy.EnforcementEnforce {
-		return "", nil
+	if a.Policy.Enforcement != policy.EnforcementEnforce || len(a.srv.SendHome) == 0 && a.Routing.SentTo == "" {
+		return "", nil // nothing to send, nor a sender's mark to check: no lookup
 	}
 	home, here := a.srv.Homes.HomeOf(a.Policy, scope)
 	switch sent := a.Routing.SentTo; {
