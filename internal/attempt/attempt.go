@@ -177,6 +177,13 @@ type Attempt struct {
 	// here that this server's map homes elsewhere (route.go).
 	sendTo string
 	astray error
+	// method and path are the request's, for its fingerprint; fpHeaders
+	// the policy's fingerprint headers, read at the headers (Request).
+	method, path string
+	fpHeaders    []idem.Header
+	// cands are the policies a request deferred to its body may end with
+	// (readBody), until AtBody picks one.
+	cands []candidate
 	// callID is the JSON-RPC id of the call a policy with answers: jsonrpc
 	// took at its body: a replay is that call's response (answer).
 	callID []byte

@@ -84,7 +84,7 @@ func newDecider(t *testing.T, pol *policy.Policy) *decider {
 func (d *decider) attempt(c Conversation) *Attempt {
 	a := New(d.srv, c)
 	a.Policy = d.pol
-	a.admit("tenant", "k")
+	a.admit("tenant", false, "k")
 	return &a
 }
 

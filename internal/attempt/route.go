@@ -46,7 +46,7 @@ func (a *Attempt) route(scope string) (string, error) {
 	return home, nil
 }
 
-// routed is Named's verdict once the record is named (admit): Continue
+// routed is named's verdict once the record is named (admit): Continue
 // to decide here, SendHome, or the refusal of a request sent here astray
 // (503 idempotency-homes-disagree, nothing reserved anywhere).
 func (a *Attempt) routed(ctx context.Context) Verdict {

@@ -88,7 +88,7 @@ func held(t *testing.T, pol *policy.Policy, wrap func(idem.Store) idem.Store) *f
 		StoreTimeout: time.Second, SettleAtEndTimeout: time.Second}
 	f.att = New(srv, f.rep)
 	f.att.Policy = pol
-	f.att.admit("tenant", "key-1")
+	f.att.admit("tenant", false, "key-1")
 	f.att.token = idem.NewToken()
 	res, err := ms.Reserve(context.Background(), idem.Reservation{ID: f.att.ID, Fingerprint: idem.Fingerprint{1},
 		Token: f.att.token, Lease: pol.Lease, Retention: pol.Retention})

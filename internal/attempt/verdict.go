@@ -33,11 +33,18 @@ const (
 	// Verdict.Home, whose server decides it; this server records nothing
 	// of it (Server.SendHome).
 	SendHome
+	// ReadBody: the request's policy is decided at its body, read whole
+	// first (AtBody).
+	ReadBody
 )
 
 // Verdict is one decision about a request.
 type Verdict struct {
 	Kind verdictKind
+	// JSONRPC: the answers made in the upstream's place are JSON-RPC
+	// responses (a policy with answers: jsonrpc), for ReadBody and at
+	// the body.
+	JSONRPC bool
 	// Problem is the refusal an answer carries; nil for a replay.
 	Problem *problem.Problem
 	// Replay is the stored response an answer carries (opened when it was

@@ -13,6 +13,7 @@ import (
 
 	"github.com/idem-extproc/idem-extproc/internal/attempt"
 	"github.com/idem-extproc/idem-extproc/internal/envoyorigin"
+	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/policy"
 )
 
@@ -28,6 +29,52 @@ type envoyFacts struct {
 	metadata *corev3.Metadata
 	protocol *extprocv3.ProtocolConfiguration
 	flow     *extprocv3.ProcessingRequest_FlowControlInit
+
+	// At the request headers, what the attempt reads through them
+	// (attempt.Facts): the headers, the request's target, and the stream
+	// that reports an attribute a policy needs and did not get.
+	headers *corev3.HeaderMap
+	target  target
+	p       *processor
+}
+
+// Target is the request as policies match it (attempt.Facts).
+func (f *envoyFacts) Target() policy.Request {
+	return policy.Request{Method: f.target.method, Authority: f.target.authority, Path: f.target.path,
+		RouteName: attrString(f.attrs, envoyorigin.AttrRouteName)}
+}
+
+// Header is the named header's first line and how many lines carried it
+// (attempt.Facts).
+func (f *envoyFacts) Header(name string) (string, int) {
+	v, ok := findHeader(f.headers, name)
+	if !ok {
+		return "", 0
+	}
+	return v, countHeader(f.headers, name)
+}
+
+// Headers copies the named headers (attempt.Facts).
+func (f *envoyFacts) Headers(names []string) []idem.Header { return selectHeaders(f.headers, names) }
+
+// MCP reads the MCP headers; MCPParams copies the Mcp-Param ones
+// (attempt.Facts).
+func (f *envoyFacts) MCP() policy.MCPHeaders   { return mcpHeaders(f.headers) }
+func (f *envoyFacts) MCPParams() []idem.Header { return mcpParams(f.headers) }
+
+// Metadata reads the forwarded dynamic metadata (attempt.Facts).
+func (f *envoyFacts) Metadata(ns string, path []string) string {
+	return metadataString(f.metadata, ns, path)
+}
+
+// Peer reads the peer's identity from its attribute, and reports a proxy
+// that did not send it under policyName (attempt.Facts).
+func (f *envoyFacts) Peer(ctx context.Context, policyName string, id policy.PeerIdentity) string {
+	name := PrincipalAttribute(id)
+	if !hasAttr(f.attrs, name) {
+		f.p.srv.missingAttribute(ctx, &f.p.att, policyName, name, "every request of the policy is refused 401 principal-missing")
+	}
+	return attrString(f.attrs, name)
 }
 
 // attributesOf returns the attribute struct of a message: the one in

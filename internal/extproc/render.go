@@ -45,7 +45,7 @@ func (p *processor) render(ctx context.Context, v attempt.Verdict) *extprocv3.Pr
 		p.respAdd = append(p.respAdd, v.Add...)
 	}
 	switch v.Kind {
-	case attempt.Continue:
+	case attempt.Continue, attempt.ReadBody:
 		if !p.att.Held() {
 			p.stage = stageRequestBody
 			return p.awaitBody(ctx)

@@ -85,11 +85,8 @@ type processor struct {
 	then func(context.Context) *extprocv3.ProcessingResponse
 
 	// att is the attempt: policy, record, token, what it holds.
-	att        attempt.Attempt
-	method     string
-	path       string
-	reqHeaders []idem.Header
-	reqBody    []byte
+	att     attempt.Attempt
+	reqBody []byte
 	// held is what this stream's buffered bodies take of the server's
 	// budget (budget.go).
 	held int64
