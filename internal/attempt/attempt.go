@@ -44,7 +44,7 @@ type Server struct {
 	// SendHome names the regions a request of an enforced policy whose
 	// scope is homed there is sent to through the proxy (a SendHome
 	// verdict), where its server reserves in its own store, instead of
-	// this server making the store calls across regions (route.go): those
+	// this server making the store calls across regions (route, admit.go): those
 	// the proxy has a route for.
 	SendHome []string
 	// Sealer seals and opens the responses of policies with Encrypt; nil
@@ -163,7 +163,7 @@ type Attempt struct {
 	// RequestID is the request's x-request-id, for the log lines.
 	RequestID string
 	// Routing is what the proxy says of the request's way between
-	// regions (route.go); set before the record is named.
+	// regions (route, admit.go); set before the record is named.
 	Routing Routing
 	// started is when the attempt's stream began: its lines' latency.
 	started time.Time
@@ -174,7 +174,7 @@ type Attempt struct {
 	home *home
 	// sendTo is the home region admit found the request is to be sent to
 	// (SendHome); astray refuses a request another region's server sent
-	// here that this server's map homes elsewhere (route.go).
+	// here that this server's map homes elsewhere (route, admit.go).
 	sendTo string
 	astray error
 	// method and path are the request's, for its fingerprint; fpHeaders

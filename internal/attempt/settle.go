@@ -38,7 +38,7 @@ func (a *Attempt) unlessRetried(act idem.Action) idem.Action {
 // sees the response and retries at once finds it stored. attrs are added
 // to the settled line.
 func (a *Attempt) SettleStored(ctx context.Context, resp idem.Response, attrs ...slog.Attr) {
-	if !a.Held() {
+	if a.renew == nil {
 		return
 	}
 	if c := a.Policy.Compression.Codec; c != nil {
@@ -63,7 +63,7 @@ func (a *Attempt) SettleStored(ctx context.Context, resp idem.Response, attrs ..
 // Settle releases the record (ActionRelease) or marks it unknown (any
 // other action). attrs are added to the settled line.
 func (a *Attempt) Settle(ctx context.Context, action idem.Action, attrs ...slog.Attr) {
-	if !a.Held() {
+	if a.renew == nil {
 		return
 	}
 	d, op := codeMarkedUnknown, func(ctx context.Context) error {
@@ -91,7 +91,7 @@ func (a *Attempt) Settle(ctx context.Context, action idem.Action, attrs ...slog.
 // add up to at most max_message_timeout, as docs/envoy.md's rule for a
 // request's time in Envoy counts them.
 func (a *Attempt) SettleAsk() time.Duration {
-	if !a.Held() || a.home == nil || a.storeBudget() <= a.srv.StoreTimeout {
+	if a.renew == nil || a.home == nil || a.storeBudget() <= a.srv.StoreTimeout {
 		return 0
 	}
 	return max(0, min(a.storeBudget()+a.srv.StoreTimeout, a.srv.MaxMessageTimeout-a.asked))
@@ -131,7 +131,7 @@ func errAttr(err error) slog.Attr {
 
 // Pending reports whether SettleAtEnd has work: a record still held, or a
 // transition to retry.
-func (a *Attempt) Pending() bool { return a.Held() || a.retry != nil }
+func (a *Attempt) Pending() bool { return a.renew != nil || a.retry != nil }
 
 // SettleAtEnd runs when the stream ends, however it ends, with base
 // carrying the stream's span (not its deadline). It retries a refused

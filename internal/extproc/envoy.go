@@ -38,14 +38,13 @@ type envoyFacts struct {
 	p       *processor
 }
 
-// Target is the request as policies match it (attempt.Facts).
+// Target, Header, Headers, MCP, MCPParams, Metadata and Peer are what the
+// attempt reads of the request (attempt.Facts).
 func (f *envoyFacts) Target() policy.Request {
 	return policy.Request{Method: f.target.method, Authority: f.target.authority, Path: f.target.path,
 		RouteName: attrString(f.attrs, envoyorigin.AttrRouteName)}
 }
 
-// Header is the named header's first line and how many lines carried it
-// (attempt.Facts).
 func (f *envoyFacts) Header(name string) (string, int) {
 	v, ok := findHeader(f.headers, name)
 	if !ok {
@@ -54,17 +53,28 @@ func (f *envoyFacts) Header(name string) (string, int) {
 	return v, countHeader(f.headers, name)
 }
 
-// Headers copies the named headers (attempt.Facts).
 func (f *envoyFacts) Headers(names []string) []idem.Header { return selectHeaders(f.headers, names) }
+func (f *envoyFacts) MCP() policy.MCPHeaders               { return mcpHeaders(f.headers) }
 
-// MCP reads the MCP headers; MCPParams copies the Mcp-Param ones
-// (attempt.Facts).
-func (f *envoyFacts) MCP() policy.MCPHeaders   { return mcpHeaders(f.headers) }
-func (f *envoyFacts) MCPParams() []idem.Header { return mcpParams(f.headers) }
+// MCPParams copies the Mcp-Param-{Name} headers: which of them mirrors a
+// tool parameter is known only once the body names the tool
+// (policy.MCPParamMismatch).
+func (f *envoyFacts) MCPParams() []idem.Header {
+	return keptHeaders(f.headers, func(n string) bool { return strings.HasPrefix(n, policy.MCPParamPrefix) }, nil)
+}
 
-// Metadata reads the forwarded dynamic metadata (attempt.Facts).
+// Metadata reads a string or number at path in one namespace of the
+// forwarded dynamic metadata.
 func (f *envoyFacts) Metadata(ns string, path []string) string {
-	return metadataString(f.metadata, ns, path)
+	s := f.metadata.GetFilterMetadata()[ns]
+	for i, name := range path {
+		v := s.GetFields()[name]
+		if i == len(path)-1 {
+			return valueString(v)
+		}
+		s = v.GetStructValue()
+	}
+	return ""
 }
 
 // Peer reads the peer's identity from its attribute, and reports a proxy
@@ -126,20 +136,6 @@ func requestTarget(hs *corev3.HeaderMap, attrs *structpb.Struct, reqBodyMode pro
 
 func isGRPCContentType(ct string) bool {
 	return ct == "application/grpc" || strings.HasPrefix(ct, "application/grpc+") || strings.HasPrefix(ct, "application/grpc;")
-}
-
-// metadataString reads a string or number at path in one namespace of the
-// forwarded dynamic metadata.
-func metadataString(md *corev3.Metadata, ns string, path []string) string {
-	s := md.GetFilterMetadata()[ns]
-	for i, name := range path {
-		v := s.GetFields()[name]
-		if i == len(path)-1 {
-			return valueString(v)
-		}
-		s = v.GetStructValue()
-	}
-	return ""
 }
 
 // MissingAttributeMessage is the log message of a missing attribute, logged

@@ -230,11 +230,3 @@ func mcpHeaders(hs *corev3.HeaderMap) policy.MCPHeaders {
 	h.Name, h.HasName = findHeader(hs, policy.MCPNameHeader)
 	return h
 }
-
-// mcpParams copies a request's Mcp-Param-{Name} headers, for a policy it
-// may end with that reads its key from a tool parameter: which of them
-// mirrors the parameter is known only once the body names the tool
-// (policy.MCPParamMismatch).
-func mcpParams(hs *corev3.HeaderMap) []idem.Header {
-	return keptHeaders(hs, func(n string) bool { return strings.HasPrefix(n, policy.MCPParamPrefix) }, nil)
-}
