@@ -63,7 +63,7 @@ type Facts interface {
 // bypassed, when none does), then its key, the key's grace period, its
 // scope, its record's name and where it runs (admit). A policy that reads
 // the body first reads, for every policy the request may end with, what
-// it needs of the headers, and the verdict is ReadBody (AtBody decides).
+// it needs of the headers, and the verdict is ReadBody (Request picks the policy).
 // Continue: the body is awaited, then Request decides.
 func (a *Attempt) AtHeaders(ctx context.Context, set *policy.Set, f Facts, now time.Time) Verdict {
 	r := f.Target()

@@ -16,8 +16,8 @@ import (
 // the headers has body criteria (match.json, answers: jsonrpc) or reads its
 // key from the body. At the headers the attempt reads, for each policy the
 // request may end with (policy.Set.BodyCandidates), what that policy needs
-// of them (a candidate, readBody); once the body is whole AtBody gives the
-// verdict.
+// of them (a candidate, readBody); once the body is whole Request picks
+// the policy (pickAtBody).
 
 // candidate is one policy a request deferred to its body may end with,
 // and what that policy reads of the request's headers: the key header's
@@ -74,29 +74,13 @@ func (a *Attempt) readBody(ctx context.Context, set *policy.Set, r policy.Reques
 	return Verdict{Kind: ReadBody, JSONRPC: jsonRPC}
 }
 
-// BodyVerdict is the verdict on a request deferred to its body, with what
-// the protocol side needs to render it: the id its JSON-RPC answers go to
-// (nil when none was read: a refusal made before the body named one).
-type BodyVerdict struct {
-	Verdict
-	ID []byte
-	// Unreadable: the refusal is of a body a candidate could not read; a
-	// JSON-RPC one goes to the id the body's first bytes carry, if any.
-	Unreadable bool
-	// Learners are, for a tools/list passed, the candidates that learn the
-	// tools' annotations from its answer, and Upstream where it goes
-	// (policy.ToolsUpstream); none for any other request.
-	Learners []*policy.Policy
-	Upstream string
-}
-
-// AtBody picks the policy of a deferred request once its body is whole:
+// pickAtBody picks the policy of a deferred request once its body is whole:
 // the first candidate whose body criteria hold, whose key is then admitted
 // (admitKeyFrom) and record named (admit). The verdict is Continue when the
 // request is admitted (the attempt's policy is the chosen one), a Pass when
 // no candidate takes the body or one passes it without a key, and a
 // refusal otherwise. A request no candidate takes costs no store call.
-func (a *Attempt) AtBody(ctx context.Context, body []byte, now time.Time) BodyVerdict {
+func (a *Attempt) pickAtBody(ctx context.Context, body []byte, now time.Time) Verdict {
 	cands := a.cands
 	a.cands = nil
 	bv := a.pick(ctx, cands, body, now)
@@ -113,8 +97,8 @@ func (a *Attempt) AtBody(ctx context.Context, body []byte, now time.Time) BodyVe
 	return bv
 }
 
-// pick is AtBody's verdict, before what a pass learns.
-func (a *Attempt) pick(ctx context.Context, cands []candidate, body []byte, now time.Time) BodyVerdict {
+// pick is pickAtBody's verdict, before what a pass learns.
+func (a *Attempt) pick(ctx context.Context, cands []candidate, body []byte, now time.Time) Verdict {
 	first := a.Policy
 	miss := policy.BodyMatched
 	var shadow *candidate
@@ -151,8 +135,8 @@ func (a *Attempt) pick(ctx context.Context, cands []candidate, body []byte, now 
 			continue
 		}
 		v := a.took(ctx, c, id, body, now)
-		v.JSONRPC = c.Policy.Answers == policy.AnswersJSONRPC
-		return BodyVerdict{Verdict: v, ID: id}
+		v.JSONRPC, v.ID = c.Policy.Answers == policy.AnswersJSONRPC, id
+		return v
 	}
 	if shadow != nil {
 		a.Policy = shadow.Policy
@@ -166,7 +150,7 @@ func (a *Attempt) pick(ctx context.Context, cands []candidate, body []byte, now 
 	a.conv.Decided(a.Policy.Name, idem.DecisionBypassed)
 	a.LogAt(ctx, slog.LevelDebug, "no policy's body criteria hold; passes unprotected", slog.String("body", miss.String()))
 	a.Policy = nil
-	return BodyVerdict{Verdict: verdictPass}
+	return verdictPass
 }
 
 // took is the verdict on the request whose body candidate c's criteria
@@ -213,14 +197,14 @@ func headersMismatch(c *candidate, body []byte, now time.Time) string {
 // the refusal, in c's answers (counted and passed on a shadow policy), or
 // false when c would pass the request whatever its body said, and the
 // next candidate is tried.
-func (a *Attempt) unreadable(ctx context.Context, c *candidate, why error, now time.Time) (BodyVerdict, bool) {
+func (a *Attempt) unreadable(ctx context.Context, c *candidate, why error, now time.Time) (Verdict, bool) {
 	adm, prob := a.admitUnreadable(why, c.KeyLines, now)
 	if adm != admitRefused {
-		return BodyVerdict{}, false
+		return Verdict{}, false
 	}
 	v := a.Refuse(ctx, prob)
-	v.JSONRPC = c.Policy.Answers == policy.AnswersJSONRPC
-	return BodyVerdict{Verdict: v, Unreadable: true}, true
+	v.JSONRPC, v.Unreadable = c.Policy.Answers == policy.AnswersJSONRPC, true
+	return v, true
 }
 
 // BodyTooLarge is the refusal of a request body over limit bytes.

@@ -182,7 +182,7 @@ type Attempt struct {
 	method, path string
 	fpHeaders    []idem.Header
 	// cands are the policies a request deferred to its body may end with
-	// (readBody), until AtBody picks one.
+	// (readBody), until Request picks one (pickAtBody).
 	cands []candidate
 	// callID is the JSON-RPC id of the call a policy with answers: jsonrpc
 	// took at its body: a replay is that call's response (answer).

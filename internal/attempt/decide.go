@@ -272,9 +272,16 @@ func (a *Attempt) decideShadow(ctx context.Context, fp idem.Fingerprint) (idem.S
 }
 
 // Request is the request-time verdict on the complete request, body its
-// whole body: its fingerprint (its method, path and the policy's
-// fingerprint headers read at the headers, and body), then request.
-func (a *Attempt) Request(ctx context.Context, body []byte) Verdict {
+// whole body: for a request deferred to it, the policy it picks (pickAtBody),
+// then its fingerprint (its method, path and the policy's fingerprint
+// headers read at the headers, and body), then request.
+func (a *Attempt) Request(ctx context.Context, body []byte, now time.Time) Verdict {
+	var picked Verdict
+	if a.cands != nil {
+		if picked = a.pickAtBody(ctx, body, now); picked.Kind != Continue {
+			return picked
+		}
+	}
 	fp := fingerprint.Compute(fingerprint.Request{
 		Method:      a.method,
 		Path:        a.path,
@@ -284,7 +291,9 @@ func (a *Attempt) Request(ctx context.Context, body []byte) Verdict {
 		JSONOptions: a.Policy.FingerprintOptions(),
 	}, a.Policy.FingerprintHeaders)
 	a.fpHeaders = nil
-	return a.request(ctx, fp)
+	v := a.request(ctx, fp)
+	v.JSONRPC, v.ID = picked.JSONRPC, picked.ID
+	return v
 }
 
 // request is the request-time verdict (docs/design.md §3) for a complete

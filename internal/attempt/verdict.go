@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/idem-extproc/idem-extproc/internal/idem"
+	"github.com/idem-extproc/idem-extproc/internal/policy"
 	"github.com/idem-extproc/idem-extproc/internal/problem"
 )
 
@@ -34,7 +35,7 @@ const (
 	// of it (Server.SendHome).
 	SendHome
 	// ReadBody: the request's policy is decided at its body, read whole
-	// first (AtBody).
+	// first (Request picks it).
 	ReadBody
 )
 
@@ -60,6 +61,19 @@ type Verdict struct {
 	Wait time.Duration
 	// Home is the region a SendHome sends the request to.
 	Home string
+
+	// At the body of a request deferred to it (ReadBody): ID is the
+	// JSON-RPC id its answers go to, nil when none was read (a refusal
+	// made before the body named one); Unreadable marks the refusal of a
+	// body a candidate could not read, whose JSON-RPC answer goes to the
+	// id the body's first bytes carry, if any.
+	ID         []byte
+	Unreadable bool
+	// Learners are, for a tools/list passed, the policies that learn the
+	// tools' annotations from its answer, and Upstream where it goes
+	// (policy.ToolsUpstream).
+	Learners []*policy.Policy
+	Upstream string
 }
 
 // ResponseHeader is a header a verdict adds to the response: appended to

@@ -113,30 +113,22 @@ func (p *processor) refuseUnread(ctx context.Context, prob *problem.Problem, chu
 	return p.render(ctx, p.att.Refuse(ctx, prob))
 }
 
-// decide fingerprints the complete request and renders the attempt's
-// verdict on it (attempt.Request): CONTINUE for the first attempt, or an
-// immediate response for any other. A request deferred to its body first
-// gets its policy (attempt.AtBody).
+// decide renders the attempt's verdict on the complete request
+// (attempt.Request): CONTINUE for the first attempt, or an immediate
+// response for any other. For a request deferred to its body, the verdict
+// also says whether its answers are JSON-RPC, to which id, and what its
+// answer teaches of the tools.
 func (p *processor) decide(ctx context.Context) *extprocv3.ProcessingResponse {
-	if d := p.body; d != nil && !d.resolved {
-		d.resolved = true
-		bv := p.att.AtBody(ctx, p.reqBody, p.srv.cfg.Now())
-		d.jsonrpc, d.id = bv.JSONRPC, bv.ID
-		if bv.Kind == attempt.Pass {
-			d.tools = learnsFrom(bv)
-		}
-		if bv.Kind != attempt.Continue {
-			if bv.Unreadable && d.jsonrpc && d.id == nil {
-				d.id = jsonrpc.ScanID(p.reqBody, nil) // as refuseUnread
-			}
-			p.reqBody = nil
-			p.srv.budget.release(&p.held)
-			return p.render(ctx, bv.Verdict)
-		}
-	}
 	body := p.reqBody
 	p.reqBody = nil
-	resp := p.render(ctx, p.att.Request(ctx, body))
+	v := p.att.Request(ctx, body, p.srv.cfg.Now())
+	if d := p.body; d != nil {
+		d.jsonrpc, d.id, d.tools = v.JSONRPC, v.ID, learnsFrom(v)
+		if v.Unreadable && d.jsonrpc && d.id == nil {
+			d.id = jsonrpc.ScanID(body, nil) // as refuseUnread
+		}
+	}
+	resp := p.render(ctx, v)
 	p.releaseRequestBody()
 	return resp
 }
@@ -151,10 +143,9 @@ func (p *processor) releaseRequestBody() {
 }
 
 // bodyDecision is what the protocol side keeps of a request deferred to
-// its body (attempt.ReadBody): whether the attempt has decided it at its
-// body, and, once it has, whether its answers are JSON-RPC and to which id.
+// its body (attempt.ReadBody): whether its answers are JSON-RPC, to which
+// id, and what its answer teaches of the tools.
 type bodyDecision struct {
-	resolved bool
 	// jsonrpc: answers in the upstream's place are JSON-RPC responses to
 	// id: the one the matching policy read, or for a body refused before
 	// that, the one its bytes at hand carry (jsonrpc.ScanID). nil, answered

@@ -38,8 +38,8 @@ type toolsLearning struct {
 }
 
 // learnsFrom returns the learning a request passed at its body starts
-// (attempt.BodyVerdict.Learners), or nil when no policy learns from it.
-func learnsFrom(bv attempt.BodyVerdict) *toolsLearning {
+// (attempt.Verdict.Learners), or nil when no policy learns from it.
+func learnsFrom(bv attempt.Verdict) *toolsLearning {
 	if len(bv.Learners) == 0 {
 		return nil
 	}
