@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idem-extproc/idem-extproc/internal/idem"
+	"github.com/idem-extproc/idem-extproc/internal/jsonrpc"
 	"github.com/idem-extproc/idem-extproc/internal/policy"
 	"github.com/idem-extproc/idem-extproc/internal/problem"
 )
@@ -121,7 +122,7 @@ func (a *Attempt) pick(ctx context.Context, cands []candidate, body []byte, now 
 				miss = m
 				continue
 			}
-			if v, refused := a.unreadable(ctx, c, why, now); refused {
+			if v, refused := a.unreadable(ctx, c, why, body, now); refused {
 				return v
 			}
 		}
@@ -140,7 +141,7 @@ func (a *Attempt) pick(ctx context.Context, cands []candidate, body []byte, now 
 	}
 	if shadow != nil {
 		a.Policy = shadow.Policy
-		if v, refused := a.unreadable(ctx, shadow, shadowWhy, now); refused {
+		if v, refused := a.unreadable(ctx, shadow, shadowWhy, body, now); refused {
 			return v
 		}
 	}
@@ -197,13 +198,15 @@ func headersMismatch(c *candidate, body []byte, now time.Time) string {
 // the refusal, in c's answers (counted and passed on a shadow policy), or
 // false when c would pass the request whatever its body said, and the
 // next candidate is tried.
-func (a *Attempt) unreadable(ctx context.Context, c *candidate, why error, now time.Time) (Verdict, bool) {
+func (a *Attempt) unreadable(ctx context.Context, c *candidate, why error, body []byte, now time.Time) (Verdict, bool) {
 	adm, prob := a.admitUnreadable(why, c.KeyLines, now)
 	if adm != admitRefused {
 		return Verdict{}, false
 	}
 	v := a.Refuse(ctx, prob)
-	v.JSONRPC, v.Unreadable = c.Policy.Answers == policy.AnswersJSONRPC, true
+	if v.JSONRPC = c.Policy.Answers == policy.AnswersJSONRPC; v.JSONRPC {
+		v.ID = jsonrpc.ScanID(body, nil) // the id the body's first bytes carry, if any
+	}
 	return v, true
 }
 

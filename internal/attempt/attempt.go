@@ -288,13 +288,6 @@ func (a *Attempt) attemptAttrs(attrs []slog.Attr) []slog.Attr {
 	return append(attrs, slog.Float64("latency_ms", float64(time.Since(a.started).Microseconds())/1000))
 }
 
-// hold makes the attempt the record's holder once the store reserved it
-// for its token, and keeps the lease alive until the attempt settles; base
-// carries the stream's span (its cancellation is ignored).
-func (a *Attempt) hold(base context.Context) {
-	a.renew = a.startRenewer(base)
-}
-
 func (a *Attempt) stopRenewing() {
 	if a.renew != nil {
 		a.renew.stop()
@@ -310,8 +303,11 @@ type renewer struct {
 	stopped bool
 }
 
-// startRenewer renews in the background.
-func (a *Attempt) startRenewer(base context.Context) *renewer {
+// hold makes the attempt the record's holder once the store reserved it
+// for its token, and keeps the lease alive in the background until the
+// attempt settles; base carries the stream's span (its cancellation is
+// ignored).
+func (a *Attempt) hold(base context.Context) {
 	if base.Done() != nil {
 		base = context.WithoutCancel(base)
 	}
@@ -340,7 +336,7 @@ func (a *Attempt) startRenewer(base context.Context) *renewer {
 	r.mu.Lock()
 	r.timer = time.AfterFunc(every, tick)
 	r.mu.Unlock()
-	return r
+	a.renew = r
 }
 
 func (r *renewer) stop() {

@@ -62,13 +62,9 @@ type Verdict struct {
 	// Home is the region a SendHome sends the request to.
 	Home string
 
-	// At the body of a request deferred to it (ReadBody): ID is the
-	// JSON-RPC id its answers go to, nil when none was read (a refusal
-	// made before the body named one); Unreadable marks the refusal of a
-	// body a candidate could not read, whose JSON-RPC answer goes to the
-	// id the body's first bytes carry, if any.
-	ID         []byte
-	Unreadable bool
+	// ID is, at the body of a request deferred to it (ReadBody), the
+	// JSON-RPC id its answers go to; nil when none was read.
+	ID []byte
 	// Learners are, for a tools/list passed, the policies that learn the
 	// tools' annotations from its answer, and Upstream where it goes
 	// (policy.ToolsUpstream).

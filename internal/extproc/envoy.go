@@ -80,7 +80,13 @@ func (f *envoyFacts) Metadata(ns string, path []string) string {
 // Peer reads the peer's identity from its attribute, and reports a proxy
 // that did not send it under policyName (attempt.Facts).
 func (f *envoyFacts) Peer(ctx context.Context, policyName string, id policy.PeerIdentity) string {
-	name := PrincipalAttribute(id)
+	name := envoyorigin.AttrURISanPeer
+	switch id {
+	case policy.PeerDNSSAN:
+		name = envoyorigin.AttrDNSSanPeer
+	case policy.PeerSubject:
+		name = envoyorigin.AttrSubjectPeer
+	}
 	if !hasAttr(f.attrs, name) {
 		f.p.srv.missingAttribute(ctx, &f.p.att, policyName, name, "every request of the policy is refused 401 principal-missing")
 	}
@@ -158,17 +164,6 @@ func (s *Server) missingAttribute(ctx context.Context, a *attempt.Attempt, polic
 		slog.String("policy", policyName), slog.String("attribute", name),
 		slog.String("fix", "add "+name+" to the ext_proc filter's "+envoyorigin.MissingAttributes[name]),
 		slog.String("consequence", why))
-}
-
-// PrincipalAttribute names the attribute a principal scope reads.
-func PrincipalAttribute(id policy.PeerIdentity) string {
-	switch id {
-	case policy.PeerDNSSAN:
-		return envoyorigin.AttrDNSSanPeer
-	case policy.PeerSubject:
-		return envoyorigin.AttrSubjectPeer
-	}
-	return envoyorigin.AttrURISanPeer
 }
 
 // hasAttr reports whether Envoy sent the attribute at all (an unnamed

@@ -124,9 +124,6 @@ func (p *processor) decide(ctx context.Context) *extprocv3.ProcessingResponse {
 	v := p.att.Request(ctx, body, p.srv.cfg.Now())
 	if d := p.body; d != nil {
 		d.jsonrpc, d.id, d.tools = v.JSONRPC, v.ID, learnsFrom(v)
-		if v.Unreadable && d.jsonrpc && d.id == nil {
-			d.id = jsonrpc.ScanID(body, nil) // as refuseUnread
-		}
 	}
 	resp := p.render(ctx, v)
 	p.releaseRequestBody()
