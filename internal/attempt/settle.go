@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/idem-extproc/idem-extproc/internal/idem"
+	"github.com/idem-extproc/idem-extproc/internal/policy"
 )
 
 // ActionFor is what a response proves about the operation, by the policy's
@@ -17,7 +18,7 @@ import (
 // nothing about the earlier ones, so what the rules would release (an
 // upstream 429, a reply that proves the last attempt never left) is
 // unknown instead: releasing could run an operation that already ran. The
-// origin and retried are kept for SettleCall.
+// origin and retried are kept for SettleStored (settledCall).
 func (a *Attempt) ActionFor(origin idem.Origin, status int, retried bool) idem.Action {
 	a.origin, a.retried = origin, retried
 	return a.unlessRetried(idem.DecideResponse(a.Policy.ResponseRules, origin, status))
@@ -33,12 +34,13 @@ func (a *Attempt) unlessRetried(act idem.Action) idem.Action {
 	return act
 }
 
-// SettleStored completes the record with resp as the operation's result.
-// It runs before the reply that lets the response go on, so a client that
-// sees the response and retries at once finds it stored. attrs are added
-// to the settled line.
+// SettleStored completes the record with resp as the operation's result,
+// unless resp answers a JSON-RPC call in a way that proves nothing ran
+// (settledCall). It runs before the reply that lets the response go on,
+// so a client that sees the response and retries at once finds it stored.
+// attrs are added to the settled line.
 func (a *Attempt) SettleStored(ctx context.Context, resp idem.Response, attrs ...slog.Attr) {
-	if a.renew == nil {
+	if a.renew == nil || a.Policy.Answers == policy.AnswersJSONRPC && a.settledCall(ctx, resp, attrs) {
 		return
 	}
 	if c := a.Policy.Compression.Codec; c != nil {

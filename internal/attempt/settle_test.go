@@ -235,8 +235,8 @@ func TestSettleWithoutHoldIsNothing(t *testing.T) {
 	}
 }
 
-// TestSettleCall: the transport's refusal of a call, answered by the
-// upstream, releases the record; the same answer from Envoy under a rule
+// TestSettleCall: under a policy that answers JSON-RPC, the transport's
+// refusal of a call, answered by the upstream, releases the record; the same answer from Envoy under a rule
 // that stores it, and the call's own answer, complete it.
 func TestSettleCall(t *testing.T) {
 	refusal := idem.Response{Status: 404, Headers: []idem.Header{{Name: "content-type", Value: "text/plain"}}, Body: []byte("session not found")}
@@ -258,9 +258,12 @@ func TestSettleCall(t *testing.T) {
 		{"upstream refusal after a retry", idem.OriginUpstream, true, refusal, idem.StateUnknown, idem.DecisionMarkedUnknown},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			f := held(t, policy.Default(), nil)
+			pol := policy.Default()
+			pol.Answers = policy.AnswersJSONRPC
+			f := held(t, pol, nil)
+			f.att.callID = []byte(`3`)
 			f.att.ActionFor(tc.origin, tc.rs.Status, tc.retried)
-			f.att.SettleCall(context.Background(), tc.rs, []byte(`3`))
+			f.att.SettleStored(context.Background(), tc.rs)
 			if got := f.state(t); got != tc.want || f.att.Held() {
 				t.Fatalf("state %v (held %v), want %v", got, f.att.Held(), tc.want)
 			}

@@ -221,19 +221,14 @@ func (p *processor) settleResponse(ctx context.Context, carrier []idem.Header) {
 }
 
 // settleStored completes the record with the response read so far
-// (attempt.SettleStored); a JSON-RPC call's response is judged once more
-// whole (attempt.SettleCall: the transport's refusal of the call is
-// released).
+// (attempt.SettleStored; a JSON-RPC call's response is judged once more
+// whole there: the transport's refusal of the call is released).
 func (p *processor) settleStored(ctx context.Context) {
 	if !p.att.Held() {
 		return
 	}
 	p.stage = stagePassThrough
 	resp := idem.Response{Status: p.respStatus, Headers: p.respHeaders, Body: p.respBody, BodyOmitted: p.respTooLarge}
-	if p.body.answersJSONRPC() {
-		p.att.SettleCall(ctx, resp, p.body.id, slog.Int("status", p.respStatus), slog.Bool("body_omitted", p.respTooLarge))
-		return
-	}
 	p.att.SettleStored(ctx, resp, slog.Int("status", p.respStatus), slog.Bool("body_omitted", p.respTooLarge))
 }
 
