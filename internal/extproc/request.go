@@ -9,14 +9,14 @@ import (
 
 	"github.com/idem-extproc/idem-extproc/internal/attempt"
 	"github.com/idem-extproc/idem-extproc/internal/envoyorigin"
-	"github.com/idem-extproc/idem-extproc/internal/jsonrpc"
 	"github.com/idem-extproc/idem-extproc/internal/policy"
 	"github.com/idem-extproc/idem-extproc/internal/problem"
 )
 
 // The request side: what Envoy's request messages say, handed to the
-// attempt at each of its decision points (match, key, scope, body,
-// reservation), each verdict rendered as the message's reply (render.go).
+// attempt at its two decision points (the headers: attempt.AtHeaders; the
+// whole request: attempt.Request), each verdict rendered as the message's
+// reply (render.go).
 
 // onRequest answers a message of the request's direction. An error is a
 // protocol violation (protocolError).
@@ -99,18 +99,6 @@ func (p *processor) onRequestBody(ctx context.Context, body *extprocv3.HttpBody)
 		return continueFor(p.phase)
 	}
 	return p.decide(ctx)
-}
-
-// refuseUnread refuses a request whose body is refused before it was read
-// whole: over a limit or the server's budget (chunk is the message that
-// did not fit), or cut at Envoy's buffer. A JSON-RPC answer made before
-// the body decided the policy still goes to the request's id when the
-// bytes at hand carry it (jsonrpc.ScanID).
-func (p *processor) refuseUnread(ctx context.Context, prob *problem.Problem, chunk []byte) *extprocv3.ProcessingResponse {
-	if d := p.body; d != nil && d.jsonrpc && d.id == nil {
-		d.id = jsonrpc.ScanID(p.reqBody, chunk)
-	}
-	return p.render(ctx, p.att.Refuse(ctx, prob))
 }
 
 // decide renders the attempt's verdict on the complete request
