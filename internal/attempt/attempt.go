@@ -199,7 +199,7 @@ type Attempt struct {
 	// keySource is where the key came from (admitKeyFrom); a derived
 	// key's record lives in the policy's derived key space.
 	keySource policy.KeySource
-	// origin is the origin of the response ActionFor judged, retried
+	// origin is the origin of the response actionFor judged, retried
 	// whether an earlier upstream attempt may have been sent.
 	origin  idem.Origin
 	retried bool

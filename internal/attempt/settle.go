@@ -10,7 +10,23 @@ import (
 	"github.com/idem-extproc/idem-extproc/internal/policy"
 )
 
-// ActionFor is what a response proves about the operation, by the policy's
+// AtResponse judges a response (actionFor) and settles the record unless
+// the response is to be stored: it reports whether it is, and the protocol
+// side then reads what it stores (SettleStored). msg and attrs start the
+// debug line that says how the response was judged.
+func (a *Attempt) AtResponse(ctx context.Context, origin idem.Origin, status int, retried bool, msg string, attrs ...slog.Attr) bool {
+	action := a.actionFor(origin, status, retried)
+	var buf [4]slog.Attr
+	a.LogAt(ctx, slog.LevelDebug, msg, append(append(buf[:0], attrs...),
+		slog.String("origin", origin.String()), slog.String("action", action.String()))...)
+	if action == idem.ActionStore {
+		return true
+	}
+	a.Settle(ctx, action)
+	return false
+}
+
+// actionFor is what a response proves about the operation, by the policy's
 // response rules: the one place a response is judged, for HTTP and gRPC
 // answers alike. A response no rule covers is unknown. retried says that
 // the proxy may have sent the request upstream more than once (a router
@@ -19,13 +35,13 @@ import (
 // upstream 429, a reply that proves the last attempt never left) is
 // unknown instead: releasing could run an operation that already ran. The
 // origin and retried are kept for SettleStored (settledCall).
-func (a *Attempt) ActionFor(origin idem.Origin, status int, retried bool) idem.Action {
+func (a *Attempt) actionFor(origin idem.Origin, status int, retried bool) idem.Action {
 	a.origin, a.retried = origin, retried
 	return a.unlessRetried(idem.DecideResponse(a.Policy.ResponseRules, origin, status))
 }
 
 // unlessRetried is act, but unknown for a release when an earlier upstream
-// attempt may have been sent (ActionFor's retried): a release needs proof
+// attempt may have been sent (actionFor's retried): a release needs proof
 // that the operation never ran, which the last attempt cannot give.
 func (a *Attempt) unlessRetried(act idem.Action) idem.Action {
 	if a.retried && act == idem.ActionRelease {

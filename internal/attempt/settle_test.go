@@ -142,7 +142,7 @@ func TestResponseDecisionTable(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			f := held(t, policy.Default(), nil)
 			ctx := context.Background()
-			if a := f.att.ActionFor(tc.origin, tc.status, tc.retried); a == idem.ActionStore {
+			if a := f.att.actionFor(tc.origin, tc.status, tc.retried); a == idem.ActionStore {
 				f.att.SettleStored(ctx, idem.Response{Status: tc.status})
 			} else {
 				f.att.Settle(ctx, a)
@@ -262,7 +262,7 @@ func TestSettleCall(t *testing.T) {
 			pol.Answers = policy.AnswersJSONRPC
 			f := held(t, pol, nil)
 			f.att.callID = []byte(`3`)
-			f.att.ActionFor(tc.origin, tc.rs.Status, tc.retried)
+			f.att.actionFor(tc.origin, tc.rs.Status, tc.retried)
 			f.att.SettleStored(context.Background(), tc.rs)
 			if got := f.state(t); got != tc.want || f.att.Held() {
 				t.Fatalf("state %v (held %v), want %v", got, f.att.Held(), tc.want)
