@@ -11,7 +11,7 @@
 // protocol side only renders it.
 //
 // One word names an attempt's last transition, whichever it is: settle
-// (SettleStored, Settle, SettleAtEnd here; settleStored, settleResponse,
+// (AtResponse, SettleStored, SettleAtEnd here; settleStored, settleResponse,
 // settleAtEnd in extproc). Complete, Release and MarkUnknown are the
 // store's transitions it applies.
 //

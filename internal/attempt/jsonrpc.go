@@ -189,12 +189,12 @@ func (a *Attempt) settledCall(ctx context.Context, rs idem.Response, attrs []slo
 	case a.origin != idem.OriginUpstream:
 		return false
 	case transportRefused(rs, a.callID):
-		a.Settle(ctx, a.unlessRetried(idem.ActionRelease), append(attrs, slog.String("reason", "transport refused the call"))...)
+		a.settle(ctx, a.unlessRetried(idem.ActionRelease), append(attrs, slog.String("reason", "transport refused the call"))...)
 	case isInterim(rs, a.callID):
 		// The server asks for input; an interim round is taken to have no
 		// effect of its own (docs/design.md §4, MCP multi round-trip
 		// requests): the record goes, the continuation runs.
-		a.Settle(ctx, idem.ActionRelease, append(attrs, slog.String("reason", "interim result: input required"))...)
+		a.settle(ctx, idem.ActionRelease, append(attrs, slog.String("reason", "interim result: input required"))...)
 	default:
 		return false
 	}

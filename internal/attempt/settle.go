@@ -22,7 +22,7 @@ func (a *Attempt) AtResponse(ctx context.Context, origin idem.Origin, status int
 	if action == idem.ActionStore {
 		return true
 	}
-	a.Settle(ctx, action)
+	a.settle(ctx, action)
 	return false
 }
 
@@ -68,7 +68,7 @@ func (a *Attempt) SettleStored(ctx context.Context, resp idem.Response, attrs ..
 		if err != nil {
 			// Never store in the clear what the policy says to seal.
 			a.LogAt(ctx, slog.LevelError, "response not sealed; marking the outcome unknown", slog.String("error", err.Error()))
-			a.Settle(ctx, idem.ActionUnknown)
+			a.settle(ctx, idem.ActionUnknown)
 			return
 		}
 		resp = sealed
@@ -78,9 +78,9 @@ func (a *Attempt) SettleStored(ctx context.Context, resp idem.Response, attrs ..
 	}, attrs...)
 }
 
-// Settle releases the record (ActionRelease) or marks it unknown (any
+// settle releases the record (ActionRelease) or marks it unknown (any
 // other action). attrs are added to the settled line.
-func (a *Attempt) Settle(ctx context.Context, action idem.Action, attrs ...slog.Attr) {
+func (a *Attempt) settle(ctx context.Context, action idem.Action, attrs ...slog.Attr) {
 	if a.renew == nil {
 		return
 	}
@@ -180,7 +180,7 @@ func (a *Attempt) SettleAtEnd(base context.Context, partial *idem.Response) {
 		a.SettleStored(ctx, *partial, slog.Int("status", partial.Status), slog.Bool("body_omitted", partial.BodyOmitted))
 		return
 	}
-	a.Settle(ctx, a.Policy.OnStreamReset)
+	a.settle(ctx, a.Policy.OnStreamReset)
 }
 
 // retryUntil applies op until it succeeds, the store gives a definite

@@ -145,7 +145,7 @@ func TestResponseDecisionTable(t *testing.T) {
 			if a := f.att.actionFor(tc.origin, tc.status, tc.retried); a == idem.ActionStore {
 				f.att.SettleStored(ctx, idem.Response{Status: tc.status})
 			} else {
-				f.att.Settle(ctx, a)
+				f.att.settle(ctx, a)
 			}
 			if got := f.state(t); got != tc.want {
 				t.Fatalf("record state %v, want %v", got, tc.want)
@@ -212,7 +212,7 @@ func TestRefusedSettlementRetriedAtEnd(t *testing.T) {
 		fl := &flaky{n: 1 << 30}
 		f := held(t, policy.Default(), func(st idem.Store) idem.Store { fl.Store = st; return fl })
 		f.att.srv.SettleAtEndTimeout = 50 * time.Millisecond // the retry's whole budget, not a wait
-		f.att.Settle(context.Background(), idem.ActionUnknown)
+		f.att.settle(context.Background(), idem.ActionUnknown)
 		f.att.SettleAtEnd(context.Background(), nil)
 		if f.state(t) != idem.StateInFlight || len(f.rep.decisions) != 0 ||
 			len(f.obs.settleFailed) != 1 || f.obs.settleFailed[0] != string(idem.DecisionMarkedUnknown) {
@@ -228,7 +228,7 @@ func TestSettleWithoutHoldIsNothing(t *testing.T) {
 	other := New(f.att.srv, f.rep)
 	other.Policy, other.ID, other.token = f.att.Policy, f.att.ID, idem.NewToken()
 	other.SettleStored(context.Background(), idem.Response{Status: 201})
-	other.Settle(context.Background(), idem.ActionRelease)
+	other.settle(context.Background(), idem.ActionRelease)
 	other.SettleAtEnd(context.Background(), nil)
 	if f.state(t) != idem.StateInFlight || len(f.rep.decisions) != 0 {
 		t.Fatalf("state %v, decisions %v", f.state(t), f.rep.decisions)

@@ -176,7 +176,7 @@ func TestRequestVerdictTable(t *testing.T) {
 		{"completed, same: replay", completed, fp1, nil, nil,
 			want{kind: answered, replay: 201}, want{kind: Pass, shadow: idem.ShadowWouldReplay, add: "idempotency-shadow"}},
 		{"unknown, same: 409 outcome-unknown", func(t *testing.T, d *decider) {
-			d.first(t, fp1).Settle(ctx, idem.ActionUnknown)
+			d.first(t, fp1).settle(ctx, idem.ActionUnknown)
 		}, fp1, nil, nil,
 			want{kind: answered, slug: problem.OutcomeUnknown.Slug}, want{kind: Pass, shadow: idem.ShadowWouldUnknown, add: "idempotency-shadow"}},
 		{"store unreachable, fail_closed: 503", nil, fp1, func(d *decider) { d.srv.Store = down{d.store} }, nil,
@@ -240,8 +240,8 @@ func TestAwaitVerdicts(t *testing.T) {
 		want   want
 	}{
 		{"completed: replay", func(f *Attempt) { f.SettleStored(ctx, idem.Response{Status: 201}) }, want{kind: answered, replay: 201}},
-		{"released: this attempt reserves", func(f *Attempt) { f.Settle(ctx, idem.ActionRelease) }, want{kind: Continue}},
-		{"unknown: 409 outcome-unknown", func(f *Attempt) { f.Settle(ctx, idem.ActionUnknown) }, want{kind: answered, slug: problem.OutcomeUnknown.Slug}},
+		{"released: this attempt reserves", func(f *Attempt) { f.settle(ctx, idem.ActionRelease) }, want{kind: Continue}},
+		{"unknown: 409 outcome-unknown", func(f *Attempt) { f.settle(ctx, idem.ActionUnknown) }, want{kind: answered, slug: problem.OutcomeUnknown.Slug}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := policy.Default()
