@@ -180,7 +180,7 @@ func (ex *demoExample) takenBy(set *policy.Set, pol *policy.Policy, front string
 	r := policy.Request{Method: ex.method, Authority: authority, Path: ex.path, RouteName: demoWriteRoute}
 	// The server's own choice: the first policy whose header criteria hold,
 	// then at the body the first candidate whose body criteria hold
-	// (attempt.AtBody).
+	// (attempt.Request).
 	for _, q := range set.BodyCandidates(r, set.Match(r)) {
 		if _, miss := q.MatchBody(ex.body); miss != policy.BodyMatched {
 			continue

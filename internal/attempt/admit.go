@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/textproto"
+	"slices"
 	"strings"
 	"time"
 
@@ -31,15 +32,78 @@ const (
 	admitKeyed
 )
 
-// Match picks the request's policy out of set: Continue when one matched,
-// and a Pass (counted as bypassed) when none did.
-func (a *Attempt) Match(set *policy.Set, r policy.Request) Verdict {
-	a.Policy = set.Match(r)
-	if a.Policy == nil {
+// Facts is what the attempt reads of a request at its headers, kept where
+// the protocol side has it: the target, the headers, the forwarded dynamic
+// metadata and the peer's identity. A policy's scope and key are read
+// through it (scopeOf, AtHeaders), so that a new source is a case of
+// scopeOf and at most a method here, and nothing of the protocol side.
+type Facts interface {
+	// Target is the request's method, authority, path and route name, as
+	// policies match them.
+	Target() policy.Request
+	// Header is the named header's first line and how many lines carried
+	// it (0: absent).
+	Header(name string) (string, int)
+	// Headers copies the named headers (a fingerprint's).
+	Headers(names []string) []idem.Header
+	// MCP reads the headers MCP mirrors a call's method and name in;
+	// MCPParams copies its Mcp-Param-{Name} headers.
+	MCP() policy.MCPHeaders
+	MCPParams() []idem.Header
+	// Metadata is the string or number at path in one namespace of the
+	// forwarded dynamic metadata; "" when there is none.
+	Metadata(namespace string, path []string) string
+	// Peer is the peer's identity of the kind named, "" when there is
+	// none; a proxy that does not send it is reported under policyName.
+	Peer(ctx context.Context, policyName string, id policy.PeerIdentity) string
+}
+
+// AtHeaders is the admission of a request at its headers (docs/design.md
+// §3, the first table): the policy it matches in set (a Pass, counted as
+// bypassed, when none does), then its key, the key's grace period, its
+// scope, its record's name and where it runs (admit). A policy that reads
+// the body first reads, for every policy the request may end with, what
+// it needs of the headers, and the verdict is ReadBody (Request picks the policy).
+// Continue: the body is awaited, then Request decides.
+func (a *Attempt) AtHeaders(ctx context.Context, set *policy.Set, f Facts, now time.Time) Verdict {
+	r := f.Target()
+	a.method, a.path = r.Method, r.Path
+	if a.Policy = set.Match(r); a.Policy == nil {
 		a.conv.Decided("", idem.DecisionBypassed)
 		return verdictPass
 	}
-	return verdictContinue
+	if a.Policy.NeedsBody() {
+		return a.readBody(ctx, set, r, f)
+	}
+	raw, lines := f.Header(a.Policy.KeyHeader)
+	adm, key, prob := a.admitKey(raw, lines, now)
+	if adm != admitKeyed {
+		return a.admitted(ctx, adm, prob)
+	}
+	scope, required := a.scopeOf(ctx, a.Policy, f)
+	v := a.named(ctx, scope, required, key)
+	if v.Kind == Continue {
+		a.fpHeaders = f.Headers(a.Policy.FingerprintHeaders)
+	}
+	return v
+}
+
+// scopeOf reads the owner of the request's key space where pol says, and
+// whether pol requires one (admit). It is the one reading of a scope
+// source: a new source is a case here.
+func (a *Attempt) scopeOf(ctx context.Context, pol *policy.Policy, f Facts) (scope string, required bool) {
+	switch sc := pol.Scope; sc.Source {
+	case policy.ScopeAuthority:
+		return f.Target().Authority, false
+	case policy.ScopeHeader:
+		scope, _ = f.Header(sc.Header)
+		return scope, true
+	case policy.ScopeMetadata:
+		return f.Metadata(sc.Namespace, sc.Path), true
+	case policy.ScopePrincipal:
+		return f.Peer(ctx, pol.Name, sc.PeerIdentity), true
+	}
+	return "", false // ScopeNone
 }
 
 // admitKey judges the request's key field under the matched policy: raw is
@@ -67,18 +131,14 @@ func (a *Attempt) admitKey(raw string, lines int, now time.Time) (admission, str
 }
 
 // admit names the record of an admitKeyed request's key in scope, the owner of
-// its key space read where the policy says. A policy that scopes by a
-// header, metadata or the peer's identity refuses a request that carries
-// none (401 principal-missing): its key would otherwise share a record
-// with every other unscoped client's. Scoped by authority or not at all,
-// "" is a scope like any other.
-func (a *Attempt) admit(scope, key string) *problem.Problem {
-	switch a.Policy.Scope.Source {
-	case policy.ScopeNone, policy.ScopeAuthority:
-	default:
-		if scope == "" {
-			return problem.New(problem.PrincipalMissing, "the request carries no principal to scope its Idempotency-Key")
-		}
+// its key space read where the policy says (scopeOf). A policy that
+// requires a scope (by a header, metadata or the peer's identity) refuses
+// a request that carries none (401 principal-missing): its key would
+// otherwise share a record with every other unscoped client's. Scoped by
+// authority or not at all, "" is a scope like any other.
+func (a *Attempt) admit(scope string, required bool, key string) *problem.Problem {
+	if required && scope == "" {
+		return problem.New(problem.PrincipalMissing, "the request carries no principal to scope its Idempotency-Key")
 	}
 	a.Scope = scope
 	ns := a.Policy.RecordNamespace()
@@ -139,19 +199,11 @@ func (a *Attempt) admitted(ctx context.Context, adm admission, prob *problem.Pro
 	return verdictContinue
 }
 
-// Key is the verdict on the request's key field (admitKey): Continue with
-// the parsed key when it is admitKeyed, and otherwise the pass or refusal
-// (admitted).
-func (a *Attempt) Key(ctx context.Context, raw string, lines int, now time.Time) (string, Verdict) {
-	adm, key, prob := a.admitKey(raw, lines, now)
-	return key, a.admitted(ctx, adm, prob)
-}
-
-// Named is the verdict on naming the record of an admitKeyed request in scope
-// (admit): Continue, the refusal of a request without the principal its
-// policy scopes by, or where a homes map sends the request (routed).
-func (a *Attempt) Named(ctx context.Context, scope, key string) Verdict {
-	if prob := a.admit(scope, key); prob != nil {
+// named is the verdict on naming the record of an admitKeyed request in
+// scope (admit): Continue, the refusal of a request without the scope its
+// policy requires, or where a homes map sends the request (routed).
+func (a *Attempt) named(ctx context.Context, scope string, required bool, key string) Verdict {
+	if prob := a.admit(scope, required, key); prob != nil {
 		return a.Refuse(ctx, prob)
 	}
 	return a.routed(ctx)
@@ -200,4 +252,55 @@ func (a *Attempt) shadowed(ctx context.Context, d idem.ShadowDecision, v Verdict
 		v.Add = []ResponseHeader{{Name: a.Policy.ShadowHeader, Value: strings.ReplaceAll(string(d), "_", "-")}}
 	}
 	return v
+}
+
+// Routing is what the proxy says of a request's way between regions
+// (Server.SendHome).
+type Routing struct {
+	// SentTo names the region a server of another region sent the request
+	// to (a SendHome verdict there), as the proxy carried it; "" for a
+	// request from a client.
+	SentTo string
+	// CanSend reports whether the proxy can send this request on to
+	// another region: a proxy that routes (Envoy) can, a client's own
+	// filter (grpc-go) cannot.
+	CanSend bool
+}
+
+// route decides, once the record's scope is known, whether the request
+// runs here or at its scope's home: it returns the home to send it to, ""
+// to decide here, or an error for a request another region's server sent
+// here that this server's map homes elsewhere. A request is sent at most
+// once: one that was sent here is never sent on, whatever this server's
+// map says, so two maps that disagree cannot make a loop; they refuse it
+// (ErrHomesDisagree) rather than run it in a store the sender's map does
+// not name. A shadow policy never moves a request.
+func (a *Attempt) route(scope string) (string, error) {
+	if a.Policy.Enforcement != policy.EnforcementEnforce || len(a.srv.SendHome) == 0 && a.Routing.SentTo == "" {
+		return "", nil // nothing to send, nor a sender's mark to check: no lookup
+	}
+	home, here := a.srv.Homes.HomeOf(a.Policy, scope)
+	switch sent := a.Routing.SentTo; {
+	case sent != "" && (!here || sent != home):
+		return "", fmt.Errorf("%w: a server of another region sent the request to region %q, and this server's map homes scope %q in %q",
+			ErrHomesDisagree, sent, scope, home)
+	case sent != "" || here || !slices.Contains(a.srv.SendHome, home) || !a.Routing.CanSend:
+		return "", nil
+	}
+	return home, nil
+}
+
+// routed is named's verdict once the record is named (admit): Continue
+// to decide here, SendHome, or the refusal of a request sent here astray
+// (503 idempotency-homes-disagree, nothing reserved anywhere).
+func (a *Attempt) routed(ctx context.Context) Verdict {
+	switch {
+	case a.astray != nil:
+		return a.unavailable(ctx, a.astray)
+	case a.sendTo == "":
+		return verdictContinue
+	}
+	a.conv.Decided(a.Policy.Name, idem.DecisionSentHome)
+	a.LogAt(ctx, slog.LevelInfo, "decision", slog.String("decision", string(idem.DecisionSentHome)), slog.String("home", a.sendTo))
+	return Verdict{Kind: SendHome, Home: a.sendTo}
 }

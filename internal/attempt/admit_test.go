@@ -1,6 +1,7 @@
 package attempt
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -83,10 +84,10 @@ func TestAdmissionTable(t *testing.T) {
 func TestAdmitNamesTheRecord(t *testing.T) {
 	a := New(&Server{}, &reporter{})
 	a.Policy = policy.Default()
-	a.admit("tenant-a", "k")
+	a.admit("tenant-a", false, "k")
 	b := New(&Server{}, &reporter{})
 	b.Policy = policy.Default()
-	b.admit("tenant-b", "k")
+	b.admit("tenant-b", false, "k")
 	if a.ID == b.ID || a.ID != idem.RecordIDFor(a.Policy.RecordNamespace(), "tenant-a", "k") || a.Scope != "tenant-a" {
 		t.Fatalf("ids %s %s", a.ID, b.ID)
 	}
@@ -112,7 +113,8 @@ func TestAdmitScopeTable(t *testing.T) {
 		a := New(&Server{}, &reporter{})
 		a.Policy = policy.Default()
 		a.Policy.Scope = policy.Scope{Source: tc.source}
-		prob := a.admit(tc.scope, "k")
+		_, required := a.scopeOf(context.Background(), a.Policy, facts{})
+		prob := a.admit(tc.scope, required, "k")
 		if (prob != nil) != tc.refused || (prob != nil && prob.Slug != problem.PrincipalMissing.Slug) {
 			t.Errorf("source %v scope %q: problem %v, want refused %v", tc.source, tc.scope, prob, tc.refused)
 		}
@@ -121,3 +123,35 @@ func TestAdmitScopeTable(t *testing.T) {
 		}
 	}
 }
+
+// facts are a request's facts as a test gives them (Facts): headers by
+// name, one line each, and nothing else.
+type facts struct {
+	target  policy.Request
+	headers map[string]string
+}
+
+func (f facts) Target() policy.Request { return f.target }
+
+func (f facts) Header(name string) (string, int) {
+	v, ok := f.headers[name]
+	if !ok {
+		return "", 0
+	}
+	return v, 1
+}
+
+func (f facts) Headers(names []string) []idem.Header {
+	var hs []idem.Header
+	for _, n := range names {
+		if v, ok := f.headers[n]; ok {
+			hs = append(hs, idem.Header{Name: n, Value: v})
+		}
+	}
+	return hs
+}
+
+func (facts) MCP() policy.MCPHeaders                                   { return policy.MCPHeaders{} }
+func (facts) MCPParams() []idem.Header                                 { return nil }
+func (facts) Metadata(string, []string) string                         { return "" }
+func (facts) Peer(context.Context, string, policy.PeerIdentity) string { return "" }

@@ -3,31 +3,34 @@ package attempt
 import (
 	"context"
 	"log/slog"
+	"slices"
 	"strconv"
 	"time"
 
 	"github.com/idem-extproc/idem-extproc/internal/idem"
+	"github.com/idem-extproc/idem-extproc/internal/jsonrpc"
 	"github.com/idem-extproc/idem-extproc/internal/policy"
 	"github.com/idem-extproc/idem-extproc/internal/problem"
 )
 
 // Requests whose policy is decided at the body: the policy that matched at
 // the headers has body criteria (match.json, answers: jsonrpc) or reads its
-// key from the body. The protocol side reads, for each policy the request
-// may end with (policy.Set.BodyCandidates), what that policy needs of the
-// headers while they are at hand (a Candidate), and once the body is whole
-// asks AtBody for the verdict.
+// key from the body. At the headers the attempt reads, for each policy the
+// request may end with (policy.Set.BodyCandidates), what that policy needs
+// of them (a candidate, readBody); once the body is whole Request picks
+// the policy (pickAtBody).
 
-// Candidate is one policy a request deferred to its body may end with,
+// candidate is one policy a request deferred to its body may end with,
 // and what that policy reads of the request's headers: the key header's
-// first line and how many lines carried it, the scope, the fingerprint's
-// headers.
-type Candidate struct {
-	Policy    *policy.Policy
-	RawKey    string
-	KeyLines  int
-	Scope     string
-	FPHeaders []idem.Header
+// first line and how many lines carried it, the scope and whether the
+// policy requires one, the fingerprint's headers.
+type candidate struct {
+	Policy        *policy.Policy
+	RawKey        string
+	KeyLines      int
+	Scope         string
+	ScopeRequired bool
+	FPHeaders     []idem.Header
 	// MCP are the request's MCP headers, for a JSON-RPC policy's check of
 	// them against the body (policy.MCPHeaderMismatch).
 	MCP policy.MCPHeaders
@@ -37,31 +40,69 @@ type Candidate struct {
 	Upstream string
 }
 
-// BodyVerdict is the verdict on a request deferred to its body, with what
-// the protocol side needs to render it: whether its answers are JSON-RPC
-// responses, and to which id (nil when none was read: a refusal made
-// before the body named one).
-type BodyVerdict struct {
-	Verdict
-	// Chosen is the candidate that took the request, for Continue.
-	Chosen  *Candidate
-	JSONRPC bool
-	ID      []byte
-	// Unreadable: the refusal is of a body a candidate could not read; a
-	// JSON-RPC one goes to the id the body's first bytes carry, if any.
-	Unreadable bool
+// readBody defers a request to its body: it reads, for every policy the
+// request may end with, the key header, the scope and the fingerprint
+// headers, and says ReadBody; until the body says otherwise, the first
+// policy's limits (its max_request_body) and answers hold. A JSON-RPC
+// request whose MCP headers rule out every candidate passes here
+// (ruledOut).
+func (a *Attempt) readBody(ctx context.Context, set *policy.Set, r policy.Request, f Facts) Verdict {
+	first := a.Policy
+	pols := set.BodyCandidates(r, first)
+	jsonRPC := first.Answers == policy.AnswersJSONRPC
+	var mcp policy.MCPHeaders
+	if jsonRPC {
+		mcp = f.MCP()
+		if v, ok := a.ruledOut(ctx, pols, mcp); ok {
+			return v
+		}
+		if slices.ContainsFunc(pols, func(p *policy.Policy) bool { return p.KeyFrom(policy.KeyFromMCPParam) }) {
+			mcp.Params = f.MCPParams()
+		}
+	}
+	a.cands = make([]candidate, 0, len(pols))
+	for _, pol := range pols {
+		c := candidate{Policy: pol, FPHeaders: f.Headers(pol.FingerprintHeaders), MCP: mcp}
+		c.Scope, c.ScopeRequired = a.scopeOf(ctx, pol, f)
+		if pol.LearnsTools() {
+			c.Upstream = policy.ToolsUpstream(r.Authority, r.Path)
+		}
+		if pol.KeyFrom(policy.KeyFromHeader) {
+			c.RawKey, c.KeyLines = f.Header(pol.KeyHeader)
+		}
+		a.cands = append(a.cands, c)
+	}
+	return Verdict{Kind: ReadBody, JSONRPC: jsonRPC}
 }
 
-// AtBody picks the policy of a deferred request once its body is whole:
+// pickAtBody picks the policy of a deferred request once its body is whole:
 // the first candidate whose body criteria hold, whose key is then admitted
 // (admitKeyFrom) and record named (admit). The verdict is Continue when the
 // request is admitted (the attempt's policy is the chosen one), a Pass when
 // no candidate takes the body or one passes it without a key, and a
 // refusal otherwise. A request no candidate takes costs no store call.
-func (a *Attempt) AtBody(ctx context.Context, cands []Candidate, body []byte, now time.Time) BodyVerdict {
+func (a *Attempt) pickAtBody(ctx context.Context, body []byte, now time.Time) Verdict {
+	cands := a.cands
+	a.cands = nil
+	bv := a.pick(ctx, cands, body, now)
+	if bv.Kind == Pass {
+		for i := range cands {
+			if c := &cands[i]; c.Policy.LearnsTools() {
+				if bv.Learners == nil && !policy.IsToolsList(body) {
+					break
+				}
+				bv.Learners, bv.Upstream = append(bv.Learners, c.Policy), c.Upstream
+			}
+		}
+	}
+	return bv
+}
+
+// pick is pickAtBody's verdict, before what a pass learns.
+func (a *Attempt) pick(ctx context.Context, cands []candidate, body []byte, now time.Time) Verdict {
 	first := a.Policy
 	miss := policy.BodyMatched
-	var shadow *Candidate
+	var shadow *candidate
 	var shadowWhy error
 	for i := range cands {
 		c := &cands[i]
@@ -81,7 +122,7 @@ func (a *Attempt) AtBody(ctx context.Context, cands []Candidate, body []byte, no
 				miss = m
 				continue
 			}
-			if v, refused := a.unreadable(ctx, c, why, now); refused {
+			if v, refused := a.unreadable(ctx, c, why, body, now); refused {
 				return v
 			}
 		}
@@ -94,35 +135,13 @@ func (a *Attempt) AtBody(ctx context.Context, cands []Candidate, body []byte, no
 			miss = m
 			continue
 		}
-		out := BodyVerdict{JSONRPC: c.Policy.Answers == policy.AnswersJSONRPC, ID: id}
-		if out.JSONRPC {
-			a.callID = id // a replay answers this call (answer)
-			if why := headersMismatch(c, body, now); why != "" {
-				out.Verdict = a.Refuse(ctx, problem.New(problem.HeaderMismatch, why))
-				return out
-			}
-		}
-		adm, key, prob := a.admitKeyFrom(keyInput{headerRaw: c.RawKey, headerLines: c.KeyLines, body: body}, now)
-		if out.Verdict = a.admitted(ctx, adm, prob); out.Kind != Continue {
-			return out
-		}
-		if out.Verdict = a.Named(ctx, c.Scope, key); out.Kind != Continue {
-			return out
-		}
-		// The body was read under the limit of the policy that deferred
-		// it; the policy that takes it holds it to its own, in the order
-		// the headers path keeps: a request it would pass or refuse for
-		// its key never gets this far there either.
-		if limit := c.Policy.MaxRequestBody; len(body) > limit {
-			out.Verdict = a.Refuse(ctx, BodyTooLarge(limit))
-			return out
-		}
-		out.Chosen = c
-		return out
+		v := a.took(ctx, c, id, body, now)
+		v.JSONRPC, v.ID = c.Policy.Answers == policy.AnswersJSONRPC, id
+		return v
 	}
 	if shadow != nil {
 		a.Policy = shadow.Policy
-		if v, refused := a.unreadable(ctx, shadow, shadowWhy, now); refused {
+		if v, refused := a.unreadable(ctx, shadow, shadowWhy, body, now); refused {
 			return v
 		}
 	}
@@ -132,14 +151,43 @@ func (a *Attempt) AtBody(ctx context.Context, cands []Candidate, body []byte, no
 	a.conv.Decided(a.Policy.Name, idem.DecisionBypassed)
 	a.LogAt(ctx, slog.LevelDebug, "no policy's body criteria hold; passes unprotected", slog.String("body", miss.String()))
 	a.Policy = nil
-	return BodyVerdict{Verdict: verdictPass}
+	return verdictPass
+}
+
+// took is the verdict on the request whose body candidate c's criteria
+// took (id: the JSON-RPC call's): its MCP headers checked against the
+// body, then its key admitted (admitKeyFrom), its record named (named)
+// and its body held to c's limit.
+func (a *Attempt) took(ctx context.Context, c *candidate, id, body []byte, now time.Time) Verdict {
+	if c.Policy.Answers == policy.AnswersJSONRPC {
+		a.callID = id // a replay answers this call (answer)
+		if why := headersMismatch(c, body, now); why != "" {
+			return a.Refuse(ctx, problem.New(problem.HeaderMismatch, why))
+		}
+	}
+	adm, key, prob := a.admitKeyFrom(keyInput{headerRaw: c.RawKey, headerLines: c.KeyLines, body: body}, now)
+	if v := a.admitted(ctx, adm, prob); v.Kind != Continue {
+		return v
+	}
+	if v := a.named(ctx, c.Scope, c.ScopeRequired, key); v.Kind != Continue {
+		return v
+	}
+	// The body was read under the limit of the policy that deferred it;
+	// the policy that takes it holds it to its own, in the order the
+	// headers path keeps: a request it would pass or refuse for its key
+	// never gets this far there either.
+	if limit := c.Policy.MaxRequestBody; len(body) > limit {
+		return a.Refuse(ctx, BodyTooLarge(limit))
+	}
+	a.fpHeaders = c.FPHeaders
+	return verdictContinue
 }
 
 // headersMismatch says why a JSON-RPC call's MCP headers disagree with
 // its body, or "": such a call is refused as a compliant server would
 // refuse it, before any effect, since an intermediary may have acted on
 // the headers (policy.MCPHeaderMismatch, policy.MCPParamMismatch).
-func headersMismatch(c *Candidate, body []byte, now time.Time) string {
+func headersMismatch(c *candidate, body []byte, now time.Time) string {
 	if policy.MCPHeaderMismatch(c.MCP, body) {
 		return "the Mcp-Method or Mcp-Name header does not match the request body"
 	}
@@ -150,12 +198,16 @@ func headersMismatch(c *Candidate, body []byte, now time.Time) string {
 // the refusal, in c's answers (counted and passed on a shadow policy), or
 // false when c would pass the request whatever its body said, and the
 // next candidate is tried.
-func (a *Attempt) unreadable(ctx context.Context, c *Candidate, why error, now time.Time) (BodyVerdict, bool) {
+func (a *Attempt) unreadable(ctx context.Context, c *candidate, why error, body []byte, now time.Time) (Verdict, bool) {
 	adm, prob := a.admitUnreadable(why, c.KeyLines, now)
 	if adm != admitRefused {
-		return BodyVerdict{}, false
+		return Verdict{}, false
 	}
-	return BodyVerdict{Verdict: a.Refuse(ctx, prob), JSONRPC: c.Policy.Answers == policy.AnswersJSONRPC, Unreadable: true}, true
+	v := a.Refuse(ctx, prob)
+	if v.JSONRPC = c.Policy.Answers == policy.AnswersJSONRPC; v.JSONRPC {
+		v.ID = jsonrpc.ScanID(body, nil) // the id the body's first bytes carry, if any
+	}
+	return v, true
 }
 
 // BodyTooLarge is the refusal of a request body over limit bytes.
@@ -163,12 +215,12 @@ func BodyTooLarge(limit int) *problem.Problem {
 	return problem.New(problem.BodyTooLarge, "the request body exceeds "+strconv.Itoa(limit)+" bytes")
 }
 
-// RuledOutByHeaders is the verdict on a JSON-RPC request whose MCP headers
-// rule out every policy it may end with (policy.RuledOutByMCPHeaders,
+// ruledOut is the verdict on a JSON-RPC request whose MCP headers rule
+// out every policy it may end with (policy.RuledOutByMCPHeaders,
 // mcp_headers: trust): it passes at its headers, its body never read, no
 // store command made, counted as bypassed under the policy that matched.
 // It is false when any candidate may still take the request.
-func (a *Attempt) RuledOutByHeaders(ctx context.Context, cands []*policy.Policy, h policy.MCPHeaders) (Verdict, bool) {
+func (a *Attempt) ruledOut(ctx context.Context, cands []*policy.Policy, h policy.MCPHeaders) (Verdict, bool) {
 	for _, p := range cands {
 		if !p.RuledOutByMCPHeaders(h) {
 			return Verdict{}, false

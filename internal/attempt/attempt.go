@@ -11,7 +11,7 @@
 // protocol side only renders it.
 //
 // One word names an attempt's last transition, whichever it is: settle
-// (SettleStored, Settle, SettleAtEnd here; settleStored, settleResponse,
+// (AtResponse, SettleStored, SettleAtEnd here; settleStored, settleResponse,
 // settleAtEnd in extproc). Complete, Release and MarkUnknown are the
 // store's transitions it applies.
 //
@@ -44,7 +44,7 @@ type Server struct {
 	// SendHome names the regions a request of an enforced policy whose
 	// scope is homed there is sent to through the proxy (a SendHome
 	// verdict), where its server reserves in its own store, instead of
-	// this server making the store calls across regions (route.go): those
+	// this server making the store calls across regions (route, admit.go): those
 	// the proxy has a route for.
 	SendHome []string
 	// Sealer seals and opens the responses of policies with Encrypt; nil
@@ -163,7 +163,7 @@ type Attempt struct {
 	// RequestID is the request's x-request-id, for the log lines.
 	RequestID string
 	// Routing is what the proxy says of the request's way between
-	// regions (route.go); set before the record is named.
+	// regions (route, admit.go); set before the record is named.
 	Routing Routing
 	// started is when the attempt's stream began: its lines' latency.
 	started time.Time
@@ -174,9 +174,16 @@ type Attempt struct {
 	home *home
 	// sendTo is the home region admit found the request is to be sent to
 	// (SendHome); astray refuses a request another region's server sent
-	// here that this server's map homes elsewhere (route.go).
+	// here that this server's map homes elsewhere (route, admit.go).
 	sendTo string
 	astray error
+	// method and path are the request's, for its fingerprint; fpHeaders
+	// the policy's fingerprint headers, read at the headers (Request).
+	method, path string
+	fpHeaders    []idem.Header
+	// cands are the policies a request deferred to its body may end with
+	// (readBody), until Request picks one (pickAtBody).
+	cands []candidate
 	// callID is the JSON-RPC id of the call a policy with answers: jsonrpc
 	// took at its body: a replay is that call's response (answer).
 	callID []byte
@@ -192,7 +199,7 @@ type Attempt struct {
 	// keySource is where the key came from (admitKeyFrom); a derived
 	// key's record lives in the policy's derived key space.
 	keySource policy.KeySource
-	// origin is the origin of the response ActionFor judged, retried
+	// origin is the origin of the response actionFor judged, retried
 	// whether an earlier upstream attempt may have been sent.
 	origin  idem.Origin
 	retried bool
@@ -281,13 +288,6 @@ func (a *Attempt) attemptAttrs(attrs []slog.Attr) []slog.Attr {
 	return append(attrs, slog.Float64("latency_ms", float64(time.Since(a.started).Microseconds())/1000))
 }
 
-// hold makes the attempt the record's holder once the store reserved it
-// for its token, and keeps the lease alive until the attempt settles; base
-// carries the stream's span (its cancellation is ignored).
-func (a *Attempt) hold(base context.Context) {
-	a.renew = a.startRenewer(base)
-}
-
 func (a *Attempt) stopRenewing() {
 	if a.renew != nil {
 		a.renew.stop()
@@ -303,8 +303,11 @@ type renewer struct {
 	stopped bool
 }
 
-// startRenewer renews in the background.
-func (a *Attempt) startRenewer(base context.Context) *renewer {
+// hold makes the attempt the record's holder once the store reserved it
+// for its token, and keeps the lease alive in the background until the
+// attempt settles; base carries the stream's span (its cancellation is
+// ignored).
+func (a *Attempt) hold(base context.Context) {
 	if base.Done() != nil {
 		base = context.WithoutCancel(base)
 	}
@@ -333,7 +336,7 @@ func (a *Attempt) startRenewer(base context.Context) *renewer {
 	r.mu.Lock()
 	r.timer = time.AfterFunc(every, tick)
 	r.mu.Unlock()
-	return r
+	a.renew = r
 }
 
 func (r *renewer) stop() {

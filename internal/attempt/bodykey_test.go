@@ -99,7 +99,7 @@ func TestAdmitKeyFromBody(t *testing.T) {
 			if tc.derivedSpace && (len(key) != 64 || strings.Contains(key, "send_email")) {
 				t.Fatalf("derived key %q is not a hash", key)
 			}
-			a.admit("scope", key)
+			a.admit("scope", false, key)
 			want := idem.RecordIDFor(tc.pol.RecordNamespace(), "scope", key)
 			if tc.derivedSpace {
 				want = idem.RecordIDFor(tc.pol.RecordNamespace()+policy.DerivedNamespaceSuffix, "scope", key)
@@ -140,10 +140,10 @@ func TestDerivedKeyReadsOnlyItsMembers(t *testing.T) {
 	p := policy.Default()
 	a := New(&Server{}, &reporter{})
 	a.Policy, a.keySource = p, policy.KeyFromDerived
-	a.admit("s", base)
+	a.admit("s", false, base)
 	b := New(&Server{}, &reporter{})
 	b.Policy = p
-	b.admit("s", base) // a client sending the derived key's text as its own key
+	b.admit("s", false, base) // a client sending the derived key's text as its own key
 	if a.ID == b.ID {
 		t.Fatal("a derived key shares the record of a client key of the same text")
 	}

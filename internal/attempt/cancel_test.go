@@ -175,7 +175,7 @@ func TestGivenUpWhileWaiting(t *testing.T) {
 	l := &late{landed: true, pass: 2} // the first attempt's, and the duplicate's first
 	d, obs := lateDecider(t, pol, l)
 	first := d.first(t, fp1)
-	d.conv.beforeWait = func() { first.Settle(context.Background(), idem.ActionRelease) }
+	d.conv.beforeWait = func() { first.settle(context.Background(), idem.ActionRelease) }
 	dup := d.attempt(d.conv)
 	res, err := d.conv.decideAndWait(context.Background(), dup, fp1)
 	if err != nil || res.Outcome != idem.InFlight || len(d.conv.waits) != 1 {

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/idem-extproc/idem-extproc/internal/fingerprint"
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/policy"
 	"github.com/idem-extproc/idem-extproc/internal/problem"
@@ -16,7 +17,7 @@ import (
 // request's fingerprint: it reserves the record for a new token; a
 // completed record's response is opened when sealed. A duplicate of an
 // attempt in flight is returned as such: whether it waits for that attempt
-// is Request's to say (waits), and the wait is awaitFirst. An error means
+// is request's to say (waits), and the wait is awaitFirst. An error means
 // no answer: the store could not be asked or used (unreachable tells
 // which).
 //
@@ -270,14 +271,39 @@ func (a *Attempt) decideShadow(ctx context.Context, fp idem.Fingerprint) (idem.S
 	return idem.ShadowDecisionFor(res.Outcome), nil
 }
 
-// Request is the request-time verdict (docs/design.md §3) for a complete
+// Request is the request-time verdict on the complete request, body its
+// whole body: for a request deferred to it, the policy it picks (pickAtBody),
+// then its fingerprint (its method, path and the policy's fingerprint
+// headers read at the headers, and body), then request.
+func (a *Attempt) Request(ctx context.Context, body []byte, now time.Time) Verdict {
+	var picked Verdict
+	if a.cands != nil {
+		if picked = a.pickAtBody(ctx, body, now); picked.Kind != Continue {
+			return picked
+		}
+	}
+	fp := fingerprint.Compute(fingerprint.Request{
+		Method:      a.method,
+		Path:        a.path,
+		Headers:     a.fpHeaders,
+		Body:        body,
+		JSON:        a.Policy.FingerprintJSON,
+		JSONOptions: a.Policy.FingerprintOptions(),
+	}, a.Policy.FingerprintHeaders)
+	a.fpHeaders = nil
+	v := a.request(ctx, fp)
+	v.JSONRPC, v.ID = picked.JSONRPC, picked.ID
+	return v
+}
+
+// request is the request-time verdict (docs/design.md §3) for a complete
 // request's fingerprint: Continue for the attempt that reserved the record
 // (it now holds it, its lease renewed), an answer for any other (a replay,
 // 409, 422), Wait for a duplicate that waits for the attempt in flight
 // (wait_for_in_flight), and for a store that cannot be asked, Pass under
 // fail_open and the 503 otherwise. A shadow policy's request always goes
 // on (decideShadow).
-func (a *Attempt) Request(ctx context.Context, fp idem.Fingerprint) Verdict {
+func (a *Attempt) request(ctx context.Context, fp idem.Fingerprint) Verdict {
 	if h := a.home; h != nil && !h.asked && h.store.Budget() > a.srv.StoreTimeout {
 		// The scope's home is another region (Server.Homes): its store
 		// calls may outlast the proxy's timer for this message, so the
@@ -335,7 +361,7 @@ func (a *Attempt) Await(ctx context.Context) Verdict {
 	w := a.wait
 	a.wait = nil
 	if w.far {
-		return a.Request(ctx, w.fp)
+		return a.request(ctx, w.fp)
 	}
 	res, err := a.awaitFirst(ctx, w.fp, w.first)
 	if err != nil {

@@ -84,7 +84,7 @@ func newDecider(t *testing.T, pol *policy.Policy) *decider {
 func (d *decider) attempt(c Conversation) *Attempt {
 	a := New(d.srv, c)
 	a.Policy = d.pol
-	a.admit("tenant", "k")
+	a.admit("tenant", false, "k")
 	return &a
 }
 
@@ -125,11 +125,11 @@ func TestRequestDecisionTable(t *testing.T) {
 			d.first(t, fp1).SettleStored(ctx, idem.Response{Status: 201})
 		}, fp2, idem.Mismatch, 0},
 		{"unknown, same: 409 outcome-unknown", func(t *testing.T, d *decider) {
-			d.first(t, fp1).Settle(ctx, idem.ActionUnknown)
+			d.first(t, fp1).settle(ctx, idem.ActionUnknown)
 		}, fp1, idem.Unknown, 2},
 		// The record is gone with its count: the next attempt is a first.
 		{"released: the next attempt runs", func(t *testing.T, d *decider) {
-			d.first(t, fp1).Settle(ctx, idem.ActionRelease)
+			d.first(t, fp1).settle(ctx, idem.ActionRelease)
 		}, fp1, idem.Reserved, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -166,8 +166,8 @@ func TestWaitForFirstTable(t *testing.T) {
 		want   idem.Outcome
 	}{
 		{"completed: replay", func(f *Attempt) { f.SettleStored(ctx, idem.Response{Status: 201}) }, idem.Completed},
-		{"released: this attempt reserves", func(f *Attempt) { f.Settle(ctx, idem.ActionRelease) }, idem.Reserved},
-		{"unknown: 409 outcome-unknown", func(f *Attempt) { f.Settle(ctx, idem.ActionUnknown) }, idem.Unknown},
+		{"released: this attempt reserves", func(f *Attempt) { f.settle(ctx, idem.ActionRelease) }, idem.Reserved},
+		{"unknown: 409 outcome-unknown", func(f *Attempt) { f.settle(ctx, idem.ActionUnknown) }, idem.Unknown},
 		{"still in flight: 409", nil, idem.InFlight},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -259,7 +259,7 @@ func TestShadowDecisionTable(t *testing.T) {
 			d.first(t, fp1).SettleStored(ctx, idem.Response{Status: 201})
 		}, fp1, false, idem.ShadowWouldReplay},
 		{"unknown", func(t *testing.T, d *decider) {
-			d.first(t, fp1).Settle(ctx, idem.ActionUnknown)
+			d.first(t, fp1).settle(ctx, idem.ActionUnknown)
 		}, fp1, false, idem.ShadowWouldUnknown},
 		{"store down", func(*testing.T, *decider) {}, fp1, true, idem.ShadowStoreError},
 	} {

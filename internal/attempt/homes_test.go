@@ -48,10 +48,10 @@ func TestFarHome(t *testing.T) {
 
 	a := New(srv, &reporter{})
 	a.Policy = p
-	if prob := a.admit("scope", "k1"); prob != nil {
+	if prob := a.admit("scope", false, "k1"); prob != nil {
 		t.Fatal(prob)
 	}
-	v := a.Request(ctx, idem.Fingerprint{1})
+	v := a.request(ctx, idem.Fingerprint{1})
 	if v.Kind != Wait || v.Wait != 550*time.Millisecond {
 		t.Fatalf("first verdict %+v, want a wait of the far budget and the local one", v)
 	}
@@ -79,10 +79,10 @@ func TestFarHome(t *testing.T) {
 	b := New(&Server{Store: local, Observer: idem.NopObserver{}, Log: slog.New(slog.DiscardHandler),
 		StoreTimeout: 100 * time.Millisecond, SettleAtEndTimeout: time.Second}, &reporter{})
 	b.Policy = policy.Default()
-	if prob := b.admit("scope", "k2"); prob != nil {
+	if prob := b.admit("scope", false, "k2"); prob != nil {
 		t.Fatal(prob)
 	}
-	if v := b.Request(ctx, idem.Fingerprint{1}); v.Kind != answered || v.Problem == nil || v.Problem.Status != 503 {
+	if v := b.request(ctx, idem.Fingerprint{1}); v.Kind != answered || v.Problem == nil || v.Problem.Status != 503 {
 		t.Fatalf("a moved key without a finder: %+v, want 503", v)
 	}
 }
@@ -115,10 +115,10 @@ func TestAskFitsWhatEnvoyGrants(t *testing.T) {
 			p.WaitForInFlight = 2 * time.Second
 			first := New(srv, &reporter{})
 			first.Policy = p
-			if prob := first.admit("scope", "k"); prob != nil {
+			if prob := first.admit("scope", false, "k"); prob != nil {
 				t.Fatal(prob)
 			}
-			if v := first.Request(ctx, idem.Fingerprint{1}); v.Kind != Wait || v.Wait > srv.MaxMessageTimeout {
+			if v := first.request(ctx, idem.Fingerprint{1}); v.Kind != Wait || v.Wait > srv.MaxMessageTimeout {
 				t.Fatalf("first ask %+v", v)
 			}
 			if v := first.Await(ctx); v.Kind != Continue {
@@ -127,10 +127,10 @@ func TestAskFitsWhatEnvoyGrants(t *testing.T) {
 			defer first.stopRenewing()
 			dup := New(srv, &reporter{})
 			dup.Policy = p
-			if prob := dup.admit("scope", "k"); prob != nil {
+			if prob := dup.admit("scope", false, "k"); prob != nil {
 				t.Fatal(prob)
 			}
-			v := dup.Request(ctx, idem.Fingerprint{1})
+			v := dup.request(ctx, idem.Fingerprint{1})
 			if v.Kind != Wait || v.Wait != c.ask {
 				t.Fatalf("duplicate's ask %+v, want %v", v, c.ask)
 			}

@@ -72,7 +72,7 @@ func eventStream(rs idem.Response) bool {
 // HTTP transport refusing the call before dispatching it, rather than the
 // call's outcome: a status the transport sends for a request it does not
 // take, and a body that holds no JSON-RPC response to the call. The tool
-// then never ran, and the record is released (SettleCall), so that the
+// then never ran, and the record is released (settledCall), so that the
 // agent's retry (in a new session, with a fresh token) runs it; storing it
 // would answer every retry with -33063 for the whole retention.
 //
@@ -158,7 +158,7 @@ var refusalCodes = map[int]int{400: codeHeaderMismatch, 404: codeMethodNotFound}
 // client will retry the call with it under a new id
 // (modelcontextprotocol, docs/specification/2026-07-28/basic/patterns/
 // mrtr.mdx). It is not the call's outcome: the record is released
-// (SettleCall), so that the continuation, the same operation by its
+// (settledCall), so that the continuation, the same operation by its
 // fingerprint (policy.ContinuationMembers), runs the final step and
 // stores its result, which a retry of the call from its first round then
 // gets. A stored text/event-stream answer is judged by its final response.
@@ -177,26 +177,26 @@ func isInterim(rs idem.Response, id []byte) bool {
 	return jsonrpc.InputRequired(body, id)
 }
 
-// SettleCall settles the record with rs, the response to the JSON-RPC
-// call whose id is id (answers: jsonrpc), that the response rules said to
-// store: completed with it, unless it is the upstream's transport refusing
-// the call (transportRefused), which never ran it: then the record is
+// settledCall settles the record when rs, the response to the JSON-RPC
+// call the attempt took (answers: jsonrpc; its id callID), that the
+// response rules said to store, is not to be stored: the upstream's
+// transport refusing the call (transportRefused), which never ran it, is
 // released (unknown when an earlier attempt may have run it:
-// unlessRetried); or an interim result that asks for input (isInterim),
-// which is released for the continuation. attrs are added to the settled
-// line.
-func (a *Attempt) SettleCall(ctx context.Context, rs idem.Response, id []byte, attrs ...slog.Attr) {
+// unlessRetried); an interim result that asks for input (isInterim) is
+// released for the continuation. It is false when rs is to be stored.
+func (a *Attempt) settledCall(ctx context.Context, rs idem.Response, attrs []slog.Attr) bool {
 	switch {
 	case a.origin != idem.OriginUpstream:
-		a.SettleStored(ctx, rs, attrs...)
-	case transportRefused(rs, id):
-		a.Settle(ctx, a.unlessRetried(idem.ActionRelease), append(attrs, slog.String("reason", "transport refused the call"))...)
-	case isInterim(rs, id):
+		return false
+	case transportRefused(rs, a.callID):
+		a.settle(ctx, a.unlessRetried(idem.ActionRelease), append(attrs, slog.String("reason", "transport refused the call"))...)
+	case isInterim(rs, a.callID):
 		// The server asks for input; an interim round is taken to have no
 		// effect of its own (docs/design.md §4, MCP multi round-trip
 		// requests): the record goes, the continuation runs.
-		a.Settle(ctx, idem.ActionRelease, append(attrs, slog.String("reason", "interim result: input required"))...)
+		a.settle(ctx, idem.ActionRelease, append(attrs, slog.String("reason", "interim result: input required"))...)
 	default:
-		a.SettleStored(ctx, rs, attrs...)
+		return false
 	}
+	return true
 }

@@ -58,7 +58,7 @@ func (r *redisRecords) refused(t *testing.T, what string) {
 	for _, mode := range []policy.FailureMode{policy.FailClosed, policy.FailOpen} {
 		r.pol.FailureMode = mode
 		c := &conv{}
-		v := r.attempt(c).Request(context.Background(), fp1)
+		v := r.attempt(c).request(context.Background(), fp1)
 		if v.Kind != answered || v.Problem == nil || v.Problem.Kind != problem.StoreUnavailable {
 			t.Fatalf("%s (%v): verdict %+v, want 503 %s", what, mode, v, problem.StoreUnavailable.Slug)
 		}
@@ -227,7 +227,7 @@ func TestDamagedRecordAfterAWaitIs503(t *testing.T) {
 	r.first(t, fp1)
 	c := &conv{}
 	dup := r.attempt(c)
-	if v := dup.Request(ctx, fp1); v.Kind != Wait {
+	if v := dup.request(ctx, fp1); v.Kind != Wait {
 		t.Fatalf("duplicate: verdict %+v, want Wait", v)
 	}
 	r.put(t, "x")

@@ -67,7 +67,7 @@ func TestSendHome(t *testing.T) {
 			rep := &reporter{}
 			a := New(srv, rep)
 			a.Policy, a.Routing = p, c.routing
-			v := a.Named(context.Background(), "scope", "k1")
+			v := a.named(context.Background(), "scope", false, "k1")
 			if v.Kind != c.want || (c.slug != "" && (v.Problem == nil || v.Problem.Slug != c.slug)) {
 				t.Fatalf("verdict %+v, want kind %d %s", v, c.want, c.slug)
 			}
@@ -87,5 +87,37 @@ func TestSendHome(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// countingHomes counts the lookups of a scope's home.
+type countingHomes struct {
+	farHome
+	lookups *int
+}
+
+func (c countingHomes) HomeOf(p *policy.Policy, scope string) (string, bool) {
+	*c.lookups++
+	return c.farHome.HomeOf(p, scope)
+}
+
+// TestRouteLooksUpNothingToSend: a server that sends no request home
+// (--region-send-home empty), given a request no other region's server
+// sent, decides it here without asking the map for the scope's home:
+// whatever the answer, nothing would be sent.
+func TestRouteLooksUpNothingToSend(t *testing.T) {
+	lookups := 0
+	srv := &Server{Store: memstore.New(memstore.Options{}),
+		Homes:    countingHomes{farHome{memstore.New(memstore.Options{}), 450 * time.Millisecond}, &lookups},
+		Observer: idem.NopObserver{}, Log: slog.New(slog.DiscardHandler), StoreTimeout: 100 * time.Millisecond}
+	p := policy.Default()
+	p.Homes = &policy.Homes{Epoch: 1, Default: "far"}
+	a := New(srv, &reporter{})
+	a.Policy, a.Routing = p, Routing{CanSend: true}
+	if v := a.named(context.Background(), "scope", false, "k1"); v.Kind != Continue || a.home == nil {
+		t.Fatalf("verdict %+v, home store %v; want Continue decided here", v, a.home)
+	}
+	if lookups != 0 {
+		t.Fatalf("%d lookups of the scope's home, want none", lookups)
 	}
 }

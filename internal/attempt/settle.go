@@ -7,9 +7,26 @@ import (
 	"time"
 
 	"github.com/idem-extproc/idem-extproc/internal/idem"
+	"github.com/idem-extproc/idem-extproc/internal/policy"
 )
 
-// ActionFor is what a response proves about the operation, by the policy's
+// AtResponse judges a response (actionFor) and settles the record unless
+// the response is to be stored: it reports whether it is, and the protocol
+// side then reads what it stores (SettleStored). msg and attrs start the
+// debug line that says how the response was judged.
+func (a *Attempt) AtResponse(ctx context.Context, origin idem.Origin, status int, retried bool, msg string, attrs ...slog.Attr) bool {
+	action := a.actionFor(origin, status, retried)
+	var buf [4]slog.Attr
+	a.LogAt(ctx, slog.LevelDebug, msg, append(append(buf[:0], attrs...),
+		slog.String("origin", origin.String()), slog.String("action", action.String()))...)
+	if action == idem.ActionStore {
+		return true
+	}
+	a.settle(ctx, action)
+	return false
+}
+
+// actionFor is what a response proves about the operation, by the policy's
 // response rules: the one place a response is judged, for HTTP and gRPC
 // answers alike. A response no rule covers is unknown. retried says that
 // the proxy may have sent the request upstream more than once (a router
@@ -17,14 +34,14 @@ import (
 // nothing about the earlier ones, so what the rules would release (an
 // upstream 429, a reply that proves the last attempt never left) is
 // unknown instead: releasing could run an operation that already ran. The
-// origin and retried are kept for SettleCall.
-func (a *Attempt) ActionFor(origin idem.Origin, status int, retried bool) idem.Action {
+// origin and retried are kept for SettleStored (settledCall).
+func (a *Attempt) actionFor(origin idem.Origin, status int, retried bool) idem.Action {
 	a.origin, a.retried = origin, retried
 	return a.unlessRetried(idem.DecideResponse(a.Policy.ResponseRules, origin, status))
 }
 
 // unlessRetried is act, but unknown for a release when an earlier upstream
-// attempt may have been sent (ActionFor's retried): a release needs proof
+// attempt may have been sent (actionFor's retried): a release needs proof
 // that the operation never ran, which the last attempt cannot give.
 func (a *Attempt) unlessRetried(act idem.Action) idem.Action {
 	if a.retried && act == idem.ActionRelease {
@@ -33,12 +50,13 @@ func (a *Attempt) unlessRetried(act idem.Action) idem.Action {
 	return act
 }
 
-// SettleStored completes the record with resp as the operation's result.
-// It runs before the reply that lets the response go on, so a client that
-// sees the response and retries at once finds it stored. attrs are added
-// to the settled line.
+// SettleStored completes the record with resp as the operation's result,
+// unless resp answers a JSON-RPC call in a way that proves nothing ran
+// (settledCall). It runs before the reply that lets the response go on,
+// so a client that sees the response and retries at once finds it stored.
+// attrs are added to the settled line.
 func (a *Attempt) SettleStored(ctx context.Context, resp idem.Response, attrs ...slog.Attr) {
-	if !a.Held() {
+	if a.renew == nil || a.Policy.Answers == policy.AnswersJSONRPC && a.settledCall(ctx, resp, attrs) {
 		return
 	}
 	if c := a.Policy.Compression.Codec; c != nil {
@@ -50,7 +68,7 @@ func (a *Attempt) SettleStored(ctx context.Context, resp idem.Response, attrs ..
 		if err != nil {
 			// Never store in the clear what the policy says to seal.
 			a.LogAt(ctx, slog.LevelError, "response not sealed; marking the outcome unknown", slog.String("error", err.Error()))
-			a.Settle(ctx, idem.ActionUnknown)
+			a.settle(ctx, idem.ActionUnknown)
 			return
 		}
 		resp = sealed
@@ -60,10 +78,10 @@ func (a *Attempt) SettleStored(ctx context.Context, resp idem.Response, attrs ..
 	}, attrs...)
 }
 
-// Settle releases the record (ActionRelease) or marks it unknown (any
+// settle releases the record (ActionRelease) or marks it unknown (any
 // other action). attrs are added to the settled line.
-func (a *Attempt) Settle(ctx context.Context, action idem.Action, attrs ...slog.Attr) {
-	if !a.Held() {
+func (a *Attempt) settle(ctx context.Context, action idem.Action, attrs ...slog.Attr) {
+	if a.renew == nil {
 		return
 	}
 	d, op := codeMarkedUnknown, func(ctx context.Context) error {
@@ -91,7 +109,7 @@ func (a *Attempt) Settle(ctx context.Context, action idem.Action, attrs ...slog.
 // add up to at most max_message_timeout, as docs/envoy.md's rule for a
 // request's time in Envoy counts them.
 func (a *Attempt) SettleAsk() time.Duration {
-	if !a.Held() || a.home == nil || a.storeBudget() <= a.srv.StoreTimeout {
+	if a.renew == nil || a.home == nil || a.storeBudget() <= a.srv.StoreTimeout {
 		return 0
 	}
 	return max(0, min(a.storeBudget()+a.srv.StoreTimeout, a.srv.MaxMessageTimeout-a.asked))
@@ -131,7 +149,7 @@ func errAttr(err error) slog.Attr {
 
 // Pending reports whether SettleAtEnd has work: a record still held, or a
 // transition to retry.
-func (a *Attempt) Pending() bool { return a.Held() || a.retry != nil }
+func (a *Attempt) Pending() bool { return a.renew != nil || a.retry != nil }
 
 // SettleAtEnd runs when the stream ends, however it ends, with base
 // carrying the stream's span (not its deadline). It retries a refused
@@ -162,7 +180,7 @@ func (a *Attempt) SettleAtEnd(base context.Context, partial *idem.Response) {
 		a.SettleStored(ctx, *partial, slog.Int("status", partial.Status), slog.Bool("body_omitted", partial.BodyOmitted))
 		return
 	}
-	a.Settle(ctx, a.Policy.OnStreamReset)
+	a.settle(ctx, a.Policy.OnStreamReset)
 }
 
 // retryUntil applies op until it succeeds, the store gives a definite

@@ -88,7 +88,7 @@ func held(t *testing.T, pol *policy.Policy, wrap func(idem.Store) idem.Store) *f
 		StoreTimeout: time.Second, SettleAtEndTimeout: time.Second}
 	f.att = New(srv, f.rep)
 	f.att.Policy = pol
-	f.att.admit("tenant", "key-1")
+	f.att.admit("tenant", false, "key-1")
 	f.att.token = idem.NewToken()
 	res, err := ms.Reserve(context.Background(), idem.Reservation{ID: f.att.ID, Fingerprint: idem.Fingerprint{1},
 		Token: f.att.token, Lease: pol.Lease, Retention: pol.Retention})
@@ -142,10 +142,10 @@ func TestResponseDecisionTable(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			f := held(t, policy.Default(), nil)
 			ctx := context.Background()
-			if a := f.att.ActionFor(tc.origin, tc.status, tc.retried); a == idem.ActionStore {
+			if a := f.att.actionFor(tc.origin, tc.status, tc.retried); a == idem.ActionStore {
 				f.att.SettleStored(ctx, idem.Response{Status: tc.status})
 			} else {
-				f.att.Settle(ctx, a)
+				f.att.settle(ctx, a)
 			}
 			if got := f.state(t); got != tc.want {
 				t.Fatalf("record state %v, want %v", got, tc.want)
@@ -212,7 +212,7 @@ func TestRefusedSettlementRetriedAtEnd(t *testing.T) {
 		fl := &flaky{n: 1 << 30}
 		f := held(t, policy.Default(), func(st idem.Store) idem.Store { fl.Store = st; return fl })
 		f.att.srv.SettleAtEndTimeout = 50 * time.Millisecond // the retry's whole budget, not a wait
-		f.att.Settle(context.Background(), idem.ActionUnknown)
+		f.att.settle(context.Background(), idem.ActionUnknown)
 		f.att.SettleAtEnd(context.Background(), nil)
 		if f.state(t) != idem.StateInFlight || len(f.rep.decisions) != 0 ||
 			len(f.obs.settleFailed) != 1 || f.obs.settleFailed[0] != string(idem.DecisionMarkedUnknown) {
@@ -228,15 +228,15 @@ func TestSettleWithoutHoldIsNothing(t *testing.T) {
 	other := New(f.att.srv, f.rep)
 	other.Policy, other.ID, other.token = f.att.Policy, f.att.ID, idem.NewToken()
 	other.SettleStored(context.Background(), idem.Response{Status: 201})
-	other.Settle(context.Background(), idem.ActionRelease)
+	other.settle(context.Background(), idem.ActionRelease)
 	other.SettleAtEnd(context.Background(), nil)
 	if f.state(t) != idem.StateInFlight || len(f.rep.decisions) != 0 {
 		t.Fatalf("state %v, decisions %v", f.state(t), f.rep.decisions)
 	}
 }
 
-// TestSettleCall: the transport's refusal of a call, answered by the
-// upstream, releases the record; the same answer from Envoy under a rule
+// TestSettleCall: under a policy that answers JSON-RPC, the transport's
+// refusal of a call, answered by the upstream, releases the record; the same answer from Envoy under a rule
 // that stores it, and the call's own answer, complete it.
 func TestSettleCall(t *testing.T) {
 	refusal := idem.Response{Status: 404, Headers: []idem.Header{{Name: "content-type", Value: "text/plain"}}, Body: []byte("session not found")}
@@ -258,9 +258,12 @@ func TestSettleCall(t *testing.T) {
 		{"upstream refusal after a retry", idem.OriginUpstream, true, refusal, idem.StateUnknown, idem.DecisionMarkedUnknown},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			f := held(t, policy.Default(), nil)
-			f.att.ActionFor(tc.origin, tc.rs.Status, tc.retried)
-			f.att.SettleCall(context.Background(), tc.rs, []byte(`3`))
+			pol := policy.Default()
+			pol.Answers = policy.AnswersJSONRPC
+			f := held(t, pol, nil)
+			f.att.callID = []byte(`3`)
+			f.att.actionFor(tc.origin, tc.rs.Status, tc.retried)
+			f.att.SettleStored(context.Background(), tc.rs)
 			if got := f.state(t); got != tc.want || f.att.Held() {
 				t.Fatalf("state %v (held %v), want %v", got, f.att.Held(), tc.want)
 			}

@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/idem-extproc/idem-extproc/internal/idem"
+	"github.com/idem-extproc/idem-extproc/internal/policy"
 	"github.com/idem-extproc/idem-extproc/internal/problem"
 )
 
@@ -33,11 +34,18 @@ const (
 	// Verdict.Home, whose server decides it; this server records nothing
 	// of it (Server.SendHome).
 	SendHome
+	// ReadBody: the request's policy is decided at its body, read whole
+	// first (Request picks it).
+	ReadBody
 )
 
 // Verdict is one decision about a request.
 type Verdict struct {
 	Kind verdictKind
+	// JSONRPC: the answers made in the upstream's place are JSON-RPC
+	// responses (a policy with answers: jsonrpc), for ReadBody and at
+	// the body.
+	JSONRPC bool
 	// Problem is the refusal an answer carries; nil for a replay.
 	Problem *problem.Problem
 	// Replay is the stored response an answer carries (opened when it was
@@ -53,6 +61,15 @@ type Verdict struct {
 	Wait time.Duration
 	// Home is the region a SendHome sends the request to.
 	Home string
+
+	// ID is, at the body of a request deferred to it (ReadBody), the
+	// JSON-RPC id its answers go to; nil when none was read.
+	ID []byte
+	// Learners are, for a tools/list passed, the policies that learn the
+	// tools' annotations from its answer, and Upstream where it goes
+	// (policy.ToolsUpstream).
+	Learners []*policy.Policy
+	Upstream string
 }
 
 // ResponseHeader is a header a verdict adds to the response: appended to

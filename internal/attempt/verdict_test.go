@@ -110,9 +110,11 @@ func TestAdmissionVerdictTable(t *testing.T) {
 				obs := &shadowCounts{}
 				a := New(&Server{Observer: obs, Log: slog.New(slog.DiscardHandler)}, &reporter{})
 				a.Policy = p
-				key, v := a.Key(ctx, tc.raw, tc.lines, now)
+				adm, key, prob := a.admitKey(tc.raw, tc.lines, now)
+				v := a.admitted(ctx, adm, prob)
 				if v.Kind == Continue {
-					v = a.Named(ctx, tc.scope, key)
+					_, required := a.scopeOf(ctx, p, facts{})
+					v = a.named(ctx, tc.scope, required, key)
 				}
 				checkVerdict(t, v, mode.want)
 				if got := obs.warned == 1; got != (tc.graceWarned && mode.name == "enforce") {
@@ -174,7 +176,7 @@ func TestRequestVerdictTable(t *testing.T) {
 		{"completed, same: replay", completed, fp1, nil, nil,
 			want{kind: answered, replay: 201}, want{kind: Pass, shadow: idem.ShadowWouldReplay, add: "idempotency-shadow"}},
 		{"unknown, same: 409 outcome-unknown", func(t *testing.T, d *decider) {
-			d.first(t, fp1).Settle(ctx, idem.ActionUnknown)
+			d.first(t, fp1).settle(ctx, idem.ActionUnknown)
 		}, fp1, nil, nil,
 			want{kind: answered, slug: problem.OutcomeUnknown.Slug}, want{kind: Pass, shadow: idem.ShadowWouldUnknown, add: "idempotency-shadow"}},
 		{"store unreachable, fail_closed: 503", nil, fp1, func(d *decider) { d.srv.Store = down{d.store} }, nil,
@@ -206,7 +208,7 @@ func TestRequestVerdictTable(t *testing.T) {
 				}
 				rep := &reporter{}
 				a := d.attempt(rep)
-				v := a.Request(ctx, tc.fp)
+				v := a.request(ctx, tc.fp)
 				checkVerdict(t, v, w)
 				if held := a.Held(); held != (v.Kind == Continue) {
 					t.Fatalf("holds the record: %v after a %v verdict", held, v.Kind)
@@ -238,8 +240,8 @@ func TestAwaitVerdicts(t *testing.T) {
 		want   want
 	}{
 		{"completed: replay", func(f *Attempt) { f.SettleStored(ctx, idem.Response{Status: 201}) }, want{kind: answered, replay: 201}},
-		{"released: this attempt reserves", func(f *Attempt) { f.Settle(ctx, idem.ActionRelease) }, want{kind: Continue}},
-		{"unknown: 409 outcome-unknown", func(f *Attempt) { f.Settle(ctx, idem.ActionUnknown) }, want{kind: answered, slug: problem.OutcomeUnknown.Slug}},
+		{"released: this attempt reserves", func(f *Attempt) { f.settle(ctx, idem.ActionRelease) }, want{kind: Continue}},
+		{"unknown: 409 outcome-unknown", func(f *Attempt) { f.settle(ctx, idem.ActionUnknown) }, want{kind: answered, slug: problem.OutcomeUnknown.Slug}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := policy.Default()
@@ -247,7 +249,7 @@ func TestAwaitVerdicts(t *testing.T) {
 			d := newDecider(t, p)
 			first := d.first(t, fp1)
 			a := d.attempt(d.conv)
-			if v := a.Request(ctx, fp1); v.Kind != Wait {
+			if v := a.request(ctx, fp1); v.Kind != Wait {
 				t.Fatalf("verdict %+v, want a wait", v)
 			}
 			tc.settle(first)

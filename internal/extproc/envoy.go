@@ -13,6 +13,7 @@ import (
 
 	"github.com/idem-extproc/idem-extproc/internal/attempt"
 	"github.com/idem-extproc/idem-extproc/internal/envoyorigin"
+	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/policy"
 )
 
@@ -28,6 +29,68 @@ type envoyFacts struct {
 	metadata *corev3.Metadata
 	protocol *extprocv3.ProtocolConfiguration
 	flow     *extprocv3.ProcessingRequest_FlowControlInit
+
+	// At the request headers, what the attempt reads through them
+	// (attempt.Facts): the headers, the request's target, and the stream
+	// that reports an attribute a policy needs and did not get.
+	headers *corev3.HeaderMap
+	target  target
+	p       *processor
+}
+
+// Target, Header, Headers, MCP, MCPParams, Metadata and Peer are what the
+// attempt reads of the request (attempt.Facts).
+func (f *envoyFacts) Target() policy.Request {
+	return policy.Request{Method: f.target.method, Authority: f.target.authority, Path: f.target.path,
+		RouteName: attrString(f.attrs, envoyorigin.AttrRouteName)}
+}
+
+func (f *envoyFacts) Header(name string) (string, int) {
+	v, ok := findHeader(f.headers, name)
+	if !ok {
+		return "", 0
+	}
+	return v, countHeader(f.headers, name)
+}
+
+func (f *envoyFacts) Headers(names []string) []idem.Header { return selectHeaders(f.headers, names) }
+func (f *envoyFacts) MCP() policy.MCPHeaders               { return mcpHeaders(f.headers) }
+
+// MCPParams copies the Mcp-Param-{Name} headers: which of them mirrors a
+// tool parameter is known only once the body names the tool
+// (policy.MCPParamMismatch).
+func (f *envoyFacts) MCPParams() []idem.Header {
+	return keptHeaders(f.headers, func(n string) bool { return strings.HasPrefix(n, policy.MCPParamPrefix) }, nil)
+}
+
+// Metadata reads a string or number at path in one namespace of the
+// forwarded dynamic metadata.
+func (f *envoyFacts) Metadata(ns string, path []string) string {
+	s := f.metadata.GetFilterMetadata()[ns]
+	for i, name := range path {
+		v := s.GetFields()[name]
+		if i == len(path)-1 {
+			return valueString(v)
+		}
+		s = v.GetStructValue()
+	}
+	return ""
+}
+
+// Peer reads the peer's identity from its attribute, and reports a proxy
+// that did not send it under policyName (attempt.Facts).
+func (f *envoyFacts) Peer(ctx context.Context, policyName string, id policy.PeerIdentity) string {
+	name := envoyorigin.AttrURISanPeer
+	switch id {
+	case policy.PeerDNSSAN:
+		name = envoyorigin.AttrDNSSanPeer
+	case policy.PeerSubject:
+		name = envoyorigin.AttrSubjectPeer
+	}
+	if !hasAttr(f.attrs, name) {
+		f.p.srv.missingAttribute(ctx, &f.p.att, policyName, name, "every request of the policy is refused 401 principal-missing")
+	}
+	return attrString(f.attrs, name)
 }
 
 // attributesOf returns the attribute struct of a message: the one in
@@ -83,20 +146,6 @@ func isGRPCContentType(ct string) bool {
 	return ct == "application/grpc" || strings.HasPrefix(ct, "application/grpc+") || strings.HasPrefix(ct, "application/grpc;")
 }
 
-// metadataString reads a string or number at path in one namespace of the
-// forwarded dynamic metadata.
-func metadataString(md *corev3.Metadata, ns string, path []string) string {
-	s := md.GetFilterMetadata()[ns]
-	for i, name := range path {
-		v := s.GetFields()[name]
-		if i == len(path)-1 {
-			return valueString(v)
-		}
-		s = v.GetStructValue()
-	}
-	return ""
-}
-
 // MissingAttributeMessage is the log message of a missing attribute, logged
 // once per policy and attribute at warn.
 const MissingAttributeMessage = "Envoy did not send an attribute the policy needs (logged once per policy)"
@@ -117,17 +166,6 @@ func (s *Server) missingAttribute(ctx context.Context, a *attempt.Attempt, polic
 		slog.String("policy", policyName), slog.String("attribute", name),
 		slog.String("fix", "add "+name+" to the ext_proc filter's "+envoyorigin.MissingAttributes[name]),
 		slog.String("consequence", why))
-}
-
-// PrincipalAttribute names the attribute a principal scope reads.
-func PrincipalAttribute(id policy.PeerIdentity) string {
-	switch id {
-	case policy.PeerDNSSAN:
-		return envoyorigin.AttrDNSSanPeer
-	case policy.PeerSubject:
-		return envoyorigin.AttrSubjectPeer
-	}
-	return envoyorigin.AttrURISanPeer
 }
 
 // hasAttr reports whether Envoy sent the attribute at all (an unnamed

@@ -230,14 +230,3 @@ func mcpHeaders(hs *corev3.HeaderMap) policy.MCPHeaders {
 	h.Name, h.HasName = findHeader(hs, policy.MCPNameHeader)
 	return h
 }
-
-// mcpParams copies a request's Mcp-Param-{Name} headers when a policy it
-// may end with reads its key from a tool parameter: which of them mirrors
-// the parameter is known only once the body names the tool
-// (policy.MCPParamMismatch).
-func mcpParams(hs *corev3.HeaderMap, pols []*policy.Policy) []idem.Header {
-	if !slices.ContainsFunc(pols, func(p *policy.Policy) bool { return p.KeyFrom(policy.KeyFromMCPParam) }) {
-		return nil
-	}
-	return keptHeaders(hs, func(n string) bool { return strings.HasPrefix(n, policy.MCPParamPrefix) }, nil)
-}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/idem-extproc/idem-extproc/internal/attempt"
 	"github.com/idem-extproc/idem-extproc/internal/idem"
+	"github.com/idem-extproc/idem-extproc/internal/jsonrpc"
 	"github.com/idem-extproc/idem-extproc/internal/problem"
 )
 
@@ -45,7 +46,7 @@ func (p *processor) render(ctx context.Context, v attempt.Verdict) *extprocv3.Pr
 		p.respAdd = append(p.respAdd, v.Add...)
 	}
 	switch v.Kind {
-	case attempt.Continue:
+	case attempt.Continue, attempt.ReadBody:
 		if !p.att.Held() {
 			p.stage = stageRequestBody
 			return p.awaitBody(ctx)
@@ -78,6 +79,18 @@ func (p *processor) render(ctx context.Context, v attempt.Verdict) *extprocv3.Pr
 		return p.replayReply(ctx, v.Replay)
 	}
 	return p.problemReply(v.Problem)
+}
+
+// refuseUnread refuses a request whose body is refused before it was read
+// whole: over a limit or the server's budget (chunk is the message that
+// did not fit), or cut at Envoy's buffer. A JSON-RPC answer made before
+// the body decided the policy still goes to the request's id when the
+// bytes at hand carry it (jsonrpc.ScanID).
+func (p *processor) refuseUnread(ctx context.Context, prob *problem.Problem, chunk []byte) *extprocv3.ProcessingResponse {
+	if d := p.body; d != nil && d.jsonrpc && d.id == nil {
+		d.id = jsonrpc.ScanID(p.reqBody, chunk)
+	}
+	return p.render(ctx, p.att.Refuse(ctx, prob))
 }
 
 // awaitBody asks for a protected request's body, whole, before anything

@@ -4,21 +4,19 @@ import (
 	"context"
 	"errors"
 
-	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	procmodev3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 
 	"github.com/idem-extproc/idem-extproc/internal/attempt"
 	"github.com/idem-extproc/idem-extproc/internal/envoyorigin"
-	"github.com/idem-extproc/idem-extproc/internal/fingerprint"
-	"github.com/idem-extproc/idem-extproc/internal/jsonrpc"
 	"github.com/idem-extproc/idem-extproc/internal/policy"
 	"github.com/idem-extproc/idem-extproc/internal/problem"
 )
 
 // The request side: what Envoy's request messages say, handed to the
-// attempt at each of its decision points (match, key, scope, body,
-// reservation), each verdict rendered as the message's reply (render.go).
+// attempt at its two decision points (the headers: attempt.AtHeaders; the
+// whole request: attempt.Request), each verdict rendered as the message's
+// reply (render.go).
 
 // onRequest answers a message of the request's direction. An error is a
 // protocol violation (protocolError).
@@ -52,46 +50,24 @@ func (p *processor) onRequest(ctx context.Context, m *message) (*extprocv3.Proce
 func (p *processor) onRequestHeaders(ctx context.Context, hh *extprocv3.HttpHeaders, f *envoyFacts) *extprocv3.ProcessingResponse {
 	hs := hh.GetHeaders()
 	t := requestTarget(hs, f.attrs, p.requestBodyMode)
-	p.method, p.path, p.att.RequestID, p.reqLength = t.method, t.path, t.requestID, t.length
+	p.att.RequestID, p.reqLength = t.requestID, t.length
 	p.att.Routing = routingOf(t, p.requestBodyMode)
 	p.rpc.proxyless, p.rpc.call = t.proxyless, t.call
 	if fc := f.flow; fc != nil && fc.GetInitialWindowDownstreamToSidestream() > 0 {
 		p.rpc.flow, p.rpc.reqWindow = true, fc.GetInitialWindowDownstreamToSidestream()
 	}
-	preq := policy.Request{
-		Method:    t.method,
-		Authority: t.authority,
-		Path:      t.path,
-		RouteName: attrString(f.attrs, envoyorigin.AttrRouteName),
-	}
-	v := p.att.Match(p.policies, preq)
+	f.p, f.headers, f.target = p, hs, t
+	v := p.att.AtHeaders(ctx, p.policies, f, p.srv.cfg.Now())
 	if !hasAttr(f.attrs, envoyorigin.AttrRouteName) {
 		p.srv.routeNameMissing(ctx, &p.att, p.policies)
 	}
-	if v.Kind != attempt.Continue {
-		return p.render(ctx, v)
+	if v.Kind == attempt.ReadBody {
+		p.body = &bodyDecision{jsonrpc: v.JSONRPC}
 	}
-	if p.att.Policy.NeedsBody() {
-		return p.deferToBody(ctx, v, hh, preq, f)
+	if hh.GetEndOfStream() && (v.Kind == attempt.Continue || v.Kind == attempt.ReadBody) {
+		return p.decide(ctx) // no body: a JSON criterion cannot hold
 	}
-	rawKey, present := findHeader(hs, p.att.Policy.KeyHeader)
-	lines := 0
-	if present {
-		lines = countHeader(hs, p.att.Policy.KeyHeader)
-	}
-	key, v := p.att.Key(ctx, rawKey, lines, p.srv.cfg.Now())
-	if v.Kind != attempt.Continue {
-		return p.render(ctx, v)
-	}
-	scope := p.srv.scopeOf(ctx, &p.att, p.att.Policy, t.authority, hs, f)
-	if v = p.att.Named(ctx, scope, key); v.Kind != attempt.Continue {
-		return p.render(ctx, v)
-	}
-	p.reqHeaders = selectHeaders(hs, p.att.Policy.FingerprintHeaders)
-	if hh.GetEndOfStream() {
-		return p.decide(ctx)
-	}
-	return p.render(ctx, v) // Continue, undecided: the body is awaited
+	return p.render(ctx, v)
 }
 
 // wantedResponseBodyMode is the response body mode to restate in an
@@ -125,50 +101,19 @@ func (p *processor) onRequestBody(ctx context.Context, body *extprocv3.HttpBody)
 	return p.decide(ctx)
 }
 
-// refuseUnread refuses a request whose body is refused before it was read
-// whole: over a limit or the server's budget (chunk is the message that
-// did not fit), or cut at Envoy's buffer. A JSON-RPC answer made before
-// the body decided the policy still goes to the request's id when the
-// bytes at hand carry it (jsonrpc.ScanID).
-func (p *processor) refuseUnread(ctx context.Context, prob *problem.Problem, chunk []byte) *extprocv3.ProcessingResponse {
-	if d := p.body; d != nil && d.jsonrpc && d.id == nil {
-		d.id = jsonrpc.ScanID(p.reqBody, chunk)
-	}
-	return p.render(ctx, p.att.Refuse(ctx, prob))
-}
-
-// decide fingerprints the complete request and renders the attempt's
-// verdict on it (attempt.Request): CONTINUE for the first attempt, or an
-// immediate response for any other. A request deferred to its body first
-// gets its policy (attempt.AtBody).
+// decide renders the attempt's verdict on the complete request
+// (attempt.Request): CONTINUE for the first attempt, or an immediate
+// response for any other. For a request deferred to its body, the verdict
+// also says whether its answers are JSON-RPC, to which id, and what its
+// answer teaches of the tools.
 func (p *processor) decide(ctx context.Context) *extprocv3.ProcessingResponse {
-	if d := p.body; d != nil && !d.resolved {
-		d.resolved = true
-		bv := p.att.AtBody(ctx, d.cands, p.reqBody, p.srv.cfg.Now())
-		d.jsonrpc, d.id = bv.JSONRPC, bv.ID
-		if bv.Kind == attempt.Pass {
-			d.tools = learnsFrom(d, p.reqBody)
-		}
-		if bv.Kind != attempt.Continue {
-			if bv.Unreadable && d.jsonrpc && d.id == nil {
-				d.id = jsonrpc.ScanID(p.reqBody, nil) // as refuseUnread
-			}
-			p.reqBody, p.reqHeaders = nil, nil
-			p.srv.budget.release(&p.held)
-			return p.render(ctx, bv.Verdict)
-		}
-		p.reqHeaders = bv.Chosen.FPHeaders
+	body := p.reqBody
+	p.reqBody = nil
+	v := p.att.Request(ctx, body, p.srv.cfg.Now())
+	if d := p.body; d != nil {
+		d.jsonrpc, d.id, d.tools = v.JSONRPC, v.ID, learnsFrom(v)
 	}
-	fp := fingerprint.Compute(fingerprint.Request{
-		Method:      p.method,
-		Path:        p.path,
-		Headers:     p.reqHeaders,
-		Body:        p.reqBody,
-		JSON:        p.att.Policy.FingerprintJSON,
-		JSONOptions: p.att.Policy.FingerprintOptions(),
-	}, p.att.Policy.FingerprintHeaders)
-	p.reqBody, p.reqHeaders = nil, nil
-	resp := p.render(ctx, p.att.Request(ctx, fp))
+	resp := p.render(ctx, v)
 	p.releaseRequestBody()
 	return resp
 }
@@ -182,14 +127,10 @@ func (p *processor) releaseRequestBody() {
 	}
 }
 
-// bodyDecision is what a request deferred to its body carries from its
-// headers (the policy that matched at the headers has body criteria, or
-// reads its key from the body): each policy it may end with, with what
-// that policy reads of the headers (attempt.Candidate), and, once decided,
-// whether its answers are JSON-RPC and to which id.
+// bodyDecision is what the protocol side keeps of a request deferred to
+// its body (attempt.ReadBody): whether its answers are JSON-RPC, to which
+// id, and what its answer teaches of the tools.
 type bodyDecision struct {
-	cands    []attempt.Candidate
-	resolved bool
 	// jsonrpc: answers in the upstream's place are JSON-RPC responses to
 	// id: the one the matching policy read, or for a body refused before
 	// that, the one its bytes at hand carry (jsonrpc.ScanID). nil, answered
@@ -205,44 +146,6 @@ type bodyDecision struct {
 // answersJSONRPC reports whether the request's answers are JSON-RPC; d is
 // nil for a request not deferred to its body.
 func (d *bodyDecision) answersJSONRPC() bool { return d != nil && d.jsonrpc }
-
-// deferToBody reads, for every policy the request may end with, the key
-// header, the scope and the fingerprint headers, and renders matched, the
-// match's Continue: the body is awaited.
-// Until the body says otherwise, the first policy's limits (its
-// max_request_body) and answers hold.
-func (p *processor) deferToBody(ctx context.Context, matched attempt.Verdict, hh *extprocv3.HttpHeaders, r policy.Request, f *envoyFacts) *extprocv3.ProcessingResponse {
-	hs := hh.GetHeaders()
-	first := p.att.Policy
-	pols := p.policies.BodyCandidates(r, first)
-	var mcp policy.MCPHeaders
-	if first.Answers == policy.AnswersJSONRPC {
-		mcp = mcpHeaders(hs)
-		if v, ok := p.att.RuledOutByHeaders(ctx, pols, mcp); ok {
-			return p.render(ctx, v)
-		}
-		mcp.Params = mcpParams(hs, pols)
-	}
-	d := &bodyDecision{cands: make([]attempt.Candidate, 0, len(pols)), jsonrpc: first.Answers == policy.AnswersJSONRPC}
-	for _, pol := range pols {
-		c := attempt.Candidate{Policy: pol, Scope: p.srv.scopeOf(ctx, &p.att, pol, r.Authority, hs, f),
-			FPHeaders: selectHeaders(hs, pol.FingerprintHeaders), MCP: mcp}
-		if pol.LearnsTools() {
-			c.Upstream = policy.ToolsUpstream(r.Authority, r.Path)
-		}
-		if pol.KeyFrom(policy.KeyFromHeader) {
-			if raw, ok := findHeader(hs, pol.KeyHeader); ok {
-				c.RawKey, c.KeyLines = raw, countHeader(hs, pol.KeyHeader)
-			}
-		}
-		d.cands = append(d.cands, c)
-	}
-	p.body = d
-	if hh.GetEndOfStream() {
-		return p.decide(ctx) // no body: a JSON criterion cannot hold
-	}
-	return p.render(ctx, matched)
-}
 
 // takeRequestBody keeps a request body chunk for the fingerprint, or
 // returns the problem to refuse the request with: 413 past the policy's
@@ -282,25 +185,4 @@ func (s *Server) routeNameMissing(ctx context.Context, a *attempt.Attempt, set *
 			s.missingAttribute(ctx, a, pol.Name, envoyorigin.AttrRouteName, "the policy matches on route names and protects nothing")
 		}
 	}
-}
-
-// scopeOf reads the owner of the request's key space where pol says
-// (attempt.admit judges it); "" when the request carries none.
-func (s *Server) scopeOf(ctx context.Context, a *attempt.Attempt, pol *policy.Policy, authority string, hs *corev3.HeaderMap, f *envoyFacts) string {
-	switch sc := pol.Scope; sc.Source {
-	case policy.ScopeAuthority:
-		return authority
-	case policy.ScopeHeader:
-		scope, _ := findHeader(hs, sc.Header)
-		return scope
-	case policy.ScopeMetadata:
-		return metadataString(f.metadata, sc.Namespace, sc.Path)
-	case policy.ScopePrincipal:
-		name := PrincipalAttribute(sc.PeerIdentity)
-		if !hasAttr(f.attrs, name) {
-			s.missingAttribute(ctx, a, pol.Name, name, "every request of the policy is refused 401 principal-missing")
-		}
-		return attrString(f.attrs, name)
-	}
-	return "" // ScopeNone
 }

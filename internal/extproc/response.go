@@ -17,7 +17,7 @@ import (
 
 // The response side, one path for HTTP responses and gRPC ones: the
 // response's origin is read at its headers, its outcome judged by the
-// policy's response rules (attempt.ActionFor) once its status is known (an
+// policy's response rules (attempt.AtResponse) once its status is known (an
 // HTTP response's at its headers, a gRPC response's in its trailers, or in
 // the headers of a trailers-only response), and the record settled with
 // what was read (settleResponse).
@@ -107,11 +107,8 @@ func (p *processor) onResponseHeaders(ctx context.Context, hh *extprocv3.HttpHea
 	}
 	p.respStatus = status
 	if !p.rpc.response {
-		action := p.att.ActionFor(origin, status, retried)
-		p.att.LogAt(ctx, slog.LevelDebug, "response",
-			slog.Int("status", status), slog.String("origin", origin.String()), slog.String("action", action.String()))
-		if action != idem.ActionStore {
-			p.settle(ctx, action)
+		if !p.att.AtResponse(ctx, origin, status, retried, "response", slog.Int("status", status)) {
+			p.stage = stagePassThrough // settled
 			return continueWith(p.phase, skipResponseBody)
 		}
 	}
@@ -213,40 +210,24 @@ func (p *processor) settleResponse(ctx context.Context, carrier []idem.Header) {
 		status = httpStatusFor(code)
 		p.respHeaders = withStatus(p.respHeaders, code, msg)
 	}
-	action := p.att.ActionFor(p.rpc.origin, status, p.rpc.retried)
-	p.att.LogAt(ctx, slog.LevelDebug, "grpc response", slog.String("grpc_status", codeName(code)),
-		slog.Bool("status_known", known), slog.String("origin", p.rpc.origin.String()), slog.String("action", action.String()))
-	if action == idem.ActionStore {
+	if p.att.AtResponse(ctx, p.rpc.origin, status, p.rpc.retried, "grpc response",
+		slog.String("grpc_status", codeName(code)), slog.Bool("status_known", known)) {
 		p.settleStored(ctx)
 		return
 	}
-	p.settle(ctx, action)
+	p.stage = stagePassThrough // settled
 }
 
 // settleStored completes the record with the response read so far
-// (attempt.SettleStored); a JSON-RPC call's response is judged once more
-// whole (attempt.SettleCall: the transport's refusal of the call is
-// released).
+// (attempt.SettleStored; a JSON-RPC call's response is judged once more
+// whole there: the transport's refusal of the call is released).
 func (p *processor) settleStored(ctx context.Context) {
 	if !p.att.Held() {
 		return
 	}
 	p.stage = stagePassThrough
 	resp := idem.Response{Status: p.respStatus, Headers: p.respHeaders, Body: p.respBody, BodyOmitted: p.respTooLarge}
-	if p.body.answersJSONRPC() {
-		p.att.SettleCall(ctx, resp, p.body.id, slog.Int("status", p.respStatus), slog.Bool("body_omitted", p.respTooLarge))
-		return
-	}
 	p.att.SettleStored(ctx, resp, slog.Int("status", p.respStatus), slog.Bool("body_omitted", p.respTooLarge))
-}
-
-// settle releases the record or marks it unknown (attempt.Settle).
-func (p *processor) settle(ctx context.Context, action idem.Action) {
-	if !p.att.Held() {
-		return
-	}
-	p.stage = stagePassThrough
-	p.att.Settle(ctx, action)
 }
 
 // settleAtEnd runs when the stream ends, however it ends: the attempt settles

@@ -85,11 +85,8 @@ type processor struct {
 	then func(context.Context) *extprocv3.ProcessingResponse
 
 	// att is the attempt: policy, record, token, what it holds.
-	att        attempt.Attempt
-	method     string
-	path       string
-	reqHeaders []idem.Header
-	reqBody    []byte
+	att     attempt.Attempt
+	reqBody []byte
 	// reqLength and respLength are the bodies' declared lengths
 	// (content-length), 0 when unknown: the size of their buffers
 	// (bodybuf.go).

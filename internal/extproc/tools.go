@@ -10,6 +10,7 @@ import (
 	procmodev3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 
+	"github.com/idem-extproc/idem-extproc/internal/attempt"
 	"github.com/idem-extproc/idem-extproc/internal/policy"
 	"github.com/idem-extproc/idem-extproc/internal/toolhints"
 )
@@ -36,24 +37,15 @@ type toolsLearning struct {
 	messages int
 }
 
-// learnsFrom returns the learning a request passed at its body starts,
-// or nil: body must be a tools/list with an id and a candidate must
-// learn tools' annotations.
-func learnsFrom(d *bodyDecision, body []byte) *toolsLearning {
-	var l *toolsLearning
-	for i := range d.cands {
-		c := &d.cands[i]
-		if !c.Policy.LearnsTools() {
-			continue
-		}
-		if l == nil {
-			if !policy.IsToolsList(body) {
-				return nil
-			}
-			l = &toolsLearning{upstream: c.Upstream}
-		}
-		l.pols = append(l.pols, c.Policy)
-		l.limit = max(l.limit, c.Policy.MaxStoredBody)
+// learnsFrom returns the learning a request passed at its body starts
+// (attempt.Verdict.Learners), or nil when no policy learns from it.
+func learnsFrom(bv attempt.Verdict) *toolsLearning {
+	if len(bv.Learners) == 0 {
+		return nil
+	}
+	l := &toolsLearning{pols: bv.Learners, upstream: bv.Upstream}
+	for _, p := range bv.Learners {
+		l.limit = max(l.limit, p.MaxStoredBody)
 	}
 	return l
 }
