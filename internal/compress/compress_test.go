@@ -11,6 +11,7 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/idem-extproc/idem-extproc/internal/idem"
@@ -37,7 +38,38 @@ func same(a, b idem.Response) bool {
 // trainedDict trains a dictionary on up to 300 answers of class c, and no
 // more than 1 MiB of them (a few dozen lists): enough for the round trips
 // and benchmarks that use it, in a fraction of the time under -race.
+//
+// A class and id's dictionary is trained once per test binary and parsed
+// anew for each caller: training is deterministic, and BenchmarkCompress
+// and BenchmarkExpand ask for the same four.
 func trainedDict(t testing.TB, c corpus.Class, id uint32) *Dictionary {
+	t.Helper()
+	trainedMu.Lock()
+	defer trainedMu.Unlock()
+	key := trainedKey{c, id}
+	raw, ok := trained[key]
+	if !ok {
+		raw = train(t, c, id)
+		trained[key] = raw
+	}
+	d, err := ParseDictionary("test", raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+type trainedKey struct {
+	class corpus.Class
+	id    uint32
+}
+
+var (
+	trainedMu sync.Mutex
+	trained   = map[trainedKey][]byte{}
+)
+
+func train(t testing.TB, c corpus.Class, id uint32) []byte {
 	t.Helper()
 	var samples [][]byte
 	total := 0
@@ -52,11 +84,7 @@ func trainedDict(t testing.TB, c corpus.Class, id uint32) *Dictionary {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d, err := ParseDictionary("test", raw)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return d
+	return raw
 }
 
 // TestRoundTrip: every class of answer, in every mode, with the built-in

@@ -158,11 +158,15 @@ func (e *Env) startServer() {
 func (e *Env) startFilter() {
 	// Reconnect within tens of milliseconds after CrashServer/StartServer,
 	// as Envoy's cluster would once its health check passes, instead of
-	// grpc-go's default one-second backoff.
+	// grpc-go's default one-second backoff. A connection attempt (the TCP
+	// dial and the HTTP/2 handshake with the server) may take up to 10 s:
+	// a stopped server refuses at once, and with 1 s a burst on a machine
+	// loaded 6 times over its 2 vCPUs, under the race detector, saw dials
+	// to loopback time out and fail requests as if the server were down.
 	cc, err := grpc.NewClient(e.serverAddr, grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithConnectParams(grpc.ConnectParams{
 			Backoff:           backoff.Config{BaseDelay: 20 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 200 * time.Millisecond},
-			MinConnectTimeout: time.Second,
+			MinConnectTimeout: 10 * time.Second,
 		}))
 	if err != nil {
 		e.t.Fatal(err)

@@ -189,33 +189,45 @@ func (g *SentinelGroup) waitSynced(ctx context.Context) error {
 // former replica, which then answers as primary. It returns the new
 // primary.
 //
-// Sentinel refuses the command with -NOGOODSLAVE while its own view of the
-// replica fails sentinelSelectSlave (redis/redis src/sentinel.c, the
-// "failover" branch of sentinelCommand): the replica must not be flagged
+// Sentinel refuses the command (redis/redis src/sentinel.c, the "failover"
+// branch of sentinelCommand) with -INPROG while its primary is flagged
+// SRI_FAILOVER_IN_PROGRESS, and with -NOGOODSLAVE while its own view of
+// the replica fails sentinelSelectSlave: the replica must not be flagged
 // s_down, o_down or disconnected, must have answered a ping within
 // 5 × sentinel_ping_period (5 s), had its INFO read within 3 ×
 // sentinel_info_period (30 s) and report its link to the primary down no
 // longer than 10 × down-after-milliseconds (10 s here), with a non-zero
-// priority. On a busy machine that view lags behind the replica itself (a
-// replica just thawed from SIGSTOP stays s_down until its next ping reply),
-// so Failover waits until the Sentinel's SENTINEL REPLICAS reply passes the
-// same checks, and asks again while the answer is still NOGOODSLAVE: the
-// view can age between the two calls.
+// priority. On a busy machine both happen after a test hung the primary:
+// the Sentinels may have started a failover of their own (the primary
+// looked down for down-after-milliseconds, 1 s here), which keeps the flag
+// until it ends or is aborted (an unelected Sentinel gives up after
+// SENTINEL_ELECTION_TIMEOUT, 10 s), and a replica just thawed from SIGSTOP
+// stays s_down until its next ping reply. So Failover waits until no
+// Sentinel reports a failover in progress, all name one primary, and the
+// asked Sentinel's SENTINEL REPLICAS reply passes sentinelSelectSlave's
+// checks; it takes the primary they name then as the one to replace, and
+// asks again while the answer is -INPROG or -NOGOODSLAVE: the view can
+// change between the calls.
 func (g *SentinelGroup) Failover(ctx context.Context) *Server {
 	g.t.Helper()
-	old := g.Master(ctx)
-	if old == nil {
-		g.t.Fatal("redistest: no agreed primary before the failover")
-	}
 	s := g.Sentinels[0]
+	var old *Server
 	var last string
 	err := waitFor(ctx, "a Sentinel accepts SENTINEL FAILOVER", func() bool {
+		if why := g.failoverInProgress(ctx); why != "" {
+			last = why
+			return false
+		}
+		if old = g.Master(ctx); old == nil {
+			last = "the Sentinels do not name one primary"
+			return false
+		}
 		if why := g.notPromotable(ctx, s); why != "" {
 			last = why
 			return false
 		}
 		err := s.Do(ctx, "SENTINEL", "FAILOVER", g.opts.MasterName).Err()
-		if err != nil && strings.HasPrefix(err.Error(), "NOGOODSLAVE") {
+		if err != nil && (strings.HasPrefix(err.Error(), "NOGOODSLAVE") || strings.HasPrefix(err.Error(), "INPROG")) {
 			last = err.Error()
 			return false
 		}
@@ -228,6 +240,25 @@ func (g *SentinelGroup) Failover(ctx context.Context) *Server {
 		g.t.Fatalf("%v (last: %s)", err, last)
 	}
 	return g.waitNewMaster(ctx, old)
+}
+
+// failoverInProgress names a running Sentinel whose primary is flagged
+// failover_in_progress in SENTINEL MASTER (addReplySentinelRedisInstance
+// in sentinel.c), or says why one did not answer, or returns "".
+func (g *SentinelGroup) failoverInProgress(ctx context.Context) string {
+	for i, s := range g.Sentinels {
+		if !s.Running() {
+			continue
+		}
+		m, err := g.sentinelMaster(ctx, s)
+		if err != nil {
+			return fmt.Sprintf("Sentinel %d: %v", i, err)
+		}
+		if strings.Contains(m["flags"], "failover_in_progress") {
+			return fmt.Sprintf("Sentinel %d has a failover in progress (flags %s)", i, m["flags"])
+		}
+	}
+	return ""
 }
 
 // notPromotable says why Sentinel s would not promote any replica of the
