@@ -513,8 +513,14 @@ func TestBinarySIGKILLKeepsTheReservation(t *testing.T) {
 	p := start(t, listen, admin, "--redis-url", redis.URL())
 	env := harness.Start(t, harness.Options{ServerAddr: listen, Store: harness.OnRedis(redis), ExpectProcessingErrors: true})
 	done := make(chan harness.Reply, 1)
-	go func() { done <- env.Post("/orders", "kill-1", `{}`, "x-upstream-delay", "500ms") }()
-	testwait.Until(t, "reserved", func() bool { return recordState(t, env, "kill-1") == idem.StateInFlight })
+	go func() { done <- env.Post("/orders", "kill-1", `{}`, "x-upstream-delay", "2s") }()
+	// Killed while the upstream runs the request: the key is reserved
+	// before the reply that lets the request go on, so a kill between the
+	// two would keep the reservation with nothing run (which a loaded
+	// machine made this test see).
+	testwait.Until(t, "reserved and running", func() bool {
+		return recordState(t, env, "kill-1") == idem.StateInFlight && env.Upstream.ArrivedKey("kill-1") == 1
+	})
 	if err := p.cmd.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}
