@@ -78,7 +78,7 @@ func TestSendHomeCostsOneCrossing(t *testing.T) {
 				start := time.Now()
 				r := bed.post("eu", key, "t-us-1", `{"n":1}`, 10*time.Second)
 				d := time.Since(start)
-				l.add(key, answer{r.Status, r.Body, "eu"})
+				l.add(key, answerOf(r, "eu"))
 				if r.Status != 201 {
 					t.Errorf("key %s: %d %v %.200s", key, r.Status, r.Err, r.Body)
 				}

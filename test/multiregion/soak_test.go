@@ -50,7 +50,7 @@ func (b *bed) drive(l *ledger, o op, do driveOptions, rng *rand.Rand) {
 				defer wg.Done()
 				r := b.post(other, o.key, o.tenant, o.body, attemptTimeout)
 				if r.Err == nil {
-					l.add(o.key, answer{r.Status, r.Body, other})
+					l.add(o.key, answerOf(r, other))
 				}
 			}()
 			defer wg.Wait()
@@ -63,16 +63,16 @@ func (b *bed) drive(l *ledger, o op, do driveOptions, rng *rand.Rand) {
 		case r.Status >= 200 && r.Status < 300:
 			if !lost {
 				lost = true // the client never saw it; it retries elsewhere
-				l.add(o.key, answer{r.Status, r.Body, entry + "(lost)"})
+				l.add(o.key, answerOf(r, entry+"(lost)"))
 				continue
 			}
-			l.add(o.key, answer{r.Status, r.Body, entry})
+			l.add(o.key, answerOf(r, entry))
 			return
 		case strings.Contains(r.Body, "outcome-unknown"):
-			l.add(o.key, answer{r.Status, r.Body, entry})
+			l.add(o.key, answerOf(r, entry))
 			return
 		}
-		l.add(o.key, answer{r.Status, r.Body, entry})
+		l.add(o.key, answerOf(r, entry))
 		time.Sleep(time.Duration(20+rng.IntN(40)) * time.Millisecond)
 	}
 }

@@ -59,7 +59,7 @@ func TestEveryPathWithinEnvoysTimers(t *testing.T) {
 				l.mu.Lock()
 				l.bodies[key], l.tenants[key] = body, tenant
 				l.mu.Unlock()
-				l.add(key, answer{status: rep.Status, body: rep.Body, region: r})
+				l.add(key, answerOf(rep, r))
 				mu.Lock()
 				defer mu.Unlock()
 				at := r + " " + tenant + " " + path
