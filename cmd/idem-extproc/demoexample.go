@@ -49,15 +49,8 @@ func (ex demoExample) curl(front string) string {
 // front is the front's host:port, the :authority of a request sent to it.
 func demoExampleFor(set *policy.Set, pol *policy.Policy, front, key string) (demoExample, error) {
 	ex := demoExample{key: key}
-	if why := ex.target(pol); len(why) > 0 {
-		return ex, errors.New(strings.Join(why, "; "))
-	}
-	body, why := ex.payload(pol)
-	if len(why) > 0 {
-		return ex, errors.New(strings.Join(why, "; "))
-	}
-	ex.body = mustJSON(body)
-	ex.headers = append(ex.headers, [2]string{"content-type", "application/json"})
+	why := ex.target(pol)
+	// The scope the front sends, or why it cannot.
 	switch pol.Scope.Source {
 	case policy.ScopeAuthority:
 		ex.scope = front
@@ -67,7 +60,20 @@ func demoExampleFor(set *policy.Set, pol *policy.Policy, front, key string) (dem
 	case policy.ScopeHeader:
 		ex.scope = "demo-tenant"
 		ex.headers = append(ex.headers, [2]string{pol.Scope.Header, ex.scope})
+	case policy.ScopeMetadata:
+		why = append(why, "scope.from: metadata reads Envoy's dynamic metadata (a JWT's sub, say), which the demo's front does not set")
+	case policy.ScopePrincipal:
+		why = append(why, "scope.from: principal reads the client's certificate, and the demo's front takes no TLS")
 	}
+	if len(why) > 0 {
+		return ex, errors.New(strings.Join(why, "; "))
+	}
+	body, why := ex.payload(pol)
+	if len(why) > 0 {
+		return ex, errors.New(strings.Join(why, "; "))
+	}
+	ex.body = mustJSON(body)
+	ex.headers = append(ex.headers, [2]string{"content-type", "application/json"})
 
 	if err := ex.takenBy(set, pol, front); err != nil {
 		return ex, err
@@ -84,13 +90,6 @@ func demoExampleFor(set *policy.Set, pol *policy.Policy, front, key string) (dem
 // criteria, and says why the demo's front cannot send a request pol takes,
 // if it cannot.
 func (ex *demoExample) target(pol *policy.Policy) (why []string) {
-	// What the demo's front cannot send.
-	switch pol.Scope.Source {
-	case policy.ScopeMetadata:
-		why = append(why, "scope.from: metadata reads Envoy's dynamic metadata (a JWT's sub, say), which the demo's front does not set")
-	case policy.ScopePrincipal:
-		why = append(why, "scope.from: principal reads the client's certificate, and the demo's front takes no TLS")
-	}
 	m := &pol.Match
 	if len(m.RouteNames) > 0 && !slices.Contains(m.RouteNames, demoWriteRoute) {
 		why = append(why, fmt.Sprintf("match.route_names: the demo's front has the routes of envoy/envoy.yaml, %s (every write) "+
