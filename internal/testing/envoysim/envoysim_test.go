@@ -14,6 +14,7 @@ import (
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -114,6 +115,19 @@ func start(t *testing.T, s *scripted, cfg *extprocfilterv3.ExternalProcessor, op
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = cc.Close() })
+	// The connection is made before the first request: grpc-go's NewClient
+	// performs no I/O, the first RPC connects (clientconn.go, NewClient),
+	// and on a loaded machine that dial alone can outlast the 200 ms
+	// message timer the filter starts with the stream, which would leave
+	// the server without the message the test then reads.
+	cc.Connect()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for st := cc.GetState(); st != connectivity.Ready; st = cc.GetState() {
+		if !cc.WaitForStateChange(ctx, st) {
+			t.Fatalf("the test's ext_proc server at %s is not reachable: %v", lis.Addr(), st)
+		}
+	}
 	if cfg == nil {
 		cfg = RecommendedConfig()
 	}
