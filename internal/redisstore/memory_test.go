@@ -288,13 +288,17 @@ func measureWithoutRace(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the go command must be in PATH to measure without the race detector: %v", err)
 	}
-	ctx := context.Background()
+	// The measuring binary gets what is left of this test's deadline, not
+	// go test's default of 10 minutes, which three suites at once on two
+	// busy vCPUs ran past; without a deadline, none.
+	ctx, timeout := context.Background(), time.Duration(0)
 	if d, ok := t.Deadline(); ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithDeadline(ctx, d)
 		defer cancel()
+		timeout = time.Until(d)
 	}
-	cmd := exec.CommandContext(ctx, goCmd, "test", "-race=false", "-count=1", "-v", "-run", "^TestMemoryPerRecord$", ".")
+	cmd := exec.CommandContext(ctx, goCmd, "test", "-race=false", "-count=1", "-timeout="+timeout.String(), "-v", "-run", "^TestMemoryPerRecord$", ".")
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("go test -race=false -run '^TestMemoryPerRecord$': %v\n%s", err, out)
