@@ -4,7 +4,6 @@ import (
 	"net/http"
 	"testing"
 
-	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/observe"
 	"github.com/idem-extproc/idem-extproc/internal/policy"
 	"github.com/idem-extproc/idem-extproc/internal/problem"
@@ -27,7 +26,7 @@ func TestHostileStoreReplyIsAStoreFailure(t *testing.T) {
 		metrics := observe.NewMetrics()
 		env := harness.Start(t, harness.Options{
 			Store: harness.RedisAt(h.URL()), Policies: &policy.Set{Policies: []*policy.Policy{p}},
-			StoreTimeout: idem.DefaultStoreTimeout, Metrics: metrics,
+			Metrics: metrics, // the harness's generous store budget: a refused reply fails at once, not by a timer
 		})
 		key := "hostile-" + name
 		h.SetAttack(redistest.Attack{Commands: []string{"EVALSHA", "EVAL"}, Reply: redistest.HugeArray})
