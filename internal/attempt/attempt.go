@@ -11,8 +11,7 @@
 // protocol side only renders it.
 //
 // One word names an attempt's last transition, whichever it is: settle
-// (AtResponse, SettleStored, SettleAtEnd here; settleStored, settleResponse,
-// settleAtEnd in extproc). Complete, Release and MarkUnknown are the
+// (AtResponse, SettleAtEnd). Complete, Release and MarkUnknown are the
 // store's transitions it applies.
 //
 // Package extproc holds the conversation with Envoy around it: which
@@ -206,6 +205,9 @@ type Attempt struct {
 	// atBody: the policy and key were decided at the request's body
 	// (admitKeyFrom); the decision's line says where the key came from.
 	atBody bool
+	// storing: the response was judged to be stored (AtResponse); its
+	// end completes the record.
+	storing bool
 	// wait is the decision a Wait verdict left for Await.
 	wait *waiting
 	// asked is what the proxy was asked for before a far home's calls

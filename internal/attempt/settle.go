@@ -10,20 +10,55 @@ import (
 	"github.com/idem-extproc/idem-extproc/internal/policy"
 )
 
-// AtResponse judges a response (actionFor) and settles the record unless
-// the response is to be stored: it reports whether it is, and the protocol
-// side then reads what it stores (SettleStored). msg and attrs start the
-// debug line that says how the response was judged.
-func (a *Attempt) AtResponse(ctx context.Context, origin idem.Origin, status int, retried bool, msg string, attrs ...slog.Attr) bool {
-	action := a.actionFor(origin, status, retried)
-	var buf [4]slog.Attr
-	a.LogAt(ctx, slog.LevelDebug, msg, append(append(buf[:0], attrs...),
-		slog.String("origin", origin.String()), slog.String("action", action.String()))...)
-	if action == idem.ActionStore {
-		return true
+// Response is what the protocol side read of a response (AtResponse).
+type Response struct {
+	// Origin is who made the response; Retried, whether an earlier
+	// upstream attempt may have been sent (actionFor).
+	Origin  idem.Origin
+	Retried bool
+	// Status is what the policy's response rules judge: the HTTP status,
+	// or a gRPC call's status as its HTTP equivalent; 0 when unknown (no
+	// rule covers it).
+	Status int
+	// Later: the status that decides comes at the response's end (a gRPC
+	// call's, in its trailers): nothing is judged before it.
+	Later bool
+	// End: the response is whole, and Read is what was kept of it.
+	End  bool
+	Read idem.Response
+}
+
+// AtResponse is the verdict on a response, at its headers and at its end:
+// Pass when the attempt holds no record; Store while the response is to be
+// stored, so that its body is read; SkipBody when the policy's response
+// rules settled the record at the headers without it; Settled at the end,
+// the record completed with what was read, or settled by the status that
+// came there. attrs start the debug line that says how it was judged.
+func (a *Attempt) AtResponse(ctx context.Context, r Response, attrs ...slog.Attr) Verdict {
+	switch {
+	case !a.Held():
+		return verdictPass
+	case r.Later:
+		return Verdict{Kind: Store}
+	case !a.storing:
+		action := a.actionFor(r.Origin, r.Status, r.Retried)
+		var buf [4]slog.Attr
+		a.LogAt(ctx, slog.LevelDebug, "response", append(append(buf[:0], attrs...),
+			slog.String("origin", r.Origin.String()), slog.String("action", action.String()))...)
+		if action != idem.ActionStore {
+			a.settle(ctx, action)
+			if r.End {
+				return Verdict{Kind: Settled}
+			}
+			return Verdict{Kind: SkipBody}
+		}
+		a.storing = true
 	}
-	a.settle(ctx, action)
-	return false
+	if !r.End {
+		return Verdict{Kind: Store}
+	}
+	a.settleStored(ctx, r.Read)
+	return Verdict{Kind: Settled}
 }
 
 // actionFor is what a response proves about the operation, by the policy's
@@ -34,7 +69,7 @@ func (a *Attempt) AtResponse(ctx context.Context, origin idem.Origin, status int
 // nothing about the earlier ones, so what the rules would release (an
 // upstream 429, a reply that proves the last attempt never left) is
 // unknown instead: releasing could run an operation that already ran. The
-// origin and retried are kept for SettleStored (settledCall).
+// origin and retried are kept for settleStored (settledCall).
 func (a *Attempt) actionFor(origin idem.Origin, status int, retried bool) idem.Action {
 	a.origin, a.retried = origin, retried
 	return a.unlessRetried(idem.DecideResponse(a.Policy.ResponseRules, origin, status))
@@ -50,12 +85,12 @@ func (a *Attempt) unlessRetried(act idem.Action) idem.Action {
 	return act
 }
 
-// SettleStored completes the record with resp as the operation's result,
+// settleStored completes the record with resp as the operation's result,
 // unless resp answers a JSON-RPC call in a way that proves nothing ran
 // (settledCall). It runs before the reply that lets the response go on,
 // so a client that sees the response and retries at once finds it stored.
-// attrs are added to the settled line.
-func (a *Attempt) SettleStored(ctx context.Context, resp idem.Response, attrs ...slog.Attr) {
+func (a *Attempt) settleStored(ctx context.Context, resp idem.Response) {
+	attrs := []slog.Attr{slog.Int("status", resp.Status), slog.Bool("body_omitted", resp.BodyOmitted)}
 	if a.renew == nil || a.Policy.Answers == policy.AnswersJSONRPC && a.settledCall(ctx, resp, attrs) {
 		return
 	}
@@ -177,7 +212,7 @@ func (a *Attempt) SettleAtEnd(base context.Context, partial *idem.Response) {
 		return
 	}
 	if partial != nil {
-		a.SettleStored(ctx, *partial, slog.Int("status", partial.Status), slog.Bool("body_omitted", partial.BodyOmitted))
+		a.settleStored(ctx, *partial)
 		return
 	}
 	a.settle(ctx, a.Policy.OnStreamReset)

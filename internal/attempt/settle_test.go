@@ -143,7 +143,7 @@ func TestResponseDecisionTable(t *testing.T) {
 			f := held(t, policy.Default(), nil)
 			ctx := context.Background()
 			if a := f.att.actionFor(tc.origin, tc.status, tc.retried); a == idem.ActionStore {
-				f.att.SettleStored(ctx, idem.Response{Status: tc.status})
+				f.att.settleStored(ctx, idem.Response{Status: tc.status})
 			} else {
 				f.att.settle(ctx, a)
 			}
@@ -199,7 +199,7 @@ func TestRefusedSettlementRetriedAtEnd(t *testing.T) {
 	t.Run("lands on retry", func(t *testing.T) {
 		fl := &flaky{n: 1}
 		f := held(t, policy.Default(), func(st idem.Store) idem.Store { fl.Store = st; return fl })
-		f.att.SettleStored(context.Background(), idem.Response{Status: 201})
+		f.att.settleStored(context.Background(), idem.Response{Status: 201})
 		if f.state(t) != idem.StateInFlight || !f.att.Pending() || len(f.rep.decisions) != 0 {
 			t.Fatalf("after a refused complete: state %v, pending %v, decisions %v", f.state(t), f.att.Pending(), f.rep.decisions)
 		}
@@ -227,7 +227,7 @@ func TestSettleWithoutHoldIsNothing(t *testing.T) {
 	f := held(t, policy.Default(), nil)
 	other := New(f.att.srv, f.rep)
 	other.Policy, other.ID, other.token = f.att.Policy, f.att.ID, idem.NewToken()
-	other.SettleStored(context.Background(), idem.Response{Status: 201})
+	other.settleStored(context.Background(), idem.Response{Status: 201})
 	other.settle(context.Background(), idem.ActionRelease)
 	other.SettleAtEnd(context.Background(), nil)
 	if f.state(t) != idem.StateInFlight || len(f.rep.decisions) != 0 {
@@ -263,7 +263,7 @@ func TestSettleCall(t *testing.T) {
 			f := held(t, pol, nil)
 			f.att.callID = []byte(`3`)
 			f.att.actionFor(tc.origin, tc.rs.Status, tc.retried)
-			f.att.SettleStored(context.Background(), tc.rs)
+			f.att.settleStored(context.Background(), tc.rs)
 			if got := f.state(t); got != tc.want || f.att.Held() {
 				t.Fatalf("state %v (held %v), want %v", got, f.att.Held(), tc.want)
 			}

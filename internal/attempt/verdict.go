@@ -37,6 +37,14 @@ const (
 	// ReadBody: the request's policy is decided at its body, read whole
 	// first (Request picks it).
 	ReadBody
+	// Store: the response is to be stored: its body is read, and
+	// AtResponse at its end stores it.
+	Store
+	// SkipBody: the response's headers settled the record without it; its
+	// body has nothing for the record.
+	SkipBody
+	// Settled: the response's end settled the record.
+	Settled
 )
 
 // Verdict is one decision about a request.

@@ -153,7 +153,7 @@ func TestRefusalVerdicts(t *testing.T) {
 func TestRequestVerdictTable(t *testing.T) {
 	ctx := context.Background()
 	completed := func(t *testing.T, d *decider) {
-		d.first(t, fp1).SettleStored(ctx, idem.Response{Status: 201, Body: []byte("ok")})
+		d.first(t, fp1).settleStored(ctx, idem.Response{Status: 201, Body: []byte("ok")})
 	}
 	for _, tc := range []struct {
 		name   string
@@ -239,7 +239,7 @@ func TestAwaitVerdicts(t *testing.T) {
 		settle func(first *Attempt)
 		want   want
 	}{
-		{"completed: replay", func(f *Attempt) { f.SettleStored(ctx, idem.Response{Status: 201}) }, want{kind: answered, replay: 201}},
+		{"completed: replay", func(f *Attempt) { f.settleStored(ctx, idem.Response{Status: 201}) }, want{kind: answered, replay: 201}},
 		{"released: this attempt reserves", func(f *Attempt) { f.settle(ctx, idem.ActionRelease) }, want{kind: Continue}},
 		{"unknown: 409 outcome-unknown", func(f *Attempt) { f.settle(ctx, idem.ActionUnknown) }, want{kind: answered, slug: problem.OutcomeUnknown.Slug}},
 	} {

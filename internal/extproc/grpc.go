@@ -37,7 +37,7 @@ type rpcState struct {
 	call bool
 	// proxyless: grpc-go's filter. It reports no gRPC status to ext_proc
 	// (grpc-status is not part of the trailer metadata it forwards), so the
-	// outcome is inferred: see settleResponse.
+	// outcome is inferred: see responseEnd.
 	proxyless bool
 	// response: the response is a gRPC response (its status decides).
 	response bool

@@ -143,6 +143,15 @@ type bodyDecision struct {
 	tools *toolsLearning
 }
 
+// learning is the tools' annotations the request's answer is read for;
+// nil for none, or for a request not deferred to its body (d nil).
+func (d *bodyDecision) learning() *toolsLearning {
+	if d == nil {
+		return nil
+	}
+	return d.tools
+}
+
 // answersJSONRPC reports whether the request's answers are JSON-RPC; d is
 // nil for a request not deferred to its body.
 func (d *bodyDecision) answersJSONRPC() bool { return d != nil && d.jsonrpc }

@@ -311,7 +311,7 @@ func (s *Server) serve(ctx context.Context, stream extprocv3.ExternalProcessor_P
 // Envoy closes them.
 func (p *processor) finished() bool {
 	return p.stage == stagePassThrough && len(p.respAdd) == 0 && !p.rpc.withholds() && !p.rpc.call &&
-		!p.att.Pending() && (p.body == nil || p.body.tools == nil) && p.modesKnown && keepsBody(p.requestBodyMode) && keepsBody(p.responseBodyMode)
+		!p.att.Pending() && p.body.learning() == nil && p.modesKnown && keepsBody(p.requestBodyMode) && keepsBody(p.responseBodyMode)
 }
 
 // keepsBody reports a body mode in which Envoy holds the body itself, and
