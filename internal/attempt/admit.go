@@ -46,10 +46,9 @@ type Facts interface {
 	Header(name string) (string, int)
 	// Headers copies the named headers (a fingerprint's).
 	Headers(names []string) []idem.Header
-	// MCP reads the headers MCP mirrors a call's method and name in;
-	// MCPParams copies its Mcp-Param-{Name} headers.
-	MCP() policy.MCPHeaders
-	MCPParams() []idem.Header
+	// HeadersPrefixed copies the headers whose names start with prefix
+	// (an MCP call's Mcp-Param-{Name} headers).
+	HeadersPrefixed(prefix string) []idem.Header
 	// Metadata is the string or number at path in one namespace of the
 	// forwarded dynamic metadata; "" when there is none.
 	Metadata(namespace string, path []string) string

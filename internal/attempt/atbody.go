@@ -52,12 +52,14 @@ func (a *Attempt) readBody(ctx context.Context, set *policy.Set, r policy.Reques
 	jsonRPC := first.Answers == policy.AnswersJSONRPC
 	var mcp policy.MCPHeaders
 	if jsonRPC {
-		mcp = f.MCP()
+		mcp = mcpHeaders(f)
 		if v, ok := a.ruledOut(ctx, pols, mcp); ok {
 			return v
 		}
 		if slices.ContainsFunc(pols, func(p *policy.Policy) bool { return p.KeyFrom(policy.KeyFromMCPParam) }) {
-			mcp.Params = f.MCPParams()
+			// Which of them mirrors a tool parameter is known only once
+			// the body names the tool (policy.MCPParamMismatch).
+			mcp.Params = f.HeadersPrefixed(policy.MCPParamPrefix)
 		}
 	}
 	a.cands = make([]candidate, 0, len(pols))
@@ -231,4 +233,21 @@ func (a *Attempt) ruledOut(ctx context.Context, cands []*policy.Policy, h policy
 		slog.String("mcp_method", h.Method))
 	a.Policy = nil
 	return verdictPass, true
+}
+
+// mcpHeaders reads the headers MCP 2026-07-28 mirrors a call's method and
+// name in (policy.MCPHeaders). Those of an earlier revision, which nothing
+// here acts on (MCPHeaders.Validated), are not read.
+func mcpHeaders(f Facts) policy.MCPHeaders {
+	v, _ := f.Header(policy.MCPVersionHeader)
+	h := policy.MCPHeaders{Version: v}
+	if !h.Validated() {
+		return policy.MCPHeaders{}
+	}
+	var n int
+	h.Method, n = f.Header(policy.MCPMethodHeader)
+	h.HasMethod = n > 0
+	h.Name, n = f.Header(policy.MCPNameHeader)
+	h.HasName = n > 0
+	return h
 }

@@ -1,7 +1,6 @@
 package extproc
 
 import (
-	"github.com/idem-extproc/idem-extproc/internal/policy"
 	"slices"
 	"strconv"
 	"strings"
@@ -213,20 +212,4 @@ func valueString(v *structpb.Value) string {
 		return strconv.FormatBool(k.BoolValue)
 	}
 	return ""
-}
-
-// mcpHeaders reads the headers MCP 2026-07-28 mirrors a call's method and
-// name in (policy.MCPHeaders); Envoy sends header names in lower case. A
-// request of an earlier revision, whose headers nothing here acts on
-// (MCPHeaders.Validated), costs no copy of them.
-func mcpHeaders(hs *corev3.HeaderMap) policy.MCPHeaders {
-	var h policy.MCPHeaders
-	v, _ := headerBytes(hs, policy.MCPVersionHeader)
-	if !(policy.MCPHeaders{Version: string(v)}).Validated() { // compared, not kept: no copy
-		return h
-	}
-	h.Version = string(v)
-	h.Method, h.HasMethod = findHeader(hs, policy.MCPMethodHeader)
-	h.Name, h.HasName = findHeader(hs, policy.MCPNameHeader)
-	return h
 }

@@ -19,7 +19,7 @@ import (
 // tools/list request passed at its body on a route where such a policy
 // may apply has its response body read, and the tools it lists, with
 // their readOnlyHint and idempotentHint, are kept in each such policy's
-// cache (policy.ToolRules.Hints). The response itself goes on unchanged.
+// cache (its tools.protect hints). The response itself goes on unchanged.
 
 // toolsLearning is what a tools/list request carries to its response:
 // the policies that learn from it, the upstream it went to, and the
