@@ -62,8 +62,9 @@ type Facts interface {
 // bypassed, when none does), then its key, the key's grace period, its
 // scope, its record's name and where it runs (admit). A policy that reads
 // the body first reads, for every policy the request may end with, what
-// it needs of the headers, and the verdict is ReadBody (Request picks the policy).
-// Continue: the body is awaited, then Request decides.
+// it needs of the headers, and the verdict is ReadBody with AtBody (Request
+// picks the policy). ReadBody alone: the body is awaited, then Request
+// decides.
 func (a *Attempt) AtHeaders(ctx context.Context, set *policy.Set, f Facts, now time.Time) Verdict {
 	r := f.Target()
 	a.method, a.path = r.Method, r.Path
@@ -83,6 +84,7 @@ func (a *Attempt) AtHeaders(ctx context.Context, set *policy.Set, f Facts, now t
 	v := a.named(ctx, scope, required, key)
 	if v.Kind == Continue {
 		a.fpHeaders = f.Headers(a.Policy.FingerprintHeaders)
+		v.Kind = ReadBody
 	}
 	return v
 }

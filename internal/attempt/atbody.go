@@ -42,7 +42,7 @@ type candidate struct {
 
 // readBody defers a request to its body: it reads, for every policy the
 // request may end with, the key header, the scope and the fingerprint
-// headers, and says ReadBody; until the body says otherwise, the first
+// headers, and says ReadBody at the body (AtBody); until the body says otherwise, the first
 // policy's limits (its max_request_body) and answers hold. A JSON-RPC
 // request whose MCP headers rule out every candidate passes here
 // (ruledOut).
@@ -74,7 +74,7 @@ func (a *Attempt) readBody(ctx context.Context, set *policy.Set, r policy.Reques
 		}
 		a.cands = append(a.cands, c)
 	}
-	return Verdict{Kind: ReadBody, JSONRPC: jsonRPC}
+	return Verdict{Kind: ReadBody, AtBody: true, JSONRPC: jsonRPC}
 }
 
 // pickAtBody picks the policy of a deferred request once its body is whole:

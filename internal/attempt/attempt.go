@@ -188,7 +188,7 @@ type Attempt struct {
 	callID []byte
 
 	// renew keeps the lease alive; it is set exactly while this attempt
-	// holds the record and has not settled it (Held).
+	// holds the record and has not settled it (held).
 	renew *renewer
 
 	// retry is a final transition the store refused; SettleAtEnd tries it
@@ -221,9 +221,9 @@ func New(srv *Server, conv Conversation) Attempt {
 	return Attempt{srv: srv, conv: conv, started: time.Now()}
 }
 
-// Held reports whether this attempt holds the record and has not settled
+// held reports whether this attempt holds the record and has not settled
 // it yet.
-func (a *Attempt) Held() bool { return a.renew != nil }
+func (a *Attempt) held() bool { return a.renew != nil }
 
 // decisionCode is a settling decision in one byte: an ext_proc stream's
 // state then fits the allocation size class it had before the attempt

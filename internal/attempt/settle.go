@@ -36,7 +36,7 @@ type Response struct {
 // came there. attrs start the debug line that says how it was judged.
 func (a *Attempt) AtResponse(ctx context.Context, r Response, attrs ...slog.Attr) Verdict {
 	switch {
-	case !a.Held():
+	case !a.held():
 		return verdictPass
 	case r.Later:
 		return Verdict{Kind: Store}

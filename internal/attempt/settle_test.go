@@ -150,7 +150,7 @@ func TestResponseDecisionTable(t *testing.T) {
 			if got := f.state(t); got != tc.want {
 				t.Fatalf("record state %v, want %v", got, tc.want)
 			}
-			if f.att.Held() || f.att.Pending() {
+			if f.att.held() || f.att.Pending() {
 				t.Fatal("the attempt still holds the record")
 			}
 			if len(f.rep.decisions) != 1 || f.rep.decisions[0] != tc.decision {
@@ -264,8 +264,8 @@ func TestSettleCall(t *testing.T) {
 			f.att.callID = []byte(`3`)
 			f.att.actionFor(tc.origin, tc.rs.Status, tc.retried)
 			f.att.settleStored(context.Background(), tc.rs)
-			if got := f.state(t); got != tc.want || f.att.Held() {
-				t.Fatalf("state %v (held %v), want %v", got, f.att.Held(), tc.want)
+			if got := f.state(t); got != tc.want || f.att.held() {
+				t.Fatalf("state %v (held %v), want %v", got, f.att.held(), tc.want)
 			}
 			if len(f.rep.decisions) != 1 || f.rep.decisions[0] != tc.d {
 				t.Fatalf("decisions %v, want %v", f.rep.decisions, tc.d)

@@ -19,8 +19,8 @@ import (
 type verdictKind uint8
 
 const (
-	// Continue: the request goes on, protected: the attempt reads more of
-	// it, or (once decided) holds the record while the upstream runs.
+	// Continue: the request goes on, protected: the attempt holds the
+	// record while the upstream runs.
 	Continue verdictKind = iota
 	// Pass: the request goes on unprotected; nothing more is recorded.
 	Pass
@@ -34,8 +34,9 @@ const (
 	// Verdict.Home, whose server decides it; this server records nothing
 	// of it (Server.SendHome).
 	SendHome
-	// ReadBody: the request's policy is decided at its body, read whole
-	// first (Request picks it).
+	// ReadBody: the request's body is read whole, then Request decides:
+	// its fingerprint needs it, and with Verdict.AtBody its policy is
+	// picked there.
 	ReadBody
 	// Store: the response is to be stored: its body is read, and
 	// AtResponse at its end stores it.
@@ -50,6 +51,8 @@ const (
 // Verdict is one decision about a request.
 type Verdict struct {
 	Kind verdictKind
+	// AtBody: the request's policy is picked at its body (ReadBody).
+	AtBody bool
 	// JSONRPC: the answers made in the upstream's place are JSON-RPC
 	// responses (a policy with answers: jsonrpc), for ReadBody and at
 	// the body.

@@ -210,10 +210,10 @@ func TestRequestVerdictTable(t *testing.T) {
 				a := d.attempt(rep)
 				v := a.request(ctx, tc.fp)
 				checkVerdict(t, v, w)
-				if held := a.Held(); held != (v.Kind == Continue) {
+				if held := a.held(); held != (v.Kind == Continue) {
 					t.Fatalf("holds the record: %v after a %v verdict", held, v.Kind)
 				}
-				if a.Held() {
+				if a.held() {
 					a.stopRenewing()
 				}
 				if v.Kind == Wait {
@@ -255,7 +255,7 @@ func TestAwaitVerdicts(t *testing.T) {
 			tc.settle(first)
 			v := a.Await(ctx)
 			checkVerdict(t, v, tc.want)
-			if a.Held() {
+			if a.held() {
 				a.stopRenewing()
 			}
 		})

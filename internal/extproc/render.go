@@ -24,10 +24,9 @@ import (
 
 // render turns a verdict into the reply to the current message, and is
 // the one place the stream's stage changes.
-//   - Continue: before the decision (the attempt holds nothing yet), the
-//     body is awaited (stageRequestBody, awaitBody); after it, the
-//     reserved request goes upstream (stageUpstream) and every withheld
-//     reply is released (cont).
+//   - ReadBody: the body is awaited (stageRequestBody, awaitBody).
+//   - Continue: the reserved request goes upstream (stageUpstream) and
+//     every withheld reply is released (cont).
 //   - Pass: the request goes on unprotected (passThrough).
 //   - Answer: the server answers in the upstream's place, with the problem
 //     or the replay in the caller's form; withheld replies are dropped,
@@ -48,11 +47,10 @@ func (p *processor) render(ctx context.Context, v attempt.Verdict) *extprocv3.Pr
 		p.respAdd = append(p.respAdd, v.Add...)
 	}
 	switch v.Kind {
-	case attempt.Continue, attempt.ReadBody:
-		if !p.att.Held() {
-			p.stage = stageRequestBody
-			return p.awaitBody(ctx)
-		}
+	case attempt.ReadBody:
+		p.stage = stageRequestBody
+		return p.awaitBody(ctx)
+	case attempt.Continue:
 		p.stage = stageUpstream
 		return p.cont()
 	case attempt.Wait:
@@ -104,7 +102,7 @@ func (p *processor) refuseUnread(ctx context.Context, prob *problem.Problem, chu
 }
 
 // awaitBody asks for a protected request's body, whole, before anything
-// of the request goes upstream (render's Continue before the decision). In the echo modes the headers reply is
+// of the request goes upstream (render's ReadBody). In the echo modes the headers reply is
 // withheld (rpcState); grpc-go without a request body mode sends no body
 // at all, so the call is decided on its headers (its fingerprint then
 // lacks the message).

@@ -61,10 +61,10 @@ func (p *processor) onRequestHeaders(ctx context.Context, hh *extprocv3.HttpHead
 	if !hasAttr(f.attrs, envoyorigin.AttrRouteName) {
 		p.srv.routeNameMissing(ctx, &p.att, p.policies)
 	}
-	if v.Kind == attempt.ReadBody {
+	if v.AtBody {
 		p.body = &bodyDecision{jsonrpc: v.JSONRPC}
 	}
-	if hh.GetEndOfStream() && (v.Kind == attempt.Continue || v.Kind == attempt.ReadBody) {
+	if hh.GetEndOfStream() && v.Kind == attempt.ReadBody {
 		return p.decide(ctx) // no body: a JSON criterion cannot hold
 	}
 	return p.render(ctx, v)
@@ -128,7 +128,7 @@ func (p *processor) releaseRequestBody() {
 }
 
 // bodyDecision is what the protocol side keeps of a request deferred to
-// its body (attempt.ReadBody): whether its answers are JSON-RPC, to which
+// its body (attempt.Verdict.AtBody): whether its answers are JSON-RPC, to which
 // id, and what its answer teaches of the tools.
 type bodyDecision struct {
 	// jsonrpc: answers in the upstream's place are JSON-RPC responses to
