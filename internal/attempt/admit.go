@@ -172,11 +172,11 @@ func (a *Attempt) headerKey(raw string, lines int) (admission, string, *problem.
 	return admitKeyed, key, nil
 }
 
-// Refuse is the verdict on a request the policy refuses before any store
+// refuse is the verdict on a request the policy refuses before any store
 // call (key missing or invalid, no principal, a body too large or
 // unreadable, the server's buffers full). A shadow policy only counts what
 // it would have refused, and lets the request on.
-func (a *Attempt) Refuse(ctx context.Context, prob *problem.Problem) Verdict {
+func (a *Attempt) refuse(ctx context.Context, prob *problem.Problem) Verdict {
 	if a.Policy.Enforcement == policy.EnforcementShadow {
 		return a.shadowed(ctx, idem.ShadowWouldReject, verdictPass, slog.String("problem", prob.Slug))
 	}
@@ -195,7 +195,7 @@ func (a *Attempt) admitted(ctx context.Context, adm admission, prob *problem.Pro
 	case admitGrace:
 		return a.grace(ctx)
 	case admitRefused:
-		return a.Refuse(ctx, prob)
+		return a.refuse(ctx, prob)
 	}
 	return verdictContinue
 }
@@ -205,7 +205,7 @@ func (a *Attempt) admitted(ctx context.Context, adm admission, prob *problem.Pro
 // policy requires, or where a homes map sends the request (routed).
 func (a *Attempt) named(ctx context.Context, scope string, required bool, key string) Verdict {
 	if prob := a.admit(scope, required, key); prob != nil {
-		return a.Refuse(ctx, prob)
+		return a.refuse(ctx, prob)
 	}
 	return a.routed(ctx)
 }

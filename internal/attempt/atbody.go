@@ -164,7 +164,7 @@ func (a *Attempt) took(ctx context.Context, c *candidate, id, body []byte, now t
 	if c.Policy.Answers == policy.AnswersJSONRPC {
 		a.callID = id // a replay answers this call (answer)
 		if why := headersMismatch(c, body, now); why != "" {
-			return a.Refuse(ctx, problem.New(problem.HeaderMismatch, why))
+			return a.refuse(ctx, problem.New(problem.HeaderMismatch, why))
 		}
 	}
 	adm, key, prob := a.admitKeyFrom(keyInput{headerRaw: c.RawKey, headerLines: c.KeyLines, body: body}, now)
@@ -179,7 +179,7 @@ func (a *Attempt) took(ctx context.Context, c *candidate, id, body []byte, now t
 	// headers path keeps: a request it would pass or refuse for its key
 	// never gets this far there either.
 	if limit := c.Policy.MaxRequestBody; len(body) > limit {
-		return a.Refuse(ctx, BodyTooLarge(limit))
+		return a.refuse(ctx, BodyTooLarge(limit))
 	}
 	a.fpHeaders = c.FPHeaders
 	return verdictContinue
@@ -205,7 +205,7 @@ func (a *Attempt) unreadable(ctx context.Context, c *candidate, why error, body 
 	if adm != admitRefused {
 		return Verdict{}, false
 	}
-	v := a.Refuse(ctx, prob)
+	v := a.refuse(ctx, prob)
 	if v.JSONRPC = c.Policy.Answers == policy.AnswersJSONRPC; v.JSONRPC {
 		v.ID = jsonrpc.ScanID(body, nil) // the id the body's first bytes carry, if any
 	}

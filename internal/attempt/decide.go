@@ -271,11 +271,25 @@ func (a *Attempt) decideShadow(ctx context.Context, fp idem.Fingerprint) (idem.S
 	return idem.ShadowDecisionFor(res.Outcome), nil
 }
 
-// Request is the request-time verdict on the complete request, body its
-// whole body: for a request deferred to it, the policy it picks (pickAtBody),
+// Body is the request's body as the protocol side read it (Request).
+type Body struct {
+	// Bytes is the whole body.
+	Bytes []byte
+	// Unread, when set, is why the body could not be read whole (over a
+	// limit or the server's budget, cut at the proxy's buffer): the
+	// request is refused with it (refuse).
+	Unread *problem.Problem
+}
+
+// Request is the request-time verdict on the complete request, b its
+// body: for a request deferred to it, the policy it picks (pickAtBody),
 // then its fingerprint (its method, path and the policy's fingerprint
-// headers read at the headers, and body), then request.
-func (a *Attempt) Request(ctx context.Context, body []byte, now time.Time) Verdict {
+// headers read at the headers, and the body), then request.
+func (a *Attempt) Request(ctx context.Context, b Body, now time.Time) Verdict {
+	if b.Unread != nil {
+		return a.refuse(ctx, b.Unread)
+	}
+	body := b.Bytes
 	var picked Verdict
 	if a.cands != nil {
 		if picked = a.pickAtBody(ctx, body, now); picked.Kind != Continue {
@@ -320,8 +334,7 @@ func (a *Attempt) request(ctx context.Context, fp idem.Fingerprint) Verdict {
 			return a.shadowed(ctx, d, verdictPass, slog.String("error", err.Error()))
 		}
 		if d == idem.ShadowWouldReserve {
-			a.hold(a.conv.Background())
-			return a.shadowed(ctx, d, verdictContinue)
+			return a.shadowed(ctx, d, a.reserved())
 		}
 		return a.shadowed(ctx, d, verdictPass)
 	}
@@ -342,6 +355,29 @@ func (a *Attempt) request(ctx context.Context, fp idem.Fingerprint) Verdict {
 		return Verdict{Kind: Wait, Wait: d}
 	}
 	return a.answer(ctx, res)
+}
+
+// reserved makes the attempt the record's holder (hold), and is the
+// verdict that lets the request go upstream.
+//
+// Its Wait is the time to ask the proxy for before a response message that
+// may settle the record, or 0 when the settlement fits the message's own
+// timer: it does unless the record is held in a far home's store, whose
+// budget (HomeStore.Budget, fixed once the record is reserved) passes the
+// local --store-timeout. Envoy's timer starts when the ask arrives, so the
+// server's own budget is added. Envoy ignores an ask above its
+// max_message_timeout rather than cap it (ext_proc.cc
+// Filter::onNewTimeout); the ask is capped here at what the request's own
+// ask (a.asked) left of it, so that the asks of one request add up to at
+// most max_message_timeout, as docs/envoy.md's rule for a request's time
+// in Envoy counts them.
+func (a *Attempt) reserved() Verdict {
+	a.hold(a.conv.Background())
+	v := Verdict{Kind: Continue}
+	if a.home != nil && a.storeBudget() > a.srv.StoreTimeout {
+		v.Wait = max(0, min(a.storeBudget()+a.srv.StoreTimeout, a.srv.MaxMessageTimeout-a.asked))
+	}
+	return v
 }
 
 // askForHome is the verdict that asks the proxy for the time of the home's
@@ -404,8 +440,7 @@ func (a *Attempt) answer(ctx context.Context, res idem.ReserveResult) Verdict {
 	a.conv.Decided(a.Policy.Name, d)
 	switch res.Outcome {
 	case idem.Reserved:
-		a.hold(a.conv.Background())
-		return verdictContinue
+		return a.reserved()
 	case idem.Completed:
 		if !res.CreatedAt.IsZero() {
 			a.srv.Observer.Replayed(a.Policy.Name, time.Since(res.CreatedAt))

@@ -133,23 +133,6 @@ func (a *Attempt) settle(ctx context.Context, action idem.Action, attrs ...slog.
 // that records what happened. If the store fails, SettleAtEnd keeps trying
 // (within SettleAtEndTimeout); if that fails too, the unrenewed lease still
 // turns the record unknown: never a silent second execution.
-// SettleAsk is the time to ask the proxy for before the record is settled
-// at a response message, or 0 when the settlement fits the message's own
-// timer: it does unless the record is held in a far home's store, whose
-// budget (HomeStore.Budget) passes the local --store-timeout. Envoy's
-// timer starts when the ask arrives, so the server's own budget is added.
-// Envoy ignores an ask above its max_message_timeout rather than cap it
-// (ext_proc.cc Filter::onNewTimeout); the ask is capped here at what the
-// request's own ask (a.asked) left of it, so that the asks of one request
-// add up to at most max_message_timeout, as docs/envoy.md's rule for a
-// request's time in Envoy counts them.
-func (a *Attempt) SettleAsk() time.Duration {
-	if a.renew == nil || a.home == nil || a.storeBudget() <= a.srv.StoreTimeout {
-		return 0
-	}
-	return max(0, min(a.storeBudget()+a.srv.StoreTimeout, a.srv.MaxMessageTimeout-a.asked))
-}
-
 func (a *Attempt) settleWith(ctx context.Context, code decisionCode, apply func(context.Context) error, attrs ...slog.Attr) {
 	d := code.decision()
 	a.stopRenewing()

@@ -68,7 +68,9 @@ type Verdict struct {
 	// Shadow is what a shadow policy would have done; "" under any other.
 	Shadow idem.ShadowDecision
 	// Wait bounds a Wait: the time the proxy must give the request's
-	// current message (the wait plus two store calls).
+	// current message (the wait plus two store calls). For Continue, the
+	// time to ask for before a response message that may settle the
+	// record; 0 when its own timer is enough (reserved).
 	Wait time.Duration
 	// Home is the region a SendHome sends the request to.
 	Home string

@@ -139,9 +139,9 @@ func TestRefusalVerdicts(t *testing.T) {
 		p := policy.Default()
 		a := New(&Server{Observer: idem.NopObserver{}, Log: slog.New(slog.DiscardHandler)}, &reporter{})
 		a.Policy = p
-		checkVerdict(t, a.Refuse(ctx, prob), want{kind: answered, slug: prob.Slug})
+		checkVerdict(t, a.refuse(ctx, prob), want{kind: answered, slug: prob.Slug})
 		p.Enforcement = policy.EnforcementShadow
-		checkVerdict(t, a.Refuse(ctx, prob), want{kind: Pass, shadow: idem.ShadowWouldReject})
+		checkVerdict(t, a.refuse(ctx, prob), want{kind: Pass, shadow: idem.ShadowWouldReject})
 	}
 }
 

@@ -51,7 +51,7 @@ func (p *processor) render(ctx context.Context, v attempt.Verdict) *extprocv3.Pr
 		p.stage = stageRequestBody
 		return p.awaitBody(ctx)
 	case attempt.Continue:
-		p.stage = stageUpstream
+		p.stage, p.settleAsk = stageUpstream, v.Wait
 		return p.cont()
 	case attempt.Wait:
 		// Envoy times each message out (message_timeout, 200 ms by
@@ -98,7 +98,7 @@ func (p *processor) refuseUnread(ctx context.Context, prob *problem.Problem, chu
 	if d := p.body; d != nil && d.jsonrpc && d.id == nil {
 		d.id = jsonrpc.ScanID(p.reqBody, chunk)
 	}
-	return p.render(ctx, p.att.Refuse(ctx, prob))
+	return p.render(ctx, p.att.Request(ctx, attempt.Body{Unread: prob}, p.srv.cfg.Now()))
 }
 
 // awaitBody asks for a protected request's body, whole, before anything
@@ -111,7 +111,8 @@ func (p *processor) awaitBody(ctx context.Context) *extprocv3.ProcessingResponse
 		// A JSON-RPC answer here could not carry the request's id, which
 		// only its body holds: such a request is refused at its body,
 		// where the budget refuses it still if it stays full.
-		return p.render(ctx, p.att.Refuse(ctx, p.srv.budget.capacityProblem(p.att.Policy.RetryAfter)))
+		prob := p.srv.budget.capacityProblem(p.att.Policy.RetryAfter)
+		return p.render(ctx, p.att.Request(ctx, attempt.Body{Unread: prob}, p.srv.cfg.Now()))
 	}
 	switch {
 	case p.rpc.proxyless && p.requestBodyMode == procmodev3.ProcessingMode_NONE:

@@ -109,7 +109,7 @@ func (p *processor) onRequestBody(ctx context.Context, body *extprocv3.HttpBody)
 func (p *processor) decide(ctx context.Context) *extprocv3.ProcessingResponse {
 	body := p.reqBody
 	p.reqBody = nil
-	v := p.att.Request(ctx, body, p.srv.cfg.Now())
+	v := p.att.Request(ctx, attempt.Body{Bytes: body}, p.srv.cfg.Now())
 	if d := p.body; d != nil {
 		d.jsonrpc, d.id, d.tools = v.JSONRPC, v.ID, learnsFrom(v)
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	procmodev3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
@@ -70,8 +71,7 @@ type processor struct {
 	requestBodyMode, responseBodyMode procmodev3.ProcessingMode_BodySendMode
 	modesKnown                        bool
 	// stage, phase and respTooLarge sit next to modesKnown, in what would be
-	// padding: a processor is allocated per request, and this keeps it in
-	// the 480 byte size class.
+	// padding: a processor is allocated per request.
 	stage stage
 	// phase is the message being answered; msgBody its body, for a body
 	// message (echoed back in the echo modes).
@@ -85,8 +85,11 @@ type processor struct {
 	then func(context.Context) *extprocv3.ProcessingResponse
 
 	// att is the attempt: policy, record, token, what it holds.
-	att     attempt.Attempt
-	reqBody []byte
+	att attempt.Attempt
+	// settleAsk is the time to ask Envoy for before a response message
+	// that may settle the record (the Continue verdict's Wait).
+	settleAsk time.Duration
+	reqBody   []byte
 	// reqLength and respLength are the bodies' declared lengths
 	// (content-length), 0 when unknown: the size of their buffers
 	// (bodybuf.go).
@@ -194,9 +197,9 @@ func (p *processor) handle(ctx context.Context, m *message) (*extprocv3.Processi
 		return p.onRequest(ctx, m)
 	}
 	// A message that may settle a record held in a far home's store first
-	// asks Envoy for the settlement's time (attempt.SettleAsk), as a wait
-	// does at the request: message_timeout is shorter than one call there.
-	if d := p.att.SettleAsk(); d > 0 && maySettle(m, p.stage, p.responseBodyMode, p.rpc.proxyless) {
+	// asks Envoy for the settlement's time (settleAsk), as a wait does at
+	// the request: message_timeout is shorter than one call there.
+	if d := p.settleAsk; d > 0 && maySettle(m, p.stage, p.responseBodyMode, p.rpc.proxyless) {
 		p.then = func(ctx context.Context) *extprocv3.ProcessingResponse { return p.onResponse(ctx, m) }
 		return &extprocv3.ProcessingResponse{OverrideMessageTimeout: durationpb.New(d)}, nil
 	}
