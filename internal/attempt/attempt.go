@@ -305,6 +305,27 @@ type renewer struct {
 	stopped bool
 }
 
+// reserved makes the attempt the record's holder (hold): the verdict lets
+// the request go upstream. Its Wait is the time to ask the proxy for before a response message that
+// may settle the record, or 0 when the settlement fits the message's own
+// timer: it does unless the record is held in a far home's store, whose
+// budget (HomeStore.Budget, fixed once the record is reserved) passes the
+// local --store-timeout. Envoy's timer starts when the ask arrives, so the
+// server's own budget is added. Envoy ignores an ask above its
+// max_message_timeout rather than cap it (ext_proc.cc
+// Filter::onNewTimeout); the ask is capped here at what the request's own
+// ask (a.asked) left of it, so that the asks of one request add up to at
+// most max_message_timeout, as docs/envoy.md's rule for a request's time
+// in Envoy counts them.
+func (a *Attempt) reserved() Verdict {
+	a.hold(a.conv.Background())
+	v := Verdict{Kind: Continue}
+	if a.home != nil && a.storeBudget() > a.srv.StoreTimeout {
+		v.Wait = max(0, min(a.storeBudget()+a.srv.StoreTimeout, a.srv.MaxMessageTimeout-a.asked))
+	}
+	return v
+}
+
 // hold makes the attempt the record's holder once the store reserved it
 // for its token, and keeps the lease alive in the background until the
 // attempt settles; base carries the stream's span (its cancellation is

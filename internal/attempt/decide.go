@@ -100,30 +100,28 @@ func (a *Attempt) opened(res idem.ReserveResult) (idem.ReserveResult, error) {
 	if a.Policy.Encrypt && !res.Response.Sealed {
 		return res, unusable{errNotSealed}
 	}
-	if res.Response.Sealed {
-		opened, err := a.open(*res.Response)
+	if r := res.Response; r.Sealed {
+		if a.srv.Sealer == nil {
+			return res, unusable{errors.New("a stored response is sealed and the server has no key ring")}
+		}
+		opened, err := a.srv.Sealer.Open(a.ID, *r)
 		if err != nil {
 			return res, unusable{err}
 		}
 		res.Response = &opened
 	}
-	if res.Response.Compressed {
-		expanded, err := a.expand(*res.Response)
+	if r := res.Response; r.Compressed {
+		c := a.Policy.Compression.Codec
+		if c == nil {
+			return res, unusable{errors.New("a stored response is compressed and the policy has no compression codec")}
+		}
+		expanded, err := c.Expand(*r, a.Policy.MaxExpanded())
 		if err != nil {
 			return res, unusable{err}
 		}
 		res.Response = &expanded
 	}
 	return res, nil
-}
-
-// expand gives back the headers and body a compressed record holds.
-func (a *Attempt) expand(r idem.Response) (idem.Response, error) {
-	c := a.Policy.Compression.Codec
-	if c == nil {
-		return idem.Response{}, errors.New("a stored response is compressed and the policy has no compression codec")
-	}
-	return c.Expand(r, a.Policy.MaxExpanded())
 }
 
 // homeElsewhere turns the outcomes of a store that no longer arbitrates
@@ -134,13 +132,6 @@ func homeElsewhere(res idem.ReserveResult) error {
 		return fmt.Errorf("the key is arbitrated in region %q, which this server's store does not reach", res.Home)
 	}
 	return nil
-}
-
-func (a *Attempt) open(r idem.Response) (idem.Response, error) {
-	if a.srv.Sealer == nil {
-		return idem.Response{}, errors.New("a stored response is sealed and the server has no key ring")
-	}
-	return a.srv.Sealer.Open(a.ID, r)
 }
 
 // reserve asks the store for the record, with the policy's lease,
@@ -355,29 +346,6 @@ func (a *Attempt) request(ctx context.Context, fp idem.Fingerprint) Verdict {
 		return Verdict{Kind: Wait, Wait: d}
 	}
 	return a.answer(ctx, res)
-}
-
-// reserved makes the attempt the record's holder (hold), and is the
-// verdict that lets the request go upstream.
-//
-// Its Wait is the time to ask the proxy for before a response message that
-// may settle the record, or 0 when the settlement fits the message's own
-// timer: it does unless the record is held in a far home's store, whose
-// budget (HomeStore.Budget, fixed once the record is reserved) passes the
-// local --store-timeout. Envoy's timer starts when the ask arrives, so the
-// server's own budget is added. Envoy ignores an ask above its
-// max_message_timeout rather than cap it (ext_proc.cc
-// Filter::onNewTimeout); the ask is capped here at what the request's own
-// ask (a.asked) left of it, so that the asks of one request add up to at
-// most max_message_timeout, as docs/envoy.md's rule for a request's time
-// in Envoy counts them.
-func (a *Attempt) reserved() Verdict {
-	a.hold(a.conv.Background())
-	v := Verdict{Kind: Continue}
-	if a.home != nil && a.storeBudget() > a.srv.StoreTimeout {
-		v.Wait = max(0, min(a.storeBudget()+a.srv.StoreTimeout, a.srv.MaxMessageTimeout-a.asked))
-	}
-	return v
 }
 
 // askForHome is the verdict that asks the proxy for the time of the home's
