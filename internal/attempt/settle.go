@@ -48,9 +48,9 @@ func (a *Attempt) AtResponse(ctx context.Context, r Response, attrs ...slog.Attr
 		if action != idem.ActionStore {
 			a.settle(ctx, action)
 			if r.End {
-				return Verdict{Kind: Settled}
+				return Verdict{Kind: Settled, Unsettled: a.retry != nil}
 			}
-			return Verdict{Kind: SkipBody}
+			return Verdict{Kind: SkipBody, Unsettled: a.retry != nil}
 		}
 		a.storing = true
 	}
@@ -58,7 +58,7 @@ func (a *Attempt) AtResponse(ctx context.Context, r Response, attrs ...slog.Attr
 		return Verdict{Kind: Store}
 	}
 	a.settleStored(ctx, r.Read)
-	return Verdict{Kind: Settled}
+	return Verdict{Kind: Settled, Unsettled: a.retry != nil}
 }
 
 // actionFor is what a response proves about the operation, by the policy's
@@ -165,9 +165,9 @@ func errAttr(err error) slog.Attr {
 	return slog.String("error", err.Error())
 }
 
-// Pending reports whether SettleAtEnd has work: a record still held, or a
+// pending reports whether SettleAtEnd has work: a record still held, or a
 // transition to retry.
-func (a *Attempt) Pending() bool { return a.renew != nil || a.retry != nil }
+func (a *Attempt) pending() bool { return a.renew != nil || a.retry != nil }
 
 // SettleAtEnd runs when the stream ends, however it ends, with base
 // carrying the stream's span (not its deadline). It retries a refused
@@ -176,7 +176,7 @@ func (a *Attempt) Pending() bool { return a.renew != nil || a.retry != nil }
 // did answer: it completes without its body); without one the outcome is
 // the policy's on_stream_reset.
 func (a *Attempt) SettleAtEnd(base context.Context, partial *idem.Response) {
-	if !a.Pending() {
+	if !a.pending() {
 		return // settled already, or nothing was reserved: the usual end
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(base), a.srv.SettleAtEndTimeout)

@@ -74,6 +74,9 @@ type Verdict struct {
 	Wait time.Duration
 	// Home is the region a SendHome sends the request to.
 	Home string
+	// Unsettled: the store did not take a SkipBody's or Settled's
+	// transition; SettleAtEnd retries it when the stream ends.
+	Unsettled bool
 
 	// ID is, at the body of a request deferred to it (ReadBody), the
 	// JSON-RPC id its answers go to; nil when none was read.

@@ -69,6 +69,9 @@ func (p *processor) render(ctx context.Context, v attempt.Verdict) *extprocv3.Pr
 		return p.readResponseBody()
 	}
 	p.stage = stagePassThrough // nothing more is recorded here
+	if v.Unsettled {
+		p.stage = stageUnsettled
+	}
 	switch v.Kind {
 	case attempt.Pass:
 		return p.passThrough()

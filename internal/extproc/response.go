@@ -206,9 +206,6 @@ func (p *processor) readResponse() idem.Response {
 // what it still holds (attempt.SettleAtEnd). With response headers in hand the
 // upstream did answer, so the record completes without its body.
 func (p *processor) settleAtEnd() {
-	if !p.att.Pending() {
-		return // settled already, or nothing was reserved: the usual end
-	}
 	var partial *idem.Response
 	if p.stage == stageResponseBody {
 		partial = &idem.Response{Status: p.respStatus, Headers: p.respHeaders, BodyOmitted: true}

@@ -40,6 +40,10 @@ const (
 	// message is answered CONTINUE (Envoy sends them anyway when it does
 	// not honour mode_override).
 	stagePassThrough
+	// stageUnsettled: as stagePassThrough, but the record's settlement
+	// is retried when the stream ends (attempt.Verdict.Unsettled), which
+	// is not ended early for it (finished).
+	stageUnsettled
 )
 
 // phase is the kind of message being answered: its reply must be of the
@@ -300,10 +304,10 @@ func (s *Server) serve(ctx context.Context, stream extprocv3.ExternalProcessor_P
 // write (docs/performance.md, "History of changes").
 //
 // It holds only when nothing could still be wanted: the request is past
-// every decision (stagePassThrough: answered by the server, passed, or its
-// record settled), no header waits to be added to the response (respAdd),
-// no reply is withheld, the attempt holds nothing and retries nothing at
-// the stream's end, the request is not a gRPC call (whose outcome comes
+// every decision and the attempt holds and retries nothing
+// (stagePassThrough: answered by the server, passed, or its record
+// settled), no header waits to be added to the response (respAdd), no
+// reply is withheld, the request is not a gRPC call (whose outcome comes
 // later, from its trailers: grpc.go), no tools/list answer is to be read
 // for its tools' annotations (tools.go), and both body modes are known and
 // ones in which Envoy keeps the body itself (NONE, BUFFERED,
@@ -314,7 +318,7 @@ func (s *Server) serve(ctx context.Context, stream extprocv3.ExternalProcessor_P
 // Envoy closes them.
 func (p *processor) finished() bool {
 	return p.stage == stagePassThrough && len(p.respAdd) == 0 && !p.rpc.withholds() && !p.rpc.call &&
-		!p.att.Pending() && p.body.learning() == nil && p.modesKnown && keepsBody(p.requestBodyMode) && keepsBody(p.responseBodyMode)
+		p.body.learning() == nil && p.modesKnown && keepsBody(p.requestBodyMode) && keepsBody(p.responseBodyMode)
 }
 
 // keepsBody reports a body mode in which Envoy holds the body itself, and
