@@ -3,6 +3,7 @@ package extproc
 import (
 	"context"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 
@@ -53,7 +54,11 @@ func (f *envoyFacts) Header(name string) (string, int) {
 	return v, countHeader(f.headers, name)
 }
 
-func (f *envoyFacts) Headers(names []string) []idem.Header { return selectHeaders(f.headers, names) }
+// Headers keeps the order and repeats of the names (few: a policy's
+// fingerprint headers).
+func (f *envoyFacts) Headers(names []string) []idem.Header {
+	return keptHeaders(f.headers, func(n string) bool { return slices.Contains(names, n) }, nil)
+}
 
 func (f *envoyFacts) HeadersPrefixed(prefix string) []idem.Header {
 	return keptHeaders(f.headers, func(n string) bool { return strings.HasPrefix(n, prefix) }, nil)

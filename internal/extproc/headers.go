@@ -27,12 +27,7 @@ func headerValue(h *corev3.HeaderValue) string {
 // headerList converts a HeaderMap, keeping order and repeated names. Envoy
 // already sends names in lower case.
 func headerList(m *corev3.HeaderMap) []idem.Header {
-	hs := m.GetHeaders()
-	out := make([]idem.Header, 0, len(hs))
-	for _, h := range hs {
-		out = append(out, idem.Header{Name: h.GetKey(), Value: headerValue(h)})
-	}
-	return out
+	return keptHeaders(m, func(string) bool { return true }, nil)
 }
 
 // findHeader returns the first value of name in m and whether it was
@@ -158,22 +153,6 @@ func writeHeaderValue(b *strings.Builder, h *corev3.HeaderValue) {
 		return
 	}
 	b.WriteString(h.GetValue())
-}
-
-// selectHeaders converts the headers of m named in names (few, see
-// policy.Policy.FingerprintHeaders), keeping their order and repeats: what
-// a request's fingerprint reads of its headers.
-func selectHeaders(m *corev3.HeaderMap, names []string) []idem.Header {
-	var out []idem.Header
-	for _, h := range m.GetHeaders() {
-		for _, n := range names {
-			if h.GetKey() == n {
-				out = append(out, idem.Header{Name: n, Value: headerValue(h)})
-				break
-			}
-		}
-	}
-	return out
 }
 
 // firstHeader returns the first value of name and whether it was present.

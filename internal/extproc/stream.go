@@ -74,14 +74,17 @@ type processor struct {
 	// configuration is assumed and no override is asked for.
 	requestBodyMode, responseBodyMode procmodev3.ProcessingMode_BodySendMode
 	modesKnown                        bool
-	// stage, phase and respTooLarge sit next to modesKnown, in what would be
-	// padding: a processor is allocated per request.
+	// stage, phase, respTooLarge and seq sit next to modesKnown, in what
+	// would be padding: a processor is allocated per request, and this
+	// keeps it, with the 8 bytes of the allocator's header for an object
+	// over 512 bytes with pointers, in the 640 byte size class.
 	stage stage
 	// phase is the message being answered; msgBody its body, for a body
 	// message (echoed back in the echo modes).
 	phase phase
 	// respTooLarge: the response is recorded without its body.
 	respTooLarge bool
+	seq          sequence
 	msgBody      *extprocv3.HttpBody
 	// then: the reply just queued extends Envoy's timer (a wait,
 	// attempt.Wait, or a far home's settlement); the loop sends it, then
@@ -109,7 +112,6 @@ type processor struct {
 	respBody    []byte
 
 	rpc rpcState
-	seq sequence
 	// body is set for a request whose policy is decided at its body
 	// (request.go, deferToBody); nil on every other request.
 	body *bodyDecision
