@@ -123,34 +123,27 @@ func (p *processor) readResponseBody() *extprocv3.ProcessingResponse {
 	return continueFor(p.phase)
 }
 
+// onResponseBody reads one body message of a response to be stored. In an
+// echo mode its echo is withheld until the outcome is stored, so that a
+// client never holds an answer the record does not have yet; the held
+// bytes are acknowledged to grpc-go's flow control at once. A response
+// larger than the policy's max_stored_body is not held: it passes on as it
+// comes and is recorded without its body.
 func (p *processor) onResponseBody(ctx context.Context, body *extprocv3.HttpBody) *extprocv3.ProcessingResponse {
-	if echoes(p.responseBodyMode) {
-		return p.onStreamedResponseBody(ctx, body)
-	}
 	p.storeResponseBytes(body)
+	echo := echoes(p.responseBodyMode)
 	// In BUFFERED mode an HTTP response's body is whole even when trailers
-	// follow; a gRPC response's status comes in the trailers.
-	if body.GetEndOfStream() || (!p.rpc.response && p.responseBodyMode == procmodev3.ProcessingMode_BUFFERED) {
+	// follow; a gRPC response's status comes in the trailers. In an echo
+	// mode the end comes without trailers (Envoy, a response without
+	// them): the record settles before the last echo lets the client have
+	// the answer, also when it is recorded without its body.
+	if body.GetEndOfStream() || (!echo && !p.rpc.response && p.responseBodyMode == procmodev3.ProcessingMode_BUFFERED) {
 		return p.render(ctx, p.responseEnd(ctx, nil))
 	}
-	return continueFor(p.phase)
-}
-
-// onStreamedResponseBody reads one response body message in an echo mode.
-// Its echo is withheld until the outcome is stored, so that a client never
-// holds an answer the record does not have yet; the held bytes are
-// acknowledged to grpc-go's flow control at once. A response larger than
-// the policy's max_stored_body is not held: it passes on as it comes and
-// is recorded without its body.
-func (p *processor) onStreamedResponseBody(ctx context.Context, body *extprocv3.HttpBody) *extprocv3.ProcessingResponse {
-	p.storeResponseBytes(body)
-	if body.GetEndOfStream() {
-		// No trailers follow (Envoy, a response without trailers): the
-		// record settles before the last echo lets the client have the
-		// answer, also when it is recorded without its body.
-		return p.render(ctx, p.responseEnd(ctx, nil))
-	}
-	if p.respTooLarge {
+	switch {
+	case !echo:
+		return continueFor(p.phase)
+	case p.respTooLarge:
 		return p.cont()
 	}
 	p.rpc.echo.hold(p.phase, p.responseBodyMode == procmodev3.ProcessingMode_GRPC, p.respBody)
