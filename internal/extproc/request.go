@@ -79,15 +79,18 @@ func wantedResponseBodyMode(m procmodev3.ProcessingMode_BodySendMode) procmodev3
 	return m
 }
 
+// onRequestBody reads one body message of a protected request; the last
+// one decides. In an echo mode the last one is the one with end_of_stream,
+// or the half-close that grpc-go sends as end_of_stream_without_message;
+// the others are withheld (holdRequestEcho).
 func (p *processor) onRequestBody(ctx context.Context, body *extprocv3.HttpBody) *extprocv3.ProcessingResponse {
-	if echoes(p.requestBodyMode) {
-		return p.onStreamedRequestBody(ctx, body)
-	}
 	if prob := p.takeRequestBody(body); prob != nil {
 		return p.refuseUnread(ctx, prob, body.GetBody())
 	}
 	switch {
 	case body.GetEndOfStream():
+	case echoes(p.requestBodyMode):
+		return p.holdRequestEcho(body)
 	case p.requestBodyMode == procmodev3.ProcessingMode_BUFFERED:
 		// end_of_stream is false in BUFFERED mode only because trailers
 		// follow: the body itself is whole.
