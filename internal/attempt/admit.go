@@ -46,10 +46,9 @@ type Facts interface {
 	Header(name string) (string, int)
 	// Headers copies the named headers (a fingerprint's).
 	Headers(names []string) []idem.Header
-	// MCP reads the headers MCP mirrors a call's method and name in;
-	// MCPParams copies its Mcp-Param-{Name} headers.
-	MCP() policy.MCPHeaders
-	MCPParams() []idem.Header
+	// HeadersPrefixed copies the headers whose names start with prefix
+	// (an MCP call's Mcp-Param-{Name} headers).
+	HeadersPrefixed(prefix string) []idem.Header
 	// Metadata is the string or number at path in one namespace of the
 	// forwarded dynamic metadata; "" when there is none.
 	Metadata(namespace string, path []string) string
@@ -63,8 +62,9 @@ type Facts interface {
 // bypassed, when none does), then its key, the key's grace period, its
 // scope, its record's name and where it runs (admit). A policy that reads
 // the body first reads, for every policy the request may end with, what
-// it needs of the headers, and the verdict is ReadBody (Request picks the policy).
-// Continue: the body is awaited, then Request decides.
+// it needs of the headers, and the verdict is ReadBody with AtBody (Request
+// picks the policy). ReadBody alone: the body is awaited, then Request
+// decides.
 func (a *Attempt) AtHeaders(ctx context.Context, set *policy.Set, f Facts, now time.Time) Verdict {
 	r := f.Target()
 	a.method, a.path = r.Method, r.Path
@@ -84,6 +84,7 @@ func (a *Attempt) AtHeaders(ctx context.Context, set *policy.Set, f Facts, now t
 	v := a.named(ctx, scope, required, key)
 	if v.Kind == Continue {
 		a.fpHeaders = f.Headers(a.Policy.FingerprintHeaders)
+		v.Kind = ReadBody
 	}
 	return v
 }
@@ -171,11 +172,11 @@ func (a *Attempt) headerKey(raw string, lines int) (admission, string, *problem.
 	return admitKeyed, key, nil
 }
 
-// Refuse is the verdict on a request the policy refuses before any store
+// refuse is the verdict on a request the policy refuses before any store
 // call (key missing or invalid, no principal, a body too large or
 // unreadable, the server's buffers full). A shadow policy only counts what
 // it would have refused, and lets the request on.
-func (a *Attempt) Refuse(ctx context.Context, prob *problem.Problem) Verdict {
+func (a *Attempt) refuse(ctx context.Context, prob *problem.Problem) Verdict {
 	if a.Policy.Enforcement == policy.EnforcementShadow {
 		return a.shadowed(ctx, idem.ShadowWouldReject, verdictPass, slog.String("problem", prob.Slug))
 	}
@@ -194,7 +195,7 @@ func (a *Attempt) admitted(ctx context.Context, adm admission, prob *problem.Pro
 	case admitGrace:
 		return a.grace(ctx)
 	case admitRefused:
-		return a.Refuse(ctx, prob)
+		return a.refuse(ctx, prob)
 	}
 	return verdictContinue
 }
@@ -204,7 +205,7 @@ func (a *Attempt) admitted(ctx context.Context, adm admission, prob *problem.Pro
 // policy requires, or where a homes map sends the request (routed).
 func (a *Attempt) named(ctx context.Context, scope string, required bool, key string) Verdict {
 	if prob := a.admit(scope, required, key); prob != nil {
-		return a.Refuse(ctx, prob)
+		return a.refuse(ctx, prob)
 	}
 	return a.routed(ctx)
 }

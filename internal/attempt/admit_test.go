@@ -151,7 +151,6 @@ func (f facts) Headers(names []string) []idem.Header {
 	return hs
 }
 
-func (facts) MCP() policy.MCPHeaders                                   { return policy.MCPHeaders{} }
-func (facts) MCPParams() []idem.Header                                 { return nil }
+func (facts) HeadersPrefixed(string) []idem.Header                     { return nil }
 func (facts) Metadata(string, []string) string                         { return "" }
 func (facts) Peer(context.Context, string, policy.PeerIdentity) string { return "" }

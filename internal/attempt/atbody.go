@@ -42,7 +42,7 @@ type candidate struct {
 
 // readBody defers a request to its body: it reads, for every policy the
 // request may end with, the key header, the scope and the fingerprint
-// headers, and says ReadBody; until the body says otherwise, the first
+// headers, and says ReadBody at the body (AtBody); until the body says otherwise, the first
 // policy's limits (its max_request_body) and answers hold. A JSON-RPC
 // request whose MCP headers rule out every candidate passes here
 // (ruledOut).
@@ -52,12 +52,14 @@ func (a *Attempt) readBody(ctx context.Context, set *policy.Set, r policy.Reques
 	jsonRPC := first.Answers == policy.AnswersJSONRPC
 	var mcp policy.MCPHeaders
 	if jsonRPC {
-		mcp = f.MCP()
+		mcp = mcpHeaders(f)
 		if v, ok := a.ruledOut(ctx, pols, mcp); ok {
 			return v
 		}
 		if slices.ContainsFunc(pols, func(p *policy.Policy) bool { return p.KeyFrom(policy.KeyFromMCPParam) }) {
-			mcp.Params = f.MCPParams()
+			// Which of them mirrors a tool parameter is known only once
+			// the body names the tool (policy.MCPParamMismatch).
+			mcp.Params = f.HeadersPrefixed(policy.MCPParamPrefix)
 		}
 	}
 	a.cands = make([]candidate, 0, len(pols))
@@ -72,7 +74,7 @@ func (a *Attempt) readBody(ctx context.Context, set *policy.Set, r policy.Reques
 		}
 		a.cands = append(a.cands, c)
 	}
-	return Verdict{Kind: ReadBody, JSONRPC: jsonRPC}
+	return Verdict{Kind: ReadBody, AtBody: true, JSONRPC: jsonRPC}
 }
 
 // pickAtBody picks the policy of a deferred request once its body is whole:
@@ -162,7 +164,7 @@ func (a *Attempt) took(ctx context.Context, c *candidate, id, body []byte, now t
 	if c.Policy.Answers == policy.AnswersJSONRPC {
 		a.callID = id // a replay answers this call (answer)
 		if why := headersMismatch(c, body, now); why != "" {
-			return a.Refuse(ctx, problem.New(problem.HeaderMismatch, why))
+			return a.refuse(ctx, problem.New(problem.HeaderMismatch, why))
 		}
 	}
 	adm, key, prob := a.admitKeyFrom(keyInput{headerRaw: c.RawKey, headerLines: c.KeyLines, body: body}, now)
@@ -177,7 +179,7 @@ func (a *Attempt) took(ctx context.Context, c *candidate, id, body []byte, now t
 	// headers path keeps: a request it would pass or refuse for its key
 	// never gets this far there either.
 	if limit := c.Policy.MaxRequestBody; len(body) > limit {
-		return a.Refuse(ctx, BodyTooLarge(limit))
+		return a.refuse(ctx, BodyTooLarge(limit))
 	}
 	a.fpHeaders = c.FPHeaders
 	return verdictContinue
@@ -203,7 +205,7 @@ func (a *Attempt) unreadable(ctx context.Context, c *candidate, why error, body 
 	if adm != admitRefused {
 		return Verdict{}, false
 	}
-	v := a.Refuse(ctx, prob)
+	v := a.refuse(ctx, prob)
 	if v.JSONRPC = c.Policy.Answers == policy.AnswersJSONRPC; v.JSONRPC {
 		v.ID = jsonrpc.ScanID(body, nil) // the id the body's first bytes carry, if any
 	}
@@ -231,4 +233,21 @@ func (a *Attempt) ruledOut(ctx context.Context, cands []*policy.Policy, h policy
 		slog.String("mcp_method", h.Method))
 	a.Policy = nil
 	return verdictPass, true
+}
+
+// mcpHeaders reads the headers MCP 2026-07-28 mirrors a call's method and
+// name in (policy.MCPHeaders). Those of an earlier revision, which nothing
+// here acts on (MCPHeaders.Validated), are not read.
+func mcpHeaders(f Facts) policy.MCPHeaders {
+	v, _ := f.Header(policy.MCPVersionHeader)
+	h := policy.MCPHeaders{Version: v}
+	if !h.Validated() {
+		return policy.MCPHeaders{}
+	}
+	var n int
+	h.Method, n = f.Header(policy.MCPMethodHeader)
+	h.HasMethod = n > 0
+	h.Name, n = f.Header(policy.MCPNameHeader)
+	h.HasName = n > 0
+	return h
 }

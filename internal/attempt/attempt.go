@@ -11,8 +11,7 @@
 // protocol side only renders it.
 //
 // One word names an attempt's last transition, whichever it is: settle
-// (AtResponse, SettleStored, SettleAtEnd here; settleStored, settleResponse,
-// settleAtEnd in extproc). Complete, Release and MarkUnknown are the
+// (AtResponse, SettleAtEnd). Complete, Release and MarkUnknown are the
 // store's transitions it applies.
 //
 // Package extproc holds the conversation with Envoy around it: which
@@ -189,7 +188,7 @@ type Attempt struct {
 	callID []byte
 
 	// renew keeps the lease alive; it is set exactly while this attempt
-	// holds the record and has not settled it (Held).
+	// holds the record and has not settled it (held).
 	renew *renewer
 
 	// retry is a final transition the store refused; SettleAtEnd tries it
@@ -206,6 +205,9 @@ type Attempt struct {
 	// atBody: the policy and key were decided at the request's body
 	// (admitKeyFrom); the decision's line says where the key came from.
 	atBody bool
+	// storing: the response was judged to be stored (AtResponse); its
+	// end completes the record.
+	storing bool
 	// wait is the decision a Wait verdict left for Await.
 	wait *waiting
 	// asked is what the proxy was asked for before a far home's calls
@@ -219,9 +221,9 @@ func New(srv *Server, conv Conversation) Attempt {
 	return Attempt{srv: srv, conv: conv, started: time.Now()}
 }
 
-// Held reports whether this attempt holds the record and has not settled
+// held reports whether this attempt holds the record and has not settled
 // it yet.
-func (a *Attempt) Held() bool { return a.renew != nil }
+func (a *Attempt) held() bool { return a.renew != nil }
 
 // decisionCode is a settling decision in one byte: an ext_proc stream's
 // state then fits the allocation size class it had before the attempt
@@ -301,6 +303,27 @@ type renewer struct {
 	mu      sync.Mutex
 	timer   *time.Timer
 	stopped bool
+}
+
+// reserved makes the attempt the record's holder (hold): the verdict lets
+// the request go upstream. Its Wait is the time to ask the proxy for before a response message that
+// may settle the record, or 0 when the settlement fits the message's own
+// timer: it does unless the record is held in a far home's store, whose
+// budget (HomeStore.Budget, fixed once the record is reserved) passes the
+// local --store-timeout. Envoy's timer starts when the ask arrives, so the
+// server's own budget is added. Envoy ignores an ask above its
+// max_message_timeout rather than cap it (ext_proc.cc
+// Filter::onNewTimeout); the ask is capped here at what the request's own
+// ask (a.asked) left of it, so that the asks of one request add up to at
+// most max_message_timeout, as docs/envoy.md's rule for a request's time
+// in Envoy counts them.
+func (a *Attempt) reserved() Verdict {
+	a.hold(a.conv.Background())
+	v := Verdict{Kind: Continue}
+	if a.home != nil && a.storeBudget() > a.srv.StoreTimeout {
+		v.Wait = max(0, min(a.storeBudget()+a.srv.StoreTimeout, a.srv.MaxMessageTimeout-a.asked))
+	}
+	return v
 }
 
 // hold makes the attempt the record's holder once the store reserved it

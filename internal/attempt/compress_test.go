@@ -67,7 +67,7 @@ func TestCompressedReplayIsByteIdentical(t *testing.T) {
 			if encrypt {
 				d.srv.Sealer = keyRing(t)
 			}
-			d.first(t, fp1).SettleStored(ctx, want)
+			d.first(t, fp1).settleStored(ctx, want)
 			st := d.stored(t)
 			if !st.Compressed || st.Sealed != encrypt || len(st.Headers) != 0 {
 				t.Fatalf("stored compressed=%v sealed=%v headers=%d", st.Compressed, st.Sealed, len(st.Headers))
@@ -96,7 +96,7 @@ func TestRecordsWrittenUncompressedStillReplay(t *testing.T) {
 	pol := policy.Default()
 	pol.Compression.Codec = nil
 	d := newDecider(t, pol)
-	d.first(t, fp1).SettleStored(ctx, want) // no codec: stored as it came
+	d.first(t, fp1).settleStored(ctx, want) // no codec: stored as it came
 	if d.stored(t).Compressed {
 		t.Fatal("stored compressed without a codec")
 	}
@@ -118,7 +118,7 @@ func TestDictionaryRotation(t *testing.T) {
 	pol := policy.Default()
 	pol.Compression.Codec = codec(t, compress.Options{Dictionary: d1})
 	d := newDecider(t, pol)
-	d.first(t, fp1).SettleStored(ctx, want)
+	d.first(t, fp1).settleStored(ctx, want)
 
 	pol.Compression.Codec = codec(t, compress.Options{Dictionary: d2, Previous: []*compress.Dictionary{d1}})
 	res, err := d.attempt(d.conv).decide(ctx, fp1)

@@ -100,30 +100,28 @@ func (a *Attempt) opened(res idem.ReserveResult) (idem.ReserveResult, error) {
 	if a.Policy.Encrypt && !res.Response.Sealed {
 		return res, unusable{errNotSealed}
 	}
-	if res.Response.Sealed {
-		opened, err := a.open(*res.Response)
+	if r := res.Response; r.Sealed {
+		if a.srv.Sealer == nil {
+			return res, unusable{errors.New("a stored response is sealed and the server has no key ring")}
+		}
+		opened, err := a.srv.Sealer.Open(a.ID, *r)
 		if err != nil {
 			return res, unusable{err}
 		}
 		res.Response = &opened
 	}
-	if res.Response.Compressed {
-		expanded, err := a.expand(*res.Response)
+	if r := res.Response; r.Compressed {
+		c := a.Policy.Compression.Codec
+		if c == nil {
+			return res, unusable{errors.New("a stored response is compressed and the policy has no compression codec")}
+		}
+		expanded, err := c.Expand(*r, a.Policy.MaxExpanded())
 		if err != nil {
 			return res, unusable{err}
 		}
 		res.Response = &expanded
 	}
 	return res, nil
-}
-
-// expand gives back the headers and body a compressed record holds.
-func (a *Attempt) expand(r idem.Response) (idem.Response, error) {
-	c := a.Policy.Compression.Codec
-	if c == nil {
-		return idem.Response{}, errors.New("a stored response is compressed and the policy has no compression codec")
-	}
-	return c.Expand(r, a.Policy.MaxExpanded())
 }
 
 // homeElsewhere turns the outcomes of a store that no longer arbitrates
@@ -134,13 +132,6 @@ func homeElsewhere(res idem.ReserveResult) error {
 		return fmt.Errorf("the key is arbitrated in region %q, which this server's store does not reach", res.Home)
 	}
 	return nil
-}
-
-func (a *Attempt) open(r idem.Response) (idem.Response, error) {
-	if a.srv.Sealer == nil {
-		return idem.Response{}, errors.New("a stored response is sealed and the server has no key ring")
-	}
-	return a.srv.Sealer.Open(a.ID, r)
 }
 
 // reserve asks the store for the record, with the policy's lease,
@@ -271,11 +262,25 @@ func (a *Attempt) decideShadow(ctx context.Context, fp idem.Fingerprint) (idem.S
 	return idem.ShadowDecisionFor(res.Outcome), nil
 }
 
-// Request is the request-time verdict on the complete request, body its
-// whole body: for a request deferred to it, the policy it picks (pickAtBody),
+// Body is the request's body as the protocol side read it (Request).
+type Body struct {
+	// Bytes is the whole body.
+	Bytes []byte
+	// Unread, when set, is why the body could not be read whole (over a
+	// limit or the server's budget, cut at the proxy's buffer): the
+	// request is refused with it (refuse).
+	Unread *problem.Problem
+}
+
+// Request is the request-time verdict on the complete request, b its
+// body: for a request deferred to it, the policy it picks (pickAtBody),
 // then its fingerprint (its method, path and the policy's fingerprint
-// headers read at the headers, and body), then request.
-func (a *Attempt) Request(ctx context.Context, body []byte, now time.Time) Verdict {
+// headers read at the headers, and the body), then request.
+func (a *Attempt) Request(ctx context.Context, b Body, now time.Time) Verdict {
+	if b.Unread != nil {
+		return a.refuse(ctx, b.Unread)
+	}
+	body := b.Bytes
 	var picked Verdict
 	if a.cands != nil {
 		if picked = a.pickAtBody(ctx, body, now); picked.Kind != Continue {
@@ -320,8 +325,7 @@ func (a *Attempt) request(ctx context.Context, fp idem.Fingerprint) Verdict {
 			return a.shadowed(ctx, d, verdictPass, slog.String("error", err.Error()))
 		}
 		if d == idem.ShadowWouldReserve {
-			a.hold(a.conv.Background())
-			return a.shadowed(ctx, d, verdictContinue)
+			return a.shadowed(ctx, d, a.reserved())
 		}
 		return a.shadowed(ctx, d, verdictPass)
 	}
@@ -404,8 +408,7 @@ func (a *Attempt) answer(ctx context.Context, res idem.ReserveResult) Verdict {
 	a.conv.Decided(a.Policy.Name, d)
 	switch res.Outcome {
 	case idem.Reserved:
-		a.hold(a.conv.Background())
-		return verdictContinue
+		return a.reserved()
 	case idem.Completed:
 		if !res.CreatedAt.IsZero() {
 			a.srv.Observer.Replayed(a.Policy.Name, time.Since(res.CreatedAt))

@@ -119,10 +119,10 @@ func TestRequestDecisionTable(t *testing.T) {
 		{"in flight, same: 409", func(t *testing.T, d *decider) { d.first(t, fp1) }, fp1, idem.InFlight, 2},
 		{"in flight, differs: 422", func(t *testing.T, d *decider) { d.first(t, fp1) }, fp2, idem.Mismatch, 0},
 		{"completed, same: replay", func(t *testing.T, d *decider) {
-			d.first(t, fp1).SettleStored(ctx, idem.Response{Status: 201})
+			d.first(t, fp1).settleStored(ctx, idem.Response{Status: 201})
 		}, fp1, idem.Completed, 2},
 		{"completed, differs: 422", func(t *testing.T, d *decider) {
-			d.first(t, fp1).SettleStored(ctx, idem.Response{Status: 201})
+			d.first(t, fp1).settleStored(ctx, idem.Response{Status: 201})
 		}, fp2, idem.Mismatch, 0},
 		{"unknown, same: 409 outcome-unknown", func(t *testing.T, d *decider) {
 			d.first(t, fp1).settle(ctx, idem.ActionUnknown)
@@ -165,7 +165,7 @@ func TestWaitForFirstTable(t *testing.T) {
 		settle func(first *Attempt)
 		want   idem.Outcome
 	}{
-		{"completed: replay", func(f *Attempt) { f.SettleStored(ctx, idem.Response{Status: 201}) }, idem.Completed},
+		{"completed: replay", func(f *Attempt) { f.settleStored(ctx, idem.Response{Status: 201}) }, idem.Completed},
 		{"released: this attempt reserves", func(f *Attempt) { f.settle(ctx, idem.ActionRelease) }, idem.Reserved},
 		{"unknown: 409 outcome-unknown", func(f *Attempt) { f.settle(ctx, idem.ActionUnknown) }, idem.Unknown},
 		{"still in flight: 409", nil, idem.InFlight},
@@ -222,7 +222,7 @@ func TestStoreCannotBeUsed(t *testing.T) {
 		pol.Encrypt = true
 		d := newDecider(t, pol)
 		d.srv.Sealer = sealer{}
-		d.first(t, fp1).SettleStored(ctx, idem.Response{Status: 201, Body: []byte("ok")})
+		d.first(t, fp1).settleStored(ctx, idem.Response{Status: 201, Body: []byte("ok")})
 		res, err := d.attempt(d.conv).decide(ctx, fp1)
 		if err != nil || res.Outcome != idem.Completed || res.Response.Sealed || string(res.Response.Body) != "ok" {
 			t.Fatalf("res %+v err %v", res.Response, err)
@@ -233,7 +233,7 @@ func TestStoreCannotBeUsed(t *testing.T) {
 		pol.Encrypt = true
 		d := newDecider(t, pol)
 		d.srv.Sealer = sealer{}
-		d.first(t, fp1).SettleStored(ctx, idem.Response{Status: 201, Body: []byte("tampered")})
+		d.first(t, fp1).settleStored(ctx, idem.Response{Status: 201, Body: []byte("tampered")})
 		_, err := d.attempt(d.conv).decide(ctx, fp1)
 		if err == nil || unreachable(err) {
 			t.Fatalf("err %v", err)
@@ -256,7 +256,7 @@ func TestShadowDecisionTable(t *testing.T) {
 		{"in flight", func(t *testing.T, d *decider) { d.first(t, fp1) }, fp1, false, idem.ShadowWouldConflict},
 		{"differs", func(t *testing.T, d *decider) { d.first(t, fp1) }, fp2, false, idem.ShadowWouldMismatch},
 		{"completed", func(t *testing.T, d *decider) {
-			d.first(t, fp1).SettleStored(ctx, idem.Response{Status: 201})
+			d.first(t, fp1).settleStored(ctx, idem.Response{Status: 201})
 		}, fp1, false, idem.ShadowWouldReplay},
 		{"unknown", func(t *testing.T, d *decider) {
 			d.first(t, fp1).settle(ctx, idem.ActionUnknown)

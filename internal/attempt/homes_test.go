@@ -64,7 +64,7 @@ func TestFarHome(t *testing.T) {
 	if _, err := local.Get(ctx, a.ID); err == nil {
 		t.Fatal("the record is in the local store")
 	}
-	a.SettleStored(ctx, idem.Response{Status: 201})
+	a.settleStored(ctx, idem.Response{Status: 201})
 	if rec, err := far.Get(ctx, a.ID); err != nil || rec.State != idem.StateCompleted {
 		t.Fatalf("settled in the far store: %+v, %v", rec, err)
 	}

@@ -90,7 +90,7 @@ func TestUnsealedRecordUnderEncryptionIsRefused(t *testing.T) {
 	pol.Encrypt = true
 	r := newRedisRecords(t, pol)
 	r.srv.Sealer = keyRing(t)
-	r.first(t, fp1).SettleStored(context.Background(), corpus.New(5).Answer(corpus.Object))
+	r.first(t, fp1).settleStored(context.Background(), corpus.New(5).Answer(corpus.Object))
 	v := []byte(r.raw(t))
 	if v[flagsAt]&2 == 0 {
 		t.Fatalf("flags %08b: not sealed", v[flagsAt])
@@ -128,7 +128,7 @@ func TestEncryptionSwitchedOnRefusesClearRecords(t *testing.T) {
 			pol := policy.Default()
 			r := newRedisRecords(t, pol)
 			want := idem.Response{Status: 201, Headers: []idem.Header{{Name: "content-type", Value: "application/json"}}, Body: []byte(body)}
-			r.first(t, fp1).SettleStored(ctx, want)
+			r.first(t, fp1).settleStored(ctx, want)
 			if res, err := r.attempt(r.conv).decide(ctx, fp1); err != nil || res.Outcome != idem.Completed {
 				t.Fatalf("replay before the switch: %v %v", res.Outcome, err)
 			}
@@ -142,7 +142,7 @@ func TestEncryptionSwitchedOnRefusesClearRecords(t *testing.T) {
 			if err := r.redis.Do(ctx, "DEL", r.key).Err(); err != nil {
 				t.Fatal(err)
 			}
-			r.first(t, fp1).SettleStored(ctx, want)
+			r.first(t, fp1).settleStored(ctx, want)
 			if st := r.stored(t); !st.Sealed {
 				t.Fatal("stored in the clear after the switch")
 			}
@@ -179,7 +179,7 @@ func TestDamagedRecordsAre503(t *testing.T) {
 			if tc.encrypt {
 				r.srv.Sealer = keyRing(t)
 			}
-			r.first(t, fp1).SettleStored(ctx, tc.resp)
+			r.first(t, fp1).settleStored(ctx, tc.resp)
 			whole := r.raw(t)
 			for n := range len(whole) {
 				r.put(t, whole[:n])

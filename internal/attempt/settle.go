@@ -10,20 +10,55 @@ import (
 	"github.com/idem-extproc/idem-extproc/internal/policy"
 )
 
-// AtResponse judges a response (actionFor) and settles the record unless
-// the response is to be stored: it reports whether it is, and the protocol
-// side then reads what it stores (SettleStored). msg and attrs start the
-// debug line that says how the response was judged.
-func (a *Attempt) AtResponse(ctx context.Context, origin idem.Origin, status int, retried bool, msg string, attrs ...slog.Attr) bool {
-	action := a.actionFor(origin, status, retried)
-	var buf [4]slog.Attr
-	a.LogAt(ctx, slog.LevelDebug, msg, append(append(buf[:0], attrs...),
-		slog.String("origin", origin.String()), slog.String("action", action.String()))...)
-	if action == idem.ActionStore {
-		return true
+// Response is what the protocol side read of a response (AtResponse).
+type Response struct {
+	// Origin is who made the response; Retried, whether an earlier
+	// upstream attempt may have been sent (actionFor).
+	Origin  idem.Origin
+	Retried bool
+	// Status is what the policy's response rules judge: the HTTP status,
+	// or a gRPC call's status as its HTTP equivalent; 0 when unknown (no
+	// rule covers it).
+	Status int
+	// Later: the status that decides comes at the response's end (a gRPC
+	// call's, in its trailers): nothing is judged before it.
+	Later bool
+	// End: the response is whole, and Read is what was kept of it.
+	End  bool
+	Read idem.Response
+}
+
+// AtResponse is the verdict on a response, at its headers and at its end:
+// Pass when the attempt holds no record; Store while the response is to be
+// stored, so that its body is read; SkipBody when the policy's response
+// rules settled the record at the headers without it; Settled at the end,
+// the record completed with what was read, or settled by the status that
+// came there. attrs start the debug line that says how it was judged.
+func (a *Attempt) AtResponse(ctx context.Context, r Response, attrs ...slog.Attr) Verdict {
+	switch {
+	case !a.held():
+		return verdictPass
+	case r.Later:
+		return Verdict{Kind: Store}
+	case !a.storing:
+		action := a.actionFor(r.Origin, r.Status, r.Retried)
+		var buf [4]slog.Attr
+		a.LogAt(ctx, slog.LevelDebug, "response", append(append(buf[:0], attrs...),
+			slog.String("origin", r.Origin.String()), slog.String("action", action.String()))...)
+		if action != idem.ActionStore {
+			a.settle(ctx, action)
+			if r.End {
+				return Verdict{Kind: Settled, Unsettled: a.retry != nil}
+			}
+			return Verdict{Kind: SkipBody, Unsettled: a.retry != nil}
+		}
+		a.storing = true
 	}
-	a.settle(ctx, action)
-	return false
+	if !r.End {
+		return Verdict{Kind: Store}
+	}
+	a.settleStored(ctx, r.Read)
+	return Verdict{Kind: Settled, Unsettled: a.retry != nil}
 }
 
 // actionFor is what a response proves about the operation, by the policy's
@@ -34,7 +69,7 @@ func (a *Attempt) AtResponse(ctx context.Context, origin idem.Origin, status int
 // nothing about the earlier ones, so what the rules would release (an
 // upstream 429, a reply that proves the last attempt never left) is
 // unknown instead: releasing could run an operation that already ran. The
-// origin and retried are kept for SettleStored (settledCall).
+// origin and retried are kept for settleStored (settledCall).
 func (a *Attempt) actionFor(origin idem.Origin, status int, retried bool) idem.Action {
 	a.origin, a.retried = origin, retried
 	return a.unlessRetried(idem.DecideResponse(a.Policy.ResponseRules, origin, status))
@@ -50,12 +85,12 @@ func (a *Attempt) unlessRetried(act idem.Action) idem.Action {
 	return act
 }
 
-// SettleStored completes the record with resp as the operation's result,
+// settleStored completes the record with resp as the operation's result,
 // unless resp answers a JSON-RPC call in a way that proves nothing ran
 // (settledCall). It runs before the reply that lets the response go on,
 // so a client that sees the response and retries at once finds it stored.
-// attrs are added to the settled line.
-func (a *Attempt) SettleStored(ctx context.Context, resp idem.Response, attrs ...slog.Attr) {
+func (a *Attempt) settleStored(ctx context.Context, resp idem.Response) {
+	attrs := []slog.Attr{slog.Int("status", resp.Status), slog.Bool("body_omitted", resp.BodyOmitted)}
 	if a.renew == nil || a.Policy.Answers == policy.AnswersJSONRPC && a.settledCall(ctx, resp, attrs) {
 		return
 	}
@@ -98,23 +133,6 @@ func (a *Attempt) settle(ctx context.Context, action idem.Action, attrs ...slog.
 // that records what happened. If the store fails, SettleAtEnd keeps trying
 // (within SettleAtEndTimeout); if that fails too, the unrenewed lease still
 // turns the record unknown: never a silent second execution.
-// SettleAsk is the time to ask the proxy for before the record is settled
-// at a response message, or 0 when the settlement fits the message's own
-// timer: it does unless the record is held in a far home's store, whose
-// budget (HomeStore.Budget) passes the local --store-timeout. Envoy's
-// timer starts when the ask arrives, so the server's own budget is added.
-// Envoy ignores an ask above its max_message_timeout rather than cap it
-// (ext_proc.cc Filter::onNewTimeout); the ask is capped here at what the
-// request's own ask (a.asked) left of it, so that the asks of one request
-// add up to at most max_message_timeout, as docs/envoy.md's rule for a
-// request's time in Envoy counts them.
-func (a *Attempt) SettleAsk() time.Duration {
-	if a.renew == nil || a.home == nil || a.storeBudget() <= a.srv.StoreTimeout {
-		return 0
-	}
-	return max(0, min(a.storeBudget()+a.srv.StoreTimeout, a.srv.MaxMessageTimeout-a.asked))
-}
-
 func (a *Attempt) settleWith(ctx context.Context, code decisionCode, apply func(context.Context) error, attrs ...slog.Attr) {
 	d := code.decision()
 	a.stopRenewing()
@@ -147,9 +165,9 @@ func errAttr(err error) slog.Attr {
 	return slog.String("error", err.Error())
 }
 
-// Pending reports whether SettleAtEnd has work: a record still held, or a
+// pending reports whether SettleAtEnd has work: a record still held, or a
 // transition to retry.
-func (a *Attempt) Pending() bool { return a.renew != nil || a.retry != nil }
+func (a *Attempt) pending() bool { return a.renew != nil || a.retry != nil }
 
 // SettleAtEnd runs when the stream ends, however it ends, with base
 // carrying the stream's span (not its deadline). It retries a refused
@@ -158,7 +176,7 @@ func (a *Attempt) Pending() bool { return a.renew != nil || a.retry != nil }
 // did answer: it completes without its body); without one the outcome is
 // the policy's on_stream_reset.
 func (a *Attempt) SettleAtEnd(base context.Context, partial *idem.Response) {
-	if !a.Pending() {
+	if !a.pending() {
 		return // settled already, or nothing was reserved: the usual end
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(base), a.srv.SettleAtEndTimeout)
@@ -177,7 +195,7 @@ func (a *Attempt) SettleAtEnd(base context.Context, partial *idem.Response) {
 		return
 	}
 	if partial != nil {
-		a.SettleStored(ctx, *partial, slog.Int("status", partial.Status), slog.Bool("body_omitted", partial.BodyOmitted))
+		a.settleStored(ctx, *partial)
 		return
 	}
 	a.settle(ctx, a.Policy.OnStreamReset)

@@ -143,14 +143,14 @@ func TestResponseDecisionTable(t *testing.T) {
 			f := held(t, policy.Default(), nil)
 			ctx := context.Background()
 			if a := f.att.actionFor(tc.origin, tc.status, tc.retried); a == idem.ActionStore {
-				f.att.SettleStored(ctx, idem.Response{Status: tc.status})
+				f.att.settleStored(ctx, idem.Response{Status: tc.status})
 			} else {
 				f.att.settle(ctx, a)
 			}
 			if got := f.state(t); got != tc.want {
 				t.Fatalf("record state %v, want %v", got, tc.want)
 			}
-			if f.att.Held() || f.att.Pending() {
+			if f.att.held() || f.att.pending() {
 				t.Fatal("the attempt still holds the record")
 			}
 			if len(f.rep.decisions) != 1 || f.rep.decisions[0] != tc.decision {
@@ -199,9 +199,9 @@ func TestRefusedSettlementRetriedAtEnd(t *testing.T) {
 	t.Run("lands on retry", func(t *testing.T) {
 		fl := &flaky{n: 1}
 		f := held(t, policy.Default(), func(st idem.Store) idem.Store { fl.Store = st; return fl })
-		f.att.SettleStored(context.Background(), idem.Response{Status: 201})
-		if f.state(t) != idem.StateInFlight || !f.att.Pending() || len(f.rep.decisions) != 0 {
-			t.Fatalf("after a refused complete: state %v, pending %v, decisions %v", f.state(t), f.att.Pending(), f.rep.decisions)
+		f.att.settleStored(context.Background(), idem.Response{Status: 201})
+		if f.state(t) != idem.StateInFlight || !f.att.pending() || len(f.rep.decisions) != 0 {
+			t.Fatalf("after a refused complete: state %v, pending %v, decisions %v", f.state(t), f.att.pending(), f.rep.decisions)
 		}
 		f.att.SettleAtEnd(context.Background(), nil)
 		if f.state(t) != idem.StateCompleted || len(f.rep.decisions) != 1 || f.rep.decisions[0] != idem.DecisionStored {
@@ -227,7 +227,7 @@ func TestSettleWithoutHoldIsNothing(t *testing.T) {
 	f := held(t, policy.Default(), nil)
 	other := New(f.att.srv, f.rep)
 	other.Policy, other.ID, other.token = f.att.Policy, f.att.ID, idem.NewToken()
-	other.SettleStored(context.Background(), idem.Response{Status: 201})
+	other.settleStored(context.Background(), idem.Response{Status: 201})
 	other.settle(context.Background(), idem.ActionRelease)
 	other.SettleAtEnd(context.Background(), nil)
 	if f.state(t) != idem.StateInFlight || len(f.rep.decisions) != 0 {
@@ -263,9 +263,9 @@ func TestSettleCall(t *testing.T) {
 			f := held(t, pol, nil)
 			f.att.callID = []byte(`3`)
 			f.att.actionFor(tc.origin, tc.rs.Status, tc.retried)
-			f.att.SettleStored(context.Background(), tc.rs)
-			if got := f.state(t); got != tc.want || f.att.Held() {
-				t.Fatalf("state %v (held %v), want %v", got, f.att.Held(), tc.want)
+			f.att.settleStored(context.Background(), tc.rs)
+			if got := f.state(t); got != tc.want || f.att.held() {
+				t.Fatalf("state %v (held %v), want %v", got, f.att.held(), tc.want)
 			}
 			if len(f.rep.decisions) != 1 || f.rep.decisions[0] != tc.d {
 				t.Fatalf("decisions %v, want %v", f.rep.decisions, tc.d)

@@ -19,8 +19,8 @@ import (
 type verdictKind uint8
 
 const (
-	// Continue: the request goes on, protected: the attempt reads more of
-	// it, or (once decided) holds the record while the upstream runs.
+	// Continue: the request goes on, protected: the attempt holds the
+	// record while the upstream runs.
 	Continue verdictKind = iota
 	// Pass: the request goes on unprotected; nothing more is recorded.
 	Pass
@@ -34,14 +34,25 @@ const (
 	// Verdict.Home, whose server decides it; this server records nothing
 	// of it (Server.SendHome).
 	SendHome
-	// ReadBody: the request's policy is decided at its body, read whole
-	// first (Request picks it).
+	// ReadBody: the request's body is read whole, then Request decides:
+	// its fingerprint needs it, and with Verdict.AtBody its policy is
+	// picked there.
 	ReadBody
+	// Store: the response is to be stored: its body is read, and
+	// AtResponse at its end stores it.
+	Store
+	// SkipBody: the response's headers settled the record without it; its
+	// body has nothing for the record.
+	SkipBody
+	// Settled: the response's end settled the record.
+	Settled
 )
 
 // Verdict is one decision about a request.
 type Verdict struct {
 	Kind verdictKind
+	// AtBody: the request's policy is picked at its body (ReadBody).
+	AtBody bool
 	// JSONRPC: the answers made in the upstream's place are JSON-RPC
 	// responses (a policy with answers: jsonrpc), for ReadBody and at
 	// the body.
@@ -57,10 +68,15 @@ type Verdict struct {
 	// Shadow is what a shadow policy would have done; "" under any other.
 	Shadow idem.ShadowDecision
 	// Wait bounds a Wait: the time the proxy must give the request's
-	// current message (the wait plus two store calls).
+	// current message (the wait plus two store calls). For Continue, the
+	// time to ask for before a response message that may settle the
+	// record; 0 when its own timer is enough (reserved).
 	Wait time.Duration
 	// Home is the region a SendHome sends the request to.
 	Home string
+	// Unsettled: the store did not take a SkipBody's or Settled's
+	// transition; SettleAtEnd retries it when the stream ends.
+	Unsettled bool
 
 	// ID is, at the body of a request deferred to it (ReadBody), the
 	// JSON-RPC id its answers go to; nil when none was read.

@@ -139,9 +139,9 @@ func TestRefusalVerdicts(t *testing.T) {
 		p := policy.Default()
 		a := New(&Server{Observer: idem.NopObserver{}, Log: slog.New(slog.DiscardHandler)}, &reporter{})
 		a.Policy = p
-		checkVerdict(t, a.Refuse(ctx, prob), want{kind: answered, slug: prob.Slug})
+		checkVerdict(t, a.refuse(ctx, prob), want{kind: answered, slug: prob.Slug})
 		p.Enforcement = policy.EnforcementShadow
-		checkVerdict(t, a.Refuse(ctx, prob), want{kind: Pass, shadow: idem.ShadowWouldReject})
+		checkVerdict(t, a.refuse(ctx, prob), want{kind: Pass, shadow: idem.ShadowWouldReject})
 	}
 }
 
@@ -153,7 +153,7 @@ func TestRefusalVerdicts(t *testing.T) {
 func TestRequestVerdictTable(t *testing.T) {
 	ctx := context.Background()
 	completed := func(t *testing.T, d *decider) {
-		d.first(t, fp1).SettleStored(ctx, idem.Response{Status: 201, Body: []byte("ok")})
+		d.first(t, fp1).settleStored(ctx, idem.Response{Status: 201, Body: []byte("ok")})
 	}
 	for _, tc := range []struct {
 		name   string
@@ -210,10 +210,10 @@ func TestRequestVerdictTable(t *testing.T) {
 				a := d.attempt(rep)
 				v := a.request(ctx, tc.fp)
 				checkVerdict(t, v, w)
-				if held := a.Held(); held != (v.Kind == Continue) {
+				if held := a.held(); held != (v.Kind == Continue) {
 					t.Fatalf("holds the record: %v after a %v verdict", held, v.Kind)
 				}
-				if a.Held() {
+				if a.held() {
 					a.stopRenewing()
 				}
 				if v.Kind == Wait {
@@ -239,7 +239,7 @@ func TestAwaitVerdicts(t *testing.T) {
 		settle func(first *Attempt)
 		want   want
 	}{
-		{"completed: replay", func(f *Attempt) { f.SettleStored(ctx, idem.Response{Status: 201}) }, want{kind: answered, replay: 201}},
+		{"completed: replay", func(f *Attempt) { f.settleStored(ctx, idem.Response{Status: 201}) }, want{kind: answered, replay: 201}},
 		{"released: this attempt reserves", func(f *Attempt) { f.settle(ctx, idem.ActionRelease) }, want{kind: Continue}},
 		{"unknown: 409 outcome-unknown", func(f *Attempt) { f.settle(ctx, idem.ActionUnknown) }, want{kind: answered, slug: problem.OutcomeUnknown.Slug}},
 	} {
@@ -255,7 +255,7 @@ func TestAwaitVerdicts(t *testing.T) {
 			tc.settle(first)
 			v := a.Await(ctx)
 			checkVerdict(t, v, tc.want)
-			if a.Held() {
+			if a.held() {
 				a.stopRenewing()
 			}
 		})

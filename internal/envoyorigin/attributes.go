@@ -1,5 +1,7 @@
 package envoyorigin
 
+import "github.com/idem-extproc/idem-extproc/internal/policy"
+
 // The attributes the server reads, named as Envoy's CEL context defines them
 // (source/extensions/filters/common/expr/context.h): an attribute the filter
 // was not asked for, or one Envoy does not define, is simply absent from the
@@ -24,6 +26,17 @@ const (
 	AttrDNSSanPeer  = "connection.dns_san_peer_certificate"
 	AttrSubjectPeer = "connection.subject_peer_certificate"
 )
+
+// PeerAttr is the attribute that carries the peer identity id.
+func PeerAttr(id policy.PeerIdentity) string {
+	switch id {
+	case policy.PeerDNSSAN:
+		return AttrDNSSanPeer
+	case policy.PeerSubject:
+		return AttrSubjectPeer
+	}
+	return AttrURISanPeer
+}
 
 // MissingAttributes are the attributes whose absence the server reports
 // (extproc.EnvoyObserver.MissingAttribute), each with the filter setting that sends it.

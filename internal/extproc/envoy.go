@@ -3,6 +3,7 @@ package extproc
 import (
 	"context"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 
@@ -38,7 +39,7 @@ type envoyFacts struct {
 	p       *processor
 }
 
-// Target, Header, Headers, MCP, MCPParams, Metadata and Peer are what the
+// Target, Header, Headers, HeadersPrefixed, Metadata and Peer are what the
 // attempt reads of the request (attempt.Facts).
 func (f *envoyFacts) Target() policy.Request {
 	return policy.Request{Method: f.target.method, Authority: f.target.authority, Path: f.target.path,
@@ -53,14 +54,14 @@ func (f *envoyFacts) Header(name string) (string, int) {
 	return v, countHeader(f.headers, name)
 }
 
-func (f *envoyFacts) Headers(names []string) []idem.Header { return selectHeaders(f.headers, names) }
-func (f *envoyFacts) MCP() policy.MCPHeaders               { return mcpHeaders(f.headers) }
+// Headers keeps the order and repeats of the names (few: a policy's
+// fingerprint headers).
+func (f *envoyFacts) Headers(names []string) []idem.Header {
+	return keptHeaders(f.headers, func(n string) bool { return slices.Contains(names, n) }, nil)
+}
 
-// MCPParams copies the Mcp-Param-{Name} headers: which of them mirrors a
-// tool parameter is known only once the body names the tool
-// (policy.MCPParamMismatch).
-func (f *envoyFacts) MCPParams() []idem.Header {
-	return keptHeaders(f.headers, func(n string) bool { return strings.HasPrefix(n, policy.MCPParamPrefix) }, nil)
+func (f *envoyFacts) HeadersPrefixed(prefix string) []idem.Header {
+	return keptHeaders(f.headers, func(n string) bool { return strings.HasPrefix(n, prefix) }, nil)
 }
 
 // Metadata reads a string or number at path in one namespace of the
@@ -80,13 +81,7 @@ func (f *envoyFacts) Metadata(ns string, path []string) string {
 // Peer reads the peer's identity from its attribute, and reports a proxy
 // that did not send it under policyName (attempt.Facts).
 func (f *envoyFacts) Peer(ctx context.Context, policyName string, id policy.PeerIdentity) string {
-	name := envoyorigin.AttrURISanPeer
-	switch id {
-	case policy.PeerDNSSAN:
-		name = envoyorigin.AttrDNSSanPeer
-	case policy.PeerSubject:
-		name = envoyorigin.AttrSubjectPeer
-	}
+	name := envoyorigin.PeerAttr(id)
 	if !hasAttr(f.attrs, name) {
 		f.p.srv.missingAttribute(ctx, &f.p.att, policyName, name, "every request of the policy is refused 401 principal-missing")
 	}

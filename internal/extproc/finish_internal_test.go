@@ -1,6 +1,7 @@
 package extproc
 
 import (
+	"context"
 	"testing"
 
 	procmodev3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
@@ -52,6 +53,22 @@ func TestFinishedOnlyWhereEnvoyKeepsTheBody(t *testing.T) {
 		change(p)
 		if p.finished() {
 			t.Errorf("%s: finished", name)
+		}
+	}
+}
+
+// TestUnsettledIsNotFinished: a settlement the store did not take is
+// retried when the stream ends, so the stream is not ended early for it.
+func TestUnsettledIsNotFinished(t *testing.T) {
+	s := New(Config{})
+	for _, unsettled := range []bool{false, true} {
+		p := newProcessor(s, s.cfg.Policies())
+		p.modesKnown = true
+		p.requestBodyMode, p.responseBodyMode = procmodev3.ProcessingMode_BUFFERED, procmodev3.ProcessingMode_BUFFERED
+		p.stage, p.phase = stageResponseBody, phaseResponseBody
+		p.render(context.Background(), attempt.Verdict{Kind: attempt.Settled, Unsettled: unsettled})
+		if p.finished() == unsettled {
+			t.Errorf("settled (unsettled %v): finished %v", unsettled, p.finished())
 		}
 	}
 }

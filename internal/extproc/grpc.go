@@ -1,7 +1,6 @@
 package extproc
 
 import (
-	"context"
 	"encoding/binary"
 
 	procmodev3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
@@ -37,7 +36,7 @@ type rpcState struct {
 	call bool
 	// proxyless: grpc-go's filter. It reports no gRPC status to ext_proc
 	// (grpc-status is not part of the trailer metadata it forwards), so the
-	// outcome is inferred: see settleResponse.
+	// outcome is inferred: see responseEnd.
 	proxyless bool
 	// response: the response is a gRPC response (its status decides).
 	response bool
@@ -158,17 +157,9 @@ func (e *heldEcho) next() *extprocv3.ProcessingResponse {
 	return streamedReply(e.phase, sr)
 }
 
-// onStreamedRequestBody reads one body message of a protected request in
-// an echo mode: it is fingerprinted and its echo withheld; the last one
-// (end_of_stream, or the half-close that grpc-go sends as
-// end_of_stream_without_message) decides.
-func (p *processor) onStreamedRequestBody(ctx context.Context, body *extprocv3.HttpBody) *extprocv3.ProcessingResponse {
-	if prob := p.takeRequestBody(body); prob != nil {
-		return p.refuseUnread(ctx, prob, body.GetBody())
-	}
-	if body.GetEndOfStream() {
-		return p.decide(ctx)
-	}
+// holdRequestEcho withholds the echo of a protected request's body message
+// in an echo mode, until the decision.
+func (p *processor) holdRequestEcho(body *extprocv3.HttpBody) *extprocv3.ProcessingResponse {
 	p.rpc.echo.hold(p.phase, p.requestBodyMode == procmodev3.ProcessingMode_GRPC, p.reqBody)
 	if !p.rpc.flow {
 		return nil

@@ -1,7 +1,6 @@
 package extproc
 
 import (
-	"github.com/idem-extproc/idem-extproc/internal/policy"
 	"slices"
 	"strconv"
 	"strings"
@@ -28,12 +27,7 @@ func headerValue(h *corev3.HeaderValue) string {
 // headerList converts a HeaderMap, keeping order and repeated names. Envoy
 // already sends names in lower case.
 func headerList(m *corev3.HeaderMap) []idem.Header {
-	hs := m.GetHeaders()
-	out := make([]idem.Header, 0, len(hs))
-	for _, h := range hs {
-		out = append(out, idem.Header{Name: h.GetKey(), Value: headerValue(h)})
-	}
-	return out
+	return keptHeaders(m, func(string) bool { return true }, nil)
 }
 
 // findHeader returns the first value of name in m and whether it was
@@ -161,22 +155,6 @@ func writeHeaderValue(b *strings.Builder, h *corev3.HeaderValue) {
 	b.WriteString(h.GetValue())
 }
 
-// selectHeaders converts the headers of m named in names (few, see
-// policy.Policy.FingerprintHeaders), keeping their order and repeats: what
-// a request's fingerprint reads of its headers.
-func selectHeaders(m *corev3.HeaderMap, names []string) []idem.Header {
-	var out []idem.Header
-	for _, h := range m.GetHeaders() {
-		for _, n := range names {
-			if h.GetKey() == n {
-				out = append(out, idem.Header{Name: n, Value: headerValue(h)})
-				break
-			}
-		}
-	}
-	return out
-}
-
 // firstHeader returns the first value of name and whether it was present.
 func firstHeader(hs []idem.Header, name string) (string, bool) {
 	for _, h := range hs {
@@ -213,20 +191,4 @@ func valueString(v *structpb.Value) string {
 		return strconv.FormatBool(k.BoolValue)
 	}
 	return ""
-}
-
-// mcpHeaders reads the headers MCP 2026-07-28 mirrors a call's method and
-// name in (policy.MCPHeaders); Envoy sends header names in lower case. A
-// request of an earlier revision, whose headers nothing here acts on
-// (MCPHeaders.Validated), costs no copy of them.
-func mcpHeaders(hs *corev3.HeaderMap) policy.MCPHeaders {
-	var h policy.MCPHeaders
-	v, _ := headerBytes(hs, policy.MCPVersionHeader)
-	if !(policy.MCPHeaders{Version: string(v)}).Validated() { // compared, not kept: no copy
-		return h
-	}
-	h.Version = string(v)
-	h.Method, h.HasMethod = findHeader(hs, policy.MCPMethodHeader)
-	h.Name, h.HasName = findHeader(hs, policy.MCPNameHeader)
-	return h
 }

@@ -23,11 +23,10 @@ import (
 // (bodyDecision). A new caller kind is rendered here, and nowhere else.
 
 // render turns a verdict into the reply to the current message, and is
-// the one place the stream's stage changes on a verdict.
-//   - Continue: before the decision (the attempt holds nothing yet), the
-//     body is awaited (stageRequestBody, awaitBody); after it, the
-//     reserved request goes upstream (stageUpstream) and every withheld
-//     reply is released (cont).
+// the one place the stream's stage changes.
+//   - ReadBody: the body is awaited (stageRequestBody, awaitBody).
+//   - Continue: the reserved request goes upstream (stageUpstream) and
+//     every withheld reply is released (cont).
 //   - Pass: the request goes on unprotected (passThrough).
 //   - Answer: the server answers in the upstream's place, with the problem
 //     or the replay in the caller's form; withheld replies are dropped,
@@ -35,6 +34,8 @@ import (
 //   - Wait: Envoy's timer for the message is extended for the wait, and
 //     the stream loop resumes the decision once that reply is sent.
 //   - SendHome: the request goes on to its home region's route (homeReply).
+//   - At the response: Store reads its body (stageResponseBody,
+//     readResponseBody); SkipBody and Settled end what the record needs.
 //
 // Headers a verdict adds to the response are kept for the response
 // headers reply (withAddedHeaders); gRPC answers carry none.
@@ -46,15 +47,12 @@ func (p *processor) render(ctx context.Context, v attempt.Verdict) *extprocv3.Pr
 		p.respAdd = append(p.respAdd, v.Add...)
 	}
 	switch v.Kind {
-	case attempt.Continue, attempt.ReadBody:
-		if !p.att.Held() {
-			p.stage = stageRequestBody
-			return p.awaitBody(ctx)
-		}
-		p.stage = stageUpstream
+	case attempt.ReadBody:
+		p.stage = stageRequestBody
+		return p.awaitBody(ctx)
+	case attempt.Continue:
+		p.stage, p.settleAsk = stageUpstream, v.Wait
 		return p.cont()
-	case attempt.Pass:
-		return p.passThrough()
 	case attempt.Wait:
 		// Envoy times each message out (message_timeout, 200 ms by
 		// default): ask for the wait plus two store calls. Envoy honours
@@ -66,14 +64,27 @@ func (p *processor) render(ctx context.Context, v attempt.Verdict) *extprocv3.Pr
 			return nil
 		}
 		return &extprocv3.ProcessingResponse{OverrideMessageTimeout: durationpb.New(v.Wait)}
+	case attempt.Store:
+		p.stage = stageResponseBody
+		return p.readResponseBody()
+	}
+	p.stage = stagePassThrough // nothing more is recorded here
+	if v.Unsettled {
+		p.stage = stageUnsettled
+	}
+	switch v.Kind {
+	case attempt.Pass:
+		return p.passThrough()
+	case attempt.SkipBody:
+		return continueWith(p.phase, skipResponseBody)
+	case attempt.Settled:
+		return p.cont()
 	case attempt.SendHome:
-		p.stage = stagePassThrough // nothing is recorded here
 		if resp := homeReply(p.phase, v.Home); resp != nil {
 			return resp // home.go
 		}
 		return p.problemReply(homeUnreachable())
 	}
-	p.stage = stagePassThrough
 	p.rpc.drop() // the request never goes on
 	if v.Replay != nil {
 		return p.replayReply(ctx, v.Replay)
@@ -90,11 +101,11 @@ func (p *processor) refuseUnread(ctx context.Context, prob *problem.Problem, chu
 	if d := p.body; d != nil && d.jsonrpc && d.id == nil {
 		d.id = jsonrpc.ScanID(p.reqBody, chunk)
 	}
-	return p.render(ctx, p.att.Refuse(ctx, prob))
+	return p.render(ctx, p.att.Request(ctx, attempt.Body{Unread: prob}, p.srv.cfg.Now()))
 }
 
 // awaitBody asks for a protected request's body, whole, before anything
-// of the request goes upstream (render's Continue before the decision). In the echo modes the headers reply is
+// of the request goes upstream (render's ReadBody). In the echo modes the headers reply is
 // withheld (rpcState); grpc-go without a request body mode sends no body
 // at all, so the call is decided on its headers (its fingerprint then
 // lacks the message).
@@ -103,7 +114,8 @@ func (p *processor) awaitBody(ctx context.Context) *extprocv3.ProcessingResponse
 		// A JSON-RPC answer here could not carry the request's id, which
 		// only its body holds: such a request is refused at its body,
 		// where the budget refuses it still if it stays full.
-		return p.render(ctx, p.att.Refuse(ctx, p.srv.budget.capacityProblem(p.att.Policy.RetryAfter)))
+		prob := p.srv.budget.capacityProblem(p.att.Policy.RetryAfter)
+		return p.render(ctx, p.att.Request(ctx, attempt.Body{Unread: prob}, p.srv.cfg.Now()))
 	}
 	switch {
 	case p.rpc.proxyless && p.requestBodyMode == procmodev3.ProcessingMode_NONE:
@@ -144,16 +156,30 @@ func (p *processor) resume(ctx context.Context) *extprocv3.ProcessingResponse {
 
 // passThrough lets an unprotected request go on and asks Envoy to skip
 // every later phase of it, but the response headers when a header is to
-// be added there (respAdd).
+// be added there (respAdd). At the response headers it asks for the body
+// of a tools/list answer being learned from (tools.go), and skips the
+// body of a request passed at its body: Envoy honours mode_override only
+// in a reply to a headers message (ext_proc.cc, onReceiveMessage,
+// inHeaderProcessState), so such a request could not skip the response
+// phases then, and an unprotected MCP answer streamed as
+// text/event-stream (a long tool call's progress) is not held whole in
+// Envoy's buffer for a body phase that has nothing to do.
 func (p *processor) passThrough() *extprocv3.ProcessingResponse {
-	p.stage = stagePassThrough
-	if p.phase == phaseRequestHeaders && !p.rpc.withholds() {
+	switch {
+	case p.phase == phaseRequestHeaders && !p.rpc.withholds():
 		if len(p.respAdd) > 0 {
 			return continueWith(p.phase, onlyResponseHeaders)
 		}
 		return continueWith(p.phase, skipEverything)
+	case p.phase != phaseResponseHeaders:
+		return p.cont()
+	case p.body == nil:
+	case p.body.tools != nil:
+		return continueWith(p.phase, partialResponseBody)
+	case !p.rpc.call:
+		return continueWith(p.phase, skipResponseBody)
 	}
-	return p.cont()
+	return continueFor(p.phase)
 }
 
 // problemReply answers with a problem: RFC 9457 for HTTP, a gRPC status

@@ -61,10 +61,10 @@ func (p *processor) onRequestHeaders(ctx context.Context, hh *extprocv3.HttpHead
 	if !hasAttr(f.attrs, envoyorigin.AttrRouteName) {
 		p.srv.routeNameMissing(ctx, &p.att, p.policies)
 	}
-	if v.Kind == attempt.ReadBody {
+	if v.AtBody {
 		p.body = &bodyDecision{jsonrpc: v.JSONRPC}
 	}
-	if hh.GetEndOfStream() && (v.Kind == attempt.Continue || v.Kind == attempt.ReadBody) {
+	if hh.GetEndOfStream() && v.Kind == attempt.ReadBody {
 		return p.decide(ctx) // no body: a JSON criterion cannot hold
 	}
 	return p.render(ctx, v)
@@ -79,15 +79,18 @@ func wantedResponseBodyMode(m procmodev3.ProcessingMode_BodySendMode) procmodev3
 	return m
 }
 
+// onRequestBody reads one body message of a protected request; the last
+// one decides. In an echo mode the last one is the one with end_of_stream,
+// or the half-close that grpc-go sends as end_of_stream_without_message;
+// the others are withheld (holdRequestEcho).
 func (p *processor) onRequestBody(ctx context.Context, body *extprocv3.HttpBody) *extprocv3.ProcessingResponse {
-	if echoes(p.requestBodyMode) {
-		return p.onStreamedRequestBody(ctx, body)
-	}
 	if prob := p.takeRequestBody(body); prob != nil {
 		return p.refuseUnread(ctx, prob, body.GetBody())
 	}
 	switch {
 	case body.GetEndOfStream():
+	case echoes(p.requestBodyMode):
+		return p.holdRequestEcho(body)
 	case p.requestBodyMode == procmodev3.ProcessingMode_BUFFERED:
 		// end_of_stream is false in BUFFERED mode only because trailers
 		// follow: the body itself is whole.
@@ -109,7 +112,7 @@ func (p *processor) onRequestBody(ctx context.Context, body *extprocv3.HttpBody)
 func (p *processor) decide(ctx context.Context) *extprocv3.ProcessingResponse {
 	body := p.reqBody
 	p.reqBody = nil
-	v := p.att.Request(ctx, body, p.srv.cfg.Now())
+	v := p.att.Request(ctx, attempt.Body{Bytes: body}, p.srv.cfg.Now())
 	if d := p.body; d != nil {
 		d.jsonrpc, d.id, d.tools = v.JSONRPC, v.ID, learnsFrom(v)
 	}
@@ -128,7 +131,7 @@ func (p *processor) releaseRequestBody() {
 }
 
 // bodyDecision is what the protocol side keeps of a request deferred to
-// its body (attempt.ReadBody): whether its answers are JSON-RPC, to which
+// its body (attempt.Verdict.AtBody): whether its answers are JSON-RPC, to which
 // id, and what its answer teaches of the tools.
 type bodyDecision struct {
 	// jsonrpc: answers in the upstream's place are JSON-RPC responses to
@@ -141,6 +144,15 @@ type bodyDecision struct {
 	// tools is set for a tools/list passed where a policy learns the
 	// tools' annotations from its answer (tools.go); nil otherwise.
 	tools *toolsLearning
+}
+
+// learning is the tools' annotations the request's answer is read for;
+// nil for none, or for a request not deferred to its body (d nil).
+func (d *bodyDecision) learning() *toolsLearning {
+	if d == nil {
+		return nil
+	}
+	return d.tools
 }
 
 // answersJSONRPC reports whether the request's answers are JSON-RPC; d is

@@ -15,48 +15,30 @@ import (
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 )
 
-// The response side, one path for HTTP responses and gRPC ones: the
-// response's origin is read at its headers, its outcome judged by the
-// policy's response rules (attempt.AtResponse) once its status is known (an
-// HTTP response's at its headers, a gRPC response's in its trailers, or in
-// the headers of a trailers-only response), and the record settled with
-// what was read (settleResponse).
+// The response side, one path for HTTP responses and gRPC ones: what a
+// response's messages say (its origin, status, retries, a gRPC call's
+// status at its end) goes to the attempt (attempt.AtResponse), whose
+// verdict (pass, store, skip the body, settled) is rendered as the
+// message's reply (render.go).
 
 // onResponse answers a message of the response's direction.
 func (p *processor) onResponse(ctx context.Context, m *message) *extprocv3.ProcessingResponse {
 	switch m.phase {
 	case phaseResponseHeaders:
-		var resp *extprocv3.ProcessingResponse
-		switch p.stage {
-		case stageUpstream:
-			resp = p.onResponseHeaders(ctx, m.headers, &m.facts)
-		case stageRequestBody, stageRequestHeaders:
-			// The upstream answered before the request body was complete
-			// (possible only in STREAMED mode), or Envoy skipped the
-			// request path (mode SKIP): nothing was reserved, so there is
-			// nothing to record.
-			p.stage = stagePassThrough
-		}
-		if resp == nil {
-			if p.body != nil && p.body.tools != nil && p.stage == stagePassThrough {
-				if resp = startLearning(p.body.tools, m.headers, p.responseBodyMode); resp == nil {
-					p.body.tools = nil
-				}
-			}
-			if resp == nil && p.body != nil && !p.att.Held() && !p.rpc.call {
-				// A request passed at its body could not skip the response
-				// phases then (Envoy honours mode_override only in a reply
-				// to a headers message: ext_proc.cc, onReceiveMessage,
-				// inHeaderProcessState), so it skips the response body here:
-				// an unprotected MCP answer streamed as text/event-stream (a
-				// long tool call's progress) is not held whole in Envoy's
-				// buffer for a body phase that has nothing to do.
-				resp = continueWith(p.phase, skipResponseBody)
-			}
-			if resp == nil {
-				resp = continueFor(p.phase)
+		var v attempt.Verdict
+		if p.stage == stageUpstream {
+			v = p.atResponseHeaders(ctx, m.headers, &m.facts)
+		} else {
+			// Nothing is held: the upstream answered before the request
+			// body was complete (possible only in STREAMED mode), Envoy
+			// skipped the request path (mode SKIP), or the request was
+			// passed or answered already.
+			v = p.att.AtResponse(ctx, attempt.Response{})
+			if l := p.body.learning(); l != nil && !startLearning(l, m.headers, p.responseBodyMode) {
+				p.body.tools = nil
 			}
 		}
+		resp := p.render(ctx, v)
 		withAddedHeaders(resp, p.respAdd)
 		p.respAdd = nil
 		return resp
@@ -64,19 +46,21 @@ func (p *processor) onResponse(ctx context.Context, m *message) *extprocv3.Proce
 		if p.stage == stageResponseBody {
 			return p.onResponseBody(ctx, m.body)
 		}
-		if p.body != nil && p.body.tools != nil && p.body.tools.reading {
+		if l := p.body.learning(); l != nil && l.reading {
 			return p.learnBody(ctx, m.body)
 		}
 		return p.cont()
 	}
 	// phaseResponseTrailers: a gRPC call's status is here.
 	if p.stage == stageResponseBody {
-		p.settleResponse(ctx, headerList(m.trailers.GetTrailers()))
+		return p.render(ctx, p.responseEnd(ctx, headerList(m.trailers.GetTrailers())))
 	}
 	return p.cont()
 }
 
-func (p *processor) onResponseHeaders(ctx context.Context, hh *extprocv3.HttpHeaders, f *envoyFacts) *extprocv3.ProcessingResponse {
+// atResponseHeaders reads a response's headers for the attempt's verdict:
+// an HTTP response is judged by its status here, a gRPC call's at its end.
+func (p *processor) atResponseHeaders(ctx context.Context, hh *extprocv3.HttpHeaders, f *envoyFacts) attempt.Verdict {
 	hs := hh.GetHeaders()
 	ct, _ := headerBytes(hs, "content-type")
 	p.rpc.response = p.rpc.proxyless || (p.rpc.call && isGRPCContentType(string(ct)))
@@ -87,9 +71,6 @@ func (p *processor) onResponseHeaders(ctx context.Context, hh *extprocv3.HttpHea
 	statusText, hasStatus := headerBytes(hs, ":status")
 	status, err := strconv.Atoi(string(statusText))
 	if p.rpc.response {
-		// A gRPC call's outcome is its grpc-status, which comes in the
-		// trailers (or, for a trailers-only response, in these headers):
-		// nothing is judged before it.
 		p.rpc.origin, p.rpc.retried = origin, retried
 		if p.rpc.proxyless && !isGRPCContentType(string(ct)) {
 			// grpc-go forwards the upstream's header metadata; with no
@@ -106,11 +87,10 @@ func (p *processor) onResponseHeaders(ctx context.Context, hh *extprocv3.HttpHea
 		status = 0 // no rule covers 0: the outcome is unknown
 	}
 	p.respStatus = status
-	if !p.rpc.response {
-		if !p.att.AtResponse(ctx, origin, status, retried, "response", slog.Int("status", status)) {
-			p.stage = stagePassThrough // settled
-			return continueWith(p.phase, skipResponseBody)
-		}
+	v := p.att.AtResponse(ctx, attempt.Response{Origin: origin, Retried: retried, Status: status, Later: p.rpc.response},
+		slog.Int("status", status))
+	if v.Kind != attempt.Store {
+		return v
 	}
 	p.respHeaders = keptHeaders(hs, p.att.Policy.StoresHeader, p.respHeaders[:0])
 	if v, ok := headerBytes(hs, "content-length"); ok {
@@ -121,10 +101,14 @@ func (p *processor) onResponseHeaders(ctx context.Context, hh *extprocv3.HttpHea
 		if p.rpc.response {
 			carrier = headerList(hs) // trailers-only: the status is in these headers
 		}
-		p.settleResponse(ctx, carrier)
-		return p.cont()
+		return p.responseEnd(ctx, carrier)
 	}
-	p.stage = stageResponseBody
+	return v
+}
+
+// readResponseBody asks for the body of a response to be stored (render's
+// Store).
+func (p *processor) readResponseBody() *extprocv3.ProcessingResponse {
 	switch {
 	case !p.rpc.response && p.responseBodyMode == procmodev3.ProcessingMode_NONE:
 		return continueWith(p.phase, bufferResponseBody)
@@ -139,35 +123,27 @@ func (p *processor) onResponseHeaders(ctx context.Context, hh *extprocv3.HttpHea
 	return continueFor(p.phase)
 }
 
+// onResponseBody reads one body message of a response to be stored. In an
+// echo mode its echo is withheld until the outcome is stored, so that a
+// client never holds an answer the record does not have yet; the held
+// bytes are acknowledged to grpc-go's flow control at once. A response
+// larger than the policy's max_stored_body is not held: it passes on as it
+// comes and is recorded without its body.
 func (p *processor) onResponseBody(ctx context.Context, body *extprocv3.HttpBody) *extprocv3.ProcessingResponse {
-	if echoes(p.responseBodyMode) {
-		return p.onStreamedResponseBody(ctx, body)
-	}
 	p.storeResponseBytes(body)
+	echo := echoes(p.responseBodyMode)
 	// In BUFFERED mode an HTTP response's body is whole even when trailers
-	// follow; a gRPC response's status comes in the trailers.
-	if body.GetEndOfStream() || (!p.rpc.response && p.responseBodyMode == procmodev3.ProcessingMode_BUFFERED) {
-		p.settleResponse(ctx, nil)
+	// follow; a gRPC response's status comes in the trailers. In an echo
+	// mode the end comes without trailers (Envoy, a response without
+	// them): the record settles before the last echo lets the client have
+	// the answer, also when it is recorded without its body.
+	if body.GetEndOfStream() || (!echo && !p.rpc.response && p.responseBodyMode == procmodev3.ProcessingMode_BUFFERED) {
+		return p.render(ctx, p.responseEnd(ctx, nil))
 	}
-	return continueFor(p.phase)
-}
-
-// onStreamedResponseBody reads one response body message in an echo mode.
-// Its echo is withheld until the outcome is stored, so that a client never
-// holds an answer the record does not have yet; the held bytes are
-// acknowledged to grpc-go's flow control at once. A response larger than
-// the policy's max_stored_body is not held: it passes on as it comes and
-// is recorded without its body.
-func (p *processor) onStreamedResponseBody(ctx context.Context, body *extprocv3.HttpBody) *extprocv3.ProcessingResponse {
-	p.storeResponseBytes(body)
-	if body.GetEndOfStream() {
-		// No trailers follow (Envoy, a response without trailers): the
-		// record settles before the last echo lets the client have the
-		// answer, also when it is recorded without its body.
-		p.settleResponse(ctx, nil)
-		return p.cont()
-	}
-	if p.respTooLarge {
+	switch {
+	case !echo:
+		return continueFor(p.phase)
+	case p.respTooLarge:
 		return p.cont()
 	}
 	p.rpc.echo.hold(p.phase, p.responseBodyMode == procmodev3.ProcessingMode_GRPC, p.respBody)
@@ -179,13 +155,13 @@ func (p *processor) onStreamedResponseBody(ctx context.Context, body *extprocv3.
 	}}
 }
 
-// settleResponse records a response whose end has arrived: an HTTP
-// response by the decision made at its headers (to store it), a gRPC one
-// by its status, carried by trailers (or the headers of a trailers-only
-// response). The status code maps to its HTTP equivalent (google.rpc.Code's
-// mapping: RESOURCE_EXHAUSTED is 429, UNAVAILABLE 503, ...) and the
-// policy's response rules decide on that, so gRPC and HTTP answers follow
-// one configuration.
+// responseEnd is the attempt's verdict on a response whose end has
+// arrived: an HTTP response was judged at its headers, a gRPC one is
+// judged by its status, carried by trailers (or the headers of a
+// trailers-only response). The status code maps to its HTTP equivalent
+// (google.rpc.Code's mapping: RESOURCE_EXHAUSTED is 429, UNAVAILABLE 503,
+// ...) and the policy's response rules decide on that, so gRPC and HTTP
+// answers follow one configuration.
 //
 // grpc-go's filter forwards no grpc-status (only trailer metadata), so for
 // it the status is read from grpc-status-details-bin when the upstream set
@@ -193,10 +169,11 @@ func (p *processor) onStreamedResponseBody(ctx context.Context, body *extprocv3.
 // (a unary handler answers a message or an error, never both); one that
 // returned none failed with a status the client did not report, stored as
 // UNKNOWN.
-func (p *processor) settleResponse(ctx context.Context, carrier []idem.Header) {
+func (p *processor) responseEnd(ctx context.Context, carrier []idem.Header) attempt.Verdict {
+	r := attempt.Response{End: true, Origin: p.rpc.origin, Retried: p.rpc.retried, Status: p.respStatus}
 	if !p.rpc.response {
-		p.settleStored(ctx)
-		return
+		r.Read = p.readResponse()
+		return p.att.AtResponse(ctx, r)
 	}
 	code, msg, known := grpcStatusOf(carrier)
 	if !known && p.rpc.proxyless && p.rpc.origin == idem.OriginUpstream {
@@ -205,40 +182,25 @@ func (p *processor) settleResponse(ctx context.Context, carrier []idem.Header) {
 			code, msg = codes.Unknown, "the upstream failed the call; grpc-go's ext_proc client does not report its status"
 		}
 	}
-	status := p.respStatus
 	if known {
-		status = httpStatusFor(code)
+		r.Status = httpStatusFor(code)
 		p.respHeaders = withStatus(p.respHeaders, code, msg)
 	}
-	if p.att.AtResponse(ctx, p.rpc.origin, status, p.rpc.retried, "grpc response",
-		slog.String("grpc_status", codeName(code)), slog.Bool("status_known", known)) {
-		p.settleStored(ctx)
-		return
-	}
-	p.stage = stagePassThrough // settled
+	r.Read = p.readResponse()
+	return p.att.AtResponse(ctx, r, slog.String("grpc_status", codeName(code)), slog.Bool("status_known", known))
 }
 
-// settleStored completes the record with the response read so far
-// (attempt.SettleStored; a JSON-RPC call's response is judged once more
-// whole there: the transport's refusal of the call is released).
-func (p *processor) settleStored(ctx context.Context) {
-	if !p.att.Held() {
-		return
-	}
-	p.stage = stagePassThrough
-	resp := idem.Response{Status: p.respStatus, Headers: p.respHeaders, Body: p.respBody, BodyOmitted: p.respTooLarge}
-	p.att.SettleStored(ctx, resp, slog.Int("status", p.respStatus), slog.Bool("body_omitted", p.respTooLarge))
+// readResponse is the response read so far, for the record.
+func (p *processor) readResponse() idem.Response {
+	return idem.Response{Status: p.respStatus, Headers: p.respHeaders, Body: p.respBody, BodyOmitted: p.respTooLarge}
 }
 
 // settleAtEnd runs when the stream ends, however it ends: the attempt settles
 // what it still holds (attempt.SettleAtEnd). With response headers in hand the
 // upstream did answer, so the record completes without its body.
 func (p *processor) settleAtEnd() {
-	if !p.att.Pending() {
-		return // settled already, or nothing was reserved: the usual end
-	}
 	var partial *idem.Response
-	if p.att.Held() && p.stage == stageResponseBody {
+	if p.stage == stageResponseBody {
 		partial = &idem.Response{Status: p.respStatus, Headers: p.respHeaders, BodyOmitted: true}
 	}
 	p.att.SettleAtEnd(p.trace.background(), partial)
@@ -249,7 +211,7 @@ func (p *processor) settleAtEnd() {
 // either the response is recorded without its body. grpc-go sends bare
 // messages; in GRPC mode they are stored framed, as gRPC sends them on the
 // wire and Envoy passes them. It counts the response's messages (a gRPC
-// call's outcome may be inferred from them: settleResponse).
+// call's outcome may be inferred from them: responseEnd).
 func (p *processor) storeResponseBytes(body *extprocv3.HttpBody) {
 	p.rpc.messages++
 	if p.respTooLarge {
@@ -286,7 +248,7 @@ func (s *Server) responseOrigin(ctx context.Context, a *attempt.Attempt, attrs *
 	// Envoy sends a CEL uint as a number (matching_utils.cc
 	// evaluateAttributes); any other kind is not a count.
 	_, hasAttempts := fields[envoyorigin.AttrAttemptCount].GetKind().(*structpb.Value_NumberValue)
-	if a.Held() && !proxyless {
+	if !proxyless { // called only while a record is held
 		if !hasDetails {
 			s.missingAttribute(ctx, a, a.Policy.Name, envoyorigin.AttrCodeDetails,
 				"Envoy's own error replies cannot be told from the upstream's and are stored as its answer")

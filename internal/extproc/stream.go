@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	procmodev3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
@@ -39,6 +40,10 @@ const (
 	// message is answered CONTINUE (Envoy sends them anyway when it does
 	// not honour mode_override).
 	stagePassThrough
+	// stageUnsettled: as stagePassThrough, but the record's settlement
+	// is retried when the stream ends (attempt.Verdict.Unsettled), which
+	// is not ended early for it (finished).
+	stageUnsettled
 )
 
 // phase is the kind of message being answered: its reply must be of the
@@ -69,15 +74,17 @@ type processor struct {
 	// configuration is assumed and no override is asked for.
 	requestBodyMode, responseBodyMode procmodev3.ProcessingMode_BodySendMode
 	modesKnown                        bool
-	// stage, phase and respTooLarge sit next to modesKnown, in what would be
-	// padding: a processor is allocated per request, and this keeps it in
-	// the 480 byte size class.
+	// stage, phase, respTooLarge and seq sit next to modesKnown, in what
+	// would be padding: a processor is allocated per request, and this
+	// keeps it, with the 8 bytes of the allocator's header for an object
+	// over 512 bytes with pointers, in the 640 byte size class.
 	stage stage
 	// phase is the message being answered; msgBody its body, for a body
 	// message (echoed back in the echo modes).
 	phase phase
 	// respTooLarge: the response is recorded without its body.
 	respTooLarge bool
+	seq          sequence
 	msgBody      *extprocv3.HttpBody
 	// then: the reply just queued extends Envoy's timer (a wait,
 	// attempt.Wait, or a far home's settlement); the loop sends it, then
@@ -85,8 +92,11 @@ type processor struct {
 	then func(context.Context) *extprocv3.ProcessingResponse
 
 	// att is the attempt: policy, record, token, what it holds.
-	att     attempt.Attempt
-	reqBody []byte
+	att attempt.Attempt
+	// settleAsk is the time to ask Envoy for before a response message
+	// that may settle the record (the Continue verdict's Wait).
+	settleAsk time.Duration
+	reqBody   []byte
 	// reqLength and respLength are the bodies' declared lengths
 	// (content-length), 0 when unknown: the size of their buffers
 	// (bodybuf.go).
@@ -102,7 +112,6 @@ type processor struct {
 	respBody    []byte
 
 	rpc rpcState
-	seq sequence
 	// body is set for a request whose policy is decided at its body
 	// (request.go, deferToBody); nil on every other request.
 	body *bodyDecision
@@ -194,9 +203,9 @@ func (p *processor) handle(ctx context.Context, m *message) (*extprocv3.Processi
 		return p.onRequest(ctx, m)
 	}
 	// A message that may settle a record held in a far home's store first
-	// asks Envoy for the settlement's time (attempt.SettleAsk), as a wait
-	// does at the request: message_timeout is shorter than one call there.
-	if d := p.att.SettleAsk(); d > 0 && maySettle(m, p.stage, p.responseBodyMode, p.rpc.proxyless) {
+	// asks Envoy for the settlement's time (settleAsk), as a wait does at
+	// the request: message_timeout is shorter than one call there.
+	if d := p.settleAsk; d > 0 && maySettle(m, p.stage, p.responseBodyMode, p.rpc.proxyless) {
 		p.then = func(ctx context.Context) *extprocv3.ProcessingResponse { return p.onResponse(ctx, m) }
 		return &extprocv3.ProcessingResponse{OverrideMessageTimeout: durationpb.New(d)}, nil
 	}
@@ -297,10 +306,10 @@ func (s *Server) serve(ctx context.Context, stream extprocv3.ExternalProcessor_P
 // write (docs/performance.md, "History of changes").
 //
 // It holds only when nothing could still be wanted: the request is past
-// every decision (stagePassThrough: answered by the server, passed, or its
-// record settled), no header waits to be added to the response (respAdd),
-// no reply is withheld, the attempt holds nothing and retries nothing at
-// the stream's end, the request is not a gRPC call (whose outcome comes
+// every decision and the attempt holds and retries nothing
+// (stagePassThrough: answered by the server, passed, or its record
+// settled), no header waits to be added to the response (respAdd), no
+// reply is withheld, the request is not a gRPC call (whose outcome comes
 // later, from its trailers: grpc.go), no tools/list answer is to be read
 // for its tools' annotations (tools.go), and both body modes are known and
 // ones in which Envoy keeps the body itself (NONE, BUFFERED,
@@ -311,7 +320,7 @@ func (s *Server) serve(ctx context.Context, stream extprocv3.ExternalProcessor_P
 // Envoy closes them.
 func (p *processor) finished() bool {
 	return p.stage == stagePassThrough && len(p.respAdd) == 0 && !p.rpc.withholds() && !p.rpc.call &&
-		!p.att.Pending() && (p.body == nil || p.body.tools == nil) && p.modesKnown && keepsBody(p.requestBodyMode) && keepsBody(p.responseBodyMode)
+		p.body.learning() == nil && p.modesKnown && keepsBody(p.requestBodyMode) && keepsBody(p.responseBodyMode)
 }
 
 // keepsBody reports a body mode in which Envoy holds the body itself, and

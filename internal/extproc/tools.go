@@ -19,7 +19,7 @@ import (
 // tools/list request passed at its body on a route where such a policy
 // may apply has its response body read, and the tools it lists, with
 // their readOnlyHint and idempotentHint, are kept in each such policy's
-// cache (policy.ToolRules.Hints). The response itself goes on unchanged.
+// cache (its tools.protect hints). The response itself goes on unchanged.
 
 // toolsLearning is what a tools/list request carries to its response:
 // the policies that learn from it, the upstream it went to, and the
@@ -65,26 +65,26 @@ var partialResponseBody = &procmodev3.ProcessingMode{
 // startLearning decides, at the response headers hh of a tools/list
 // request being learned from (l), whether its body is read: a 200 answer
 // in JSON or as an event stream ("Streamable HTTP", the two forms a POST
-// is answered in), in a body mode Envoy lets the server read (mode). It
-// returns the reply asking for the body, or nil: the learning is then
-// over.
-func startLearning(l *toolsLearning, hh *extprocv3.HttpHeaders, mode procmodev3.ProcessingMode_BodySendMode) *extprocv3.ProcessingResponse {
+// is answered in), in a body mode Envoy lets the server read (mode). The
+// reply then asks for it (passThrough, partialResponseBody); otherwise the
+// learning is over.
+func startLearning(l *toolsLearning, hh *extprocv3.HttpHeaders, mode procmodev3.ProcessingMode_BodySendMode) bool {
 	hs := hh.GetHeaders()
 	status, _ := headerBytes(hs, ":status")
 	ct, _ := headerBytes(hs, "content-type")
 	mt, _, err := mime.ParseMediaType(string(ct))
 	if string(status) != "200" || err != nil || hh.GetEndOfStream() || echoes(mode) {
-		return nil
+		return false
 	}
 	switch mt {
 	case "application/json":
 	case "text/event-stream":
 		l.eventStream = true
 	default:
-		return nil
+		return false
 	}
 	l.reading = true
-	return continueWith(phaseResponseHeaders, partialResponseBody)
+	return true
 }
 
 // learnBody reads a response body message of a tools/list being learned

@@ -117,8 +117,9 @@ func TestFarHomeWithinEnvoysTimers(t *testing.T) {
 // held in a far home's store is settled there at its response, one round
 // trip (250 ms here) more than the filter's message_timeout (200 ms here)
 // allows. The server asks Envoy for the settlement's time at that message
-// too (attempt.SettleAsk), so the write is answered and its retry
-// replayed; without the ask Envoy would end it with 504 at the response.
+// too (the Continue verdict's ask, attempt.reserved), so the write is
+// answered and its retry replayed; without the ask Envoy would end it with
+// 504 at the response.
 func TestFarHomeSettlementWithinEnvoysTimers(t *testing.T) {
 	bed := newBed(t, bedOptions{rtt: 250 * time.Millisecond, storeTimeout: 100 * time.Millisecond,
 		messageTimeout: 200 * time.Millisecond, maxMessageTimeout: 2500 * time.Millisecond})
