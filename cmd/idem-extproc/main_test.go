@@ -739,7 +739,9 @@ func TestBinaryAdminCLI(t *testing.T) {
 	redis := redistest.Start(t, redistest.Options{})
 	tokenFile := filepath.Join(t.TempDir(), "token")
 	writeFile(t, tokenFile, "cli-token\n")
-	p := start(t, "", "", "--redis-url", redis.URL(), "--admin-token-file", tokenFile)
+	// A generous store budget: these tests are about the admin commands,
+	// and the shipped 100 ms failed an admin lookup on a loaded machine.
+	p := start(t, "", "", "--redis-url", redis.URL(), "--admin-token-file", tokenFile, "--store-timeout", "3s")
 	env := harness.Start(t, harness.Options{ServerAddr: p.listen, Store: harness.OnRedis(redis)})
 	env.Post("/orders", "cli-1", `{}`)
 	scope := strings.TrimPrefix(env.URL, "http://")
@@ -814,7 +816,9 @@ func TestBinaryAdminCLIResolve(t *testing.T) {
 	redis := redistest.Start(t, redistest.Options{})
 	tokenFile := filepath.Join(t.TempDir(), "token")
 	writeFile(t, tokenFile, "cli-token\n")
-	p := start(t, "", "", "--redis-url", redis.URL(), "--admin-token-file", tokenFile)
+	// A generous store budget: these tests are about the admin commands,
+	// and the shipped 100 ms failed an admin lookup on a loaded machine.
+	p := start(t, "", "", "--redis-url", redis.URL(), "--admin-token-file", tokenFile, "--store-timeout", "3s")
 	env := harness.Start(t, harness.Options{ServerAddr: p.listen, Store: harness.OnRedis(redis)})
 	scope := strings.TrimPrefix(env.URL, "http://")
 	admin := func(args ...string) (stdout, stderr string, code int) {
