@@ -331,7 +331,7 @@ func TestBodyMemoryPerByteIsBounded(t *testing.T) {
 // chunks of 1 byte, 1 KiB and 64 KiB (BUFFERED: one message). Its time
 // per operation is that of one request of that many messages over
 // loopback gRPC, not a figure to compare. Under the race detector (the
-// suite's -bench=. -benchtime=1x run) a body in 1-byte chunks is 64 KiB,
+// suite's one benchmark pass, -test.bench=. -test.benchtime=1x) a body in 1-byte chunks is 64 KiB,
 // not 256 (a message each, about 33 s for 256 KiB under the detector), the
 // size TestBodyMemoryPerByteIsBounded holds to its bound: that run shows
 // the benchmark works. (At 16 KiB, FULL_DUPLEX_STREAMED's request reported

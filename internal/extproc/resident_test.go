@@ -173,7 +173,7 @@ func residentGrowth(tb testing.TB, c bodyCase, body []byte) (growth, base int64)
 // 16 MiB (a BUFFERED body is one message, within the shipped 32 MiB
 // --max-message-size); 1-byte chunks, a message each, take long enough at
 // 1 and 4 MiB.
-// Under the race detector (the suite's -bench=. -benchtime=1x run) they are
+// Under the race detector (the suite's one benchmark pass, -test.bench=. -test.benchtime=1x) they are
 // 64 and 256 KiB, 4 and 16 KiB in 1-byte chunks (a message each, about
 // 20 s for 64 KiB under the detector): that run shows the benchmark works,
 // not its figures.

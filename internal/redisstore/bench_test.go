@@ -184,7 +184,7 @@ func benchCodec(b *testing.B, o compress.Options) *compress.Codec {
 
 // benchDictionary is a dictionary trained on 500 answers of class c
 // other than those written; on 100 under the race detector, whose run
-// (the suite's -bench=. -benchtime=1x) shows the benchmark works, not its
+// (the suite's one benchmark pass, -test.bench=. -test.benchtime=1x) shows the benchmark works, not its
 // figures, and where training on 500 took most of the package's time.
 func benchDictionary(b *testing.B, c corpus.Class) *compress.Dictionary {
 	n := 500
