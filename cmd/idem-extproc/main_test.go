@@ -107,7 +107,11 @@ func freeAddr(t *testing.T) string {
 
 // start runs the binary on the given addresses with extra flags and waits
 // until /healthz answers. Empty addresses are picked free here (see
-// startEnv).
+// startEnv). The binary gets the harness's generous store budget
+// (harness.TestStoreTimeout) through IDEM_STORE_TIMEOUT, so that a loaded
+// machine's slow Redis does not fail tests about something else; a test
+// about the budget passes its own, in env or as --store-timeout, which
+// wins over the environment.
 func start(t *testing.T, listen, admin string, extra ...string) *process {
 	t.Helper()
 	return startEnv(t, nil, listen, admin, extra...)
@@ -145,7 +149,8 @@ func launch(t *testing.T, env []string, listen, admin string, extra ...string) (
 	p := &process{t: t, stderr: &harness.LogBuffer{}, listen: listen, admin: admin, exited: make(chan error, 1)}
 	p.cmd = exec.Command(binary(t), args...)
 	p.cmd.Stderr = p.stderr
-	p.cmd.Env = append(os.Environ(), env...)
+	// Of duplicate keys in Env the last is used (os/exec, Cmd.Env).
+	p.cmd.Env = append(append(os.Environ(), "IDEM_STORE_TIMEOUT="+harness.TestStoreTimeout.String()), env...)
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -739,9 +744,7 @@ func TestBinaryAdminCLI(t *testing.T) {
 	redis := redistest.Start(t, redistest.Options{})
 	tokenFile := filepath.Join(t.TempDir(), "token")
 	writeFile(t, tokenFile, "cli-token\n")
-	// A generous store budget: these tests are about the admin commands,
-	// and the shipped 100 ms failed an admin lookup on a loaded machine.
-	p := start(t, "", "", "--redis-url", redis.URL(), "--admin-token-file", tokenFile, "--store-timeout", "3s")
+	p := start(t, "", "", "--redis-url", redis.URL(), "--admin-token-file", tokenFile)
 	env := harness.Start(t, harness.Options{ServerAddr: p.listen, Store: harness.OnRedis(redis)})
 	env.Post("/orders", "cli-1", `{}`)
 	scope := strings.TrimPrefix(env.URL, "http://")
@@ -816,9 +819,7 @@ func TestBinaryAdminCLIResolve(t *testing.T) {
 	redis := redistest.Start(t, redistest.Options{})
 	tokenFile := filepath.Join(t.TempDir(), "token")
 	writeFile(t, tokenFile, "cli-token\n")
-	// A generous store budget: these tests are about the admin commands,
-	// and the shipped 100 ms failed an admin lookup on a loaded machine.
-	p := start(t, "", "", "--redis-url", redis.URL(), "--admin-token-file", tokenFile, "--store-timeout", "3s")
+	p := start(t, "", "", "--redis-url", redis.URL(), "--admin-token-file", tokenFile)
 	env := harness.Start(t, harness.Options{ServerAddr: p.listen, Store: harness.OnRedis(redis)})
 	scope := strings.TrimPrefix(env.URL, "http://")
 	admin := func(args ...string) (stdout, stderr string, code int) {
