@@ -116,10 +116,10 @@ func (s gcSettings) apply() (percent int, limit int64) {
 // and recomputes the goal (runtime/mgcpacer.go setGCPercent,
 // gcControllerCommit) without stopping the world.
 type bodyPacer struct {
-	percent int          // the percent for everything but the bodies
-	held    func() int64 // the body bytes the server holds now
-	mu      sync.Mutex   // collected and stop
-	set     int          // the percent in force
+	percent int                       // the percent for everything but the bodies
+	held    func() (all, small int64) // the body bytes the server holds now
+	mu      sync.Mutex                // collected and stop
+	set     int                       // the percent in force
 	stopped bool
 	live    [1]metrics.Sample
 }
@@ -134,7 +134,7 @@ type gcCycle [64]byte
 
 // startBodyPacer paces the collector from now on; held reports the body
 // bytes the server holds.
-func startBodyPacer(percent int, held func() int64) *bodyPacer {
+func startBodyPacer(percent int, held func() (all, small int64)) *bodyPacer {
 	p := &bodyPacer{percent: percent, held: held, set: percent}
 	p.live[0].Name = "/gc/heap/live:bytes"
 	p.arm()
@@ -152,7 +152,8 @@ func (p *bodyPacer) collected() {
 	}
 	metrics.Read(p.live[:])
 	if p.live[0].Value.Kind() == metrics.KindUint64 {
-		if pc := pacedPercent(p.percent, int64(p.live[0].Value.Uint64()), p.held()); pc != p.set {
+		held, small := p.held()
+		if pc := pacedPercent(p.percent, int64(p.live[0].Value.Uint64()), held, small); pc != p.set {
 			debug.SetGCPercent(pc)
 			p.set = pc
 		}
@@ -174,12 +175,28 @@ func (p *bodyPacer) stop() {
 // the live heap but held bytes of it percent's headroom and the held
 // bytes bodyHeadroomPercent's (or percent's, when that is less). held is
 // capped at live: bytes counted as held may have become garbage.
-func pacedPercent(percent int, live, held int64) int {
+//
+// While small of the held bytes are bodies that came in small messages
+// (extproc's budget tells them apart), the whole heap gets at most their
+// size of headroom, and no less than smallHeadroomFloor: their messages
+// make garbage all through the body, which would otherwise fill the
+// percent's headroom on the rest of the heap, a constant tens of MiB at
+// 400 that a body of a few hundred KiB would cost in full. The price is
+// collections more often while such a body is held, for every stream.
+func pacedPercent(percent int, live, held, small int64) int {
 	if percent <= 0 || live <= 0 || held <= 0 {
 		return percent
 	}
 	held = min(held, live)
 	body := int64(min(percent, bodyHeadroomPercent))
 	goal := (live-held)*int64(100+percent) + held*(100+body) // × 100
+	if small > 0 {
+		goal = min(goal, (live+max(min(small, held), smallHeadroomFloor))*100)
+	}
 	return max(1, int(goal/live)-100)
 }
+
+// smallHeadroomFloor is the least headroom the collector gets while a
+// body that came in small messages is held: below it the collector would
+// run every few hundred messages.
+const smallHeadroomFloor = 1 << 20

@@ -98,24 +98,32 @@ func TestGCPercentFlagErrors(t *testing.T) {
 }
 
 // TestPacedPercent: bodies get bodyHeadroomPercent of headroom, the rest
-// of the heap the daemon's percent; nothing held, no change.
+// of the heap the daemon's percent; nothing held, no change. While bodies
+// that came in small messages are held, the whole heap gets their size of
+// headroom, at least smallHeadroomFloor.
 func TestPacedPercent(t *testing.T) {
+	const mib = 1 << 20
 	for _, c := range []struct {
-		percent          int
-		live, held, want int64
+		percent                 int
+		live, held, small, want int64
 	}{
-		{400, 100, 0, 400},
-		{400, 100, 50, 225}, // 50 × 5 + 50 × 1.5 = 325: +225 %
-		{400, 100, 100, 50}, // all bodies
-		{400, 100, 500, 50}, // held bodies already garbage count no more than live
-		{100, 100, 50, 75},  // 50 × 2 + 50 × 1.5 = 175
-		{25, 100, 100, 25},  // never more headroom than the daemon's own
-		{-1, 100, 100, -1},  // collection off stays off
-		{400, 0, 100, 400},  // no collection yet
-		{1, 1000, 999, 1},   // never 0, which collects at every allocation
+		{400, 100, 0, 0, 400},
+		{400, 100, 50, 0, 225},                 // 50 × 5 + 50 × 1.5 = 325: +225 %
+		{400, 100, 100, 0, 50},                 // all bodies
+		{400, 100, 500, 0, 50},                 // held bodies already garbage count no more than live
+		{100, 100, 50, 0, 75},                  // 50 × 2 + 50 × 1.5 = 175
+		{25, 100, 100, 0, 25},                  // never more headroom than the daemon's own
+		{-1, 100, 100, 0, -1},                  // collection off stays off
+		{400, 0, 100, 0, 400},                  // no collection yet
+		{1, 1000, 999, 0, 1},                   // never 0, which collects at every allocation
+		{400, 40 * mib, 1 * mib, 1 * mib, 2},   // a small-message body: 1 MiB of headroom in 40
+		{400, 40 * mib, 8 * mib, 8 * mib, 20},  // its size, 8 MiB in 40
+		{400, 40 * mib, 4 * mib, 64 << 10, 2},  // never less than 1 MiB
+		{10, 40 * mib, 40 * mib, 40 * mib, 10}, // never more than the percent's own
+		{50, 40 * mib, 0, 1 * mib, 50},         // nothing held: the daemon's percent
 	} {
-		if got := pacedPercent(c.percent, c.live, c.held); int64(got) != c.want {
-			t.Errorf("pacedPercent(%d, live %d, held %d) = %d, want %d", c.percent, c.live, c.held, got, c.want)
+		if got := pacedPercent(c.percent, c.live, c.held, c.small); int64(got) != c.want {
+			t.Errorf("pacedPercent(%d, live %d, held %d, small %d) = %d, want %d", c.percent, c.live, c.held, c.small, got, c.want)
 		}
 	}
 }
@@ -127,7 +135,7 @@ func TestBodyPacerFollowsCollections(t *testing.T) {
 	old := debug.SetGCPercent(400)
 	defer debug.SetGCPercent(old)
 	body := make([]byte, 64<<20)
-	p := startBodyPacer(400, func() int64 { return int64(len(body)) })
+	p := startBodyPacer(400, func() (all, small int64) { return int64(len(body)), 0 })
 	gogc := []metrics.Sample{{Name: "/gc/gogc:percent"}}
 	for deadline := time.Now().Add(time.Minute); ; {
 		runtime.GC()

@@ -22,6 +22,32 @@ import (
 type bodyBudget struct {
 	limit int64
 	used  atomic.Int64
+	small atomic.Int64 // of used, what bodies that came in small messages hold
+}
+
+// A body that arrives in small messages (a client trickling it a byte at a
+// time, which Envoy passes on as a message each) makes some hundreds of
+// bytes of garbage per body byte, so the collector runs all through it
+// and the heap sits at its goal: at the default --gc-percent 400 the body
+// would cost its size plus four times the rest of the heap. The budget
+// tells such bodies apart, so that the daemon's collector pacing can give
+// them, and the heap while they are held, a tighter goal
+// (internal/daemon/gc.go). A body counts as small once it has come in at
+// least smallBodyMessages messages averaging under smallBodyMessage bytes
+// of the budget each. Envoy does not state the size of the chunks it
+// streams; it reads a connection into buffer slices of 16 KiB
+// (source/common/buffer/buffer_impl.h, default_slice_size_), so a body
+// sent at speed comes in chunks well above the threshold.
+const (
+	smallBodyMessages = 64
+	smallBodyMessage  = 4 << 10
+)
+
+// holding is what one stream's bodies take of the budget.
+type holding struct {
+	bytes    int64 // charged to the budget
+	messages int64 // body messages kept since the last release
+	small    bool  // bytes are counted in the budget's small too
 }
 
 // take charges n bytes, or reports false when they would pass the limit.
@@ -39,17 +65,25 @@ func (b *bodyBudget) take(n int64) bool {
 
 func (b *bodyBudget) give(n int64) { b.used.Add(-n) }
 
-// hold charges n more buffered bytes to a stream that holds *held; false
-// when the budget has no room for them. Without a budget (nil) it always
-// holds.
-func (b *bodyBudget) hold(held *int64, n int) bool {
-	if b == nil || n == 0 {
+// hold charges a body message's n more buffered bytes to a stream that
+// holds *h; false when the budget has no room for them. Without a budget
+// (nil) it always holds.
+func (b *bodyBudget) hold(h *holding, n int) bool {
+	if b == nil {
 		return true
 	}
-	if !b.take(int64(n)) {
+	if n > 0 && !b.take(int64(n)) {
 		return false
 	}
-	*held += int64(n)
+	h.bytes += int64(n)
+	h.messages++
+	switch {
+	case h.small:
+		b.small.Add(int64(n))
+	case h.messages >= smallBodyMessages && h.bytes < h.messages*smallBodyMessage:
+		h.small = true
+		b.small.Add(h.bytes)
+	}
 	return true
 }
 
@@ -58,7 +92,7 @@ func (b *bodyBudget) hold(held *int64, n int) bool {
 // 413 when the body alone would pass the whole budget (it could never be
 // taken; a retry would not help), 503 with Retry-After when the budget is
 // only full for now.
-func (b *bodyBudget) holdRequestBody(held *int64, size, cost int, retryAfter time.Duration) *problem.Problem {
+func (b *bodyBudget) holdRequestBody(held *holding, size, cost int, retryAfter time.Duration) *problem.Problem {
 	if b != nil && int64(size) > b.limit {
 		return attempt.BodyTooLarge(int(b.limit))
 	}
@@ -68,21 +102,25 @@ func (b *bodyBudget) holdRequestBody(held *int64, size, cost int, retryAfter tim
 	return nil
 }
 
-// BufferedBytes is what all streams' bodies hold of the budget now (0
-// without a budget).
-func (s *Server) BufferedBytes() int64 {
+// BufferedBytes is what all streams' bodies hold of the budget now, and
+// of that what bodies that came in small messages hold (0 without a
+// budget).
+func (s *Server) BufferedBytes() (all, small int64) {
 	if s.budget == nil {
-		return 0
+		return 0, 0
 	}
-	return s.budget.used.Load()
+	return s.budget.used.Load(), s.budget.small.Load()
 }
 
 // release returns every byte a stream holds to the budget.
-func (b *bodyBudget) release(held *int64) {
-	if *held > 0 {
-		b.give(*held)
-		*held = 0
+func (b *bodyBudget) release(h *holding) {
+	if h.bytes > 0 {
+		b.give(h.bytes)
+		if h.small {
+			b.small.Add(-h.bytes)
+		}
 	}
+	*h = holding{}
 }
 
 // full reports a budget with no room left at all: a new protected request

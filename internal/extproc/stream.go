@@ -103,7 +103,7 @@ type processor struct {
 	reqLength, respLength int
 	// held is what this stream's buffered bodies take of the server's
 	// budget (budget.go).
-	held int64
+	held holding
 
 	trace streamTrace
 
