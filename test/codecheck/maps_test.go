@@ -1,10 +1,13 @@
 package codecheck
 
 import (
+	"io/fs"
+	"maps"
 	"os"
 	"path"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -16,31 +19,69 @@ import (
 // that is gone, sends its reader to the wrong place; these tests fail
 // then, so that the maps are mended with the code that moved.
 
-// TestLayoutMapsEveryPackage: every package of the root module has a row
-// in docs/layout.md that names its directory in its first column, and
-// every path a first column names exists.
+// TestLayoutMapsEveryPackage: every package of the repository, in any of
+// its modules, has a row in docs/layout.md that names its directory in its
+// first column, in the table of its wing; and every path a first column
+// names exists.
 func TestLayoutMapsEveryPackage(t *testing.T) {
 	t.Parallel()
-	pkgs, root := listPackages(t)
-	named := map[string]bool{}
-	for _, row := range tableRows(t, readDoc(t, root, "docs/layout.md")) {
-		for _, tok := range backticked(row[0]) {
-			p := strings.TrimSuffix(tok, "/")
-			named[p] = true
-			if _, err := os.Stat(filepath.Join(root, p)); err != nil {
-				t.Errorf("docs/layout.md names %s, which does not exist", tok)
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	product, support, ok := strings.Cut(readDoc(t, root, "docs/layout.md"), "\n## Test support\n")
+	if !ok {
+		t.Fatal("docs/layout.md has no \"Test support\" section")
+	}
+	inSupport := map[string]bool{} // by path named: whether the test-support table names it
+	for i, wing := range []string{product, support} {
+		for _, row := range tableRows(t, wing) {
+			for _, tok := range backticked(row[0]) {
+				p := strings.TrimSuffix(tok, "/")
+				inSupport[p] = i == 1
+				if _, err := os.Stat(filepath.Join(root, p)); err != nil {
+					t.Errorf("docs/layout.md names %s, which does not exist", tok)
+				}
 			}
 		}
 	}
-	for _, p := range pkgs {
-		rel, err := filepath.Rel(root, p.Dir)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if rel = filepath.ToSlash(rel); !named[rel] {
+	for _, rel := range packageDirs(t, root) {
+		switch named, ok := inSupport[rel]; {
+		case !ok:
 			t.Errorf("package %s has no row in docs/layout.md", rel)
+		case named != isSupport(module+"/"+rel):
+			t.Errorf("docs/layout.md lists package %s in the other wing's table", rel)
 		}
 	}
+}
+
+// packageDirs are the directories, relative to root, that hold Go files:
+// the packages of every module in the repository (go list sees only the
+// workspace's, not a module nested in one).
+func packageDirs(t *testing.T, root string) []string {
+	t.Helper()
+	dirs := map[string]bool{}
+	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		name := d.Name()
+		if d.IsDir() && p != root && (name == "testdata" || strings.HasPrefix(name, ".") || strings.HasPrefix(name, "_")) {
+			return filepath.SkipDir
+		}
+		if !d.IsDir() && strings.HasSuffix(name, ".go") {
+			rel, err := filepath.Rel(root, filepath.Dir(p))
+			if err != nil {
+				return err
+			}
+			dirs[filepath.ToSlash(rel)] = true
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return slices.Sorted(maps.Keys(dirs))
 }
 
 // TestDesignMapsEveryProductFile: every product Go file (outside its
