@@ -1,7 +1,6 @@
 package codecheck
 
 import (
-	"io/fs"
 	"maps"
 	"os"
 	"path"
@@ -25,10 +24,7 @@ import (
 // names exists.
 func TestLayoutMapsEveryPackage(t *testing.T) {
 	t.Parallel()
-	root, err := filepath.Abs("../..")
-	if err != nil {
-		t.Fatal(err)
-	}
+	files, root := goFiles(t)
 	product, support, ok := strings.Cut(readDoc(t, root, "docs/layout.md"), "\n## Test support\n")
 	if !ok {
 		t.Fatal("docs/layout.md has no \"Test support\" section")
@@ -45,7 +41,11 @@ func TestLayoutMapsEveryPackage(t *testing.T) {
 			}
 		}
 	}
-	for _, rel := range packageDirs(t, root) {
+	dirs := map[string]bool{}
+	for _, f := range files {
+		dirs[path.Dir(f)] = true
+	}
+	for _, rel := range slices.Sorted(maps.Keys(dirs)) {
 		switch named, ok := inSupport[rel]; {
 		case !ok:
 			t.Errorf("package %s has no row in docs/layout.md", rel)
@@ -53,35 +53,6 @@ func TestLayoutMapsEveryPackage(t *testing.T) {
 			t.Errorf("docs/layout.md lists package %s in the other wing's table", rel)
 		}
 	}
-}
-
-// packageDirs are the directories, relative to root, that hold Go files:
-// the packages of every module in the repository (go list sees only the
-// workspace's, not a module nested in one).
-func packageDirs(t *testing.T, root string) []string {
-	t.Helper()
-	dirs := map[string]bool{}
-	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		name := d.Name()
-		if d.IsDir() && p != root && (name == "testdata" || strings.HasPrefix(name, ".") || strings.HasPrefix(name, "_")) {
-			return filepath.SkipDir
-		}
-		if !d.IsDir() && strings.HasSuffix(name, ".go") {
-			rel, err := filepath.Rel(root, filepath.Dir(p))
-			if err != nil {
-				return err
-			}
-			dirs[filepath.ToSlash(rel)] = true
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return slices.Sorted(maps.Keys(dirs))
 }
 
 // TestDesignMapsEveryProductFile: every product Go file (outside its
