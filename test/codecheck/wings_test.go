@@ -4,6 +4,7 @@ import (
 	"go/parser"
 	"go/token"
 	"io/fs"
+	"os"
 	"path"
 	"path/filepath"
 	"sort"
@@ -55,23 +56,21 @@ func goFiles(t *testing.T) (files []string, root string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+	err = fs.WalkDir(os.DirFS(root), ".", func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
 		// As the go command does (go help packages): names that begin with . or
 		// _ are ignored, and so are directories named testdata.
 		name := d.Name()
-		ignored := p != root && (strings.HasPrefix(name, ".") || strings.HasPrefix(name, "_") || d.IsDir() && name == "testdata")
+		ignored := p != "." && (strings.HasPrefix(name, ".") || strings.HasPrefix(name, "_") || d.IsDir() && name == "testdata")
 		switch {
 		case ignored && d.IsDir():
-			return filepath.SkipDir
-		case ignored || d.IsDir() || !strings.HasSuffix(name, ".go"):
-			return nil
+			return fs.SkipDir
+		case !ignored && !d.IsDir() && strings.HasSuffix(name, ".go"):
+			files = append(files, p)
 		}
-		rel, err := filepath.Rel(root, p)
-		files = append(files, filepath.ToSlash(rel))
-		return err
+		return nil
 	})
 	if err != nil {
 		t.Fatal(err)
