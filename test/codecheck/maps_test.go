@@ -1,10 +1,12 @@
 package codecheck
 
 import (
+	"maps"
 	"os"
 	"path"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -16,29 +18,39 @@ import (
 // that is gone, sends its reader to the wrong place; these tests fail
 // then, so that the maps are mended with the code that moved.
 
-// TestLayoutMapsEveryPackage: every package of the root module has a row
-// in docs/layout.md that names its directory in its first column, and
-// every path a first column names exists.
+// TestLayoutMapsEveryPackage: every package of the repository, in any of
+// its modules, has a row in docs/layout.md that names its directory in its
+// first column, in the table of its wing; and every path a first column
+// names exists.
 func TestLayoutMapsEveryPackage(t *testing.T) {
 	t.Parallel()
-	pkgs, root := listPackages(t)
-	named := map[string]bool{}
-	for _, row := range tableRows(t, readDoc(t, root, "docs/layout.md")) {
-		for _, tok := range backticked(row[0]) {
-			p := strings.TrimSuffix(tok, "/")
-			named[p] = true
-			if _, err := os.Stat(filepath.Join(root, p)); err != nil {
-				t.Errorf("docs/layout.md names %s, which does not exist", tok)
+	files, root := goFiles(t)
+	product, support, ok := strings.Cut(readDoc(t, root, "docs/layout.md"), "\n## Test support\n")
+	if !ok {
+		t.Fatal("docs/layout.md has no \"Test support\" section")
+	}
+	inSupport := map[string]bool{} // by path named: whether the test-support table names it
+	for i, wing := range []string{product, support} {
+		for _, row := range tableRows(t, wing) {
+			for _, tok := range backticked(row[0]) {
+				p := strings.TrimSuffix(tok, "/")
+				inSupport[p] = i == 1
+				if _, err := os.Stat(filepath.Join(root, p)); err != nil {
+					t.Errorf("docs/layout.md names %s, which does not exist", tok)
+				}
 			}
 		}
 	}
-	for _, p := range pkgs {
-		rel, err := filepath.Rel(root, p.Dir)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if rel = filepath.ToSlash(rel); !named[rel] {
+	dirs := map[string]bool{}
+	for _, f := range files {
+		dirs[path.Dir(f)] = true
+	}
+	for _, rel := range slices.Sorted(maps.Keys(dirs)) {
+		switch named, ok := inSupport[rel]; {
+		case !ok:
 			t.Errorf("package %s has no row in docs/layout.md", rel)
+		case named != isSupport(module+"/"+rel):
+			t.Errorf("docs/layout.md lists package %s in the other wing's table", rel)
 		}
 	}
 }

@@ -1,12 +1,11 @@
 package codecheck
 
 import (
-	"bytes"
-	"encoding/json"
 	"go/parser"
 	"go/token"
-	"io"
-	"os/exec"
+	"io/fs"
+	"os"
+	"path"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -46,69 +45,52 @@ var allowedSupportImports = map[string][]string{
 	"cmd/idem-extproc/demo.go": {module + "/internal/testing/envoysim"},
 }
 
-type listedPackage struct {
-	ImportPath     string
-	Dir            string
-	GoFiles        []string
-	CgoFiles       []string
-	IgnoredGoFiles []string
-}
-
-// listPackages lists the root module's packages (go list ./...), and
-// gives the repository's root as an absolute path.
-func listPackages(t *testing.T) ([]listedPackage, string) {
+// goFiles lists the repository's Go files, test files and files build
+// constraints leave out included, by their path relative to the
+// repository's root, as go list would find them in every module (go list
+// itself sees only the workspace's modules, not one nested in another);
+// root is the repository's root as an absolute path.
+func goFiles(t *testing.T) (files []string, root string) {
 	t.Helper()
-	cmd := exec.Command(goTool(t), "list", "-e", "-json=ImportPath,Dir,GoFiles,CgoFiles,IgnoredGoFiles", "./...")
-	cmd.Dir = "../.."
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("go list: %v", err)
-	}
 	root, err := filepath.Abs("../..")
 	if err != nil {
 		t.Fatal(err)
 	}
-	var pkgs []listedPackage
-	dec := json.NewDecoder(bytes.NewReader(out))
-	for {
-		var p listedPackage
-		if err := dec.Decode(&p); err == io.EOF {
-			break
-		} else if err != nil {
-			t.Fatalf("decoding go list's output: %v", err)
+	err = fs.WalkDir(os.DirFS(root), ".", func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
 		}
-		pkgs = append(pkgs, p)
+		// As the go command does (go help packages): names that begin with . or
+		// _ are ignored, and so are directories named testdata.
+		name := d.Name()
+		ignored := p != "." && (strings.HasPrefix(name, ".") || strings.HasPrefix(name, "_") || d.IsDir() && name == "testdata")
+		switch {
+		case ignored && d.IsDir():
+			return fs.SkipDir
+		case !ignored && !d.IsDir() && strings.HasSuffix(name, ".go"):
+			files = append(files, p)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
-	return pkgs, root
+	return files, root
 }
 
-// productFiles lists every non-test Go file of the root module's product
-// packages, including files another platform's build constraints would
-// select, keyed by their path relative to the repository's root.
+// productFiles lists every non-test Go file of the product wing, keyed by
+// its path relative to the repository's root.
 func productFiles(t *testing.T) map[string]string {
 	t.Helper()
-	pkgs, root := listPackages(t)
+	all, root := goFiles(t)
 	files := map[string]string{}
-	for _, p := range pkgs {
-		if isSupport(p.ImportPath) {
-			continue
-		}
-		for _, names := range [][]string{p.GoFiles, p.CgoFiles, p.IgnoredGoFiles} {
-			for _, name := range names {
-				if strings.HasSuffix(name, "_test.go") || !strings.HasSuffix(name, ".go") {
-					continue
-				}
-				abs := filepath.Join(p.Dir, name)
-				rel, err := filepath.Rel(root, abs)
-				if err != nil {
-					t.Fatal(err)
-				}
-				files[filepath.ToSlash(rel)] = abs
-			}
+	for _, rel := range all {
+		if !strings.HasSuffix(rel, "_test.go") && !isSupport(module+"/"+path.Dir(rel)) {
+			files[rel] = filepath.Join(root, rel)
 		}
 	}
 	if len(files) == 0 {
-		t.Fatal("go list found no product file")
+		t.Fatal("found no product file")
 	}
 	return files
 }

@@ -17,10 +17,6 @@ import (
 	"google.golang.org/grpc/status"
 )
 
-// UnaryMethod is the full name of the upstream's unary method, as the
-// request.path attribute carries it.
-const UnaryMethod = "/grpc.testing.TestService/UnaryCall"
-
 // Upstream is a gRPC application with a visible side effect: every call it
 // executes is appended to its effect log, as a real service would create an
 // order. Calls steer it through their metadata and request:

@@ -120,7 +120,6 @@ type Upstream func(ctx context.Context, req *Request) (*Response, error)
 const (
 	FlagNoHealthyUpstream             uint64 = 0x2
 	FlagUpstreamRequestTimeout        uint64 = 0x4
-	FlagLocalReset                    uint64 = 0x8
 	FlagUpstreamRemoteReset           uint64 = 0x10
 	FlagUpstreamConnectionFailure     uint64 = 0x20
 	FlagUpstreamConnectionTermination uint64 = 0x40
