@@ -24,17 +24,15 @@ func (d *decoder) structEntry(b []byte, into map[string]*structpb.Struct, limit 
 	val := new(structpb.Struct)
 	seen := false
 	for len(b) > 0 {
-		f, rest, ok := next(b)
-		if !ok || !f.isBytes() {
-			return false
-		}
+		f, rest := next(b)
 		b = rest
-		switch f.num {
-		case 1:
+		switch {
+		case f.num == 1 && f.isBytes():
+			var ok bool
 			if key, ok = d.string(f.s); !ok {
 				return false
 			}
-		case 2:
+		case f.num == 2 && f.isBytes():
 			if !seen && d.flatStruct(f.s, val) {
 				seen = true
 				continue
@@ -62,22 +60,15 @@ func (d *decoder) structEntry(b []byte, into map[string]*structpb.Struct, limit 
 // message. Anything else (a nested Struct or list, a Value or map entry
 // with a field twice, an unknown field) reports false for proto to decode.
 func (d *decoder) flatStruct(b []byte, s *structpb.Struct) bool {
-	n := 0
-	for p := b; len(p) > 0; n++ {
-		f, rest, ok := next(p)
-		if !ok || f.num != 1 || !f.isBytes() {
-			return false
-		}
-		p = rest
-	}
-	if n == 0 {
-		return true
+	n, ok := repeated(b, 1)
+	if !ok || n == 0 {
+		return ok
 	}
 	vals := make([]structpb.Value, n)
 	s.Fields = make(map[string]*structpb.Value, n)
 	d.strKinds = nil // this Struct's string kinds share one array, made at the first
 	for i := range vals {
-		f, rest, _ := next(b)
+		f, rest := next(b)
 		b = rest
 		d.strLeft = n - i
 		key, ok := d.flatEntry(f.s, &vals[i])
@@ -96,23 +87,18 @@ func (d *decoder) flatEntry(b []byte, v *structpb.Value) (string, bool) {
 	var key string
 	var haveKey, haveValue bool
 	for len(b) > 0 {
-		f, rest, ok := next(b)
-		if !ok || !f.isBytes() {
-			return "", false
-		}
+		f, rest := next(b)
 		b = rest
+		ok := false
 		switch {
-		case f.num == 1 && !haveKey:
+		case f.num == 1 && f.isBytes() && !haveKey:
 			haveKey = true
-			if key, ok = d.string(f.s); !ok {
-				return "", false
-			}
-		case f.num == 2 && !haveValue:
+			key, ok = d.string(f.s)
+		case f.num == 2 && f.isBytes() && !haveValue:
 			haveValue = true
-			if !d.flatValue(f.s, v) {
-				return "", false
-			}
-		default:
+			ok = d.flatValue(f.s, v)
+		}
+		if !ok {
 			return "", false
 		}
 	}
@@ -124,8 +110,8 @@ func (d *decoder) flatValue(b []byte, v *structpb.Value) bool {
 	if len(b) == 0 {
 		return true
 	}
-	f, rest, ok := next(b)
-	if !ok || len(rest) != 0 {
+	f, rest := next(b)
+	if len(rest) != 0 {
 		return false
 	}
 	switch {

@@ -11,10 +11,7 @@ import (
 
 func body(b []byte, hb *extprocv3.HttpBody) bool {
 	for len(b) > 0 {
-		f, rest, ok := next(b)
-		if !ok {
-			return false
-		}
+		f, rest := next(b)
 		b = rest
 		switch {
 		case f.num == 1 && f.isBytes():

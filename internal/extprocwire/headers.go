@@ -17,10 +17,7 @@ import (
 
 func (d *decoder) headers(b []byte, h *extprocv3.HttpHeaders) bool {
 	for len(b) > 0 {
-		f, rest, ok := next(b)
-		if !ok {
-			return false
-		}
+		f, rest := next(b)
 		b = rest
 		switch {
 		case f.num == 1 && f.isBytes():
@@ -54,8 +51,8 @@ func (d *decoder) headers(b []byte, h *extprocv3.HttpHeaders) bool {
 
 func (d *decoder) trailers(b []byte, t *extprocv3.HttpTrailers) bool {
 	for len(b) > 0 {
-		f, rest, ok := next(b)
-		if !ok || f.num != 1 || !f.isBytes() {
+		f, rest := next(b)
+		if f.num != 1 || !f.isBytes() {
 			return false
 		}
 		b = rest
@@ -72,24 +69,16 @@ func (d *decoder) trailers(b []byte, t *extprocv3.HttpTrailers) bool {
 // headerMap appends b's headers to hm.Headers (a repeated field appends on
 // merge), all of them in one backing array counted first.
 func (d *decoder) headerMap(b []byte, hm *corev3.HeaderMap) bool {
-	n := 0
-	for p := b; len(p) > 0; {
-		f, rest, ok := next(p)
-		if !ok || f.num != 1 || !f.isBytes() {
-			return false
-		}
-		p = rest
-		n++
-	}
-	if n == 0 {
-		return true
+	n, ok := repeated(b, 1)
+	if !ok || n == 0 {
+		return ok
 	}
 	vals := make([]corev3.HeaderValue, n)
 	if hm.Headers == nil {
 		hm.Headers = make([]*corev3.HeaderValue, 0, n)
 	}
 	for i := range vals {
-		f, rest, _ := next(b)
+		f, rest := next(b)
 		b = rest
 		if !d.headerValue(f.s, &vals[i]) {
 			return false
@@ -103,23 +92,18 @@ func (d *decoder) headerMap(b []byte, hm *corev3.HeaderMap) bool {
 // scalar field keeps its last value.
 func (d *decoder) headerValue(b []byte, hv *corev3.HeaderValue) bool {
 	for len(b) > 0 {
-		f, rest, ok := next(b)
-		if !ok || !f.isBytes() {
-			return false
-		}
+		f, rest := next(b)
 		b = rest
-		switch f.num {
-		case 1:
-			if hv.Key, ok = d.string(f.s); !ok {
-				return false
-			}
-		case 2:
-			if hv.Value, ok = d.string(f.s); !ok {
-				return false
-			}
-		case 3:
-			hv.RawValue = bytesField(f.s)
-		default:
+		var ok bool
+		switch {
+		case f.num == 1 && f.isBytes():
+			hv.Key, ok = d.string(f.s)
+		case f.num == 2 && f.isBytes():
+			hv.Value, ok = d.string(f.s)
+		case f.num == 3 && f.isBytes():
+			hv.RawValue, ok = bytesField(f.s), true
+		}
+		if !ok {
 			return false
 		}
 	}

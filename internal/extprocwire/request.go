@@ -74,10 +74,7 @@ func (d *decoder) string(s []byte) (string, bool) {
 
 func (d *decoder) request(b []byte, m *extprocv3.ProcessingRequest) bool {
 	for len(b) > 0 {
-		f, rest, ok := next(b)
-		if !ok {
-			return false
-		}
+		f, rest := next(b)
 		b = rest
 		switch {
 		case f.num >= 2 && f.num <= 7 && f.isBytes():
@@ -271,35 +268,12 @@ func protocolConfig(b []byte, pc *extprocv3.ProtocolConfiguration) bool {
 }
 
 func flowControlInit(b []byte, fc *extprocv3.ProcessingRequest_FlowControlInit) bool {
-	return varints(b, func(num protowire.Number, v uint64) bool {
-		switch num {
-		case 1:
-			fc.InitialWindowDownstreamToSidestream = int64(v)
-		case 2:
-			fc.InitialWindowSidestreamToUpstream = int64(v)
-		case 3:
-			fc.InitialWindowUpstreamToSidestream = int64(v)
-		case 4:
-			fc.InitialWindowSidestreamToDownstream = int64(v)
-		default:
-			return false
-		}
-		return true
-	})
+	return int64s(b, &fc.InitialWindowDownstreamToSidestream, &fc.InitialWindowSidestreamToUpstream,
+		&fc.InitialWindowUpstreamToSidestream, &fc.InitialWindowSidestreamToDownstream)
 }
 
 func clientWindowUpdate(b []byte, cw *extprocv3.ProcessingRequest_ClientWindowUpdate) bool {
-	return varints(b, func(num protowire.Number, v uint64) bool {
-		switch num {
-		case 1:
-			cw.WindowIncrementSidestreamToUpstream = int64(v)
-		case 2:
-			cw.WindowIncrementSidestreamToDownstream = int64(v)
-		default:
-			return false
-		}
-		return true
-	})
+	return int64s(b, &cw.WindowIncrementSidestreamToUpstream, &cw.WindowIncrementSidestreamToDownstream)
 }
 
 // bodySendMode is an open enum's value as the generic decoder keeps it: any

@@ -6,8 +6,9 @@ import (
 )
 
 // The wire primitives both directions share: a field parsed from the
-// front of a buffer, and the sizes and appends of varint and
-// length-delimited fields, with the encoder's two-pass length bookkeeping.
+// front of a message (the one step of every decoder's walk), and the sizes
+// and appends of varint and length-delimited fields, with the encoder's
+// two-pass length bookkeeping.
 
 // field is one parsed field: a varint's value or a length-delimited
 // field's bytes (a sub-slice of the input, capacity to its end).
@@ -18,12 +19,23 @@ type field struct {
 	s   []byte
 }
 
-// next parses the field at the front of b, reporting false for anything
-// but a valid tag with a varint, length-delimited or fixed64 value.
-func next(b []byte) (f field, rest []byte, ok bool) {
+// next parses the field at the front of b and returns it with what
+// follows. A field it cannot parse (anything but a valid tag with a varint,
+// length-delimited or fixed64 value) comes back as number 0 with nothing
+// after it. No field has number 0 (google.golang.org/protobuf
+// encoding/protowire/wire.go, ConsumeTag, refuses it), so a decoder
+// refuses that field as it refuses any it does not know, and its walk over
+// a message needs no error check of its own:
+//
+//	for len(b) > 0 {
+//		f, rest := next(b)
+//		b = rest
+//		switch { /* the fields it knows */ default: return false }
+//	}
+func next(b []byte) (f field, rest []byte) {
 	num, typ, n := protowire.ConsumeTag(b)
 	if n < 0 || num > protowire.MaxValidNumber {
-		return f, nil, false
+		return field{}, nil
 	}
 	b = b[n:]
 	f.num, f.typ = num, typ
@@ -35,26 +47,53 @@ func next(b []byte) (f field, rest []byte, ok bool) {
 	case protowire.Fixed64Type: // only Value.number_value takes one
 		f.v, n = protowire.ConsumeFixed64(b)
 	default:
-		return f, nil, false
+		return field{}, nil
 	}
 	if n < 0 {
-		return f, nil, false
+		return field{}, nil
 	}
-	return f, b[n:], true
+	return f, b[n:]
+}
+
+// repeated counts the fields of b, reporting false unless every one is a
+// length-delimited field num: the elements of a repeated message field,
+// counted to allocate them together before they are decoded.
+func repeated(b []byte, num protowire.Number) (int, bool) {
+	n := 0
+	for ; len(b) > 0; n++ {
+		f, rest := next(b)
+		if f.num != num || !f.isBytes() {
+			return 0, false
+		}
+		b = rest
+	}
+	return n, true
 }
 
 // varints hands each field of b, a message of varint fields only, to set,
 // and reports false for a field of another type, a damaged one, or one set
-// refuses (a number it does not know).
+// refuses (a number it does not know, 0 among them).
 func varints(b []byte, set func(num protowire.Number, v uint64) bool) bool {
 	for len(b) > 0 {
-		f, rest, ok := next(b)
-		if !ok || !f.isVarint() || !set(f.num, f.v) {
+		f, rest := next(b)
+		if !f.isVarint() || !set(f.num, f.v) {
 			return false
 		}
 		b = rest
 	}
 	return true
+}
+
+// int64s decodes b, a message of int64 fields numbered 1 to len(dst), field
+// n into *dst[n-1], reporting false for any other field.
+func int64s(b []byte, dst ...*int64) bool {
+	return varints(b, func(num protowire.Number, v uint64) bool {
+		if num < 1 || int(num) > len(dst) {
+			return false
+		}
+		*dst[num-1] = int64(v)
+		return true
+	})
 }
 
 func (f field) isBytes() bool { return f.typ == protowire.BytesType }
