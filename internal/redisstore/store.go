@@ -365,22 +365,25 @@ func (s *Store) Get(ctx context.Context, id idem.RecordID) (_ idem.Record, err e
 }
 
 func parseRecord(m map[string]string) (idem.Record, error) {
-	var rec idem.Record
 	if len(m) == 0 {
-		return rec, idem.ErrNotFound
+		return idem.Record{}, idem.ErrNotFound
 	}
+	// A time field that is absent or no number leaves its time zero.
+	millis := func(field string) time.Time {
+		if ms, err := strconv.ParseInt(m[field], 10, 64); err == nil {
+			return time.UnixMilli(ms)
+		}
+		return time.Time{}
+	}
+	rec := idem.Record{CreatedAt: millis("c")}
 	switch m["s"] {
+	case "m":
+		rec.State, rec.Home = idem.StateMoved, m["h"]
+		return rec, nil
 	case "i":
 		rec.State = idem.StateInFlight
 	case "u":
 		rec.State = idem.StateUnknown
-	case "m":
-		rec.State = idem.StateMoved
-		rec.Home = m["h"]
-		if ms, err := strconv.ParseInt(m["c"], 10, 64); err == nil {
-			rec.CreatedAt = time.UnixMilli(ms)
-		}
-		return rec, nil
 	default:
 		return rec, fmt.Errorf("state %q: %w", m["s"], errCorrupt)
 	}
@@ -389,12 +392,7 @@ func parseRecord(m map[string]string) (idem.Record, error) {
 	}
 	copy(rec.Fingerprint[:], m["f"])
 	copy(rec.Token[:], m["t"])
-	if ms, err := strconv.ParseInt(m["l"], 10, 64); err == nil {
-		rec.LeaseUntil = time.UnixMilli(ms)
-	}
-	if ms, err := strconv.ParseInt(m["c"], 10, 64); err == nil {
-		rec.CreatedAt = time.UnixMilli(ms)
-	}
+	rec.LeaseUntil = millis("l")
 	rec.Attempts, _ = strconv.Atoi(m["a"])
 	return rec, nil
 }
