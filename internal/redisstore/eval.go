@@ -21,11 +21,12 @@ type scriptCall struct {
 // runScripts is how every script call of the store is made: on c, a
 // client on which each call is one command, or a pipeline that flush
 // sends (with any command of its own queued after the calls). Each call
-// goes by its script's SHA1 (EVALSHA: a few bytes instead of the script).
-// A Redis that restarted or failed over has forgotten the scripts and
-// answers NOSCRIPT: the calls so answered are made once more, whole (EVAL,
-// which loads the script for the calls after), and flush runs again.
-// That is go-redis's Script.Run for one command (v9 script.go: EvalSha,
+// goes by its script's SHA1 (EVALSHA: a few bytes instead of the script;
+// redis.NewScript hashes it in Go, never asking Redis, go-redis v9.23
+// script.go). A Redis that restarted or failed over has forgotten the
+// scripts and answers NOSCRIPT: the calls so answered are made once more,
+// whole (EVAL, which loads the script for the calls after), and flush runs
+// again. That is go-redis's Script.Run for one command (script.go: EvalSha,
 // then Eval when isNoScriptErr), here for a pipeline too.
 func runScripts(ctx context.Context, c redis.Scripter, calls []*scriptCall, flush func()) {
 	noScript := func(call *scriptCall) bool { return isNoScript(call.cmd.Err()) }
