@@ -120,7 +120,8 @@ func (s *Store) reserveAndWait(ctx context.Context, conn *redis.Conn, keys []str
 	p := conn.Pipeline()
 	reserve := scriptCall{sc: s.s.reserve, keys: keys, args: args}
 	runScripts(ctx, p, []*scriptCall{&reserve}, func() {
-		// go-redis's Pipeliner has no Wait; the command is sent as is.
+		// WAIT follows the script each time it is sent: Exec empties p
+		// (go-redis pipeline.go). The Pipeliner has no Wait; it is sent as is.
 		w = p.Do(ctx, "WAIT", replicas, wait.Milliseconds())
 		_, _ = p.Exec(ctx)
 	})
