@@ -246,6 +246,17 @@ func FindInBody(body []byte, ptrs ...jsonpointer.Pointer) ([]jsonpointer.Value, 
 	return nil, fmt.Errorf("%w: %w", ErrBodyUnreadable, err)
 }
 
+// bodyString is the string at ptr in a request body; ok is false when
+// the body has none there, or is one FindInBody refuses.
+func bodyString(body []byte, ptr jsonpointer.Pointer) (s string, ok bool) {
+	vs, err := FindInBody(body, ptr)
+	if err != nil || vs[0].Kind != jsonpointer.KindString {
+		return "", false
+	}
+	s, err = vs[0].Text()
+	return s, err == nil
+}
+
 var (
 	idPointer     = mustPointer("/id")
 	methodPointer = mustPointer("/method")

@@ -137,10 +137,7 @@ func (p *Policy) RuledOutByMCPHeaders(h MCPHeaders) bool {
 	return false
 }
 
-var (
-	methodPtr = mustPointer("/method")
-	namePtrs  = map[string]jsonpointer.Pointer{"/params/name": mustPointer("/params/name"), "/params/uri": mustPointer("/params/uri")}
-)
+var namePtrs = map[string]jsonpointer.Pointer{"/params/name": mustPointer("/params/name"), "/params/uri": mustPointer("/params/uri")}
 
 // MCPHeaderMismatch reports whether h, the headers of a request of a
 // validated revision, say another method or name than its body does
@@ -150,12 +147,8 @@ func MCPHeaderMismatch(h MCPHeaders, body []byte) bool {
 	if !h.Validated() || !h.HasMethod {
 		return false
 	}
-	vs, err := FindInBody(body, methodPtr)
-	if err != nil || vs[0].Kind != jsonpointer.KindString {
-		return false
-	}
-	method, err := vs[0].Text()
-	if err != nil {
+	method, ok := bodyString(body, methodPointer)
+	if !ok {
 		return false
 	}
 	if method != h.Method {
@@ -169,7 +162,7 @@ func MCPHeaderMismatch(h MCPHeaders, body []byte) bool {
 	if !ok {
 		return true
 	}
-	vs, err = FindInBody(body, namePtrs[member])
+	vs, err := FindInBody(body, namePtrs[member])
 	if err != nil || vs[0].Kind != jsonpointer.KindString {
 		return vs != nil && vs[0].Found() // a name that is no string cannot match
 	}

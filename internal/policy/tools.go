@@ -77,12 +77,8 @@ func (p *Policy) ToolHinted(upstream string, body []byte, now time.Time) bool {
 	if !p.hinted() {
 		return false
 	}
-	vs, err := FindInBody(body, toolNamePointer)
-	if err != nil || vs[0].Kind != jsonpointer.KindString {
-		return false
-	}
-	name, err := vs[0].Text()
-	if err != nil {
+	name, ok := bodyString(body, toolNamePointer)
+	if !ok {
 		return false
 	}
 	h, ok := p.Tools.Hints.Lookup(upstream, name, now)

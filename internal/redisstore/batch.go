@@ -81,16 +81,6 @@ type batcher struct {
 	sent atomic.Int64
 }
 
-// scriptCall is one EVALSHA of a script on one key, and its reply.
-type scriptCall struct {
-	ctx  context.Context
-	sc   *redis.Script
-	keys []string
-	args []any
-	cmd  *redis.Cmd    // the reply, set before done is closed
-	done chan struct{} // closed once cmd is set
-}
-
 // run runs sc on keys as one call of ctx, alone or in a batch.
 func (b *batcher) run(ctx context.Context, sc *redis.Script, keys []string, args ...any) *redis.Cmd {
 	b.mu.Lock()
@@ -161,7 +151,7 @@ func (b *batcher) runAlone(c *scriptCall) {
 			c.cmd = failedCmd(c.ctx, panicked(b.log, "batch", v))
 		}
 	}()
-	c.cmd = runScript(c.ctx, b.rdb, c.sc, c.keys, c.args...)
+	runScripts(c.ctx, b.rdb, []*scriptCall{c}, nil)
 }
 
 // exec sends one batch and hands every call its reply. It runs on a
@@ -200,10 +190,22 @@ func (b *batcher) exec(batch []*scriptCall) {
 	}
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
-	cmds := make([]*redis.Cmd, len(live))
-	evalScripts(func(eval evalFunc) bool { return pipeline(ctx, b.rdb, live, cmds, eval) })
-	for i, c := range live {
-		if retryAlone(cmds[i].Err()) && c.ctx.Err() == nil {
+	pipe := b.rdb.Pipeline()
+	runScripts(ctx, pipe, live, func() {
+		if _, err := pipe.Exec(ctx); err != nil {
+			// go-redis stamps a failed pipeline's error on each command
+			// (redis.go generalProcessPipelineFrom, osscluster.go
+			// processPipeline: setCmdsErr); a call left with neither a
+			// reply nor an error was never answered.
+			for _, c := range live {
+				if c.cmd.Err() == nil && c.cmd.Val() == nil {
+					c.cmd.SetErr(err)
+				}
+			}
+		}
+	})
+	for _, c := range live {
+		if retryAlone(c.cmd.Err()) && c.ctx.Err() == nil {
 			// go-redis retries a lone command after a broken connection or
 			// a LOADING, READONLY, CLUSTERDOWN, TRYAGAIN or MASTERDOWN
 			// reply (error.go, shouldRetry), reloading a cluster's slot map
@@ -217,39 +219,9 @@ func (b *batcher) exec(batch []*scriptCall) {
 			go b.runAlone(c)
 			continue
 		}
-		c.cmd = cmds[i]
 		close(c.done)
 		answered++
 	}
-}
-
-// pipeline sends as one pipeline, each made by eval, the calls not sent
-// yet (cmds[i] nil) and those Redis answered NOSCRIPT, their replies into
-// cmds, and reports whether it answered any of them NOSCRIPT
-// (evalScripts).
-func pipeline(ctx context.Context, rdb redis.UniversalClient, calls []*scriptCall, cmds []*redis.Cmd,
-	eval evalFunc) (noScript bool) {
-	pipe := rdb.Pipeline()
-	for i, c := range calls {
-		if cmds[i] == nil || isNoScript(cmds[i].Err()) {
-			cmds[i] = eval(c.sc, ctx, pipe, c.keys, c.args...)
-		}
-	}
-	if _, err := pipe.Exec(ctx); err != nil {
-		// go-redis stamps a failed pipeline's error on each command
-		// (redis.go generalProcessPipelineFrom, osscluster.go
-		// processPipeline: setCmdsErr); a command left with neither a reply
-		// nor an error was never answered.
-		for _, cmd := range cmds {
-			if cmd.Err() == nil && cmd.Val() == nil {
-				cmd.SetErr(err)
-			}
-		}
-	}
-	for _, cmd := range cmds {
-		noScript = noScript || isNoScript(cmd.Err())
-	}
-	return noScript
 }
 
 // batchers gives each Redis primary a batcher of its own, so that a hung

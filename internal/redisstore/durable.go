@@ -113,21 +113,19 @@ func (s *Store) reserveDurable(ctx context.Context, r idem.Reservation, args []a
 // reserveAndWait sends the reservation script and WAIT on conn in one
 // pipeline. A Redis that has forgotten the script (restarted, failed
 // over) answers NOSCRIPT, and its WAIT then followed no write: the two are
-// sent again, the script whole (evalScripts). err is the script's
-// failure, werr WAIT's.
+// sent again, the script whole (runScripts). err is the script's failure,
+// werr WAIT's.
 func (s *Store) reserveAndWait(ctx context.Context, conn *redis.Conn, keys []string, args []any, replicas int, wait time.Duration) (v []any, acked int64, werr, err error) {
 	var w *redis.Cmd
-	evalScripts(func(eval evalFunc) bool {
-		var script *redis.Cmd
-		_, _ = conn.Pipelined(ctx, func(p redis.Pipeliner) error {
-			script = eval(s.s.reserve, ctx, p, keys, args...)
-			// go-redis's Pipeliner has no Wait; the command is sent as is.
-			w = p.Do(ctx, "WAIT", replicas, wait.Milliseconds())
-			return nil
-		})
-		v, err = script.Slice()
-		return isNoScript(err)
+	p := conn.Pipeline()
+	reserve := scriptCall{sc: s.s.reserve, keys: keys, args: args}
+	runScripts(ctx, p, []*scriptCall{&reserve}, func() {
+		// WAIT follows the script each time it is sent: Exec empties p
+		// (go-redis pipeline.go). The Pipeliner has no Wait; it is sent as is.
+		w = p.Do(ctx, "WAIT", replicas, wait.Milliseconds())
+		_, _ = p.Exec(ctx)
 	})
+	v, err = reserve.cmd.Slice()
 	acked, werr = w.Int64()
 	return v, acked, werr, err
 }

@@ -27,25 +27,23 @@ import (
 	luascripts "github.com/idem-extproc/idem-extproc/internal/redisstore/scripts"
 )
 
-// scripts are built once per Store; redis.Script caches the SHA and falls
-// back from EVALSHA to EVAL when a restarted Redis has forgotten them.
+// scripts are built once per Store; redis.Script holds a script's source
+// and its SHA1, and runScripts sends one or the other.
 type scripts struct {
-	reserve, renew, complete, release, markUnknown, watch, peek *redis.Script
-	cancel, purge, resolve                                      *redis.Script
+	reserve, renew, complete, release, watch, peek, cancel, purge, resolve *redis.Script
 }
 
 func loadScripts() scripts {
 	return scripts{
-		reserve:     redis.NewScript(luascripts.Source("reserve")),
-		renew:       redis.NewScript(luascripts.Source("renew")),
-		complete:    redis.NewScript(luascripts.Source("complete")),
-		release:     redis.NewScript(luascripts.Source("release")),
-		markUnknown: redis.NewScript(luascripts.Source("mark_unknown")),
-		watch:       redis.NewScript(luascripts.Source("watch")),
-		peek:        redis.NewScript(luascripts.Source("peek")),
-		cancel:      redis.NewScript(luascripts.Source("cancel")),
-		purge:       redis.NewScript(luascripts.Source("purge")),
-		resolve:     redis.NewScript(luascripts.Source("resolve")),
+		reserve:  redis.NewScript(luascripts.Source("reserve")),
+		renew:    redis.NewScript(luascripts.Source("renew")),
+		complete: redis.NewScript(luascripts.Source("complete")),
+		release:  redis.NewScript(luascripts.Source("release")),
+		watch:    redis.NewScript(luascripts.Source("watch")),
+		peek:     redis.NewScript(luascripts.Source("peek")),
+		cancel:   redis.NewScript(luascripts.Source("cancel")),
+		purge:    redis.NewScript(luascripts.Source("purge")),
+		resolve:  redis.NewScript(luascripts.Source("resolve")),
 	}
 }
 
@@ -57,9 +55,8 @@ func loadScripts() scripts {
 // restarted Redis forgets them, and its first calls pay that trip once.
 func (s *Store) LoadScripts(ctx context.Context) (err error) {
 	defer s.recoverCall("script_load", &err)
-	all := []*redis.Script{s.s.reserve, s.s.renew, s.s.complete, s.s.release, s.s.markUnknown,
-		s.s.watch, s.s.peek, s.s.cancel}
-	// At once, each on a connection of its own: one round trip, not eight.
+	all := []*redis.Script{s.s.reserve, s.s.renew, s.s.complete, s.s.release, s.s.watch, s.s.peek, s.s.cancel}
+	// At once, each on a connection of its own: one round trip, not seven.
 	errs := make([]error, len(all))
 	var wg sync.WaitGroup
 	for i, sc := range all {
@@ -297,9 +294,9 @@ func (s *Store) Release(ctx context.Context, id idem.RecordID, tok idem.Token) e
 	return s.transition(ctx, "release", s.s.release, id, tok[:])
 }
 
-// MarkUnknown implements idem.Store.
+// MarkUnknown implements idem.Store: release.lua, given a retention.
 func (s *Store) MarkUnknown(ctx context.Context, id idem.RecordID, tok idem.Token, retention time.Duration) error {
-	return s.transition(ctx, "mark_unknown", s.s.markUnknown, id, tok[:], retention.Milliseconds())
+	return s.transition(ctx, "mark_unknown", s.s.release, id, tok[:], retention.Milliseconds())
 }
 
 // Cancel implements idem.Store.
@@ -368,22 +365,25 @@ func (s *Store) Get(ctx context.Context, id idem.RecordID) (_ idem.Record, err e
 }
 
 func parseRecord(m map[string]string) (idem.Record, error) {
-	var rec idem.Record
 	if len(m) == 0 {
-		return rec, idem.ErrNotFound
+		return idem.Record{}, idem.ErrNotFound
 	}
+	// A time field that is absent or no number leaves its time zero.
+	millis := func(field string) time.Time {
+		if ms, err := strconv.ParseInt(m[field], 10, 64); err == nil {
+			return time.UnixMilli(ms)
+		}
+		return time.Time{}
+	}
+	rec := idem.Record{CreatedAt: millis("c")}
 	switch m["s"] {
+	case "m":
+		rec.State, rec.Home = idem.StateMoved, m["h"]
+		return rec, nil
 	case "i":
 		rec.State = idem.StateInFlight
 	case "u":
 		rec.State = idem.StateUnknown
-	case "m":
-		rec.State = idem.StateMoved
-		rec.Home = m["h"]
-		if ms, err := strconv.ParseInt(m["c"], 10, 64); err == nil {
-			rec.CreatedAt = time.UnixMilli(ms)
-		}
-		return rec, nil
 	default:
 		return rec, fmt.Errorf("state %q: %w", m["s"], errCorrupt)
 	}
@@ -392,12 +392,7 @@ func parseRecord(m map[string]string) (idem.Record, error) {
 	}
 	copy(rec.Fingerprint[:], m["f"])
 	copy(rec.Token[:], m["t"])
-	if ms, err := strconv.ParseInt(m["l"], 10, 64); err == nil {
-		rec.LeaseUntil = time.UnixMilli(ms)
-	}
-	if ms, err := strconv.ParseInt(m["c"], 10, 64); err == nil {
-		rec.CreatedAt = time.UnixMilli(ms)
-	}
+	rec.LeaseUntil = millis("l")
 	rec.Attempts, _ = strconv.Atoi(m["a"])
 	return rec, nil
 }

@@ -13,15 +13,7 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local kind = redis.call('TYPE', KEYS[1])['ok']
 if kind == 'string' then
-  local rec = redis.call('GET', KEYS[1])
-  if damaged_completed(rec) then
-    return {'damaged', 0, 0}
-  end
-  if string.sub(rec, 2, 33) ~= ARGV[1] then
-    return {'mismatch', 0, 0}
-  end
-  local attempt, created = replay_counts(rec)
-  return {'completed', attempt, created, rec}
+  return completed_reply(KEYS[1], ARGV[1], false)
 end
 if kind ~= 'hash' and kind ~= 'none' then
   return {'damaged', 0, 0}

@@ -32,8 +32,8 @@
 -- created (ms).
 -- A completed record is a string (complete.lua; record.lib and codec.go
 -- give its layouts); one cut or grown is damaged before anything else of it
--- is read (damaged_completed); a replay counts its attempt in the record's
--- own layout (replay_counts).
+-- is read, and a replay counts its attempt in the record's own layout
+-- (completed_reply).
 -- Turning a record unknown or taking it over publishes on KEYS[1] for
 -- those waiters.
 
@@ -47,18 +47,7 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
 local kind = redis.call('TYPE', key)['ok']
 if kind == 'string' then
-  local rec = redis.call('GET', key)
-  if damaged_completed(rec) then
-    return {'damaged', 0, 0}
-  end
-  if string.sub(rec, 2, 33) ~= ARGV[1] then
-    return {'mismatch', 0, 0}
-  end
-  local attempt, created, field = replay_counts(rec)
-  if field then
-    redis.call('SETRANGE', key, 49, field)
-  end
-  return {'completed', attempt, created, rec}
+  return completed_reply(key, ARGV[1], true)
 end
 
 if kind ~= 'hash' and kind ~= 'none' then

@@ -13,7 +13,7 @@ func TestEverySource(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(entries) < 10 {
+	if len(entries) < 9 {
 		t.Fatalf("%d scripts embedded", len(entries))
 	}
 	for _, e := range entries {
