@@ -25,7 +25,10 @@ type scriptCall struct {
 // redis.NewScript hashes it in Go, never asking Redis, go-redis v9.23
 // script.go). A Redis that restarted or failed over has forgotten the
 // scripts and answers NOSCRIPT: the calls so answered are made once more,
-// whole (EVAL, which loads the script for the calls after), and flush runs
+// whole (EVAL, which also puts the script in the node's cache for the
+// calls after: Redis src/eval.c, evalGenericCommand and luaScriptsLRUAdd;
+// past 500 scripts loaded so, the least recently used is dropped, and its
+// next call is answered NOSCRIPT and made whole again here), and flush runs
 // again. That is go-redis's Script.Run for one command (script.go: EvalSha,
 // then Eval when isNoScriptErr), here for a pipeline too.
 func runScripts(ctx context.Context, c redis.Scripter, calls []*scriptCall, flush func()) {
