@@ -326,9 +326,10 @@ type event struct {
 type walkFigures struct {
 	scope  string
 	follow string
-	read   walkCount
-	run    walkCount
-	trail  []string
+	read     walkCount
+	run      walkCount
+	trail    []string // the entries as read
+	runTrail []string // every entry, as run
 }
 
 type walkCount struct{ files, entries, returns int }
@@ -340,7 +341,12 @@ func (w *walkFigures) print(verbose bool) {
 	fmt.Printf("%-52s %7d %7d\n", "  entries into a file", w.read.entries, w.run.entries)
 	fmt.Printf("%-52s %7d %7d   (at most 15)\n", "  returns to a file already left", w.read.returns, w.run.returns)
 	if verbose {
+		fmt.Println("  as read:")
 		for _, t := range w.trail {
+			fmt.Printf("    %s\n", t)
+		}
+		fmt.Println("  as run:")
+		for _, t := range w.runTrail {
 			fmt.Printf("    %s\n", t)
 		}
 	}
@@ -427,6 +433,7 @@ func measureWalk(root string, files []string, loopFile, loopFunc, scope, follow 
 				visited[e.File], readFiles[e.File], readFuncs[e.File+" "+e.Func] = true, true, true
 				loops++
 				w.trail = append(w.trail, fmt.Sprintf("stream %d: %s %s", loops, e.File, e.Func))
+				w.runTrail = append(w.runTrail, w.trail[len(w.trail)-1])
 			}
 			continue
 		}
@@ -451,10 +458,13 @@ func measureWalk(root string, files []string, loopFile, loopFunc, scope, follow 
 			continue
 		}
 		w.run.entries++
+		back := ""
 		if visited[e.File] {
 			w.run.returns++
+			back = "  (back)"
 		}
 		visited[e.File] = true
+		w.runTrail = append(w.runTrail, fmt.Sprintf("%*s%s %s%s", 2*countIn(stack), "", e.File, e.Func, back))
 		if readFuncs[e.File+" "+e.Func] {
 			continue
 		}
