@@ -67,29 +67,37 @@ func (p *processor) render(ctx context.Context, v attempt.Verdict) *extprocv3.Pr
 	case attempt.Store:
 		p.stage = stageResponseBody
 		return p.readResponseBody()
-	}
-	p.stage = stagePassThrough // nothing more is recorded here
-	if v.Unsettled {
-		p.stage = stageUnsettled
-	}
-	switch v.Kind {
 	case attempt.Pass:
+		p.stage = ended(v)
 		return p.passThrough()
 	case attempt.SkipBody:
+		p.stage = ended(v)
 		return continueWith(p.phase, skipResponseBody)
 	case attempt.Settled:
+		p.stage = ended(v)
 		return p.cont()
 	case attempt.SendHome:
+		p.stage = ended(v)
 		if resp := homeReply(p.phase, v.Home); resp != nil {
 			return resp // home.go
 		}
 		return p.problemReply(homeUnreachable())
 	}
+	p.stage = ended(v)
 	p.rpc.drop() // the request never goes on
 	if v.Replay != nil {
 		return p.replayReply(ctx, v.Replay)
 	}
 	return p.problemReply(v.Problem)
+}
+
+// ended is the stage after a verdict that leaves nothing more to record
+// here: stageUnsettled when a settlement is still to be retried.
+func ended(v attempt.Verdict) stage {
+	if v.Unsettled {
+		return stageUnsettled
+	}
+	return stagePassThrough
 }
 
 // refuseUnread refuses a request whose body is refused before it was read
