@@ -203,7 +203,7 @@ func (p *processor) settleAtEnd() {
 	if p.stage == stageResponseBody {
 		partial = &idem.Response{Status: p.respStatus, Headers: p.respHeaders, BodyOmitted: true}
 	}
-	p.att.SettleAtEnd(p.trace.background(), partial)
+	p.att.SettleAtEnd(p.trace.Background(), partial)
 }
 
 // storeResponseBytes keeps a response body chunk for the record, up to the
