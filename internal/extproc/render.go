@@ -154,6 +154,23 @@ func (p *processor) awaitBody(ctx context.Context) *extprocv3.ProcessingResponse
 	return continueFor(p.phase)
 }
 
+// readResponseBody asks for the body of a response to be stored (render's
+// Store).
+func (p *processor) readResponseBody() *extprocv3.ProcessingResponse {
+	switch {
+	case !p.rpc.response && p.responseBodyMode == procmodev3.ProcessingMode_NONE:
+		return continueWith(p.phase, bufferResponseBody)
+	case p.rpc.response && p.modesKnown && !p.rpc.proxyless && !echoes(p.responseBodyMode):
+		// Envoy sends trailers only when asked: ask for them, restating the
+		// body mode (body modes are always copied from an override).
+		return continueWith(p.phase, &procmodev3.ProcessingMode{
+			ResponseBodyMode:    wantedResponseBodyMode(p.responseBodyMode),
+			ResponseTrailerMode: procmodev3.ProcessingMode_SEND,
+		})
+	}
+	return continueFor(p.phase)
+}
+
 // resume ends a wait (render's Wait) once Envoy was told of it: the
 // attempt waits, and its verdict answers the message.
 func (p *processor) resume(ctx context.Context) *extprocv3.ProcessingResponse {
