@@ -113,7 +113,7 @@ type processor struct {
 
 	rpc rpcState
 	// body is set for a request whose policy is decided at its body
-	// (request.go, deferToBody); nil on every other request.
+	// (attempt.Verdict.AtBody); nil on every other request.
 	body *bodyDecision
 
 	// respAdd are headers the response headers reply adds to the response
