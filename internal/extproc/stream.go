@@ -359,7 +359,10 @@ var phaseSpanNames = [...]string{
 // streamTrace is the stream's side of its attempt's conversation
 // (attempt.Conversation): the stream's span, carried by ctx for work done
 // after the stream's own context ended (nil when tracing is off), and the
-// observer told of each decision.
+// observer told of each decision. The span is read back from ctx, which
+// Tracer.Start returns "containing the newly-created span"
+// (go.opentelemetry.io/otel/trace, tracer.go), rather than kept beside it:
+// the processor stays in its allocation size class (processor).
 type streamTrace struct {
 	ctx context.Context
 	obs idem.Observer
