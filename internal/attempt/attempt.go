@@ -221,10 +221,6 @@ func New(srv *Server, conv Conversation) Attempt {
 	return Attempt{srv: srv, conv: conv, started: time.Now()}
 }
 
-// held reports whether this attempt holds the record and has not settled
-// it yet.
-func (a *Attempt) held() bool { return a.renew != nil }
-
 // decisionCode is a settling decision in one byte: an ext_proc stream's
 // state then fits the allocation size class it had before the attempt
 // moved here (512 bytes instead of 480 per request otherwise).
@@ -290,76 +286,44 @@ func (a *Attempt) attemptAttrs(attrs []slog.Attr) []slog.Attr {
 	return append(attrs, slog.Float64("latency_ms", float64(time.Since(a.started).Microseconds())/1000))
 }
 
-func (a *Attempt) stopRenewing() {
-	if a.renew != nil {
-		a.renew.stop()
-		a.renew = nil
-	}
-}
-
-// renewer keeps a reservation's lease alive while its stream is open. It
-// renews at half the lease, so short requests never cost a renewal.
+// renewer is the attempt's hold on its record: it keeps the reservation's
+// lease alive while its stream is open, renewing at half the lease so that
+// short requests never cost a renewal, and carries the record's store and
+// call budget (recordStore, storeBudget) for the settlement that stops it.
 type renewer struct {
+	store  idem.Store
+	budget time.Duration
+	log    *slog.Logger
+	id     idem.RecordID
+	token  idem.Token
+	lease  time.Duration
+	// base carries the stream's span, without its cancellation.
+	base context.Context
+
 	mu      sync.Mutex
 	timer   *time.Timer
 	stopped bool
 }
 
-// reserved makes the attempt the record's holder (hold): the verdict lets
-// the request go upstream. Its Wait is the time to ask the proxy for before a response message that
-// may settle the record, or 0 when the settlement fits the message's own
-// timer: it does unless the record is held in a far home's store, whose
-// budget (HomeStore.Budget, fixed once the record is reserved) passes the
-// local --store-timeout. Envoy's timer starts when the ask arrives, so the
-// server's own budget is added. Envoy ignores an ask above its
-// max_message_timeout rather than cap it (ext_proc.cc
-// Filter::onNewTimeout); the ask is capped here at what the request's own
-// ask (a.asked) left of it, so that the asks of one request add up to at
-// most max_message_timeout, as docs/envoy.md's rule for a request's time
-// in Envoy counts them.
-func (a *Attempt) reserved() Verdict {
-	a.hold(a.conv.Background())
-	v := Verdict{Kind: Continue}
-	if a.home != nil && a.storeBudget() > a.srv.StoreTimeout {
-		v.Wait = max(0, min(a.storeBudget()+a.srv.StoreTimeout, a.srv.MaxMessageTimeout-a.asked))
-	}
-	return v
-}
-
-// hold makes the attempt the record's holder once the store reserved it
-// for its token, and keeps the lease alive in the background until the
-// attempt settles; base carries the stream's span (its cancellation is
-// ignored).
-func (a *Attempt) hold(base context.Context) {
-	if base.Done() != nil {
-		base = context.WithoutCancel(base)
-	}
-	s, st, budget, id, tok, lease := a.srv, a.recordStore(), a.storeBudget(), a.ID, a.token, a.Policy.Lease
-	r := &renewer{}
-	every := lease / 2
-	tick := func() {
-		ctx, cancel := context.WithTimeout(base, budget)
-		err := st.Renew(ctx, id, tok, lease)
-		cancel()
-		next := every
-		if err != nil {
-			s.Log.Warn("lease renewal failed", slog.String("key_hash", string(id)), slog.String("error", err.Error()))
-			if definite(err) {
-				return
-			}
-			// Try again well before the lease runs out.
-			next = every / 5
+// tick renews the lease once, and sets the next renewal.
+func (r *renewer) tick() {
+	ctx, cancel := context.WithTimeout(r.base, r.budget)
+	err := r.store.Renew(ctx, r.id, r.token, r.lease)
+	cancel()
+	next := r.lease / 2
+	if err != nil {
+		r.log.Warn("lease renewal failed", slog.String("key_hash", string(r.id)), slog.String("error", err.Error()))
+		if definite(err) {
+			return
 		}
-		r.mu.Lock()
-		defer r.mu.Unlock()
-		if !r.stopped {
-			r.timer.Reset(next)
-		}
+		// Try again well before the lease runs out.
+		next /= 5
 	}
 	r.mu.Lock()
-	r.timer = time.AfterFunc(every, tick)
-	r.mu.Unlock()
-	a.renew = r
+	defer r.mu.Unlock()
+	if !r.stopped {
+		r.timer.Reset(next)
+	}
 }
 
 func (r *renewer) stop() {

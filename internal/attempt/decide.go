@@ -138,7 +138,7 @@ func homeElsewhere(res idem.ReserveResult) error {
 // retention and durability; a store that sends the key elsewhere is an
 // error (homeElsewhere).
 func (a *Attempt) reserve(ctx context.Context, fp idem.Fingerprint) (idem.ReserveResult, error) {
-	sctx, cancel := a.storeCtx(ctx)
+	sctx, cancel := context.WithTimeout(ctx, a.storeBudget())
 	defer cancel()
 	waitReplicas, waitTimeout := a.Policy.WaitReplicas()
 	res, err := a.recordStore().Reserve(sctx, idem.Reservation{
@@ -201,7 +201,7 @@ func (a *Attempt) awaitFirst(ctx context.Context, fp idem.Fingerprint, first ide
 // may have settled, and reports what to answer if it did: a damaged
 // record is an error, as at the reservation.
 func (a *Attempt) reread(ctx context.Context, fp idem.Fingerprint, first idem.ReserveResult) (idem.ReserveResult, bool, error) {
-	sctx, scancel := a.storeCtx(ctx)
+	sctx, scancel := context.WithTimeout(ctx, a.storeBudget())
 	rec, err := a.recordStore().Get(sctx, a.ID)
 	scancel()
 	switch {
@@ -427,9 +427,36 @@ func (a *Attempt) answer(ctx context.Context, res idem.ReserveResult) Verdict {
 		"this Idempotency-Key was already used for a request with a different method, path, headers or body")}
 }
 
-// storeCtx bounds one store call made while Envoy waits.
-func (a *Attempt) storeCtx(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(ctx, a.storeBudget())
+// reserved makes the attempt the record's holder once the store reserved
+// it for its token: the lease is kept alive in the background, under the
+// stream's span, until the attempt settles (renewer). The verdict lets the
+// request go upstream. Its Wait is the time to ask the proxy for before a
+// response message that may settle the record, or 0 when the settlement
+// fits the message's own timer: it does unless the record is held in a far
+// home's store, whose budget (HomeStore.Budget, fixed once the record is
+// reserved) passes the local --store-timeout. Envoy's timer starts when
+// the ask arrives, so the server's own budget is added. Envoy ignores an
+// ask above its max_message_timeout rather than cap it (ext_proc.cc
+// Filter::onNewTimeout); the ask is capped here at what the request's own
+// ask (a.asked) left of it, so that the asks of one request add up to at
+// most max_message_timeout, as docs/envoy.md's rule for a request's time
+// in Envoy counts them.
+func (a *Attempt) reserved() Verdict {
+	base := a.conv.Background()
+	if base.Done() != nil {
+		base = context.WithoutCancel(base)
+	}
+	r := &renewer{store: a.recordStore(), budget: a.storeBudget(), log: a.srv.Log,
+		id: a.ID, token: a.token, lease: a.Policy.Lease, base: base}
+	r.mu.Lock()
+	r.timer = time.AfterFunc(r.lease/2, r.tick)
+	r.mu.Unlock()
+	a.renew = r
+	v := Verdict{Kind: Continue}
+	if a.home != nil && r.budget > a.srv.StoreTimeout {
+		v.Wait = max(0, min(r.budget+a.srv.StoreTimeout, a.srv.MaxMessageTimeout-a.asked))
+	}
+	return v
 }
 
 // recordStore is the store of the attempt's record.

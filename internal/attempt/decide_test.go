@@ -97,8 +97,8 @@ func (d *decider) first(t *testing.T, fp idem.Fingerprint) *Attempt {
 	if err != nil || res.Outcome != idem.Reserved {
 		t.Fatalf("first attempt: %v %v", res.Outcome, err)
 	}
-	a.hold(context.Background())
-	t.Cleanup(a.stopRenewing)
+	a.reserved()
+	t.Cleanup(func() { stopRenewing(a) })
 	return a
 }
 

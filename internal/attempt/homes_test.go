@@ -124,7 +124,7 @@ func TestAskFitsWhatEnvoyGrants(t *testing.T) {
 			if v := first.Await(ctx); v.Kind != Continue {
 				t.Fatalf("first %+v", v)
 			}
-			defer first.stopRenewing()
+			defer stopRenewing(&first)
 			dup := New(srv, &reporter{})
 			dup.Policy = p
 			if prob := dup.admit("scope", false, "k"); prob != nil {

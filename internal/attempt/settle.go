@@ -36,7 +36,7 @@ type Response struct {
 // came there. attrs start the debug line that says how it was judged.
 func (a *Attempt) AtResponse(ctx context.Context, r Response, attrs ...slog.Attr) Verdict {
 	switch {
-	case !a.held():
+	case a.renew == nil:
 		return verdictPass
 	case r.Later:
 		return Verdict{Kind: Store}
@@ -108,8 +108,9 @@ func (a *Attempt) settleStored(ctx context.Context, resp idem.Response) {
 		}
 		resp = sealed
 	}
+	st := a.renew.store
 	a.settleWith(ctx, codeStored, func(ctx context.Context) error {
-		return a.recordStore().Complete(ctx, a.ID, a.token, resp, a.Policy.Retention)
+		return st.Complete(ctx, a.ID, a.token, resp, a.Policy.Retention)
 	}, attrs...)
 }
 
@@ -119,11 +120,12 @@ func (a *Attempt) settle(ctx context.Context, action idem.Action, attrs ...slog.
 	if a.renew == nil {
 		return
 	}
+	st := a.renew.store
 	d, op := codeMarkedUnknown, func(ctx context.Context) error {
-		return a.recordStore().MarkUnknown(ctx, a.ID, a.token, a.Policy.Retention)
+		return st.MarkUnknown(ctx, a.ID, a.token, a.Policy.Retention)
 	}
 	if action == idem.ActionRelease {
-		d, op = codeReleased, func(ctx context.Context) error { return a.recordStore().Release(ctx, a.ID, a.token) }
+		d, op = codeReleased, func(ctx context.Context) error { return st.Release(ctx, a.ID, a.token) }
 	}
 	a.settleWith(ctx, d, op, attrs...)
 }
@@ -134,9 +136,10 @@ func (a *Attempt) settle(ctx context.Context, action idem.Action, attrs ...slog.
 // (within SettleAtEndTimeout); if that fails too, the unrenewed lease still
 // turns the record unknown: never a silent second execution.
 func (a *Attempt) settleWith(ctx context.Context, code decisionCode, apply func(context.Context) error, attrs ...slog.Attr) {
-	d := code.decision()
-	a.stopRenewing()
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.storeBudget())
+	d, r := code.decision(), a.renew
+	r.stop()
+	a.renew = nil
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.budget)
 	err := apply(sctx)
 	cancel()
 	var buf [4]slog.Attr

@@ -95,8 +95,8 @@ func held(t *testing.T, pol *policy.Policy, wrap func(idem.Store) idem.Store) *f
 	if err != nil || res.Outcome != idem.Reserved {
 		t.Fatalf("reserve: %v %v", res.Outcome, err)
 	}
-	f.att.hold(context.Background())
-	t.Cleanup(f.att.stopRenewing)
+	f.att.reserved()
+	t.Cleanup(func() { stopRenewing(&f.att) })
 	return f
 }
 
@@ -150,7 +150,7 @@ func TestResponseDecisionTable(t *testing.T) {
 			if got := f.state(t); got != tc.want {
 				t.Fatalf("record state %v, want %v", got, tc.want)
 			}
-			if f.att.held() || f.att.pending() {
+			if f.att.renew != nil || f.att.pending() {
 				t.Fatal("the attempt still holds the record")
 			}
 			if len(f.rep.decisions) != 1 || f.rep.decisions[0] != tc.decision {
@@ -264,12 +264,21 @@ func TestSettleCall(t *testing.T) {
 			f.att.callID = []byte(`3`)
 			f.att.actionFor(tc.origin, tc.rs.Status, tc.retried)
 			f.att.settleStored(context.Background(), tc.rs)
-			if got := f.state(t); got != tc.want || f.att.held() {
-				t.Fatalf("state %v (held %v), want %v", got, f.att.held(), tc.want)
+			if got := f.state(t); got != tc.want || f.att.renew != nil {
+				t.Fatalf("state %v (held %v), want %v", got, f.att.renew != nil, tc.want)
 			}
 			if len(f.rep.decisions) != 1 || f.rep.decisions[0] != tc.d {
 				t.Fatalf("decisions %v, want %v", f.rep.decisions, tc.d)
 			}
 		})
+	}
+}
+
+// stopRenewing ends a's lease renewal if it still holds the record, as a
+// test's cleanup: the store it renews in closes with the test.
+func stopRenewing(a *Attempt) {
+	if a.renew != nil {
+		a.renew.stop()
+		a.renew = nil
 	}
 }

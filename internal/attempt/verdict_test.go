@@ -210,11 +210,11 @@ func TestRequestVerdictTable(t *testing.T) {
 				a := d.attempt(rep)
 				v := a.request(ctx, tc.fp)
 				checkVerdict(t, v, w)
-				if held := a.held(); held != (v.Kind == Continue) {
+				if held := a.renew != nil; held != (v.Kind == Continue) {
 					t.Fatalf("holds the record: %v after a %v verdict", held, v.Kind)
 				}
-				if a.held() {
-					a.stopRenewing()
+				if a.renew != nil {
+					stopRenewing(a)
 				}
 				if v.Kind == Wait {
 					if v.Wait != p.WaitForInFlight+3*d.srv.StoreTimeout {
@@ -255,8 +255,8 @@ func TestAwaitVerdicts(t *testing.T) {
 			tc.settle(first)
 			v := a.Await(ctx)
 			checkVerdict(t, v, tc.want)
-			if a.held() {
-				a.stopRenewing()
+			if a.renew != nil {
+				stopRenewing(a)
 			}
 		})
 	}

@@ -63,3 +63,32 @@ func jsonrpcProblem(prob *problem.Problem, id []byte) *extprocv3.ProcessingRespo
 	}
 	return immediate(status, hs, body, "idempotency_"+prob.Slug)
 }
+
+// bodyDecision is what the protocol side keeps of a request deferred to
+// its body (attempt.Verdict.AtBody): whether its answers are JSON-RPC, to which
+// id, and what its answer teaches of the tools.
+type bodyDecision struct {
+	// jsonrpc: answers in the upstream's place are JSON-RPC responses to
+	// id: the one the matching policy read, or for a body refused before
+	// that, the one its bytes at hand carry (jsonrpc.ScanID). nil, answered
+	// as null (JSON-RPC 2.0 §5), when none could be read
+	// (jsonrpcProblem).
+	jsonrpc bool
+	id      []byte
+	// tools is set for a tools/list passed where a policy learns the
+	// tools' annotations from its answer (tools.go); nil otherwise.
+	tools *toolsLearning
+}
+
+// learning is the tools' annotations the request's answer is read for;
+// nil for none, or for a request not deferred to its body (d nil).
+func (d *bodyDecision) learning() *toolsLearning {
+	if d == nil {
+		return nil
+	}
+	return d.tools
+}
+
+// answersJSONRPC reports whether the request's answers are JSON-RPC; d is
+// nil for a request not deferred to its body.
+func (d *bodyDecision) answersJSONRPC() bool { return d != nil && d.jsonrpc }

@@ -2,6 +2,7 @@ package extproc
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"strconv"
 
@@ -12,15 +13,164 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/idem-extproc/idem-extproc/internal/attempt"
+	"github.com/idem-extproc/idem-extproc/internal/envoyorigin"
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/jsonrpc"
+	"github.com/idem-extproc/idem-extproc/internal/policy"
 	"github.com/idem-extproc/idem-extproc/internal/problem"
 )
 
-// The one renderer: an attempt's verdict as the reply to the message at
-// hand, for the caller the request came from: an HTTP client, a gRPC call
-// through Envoy or from grpc-go's filter (rpcState), a JSON-RPC client
-// (bodyDecision). A new caller kind is rendered here, and nowhere else.
+// The request side, and the one renderer. What Envoy's request messages
+// say is handed to the attempt at its two decision points (the headers:
+// attempt.AtHeaders; the whole request: attempt.Request), and each
+// verdict, of the request or of the response (response.go), is rendered
+// here as the reply to the message at hand, for the caller the request
+// came from: an HTTP client, a gRPC call through Envoy or from grpc-go's
+// filter (rpcState), a JSON-RPC client (bodyDecision). A new caller kind is
+// rendered here, and nowhere else.
+
+// onRequest answers a message of the request's direction. An error is a
+// protocol violation (protocolError).
+func (p *processor) onRequest(ctx context.Context, m *message) (*extprocv3.ProcessingResponse, error) {
+	switch m.phase {
+	case phaseRequestHeaders:
+		if p.stage != stageRequestHeaders {
+			return nil, protocolError{errors.New("request_headers received twice")}
+		}
+		return p.onRequestHeaders(ctx, m.headers, &m.facts), nil
+	case phaseRequestBody:
+		switch p.stage {
+		case stageRequestHeaders:
+			return nil, protocolError{errors.New("request_body before request_headers")}
+		case stageRequestBody:
+			return p.onRequestBody(ctx, m.body), nil
+		}
+		return p.cont(), nil
+	}
+	// phaseRequestTrailers
+	switch p.stage {
+	case stageRequestHeaders:
+		return nil, protocolError{errors.New("request_trailers before request_headers")}
+	case stageRequestBody:
+		// The body is complete when trailers arrive.
+		return p.decide(ctx), nil
+	}
+	return continueFor(p.phase), nil
+}
+
+func (p *processor) onRequestHeaders(ctx context.Context, hh *extprocv3.HttpHeaders, f *envoyFacts) *extprocv3.ProcessingResponse {
+	hs := hh.GetHeaders()
+	t := requestTarget(hs, f.attrs, p.requestBodyMode)
+	p.att.RequestID, p.reqLength = t.requestID, t.length
+	p.att.Routing = routingOf(t, p.requestBodyMode)
+	p.rpc.proxyless, p.rpc.call = t.proxyless, t.call
+	if fc := f.flow; fc != nil && fc.GetInitialWindowDownstreamToSidestream() > 0 {
+		p.rpc.flow, p.rpc.reqWindow = true, fc.GetInitialWindowDownstreamToSidestream()
+	}
+	f.p, f.headers, f.target = p, hs, t
+	v := p.att.AtHeaders(ctx, p.policies, f, p.srv.cfg.Now())
+	if !hasAttr(f.attrs, envoyorigin.AttrRouteName) {
+		p.srv.routeNameMissing(ctx, &p.att, p.policies)
+	}
+	if v.AtBody {
+		p.body = &bodyDecision{jsonrpc: v.JSONRPC}
+	}
+	if hh.GetEndOfStream() && v.Kind == attempt.ReadBody {
+		return p.decide(ctx) // no body: a JSON criterion cannot hold
+	}
+	return p.render(ctx, v)
+}
+
+// onRequestBody reads one body message of a protected request; the last
+// one decides. In an echo mode the last one is the one with end_of_stream,
+// or the half-close that grpc-go sends as end_of_stream_without_message;
+// the others are withheld (holdRequestEcho).
+func (p *processor) onRequestBody(ctx context.Context, body *extprocv3.HttpBody) *extprocv3.ProcessingResponse {
+	if prob := p.takeRequestBody(body); prob != nil {
+		return p.refuseUnread(ctx, prob, body.GetBody())
+	}
+	switch {
+	case body.GetEndOfStream():
+	case echoes(p.requestBodyMode):
+		return p.holdRequestEcho(body)
+	case p.requestBodyMode == procmodev3.ProcessingMode_BUFFERED:
+		// end_of_stream is false in BUFFERED mode only because trailers
+		// follow: the body itself is whole.
+	case p.requestBodyMode == procmodev3.ProcessingMode_BUFFERED_PARTIAL:
+		return p.refuseUnread(ctx, problem.New(problem.BodyIncomplete,
+			"the request body exceeds the proxy's buffer and cannot be fingerprinted"), nil)
+	default:
+		// STREAMED: more chunks follow.
+		return continueFor(p.phase)
+	}
+	return p.decide(ctx)
+}
+
+// decide renders the attempt's verdict on the complete request
+// (attempt.Request): CONTINUE for the first attempt, or an immediate
+// response for any other. For a request deferred to its body, the verdict
+// also says whether its answers are JSON-RPC, to which id, and what its
+// answer teaches of the tools.
+func (p *processor) decide(ctx context.Context) *extprocv3.ProcessingResponse {
+	body := p.reqBody
+	p.reqBody = nil
+	v := p.att.Request(ctx, attempt.Body{Bytes: body}, p.srv.cfg.Now())
+	if d := p.body; d != nil {
+		d.jsonrpc, d.id, d.tools = v.JSONRPC, v.ID, learnsFrom(v)
+	}
+	resp := p.render(ctx, v)
+	p.releaseRequestBody()
+	return resp
+}
+
+// releaseRequestBody gives the request body's bytes back to the budget
+// once nothing keeps them. Echoes withheld through a wait still do: they
+// are the body, kept until the wait's verdict sends or drops them.
+func (p *processor) releaseRequestBody() {
+	if p.then == nil || !p.rpc.withholds() {
+		p.srv.budget.release(&p.held)
+	}
+}
+
+// takeRequestBody keeps a request body chunk for the fingerprint, or
+// returns the problem to refuse the request with: 413 past the policy's
+// max_request_body, or what the server's body budget says
+// (bodyBudget.holdRequestBody).
+// In GRPC mode each message is framed as gRPC does on the wire, so that
+// message boundaries are part of the fingerprint; the half-close grpc-go
+// sends as end_of_stream_without_message adds nothing. The budget is
+// charged what keeping it costs (bodybuf.go).
+func (p *processor) takeRequestBody(body *extprocv3.HttpBody) *problem.Problem {
+	msg := body.GetBody()
+	if len(p.reqBody)+len(msg) > p.att.Policy.MaxRequestBody {
+		return attempt.BodyTooLarge(p.att.Policy.MaxRequestBody)
+	}
+	framed := p.requestBodyMode == procmodev3.ProcessingMode_GRPC
+	if framed && body.GetEndOfStream() && body.GetEndOfStreamWithoutMessage() {
+		return nil
+	}
+	n := len(msg)
+	if framed {
+		n += frameHeaderLen
+	}
+	capacity := chunkCapacity(p.reqBody, n, framed, p.reqLength, p.att.Policy.MaxRequestBody)
+	if prob := p.srv.budget.holdRequestBody(&p.held, len(p.reqBody)+n, capacity-cap(p.reqBody), p.att.Policy.RetryAfter); prob != nil {
+		return prob
+	}
+	p.reqBody = keepChunk(p.reqBody, msg, framed, body.GetGrpcMessageCompressed(), capacity)
+	return nil
+}
+
+// routeNameMissing reports, for each policy of set that matches on route
+// names, a request that came without xds.route_name: such a policy can
+// never match.
+func (s *Server) routeNameMissing(ctx context.Context, a *attempt.Attempt, set *policy.Set) {
+	for _, pol := range set.Policies {
+		if len(pol.Match.RouteNames) > 0 {
+			s.missingAttribute(ctx, a, pol.Name, envoyorigin.AttrRouteName, "the policy matches on route names and protects nothing")
+		}
+	}
+}
 
 // render turns a verdict into the reply to the current message, and is
 // the one place the stream's stage changes.
@@ -67,29 +217,37 @@ func (p *processor) render(ctx context.Context, v attempt.Verdict) *extprocv3.Pr
 	case attempt.Store:
 		p.stage = stageResponseBody
 		return p.readResponseBody()
-	}
-	p.stage = stagePassThrough // nothing more is recorded here
-	if v.Unsettled {
-		p.stage = stageUnsettled
-	}
-	switch v.Kind {
 	case attempt.Pass:
+		p.stage = ended(v)
 		return p.passThrough()
 	case attempt.SkipBody:
+		p.stage = ended(v)
 		return continueWith(p.phase, skipResponseBody)
 	case attempt.Settled:
+		p.stage = ended(v)
 		return p.cont()
 	case attempt.SendHome:
+		p.stage = ended(v)
 		if resp := homeReply(p.phase, v.Home); resp != nil {
 			return resp // home.go
 		}
 		return p.problemReply(homeUnreachable())
 	}
+	p.stage = ended(v)
 	p.rpc.drop() // the request never goes on
 	if v.Replay != nil {
 		return p.replayReply(ctx, v.Replay)
 	}
 	return p.problemReply(v.Problem)
+}
+
+// ended is the stage after a verdict that leaves nothing more to record
+// here: stageUnsettled when a settlement is still to be retried.
+func ended(v attempt.Verdict) stage {
+	if v.Unsettled {
+		return stageUnsettled
+	}
+	return stagePassThrough
 }
 
 // refuseUnread refuses a request whose body is refused before it was read
@@ -141,6 +299,23 @@ func (p *processor) awaitBody(ctx context.Context) *extprocv3.ProcessingResponse
 		return continueWith(p.phase, &procmodev3.ProcessingMode{
 			RequestBodyMode:  procmodev3.ProcessingMode_BUFFERED,
 			ResponseBodyMode: wantedResponseBodyMode(p.responseBodyMode),
+		})
+	}
+	return continueFor(p.phase)
+}
+
+// readResponseBody asks for the body of a response to be stored (render's
+// Store).
+func (p *processor) readResponseBody() *extprocv3.ProcessingResponse {
+	switch {
+	case !p.rpc.response && p.responseBodyMode == procmodev3.ProcessingMode_NONE:
+		return continueWith(p.phase, bufferResponseBody)
+	case p.rpc.response && p.modesKnown && !p.rpc.proxyless && !echoes(p.responseBodyMode):
+		// Envoy sends trailers only when asked: ask for them, restating the
+		// body mode (body modes are always copied from an override).
+		return continueWith(p.phase, &procmodev3.ProcessingMode{
+			ResponseBodyMode:    wantedResponseBodyMode(p.responseBodyMode),
+			ResponseTrailerMode: procmodev3.ProcessingMode_SEND,
 		})
 	}
 	return continueFor(p.phase)
@@ -241,23 +416,4 @@ func (p *processor) cont() *extprocv3.ProcessingResponse {
 		})
 	}
 	return continueFor(p.phase)
-}
-
-// streamedReply is a body phase's CONTINUE carrying sr.
-func streamedReply(ph phase, sr *extprocv3.StreamedBodyResponse) *extprocv3.ProcessingResponse {
-	resp := continueFor(ph)
-	br := resp.GetRequestBody()
-	if ph == phaseResponseBody {
-		br = resp.GetResponseBody()
-	}
-	br.Response = &extprocv3.CommonResponse{BodyMutation: &extprocv3.BodyMutation{
-		Mutation: &extprocv3.BodyMutation_StreamedResponse{StreamedResponse: sr},
-	}}
-	return resp
-}
-
-// echoes reports whether a body mode makes the client forward only what the
-// server sends back.
-func echoes(m procmodev3.ProcessingMode_BodySendMode) bool {
-	return m == procmodev3.ProcessingMode_GRPC || m == procmodev3.ProcessingMode_FULL_DUPLEX_STREAMED
 }

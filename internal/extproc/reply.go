@@ -319,3 +319,31 @@ func safeHeader(name, value string) bool {
 	}
 	return true
 }
+
+// wantedResponseBodyMode is the response body mode to restate in an
+// override: the one in force, or BUFFERED for none.
+func wantedResponseBodyMode(m procmodev3.ProcessingMode_BodySendMode) procmodev3.ProcessingMode_BodySendMode {
+	if m == procmodev3.ProcessingMode_NONE {
+		return procmodev3.ProcessingMode_BUFFERED
+	}
+	return m
+}
+
+// streamedReply is a body phase's CONTINUE carrying sr.
+func streamedReply(ph phase, sr *extprocv3.StreamedBodyResponse) *extprocv3.ProcessingResponse {
+	resp := continueFor(ph)
+	br := resp.GetRequestBody()
+	if ph == phaseResponseBody {
+		br = resp.GetResponseBody()
+	}
+	br.Response = &extprocv3.CommonResponse{BodyMutation: &extprocv3.BodyMutation{
+		Mutation: &extprocv3.BodyMutation_StreamedResponse{StreamedResponse: sr},
+	}}
+	return resp
+}
+
+// echoes reports whether a body mode makes the client forward only what the
+// server sends back.
+func echoes(m procmodev3.ProcessingMode_BodySendMode) bool {
+	return m == procmodev3.ProcessingMode_GRPC || m == procmodev3.ProcessingMode_FULL_DUPLEX_STREAMED
+}

@@ -106,23 +106,6 @@ func (p *processor) atResponseHeaders(ctx context.Context, hh *extprocv3.HttpHea
 	return v
 }
 
-// readResponseBody asks for the body of a response to be stored (render's
-// Store).
-func (p *processor) readResponseBody() *extprocv3.ProcessingResponse {
-	switch {
-	case !p.rpc.response && p.responseBodyMode == procmodev3.ProcessingMode_NONE:
-		return continueWith(p.phase, bufferResponseBody)
-	case p.rpc.response && p.modesKnown && !p.rpc.proxyless && !echoes(p.responseBodyMode):
-		// Envoy sends trailers only when asked: ask for them, restating the
-		// body mode (body modes are always copied from an override).
-		return continueWith(p.phase, &procmodev3.ProcessingMode{
-			ResponseBodyMode:    wantedResponseBodyMode(p.responseBodyMode),
-			ResponseTrailerMode: procmodev3.ProcessingMode_SEND,
-		})
-	}
-	return continueFor(p.phase)
-}
-
 // onResponseBody reads one body message of a response to be stored. In an
 // echo mode its echo is withheld until the outcome is stored, so that a
 // client never holds an answer the record does not have yet; the held
@@ -203,7 +186,7 @@ func (p *processor) settleAtEnd() {
 	if p.stage == stageResponseBody {
 		partial = &idem.Response{Status: p.respStatus, Headers: p.respHeaders, BodyOmitted: true}
 	}
-	p.att.SettleAtEnd(p.trace.background(), partial)
+	p.att.SettleAtEnd(p.trace.Background(), partial)
 }
 
 // storeResponseBytes keeps a response body chunk for the record, up to the

@@ -113,7 +113,7 @@ type processor struct {
 
 	rpc rpcState
 	// body is set for a request whose policy is decided at its body
-	// (request.go, deferToBody); nil on every other request.
+	// (attempt.Verdict.AtBody); nil on every other request.
 	body *bodyDecision
 
 	// respAdd are headers the response headers reply adds to the response
@@ -122,21 +122,10 @@ type processor struct {
 }
 
 func newProcessor(s *Server, set *policy.Set) *processor {
-	p := &processor{srv: s, policies: set}
-	p.att = attempt.New(&s.att, p)
+	p := &processor{srv: s, policies: set, trace: streamTrace{obs: s.obs}}
+	p.att = attempt.New(&s.att, &p.trace)
 	return p
 }
-
-// Decided reports a decision to the observer and on the stream's span
-// (attempt.Conversation).
-func (p *processor) Decided(policy string, d idem.Decision) {
-	p.srv.obs.Decided(policy, d)
-	p.trace.decided(d)
-}
-
-// Background is the context of work that outlives the message at hand:
-// it carries the stream's span (attempt.Conversation).
-func (p *processor) Background() context.Context { return p.trace.background() }
 
 // message is what the server reads of one ext_proc message: its phase
 // and payload, and Envoy's facts sent with it. It is read once, by the
@@ -367,11 +356,16 @@ var phaseSpanNames = [...]string{
 	phaseResponseTrailers: "ext_proc response_trailers",
 }
 
-// streamTrace is a stream's span; ctx carries it for work done after the
-// stream's own context ended. Both are nil when tracing is off.
+// streamTrace is the stream's side of its attempt's conversation
+// (attempt.Conversation): the stream's span, carried by ctx for work done
+// after the stream's own context ended (nil when tracing is off), and the
+// observer told of each decision. The span is read back from ctx, which
+// Tracer.Start returns "containing the newly-created span"
+// (go.opentelemetry.io/otel/trace, tracer.go), rather than kept beside it:
+// the processor stays in its allocation size class (processor).
 type streamTrace struct {
-	span trace.Span
-	ctx  context.Context
+	ctx context.Context
+	obs idem.Observer
 }
 
 // startPhase opens the span of one message, as a child of the stream's
@@ -381,62 +375,65 @@ func (t *streamTrace) startPhase(ctx context.Context, tracer trace.Tracer, m *me
 	if tracer == nil {
 		return ctx, trace.SpanFromContext(context.Background()) // a no-op span, shared
 	}
-	if t.span == nil {
+	if t.ctx == nil {
 		parent := ctx
 		if m.phase == phaseRequestHeaders {
 			parent = traceContext.Extract(ctx, headerCarrier{m.headers.GetHeaders()})
 		}
-		t.ctx, t.span = tracer.Start(parent, "idem-extproc stream", trace.WithSpanKind(trace.SpanKindServer))
+		t.ctx, _ = tracer.Start(parent, "idem-extproc stream", trace.WithSpanKind(trace.SpanKindServer))
 	}
 	name := "ext_proc unknown"
 	if m.known {
 		name = phaseSpanNames[m.phase]
 	}
-	return tracer.Start(trace.ContextWithSpan(ctx, t.span), name)
+	return tracer.Start(trace.ContextWithSpan(ctx, trace.SpanFromContext(t.ctx)), name)
 }
 
-// background returns a context carrying the stream's span.
-func (t *streamTrace) background() context.Context {
+// Background returns a context carrying the stream's span.
+func (t *streamTrace) Background() context.Context {
 	if t.ctx != nil {
 		return t.ctx
 	}
 	return context.Background()
 }
 
-// decided puts a decision on the stream's span.
-func (t *streamTrace) decided(d idem.Decision) {
-	if t.span != nil {
-		t.span.AddEvent(string(d))
-		t.span.SetAttributes(attribute.String("idem.decision", string(d)))
+// Decided reports a decision to the observer and on the stream's span.
+func (t *streamTrace) Decided(policy string, d idem.Decision) {
+	t.obs.Decided(policy, d)
+	if t.ctx != nil {
+		span := trace.SpanFromContext(t.ctx)
+		span.AddEvent(string(d))
+		span.SetAttributes(attribute.String("idem.decision", string(d)))
 	}
 }
 
 // shadowed puts a shadow policy's decision on the stream's span.
 func (t *streamTrace) shadowed(d idem.ShadowDecision) {
-	if t.span != nil {
-		t.span.SetAttributes(attribute.String("idem.shadow_decision", string(d)))
+	if t.ctx != nil {
+		trace.SpanFromContext(t.ctx).SetAttributes(attribute.String("idem.shadow_decision", string(d)))
 	}
 }
 
 // end closes the stream's span with what is known about the attempt.
 func (t *streamTrace) end(a *attempt.Attempt, err error) {
-	if t.span == nil {
+	if t.ctx == nil {
 		return
 	}
+	span := trace.SpanFromContext(t.ctx)
 	if a.Policy != nil {
-		t.span.SetAttributes(attribute.String("idem.policy", a.Policy.Name))
+		span.SetAttributes(attribute.String("idem.policy", a.Policy.Name))
 	}
 	if a.ID != "" {
-		t.span.SetAttributes(attribute.String("idem.key_hash", string(a.ID)), attribute.String("idem.scope", a.Scope))
+		span.SetAttributes(attribute.String("idem.key_hash", string(a.ID)), attribute.String("idem.scope", a.Scope))
 	}
 	if a.RequestID != "" {
-		t.span.SetAttributes(attribute.String("http.request.header.x-request-id", a.RequestID))
+		span.SetAttributes(attribute.String("http.request.header.x-request-id", a.RequestID))
 	}
 	if a.Number > 0 {
-		t.span.SetAttributes(attribute.Int("idem.attempt", a.Number))
+		span.SetAttributes(attribute.Int("idem.attempt", a.Number))
 	}
 	if err != nil {
-		t.span.SetStatus(otelcodes.Error, err.Error())
+		span.SetStatus(otelcodes.Error, err.Error())
 	}
-	t.span.End()
+	span.End()
 }

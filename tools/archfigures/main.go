@@ -66,11 +66,15 @@ func isSupportDir(rel string) bool {
 	return false
 }
 
+// The walk's limits hold for the default walk only: a wider scope, or
+// every call followed, enters more files by design.
+const defaultScope, defaultFollow = "internal/extproc,internal/attempt", "value"
+
 func main() {
 	root := flag.String("root", ".", "the repository's root")
-	scope := flag.String("scope", "internal/extproc,internal/attempt",
+	scope := flag.String("scope", defaultScope,
 		`the packages whose functions the walk follows, comma-separated directories, or "product"`)
-	follow := flag.String("follow", "value",
+	follow := flag.String("follow", defaultFollow,
 		`which calls the walk follows: "value", into functions that receive the per-stream value (a processor or an attempt); "all", into every function`)
 	verbose := flag.Bool("v", false, "list each item behind a figure, and the walk's entries")
 	noWalk := flag.Bool("nowalk", false, "count the static figures only")
@@ -96,16 +100,40 @@ func run(root, scope, follow string, verbose, walk bool) error {
 	if err != nil {
 		return err
 	}
-	st.print(verbose)
+	var ex exceeded
+	st.print(verbose, &ex)
 	if !walk {
-		return nil
+		return ex.err()
 	}
 	w, err := measureWalk(root, files, st.loopFile, st.loopFunc, scope, follow)
 	if err != nil {
 		return fmt.Errorf("measuring the walk: %w", err)
 	}
-	w.print(verbose)
-	return nil
+	w.print(verbose, &ex)
+	return ex.err()
+}
+
+// exceeded lists the figures past their limits (the "at most" column):
+// any fails the run.
+type exceeded []string
+
+// limit is the column's text for a figure of n, at most max, and notes n
+// when it is past it.
+func (e *exceeded) limit(title string, n, max int) string {
+	if n > max {
+		*e = append(*e, fmt.Sprintf("%s: %d, at most %d", strings.TrimSpace(title), n, max))
+	}
+	if max == 0 {
+		return "(0)"
+	}
+	return fmt.Sprintf("(at most %d)", max)
+}
+
+func (e exceeded) err() error {
+	if len(e) == 0 {
+		return nil
+	}
+	return fmt.Errorf("figures past their limits:\n\t%s", strings.Join(e, "\n\t"))
 }
 
 // productFiles lists the root module's non-test Go files outside the
@@ -287,7 +315,7 @@ func takesWholeMessage(fd *ast.FuncDecl, pkg string) bool {
 	return false
 }
 
-func (st *staticFigures) print(verbose bool) {
+func (st *staticFigures) print(verbose bool, ex *exceeded) {
 	list := func(title string, items []string, limit string) {
 		fmt.Printf("%-52s %4d   %s\n", title, len(items), limit)
 		if verbose {
@@ -300,11 +328,12 @@ func (st *staticFigures) print(verbose bool) {
 	fmt.Printf("%-52s %4d\n", "product lines", st.productLines)
 	fmt.Printf("%-52s %4d\n", "  of which the adapter (internal/extproc)", st.adapterLines)
 	fmt.Printf("%-52s %4d\n", "  of which the domain (attempt, idem)", st.domainLines)
-	list("processor methods", st.processorMethods, "(at most 30)")
-	list("signatures taking the whole ProcessingRequest", st.wholeMessage, "(at most 6)")
-	list("sends outside the stream loop", st.sendsOutsideLoop, "(0)")
-	list("product functions over 80 lines", st.longFuncs, "(0)")
-	list("product files over 500 lines", st.longFiles, "(0)")
+	limited := func(title string, items []string, max int) { list(title, items, ex.limit(title, len(items), max)) }
+	limited("processor methods", st.processorMethods, 30)
+	limited("signatures taking the whole ProcessingRequest", st.wholeMessage, 6)
+	limited("sends outside the stream loop", st.sendsOutsideLoop, 0)
+	limited("product functions over 80 lines", st.longFuncs, 0)
+	limited("product files over 500 lines", st.longFiles, 0)
 	list("product imports of the test-support wing", st.supportImports, "(only cmd/idem-extproc/demo.go's envoysim)")
 }
 
@@ -324,23 +353,39 @@ type event struct {
 // again, though what it calls for the first time is) and as run (every
 // call).
 type walkFigures struct {
-	scope  string
-	follow string
-	read   walkCount
-	run    walkCount
-	trail  []string
+	scope    string
+	follow   string
+	read     walkCount
+	run      walkCount
+	trail    []string // the entries as read
+	runTrail []string // every entry, as run
 }
 
 type walkCount struct{ files, entries, returns int }
 
-func (w *walkFigures) print(verbose bool) {
+// print prints the walk; the default walk's limits hold the figures as
+// run.
+func (w *walkFigures) print(verbose bool, ex *exceeded) {
+	limit := func(title string, n, max int) string {
+		if w.scope != defaultScope || w.follow != defaultFollow {
+			return ""
+		}
+		return ex.limit(title, n, max)
+	}
 	fmt.Printf("walk (first write, then its replay; -scope %s -follow %s)\n", w.scope, w.follow)
 	fmt.Printf("%-52s %7s %7s\n", "", "as read", "as run")
-	fmt.Printf("%-52s %7d %7d   (at most 10)\n", "  files entered", w.read.files, w.run.files)
+	fmt.Printf("%-52s %7d %7d   %s\n", "  files entered", w.read.files, w.run.files,
+		limit("walk: files entered", w.run.files, 10))
 	fmt.Printf("%-52s %7d %7d\n", "  entries into a file", w.read.entries, w.run.entries)
-	fmt.Printf("%-52s %7d %7d   (at most 15)\n", "  returns to a file already left", w.read.returns, w.run.returns)
+	fmt.Printf("%-52s %7d %7d   %s\n", "  returns to a file already left", w.read.returns, w.run.returns,
+		limit("walk: returns to a file already left", w.run.returns, 15))
 	if verbose {
+		fmt.Println("  as read:")
 		for _, t := range w.trail {
+			fmt.Printf("    %s\n", t)
+		}
+		fmt.Println("  as run:")
+		for _, t := range w.runTrail {
 			fmt.Printf("    %s\n", t)
 		}
 	}
@@ -427,6 +472,7 @@ func measureWalk(root string, files []string, loopFile, loopFunc, scope, follow 
 				visited[e.File], readFiles[e.File], readFuncs[e.File+" "+e.Func] = true, true, true
 				loops++
 				w.trail = append(w.trail, fmt.Sprintf("stream %d: %s %s", loops, e.File, e.Func))
+				w.runTrail = append(w.runTrail, w.trail[len(w.trail)-1])
 			}
 			continue
 		}
@@ -451,10 +497,13 @@ func measureWalk(root string, files []string, loopFile, loopFunc, scope, follow 
 			continue
 		}
 		w.run.entries++
+		back := ""
 		if visited[e.File] {
 			w.run.returns++
+			back = "  (back)"
 		}
 		visited[e.File] = true
+		w.runTrail = append(w.runTrail, fmt.Sprintf("%*s%s %s%s", 2*countIn(stack), "", e.File, e.Func, back))
 		if readFuncs[e.File+" "+e.Func] {
 			continue
 		}

@@ -69,3 +69,18 @@ func helper(req *extprocv3.ProcessingRequest)            {}
 		t.Errorf("stream loop %s %s", st.loopFile, st.loopFunc)
 	}
 }
+
+// TestExceeded: a figure past its limit fails the run, one at it does not.
+func TestExceeded(t *testing.T) {
+	var ex exceeded
+	if got := ex.limit("at", 15, 15); got != "(at most 15)" || ex.err() != nil {
+		t.Fatalf("a figure at its limit: %q, %v", got, ex.err())
+	}
+	if got := ex.limit("none", 0, 0); got != "(0)" || ex.err() != nil {
+		t.Fatalf("a figure of 0 at 0: %q, %v", got, ex.err())
+	}
+	ex.limit("past", 16, 15)
+	if err := ex.err(); err == nil || !strings.Contains(err.Error(), "past: 16, at most 15") {
+		t.Fatalf("a figure past its limit: %v", err)
+	}
+}
