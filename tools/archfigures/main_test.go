@@ -84,3 +84,12 @@ func TestExceeded(t *testing.T) {
 		t.Fatalf("a figure past its limit: %v", err)
 	}
 }
+
+// TestRepositoryWithinLimits counts this repository's figures, the walk
+// as run included, so that a figure past its limit fails the suite and
+// not only a run of the tool.
+func TestRepositoryWithinLimits(t *testing.T) {
+	if err := run(filepath.Join("..", ".."), defaultScope, defaultFollow, false, true); err != nil {
+		t.Fatal(err)
+	}
+}
