@@ -25,19 +25,19 @@ import (
 // first line and how many lines carried it, the scope and whether the
 // policy requires one, the fingerprint's headers.
 type candidate struct {
-	Policy        *policy.Policy
-	RawKey        string
-	KeyLines      int
-	Scope         string
-	ScopeRequired bool
-	FPHeaders     []idem.Header
-	// MCP are the request's MCP headers, for a JSON-RPC policy's check of
+	pol           *policy.Policy
+	rawKey        string
+	keyLines      int
+	scope         string
+	scopeRequired bool
+	fpHeaders     []idem.Header
+	// mcp are the request's MCP headers, for a JSON-RPC policy's check of
 	// them against the body (policy.MCPHeaderMismatch).
-	MCP policy.MCPHeaders
-	// Upstream names where the request goes (policy.ToolsUpstream), for a
+	mcp policy.MCPHeaders
+	// upstream names where the request goes (policy.ToolsUpstream), for a
 	// policy that protects tools by their annotations
 	// (policy.ToolHinted).
-	Upstream string
+	upstream string
 }
 
 // readBody defers a request to its body: it reads, for every policy the
@@ -64,13 +64,13 @@ func (a *Attempt) readBody(ctx context.Context, set *policy.Set, r policy.Reques
 	}
 	a.cands = make([]candidate, 0, len(pols))
 	for _, pol := range pols {
-		c := candidate{Policy: pol, FPHeaders: f.Headers(pol.FingerprintHeaders), MCP: mcp}
-		c.Scope, c.ScopeRequired = a.scopeOf(ctx, pol, f)
+		c := candidate{pol: pol, fpHeaders: f.Headers(pol.FingerprintHeaders), mcp: mcp}
+		c.scope, c.scopeRequired = a.scopeOf(ctx, pol, f)
 		if pol.LearnsTools() {
-			c.Upstream = policy.ToolsUpstream(r.Authority, r.Path)
+			c.upstream = policy.ToolsUpstream(r.Authority, r.Path)
 		}
 		if pol.KeyFrom(policy.KeyFromHeader) {
-			c.RawKey, c.KeyLines = f.Header(pol.KeyHeader)
+			c.rawKey, c.keyLines = f.Header(pol.KeyHeader)
 		}
 		a.cands = append(a.cands, c)
 	}
@@ -89,11 +89,11 @@ func (a *Attempt) pickAtBody(ctx context.Context, body []byte, now time.Time) Ve
 	bv := a.pick(ctx, cands, body, now)
 	if bv.Kind == Pass {
 		for i := range cands {
-			if c := &cands[i]; c.Policy.LearnsTools() {
+			if c := &cands[i]; c.pol.LearnsTools() {
 				if bv.Learners == nil && !policy.IsToolsList(body) {
 					break
 				}
-				bv.Learners, bv.Upstream = append(bv.Learners, c.Policy), c.Upstream
+				bv.Learners, bv.Upstream = append(bv.Learners, c.pol), c.upstream
 			}
 		}
 	}
@@ -108,8 +108,8 @@ func (a *Attempt) pick(ctx context.Context, cands []candidate, body []byte, now 
 	var shadowWhy error
 	for i := range cands {
 		c := &cands[i]
-		a.Policy = c.Policy
-		id, m, why := c.Policy.MatchBodyWhy(body)
+		a.Policy = c.pol
+		id, m, why := c.pol.MatchBodyWhy(body)
 		if m == policy.BodyUnreadable {
 			// Whether this policy applies cannot be told, and a reader
 			// upstream may take the body for a call it protects: refused
@@ -117,7 +117,7 @@ func (a *Attempt) pick(ctx context.Context, cands []candidate, body []byte, now 
 			// policy protects nothing, so it does not end the search: a
 			// later enforced one may still refuse; its would-reject is
 			// counted below if none does.
-			if c.Policy.Enforcement == policy.EnforcementShadow {
+			if c.pol.Enforcement == policy.EnforcementShadow {
 				if shadow == nil {
 					shadow, shadowWhy = c, why
 				}
@@ -128,7 +128,7 @@ func (a *Attempt) pick(ctx context.Context, cands []candidate, body []byte, now 
 				return v
 			}
 		}
-		if m == policy.BodyMatched && c.Policy.ToolHinted(c.Upstream, body, now) {
+		if m == policy.BodyMatched && c.pol.ToolHinted(c.upstream, body, now) {
 			// The upstream listed the tool as read-only or idempotent,
 			// and the policy protects only the others (tools.protect).
 			m = policy.BodyHinted
@@ -138,11 +138,11 @@ func (a *Attempt) pick(ctx context.Context, cands []candidate, body []byte, now 
 			continue
 		}
 		v := a.took(ctx, c, id, body, now)
-		v.JSONRPC, v.ID = c.Policy.Answers == policy.AnswersJSONRPC, id
+		v.JSONRPC, v.ID = c.pol.Answers == policy.AnswersJSONRPC, id
 		return v
 	}
 	if shadow != nil {
-		a.Policy = shadow.Policy
+		a.Policy = shadow.pol
 		if v, refused := a.unreadable(ctx, shadow, shadowWhy, body, now); refused {
 			return v
 		}
@@ -161,27 +161,27 @@ func (a *Attempt) pick(ctx context.Context, cands []candidate, body []byte, now 
 // body, then its key admitted (admitKeyFrom), its record named (named)
 // and its body held to c's limit.
 func (a *Attempt) took(ctx context.Context, c *candidate, id, body []byte, now time.Time) Verdict {
-	if c.Policy.Answers == policy.AnswersJSONRPC {
+	if c.pol.Answers == policy.AnswersJSONRPC {
 		a.callID = id // a replay answers this call (answer)
 		if why := headersMismatch(c, body, now); why != "" {
 			return a.refuse(ctx, problem.New(problem.HeaderMismatch, why))
 		}
 	}
-	adm, key, prob := a.admitKeyFrom(keyInput{headerRaw: c.RawKey, headerLines: c.KeyLines, body: body}, now)
+	adm, key, prob := a.admitKeyFrom(keyInput{headerRaw: c.rawKey, headerLines: c.keyLines, body: body}, now)
 	if v := a.admitted(ctx, adm, prob); v.Kind != Continue {
 		return v
 	}
-	if v := a.named(ctx, c.Scope, c.ScopeRequired, key); v.Kind != Continue {
+	if v := a.named(ctx, c.scope, c.scopeRequired, key); v.Kind != Continue {
 		return v
 	}
 	// The body was read under the limit of the policy that deferred it;
 	// the policy that takes it holds it to its own, in the order the
 	// headers path keeps: a request it would pass or refuse for its key
 	// never gets this far there either.
-	if limit := c.Policy.MaxRequestBody; len(body) > limit {
+	if limit := c.pol.MaxRequestBody; len(body) > limit {
 		return a.refuse(ctx, BodyTooLarge(limit))
 	}
-	a.fpHeaders = c.FPHeaders
+	a.fpHeaders = c.fpHeaders
 	return verdictContinue
 }
 
@@ -190,10 +190,10 @@ func (a *Attempt) took(ctx context.Context, c *candidate, id, body []byte, now t
 // refuse it, before any effect, since an intermediary may have acted on
 // the headers (policy.MCPHeaderMismatch, policy.MCPParamMismatch).
 func headersMismatch(c *candidate, body []byte, now time.Time) string {
-	if policy.MCPHeaderMismatch(c.MCP, body) {
+	if policy.MCPHeaderMismatch(c.mcp, body) {
 		return "the Mcp-Method or Mcp-Name header does not match the request body"
 	}
-	return c.Policy.MCPParamMismatch(c.MCP, c.Upstream, body, now)
+	return c.pol.MCPParamMismatch(c.mcp, c.upstream, body, now)
 }
 
 // unreadable judges a body candidate c cannot read (admitUnreadable):
@@ -201,12 +201,12 @@ func headersMismatch(c *candidate, body []byte, now time.Time) string {
 // false when c would pass the request whatever its body said, and the
 // next candidate is tried.
 func (a *Attempt) unreadable(ctx context.Context, c *candidate, why error, body []byte, now time.Time) (Verdict, bool) {
-	adm, prob := a.admitUnreadable(why, c.KeyLines, now)
+	adm, prob := a.admitUnreadable(why, c.keyLines, now)
 	if adm != admitRefused {
 		return Verdict{}, false
 	}
 	v := a.refuse(ctx, prob)
-	if v.JSONRPC = c.Policy.Answers == policy.AnswersJSONRPC; v.JSONRPC {
+	if v.JSONRPC = c.pol.Answers == policy.AnswersJSONRPC; v.JSONRPC {
 		v.ID = jsonrpc.ScanID(body, nil) // the id the body's first bytes carry, if any
 	}
 	return v, true
