@@ -220,7 +220,7 @@ func trickyRequests() map[string][]byte {
 }
 
 // responseCases are the responses the server sends (internal/extproc:
-// reply.go, render.go, grpcstatus.go, grpc.go, request.go, response.go)
+// reply.go, render.go, grpcstatus.go, grpc.go, response.go)
 // and the rest of what the fast encoder writes.
 func responseCases() map[string]*extprocv3.ProcessingResponse {
 	skip := &procmodev3.ProcessingMode{RequestBodyMode: procmodev3.ProcessingMode_NONE, ResponseHeaderMode: procmodev3.ProcessingMode_SKIP,
