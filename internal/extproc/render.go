@@ -196,12 +196,12 @@ func (p *processor) render(ctx context.Context, v attempt.Verdict) *extprocv3.Pr
 	if len(v.Add) > 0 && !p.rpc.call {
 		p.respAdd = append(p.respAdd, v.Add...)
 	}
+	p.stage = stageAfter(p.stage, v)
 	switch v.Kind {
 	case attempt.ReadBody:
-		p.stage = stageRequestBody
 		return p.awaitBody(ctx)
 	case attempt.Continue:
-		p.stage, p.settleAsk = stageUpstream, v.Wait
+		p.settleAsk = v.Wait
 		return p.cont()
 	case attempt.Wait:
 		// Envoy times each message out (message_timeout, 200 ms by
@@ -215,25 +215,19 @@ func (p *processor) render(ctx context.Context, v attempt.Verdict) *extprocv3.Pr
 		}
 		return &extprocv3.ProcessingResponse{OverrideMessageTimeout: durationpb.New(v.Wait)}
 	case attempt.Store:
-		p.stage = stageResponseBody
 		return p.readResponseBody()
 	case attempt.Pass:
-		p.stage = ended(v)
 		return p.passThrough()
 	case attempt.SkipBody:
-		p.stage = ended(v)
 		return continueWith(p.phase, skipResponseBody)
 	case attempt.Settled:
-		p.stage = ended(v)
 		return p.cont()
 	case attempt.SendHome:
-		p.stage = ended(v)
 		if resp := homeReply(p.phase, v.Home); resp != nil {
 			return resp // home.go
 		}
 		return p.problemReply(homeUnreachable())
 	}
-	p.stage = ended(v)
 	p.rpc.drop() // the request never goes on
 	if v.Replay != nil {
 		return p.replayReply(ctx, v.Replay)
@@ -241,10 +235,21 @@ func (p *processor) render(ctx context.Context, v attempt.Verdict) *extprocv3.Pr
 	return p.problemReply(v.Problem)
 }
 
-// ended is the stage after a verdict that leaves nothing more to record
-// here: stageUnsettled when a settlement is still to be retried.
-func ended(v attempt.Verdict) stage {
-	if v.Unsettled {
+// stageAfter is where a stream at stage s is once verdict v is rendered:
+// reading the body, waiting on the upstream, or reading the response to
+// store; the same stage through a wait; otherwise nothing more is recorded
+// here, and stageUnsettled when a settlement is still to be retried.
+func stageAfter(s stage, v attempt.Verdict) stage {
+	switch {
+	case v.Kind == attempt.ReadBody:
+		return stageRequestBody
+	case v.Kind == attempt.Continue:
+		return stageUpstream
+	case v.Kind == attempt.Store:
+		return stageResponseBody
+	case v.Kind == attempt.Wait:
+		return s
+	case v.Unsettled:
 		return stageUnsettled
 	}
 	return stagePassThrough
