@@ -62,7 +62,10 @@ func (p *processor) onRequestHeaders(ctx context.Context, hh *extprocv3.HttpHead
 	hs := hh.GetHeaders()
 	t := requestTarget(hs, f.attrs, p.requestBodyMode)
 	p.att.RequestID, p.reqLength = t.requestID, t.length
-	p.att.Routing = routingOf(t, p.requestBodyMode)
+	// grpc-go's filter routes nothing, and in the echo modes the headers'
+	// reply is held back until the body (rpcState), after the route would
+	// be chosen: neither can send the request to another region.
+	p.att.Routing = attempt.Routing{SentTo: t.sentTo, CanSend: !t.proxyless && !echoes(p.requestBodyMode)}
 	p.rpc.proxyless, p.rpc.call = t.proxyless, t.call
 	if fc := f.flow; fc != nil && fc.GetInitialWindowDownstreamToSidestream() > 0 {
 		p.rpc.flow, p.rpc.reqWindow = true, fc.GetInitialWindowDownstreamToSidestream()
@@ -226,7 +229,8 @@ func (p *processor) render(ctx context.Context, v attempt.Verdict) *extprocv3.Pr
 		if resp := homeReply(p.phase, v.Home); resp != nil {
 			return resp // home.go
 		}
-		return p.problemReply(homeUnreachable())
+		return p.problemReply(problem.New(problem.HomeOutOfReach,
+			"the request was decided at its trailers, whose reply cannot send it to its home region; nothing was done"))
 	}
 	p.rpc.drop() // the request never goes on
 	if v.Replay != nil {
