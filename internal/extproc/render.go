@@ -2,7 +2,6 @@ package extproc
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 	"strconv"
 
@@ -29,33 +28,23 @@ import (
 // filter (rpcState), a JSON-RPC client (bodyDecision). A new caller kind is
 // rendered here, and nowhere else.
 
-// onRequest answers a message of the request's direction. An error is a
-// protocol violation (protocolError).
-func (p *processor) onRequest(ctx context.Context, m *message) (*extprocv3.ProcessingResponse, error) {
+// onRequest answers a message of the request's direction. Its order was
+// checked already (sequence): the headers come first and once.
+func (p *processor) onRequest(ctx context.Context, m *message) *extprocv3.ProcessingResponse {
 	switch m.phase {
 	case phaseRequestHeaders:
-		if p.stage != stageRequestHeaders {
-			return nil, protocolError{errors.New("request_headers received twice")}
-		}
-		return p.onRequestHeaders(ctx, m.headers, &m.facts), nil
+		return p.onRequestHeaders(ctx, m.headers, &m.facts)
 	case phaseRequestBody:
-		switch p.stage {
-		case stageRequestHeaders:
-			return nil, protocolError{errors.New("request_body before request_headers")}
-		case stageRequestBody:
-			return p.onRequestBody(ctx, m.body), nil
+		if p.stage == stageRequestBody {
+			return p.onRequestBody(ctx, m.body)
 		}
-		return p.cont(), nil
+		return p.cont()
 	}
 	// phaseRequestTrailers
-	switch p.stage {
-	case stageRequestHeaders:
-		return nil, protocolError{errors.New("request_trailers before request_headers")}
-	case stageRequestBody:
-		// The body is complete when trailers arrive.
-		return p.decide(ctx), nil
+	if p.stage == stageRequestBody {
+		return p.decide(ctx) // the body is complete when trailers arrive
 	}
-	return continueFor(p.phase), nil
+	return continueFor(p.phase)
 }
 
 func (p *processor) onRequestHeaders(ctx context.Context, hh *extprocv3.HttpHeaders, f *envoyFacts) *extprocv3.ProcessingResponse {
