@@ -28,8 +28,8 @@ import (
 type stage uint8
 
 const (
-	// stageRequestHeaders: nothing received yet.
-	stageRequestHeaders stage = iota
+	// The zero stage: the request headers are not answered yet.
+	_ stage = iota
 	// stageRequestBody: a protected request's body is being read.
 	stageRequestBody
 	// stageUpstream: reserved; the upstream has the request.
