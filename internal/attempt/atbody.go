@@ -163,7 +163,14 @@ func (a *Attempt) pick(ctx context.Context, cands []candidate, body []byte, now 
 func (a *Attempt) took(ctx context.Context, c *candidate, id, body []byte, now time.Time) Verdict {
 	if c.pol.Answers == policy.AnswersJSONRPC {
 		a.callID = id // a replay answers this call (answer)
-		if why := headersMismatch(c, body, now); why != "" {
+		// A call whose MCP headers disagree with its body is refused as a
+		// compliant server would refuse it, before any effect, since an
+		// intermediary may have acted on the headers.
+		why := "the Mcp-Method or Mcp-Name header does not match the request body"
+		if !policy.MCPHeaderMismatch(c.mcp, body) {
+			why = c.pol.MCPParamMismatch(c.mcp, c.upstream, body, now)
+		}
+		if why != "" {
 			return a.refuse(ctx, problem.New(problem.HeaderMismatch, why))
 		}
 	}
@@ -183,17 +190,6 @@ func (a *Attempt) took(ctx context.Context, c *candidate, id, body []byte, now t
 	}
 	a.fpHeaders = c.fpHeaders
 	return verdictContinue
-}
-
-// headersMismatch says why a JSON-RPC call's MCP headers disagree with
-// its body, or "": such a call is refused as a compliant server would
-// refuse it, before any effect, since an intermediary may have acted on
-// the headers (policy.MCPHeaderMismatch, policy.MCPParamMismatch).
-func headersMismatch(c *candidate, body []byte, now time.Time) string {
-	if policy.MCPHeaderMismatch(c.mcp, body) {
-		return "the Mcp-Method or Mcp-Name header does not match the request body"
-	}
-	return c.pol.MCPParamMismatch(c.mcp, c.upstream, body, now)
 }
 
 // unreadable judges a body candidate c cannot read (admitUnreadable):

@@ -124,19 +124,10 @@ func (a *Attempt) opened(res idem.ReserveResult) (idem.ReserveResult, error) {
 	return res, nil
 }
 
-// homeElsewhere turns the outcomes of a store that no longer arbitrates
-// the key into an error: without a finder that follows the key to its
-// new home (Server.Homes), this server cannot ask the store that does.
-func homeElsewhere(res idem.ReserveResult) error {
-	if res.Outcome == idem.Moved || res.Outcome == idem.HandedOver {
-		return fmt.Errorf("the key is arbitrated in region %q, which this server's store does not reach", res.Home)
-	}
-	return nil
-}
-
 // reserve asks the store for the record, with the policy's lease,
-// retention and durability; a store that sends the key elsewhere is an
-// error (homeElsewhere).
+// retention and durability. A store that sends the key elsewhere is an
+// error: without a finder that follows the key to its new home
+// (Server.Homes), this server cannot ask the store that does.
 func (a *Attempt) reserve(ctx context.Context, fp idem.Fingerprint) (idem.ReserveResult, error) {
 	sctx, cancel := context.WithTimeout(ctx, a.storeBudget())
 	defer cancel()
@@ -153,8 +144,9 @@ func (a *Attempt) reserve(ctx context.Context, fp idem.Fingerprint) (idem.Reserv
 	})
 	switch {
 	case err != nil:
+	case a.home == nil && (res.Outcome == idem.Moved || res.Outcome == idem.HandedOver):
+		err = fmt.Errorf("the key is arbitrated in region %q, which this server's store does not reach", res.Home)
 	case a.home == nil:
-		err = homeElsewhere(res)
 	case res.Outcome == idem.Moved:
 		err = errMoved
 	}

@@ -50,27 +50,25 @@ func (a *Attempt) unavailable(ctx context.Context, err error) Verdict {
 		a.LogAt(ctx, slog.LevelWarn, "store unavailable; request passes unprotected (fail_open)", slog.String("error", err.Error()))
 		return verdictPass
 	}
+	d, line := idem.DecisionStoreUnavailable, "store unavailable; request refused (fail_closed)"
+	var prob *problem.Problem // nil: StoreUnavailable, with Retry-After
 	switch {
 	case errors.Is(err, ErrHomeOutOfReach):
 		// A retry would take as long: no Retry-After.
-		a.conv.Decided(a.Policy.Name, idem.DecisionStoreUnavailable)
-		a.LogAt(ctx, slog.LevelError, "key's home out of reach within the proxy's timers; request refused", slog.String("error", err.Error()))
-		return Verdict{Kind: answered, Problem: problem.New(problem.HomeOutOfReach,
-			"the idempotency store of this key's home region cannot be asked within the proxy's timers; nothing was done")}
+		line, prob = "key's home out of reach within the proxy's timers; request refused", problem.New(problem.HomeOutOfReach,
+			"the idempotency store of this key's home region cannot be asked within the proxy's timers; nothing was done")
 	case errors.Is(err, ErrHomesDisagree):
 		// A retry would meet the same maps until they are rolled out.
-		a.conv.Decided(a.Policy.Name, idem.DecisionStoreUnavailable)
-		a.LogAt(ctx, slog.LevelError, "homes maps disagree about the key's home; request refused", slog.String("error", err.Error()))
-		return Verdict{Kind: answered, Problem: problem.New(problem.HomesDisagree,
-			"the idempotency servers' homes maps disagree about this key's home region; nothing was done")}
-	case unreachable(err) || errors.Is(err, errNoKeyRing):
-		a.conv.Decided(a.Policy.Name, idem.DecisionStoreUnavailable)
-		a.LogAt(ctx, slog.LevelError, "store unavailable; request refused (fail_closed)", slog.String("error", err.Error()))
-	default:
-		a.conv.Decided(a.Policy.Name, idem.DecisionRecordUnusable)
-		a.LogAt(ctx, slog.LevelError, "stored record cannot be used; request refused", slog.String("error", err.Error()))
+		line, prob = "homes maps disagree about the key's home; request refused", problem.New(problem.HomesDisagree,
+			"the idempotency servers' homes maps disagree about this key's home region; nothing was done")
+	case !unreachable(err) && !errors.Is(err, errNoKeyRing):
+		d, line = idem.DecisionRecordUnusable, "stored record cannot be used; request refused"
 	}
-	prob := problem.New(problem.StoreUnavailable, "the idempotency store cannot be used; retry later")
-	prob.RetryAfter = a.Policy.RetryAfter
+	a.conv.Decided(a.Policy.Name, d)
+	a.LogAt(ctx, slog.LevelError, line, slog.String("error", err.Error()))
+	if prob == nil {
+		prob = problem.New(problem.StoreUnavailable, "the idempotency store cannot be used; retry later")
+		prob.RetryAfter = a.Policy.RetryAfter
+	}
 	return Verdict{Kind: answered, Problem: prob}
 }

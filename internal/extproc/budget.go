@@ -63,8 +63,6 @@ func (b *bodyBudget) take(n int64) bool {
 	}
 }
 
-func (b *bodyBudget) give(n int64) { b.used.Add(-n) }
-
 // hold charges a body message's n more buffered bytes to a stream that
 // holds *h; false when the budget has no room for them. Without a budget
 // (nil) it always holds.
@@ -115,7 +113,7 @@ func (s *Server) BufferedBytes() (all, small int64) {
 // release returns every byte a stream holds to the budget.
 func (b *bodyBudget) release(h *holding) {
 	if h.bytes > 0 {
-		b.give(h.bytes)
+		b.used.Add(-h.bytes)
 		if h.small {
 			b.small.Add(-h.bytes)
 		}

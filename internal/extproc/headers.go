@@ -30,18 +30,6 @@ func headerList(m *corev3.HeaderMap) []idem.Header {
 	return keptHeaders(m, func(string) bool { return true }, nil)
 }
 
-// findHeader returns the first value of name in m and whether it was
-// present. A request's headers are read this way, one name at a time, so
-// that only the values the server uses are copied out of the message.
-func findHeader(m *corev3.HeaderMap, name string) (string, bool) {
-	for _, h := range m.GetHeaders() {
-		if h.GetKey() == name {
-			return headerValue(h), true
-		}
-	}
-	return "", false
-}
-
 // headerBytes returns the first value of name in m and whether it was
 // present, without copying it out of the message: for a value only read
 // (compared, parsed) while the message is at hand, never kept.
@@ -88,23 +76,6 @@ func copyHeaders(m *corev3.HeaderMap, names []string, vals []string) (present ui
 		vals[i], start = all[start:ends[i]], ends[i]
 	}
 	return present
-}
-
-// countHeader returns how many field lines named name m holds. Envoy sends
-// each line of a repeated header as its own HeaderValue: its header map
-// joins repeated lines only for the inline headers it knows
-// (source/common/http/header_map_impl.cc HeaderMapImpl::insertByKey, which
-// appends to an existing entry only after a static lookup hit), and
-// MutationUtils::headersToProto (ext_proc/mutation_utils.cc) adds one
-// HeaderValue per entry it iterates.
-func countHeader(m *corev3.HeaderMap, name string) int {
-	n := 0
-	for _, h := range m.GetHeaders() {
-		if h.GetKey() == name {
-			n++
-		}
-	}
-	return n
 }
 
 // keptHeaders appends to into the headers of m whose names keep accepts,

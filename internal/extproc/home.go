@@ -2,11 +2,7 @@ package extproc
 
 import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
-	procmodev3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
-
-	"github.com/idem-extproc/idem-extproc/internal/attempt"
-	"github.com/idem-extproc/idem-extproc/internal/problem"
 )
 
 // HomeHeader is the request header a server sets to send a request to its
@@ -18,15 +14,6 @@ import (
 // regions send to: docs/regions.md, envoy/envoy-regions.yaml.
 const HomeHeader = "x-idem-home"
 
-// routingOf is what the request's headers say of its way between regions:
-// the region another region's server sent it to, and whether the proxy can
-// send it on. grpc-go's filter routes nothing, and in the echo modes the
-// headers' reply is held back until the body (rpcState), after the route
-// would be chosen.
-func routingOf(t target, reqBodyMode procmodev3.ProcessingMode_BodySendMode) attempt.Routing {
-	return attempt.Routing{SentTo: t.sentTo, CanSend: !t.proxyless && !echoes(reqBodyMode)}
-}
-
 // homeReply lets the request go on to its home region's route: HomeHeader
 // set, and clear_route_cache in the same reply, which Envoy honours only in
 // a reply that carries a header mutation (processor_state.cc
@@ -37,7 +24,7 @@ func routingOf(t target, reqBodyMode procmodev3.ProcessingMode_BodySendMode) att
 // skipped; a BUFFERED body's reply still holds the headers, so it may set
 // them too (processor_state.cc handleBodyResponse). A trailers reply
 // carries no clear_route_cache: nil, and the request is refused
-// (homeUnreachable), nothing having been reserved.
+// (problem.HomeOutOfReach), nothing having been reserved.
 func homeReply(ph phase, home string) *extprocv3.ProcessingResponse {
 	cr := &extprocv3.CommonResponse{ClearRouteCache: true, HeaderMutation: &extprocv3.HeaderMutation{
 		SetHeaders: []*corev3.HeaderValueOption{setHeader(HomeHeader, home, false)}}}
@@ -52,11 +39,4 @@ func homeReply(ph phase, home string) *extprocv3.ProcessingResponse {
 		return resp
 	}
 	return nil
-}
-
-// homeUnreachable refuses a request homed elsewhere that was decided where
-// no reply can send it there (homeReply).
-func homeUnreachable() *problem.Problem {
-	return problem.New(problem.HomeOutOfReach,
-		"the request was decided at its trailers, whose reply cannot send it to its home region; nothing was done")
 }

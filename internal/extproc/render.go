@@ -2,7 +2,6 @@ package extproc
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 	"strconv"
 
@@ -29,40 +28,33 @@ import (
 // filter (rpcState), a JSON-RPC client (bodyDecision). A new caller kind is
 // rendered here, and nowhere else.
 
-// onRequest answers a message of the request's direction. An error is a
-// protocol violation (protocolError).
-func (p *processor) onRequest(ctx context.Context, m *message) (*extprocv3.ProcessingResponse, error) {
+// onRequest answers a message of the request's direction. Its order was
+// checked already (sequence): the headers come first and once.
+func (p *processor) onRequest(ctx context.Context, m *message) *extprocv3.ProcessingResponse {
 	switch m.phase {
 	case phaseRequestHeaders:
-		if p.stage != stageRequestHeaders {
-			return nil, protocolError{errors.New("request_headers received twice")}
-		}
-		return p.onRequestHeaders(ctx, m.headers, &m.facts), nil
+		return p.onRequestHeaders(ctx, m.headers, &m.facts)
 	case phaseRequestBody:
-		switch p.stage {
-		case stageRequestHeaders:
-			return nil, protocolError{errors.New("request_body before request_headers")}
-		case stageRequestBody:
-			return p.onRequestBody(ctx, m.body), nil
+		if p.stage == stageRequestBody {
+			return p.onRequestBody(ctx, m.body)
 		}
-		return p.cont(), nil
+		return p.cont()
 	}
 	// phaseRequestTrailers
-	switch p.stage {
-	case stageRequestHeaders:
-		return nil, protocolError{errors.New("request_trailers before request_headers")}
-	case stageRequestBody:
-		// The body is complete when trailers arrive.
-		return p.decide(ctx), nil
+	if p.stage == stageRequestBody {
+		return p.decide(ctx) // the body is complete when trailers arrive
 	}
-	return continueFor(p.phase), nil
+	return continueFor(p.phase)
 }
 
 func (p *processor) onRequestHeaders(ctx context.Context, hh *extprocv3.HttpHeaders, f *envoyFacts) *extprocv3.ProcessingResponse {
 	hs := hh.GetHeaders()
 	t := requestTarget(hs, f.attrs, p.requestBodyMode)
 	p.att.RequestID, p.reqLength = t.requestID, t.length
-	p.att.Routing = routingOf(t, p.requestBodyMode)
+	// grpc-go's filter routes nothing, and in the echo modes the headers'
+	// reply is held back until the body (rpcState), after the route would
+	// be chosen: neither can send the request to another region.
+	p.att.Routing = attempt.Routing{SentTo: t.sentTo, CanSend: !t.proxyless && !echoes(p.requestBodyMode)}
 	p.rpc.proxyless, p.rpc.call = t.proxyless, t.call
 	if fc := f.flow; fc != nil && fc.GetInitialWindowDownstreamToSidestream() > 0 {
 		p.rpc.flow, p.rpc.reqWindow = true, fc.GetInitialWindowDownstreamToSidestream()
@@ -226,7 +218,8 @@ func (p *processor) render(ctx context.Context, v attempt.Verdict) *extprocv3.Pr
 		if resp := homeReply(p.phase, v.Home); resp != nil {
 			return resp // home.go
 		}
-		return p.problemReply(homeUnreachable())
+		return p.problemReply(problem.New(problem.HomeOutOfReach,
+			"the request was decided at its trailers, whose reply cannot send it to its home region; nothing was done"))
 	}
 	p.rpc.drop() // the request never goes on
 	if v.Replay != nil {

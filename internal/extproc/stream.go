@@ -28,8 +28,8 @@ import (
 type stage uint8
 
 const (
-	// stageRequestHeaders: nothing received yet.
-	stageRequestHeaders stage = iota
+	// The zero stage: the request headers are not answered yet.
+	_ stage = iota
 	// stageRequestBody: a protected request's body is being read.
 	stageRequestBody
 	// stageUpstream: reserved; the upstream has the request.
@@ -189,7 +189,7 @@ func (p *processor) handle(ctx context.Context, m *message) (*extprocv3.Processi
 	}
 	p.phase, p.msgBody = m.phase, m.body
 	if m.phase <= phaseRequestTrailers {
-		return p.onRequest(ctx, m)
+		return p.onRequest(ctx, m), nil
 	}
 	// A message that may settle a record held in a far home's store first
 	// asks Envoy for the settlement's time (settleAsk), as a wait does at
