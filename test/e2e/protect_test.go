@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -201,12 +202,16 @@ func redisDownFailsClosed(t *testing.T, start backend, down, up func()) {
 	testwait.For(t, func() bool { return env.Store.Ping(context.Background()) == nil })
 	// The first requests after the outage may still meet a connection or
 	// a topology view from before it: a 503 then is correct, and the
-	// client retries, as it would.
-	var first harness.Reply
+	// client retries, as it would. Each probe has a key of its own: a
+	// probe answered 503 because its reservation's reply came too late
+	// has reserved its key all the same, so a retry with that key is
+	// rightly answered 409 while the lease runs.
+	probes := 0
 	testwait.For(t, func() bool {
-		first = env.Post("/orders", "after-restart", `{"r":1}`)
-		return first.Status != http.StatusServiceUnavailable
+		probes++
+		return env.Post("/orders", fmt.Sprintf("probe-%d", probes), `{}`).Status != http.StatusServiceUnavailable
 	})
+	first := env.Post("/orders", "after-restart", `{"r":1}`)
 	wantStatus(t, first, http.StatusCreated)
 	wantReplayOf(t, env.Post("/orders", "after-restart", `{"r":1}`), first)
 	if n := env.Upstream.CountKey("after-restart"); n != 1 {
