@@ -24,56 +24,48 @@ func continueFor(ph phase) *extprocv3.ProcessingResponse {
 // continueWith answers with CONTINUE and, when mode is non-nil, a
 // processing-mode override. Envoy reads overrides only from replies to
 // headers messages.
-//
-// Every message of every request gets such a reply, so each is made in one
-// allocation: the response, its oneof wrapper and the empty inner message
-// are fields of one value (never copied; the pointers lead into it).
 func continueWith(ph phase, mode *procmodev3.ProcessingMode) *extprocv3.ProcessingResponse {
+	type (
+		resp        = extprocv3.ProcessingResponse
+		reqHeaders  = extprocv3.ProcessingResponse_RequestHeaders
+		respHeaders = extprocv3.ProcessingResponse_ResponseHeaders
+		reqBody     = extprocv3.ProcessingResponse_RequestBody
+		respBody    = extprocv3.ProcessingResponse_ResponseBody
+		headers     = extprocv3.HeadersResponse
+		body        = extprocv3.BodyResponse
+	)
 	switch ph {
 	case phaseRequestHeaders:
-		r := new(struct {
-			resp  extprocv3.ProcessingResponse
-			oneof extprocv3.ProcessingResponse_RequestHeaders
-			msg   extprocv3.HeadersResponse
-		})
-		r.oneof.RequestHeaders = &r.msg
-		r.resp.Response, r.resp.ModeOverride = &r.oneof, mode
-		return &r.resp
+		return reply(mode, func(r *resp, o *reqHeaders, m *headers) { r.Response, o.RequestHeaders = o, m })
 	case phaseResponseHeaders:
-		r := new(struct {
-			resp  extprocv3.ProcessingResponse
-			oneof extprocv3.ProcessingResponse_ResponseHeaders
-			msg   extprocv3.HeadersResponse
-		})
-		r.oneof.ResponseHeaders = &r.msg
-		r.resp.Response, r.resp.ModeOverride = &r.oneof, mode
-		return &r.resp
+		return reply(mode, func(r *resp, o *respHeaders, m *headers) { r.Response, o.ResponseHeaders = o, m })
 	case phaseRequestBody:
-		r := new(struct {
-			resp  extprocv3.ProcessingResponse
-			oneof extprocv3.ProcessingResponse_RequestBody
-			msg   extprocv3.BodyResponse
-		})
-		r.oneof.RequestBody = &r.msg
-		r.resp.Response, r.resp.ModeOverride = &r.oneof, mode
-		return &r.resp
+		return reply(mode, func(r *resp, o *reqBody, m *body) { r.Response, o.RequestBody = o, m })
 	case phaseResponseBody:
-		r := new(struct {
-			resp  extprocv3.ProcessingResponse
-			oneof extprocv3.ProcessingResponse_ResponseBody
-			msg   extprocv3.BodyResponse
-		})
-		r.oneof.ResponseBody = &r.msg
-		r.resp.Response, r.resp.ModeOverride = &r.oneof, mode
-		return &r.resp
+		return reply(mode, func(r *resp, o *respBody, m *body) { r.Response, o.ResponseBody = o, m })
 	case phaseRequestTrailers:
-		return &extprocv3.ProcessingResponse{ModeOverride: mode,
+		return &resp{ModeOverride: mode,
 			Response: &extprocv3.ProcessingResponse_RequestTrailers{RequestTrailers: &extprocv3.TrailersResponse{}}}
 	case phaseResponseTrailers:
-		return &extprocv3.ProcessingResponse{ModeOverride: mode,
+		return &resp{ModeOverride: mode,
 			Response: &extprocv3.ProcessingResponse_ResponseTrailers{ResponseTrailers: &extprocv3.TrailersResponse{}}}
 	}
-	return &extprocv3.ProcessingResponse{ModeOverride: mode}
+	return &resp{ModeOverride: mode}
+}
+
+// reply makes a reply in one allocation: every message of every request
+// gets one, so the response, its oneof wrapper O and the empty inner
+// message M are fields of one value (never copied; the pointers lead into
+// it), which link ties together.
+func reply[O, M any](mode *procmodev3.ProcessingMode, link func(*extprocv3.ProcessingResponse, *O, *M)) *extprocv3.ProcessingResponse {
+	r := new(struct {
+		resp  extprocv3.ProcessingResponse
+		oneof O
+		msg   M
+	})
+	r.resp.ModeOverride = mode
+	link(&r.resp, &r.oneof, &r.msg)
+	return &r.resp
 }
 
 // skipEverything is the override for a request the server has no further

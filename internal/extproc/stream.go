@@ -152,21 +152,22 @@ func messageOf(req *extprocv3.ProcessingRequest) message {
 	}}
 	switch r := req.GetRequest().(type) {
 	case *extprocv3.ProcessingRequest_RequestHeaders:
-		m.phase, m.headers, m.eos = phaseRequestHeaders, r.RequestHeaders, r.RequestHeaders.GetEndOfStream()
+		m.phase, m.headers = phaseRequestHeaders, r.RequestHeaders
+	case *extprocv3.ProcessingRequest_ResponseHeaders:
+		m.phase, m.headers = phaseResponseHeaders, r.ResponseHeaders
 	case *extprocv3.ProcessingRequest_RequestBody:
-		m.phase, m.body, m.eos = phaseRequestBody, r.RequestBody, r.RequestBody.GetEndOfStream()
+		m.phase, m.body = phaseRequestBody, r.RequestBody
+	case *extprocv3.ProcessingRequest_ResponseBody:
+		m.phase, m.body = phaseResponseBody, r.ResponseBody
 	case *extprocv3.ProcessingRequest_RequestTrailers:
 		m.phase, m.trailers, m.eos = phaseRequestTrailers, r.RequestTrailers, true
-	case *extprocv3.ProcessingRequest_ResponseHeaders:
-		m.phase, m.headers, m.eos = phaseResponseHeaders, r.ResponseHeaders, r.ResponseHeaders.GetEndOfStream()
-	case *extprocv3.ProcessingRequest_ResponseBody:
-		m.phase, m.body, m.eos = phaseResponseBody, r.ResponseBody, r.ResponseBody.GetEndOfStream()
 	case *extprocv3.ProcessingRequest_ResponseTrailers:
 		m.phase, m.trailers, m.eos = phaseResponseTrailers, r.ResponseTrailers, true
 	default:
 		m.known, m.other = false, req.GetRequest()
 		m.windowUpdate = req.GetRequest() == nil && req.GetClientWindowUpdate() != nil
 	}
+	m.eos = m.eos || m.headers.GetEndOfStream() || m.body.GetEndOfStream()
 	m.facts.attrs = attributesOf(req.GetAttributes(), m.headers)
 	return m
 }
@@ -326,12 +327,8 @@ func keepsBody(m procmodev3.ProcessingMode_BodySendMode) bool {
 type headerCarrier struct{ m *corev3.HeaderMap }
 
 func (c headerCarrier) Get(key string) string {
-	for _, h := range c.m.GetHeaders() {
-		if h.GetKey() == key {
-			return headerValue(h)
-		}
-	}
-	return ""
+	v, _ := headerLines(c.m, key)
+	return v
 }
 
 func (c headerCarrier) Set(string, string) {}
@@ -346,7 +343,8 @@ func (c headerCarrier) Keys() []string {
 
 var traceContext = propagation.TraceContext{}
 
-// phaseSpanNames name the span of each phase's message.
+// phaseSpanNames name the span of each phase's message; past their
+// prefix, the phases' names in external_processor.proto (phase.String).
 var phaseSpanNames = [...]string{
 	phaseRequestHeaders:   "ext_proc request_headers",
 	phaseRequestBody:      "ext_proc request_body",
@@ -355,6 +353,8 @@ var phaseSpanNames = [...]string{
 	phaseResponseBody:     "ext_proc response_body",
 	phaseResponseTrailers: "ext_proc response_trailers",
 }
+
+func (ph phase) String() string { return phaseSpanNames[ph][len("ext_proc "):] }
 
 // streamTrace is the stream's side of its attempt's conversation
 // (attempt.Conversation): the stream's span, carried by ctx for work done
