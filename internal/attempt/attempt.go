@@ -236,14 +236,6 @@ var settleDecisions = [...]idem.Decision{idem.DecisionStored, idem.DecisionRelea
 
 func (c decisionCode) decision() idem.Decision { return settleDecisions[c] }
 
-// policyName is the matched policy's name, "" when none matched.
-func (a *Attempt) policyName() string {
-	if a.Policy == nil {
-		return ""
-	}
-	return a.Policy.Name
-}
-
 // maxLogAttrs is room for an attempt's fields (attemptAttrs) and a line's
 // own, gathered on the stack before they reach the record.
 const maxLogAttrs = 12

@@ -111,14 +111,10 @@ func keptHeaders(m *corev3.HeaderMap, keep func(name string) bool, into []idem.H
 		}
 	}
 	into = slices.Grow(into, n)
-	var ends [16]int
-	if n > len(ends) { // rare: a copy each
-		for _, h := range m.GetHeaders() {
-			if keep(h.GetKey()) {
-				into = append(into, idem.Header{Name: h.GetKey(), Value: headerValue(h)})
-			}
-		}
-		return into
+	var few [16]int
+	ends := few[:]
+	if n > len(few) { // rare
+		ends = make([]int, n)
 	}
 	var b strings.Builder
 	b.Grow(total)

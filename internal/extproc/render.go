@@ -270,8 +270,7 @@ func (p *processor) awaitBody(ctx context.Context) *extprocv3.ProcessingResponse
 		// A JSON-RPC answer here could not carry the request's id, which
 		// only its body holds: such a request is refused at its body,
 		// where the budget refuses it still if it stays full.
-		prob := p.srv.budget.capacityProblem(p.att.Policy.RetryAfter)
-		return p.render(ctx, p.att.Request(ctx, attempt.Body{Unread: prob}, p.srv.cfg.Now()))
+		return p.refuseUnread(ctx, p.srv.budget.capacityProblem(p.att.Policy.RetryAfter), nil)
 	}
 	switch {
 	case p.rpc.proxyless && p.requestBodyMode == procmodev3.ProcessingMode_NONE:
@@ -402,7 +401,7 @@ func (p *processor) replayReply(ctx context.Context, r *idem.Response) *extprocv
 // its body sent back unchanged as a streamed_response (a reply without one
 // fails the call in grpc-go and is spurious to Envoy).
 func (p *processor) cont() *extprocv3.ProcessingResponse {
-	p.rpc.releaseAll()
+	p.rpc.release = releaseAll
 	switch {
 	case p.phase == phaseRequestBody && echoes(p.requestBodyMode), p.phase == phaseResponseBody && echoes(p.responseBodyMode):
 		body := p.msgBody

@@ -213,14 +213,18 @@ func immediate(status int, headers []*corev3.HeaderValueOption, body []byte, det
 
 // problemResponse answers with an RFC 9457 problem.
 func problemResponse(p *problem.Problem) *extprocv3.ProcessingResponse {
-	hs := []*corev3.HeaderValueOption{
-		setHeader("content-type", problem.ContentType, false),
-	}
+	return problemAnswer(p, p.Status, problem.ContentType, p.Body())
+}
+
+// problemAnswer answers p with body, of type contentType, at status, and
+// with p's Retry-After.
+func problemAnswer(p *problem.Problem, status int, contentType string, body []byte) *extprocv3.ProcessingResponse {
+	hs := []*corev3.HeaderValueOption{setHeader("content-type", contentType, false)}
 	if ra := p.RetryAfterHeader(); ra != "" {
 		hs = append(hs, setHeader("retry-after", ra, false))
 	}
 	// details becomes the response code details of Envoy's access log.
-	return immediate(p.Status, hs, p.Body(), "idempotency_"+p.Slug)
+	return immediate(status, hs, body, "idempotency_"+p.Slug)
 }
 
 // Envoy's limits on a header mutation (ext_proc mutation_utils.cc
