@@ -5,7 +5,6 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
-	"sync"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	procmodev3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
@@ -139,16 +138,11 @@ func isGRPCContentType(ct string) bool {
 // once per policy and attribute at warn.
 const MissingAttributeMessage = "Envoy did not send an attribute the policy needs (logged once per policy)"
 
-// missingOnce remembers which (policy, attribute) pairs were logged, so a
-// filter configured without an attribute is one warning per policy, not
-// one per request; the counter counts every request.
-type missingOnce struct{ seen sync.Map }
-
 // missingAttribute counts a request whose policy needed an attribute that
 // never arrived, and logs it the first time for the policy.
 func (s *Server) missingAttribute(ctx context.Context, a *attempt.Attempt, policyName, name, why string) {
 	s.env.MissingAttribute(policyName, name)
-	if _, loaded := s.missing.seen.LoadOrStore(policyName+"\x00"+name, true); loaded {
+	if _, loaded := s.missing.LoadOrStore(policyName+"\x00"+name, true); loaded {
 		return
 	}
 	a.LogAt(ctx, slog.LevelWarn, MissingAttributeMessage,

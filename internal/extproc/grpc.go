@@ -87,7 +87,7 @@ func (r *rpcState) next() *extprocv3.ProcessingResponse {
 		if r.release == releaseFirst {
 			r.release = releaseNone
 		}
-		return continueFor(phaseRequestHeaders)
+		return continueWith(phaseRequestHeaders, nil)
 	}
 	if r.release == releaseAll {
 		if resp := r.echo.next(); resp != nil {

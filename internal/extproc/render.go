@@ -44,7 +44,7 @@ func (p *processor) onRequest(ctx context.Context, m *message) *extprocv3.Proces
 	if p.stage == stageRequestBody {
 		return p.decide(ctx) // the body is complete when trailers arrive
 	}
-	return continueFor(p.phase)
+	return continueWith(p.phase, nil)
 }
 
 func (p *processor) onRequestHeaders(ctx context.Context, hh *extprocv3.HttpHeaders, f *envoyFacts) *extprocv3.ProcessingResponse {
@@ -93,7 +93,7 @@ func (p *processor) onRequestBody(ctx context.Context, body *extprocv3.HttpBody)
 			"the request body exceeds the proxy's buffer and cannot be fingerprinted"), nil)
 	default:
 		// STREAMED: more chunks follow.
-		return continueFor(p.phase)
+		return continueWith(p.phase, nil)
 	}
 	return p.decide(ctx)
 }
@@ -281,7 +281,7 @@ func (p *processor) awaitBody(ctx context.Context) *extprocv3.ProcessingResponse
 	}
 	if !p.modesKnown {
 		p.requestBodyMode, p.responseBodyMode = procmodev3.ProcessingMode_BUFFERED, procmodev3.ProcessingMode_BUFFERED
-		return continueFor(p.phase)
+		return continueWith(p.phase, nil)
 	}
 	switch p.requestBodyMode {
 	case procmodev3.ProcessingMode_NONE, procmodev3.ProcessingMode_STREAMED:
@@ -298,7 +298,7 @@ func (p *processor) awaitBody(ctx context.Context) *extprocv3.ProcessingResponse
 			ResponseBodyMode: wantedResponseBodyMode(p.responseBodyMode),
 		})
 	}
-	return continueFor(p.phase)
+	return continueWith(p.phase, nil)
 }
 
 // readResponseBody asks for the body of a response to be stored (render's
@@ -315,7 +315,7 @@ func (p *processor) readResponseBody() *extprocv3.ProcessingResponse {
 			ResponseTrailerMode: procmodev3.ProcessingMode_SEND,
 		})
 	}
-	return continueFor(p.phase)
+	return continueWith(p.phase, nil)
 }
 
 // resume ends a wait (render's Wait) once Envoy was told of it: the
@@ -351,7 +351,7 @@ func (p *processor) passThrough() *extprocv3.ProcessingResponse {
 	case !p.rpc.call:
 		return continueWith(p.phase, skipResponseBody)
 	}
-	return continueFor(p.phase)
+	return continueWith(p.phase, nil)
 }
 
 // problemReply answers with a problem: RFC 9457 for HTTP, a gRPC status
@@ -412,5 +412,5 @@ func (p *processor) cont() *extprocv3.ProcessingResponse {
 			GrpcMessageCompressed:     body.GetGrpcMessageCompressed(),
 		})
 	}
-	return continueFor(p.phase)
+	return continueWith(p.phase, nil)
 }

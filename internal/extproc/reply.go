@@ -14,16 +14,10 @@ import (
 	"github.com/idem-extproc/idem-extproc/internal/problem"
 )
 
-// continueFor answers a message of phase ph with CONTINUE and no changes,
-// in the reply type that matches the message (Envoy rejects any other as
-// spurious).
-func continueFor(ph phase) *extprocv3.ProcessingResponse {
-	return continueWith(ph, nil)
-}
-
-// continueWith answers with CONTINUE and, when mode is non-nil, a
-// processing-mode override. Envoy reads overrides only from replies to
-// headers messages.
+// continueWith answers a message of phase ph with CONTINUE, in the reply
+// type that matches the message (Envoy rejects any other as spurious),
+// and when mode is non-nil, a processing-mode override. Envoy reads
+// overrides only from replies to headers messages.
 func continueWith(ph phase, mode *procmodev3.ProcessingMode) *extprocv3.ProcessingResponse {
 	type (
 		resp        = extprocv3.ProcessingResponse
@@ -327,7 +321,7 @@ func wantedResponseBodyMode(m procmodev3.ProcessingMode_BodySendMode) procmodev3
 
 // streamedReply is a body phase's CONTINUE carrying sr.
 func streamedReply(ph phase, sr *extprocv3.StreamedBodyResponse) *extprocv3.ProcessingResponse {
-	resp := continueFor(ph)
+	resp := continueWith(ph, nil)
 	br := resp.GetRequestBody()
 	if ph == phaseResponseBody {
 		br = resp.GetResponseBody()

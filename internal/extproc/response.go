@@ -125,7 +125,7 @@ func (p *processor) onResponseBody(ctx context.Context, body *extprocv3.HttpBody
 	}
 	switch {
 	case !echo:
-		return continueFor(p.phase)
+		return continueWith(p.phase, nil)
 	case p.respTooLarge:
 		return p.cont()
 	}

@@ -16,6 +16,7 @@ package extproc
 import (
 	"context"
 	"log/slog"
+	"sync"
 	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
@@ -78,8 +79,10 @@ type Server struct {
 	tracer trace.Tracer
 	// budget bounds buffered bodies; nil when unbounded.
 	budget *bodyBudget
-	// missing remembers the attributes already reported missing.
-	missing missingOnce
+	// missing remembers which (policy, attribute) pairs were logged, so a
+	// filter configured without an attribute is one warning per policy,
+	// not one per request; the counter counts every request.
+	missing sync.Map
 	// att is what every attempt shares.
 	att attempt.Server
 }
