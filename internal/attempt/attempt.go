@@ -7,8 +7,9 @@
 //
 // Each decision point returns a Verdict (verdict.go): what the request is
 // to do, with the policy's enforcement, shadow mode, key grace period,
-// failure mode and the outcome's answer already applied, so that the
-// protocol side only renders it.
+// failure mode and the outcome's answer already applied (docs/design.md §3
+// and §9), so that the protocol side only renders it for the phase at hand
+// and the caller (HTTP, gRPC, JSON-RPC).
 //
 // One word names an attempt's last transition, whichever it is: settle
 // (AtResponse, SettleAtEnd). Complete, Release and MarkUnknown are the

@@ -141,7 +141,7 @@ const MissingAttributeMessage = "Envoy did not send an attribute the policy need
 // missingAttribute counts a request whose policy needed an attribute that
 // never arrived, and logs it the first time for the policy.
 func (s *Server) missingAttribute(ctx context.Context, a *attempt.Attempt, policyName, name, why string) {
-	s.env.MissingAttribute(policyName, name)
+	s.cfg.EnvoyObserver.MissingAttribute(policyName, name)
 	if _, loaded := s.missing.LoadOrStore(policyName+"\x00"+name, true); loaded {
 		return
 	}

@@ -15,7 +15,6 @@ import (
 	"github.com/idem-extproc/idem-extproc/internal/envoyorigin"
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/jsonrpc"
-	"github.com/idem-extproc/idem-extproc/internal/policy"
 	"github.com/idem-extproc/idem-extproc/internal/problem"
 )
 
@@ -62,7 +61,12 @@ func (p *processor) onRequestHeaders(ctx context.Context, hh *extprocv3.HttpHead
 	f.p, f.headers, f.target = p, hs, t
 	v := p.att.AtHeaders(ctx, p.policies, f, p.srv.cfg.Now())
 	if !hasAttr(f.attrs, envoyorigin.AttrRouteName) {
-		p.srv.routeNameMissing(ctx, &p.att, p.policies)
+		// A policy that matches on route names can never match.
+		for _, pol := range p.policies.Policies {
+			if len(pol.Match.RouteNames) > 0 {
+				p.srv.missingAttribute(ctx, &p.att, pol.Name, envoyorigin.AttrRouteName, "the policy matches on route names and protects nothing")
+			}
+		}
 	}
 	if v.AtBody {
 		p.body = &bodyDecision{jsonrpc: v.JSONRPC}
@@ -151,17 +155,6 @@ func (p *processor) takeRequestBody(body *extprocv3.HttpBody) *problem.Problem {
 	}
 	p.reqBody = keepChunk(p.reqBody, msg, framed, body.GetGrpcMessageCompressed(), capacity)
 	return nil
-}
-
-// routeNameMissing reports, for each policy of set that matches on route
-// names, a request that came without xds.route_name: such a policy can
-// never match.
-func (s *Server) routeNameMissing(ctx context.Context, a *attempt.Attempt, set *policy.Set) {
-	for _, pol := range set.Policies {
-		if len(pol.Match.RouteNames) > 0 {
-			s.missingAttribute(ctx, a, pol.Name, envoyorigin.AttrRouteName, "the policy matches on route names and protects nothing")
-		}
-	}
 }
 
 // render turns a verdict into the reply to the current message, and is
@@ -389,7 +382,7 @@ func (p *processor) replayReply(ctx context.Context, r *idem.Response) *extprocv
 	if dropped > 0 {
 		// Envoy would have refused the whole mutation, the replay marker
 		// with it: the answer goes out without these headers.
-		p.srv.env.ReplayHeadersDropped(p.att.Policy.Name, dropped)
+		p.srv.cfg.EnvoyObserver.ReplayHeadersDropped(p.att.Policy.Name, dropped)
 		p.att.LogAt(ctx, slog.LevelWarn, "stored headers left out of a replay: Envoy would refuse them",
 			slog.Int("dropped", dropped))
 	}

@@ -71,9 +71,6 @@ type Config struct {
 type Server struct {
 	extprocv3.UnimplementedExternalProcessorServer
 	cfg Config
-	log *slog.Logger
-	obs idem.Observer
-	env EnvoyObserver
 	// tracer makes spans; nil when tracing is off, so that no span work
 	// (each span's context is an allocation) is done at all.
 	tracer trace.Tracer
@@ -105,18 +102,17 @@ func New(cfg Config) *Server {
 		set := policy.DefaultSet()
 		cfg.Policies = func() *policy.Set { return set }
 	}
-	log := cfg.Logger
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{cfg: cfg, log: log, obs: cfg.Observer, env: cfg.EnvoyObserver}
-	if s.obs == nil {
-		s.obs = idem.NopObserver{}
+	if cfg.Observer == nil {
+		cfg.Observer = idem.NopObserver{}
 	}
-	if s.env == nil {
-		s.env = nopEnvoyObserver{}
+	if cfg.EnvoyObserver == nil {
+		cfg.EnvoyObserver = nopEnvoyObserver{}
 	}
-	s.att = attempt.Server{Store: cfg.Store, Homes: cfg.Homes, SendHome: cfg.SendHome, Sealer: cfg.Sealer, Observer: s.obs, Log: log,
+	s := &Server{cfg: cfg}
+	s.att = attempt.Server{Store: cfg.Store, Homes: cfg.Homes, SendHome: cfg.SendHome, Sealer: cfg.Sealer, Observer: cfg.Observer, Log: cfg.Logger,
 		StoreTimeout: cfg.StoreTimeout, SettleAtEndTimeout: cfg.SettleAtEndTimeout, MaxMessageTimeout: cfg.MaxMessageTimeout}
 	if cfg.MaxBufferedBytes > 0 {
 		s.budget = &bodyBudget{limit: cfg.MaxBufferedBytes}

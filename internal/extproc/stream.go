@@ -122,7 +122,7 @@ type processor struct {
 }
 
 func newProcessor(s *Server, set *policy.Set) *processor {
-	p := &processor{srv: s, policies: set, trace: streamTrace{obs: s.obs}}
+	p := &processor{srv: s, policies: set, trace: streamTrace{obs: s.cfg.Observer}}
 	p.att = attempt.New(&s.att, &p.trace)
 	return p
 }
@@ -195,7 +195,7 @@ func (p *processor) handle(ctx context.Context, m *message) (*extprocv3.Processi
 	// A message that may settle a record held in a far home's store first
 	// asks Envoy for the settlement's time (settleAsk), as a wait does at
 	// the request: message_timeout is shorter than one call there.
-	if d := p.settleAsk; d > 0 && maySettle(m, p.stage, p.responseBodyMode, p.rpc.proxyless) {
+	if d := p.settleAsk; d > 0 && p.maySettle(m) {
 		p.then = func(ctx context.Context) *extprocv3.ProcessingResponse { return p.onResponse(ctx, m) }
 		return &extprocv3.ProcessingResponse{OverrideMessageTimeout: durationpb.New(d)}, nil
 	}
@@ -219,8 +219,8 @@ func requestBodyStreams(m procmodev3.ProcessingMode_BodySendMode, known bool) bo
 // Process serves one ext_proc stream, that is one HTTP request.
 func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
 	ctx := stream.Context()
-	s.obs.StreamStarted()
-	defer s.obs.StreamEnded()
+	s.cfg.Observer.StreamStarted()
+	defer s.cfg.Observer.StreamEnded()
 	p := newProcessor(s, s.cfg.Policies())
 	err := s.serve(ctx, stream, p)
 	p.settleAtEnd()
