@@ -57,8 +57,6 @@ func (f *envoyFacts) HeadersPrefixed(prefix string) []idem.Header {
 	return keptHeaders(f.headers, func(n string) bool { return strings.HasPrefix(n, prefix) }, nil)
 }
 
-// Metadata reads a string or number at path in one namespace of the
-// forwarded dynamic metadata.
 func (f *envoyFacts) Metadata(ns string, path []string) string {
 	s := f.metadata.GetFilterMetadata()[ns]
 	for i, name := range path {
@@ -71,8 +69,7 @@ func (f *envoyFacts) Metadata(ns string, path []string) string {
 	return ""
 }
 
-// Peer reads the peer's identity from its attribute, and reports a proxy
-// that did not send it under policyName (attempt.Facts).
+// Peer reads the peer's identity from its attribute.
 func (f *envoyFacts) Peer(ctx context.Context, policyName string, id policy.PeerIdentity) string {
 	name := envoyorigin.PeerAttr(id)
 	if !hasAttr(f.attrs, name) {

@@ -282,10 +282,9 @@ func (p *processor) awaitBody(ctx context.Context) *extprocv3.ProcessingResponse
 		// no part of the request before the reservation: in STREAMED mode
 		// Envoy would forward the headers and every answered chunk at once
 		// (processor_state.cc handleHeaderContinue). Ask for BUFFERED,
-		// which holds the headers until the body's reply. Body modes are
-		// always copied from an override, so the response's is restated.
-		// If Envoy does not honour overrides, the chunks are read as they
-		// come (onRequestBody).
+		// which holds the headers until the body's reply. If Envoy does
+		// not honour overrides, the chunks are read as they come
+		// (onRequestBody).
 		return continueWith(p.phase, &procmodev3.ProcessingMode{
 			RequestBodyMode:  procmodev3.ProcessingMode_BUFFERED,
 			ResponseBodyMode: wantedResponseBodyMode(p.responseBodyMode),
@@ -301,8 +300,7 @@ func (p *processor) readResponseBody() *extprocv3.ProcessingResponse {
 	case !p.rpc.response && p.responseBodyMode == procmodev3.ProcessingMode_NONE:
 		return continueWith(p.phase, bufferResponseBody)
 	case p.rpc.response && p.modesKnown && !p.rpc.proxyless && !echoes(p.responseBodyMode):
-		// Envoy sends trailers only when asked: ask for them, restating the
-		// body mode (body modes are always copied from an override).
+		// Envoy sends trailers only when asked: ask for them.
 		return continueWith(p.phase, &procmodev3.ProcessingMode{
 			ResponseBodyMode:    wantedResponseBodyMode(p.responseBodyMode),
 			ResponseTrailerMode: procmodev3.ProcessingMode_SEND,

@@ -311,7 +311,8 @@ func safeHeader(name, value string) bool {
 }
 
 // wantedResponseBodyMode is the response body mode to restate in an
-// override: the one in force, or BUFFERED for none.
+// override, which always sets both body modes (skipEverything): the one
+// in force, or BUFFERED for none.
 func wantedResponseBodyMode(m procmodev3.ProcessingMode_BodySendMode) procmodev3.ProcessingMode_BodySendMode {
 	if m == procmodev3.ProcessingMode_NONE {
 		return procmodev3.ProcessingMode_BUFFERED
