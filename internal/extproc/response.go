@@ -64,7 +64,7 @@ func (p *processor) atResponseHeaders(ctx context.Context, hh *extprocv3.HttpHea
 	hs := hh.GetHeaders()
 	ct, _ := headerBytes(hs, "content-type")
 	p.rpc.response = p.rpc.proxyless || (p.rpc.call && isGRPCContentType(string(ct)))
-	origin, retried := p.responseOrigin(ctx, f.attrs)
+	origin, retried := p.srv.responseOrigin(ctx, &p.att, f.attrs, p.rpc.proxyless)
 	// Only the status is read here; the headers are copied further down,
 	// and only those the record will keep, once the response is to be
 	// stored at all.
@@ -225,19 +225,19 @@ func (p *processor) storeResponseBytes(body *extprocv3.HttpBody) {
 // makes no local replies of Envoy's kind and no router retries: there is
 // nothing for the attributes to tell apart, and its client makes one
 // attempt per call.
-func (p *processor) responseOrigin(ctx context.Context, attrs *structpb.Struct) (origin idem.Origin, retried bool) {
+func (s *Server) responseOrigin(ctx context.Context, a *attempt.Attempt, attrs *structpb.Struct, proxyless bool) (origin idem.Origin, retried bool) {
 	fields := attrs.GetFields()
 	dv, hasDetails := fields[envoyorigin.AttrCodeDetails]
 	// Envoy sends a CEL uint as a number (matching_utils.cc
 	// evaluateAttributes); any other kind is not a count.
 	_, hasAttempts := fields[envoyorigin.AttrAttemptCount].GetKind().(*structpb.Value_NumberValue)
-	if !p.rpc.proxyless { // called only while a record is held
+	if !proxyless { // called only while a record is held
 		if !hasDetails {
-			p.srv.missingAttribute(ctx, &p.att, p.att.Policy.Name, envoyorigin.AttrCodeDetails,
+			s.missingAttribute(ctx, a, a.Policy.Name, envoyorigin.AttrCodeDetails,
 				"Envoy's own error replies cannot be told from the upstream's and are stored as its answer")
 		}
 		if !hasAttempts {
-			p.srv.missingAttribute(ctx, &p.att, p.att.Policy.Name, envoyorigin.AttrAttemptCount,
+			s.missingAttribute(ctx, a, a.Policy.Name, envoyorigin.AttrAttemptCount,
 				"a response after a router retry cannot be told from a first attempt's; what would be released (a connection failure, an overflow, the upstream's 408/425/429) is kept as outcome unknown instead")
 		}
 	}
@@ -246,7 +246,7 @@ func (p *processor) responseOrigin(ctx context.Context, attrs *structpb.Struct) 
 		Flags:    attrUint(attrs, envoyorigin.AttrFlags),
 		Attempts: attrUint(attrs, envoyorigin.AttrAttemptCount), HasAttempts: hasAttempts,
 	}
-	return envoyorigin.Classify(sig), sig.MayHaveRetried() && !p.rpc.proxyless
+	return envoyorigin.Classify(sig), sig.MayHaveRetried() && !proxyless
 }
 
 // withAddedHeaders adds the headers verdicts added (processor.respAdd) to
@@ -271,15 +271,15 @@ func withAddedHeaders(resp *extprocv3.ProcessingResponse, add []attempt.Response
 // response's headers, or the end of its body or its trailers, on a stream
 // whose messages Envoy times (no timer runs in the echo modes, and
 // grpc-go takes any first reply but the headers' as an error).
-func (p *processor) maySettle(m *message) bool {
-	if p.rpc.proxyless || echoes(p.responseBodyMode) {
+func maySettle(m *message, st stage, mode procmodev3.ProcessingMode_BodySendMode, proxyless bool) bool {
+	if proxyless || echoes(mode) {
 		return false
 	}
 	switch m.phase {
 	case phaseResponseHeaders:
-		return p.stage == stageUpstream
+		return st == stageUpstream
 	case phaseResponseBody:
-		return p.stage == stageResponseBody && (m.body.GetEndOfStream() || p.responseBodyMode == procmodev3.ProcessingMode_BUFFERED)
+		return st == stageResponseBody && (m.body.GetEndOfStream() || mode == procmodev3.ProcessingMode_BUFFERED)
 	}
-	return p.stage == stageResponseBody
+	return st == stageResponseBody
 }

@@ -195,7 +195,7 @@ func (p *processor) handle(ctx context.Context, m *message) (*extprocv3.Processi
 	// A message that may settle a record held in a far home's store first
 	// asks Envoy for the settlement's time (settleAsk), as a wait does at
 	// the request: message_timeout is shorter than one call there.
-	if d := p.settleAsk; d > 0 && p.maySettle(m) {
+	if d := p.settleAsk; d > 0 && maySettle(m, p.stage, p.responseBodyMode, p.rpc.proxyless) {
 		p.then = func(ctx context.Context) *extprocv3.ProcessingResponse { return p.onResponse(ctx, m) }
 		return &extprocv3.ProcessingResponse{OverrideMessageTimeout: durationpb.New(d)}, nil
 	}
