@@ -201,13 +201,23 @@ func (a *Attempt) admitted(ctx context.Context, adm admission, prob *problem.Pro
 }
 
 // named is the verdict on naming the record of an admitKeyed request in
-// scope (admit): Continue, the refusal of a request without the scope its
-// policy requires, or where a homes map sends the request (routed).
+// scope (admit): Continue to decide here, the refusal of a request without
+// the scope its policy requires, SendHome where a homes map sends the
+// request, or the refusal of a request sent here astray (503
+// idempotency-homes-disagree, nothing reserved anywhere).
 func (a *Attempt) named(ctx context.Context, scope string, required bool, key string) Verdict {
 	if prob := a.admit(scope, required, key); prob != nil {
 		return a.refuse(ctx, prob)
 	}
-	return a.routed(ctx)
+	switch {
+	case a.astray != nil:
+		return a.unavailable(ctx, a.astray)
+	case a.sendTo == "":
+		return verdictContinue
+	}
+	a.conv.Decided(a.Policy.Name, idem.DecisionSentHome)
+	a.LogAt(ctx, slog.LevelInfo, "decision", slog.String("decision", string(idem.DecisionSentHome)), slog.String("home", a.sendTo))
+	return Verdict{Kind: SendHome, Home: a.sendTo}
 }
 
 // grace lets a request without a required key on during the policy's
@@ -289,19 +299,4 @@ func (a *Attempt) route(scope string) (string, error) {
 		return "", nil
 	}
 	return home, nil
-}
-
-// routed is named's verdict once the record is named (admit): Continue
-// to decide here, SendHome, or the refusal of a request sent here astray
-// (503 idempotency-homes-disagree, nothing reserved anywhere).
-func (a *Attempt) routed(ctx context.Context) Verdict {
-	switch {
-	case a.astray != nil:
-		return a.unavailable(ctx, a.astray)
-	case a.sendTo == "":
-		return verdictContinue
-	}
-	a.conv.Decided(a.Policy.Name, idem.DecisionSentHome)
-	a.LogAt(ctx, slog.LevelInfo, "decision", slog.String("decision", string(idem.DecisionSentHome)), slog.String("home", a.sendTo))
-	return Verdict{Kind: SendHome, Home: a.sendTo}
 }

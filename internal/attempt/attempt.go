@@ -7,8 +7,9 @@
 //
 // Each decision point returns a Verdict (verdict.go): what the request is
 // to do, with the policy's enforcement, shadow mode, key grace period,
-// failure mode and the outcome's answer already applied, so that the
-// protocol side only renders it.
+// failure mode and the outcome's answer already applied (docs/design.md §3
+// and §9), so that the protocol side only renders it for the phase at hand
+// and the caller (HTTP, gRPC, JSON-RPC).
 //
 // One word names an attempt's last transition, whichever it is: settle
 // (AtResponse, SettleAtEnd). Complete, Release and MarkUnknown are the
@@ -236,41 +237,26 @@ var settleDecisions = [...]idem.Decision{idem.DecisionStored, idem.DecisionRelea
 
 func (c decisionCode) decision() idem.Decision { return settleDecisions[c] }
 
-// policyName is the matched policy's name, "" when none matched.
-func (a *Attempt) policyName() string {
-	if a.Policy == nil {
-		return ""
-	}
-	return a.Policy.Name
-}
-
-// maxLogAttrs is room for an attempt's fields (attemptAttrs) and a line's
-// own, gathered on the stack before they reach the record.
+// maxLogAttrs is room for an attempt's fields and a line's own, gathered
+// on the stack before they reach the record.
 const maxLogAttrs = 12
 
-// LogAt writes one line about this attempt at level: its fields
-// (attemptAttrs), then extra. A decision's line is on the hot path, so
-// nothing is built when the level is off, and the record goes to the
-// handler directly: Logger.LogAttrs would also walk the stack for a
-// source position the handler never prints. The attributes are added in one
-// call: a record holds five inline and grows its overflow slice at each
-// call past them, so adding them piecemeal allocated twice per line.
+// LogAt writes one line about this attempt at level: the fields that
+// trace it (the hashed key, that is the record id, never the raw key;
+// scope, policy, request id and attempt number; the latency so far), then
+// extra. A decision's line is on the hot path, so nothing is built when
+// the level is off, and the record goes to the handler directly:
+// Logger.LogAttrs would also walk the stack for a source position the
+// handler never prints. The attributes are added in one call: a record
+// holds five inline and grows its overflow slice at each call past them,
+// so adding them piecemeal allocated twice per line.
 func (a *Attempt) LogAt(ctx context.Context, level slog.Level, msg string, extra ...slog.Attr) {
 	h := a.srv.Log.Handler()
 	if !h.Enabled(ctx, level) {
 		return
 	}
-	r := slog.NewRecord(time.Now(), level, msg, 0)
 	var buf [maxLogAttrs]slog.Attr
-	attrs := append(a.attemptAttrs(buf[:0]), extra...)
-	r.AddAttrs(attrs...)
-	_ = h.Handle(ctx, r)
-}
-
-// attemptAttrs appends the fields that trace one attempt to a log line:
-// the hashed key (record id, never the raw key), scope, policy, request id
-// and attempt number, and the latency so far.
-func (a *Attempt) attemptAttrs(attrs []slog.Attr) []slog.Attr {
+	attrs := buf[:0]
 	if a.Policy != nil {
 		attrs = append(attrs, slog.String("policy", a.Policy.Name))
 	}
@@ -283,7 +269,10 @@ func (a *Attempt) attemptAttrs(attrs []slog.Attr) []slog.Attr {
 	if a.Number > 0 {
 		attrs = append(attrs, slog.Int("attempt", a.Number))
 	}
-	return append(attrs, slog.Float64("latency_ms", float64(time.Since(a.started).Microseconds())/1000))
+	attrs = append(attrs, slog.Float64("latency_ms", float64(time.Since(a.started).Microseconds())/1000))
+	r := slog.NewRecord(time.Now(), level, msg, 0)
+	r.AddAttrs(append(attrs, extra...)...)
+	_ = h.Handle(ctx, r)
 }
 
 // renewer is the attempt's hold on its record: it keeps the reservation's

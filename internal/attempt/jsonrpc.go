@@ -127,13 +127,9 @@ func transportRefused(rs idem.Response, id []byte) bool {
 	if rs.BodyOmitted || id == nil {
 		return false
 	}
-	body := rs.Body
-	if eventStream(rs) {
-		final, err := jsonrpc.FinalResponse(rs.Body, id)
-		if err != nil {
-			return true
-		}
-		body = final
+	body, err := finalBody(rs, id)
+	if err != nil {
+		return true
 	}
 	if code, ok := jsonrpc.ErrorTo(body, id); ok {
 		return refusalCodes[rs.Status] == code || (rs.Status == 400 && code == codeUnsupportedProtocolVersion)
@@ -166,15 +162,18 @@ func isInterim(rs idem.Response, id []byte) bool {
 	if rs.Status < 200 || rs.Status > 299 || rs.BodyOmitted || id == nil {
 		return false
 	}
-	body := rs.Body
+	body, err := finalBody(rs, id)
+	return err == nil && jsonrpc.InputRequired(body, id)
+}
+
+// finalBody is rs's body as the response to the call whose id is id: of
+// a text/event-stream answer, its final JSON-RPC response
+// (jsonrpc.FinalResponse).
+func finalBody(rs idem.Response, id []byte) ([]byte, error) {
 	if eventStream(rs) {
-		final, err := jsonrpc.FinalResponse(rs.Body, id)
-		if err != nil {
-			return false
-		}
-		body = final
+		return jsonrpc.FinalResponse(rs.Body, id)
 	}
-	return jsonrpc.InputRequired(body, id)
+	return rs.Body, nil
 }
 
 // settledCall settles the record when rs, the response to the JSON-RPC

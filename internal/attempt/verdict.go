@@ -8,13 +8,6 @@ import (
 	"github.com/idem-extproc/idem-extproc/internal/problem"
 )
 
-// The attempt's decisions, each a Verdict: what is to happen to the request
-// at that point, with the policy's enforcement (enforce or shadow), its key
-// grace period, its failure mode and the outcome's answer already applied
-// (docs/design.md §3 and §9). The protocol side only renders a verdict for
-// the phase at hand and the caller (HTTP, gRPC, JSON-RPC); it decides
-// nothing.
-
 // verdictKind is what a verdict tells the request to do.
 type verdictKind uint8
 

@@ -19,8 +19,7 @@ func TestHeldEchoSendsTheBodyBack(t *testing.T) {
 	for _, m := range msgs {
 		framed = keep(framed, []byte(m.body), true, m.compressed, 0)
 	}
-	e := heldEcho{}
-	e.hold(phaseResponseBody, true, framed)
+	e := heldEcho{body: framed, phase: phaseResponseBody, framed: true}
 	for i, m := range msgs {
 		r := e.next()
 		sr := r.GetResponseBody().GetResponse().GetBodyMutation().GetStreamedResponse()
@@ -37,7 +36,7 @@ func TestHeldEchoSendsTheBodyBack(t *testing.T) {
 	for c := range slices.Chunk(body, 7) {
 		kept = keep(kept, c, false, false, 0)
 	}
-	e.hold(phaseRequestBody, false, kept)
+	e = heldEcho{body: kept, phase: phaseRequestBody}
 	var got []byte
 	var sizes []int
 	for r := e.next(); r != nil; r = e.next() {

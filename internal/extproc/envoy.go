@@ -5,7 +5,6 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
-	"sync"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	procmodev3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
@@ -39,32 +38,14 @@ type envoyFacts struct {
 	p       *processor
 }
 
-// Target, Header, Headers, HeadersPrefixed, Metadata and Peer are what the
-// attempt reads of the request (attempt.Facts).
+// Target, Header (headerLines), Headers, HeadersPrefixed, Metadata and
+// Peer are what the attempt reads of the request (attempt.Facts).
 func (f *envoyFacts) Target() policy.Request {
 	return policy.Request{Method: f.target.method, Authority: f.target.authority, Path: f.target.path,
 		RouteName: attrString(f.attrs, envoyorigin.AttrRouteName)}
 }
 
-// Header returns the first value of name and how many field lines carry
-// it, copying only that value out of the message. Envoy sends each line of
-// a repeated header as its own HeaderValue: its header map joins repeated
-// lines only for the inline headers it knows
-// (source/common/http/header_map_impl.cc HeaderMapImpl::insertByKey, which
-// appends to an existing entry only after a static lookup hit), and
-// MutationUtils::headersToProto (ext_proc/mutation_utils.cc) adds one
-// HeaderValue per entry it iterates.
-func (f *envoyFacts) Header(name string) (v string, n int) {
-	for _, h := range f.headers.GetHeaders() {
-		if h.GetKey() == name {
-			if n == 0 {
-				v = headerValue(h)
-			}
-			n++
-		}
-	}
-	return v, n
-}
+func (f *envoyFacts) Header(name string) (string, int) { return headerLines(f.headers, name) }
 
 // Headers keeps the order and repeats of the names (few: a policy's
 // fingerprint headers).
@@ -76,8 +57,6 @@ func (f *envoyFacts) HeadersPrefixed(prefix string) []idem.Header {
 	return keptHeaders(f.headers, func(n string) bool { return strings.HasPrefix(n, prefix) }, nil)
 }
 
-// Metadata reads a string or number at path in one namespace of the
-// forwarded dynamic metadata.
 func (f *envoyFacts) Metadata(ns string, path []string) string {
 	s := f.metadata.GetFilterMetadata()[ns]
 	for i, name := range path {
@@ -90,8 +69,7 @@ func (f *envoyFacts) Metadata(ns string, path []string) string {
 	return ""
 }
 
-// Peer reads the peer's identity from its attribute, and reports a proxy
-// that did not send it under policyName (attempt.Facts).
+// Peer reads the peer's identity from its attribute.
 func (f *envoyFacts) Peer(ctx context.Context, policyName string, id policy.PeerIdentity) string {
 	name := envoyorigin.PeerAttr(id)
 	if !hasAttr(f.attrs, name) {
@@ -157,16 +135,11 @@ func isGRPCContentType(ct string) bool {
 // once per policy and attribute at warn.
 const MissingAttributeMessage = "Envoy did not send an attribute the policy needs (logged once per policy)"
 
-// missingOnce remembers which (policy, attribute) pairs were logged, so a
-// filter configured without an attribute is one warning per policy, not
-// one per request; the counter counts every request.
-type missingOnce struct{ seen sync.Map }
-
 // missingAttribute counts a request whose policy needed an attribute that
 // never arrived, and logs it the first time for the policy.
 func (s *Server) missingAttribute(ctx context.Context, a *attempt.Attempt, policyName, name, why string) {
-	s.env.MissingAttribute(policyName, name)
-	if _, loaded := s.missing.seen.LoadOrStore(policyName+"\x00"+name, true); loaded {
+	s.cfg.EnvoyObserver.MissingAttribute(policyName, name)
+	if _, loaded := s.missing.LoadOrStore(policyName+"\x00"+name, true); loaded {
 		return
 	}
 	a.LogAt(ctx, slog.LevelWarn, MissingAttributeMessage,

@@ -76,10 +76,6 @@ func (r *rpcState) withholds() bool { return r.headersHeld || len(r.echo.body) >
 // drop forgets every withheld reply: the request never goes on.
 func (r *rpcState) drop() { r.headersHeld, r.echo = false, heldEcho{} }
 
-// releaseAll lets every withheld reply go, ahead of the reply to the
-// current message; the stream loop sends them (next).
-func (r *rpcState) releaseAll() { r.release = releaseAll }
-
 // next returns the next withheld reply to send now, and forgets it; nil
 // when none is left to send.
 func (r *rpcState) next() *extprocv3.ProcessingResponse {
@@ -91,7 +87,7 @@ func (r *rpcState) next() *extprocv3.ProcessingResponse {
 		if r.release == releaseFirst {
 			r.release = releaseNone
 		}
-		return continueFor(phaseRequestHeaders)
+		return continueWith(phaseRequestHeaders, nil)
 	}
 	if r.release == releaseAll {
 		if resp := r.echo.next(); resp != nil {
@@ -117,7 +113,7 @@ func (r *rpcState) next() *extprocv3.ProcessingResponse {
 // replies need not match the messages, and the withheld bytes go back in
 // replies of up to maxEchoBytes. In GRPC mode each reply is one gRPC
 // message to grpc-go (external_processor.proto, StreamedBodyResponse), so
-// the body is kept framed (appendFrame) and sent back one reply per
+// the body is kept framed (keepChunk) and sent back one reply per
 // message, as it came.
 type heldEcho struct {
 	body   []byte
@@ -132,12 +128,6 @@ type heldEcho struct {
 // client accepts by default (clientconn.go,
 // defaultClientMaxReceiveMessageSize).
 const maxEchoBytes = 64 << 10
-
-// hold withholds the echoes of body, every message of the direction read
-// so far.
-func (e *heldEcho) hold(ph phase, framed bool, body []byte) {
-	e.phase, e.framed, e.body = ph, framed, body
-}
 
 // next returns the reply that sends back the next part of the body, or
 // nil when all of it went.
@@ -160,7 +150,7 @@ func (e *heldEcho) next() *extprocv3.ProcessingResponse {
 // holdRequestEcho withholds the echo of a protected request's body message
 // in an echo mode, until the decision.
 func (p *processor) holdRequestEcho(body *extprocv3.HttpBody) *extprocv3.ProcessingResponse {
-	p.rpc.echo.hold(p.phase, p.requestBodyMode == procmodev3.ProcessingMode_GRPC, p.reqBody)
+	p.rpc.echo = heldEcho{body: p.reqBody, phase: p.phase, framed: p.requestBodyMode == procmodev3.ProcessingMode_GRPC}
 	if !p.rpc.flow {
 		return nil
 	}

@@ -141,20 +141,6 @@ func decodeGRPCMessage(s string) string {
 	return b.String()
 }
 
-// decodeStatusDetails reads grpc-status-details-bin: base64, padded or
-// not (gRPC over HTTP/2 allows both).
-func decodeStatusDetails(v string) (*spb.Status, bool) {
-	raw, err := base64.RawStdEncoding.DecodeString(strings.TrimRight(v, "="))
-	if err != nil {
-		return nil, false
-	}
-	st := &spb.Status{}
-	if err := proto.Unmarshal(raw, st); err != nil {
-		return nil, false
-	}
-	return st, true
-}
-
 // withStatus sets grpc-status and grpc-message in the stored headers.
 func withStatus(hs []idem.Header, code codes.Code, msg string) []idem.Header {
 	out := hs[:0:0]
@@ -182,7 +168,10 @@ func grpcStatusOf(hs []idem.Header) (codes.Code, string, bool) {
 		}
 	}
 	if b, ok := firstHeader(hs, "grpc-status-details-bin"); ok {
-		if st, ok := decodeStatusDetails(b); ok {
+		// Base64, padded or not (gRPC over HTTP/2 allows both).
+		raw, err := base64.RawStdEncoding.DecodeString(strings.TrimRight(b, "="))
+		st := &spb.Status{}
+		if err == nil && proto.Unmarshal(raw, st) == nil {
 			return codes.Code(st.GetCode()), st.GetMessage(), true
 		}
 	}

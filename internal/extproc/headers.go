@@ -30,6 +30,26 @@ func headerList(m *corev3.HeaderMap) []idem.Header {
 	return keptHeaders(m, func(string) bool { return true }, nil)
 }
 
+// headerLines returns the first value of name in m and how many field
+// lines carry it, copying only that value out of the message. Envoy sends
+// each line of a repeated header as its own HeaderValue: its header map
+// joins repeated lines only for the inline headers it knows
+// (source/common/http/header_map_impl.cc HeaderMapImpl::insertByKey, which
+// appends to an existing entry only after a static lookup hit), and
+// MutationUtils::headersToProto (ext_proc/mutation_utils.cc) adds one
+// HeaderValue per entry it iterates.
+func headerLines(m *corev3.HeaderMap, name string) (v string, n int) {
+	for _, h := range m.GetHeaders() {
+		if h.GetKey() == name {
+			if n == 0 {
+				v = headerValue(h)
+			}
+			n++
+		}
+	}
+	return v, n
+}
+
 // headerBytes returns the first value of name in m and whether it was
 // present, without copying it out of the message: for a value only read
 // (compared, parsed) while the message is at hand, never kept.
@@ -91,14 +111,10 @@ func keptHeaders(m *corev3.HeaderMap, keep func(name string) bool, into []idem.H
 		}
 	}
 	into = slices.Grow(into, n)
-	var ends [16]int
-	if n > len(ends) { // rare: a copy each
-		for _, h := range m.GetHeaders() {
-			if keep(h.GetKey()) {
-				into = append(into, idem.Header{Name: h.GetKey(), Value: headerValue(h)})
-			}
-		}
-		return into
+	var few [16]int
+	ends := few[:]
+	if n > len(few) { // rare
+		ends = make([]int, n)
 	}
 	var b strings.Builder
 	b.Grow(total)

@@ -34,7 +34,7 @@ func homeReply(ph phase, home string) *extprocv3.ProcessingResponse {
 		resp.GetRequestHeaders().Response = cr
 		return resp
 	case phaseRequestBody:
-		resp := continueFor(ph)
+		resp := continueWith(ph, nil)
 		resp.GetRequestBody().Response = cr
 		return resp
 	}

@@ -1,7 +1,6 @@
 package extproc
 
 import (
-	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 
 	"github.com/idem-extproc/idem-extproc/internal/jsonrpc"
@@ -57,11 +56,7 @@ func jsonrpcProblem(prob *problem.Problem, id []byte) *extprocv3.ProcessingRespo
 	if id == nil {
 		status = prob.Status
 	}
-	hs := []*corev3.HeaderValueOption{setHeader("content-type", "application/json", false)}
-	if ra := prob.RetryAfterHeader(); ra != "" {
-		hs = append(hs, setHeader("retry-after", ra, false))
-	}
-	return immediate(status, hs, body, "idempotency_"+prob.Slug)
+	return problemAnswer(prob, status, "application/json", body)
 }
 
 // bodyDecision is what the protocol side keeps of a request deferred to

@@ -15,7 +15,6 @@ import (
 	"github.com/idem-extproc/idem-extproc/internal/envoyorigin"
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/jsonrpc"
-	"github.com/idem-extproc/idem-extproc/internal/policy"
 	"github.com/idem-extproc/idem-extproc/internal/problem"
 )
 
@@ -44,7 +43,7 @@ func (p *processor) onRequest(ctx context.Context, m *message) *extprocv3.Proces
 	if p.stage == stageRequestBody {
 		return p.decide(ctx) // the body is complete when trailers arrive
 	}
-	return continueFor(p.phase)
+	return continueWith(p.phase, nil)
 }
 
 func (p *processor) onRequestHeaders(ctx context.Context, hh *extprocv3.HttpHeaders, f *envoyFacts) *extprocv3.ProcessingResponse {
@@ -62,7 +61,12 @@ func (p *processor) onRequestHeaders(ctx context.Context, hh *extprocv3.HttpHead
 	f.p, f.headers, f.target = p, hs, t
 	v := p.att.AtHeaders(ctx, p.policies, f, p.srv.cfg.Now())
 	if !hasAttr(f.attrs, envoyorigin.AttrRouteName) {
-		p.srv.routeNameMissing(ctx, &p.att, p.policies)
+		// A policy that matches on route names can never match.
+		for _, pol := range p.policies.Policies {
+			if len(pol.Match.RouteNames) > 0 {
+				p.srv.missingAttribute(ctx, &p.att, pol.Name, envoyorigin.AttrRouteName, "the policy matches on route names and protects nothing")
+			}
+		}
 	}
 	if v.AtBody {
 		p.body = &bodyDecision{jsonrpc: v.JSONRPC}
@@ -93,7 +97,7 @@ func (p *processor) onRequestBody(ctx context.Context, body *extprocv3.HttpBody)
 			"the request body exceeds the proxy's buffer and cannot be fingerprinted"), nil)
 	default:
 		// STREAMED: more chunks follow.
-		return continueFor(p.phase)
+		return continueWith(p.phase, nil)
 	}
 	return p.decide(ctx)
 }
@@ -151,17 +155,6 @@ func (p *processor) takeRequestBody(body *extprocv3.HttpBody) *problem.Problem {
 	}
 	p.reqBody = keepChunk(p.reqBody, msg, framed, body.GetGrpcMessageCompressed(), capacity)
 	return nil
-}
-
-// routeNameMissing reports, for each policy of set that matches on route
-// names, a request that came without xds.route_name: such a policy can
-// never match.
-func (s *Server) routeNameMissing(ctx context.Context, a *attempt.Attempt, set *policy.Set) {
-	for _, pol := range set.Policies {
-		if len(pol.Match.RouteNames) > 0 {
-			s.missingAttribute(ctx, a, pol.Name, envoyorigin.AttrRouteName, "the policy matches on route names and protects nothing")
-		}
-	}
 }
 
 // render turns a verdict into the reply to the current message, and is
@@ -270,8 +263,7 @@ func (p *processor) awaitBody(ctx context.Context) *extprocv3.ProcessingResponse
 		// A JSON-RPC answer here could not carry the request's id, which
 		// only its body holds: such a request is refused at its body,
 		// where the budget refuses it still if it stays full.
-		prob := p.srv.budget.capacityProblem(p.att.Policy.RetryAfter)
-		return p.render(ctx, p.att.Request(ctx, attempt.Body{Unread: prob}, p.srv.cfg.Now()))
+		return p.refuseUnread(ctx, p.srv.budget.capacityProblem(p.att.Policy.RetryAfter), nil)
 	}
 	switch {
 	case p.rpc.proxyless && p.requestBodyMode == procmodev3.ProcessingMode_NONE:
@@ -282,7 +274,7 @@ func (p *processor) awaitBody(ctx context.Context) *extprocv3.ProcessingResponse
 	}
 	if !p.modesKnown {
 		p.requestBodyMode, p.responseBodyMode = procmodev3.ProcessingMode_BUFFERED, procmodev3.ProcessingMode_BUFFERED
-		return continueFor(p.phase)
+		return continueWith(p.phase, nil)
 	}
 	switch p.requestBodyMode {
 	case procmodev3.ProcessingMode_NONE, procmodev3.ProcessingMode_STREAMED:
@@ -290,16 +282,15 @@ func (p *processor) awaitBody(ctx context.Context) *extprocv3.ProcessingResponse
 		// no part of the request before the reservation: in STREAMED mode
 		// Envoy would forward the headers and every answered chunk at once
 		// (processor_state.cc handleHeaderContinue). Ask for BUFFERED,
-		// which holds the headers until the body's reply. Body modes are
-		// always copied from an override, so the response's is restated.
-		// If Envoy does not honour overrides, the chunks are read as they
-		// come (onRequestBody).
+		// which holds the headers until the body's reply. If Envoy does
+		// not honour overrides, the chunks are read as they come
+		// (onRequestBody).
 		return continueWith(p.phase, &procmodev3.ProcessingMode{
 			RequestBodyMode:  procmodev3.ProcessingMode_BUFFERED,
 			ResponseBodyMode: wantedResponseBodyMode(p.responseBodyMode),
 		})
 	}
-	return continueFor(p.phase)
+	return continueWith(p.phase, nil)
 }
 
 // readResponseBody asks for the body of a response to be stored (render's
@@ -309,14 +300,13 @@ func (p *processor) readResponseBody() *extprocv3.ProcessingResponse {
 	case !p.rpc.response && p.responseBodyMode == procmodev3.ProcessingMode_NONE:
 		return continueWith(p.phase, bufferResponseBody)
 	case p.rpc.response && p.modesKnown && !p.rpc.proxyless && !echoes(p.responseBodyMode):
-		// Envoy sends trailers only when asked: ask for them, restating the
-		// body mode (body modes are always copied from an override).
+		// Envoy sends trailers only when asked: ask for them.
 		return continueWith(p.phase, &procmodev3.ProcessingMode{
 			ResponseBodyMode:    wantedResponseBodyMode(p.responseBodyMode),
 			ResponseTrailerMode: procmodev3.ProcessingMode_SEND,
 		})
 	}
-	return continueFor(p.phase)
+	return continueWith(p.phase, nil)
 }
 
 // resume ends a wait (render's Wait) once Envoy was told of it: the
@@ -352,7 +342,7 @@ func (p *processor) passThrough() *extprocv3.ProcessingResponse {
 	case !p.rpc.call:
 		return continueWith(p.phase, skipResponseBody)
 	}
-	return continueFor(p.phase)
+	return continueWith(p.phase, nil)
 }
 
 // problemReply answers with a problem: RFC 9457 for HTTP, a gRPC status
@@ -390,7 +380,7 @@ func (p *processor) replayReply(ctx context.Context, r *idem.Response) *extprocv
 	if dropped > 0 {
 		// Envoy would have refused the whole mutation, the replay marker
 		// with it: the answer goes out without these headers.
-		p.srv.env.ReplayHeadersDropped(p.att.Policy.Name, dropped)
+		p.srv.cfg.EnvoyObserver.ReplayHeadersDropped(p.att.Policy.Name, dropped)
 		p.att.LogAt(ctx, slog.LevelWarn, "stored headers left out of a replay: Envoy would refuse them",
 			slog.Int("dropped", dropped))
 	}
@@ -402,7 +392,7 @@ func (p *processor) replayReply(ctx context.Context, r *idem.Response) *extprocv
 // its body sent back unchanged as a streamed_response (a reply without one
 // fails the call in grpc-go and is spurious to Envoy).
 func (p *processor) cont() *extprocv3.ProcessingResponse {
-	p.rpc.releaseAll()
+	p.rpc.release = releaseAll
 	switch {
 	case p.phase == phaseRequestBody && echoes(p.requestBodyMode), p.phase == phaseResponseBody && echoes(p.responseBodyMode):
 		body := p.msgBody
@@ -413,5 +403,5 @@ func (p *processor) cont() *extprocv3.ProcessingResponse {
 			GrpcMessageCompressed:     body.GetGrpcMessageCompressed(),
 		})
 	}
-	return continueFor(p.phase)
+	return continueWith(p.phase, nil)
 }

@@ -14,66 +14,52 @@ import (
 	"github.com/idem-extproc/idem-extproc/internal/problem"
 )
 
-// continueFor answers a message of phase ph with CONTINUE and no changes,
-// in the reply type that matches the message (Envoy rejects any other as
-// spurious).
-func continueFor(ph phase) *extprocv3.ProcessingResponse {
-	return continueWith(ph, nil)
-}
-
-// continueWith answers with CONTINUE and, when mode is non-nil, a
-// processing-mode override. Envoy reads overrides only from replies to
-// headers messages.
-//
-// Every message of every request gets such a reply, so each is made in one
-// allocation: the response, its oneof wrapper and the empty inner message
-// are fields of one value (never copied; the pointers lead into it).
+// continueWith answers a message of phase ph with CONTINUE, in the reply
+// type that matches the message (Envoy rejects any other as spurious),
+// and when mode is non-nil, a processing-mode override. Envoy reads
+// overrides only from replies to headers messages.
 func continueWith(ph phase, mode *procmodev3.ProcessingMode) *extprocv3.ProcessingResponse {
+	type (
+		resp        = extprocv3.ProcessingResponse
+		reqHeaders  = extprocv3.ProcessingResponse_RequestHeaders
+		respHeaders = extprocv3.ProcessingResponse_ResponseHeaders
+		reqBody     = extprocv3.ProcessingResponse_RequestBody
+		respBody    = extprocv3.ProcessingResponse_ResponseBody
+		headers     = extprocv3.HeadersResponse
+		body        = extprocv3.BodyResponse
+	)
 	switch ph {
 	case phaseRequestHeaders:
-		r := new(struct {
-			resp  extprocv3.ProcessingResponse
-			oneof extprocv3.ProcessingResponse_RequestHeaders
-			msg   extprocv3.HeadersResponse
-		})
-		r.oneof.RequestHeaders = &r.msg
-		r.resp.Response, r.resp.ModeOverride = &r.oneof, mode
-		return &r.resp
+		return reply(mode, func(r *resp, o *reqHeaders, m *headers) { r.Response, o.RequestHeaders = o, m })
 	case phaseResponseHeaders:
-		r := new(struct {
-			resp  extprocv3.ProcessingResponse
-			oneof extprocv3.ProcessingResponse_ResponseHeaders
-			msg   extprocv3.HeadersResponse
-		})
-		r.oneof.ResponseHeaders = &r.msg
-		r.resp.Response, r.resp.ModeOverride = &r.oneof, mode
-		return &r.resp
+		return reply(mode, func(r *resp, o *respHeaders, m *headers) { r.Response, o.ResponseHeaders = o, m })
 	case phaseRequestBody:
-		r := new(struct {
-			resp  extprocv3.ProcessingResponse
-			oneof extprocv3.ProcessingResponse_RequestBody
-			msg   extprocv3.BodyResponse
-		})
-		r.oneof.RequestBody = &r.msg
-		r.resp.Response, r.resp.ModeOverride = &r.oneof, mode
-		return &r.resp
+		return reply(mode, func(r *resp, o *reqBody, m *body) { r.Response, o.RequestBody = o, m })
 	case phaseResponseBody:
-		r := new(struct {
-			resp  extprocv3.ProcessingResponse
-			oneof extprocv3.ProcessingResponse_ResponseBody
-			msg   extprocv3.BodyResponse
-		})
-		r.oneof.ResponseBody = &r.msg
-		r.resp.Response, r.resp.ModeOverride = &r.oneof, mode
-		return &r.resp
+		return reply(mode, func(r *resp, o *respBody, m *body) { r.Response, o.ResponseBody = o, m })
 	case phaseRequestTrailers:
-		return &extprocv3.ProcessingResponse{ModeOverride: mode,
+		return &resp{ModeOverride: mode,
 			Response: &extprocv3.ProcessingResponse_RequestTrailers{RequestTrailers: &extprocv3.TrailersResponse{}}}
 	case phaseResponseTrailers:
-		return &extprocv3.ProcessingResponse{ModeOverride: mode,
+		return &resp{ModeOverride: mode,
 			Response: &extprocv3.ProcessingResponse_ResponseTrailers{ResponseTrailers: &extprocv3.TrailersResponse{}}}
 	}
-	return &extprocv3.ProcessingResponse{ModeOverride: mode}
+	return &resp{ModeOverride: mode}
+}
+
+// reply makes a reply in one allocation: every message of every request
+// gets one, so the response, its oneof wrapper O and the empty inner
+// message M are fields of one value (never copied; the pointers lead into
+// it), which link ties together.
+func reply[O, M any](mode *procmodev3.ProcessingMode, link func(*extprocv3.ProcessingResponse, *O, *M)) *extprocv3.ProcessingResponse {
+	r := new(struct {
+		resp  extprocv3.ProcessingResponse
+		oneof O
+		msg   M
+	})
+	r.resp.ModeOverride = mode
+	link(&r.resp, &r.oneof, &r.msg)
+	return &r.resp
 }
 
 // skipEverything is the override for a request the server has no further
@@ -221,14 +207,18 @@ func immediate(status int, headers []*corev3.HeaderValueOption, body []byte, det
 
 // problemResponse answers with an RFC 9457 problem.
 func problemResponse(p *problem.Problem) *extprocv3.ProcessingResponse {
-	hs := []*corev3.HeaderValueOption{
-		setHeader("content-type", problem.ContentType, false),
-	}
+	return problemAnswer(p, p.Status, problem.ContentType, p.Body())
+}
+
+// problemAnswer answers p with body, of type contentType, at status, and
+// with p's Retry-After.
+func problemAnswer(p *problem.Problem, status int, contentType string, body []byte) *extprocv3.ProcessingResponse {
+	hs := []*corev3.HeaderValueOption{setHeader("content-type", contentType, false)}
 	if ra := p.RetryAfterHeader(); ra != "" {
 		hs = append(hs, setHeader("retry-after", ra, false))
 	}
 	// details becomes the response code details of Envoy's access log.
-	return immediate(p.Status, hs, p.Body(), "idempotency_"+p.Slug)
+	return immediate(status, hs, body, "idempotency_"+p.Slug)
 }
 
 // Envoy's limits on a header mutation (ext_proc mutation_utils.cc
@@ -321,7 +311,8 @@ func safeHeader(name, value string) bool {
 }
 
 // wantedResponseBodyMode is the response body mode to restate in an
-// override: the one in force, or BUFFERED for none.
+// override, which always sets both body modes (skipEverything): the one
+// in force, or BUFFERED for none.
 func wantedResponseBodyMode(m procmodev3.ProcessingMode_BodySendMode) procmodev3.ProcessingMode_BodySendMode {
 	if m == procmodev3.ProcessingMode_NONE {
 		return procmodev3.ProcessingMode_BUFFERED
@@ -331,7 +322,7 @@ func wantedResponseBodyMode(m procmodev3.ProcessingMode_BodySendMode) procmodev3
 
 // streamedReply is a body phase's CONTINUE carrying sr.
 func streamedReply(ph phase, sr *extprocv3.StreamedBodyResponse) *extprocv3.ProcessingResponse {
-	resp := continueFor(ph)
+	resp := continueWith(ph, nil)
 	br := resp.GetRequestBody()
 	if ph == phaseResponseBody {
 		br = resp.GetResponseBody()

@@ -125,11 +125,11 @@ func (p *processor) onResponseBody(ctx context.Context, body *extprocv3.HttpBody
 	}
 	switch {
 	case !echo:
-		return continueFor(p.phase)
+		return continueWith(p.phase, nil)
 	case p.respTooLarge:
 		return p.cont()
 	}
-	p.rpc.echo.hold(p.phase, p.responseBodyMode == procmodev3.ProcessingMode_GRPC, p.respBody)
+	p.rpc.echo = heldEcho{body: p.respBody, phase: p.phase, framed: p.responseBodyMode == procmodev3.ProcessingMode_GRPC}
 	if !p.rpc.flow || len(body.GetBody()) == 0 {
 		return nil
 	}

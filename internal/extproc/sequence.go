@@ -2,6 +2,7 @@ package extproc
 
 import (
 	"errors"
+	"fmt"
 )
 
 // sequence is what a stream has seen of each direction, so that a message
@@ -46,68 +47,30 @@ import (
 // documented configuration sends both headers phases (docs/envoy.md,
 // "The filter"), and without them there is no status to record.
 type sequence struct {
-	reqHeaders, reqEnded   bool
-	respHeaders, respEnded bool
+	// headers and ended, per direction: [0] the request's, [1] the
+	// response's.
+	headers, ended [2]bool
 }
 
 // next records a message of phase ph (eos: it ends its direction), or says
 // why it cannot follow what came before. interleaved says the request body
 // streams (see sequence).
 func (s *sequence) next(ph phase, eos, interleaved bool) error {
-	if !interleaved && s.respHeaders {
-		switch ph {
-		case phaseRequestBody:
-			return errors.New("request_body after response_headers, and the request body does not stream")
-		case phaseRequestTrailers:
-			return errors.New("request_trailers after response_headers, and the request body does not stream")
-		}
+	dir := ph / phaseResponseHeaders
+	atHeaders := ph == phaseRequestHeaders || ph == phaseResponseHeaders
+	switch {
+	case atHeaders && s.headers[dir]:
+		return fmt.Errorf("%v received twice", ph)
+	case ph == phaseRequestHeaders && s.headers[1]:
+		return errors.New("request_headers after response_headers")
+	case dir == 0 && !atHeaders && s.headers[1] && !interleaved:
+		return fmt.Errorf("%v after response_headers, and the request body does not stream", ph)
+	case !atHeaders && !s.headers[dir]:
+		return fmt.Errorf("%v before %v", ph, dir*phaseResponseHeaders)
+	case !atHeaders && s.ended[dir]:
+		return fmt.Errorf("%v after the %s's end_of_stream", ph, [...]string{"request", "response"}[dir])
 	}
-	switch ph {
-	case phaseRequestHeaders:
-		switch {
-		case s.reqHeaders:
-			return errors.New("request_headers received twice")
-		case s.respHeaders:
-			return errors.New("request_headers after response_headers")
-		}
-		s.reqHeaders, s.reqEnded = true, eos
-	case phaseRequestBody:
-		switch {
-		case !s.reqHeaders:
-			return errors.New("request_body before request_headers")
-		case s.reqEnded:
-			return errors.New("request_body after the request's end_of_stream")
-		}
-		s.reqEnded = eos
-	case phaseRequestTrailers:
-		switch {
-		case !s.reqHeaders:
-			return errors.New("request_trailers before request_headers")
-		case s.reqEnded:
-			return errors.New("request_trailers after the request's end_of_stream")
-		}
-		s.reqEnded = true
-	case phaseResponseHeaders:
-		if s.respHeaders {
-			return errors.New("response_headers received twice")
-		}
-		s.respHeaders, s.respEnded = true, eos
-	case phaseResponseBody:
-		switch {
-		case !s.respHeaders:
-			return errors.New("response_body before response_headers")
-		case s.respEnded:
-			return errors.New("response_body after the response's end_of_stream")
-		}
-		s.respEnded = eos
-	case phaseResponseTrailers:
-		switch {
-		case !s.respHeaders:
-			return errors.New("response_trailers before response_headers")
-		case s.respEnded:
-			return errors.New("response_trailers after the response's end_of_stream")
-		}
-		s.respEnded = true
-	}
+	s.headers[dir] = true
+	s.ended[dir] = eos || ph == phaseRequestTrailers || ph == phaseResponseTrailers
 	return nil
 }

@@ -16,6 +16,7 @@ package extproc
 import (
 	"context"
 	"log/slog"
+	"sync"
 	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
@@ -70,16 +71,15 @@ type Config struct {
 type Server struct {
 	extprocv3.UnimplementedExternalProcessorServer
 	cfg Config
-	log *slog.Logger
-	obs idem.Observer
-	env EnvoyObserver
 	// tracer makes spans; nil when tracing is off, so that no span work
 	// (each span's context is an allocation) is done at all.
 	tracer trace.Tracer
 	// budget bounds buffered bodies; nil when unbounded.
 	budget *bodyBudget
-	// missing remembers the attributes already reported missing.
-	missing missingOnce
+	// missing remembers which (policy, attribute) pairs were logged, so a
+	// filter configured without an attribute is one warning per policy,
+	// not one per request; the counter counts every request.
+	missing sync.Map
 	// att is what every attempt shares.
 	att attempt.Server
 }
@@ -102,18 +102,17 @@ func New(cfg Config) *Server {
 		set := policy.DefaultSet()
 		cfg.Policies = func() *policy.Set { return set }
 	}
-	log := cfg.Logger
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{cfg: cfg, log: log, obs: cfg.Observer, env: cfg.EnvoyObserver}
-	if s.obs == nil {
-		s.obs = idem.NopObserver{}
+	if cfg.Observer == nil {
+		cfg.Observer = idem.NopObserver{}
 	}
-	if s.env == nil {
-		s.env = nopEnvoyObserver{}
+	if cfg.EnvoyObserver == nil {
+		cfg.EnvoyObserver = nopEnvoyObserver{}
 	}
-	s.att = attempt.Server{Store: cfg.Store, Homes: cfg.Homes, SendHome: cfg.SendHome, Sealer: cfg.Sealer, Observer: s.obs, Log: log,
+	s := &Server{cfg: cfg}
+	s.att = attempt.Server{Store: cfg.Store, Homes: cfg.Homes, SendHome: cfg.SendHome, Sealer: cfg.Sealer, Observer: cfg.Observer, Log: cfg.Logger,
 		StoreTimeout: cfg.StoreTimeout, SettleAtEndTimeout: cfg.SettleAtEndTimeout, MaxMessageTimeout: cfg.MaxMessageTimeout}
 	if cfg.MaxBufferedBytes > 0 {
 		s.budget = &bodyBudget{limit: cfg.MaxBufferedBytes}

@@ -122,7 +122,7 @@ type processor struct {
 }
 
 func newProcessor(s *Server, set *policy.Set) *processor {
-	p := &processor{srv: s, policies: set, trace: streamTrace{obs: s.obs}}
+	p := &processor{srv: s, policies: set, trace: streamTrace{obs: s.cfg.Observer}}
 	p.att = attempt.New(&s.att, &p.trace)
 	return p
 }
@@ -152,21 +152,22 @@ func messageOf(req *extprocv3.ProcessingRequest) message {
 	}}
 	switch r := req.GetRequest().(type) {
 	case *extprocv3.ProcessingRequest_RequestHeaders:
-		m.phase, m.headers, m.eos = phaseRequestHeaders, r.RequestHeaders, r.RequestHeaders.GetEndOfStream()
+		m.phase, m.headers = phaseRequestHeaders, r.RequestHeaders
+	case *extprocv3.ProcessingRequest_ResponseHeaders:
+		m.phase, m.headers = phaseResponseHeaders, r.ResponseHeaders
 	case *extprocv3.ProcessingRequest_RequestBody:
-		m.phase, m.body, m.eos = phaseRequestBody, r.RequestBody, r.RequestBody.GetEndOfStream()
+		m.phase, m.body = phaseRequestBody, r.RequestBody
+	case *extprocv3.ProcessingRequest_ResponseBody:
+		m.phase, m.body = phaseResponseBody, r.ResponseBody
 	case *extprocv3.ProcessingRequest_RequestTrailers:
 		m.phase, m.trailers, m.eos = phaseRequestTrailers, r.RequestTrailers, true
-	case *extprocv3.ProcessingRequest_ResponseHeaders:
-		m.phase, m.headers, m.eos = phaseResponseHeaders, r.ResponseHeaders, r.ResponseHeaders.GetEndOfStream()
-	case *extprocv3.ProcessingRequest_ResponseBody:
-		m.phase, m.body, m.eos = phaseResponseBody, r.ResponseBody, r.ResponseBody.GetEndOfStream()
 	case *extprocv3.ProcessingRequest_ResponseTrailers:
 		m.phase, m.trailers, m.eos = phaseResponseTrailers, r.ResponseTrailers, true
 	default:
 		m.known, m.other = false, req.GetRequest()
 		m.windowUpdate = req.GetRequest() == nil && req.GetClientWindowUpdate() != nil
 	}
+	m.eos = m.eos || m.headers.GetEndOfStream() || m.body.GetEndOfStream()
 	m.facts.attrs = attributesOf(req.GetAttributes(), m.headers)
 	return m
 }
@@ -218,8 +219,8 @@ func requestBodyStreams(m procmodev3.ProcessingMode_BodySendMode, known bool) bo
 // Process serves one ext_proc stream, that is one HTTP request.
 func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
 	ctx := stream.Context()
-	s.obs.StreamStarted()
-	defer s.obs.StreamEnded()
+	s.cfg.Observer.StreamStarted()
+	defer s.cfg.Observer.StreamEnded()
 	p := newProcessor(s, s.cfg.Policies())
 	err := s.serve(ctx, stream, p)
 	p.settleAtEnd()
@@ -326,12 +327,8 @@ func keepsBody(m procmodev3.ProcessingMode_BodySendMode) bool {
 type headerCarrier struct{ m *corev3.HeaderMap }
 
 func (c headerCarrier) Get(key string) string {
-	for _, h := range c.m.GetHeaders() {
-		if h.GetKey() == key {
-			return headerValue(h)
-		}
-	}
-	return ""
+	v, _ := headerLines(c.m, key)
+	return v
 }
 
 func (c headerCarrier) Set(string, string) {}
@@ -346,7 +343,8 @@ func (c headerCarrier) Keys() []string {
 
 var traceContext = propagation.TraceContext{}
 
-// phaseSpanNames name the span of each phase's message.
+// phaseSpanNames name the span of each phase's message; past their
+// prefix, the phases' names in external_processor.proto (phase.String).
 var phaseSpanNames = [...]string{
 	phaseRequestHeaders:   "ext_proc request_headers",
 	phaseRequestBody:      "ext_proc request_body",
@@ -355,6 +353,8 @@ var phaseSpanNames = [...]string{
 	phaseResponseBody:     "ext_proc response_body",
 	phaseResponseTrailers: "ext_proc response_trailers",
 }
+
+func (ph phase) String() string { return phaseSpanNames[ph][len("ext_proc "):] }
 
 // streamTrace is the stream's side of its attempt's conversation
 // (attempt.Conversation): the stream's span, carried by ctx for work done

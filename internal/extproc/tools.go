@@ -126,7 +126,7 @@ func (p *processor) learnBody(ctx context.Context, body *extprocv3.HttpBody) *ex
 	p.att.LogAt(ctx, slog.LevelDebug, "tools' annotations learned",
 		slog.Int("tools", len(listing.Tools)), slog.String("upstream", strings.TrimSpace(l.upstream)))
 	if out := advertised(l, now); out != nil {
-		p.rpc.releaseAll()
+		p.rpc.release = releaseAll
 		return out
 	}
 	return p.cont()
