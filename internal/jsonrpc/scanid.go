@@ -98,46 +98,40 @@ func (s *idScanner) feed(c byte) bool {
 	return s.feedPunctuation(c)
 }
 
+// punctuation is, for each state between the object's names and values,
+// the one byte that moves the scan on and the state it moves to. Any other
+// byte but a space ends the scan: '}' closes the object (after '{' or a
+// value), anything else is a fault.
+var punctuation = [...]struct {
+	want byte
+	next scanState
+}{
+	scanOpen:       {'{', scanKeyOrClose},
+	scanKeyOrClose: {'"', scanName},
+	scanKey:        {'"', scanName},
+	scanColon:      {':', scanValue},
+	scanAfter:      {',', scanKey},
+}
+
 // feedPunctuation takes a byte between the object's names and values: its
 // braces, the colons and the commas.
 func (s *idScanner) feedPunctuation(c byte) bool {
-	switch s.state {
-	case scanOpen:
-		switch {
-		case isSpace(c):
-		case c == '{':
-			s.state = scanKeyOrClose
-		default:
-			return s.stop()
-		}
-	case scanKeyOrClose, scanKey:
-		switch {
-		case isSpace(c):
-		case c == '"':
-			s.state, s.name, s.long, s.escape = scanName, append(s.name[:0], c), false, false
-		default: // '}' closes the object (after '{' only), anything else is a fault: done either way
-			return s.stop()
-		}
-	case scanColon:
-		switch {
-		case isSpace(c):
-		case c == ':':
-			s.state = scanValue
-			if s.reading = s.nameIsID(); s.reading {
-				if s.ids++; s.ids > 1 {
-					return s.stop()
-				}
+	if isSpace(c) {
+		return true
+	}
+	p := punctuation[s.state]
+	if c != p.want {
+		return s.stop()
+	}
+	s.state = p.next
+	switch p.next {
+	case scanName:
+		s.name, s.long, s.escape = append(s.name[:0], c), false, false
+	case scanValue:
+		if s.reading = s.nameIsID(); s.reading {
+			if s.ids++; s.ids > 1 {
+				return s.stop()
 			}
-		default:
-			return s.stop()
-		}
-	case scanAfter:
-		switch {
-		case isSpace(c):
-		case c == ',':
-			s.state = scanKey
-		default: // '}' closes the object, anything else is a fault
-			return s.stop()
 		}
 	}
 	return true
