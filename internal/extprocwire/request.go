@@ -219,34 +219,30 @@ func (d *decoder) responseHeaders(w *extprocv3.ProcessingRequest_ResponseHeaders
 }
 
 // requestBody returns w, or for none a new member allocated in one block
-// with its message.
+// with its message (withMessage).
 func requestBody(w *extprocv3.ProcessingRequest_RequestBody) *extprocv3.ProcessingRequest_RequestBody {
-	if w == nil {
-		both := new(struct {
-			w extprocv3.ProcessingRequest_RequestBody
-			b extprocv3.HttpBody
-		})
-		w = &both.w
-		w.RequestBody = &both.b
-	}
-	if w.RequestBody == nil {
-		w.RequestBody = new(extprocv3.HttpBody)
-	}
-	return w
+	return withMessage(w, func(w *extprocv3.ProcessingRequest_RequestBody) **extprocv3.HttpBody { return &w.RequestBody })
 }
 
 // responseBody is requestBody for response_body.
 func responseBody(w *extprocv3.ProcessingRequest_ResponseBody) *extprocv3.ProcessingRequest_ResponseBody {
+	return withMessage(w, func(w *extprocv3.ProcessingRequest_ResponseBody) **extprocv3.HttpBody { return &w.ResponseBody })
+}
+
+// withMessage returns the oneof member w with its message, the field msg
+// points to, set: for no member, a new one allocated in one block with its
+// message.
+func withMessage[W, M any](w *W, msg func(*W) **M) *W {
 	if w == nil {
 		both := new(struct {
-			w extprocv3.ProcessingRequest_ResponseBody
-			b extprocv3.HttpBody
+			w W
+			m M
 		})
 		w = &both.w
-		w.ResponseBody = &both.b
+		*msg(w) = &both.m
 	}
-	if w.ResponseBody == nil {
-		w.ResponseBody = new(extprocv3.HttpBody)
+	if m := msg(w); *m == nil {
+		*m = new(M)
 	}
 	return w
 }
