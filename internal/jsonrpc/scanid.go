@@ -144,14 +144,23 @@ func (s *idScanner) feedName(c byte) {
 	} else {
 		s.long = true
 	}
+	if s.closes(c) {
+		s.state = scanColon
+	}
+}
+
+// closes takes a byte inside a string, a name's or a value's, and reports
+// whether it is the quote that closes it.
+func (s *idScanner) closes(c byte) bool {
 	switch {
 	case s.escape:
 		s.escape = false
 	case c == '\\':
 		s.escape = true
-	case c == '"':
-		s.state = scanColon
+	default:
+		return c == '"'
 	}
+	return false
 }
 
 // feedValue takes a byte of a member's value; the id's bytes are kept as
@@ -181,22 +190,13 @@ func (s *idScanner) feedValue(c byte) bool {
 		if s.reading {
 			s.id = append(s.id, c)
 		}
-		switch {
-		case s.escape:
-			s.escape = false
-		case c == '\\':
-			s.escape = true
-		case c == '"':
+		if s.closes(c) {
 			s.state, s.reading = scanAfter, false
 		}
 	case scanNested:
 		switch {
-		case s.inString && s.escape:
-			s.escape = false
-		case s.inString && c == '\\':
-			s.escape = true
 		case s.inString:
-			s.inString = c != '"'
+			s.inString = !s.closes(c)
 		case c == '"':
 			s.inString = true
 		case c == '{' || c == '[':
