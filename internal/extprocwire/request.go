@@ -141,92 +141,57 @@ func (d *decoder) oneof(f field, m *extprocv3.ProcessingRequest) bool {
 	switch f.num {
 	case 2:
 		w, _ := m.Request.(*extprocv3.ProcessingRequest_RequestHeaders)
-		w = d.requestHeaders(w)
+		w = withHeaders(d, w, func(w *extprocv3.ProcessingRequest_RequestHeaders) **extprocv3.HttpHeaders { return &w.RequestHeaders })
 		m.Request = w
 		return d.headers(f.s, w.RequestHeaders)
 	case 3:
 		w, _ := m.Request.(*extprocv3.ProcessingRequest_ResponseHeaders)
-		w = d.responseHeaders(w)
+		w = withHeaders(d, w, func(w *extprocv3.ProcessingRequest_ResponseHeaders) **extprocv3.HttpHeaders {
+			return &w.ResponseHeaders
+		})
 		m.Request = w
 		return d.headers(f.s, w.ResponseHeaders)
 	case 4:
 		w, _ := m.Request.(*extprocv3.ProcessingRequest_RequestBody)
-		w = requestBody(w)
+		w = withMessage(w, func(w *extprocv3.ProcessingRequest_RequestBody) **extprocv3.HttpBody { return &w.RequestBody })
 		m.Request = w
 		return body(f.s, w.RequestBody)
 	case 5:
 		w, _ := m.Request.(*extprocv3.ProcessingRequest_ResponseBody)
-		w = responseBody(w)
+		w = withMessage(w, func(w *extprocv3.ProcessingRequest_ResponseBody) **extprocv3.HttpBody { return &w.ResponseBody })
 		m.Request = w
 		return body(f.s, w.ResponseBody)
 	case 6:
 		w, _ := m.Request.(*extprocv3.ProcessingRequest_RequestTrailers)
-		if w == nil {
-			w = new(extprocv3.ProcessingRequest_RequestTrailers)
-		}
-		if w.RequestTrailers == nil {
-			w.RequestTrailers = new(extprocv3.HttpTrailers)
-		}
+		w = withMessage(w, func(w *extprocv3.ProcessingRequest_RequestTrailers) **extprocv3.HttpTrailers {
+			return &w.RequestTrailers
+		})
 		m.Request = w
 		return d.trailers(f.s, w.RequestTrailers)
 	case 7:
 		w, _ := m.Request.(*extprocv3.ProcessingRequest_ResponseTrailers)
-		if w == nil {
-			w = new(extprocv3.ProcessingRequest_ResponseTrailers)
-		}
-		if w.ResponseTrailers == nil {
-			w.ResponseTrailers = new(extprocv3.HttpTrailers)
-		}
+		w = withMessage(w, func(w *extprocv3.ProcessingRequest_ResponseTrailers) **extprocv3.HttpTrailers {
+			return &w.ResponseTrailers
+		})
 		m.Request = w
 		return d.trailers(f.s, w.ResponseTrailers)
 	}
 	return false
 }
 
-// requestHeaders returns w, or for none a new member allocated in one block
-// with its message and the HeaderMap it will likely hold (spareMap).
-func (d *decoder) requestHeaders(w *extprocv3.ProcessingRequest_RequestHeaders) *extprocv3.ProcessingRequest_RequestHeaders {
+// withHeaders is withMessage for a headers member, whose block holds the
+// HeaderMap its message will likely hold too, left in d.spareMap.
+func withHeaders[W any](d *decoder, w *W, msg func(*W) **extprocv3.HttpHeaders) *W {
 	if w == nil {
 		all := new(struct {
-			w  extprocv3.ProcessingRequest_RequestHeaders
+			w  W
 			h  extprocv3.HttpHeaders
 			hm corev3.HeaderMap
 		})
 		w = &all.w
-		w.RequestHeaders, d.spareMap = &all.h, &all.hm
+		*msg(w), d.spareMap = &all.h, &all.hm
 	}
-	if w.RequestHeaders == nil {
-		w.RequestHeaders = new(extprocv3.HttpHeaders)
-	}
-	return w
-}
-
-// responseHeaders is requestHeaders for response_headers.
-func (d *decoder) responseHeaders(w *extprocv3.ProcessingRequest_ResponseHeaders) *extprocv3.ProcessingRequest_ResponseHeaders {
-	if w == nil {
-		all := new(struct {
-			w  extprocv3.ProcessingRequest_ResponseHeaders
-			h  extprocv3.HttpHeaders
-			hm corev3.HeaderMap
-		})
-		w = &all.w
-		w.ResponseHeaders, d.spareMap = &all.h, &all.hm
-	}
-	if w.ResponseHeaders == nil {
-		w.ResponseHeaders = new(extprocv3.HttpHeaders)
-	}
-	return w
-}
-
-// requestBody returns w, or for none a new member allocated in one block
-// with its message (withMessage).
-func requestBody(w *extprocv3.ProcessingRequest_RequestBody) *extprocv3.ProcessingRequest_RequestBody {
-	return withMessage(w, func(w *extprocv3.ProcessingRequest_RequestBody) **extprocv3.HttpBody { return &w.RequestBody })
-}
-
-// responseBody is requestBody for response_body.
-func responseBody(w *extprocv3.ProcessingRequest_ResponseBody) *extprocv3.ProcessingRequest_ResponseBody {
-	return withMessage(w, func(w *extprocv3.ProcessingRequest_ResponseBody) **extprocv3.HttpBody { return &w.ResponseBody })
+	return withMessage(w, msg)
 }
 
 // withMessage returns the oneof member w with its message, the field msg
