@@ -450,3 +450,31 @@ func TestRetryAfterForms(t *testing.T) {
 		}
 	}
 }
+
+// TestReplayMarks: Replayed and BodyOmitted read their own header, true in
+// any case, and nothing else.
+func TestReplayMarks(t *testing.T) {
+	for _, tc := range []struct {
+		replayed, bodyOmitted string // header values, "" for none
+		want                  [2]bool
+	}{
+		{"", "", [2]bool{false, false}},
+		{"true", "", [2]bool{true, false}},
+		{"TRUE", "True", [2]bool{true, true}},
+		{"true", "false", [2]bool{true, false}},
+		{"", "true", [2]bool{false, true}},
+	} {
+		resp := &http.Response{Header: http.Header{}}
+		for name, v := range map[string]string{ReplayedHeader: tc.replayed, BodyOmittedHeader: tc.bodyOmitted} {
+			if v != "" {
+				resp.Header.Set(name, v)
+			}
+		}
+		if got := [2]bool{Replayed(resp), BodyOmitted(resp)}; got != tc.want {
+			t.Errorf("%v: Replayed, BodyOmitted = %v, want %v", resp.Header, got, tc.want)
+		}
+	}
+	if Replayed(nil) || BodyOmitted(nil) {
+		t.Error("a nil response is marked")
+	}
+}

@@ -60,9 +60,9 @@ func Handler(cfg Config) http.Handler {
 	a := &api{cfg: cfg}
 	a.token = a.loadToken()
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET "+Prefix+"records", a.get)
-	mux.HandleFunc("DELETE "+Prefix+"records", a.purge)
-	mux.HandleFunc("POST "+Prefix+"records/resolve", a.resolve)
+	mux.HandleFunc("GET "+Prefix+"records", a.onRecord(a.get))
+	mux.HandleFunc("DELETE "+Prefix+"records", a.onRecord(a.purge))
+	mux.HandleFunc("POST "+Prefix+"records/resolve", a.onRecord(a.resolve))
 	if cfg.Counters != nil {
 		mux.HandleFunc("GET "+Prefix+"adoption", a.adoption)
 	}
@@ -233,16 +233,9 @@ type responseView struct {
 	Compressed bool `json:"compressed"`
 }
 
-func (a *api) get(w http.ResponseWriter, r *http.Request) {
-	t, err := a.target(r)
-	if err != nil {
-		writeError(w, http.StatusBadRequest, err.Error())
-		return
-	}
+func (a *api) get(w http.ResponseWriter, r *http.Request, t target) {
 	rec, err := a.cfg.Store.Get(r.Context(), t.id)
-	a.log(r, "lookup", t.id, err)
-	if err != nil {
-		writeStoreError(w, err)
+	if !a.acted(w, r, "lookup", t.id, err) {
 		return
 	}
 	v := recordView{
@@ -259,19 +252,11 @@ func (a *api) get(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, v)
 }
 
-func (a *api) purge(w http.ResponseWriter, r *http.Request) {
-	t, err := a.target(r)
-	if err != nil {
-		writeError(w, http.StatusBadRequest, err.Error())
-		return
+func (a *api) purge(w http.ResponseWriter, r *http.Request, t target) {
+	err := a.cfg.Store.Purge(r.Context(), t.id)
+	if a.acted(w, r, "purge", t.id, err) {
+		writeJSON(w, http.StatusOK, map[string]string{"id": string(t.id), "result": "purged"})
 	}
-	err = a.cfg.Store.Purge(r.Context(), t.id)
-	a.log(r, "purge", t.id, err)
-	if err != nil {
-		writeStoreError(w, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, map[string]string{"id": string(t.id), "result": "purged"})
 }
 
 // resolveRequest settles an unknown record: {"action":"release"}, or
@@ -285,12 +270,7 @@ type resolveRequest struct {
 	BodyBase64 string      `json:"body_base64"`
 }
 
-func (a *api) resolve(w http.ResponseWriter, r *http.Request) {
-	t, err := a.target(r)
-	if err != nil {
-		writeError(w, http.StatusBadRequest, err.Error())
-		return
-	}
+func (a *api) resolve(w http.ResponseWriter, r *http.Request, t target) {
 	var req resolveRequest
 	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 8<<20))
 	dec.DisallowUnknownFields()
@@ -312,6 +292,7 @@ func (a *api) resolve(w http.ResponseWriter, r *http.Request) {
 		}
 		body := []byte(req.Body)
 		if req.BodyBase64 != "" {
+			var err error
 			if body, err = base64.StdEncoding.DecodeString(req.BodyBase64); err != nil {
 				writeError(w, http.StatusBadRequest, "body_base64: "+err.Error())
 				return
@@ -333,16 +314,28 @@ func (a *api) resolve(w http.ResponseWriter, r *http.Request) {
 		}
 		resp = &sealed
 	}
-	err = a.cfg.Store.Resolve(r.Context(), t.id, resp, retention)
-	a.log(r, "resolve_"+req.Action, t.id, err)
-	if err != nil {
-		writeStoreError(w, err)
-		return
+	err := a.cfg.Store.Resolve(r.Context(), t.id, resp, retention)
+	if a.acted(w, r, "resolve_"+req.Action, t.id, err) {
+		writeJSON(w, http.StatusOK, map[string]string{"id": string(t.id), "result": req.Action})
 	}
-	writeJSON(w, http.StatusOK, map[string]string{"id": string(t.id), "result": req.Action})
 }
 
-func (a *api) log(r *http.Request, action string, id idem.RecordID, err error) {
+// onRecord answers 400 to a request that names no record (target) and
+// hands the others to h.
+func (a *api) onRecord(h func(http.ResponseWriter, *http.Request, target)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		t, err := a.target(r)
+		if err != nil {
+			writeError(w, http.StatusBadRequest, err.Error())
+			return
+		}
+		h(w, r, t)
+	}
+}
+
+// acted logs and counts an action on record id whose store call returned
+// err; when err is not nil it answers it too and reports false.
+func (a *api) acted(w http.ResponseWriter, r *http.Request, action string, id idem.RecordID, err error) bool {
 	result := "ok"
 	level := slog.LevelInfo
 	if err != nil {
@@ -355,6 +348,10 @@ func (a *api) log(r *http.Request, action string, id idem.RecordID, err error) {
 	a.cfg.Logger.LogAttrs(r.Context(), level, "admin action", slog.String("action", action),
 		slog.String("key_hash", string(id)), slog.String("result", result), slog.String("remote", r.RemoteAddr),
 		slog.String("error", errString(err)))
+	if err != nil {
+		writeStoreError(w, err)
+	}
+	return err == nil
 }
 
 func writeStoreError(w http.ResponseWriter, err error) {

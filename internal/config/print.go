@@ -28,16 +28,7 @@ func Marshal(set *policy.Set) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	var out bytes.Buffer
-	enc := yaml.NewEncoder(&out)
-	enc.SetIndent(2)
-	if err := enc.Encode(doc); err != nil {
-		return nil, fmt.Errorf("config: %w", err)
-	}
-	if err := enc.Close(); err != nil {
-		return nil, fmt.Errorf("config: %w", err)
-	}
-	return out.Bytes(), nil
+	return encodeYAML(doc)
 }
 
 // unparse is Parse backwards: the document that yields set.
@@ -350,10 +341,16 @@ func Describe(p *policy.Policy) ([]byte, error) {
 		Answers         scalar         `yaml:"answers"`
 		Responses       []responseRule `yaml:"responses,flow"`
 	}{str(p.Name), m, s.Key, s.Scope, s.Fingerprint, s.Retention, s.StoreFailure, s.WaitForInFlight, s.Enforcement, s.Answers, s.Responses}
+	return encodeYAML(sum)
+}
+
+// encodeYAML writes v as the policy files this package prints are
+// written: YAML indented by two spaces.
+func encodeYAML(v any) ([]byte, error) {
 	var out bytes.Buffer
 	enc := yaml.NewEncoder(&out)
 	enc.SetIndent(2)
-	if err := enc.Encode(sum); err != nil {
+	if err := enc.Encode(v); err != nil {
 		return nil, fmt.Errorf("config: %w", err)
 	}
 	if err := enc.Close(); err != nil {

@@ -141,112 +141,73 @@ func (d *decoder) oneof(f field, m *extprocv3.ProcessingRequest) bool {
 	switch f.num {
 	case 2:
 		w, _ := m.Request.(*extprocv3.ProcessingRequest_RequestHeaders)
-		w = d.requestHeaders(w)
+		w = withHeaders(d, w, func(w *extprocv3.ProcessingRequest_RequestHeaders) **extprocv3.HttpHeaders { return &w.RequestHeaders })
 		m.Request = w
 		return d.headers(f.s, w.RequestHeaders)
 	case 3:
 		w, _ := m.Request.(*extprocv3.ProcessingRequest_ResponseHeaders)
-		w = d.responseHeaders(w)
+		w = withHeaders(d, w, func(w *extprocv3.ProcessingRequest_ResponseHeaders) **extprocv3.HttpHeaders {
+			return &w.ResponseHeaders
+		})
 		m.Request = w
 		return d.headers(f.s, w.ResponseHeaders)
 	case 4:
 		w, _ := m.Request.(*extprocv3.ProcessingRequest_RequestBody)
-		w = requestBody(w)
+		w = withMessage(w, func(w *extprocv3.ProcessingRequest_RequestBody) **extprocv3.HttpBody { return &w.RequestBody })
 		m.Request = w
 		return body(f.s, w.RequestBody)
 	case 5:
 		w, _ := m.Request.(*extprocv3.ProcessingRequest_ResponseBody)
-		w = responseBody(w)
+		w = withMessage(w, func(w *extprocv3.ProcessingRequest_ResponseBody) **extprocv3.HttpBody { return &w.ResponseBody })
 		m.Request = w
 		return body(f.s, w.ResponseBody)
 	case 6:
 		w, _ := m.Request.(*extprocv3.ProcessingRequest_RequestTrailers)
-		if w == nil {
-			w = new(extprocv3.ProcessingRequest_RequestTrailers)
-		}
-		if w.RequestTrailers == nil {
-			w.RequestTrailers = new(extprocv3.HttpTrailers)
-		}
+		w = withMessage(w, func(w *extprocv3.ProcessingRequest_RequestTrailers) **extprocv3.HttpTrailers {
+			return &w.RequestTrailers
+		})
 		m.Request = w
 		return d.trailers(f.s, w.RequestTrailers)
 	case 7:
 		w, _ := m.Request.(*extprocv3.ProcessingRequest_ResponseTrailers)
-		if w == nil {
-			w = new(extprocv3.ProcessingRequest_ResponseTrailers)
-		}
-		if w.ResponseTrailers == nil {
-			w.ResponseTrailers = new(extprocv3.HttpTrailers)
-		}
+		w = withMessage(w, func(w *extprocv3.ProcessingRequest_ResponseTrailers) **extprocv3.HttpTrailers {
+			return &w.ResponseTrailers
+		})
 		m.Request = w
 		return d.trailers(f.s, w.ResponseTrailers)
 	}
 	return false
 }
 
-// requestHeaders returns w, or for none a new member allocated in one block
-// with its message and the HeaderMap it will likely hold (spareMap).
-func (d *decoder) requestHeaders(w *extprocv3.ProcessingRequest_RequestHeaders) *extprocv3.ProcessingRequest_RequestHeaders {
+// withHeaders is withMessage for a headers member, whose block holds the
+// HeaderMap its message will likely hold too, left in d.spareMap.
+func withHeaders[W any](d *decoder, w *W, msg func(*W) **extprocv3.HttpHeaders) *W {
 	if w == nil {
 		all := new(struct {
-			w  extprocv3.ProcessingRequest_RequestHeaders
+			w  W
 			h  extprocv3.HttpHeaders
 			hm corev3.HeaderMap
 		})
 		w = &all.w
-		w.RequestHeaders, d.spareMap = &all.h, &all.hm
+		*msg(w), d.spareMap = &all.h, &all.hm
 	}
-	if w.RequestHeaders == nil {
-		w.RequestHeaders = new(extprocv3.HttpHeaders)
-	}
-	return w
+	return withMessage(w, msg)
 }
 
-// responseHeaders is requestHeaders for response_headers.
-func (d *decoder) responseHeaders(w *extprocv3.ProcessingRequest_ResponseHeaders) *extprocv3.ProcessingRequest_ResponseHeaders {
-	if w == nil {
-		all := new(struct {
-			w  extprocv3.ProcessingRequest_ResponseHeaders
-			h  extprocv3.HttpHeaders
-			hm corev3.HeaderMap
-		})
-		w = &all.w
-		w.ResponseHeaders, d.spareMap = &all.h, &all.hm
-	}
-	if w.ResponseHeaders == nil {
-		w.ResponseHeaders = new(extprocv3.HttpHeaders)
-	}
-	return w
-}
-
-// requestBody returns w, or for none a new member allocated in one block
-// with its message.
-func requestBody(w *extprocv3.ProcessingRequest_RequestBody) *extprocv3.ProcessingRequest_RequestBody {
+// withMessage returns the oneof member w with its message, the field msg
+// points to, set: for no member, a new one allocated in one block with its
+// message.
+func withMessage[W, M any](w *W, msg func(*W) **M) *W {
 	if w == nil {
 		both := new(struct {
-			w extprocv3.ProcessingRequest_RequestBody
-			b extprocv3.HttpBody
+			w W
+			m M
 		})
 		w = &both.w
-		w.RequestBody = &both.b
+		*msg(w) = &both.m
 	}
-	if w.RequestBody == nil {
-		w.RequestBody = new(extprocv3.HttpBody)
-	}
-	return w
-}
-
-// responseBody is requestBody for response_body.
-func responseBody(w *extprocv3.ProcessingRequest_ResponseBody) *extprocv3.ProcessingRequest_ResponseBody {
-	if w == nil {
-		both := new(struct {
-			w extprocv3.ProcessingRequest_ResponseBody
-			b extprocv3.HttpBody
-		})
-		w = &both.w
-		w.ResponseBody = &both.b
-	}
-	if w.ResponseBody == nil {
-		w.ResponseBody = new(extprocv3.HttpBody)
+	if m := msg(w); *m == nil {
+		*m = new(M)
 	}
 	return w
 }

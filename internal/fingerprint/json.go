@@ -237,23 +237,33 @@ func (c *canon) bareValue(depth int, emit bool, inc, exc []int) error {
 	}
 }
 
-func (c *canon) object(depth int, emit bool, inc, exc []int) error {
-	c.Pos++ // '{'
-	objStart := len(c.out)
+// open steps over the opening byte of an object or array, and over its
+// closing byte too when it is empty, which it reports; each is written to
+// the output when emit.
+func (c *canon) open(emit bool, opening, closing byte) (empty bool) {
+	c.Pos++
 	if emit {
-		c.out = append(c.out, '{')
+		c.out = append(c.out, opening)
+	}
+	c.SkipSpace()
+	if c.Pos < len(c.Data) && c.Data[c.Pos] == closing {
+		c.Pos++
+		if emit {
+			c.out = append(c.out, closing)
+		}
+		return true
+	}
+	return false
+}
+
+func (c *canon) object(depth int, emit bool, inc, exc []int) error {
+	objStart := len(c.out)
+	if c.open(emit, '{', '}') {
+		return nil
 	}
 	base := len(c.members)
 	defer func() { c.members = c.members[:base] }()
 	sorted, written := true, 0
-	c.SkipSpace()
-	if c.Pos < len(c.Data) && c.Data[c.Pos] == '}' {
-		c.Pos++
-		if emit {
-			c.out = append(c.out, '}')
-		}
-		return nil
-	}
 	for {
 		raw, key, simple, err := c.memberName()
 		if err != nil {
@@ -362,16 +372,7 @@ func (c *canon) sortMembers(base, objStart int, emit bool) error {
 }
 
 func (c *canon) array(depth int, emit bool, inc, exc []int) error {
-	c.Pos++ // '['
-	if emit {
-		c.out = append(c.out, '[')
-	}
-	c.SkipSpace()
-	if c.Pos < len(c.Data) && c.Data[c.Pos] == ']' {
-		c.Pos++
-		if emit {
-			c.out = append(c.out, ']')
-		}
+	if c.open(emit, '[', ']') {
 		return nil
 	}
 	written := 0

@@ -28,17 +28,7 @@ const (
 )
 
 func (s State) String() string {
-	switch s {
-	case StateInFlight:
-		return "in_flight"
-	case StateCompleted:
-		return "completed"
-	case StateUnknown:
-		return "unknown"
-	case StateMoved:
-		return "moved"
-	}
-	return "invalid"
+	return EnumName(s, "invalid", "in_flight", "completed", "unknown", "moved")
 }
 
 // Fingerprint identifies an operation's request (see package fingerprint).

@@ -16,17 +16,18 @@ const (
 	OriginMaybeSent
 )
 
-func (o Origin) String() string {
-	switch o {
-	case OriginUpstream:
-		return "upstream"
-	case OriginNotSent:
-		return "not_sent"
-	case OriginMaybeSent:
-		return "maybe_sent"
+// EnumName is the name of an enum value v: names[v], or names[0] for a
+// value past the table. An enum's names start with its zero value's:
+// "invalid" where the values count from one, the default where zero is a
+// setting.
+func EnumName[E ~uint8](v E, names ...string) string {
+	if int(v) >= len(names) {
+		return names[0]
 	}
-	return "invalid"
+	return names[v]
 }
+
+func (o Origin) String() string { return EnumName(o, "invalid", "upstream", "not_sent", "maybe_sent") }
 
 // Action is what happens to a reserved record once a response is known.
 type Action uint8
@@ -40,17 +41,7 @@ const (
 	ActionUnknown
 )
 
-func (a Action) String() string {
-	switch a {
-	case ActionStore:
-		return "store"
-	case ActionRelease:
-		return "release"
-	case ActionUnknown:
-		return "unknown"
-	}
-	return "invalid"
-}
+func (a Action) String() string { return EnumName(a, "invalid", "store", "release", "unknown") }
 
 // ParseAction reads an action's configuration name.
 func ParseAction(s string) (Action, bool) {

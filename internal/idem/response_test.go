@@ -42,3 +42,20 @@ func TestParseAction(t *testing.T) {
 		t.Error("ParseAction accepted an unknown action")
 	}
 }
+
+// TestEnumName: a value past an enum's table takes its first name, which
+// is "invalid" for the enums that count from one.
+func TestEnumName(t *testing.T) {
+	for _, tc := range []struct{ got, want string }{
+		{Origin(0).String(), "invalid"},
+		{OriginMaybeSent.String(), "maybe_sent"},
+		{(OriginMaybeSent + 1).String(), "invalid"},
+		{HandedOver.String(), "handed_over"},
+		{(HandedOver + 1).String(), "invalid"},
+		{EnumName(uint8(255), "default", "other"), "default"},
+	} {
+		if tc.got != tc.want {
+			t.Errorf("got %q, want %q", tc.got, tc.want)
+		}
+	}
+}

@@ -101,23 +101,7 @@ const (
 )
 
 func (o Outcome) String() string {
-	switch o {
-	case Reserved:
-		return "reserved"
-	case Mismatch:
-		return "mismatch"
-	case InFlight:
-		return "in_flight"
-	case Completed:
-		return "completed"
-	case Unknown:
-		return "unknown"
-	case Moved:
-		return "moved"
-	case HandedOver:
-		return "handed_over"
-	}
-	return "invalid"
+	return EnumName(o, "invalid", "reserved", "mismatch", "in_flight", "completed", "unknown", "moved", "handed_over")
 }
 
 // CancelResult is what Store.Cancel found.

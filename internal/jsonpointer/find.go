@@ -237,20 +237,29 @@ func (s *scanner) object(depth int, live []int) error {
 		if !s.Consume(':') {
 			return s.fail(ErrNotJSON)
 		}
-		var childLive []int
-		if len(live) > 0 {
-			childLive = s.next(depth, live, func(tok string) bool { return tok == string(key) })
-		}
-		s.SkipSpace()
-		if err := s.value(depth+1, childLive); err != nil {
+		if closed, err := s.element(depth, live, func(tok string) bool { return tok == string(key) }, '}'); closed || err != nil {
 			return err
 		}
-		if more, ok := s.Separator('}'); !ok {
-			return s.fail(ErrNotJSON)
-		} else if !more {
-			return nil
-		}
 	}
+}
+
+// element reads one member's value or one array element, with the
+// pointers of live that matches lets into it, and the separator after it;
+// it reports whether closing ended the object or array.
+func (s *scanner) element(depth int, live []int, matches func(string) bool, closing byte) (closed bool, err error) {
+	var childLive []int
+	if len(live) > 0 {
+		childLive = s.next(depth, live, matches)
+	}
+	s.SkipSpace()
+	if err := s.value(depth+1, childLive); err != nil {
+		return false, err
+	}
+	more, ok := s.Separator(closing)
+	if !ok {
+		return false, s.fail(ErrNotJSON)
+	}
+	return !more, nil
 }
 
 // smallObject is the member count up to which names are compared one by
@@ -290,18 +299,8 @@ func (s *scanner) array(depth int, live []int) error {
 		return nil
 	}
 	for i := 0; ; i++ {
-		var childLive []int
-		if len(live) > 0 {
-			childLive = s.next(depth, live, func(tok string) bool { return MatchesIndex(tok, i) })
-		}
-		s.SkipSpace()
-		if err := s.value(depth+1, childLive); err != nil {
+		if closed, err := s.element(depth, live, func(tok string) bool { return MatchesIndex(tok, i) }, ']'); closed || err != nil {
 			return err
-		}
-		if more, ok := s.Separator(']'); !ok {
-			return s.fail(ErrNotJSON)
-		} else if !more {
-			return nil
 		}
 	}
 }

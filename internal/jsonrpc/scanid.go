@@ -98,46 +98,40 @@ func (s *idScanner) feed(c byte) bool {
 	return s.feedPunctuation(c)
 }
 
+// punctuation is, for each state between the object's names and values,
+// the one byte that moves the scan on and the state it moves to. Any other
+// byte but a space ends the scan: '}' closes the object (after '{' or a
+// value), anything else is a fault.
+var punctuation = [...]struct {
+	want byte
+	next scanState
+}{
+	scanOpen:       {'{', scanKeyOrClose},
+	scanKeyOrClose: {'"', scanName},
+	scanKey:        {'"', scanName},
+	scanColon:      {':', scanValue},
+	scanAfter:      {',', scanKey},
+}
+
 // feedPunctuation takes a byte between the object's names and values: its
 // braces, the colons and the commas.
 func (s *idScanner) feedPunctuation(c byte) bool {
-	switch s.state {
-	case scanOpen:
-		switch {
-		case isSpace(c):
-		case c == '{':
-			s.state = scanKeyOrClose
-		default:
-			return s.stop()
-		}
-	case scanKeyOrClose, scanKey:
-		switch {
-		case isSpace(c):
-		case c == '"':
-			s.state, s.name, s.long, s.escape = scanName, append(s.name[:0], c), false, false
-		default: // '}' closes the object (after '{' only), anything else is a fault: done either way
-			return s.stop()
-		}
-	case scanColon:
-		switch {
-		case isSpace(c):
-		case c == ':':
-			s.state = scanValue
-			if s.reading = s.nameIsID(); s.reading {
-				if s.ids++; s.ids > 1 {
-					return s.stop()
-				}
+	if isSpace(c) {
+		return true
+	}
+	p := punctuation[s.state]
+	if c != p.want {
+		return s.stop()
+	}
+	s.state = p.next
+	switch p.next {
+	case scanName:
+		s.name, s.long, s.escape = append(s.name[:0], c), false, false
+	case scanValue:
+		if s.reading = s.nameIsID(); s.reading {
+			if s.ids++; s.ids > 1 {
+				return s.stop()
 			}
-		default:
-			return s.stop()
-		}
-	case scanAfter:
-		switch {
-		case isSpace(c):
-		case c == ',':
-			s.state = scanKey
-		default: // '}' closes the object, anything else is a fault
-			return s.stop()
 		}
 	}
 	return true
@@ -150,14 +144,23 @@ func (s *idScanner) feedName(c byte) {
 	} else {
 		s.long = true
 	}
+	if s.closes(c) {
+		s.state = scanColon
+	}
+}
+
+// closes takes a byte inside a string, a name's or a value's, and reports
+// whether it is the quote that closes it.
+func (s *idScanner) closes(c byte) bool {
 	switch {
 	case s.escape:
 		s.escape = false
 	case c == '\\':
 		s.escape = true
-	case c == '"':
-		s.state = scanColon
+	default:
+		return c == '"'
 	}
+	return false
 }
 
 // feedValue takes a byte of a member's value; the id's bytes are kept as
@@ -187,22 +190,13 @@ func (s *idScanner) feedValue(c byte) bool {
 		if s.reading {
 			s.id = append(s.id, c)
 		}
-		switch {
-		case s.escape:
-			s.escape = false
-		case c == '\\':
-			s.escape = true
-		case c == '"':
+		if s.closes(c) {
 			s.state, s.reading = scanAfter, false
 		}
 	case scanNested:
 		switch {
-		case s.inString && s.escape:
-			s.escape = false
-		case s.inString && c == '\\':
-			s.escape = true
 		case s.inString:
-			s.inString = c != '"'
+			s.inString = !s.closes(c)
 		case c == '"':
 			s.inString = true
 		case c == '{' || c == '[':

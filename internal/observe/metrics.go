@@ -61,67 +61,39 @@ func NewMetrics() *Metrics {
 	m := &Metrics{
 		reg:     prometheus.NewRegistry(),
 		started: time.Now(),
-		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: Namespace, Name: "decisions_total",
-			Help: "Decisions by policy and outcome: bypassed, rejected, reserved, replayed, conflict, mismatch, unknown, " +
-				"store_unavailable, record_unusable, fail_open at the request; stored, released, marked_unknown at the response.",
-		}, []string{"policy", "decision"}),
-		storeCalls: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Namespace: Namespace, Name: "store_call_duration_seconds",
-			Help:    "Duration of store calls by operation and result (ok, not_found, not_holder, not_unknown, timeout, error).",
-			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1},
-		}, []string{"op", "result"}),
-		openStreams: prometheus.NewGauge(prometheus.GaugeOpts{
-			Namespace: Namespace, Name: "open_streams",
-			Help: "ext_proc streams (HTTP requests) in progress.",
-		}),
-		replayAge: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Namespace: Namespace, Name: "replay_record_age_seconds",
-			Help:    "Age of the record a replay was served from.",
-			Buckets: []float64{.1, 1, 10, 60, 600, 3600, 6 * 3600, 24 * 3600, 7 * 24 * 3600},
-		}, []string{"policy"}),
-		settleFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: Namespace, Name: "settle_failures_total",
-			Help: "Responses or stream ends that could not be recorded even after a retry; their records turn unknown when the lease ends.",
-		}, []string{"policy", "decision"}),
-		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: Namespace, Name: "config_reloads_total",
-			Help: "Configuration reloads by result (ok, rejected).",
-		}, []string{"result"}),
-		adminActions: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: Namespace, Name: "admin_actions_total",
-			Help: "Admin API actions by action and result.",
-		}, []string{"action", "result"}),
-		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: Namespace, Name: "requests_total",
-			Help: "Requests a policy matched, whatever its enforcement, by whether they carried a key (present, absent): key adoption.",
-		}, []string{"policy", "key"}),
-		shadow: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: Namespace, Name: "shadow_decisions_total",
-			Help: "What shadow policies would have done: would_reserve, would_replay, would_conflict, would_mismatch, would_unknown, " +
-				"would_reject, or store_error when the store could not be asked.",
-		}, []string{"policy", "decision"}),
-		keyWarnings: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: Namespace, Name: "key_warnings_total",
-			Help: "Requests without a required key let through with a Warning during the policy's grace period (key.warn_until).",
-		}, []string{"policy"}),
-		missingAttrs: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: Namespace, Name: "missing_attribute_total",
-			Help: "Requests whose policy needed an Envoy attribute the ext_proc filter did not send (response.code_details: " +
-				"add it to response_attributes; a principal or xds.route_name: request_attributes).",
-		}, []string{"policy", "attribute"}),
+		decisions: counterVec("decisions_total", []string{"policy", "decision"},
+			"Decisions by policy and outcome: bypassed, rejected, reserved, replayed, conflict, mismatch, unknown, "+
+				"store_unavailable, record_unusable, fail_open at the request; stored, released, marked_unknown at the response."),
+		storeCalls: histogramVec("store_call_duration_seconds", []string{"op", "result"}, []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1},
+			"Duration of store calls by operation and result (ok, not_found, not_holder, not_unknown, timeout, error)."),
+		openStreams: gauge("open_streams",
+			"ext_proc streams (HTTP requests) in progress."),
+		replayAge: histogramVec("replay_record_age_seconds", []string{"policy"}, []float64{.1, 1, 10, 60, 600, 3600, 6 * 3600, 24 * 3600, 7 * 24 * 3600},
+			"Age of the record a replay was served from."),
+		settleFailures: counterVec("settle_failures_total", []string{"policy", "decision"},
+			"Responses or stream ends that could not be recorded even after a retry; their records turn unknown when the lease ends."),
+		reloads: counterVec("config_reloads_total", []string{"result"},
+			"Configuration reloads by result (ok, rejected)."),
+		adminActions: counterVec("admin_actions_total", []string{"action", "result"},
+			"Admin API actions by action and result."),
+		requests: counterVec("requests_total", []string{"policy", "key"},
+			"Requests a policy matched, whatever its enforcement, by whether they carried a key (present, absent): key adoption."),
+		shadow: counterVec("shadow_decisions_total", []string{"policy", "decision"},
+			"What shadow policies would have done: would_reserve, would_replay, would_conflict, would_mismatch, would_unknown, "+
+				"would_reject, or store_error when the store could not be asked."),
+		keyWarnings: counterVec("key_warnings_total", []string{"policy"},
+			"Requests without a required key let through with a Warning during the policy's grace period (key.warn_until)."),
+		missingAttrs: counterVec("missing_attribute_total", []string{"policy", "attribute"},
+			"Requests whose policy needed an Envoy attribute the ext_proc filter did not send (response.code_details: "+
+				"add it to response_attributes; a principal or xds.route_name: request_attributes)."),
 	}
-	m.droppedHeaders = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: Namespace, Name: "replay_headers_dropped_total",
-		Help: "Stored headers left out of replays because Envoy would refuse the whole header mutation (a control character, " +
-			"more than 100 headers or 60 KiB).",
-	}, []string{"policy"})
-	m.cancels = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: Namespace, Name: "reservation_cancels_total",
-		Help: "Reservations whose call ran past the store budget (the request was refused), undone by their server: released " +
-			"(it had reached the store), not_held (it had not; refused should it arrive), failed or dropped (not undone: if it " +
-			"reached the store, the key answers request-in-progress, then outcome-unknown).",
-	}, []string{"policy", "result"})
+	m.droppedHeaders = counterVec("replay_headers_dropped_total", []string{"policy"},
+		"Stored headers left out of replays because Envoy would refuse the whole header mutation (a control character, "+
+			"more than 100 headers or 60 KiB).")
+	m.cancels = counterVec("reservation_cancels_total", []string{"policy", "result"},
+		"Reservations whose call ran past the store budget (the request was refused), undone by their server: released "+
+			"(it had reached the store), not_held (it had not; refused should it arrive), failed or dropped (not undone: if it "+
+			"reached the store, the key answers request-in-progress, then outcome-unknown).")
 	m.storeFailures = newStoreFailures()
 	m.decisionSeries = counters2(m.decisions)
 	m.requestSeries = counters2(m.requests)
@@ -140,11 +112,9 @@ func NewMetrics() *Metrics {
 // newStoreFailures is the store_failures_total counter, with a series of
 // each kind from the start, so that an alert sees its first increase.
 func newStoreFailures() *prometheus.CounterVec {
-	c := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: Namespace, Name: "store_failures_total",
-		Help: "Store calls that failed for a reason of the server's own making, also counted as result error: " +
-			"reply_refused (a reply past the reply bounds; its connection was dropped), panic (the call panicked; logged with its stack).",
-	}, []string{"kind"})
+	c := counterVec("store_failures_total", []string{"kind"},
+		"Store calls that failed for a reason of the server's own making, also counted as result error: "+
+			"reply_refused (a reply past the reply bounds; its connection was dropped), panic (the call panicked; logged with its stack).")
 	for _, k := range []string{"reply_refused", "panic"} {
 		c.WithLabelValues(k)
 	}
@@ -153,10 +123,8 @@ func newStoreFailures() *prometheus.CounterVec {
 
 // newBuildInfo is the build_info gauge, set.
 func newBuildInfo() *prometheus.GaugeVec {
-	build := prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Namespace: Namespace, Name: "build_info",
-		Help: "Build information; the value is always 1.",
-	}, []string{"version", "revision", "goversion"})
+	build := gaugeVec("build_info", []string{"version", "revision", "goversion"},
+		"Build information; the value is always 1.")
 	bi := version.Get()
 	build.WithLabelValues(bi.Version, bi.Revision, bi.GoVersion).Set(1)
 	return build
@@ -299,4 +267,26 @@ func (m *Metrics) ConfigReloaded(err error) {
 // AdminAction counts an admin API action.
 func (m *Metrics) AdminAction(action, result string) {
 	m.adminActions.WithLabelValues(action, result).Inc()
+}
+
+// counterVec, counter, gaugeVec, gauge and histogramVec make a metric of
+// this server's Namespace.
+func counterVec(name string, labels []string, help string) *prometheus.CounterVec {
+	return prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: name, Help: help}, labels)
+}
+
+func counter(name, help string) prometheus.Counter {
+	return prometheus.NewCounter(prometheus.CounterOpts{Namespace: Namespace, Name: name, Help: help})
+}
+
+func gaugeVec(name string, labels []string, help string) *prometheus.GaugeVec {
+	return prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: Namespace, Name: name, Help: help}, labels)
+}
+
+func gauge(name, help string) prometheus.Gauge {
+	return prometheus.NewGauge(prometheus.GaugeOpts{Namespace: Namespace, Name: name, Help: help})
+}
+
+func histogramVec(name string, labels []string, buckets []float64, help string) *prometheus.HistogramVec {
+	return prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: Namespace, Name: name, Help: help, Buckets: buckets}, labels)
 }

@@ -35,39 +35,22 @@ func (m *Metrics) Regions(names []string) *Regions {
 
 func newRegions(m *Metrics, names []string) *Regions {
 	r := &Regions{
-		calls: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Namespace: Namespace, Name: "region_store_call_duration_seconds",
-			Help:    "Store calls made for keys homed by a homes map, by the home region that answered, operation and result (ok, not_found, not_holder, timeout, error, refused).",
-			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .15, .2, .3, .5, 1, 2},
-		}, []string{"region", "op", "result"}),
-		handovers: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: Namespace, Name: "region_handovers_total",
-			Help: "Keys of a moved scope asked of their former home (from) first, by what it answered: handed_over (a tombstone now sends the key on), in_flight, completed, unknown, mismatch (the former home holds the record), moved (maps disagree) or error.",
-		}, []string{"from", "outcome"}),
-		moved: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: Namespace, Name: "region_moved_total",
-			Help: "Reservations a store answered with a tombstone newer than this server's homes map, followed to the region it names (home).",
-		}, []string{"home"}),
-		quarantined: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: Namespace, Name: "region_quarantined_total",
-			Help: "Keys answered outcome-unknown because the region declared lost that may have seen them could not be asked.",
-		}, []string{"lost"}),
-		outOfReach: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: Namespace, Name: "region_out_of_reach_total",
-			Help: "Keys refused (idempotency-home-out-of-reach) before anything was reserved: the calls to their home's store cannot fit in the time Envoy grants one message (--envoy-max-message-timeout).",
-		}, []string{"home"}),
-		scripts: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: Namespace, Name: "region_script_loads_total",
-			Help: "Loads of the store's scripts into another region's Redis, at start and then each --region-ping-interval until one succeeds, by result (ok, error).",
-		}, []string{"region", "result"}),
-		rtt: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: Namespace, Name: "region_store_rtt_seconds",
-			Help: "Round trip of a PING to each region's store on a warm connection, measured every few seconds.",
-		}, []string{"region"}),
-		epoch: prometheus.NewGauge(prometheus.GaugeOpts{
-			Namespace: Namespace, Name: "homes_epoch",
-			Help: "Epoch of the homes map the server holds (0: none).",
-		}),
+		calls: histogramVec("region_store_call_duration_seconds", []string{"region", "op", "result"}, []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .15, .2, .3, .5, 1, 2},
+			"Store calls made for keys homed by a homes map, by the home region that answered, operation and result (ok, not_found, not_holder, timeout, error, refused)."),
+		handovers: counterVec("region_handovers_total", []string{"from", "outcome"},
+			"Keys of a moved scope asked of their former home (from) first, by what it answered: handed_over (a tombstone now sends the key on), in_flight, completed, unknown, mismatch (the former home holds the record), moved (maps disagree) or error."),
+		moved: counterVec("region_moved_total", []string{"home"},
+			"Reservations a store answered with a tombstone newer than this server's homes map, followed to the region it names (home)."),
+		quarantined: counterVec("region_quarantined_total", []string{"lost"},
+			"Keys answered outcome-unknown because the region declared lost that may have seen them could not be asked."),
+		outOfReach: counterVec("region_out_of_reach_total", []string{"home"},
+			"Keys refused (idempotency-home-out-of-reach) before anything was reserved: the calls to their home's store cannot fit in the time Envoy grants one message (--envoy-max-message-timeout)."),
+		scripts: counterVec("region_script_loads_total", []string{"region", "result"},
+			"Loads of the store's scripts into another region's Redis, at start and then each --region-ping-interval until one succeeds, by result (ok, error)."),
+		rtt: gaugeVec("region_store_rtt_seconds", []string{"region"},
+			"Round trip of a PING to each region's store on a warm connection, measured every few seconds."),
+		epoch: gauge("homes_epoch",
+			"Epoch of the homes map the server holds (0: none)."),
 	}
 	r.callSeries = make(map[string]*seriesCache[prometheus.Observer], len(names))
 	for _, n := range names {

@@ -119,7 +119,7 @@ func TestDocumentedMetricsExist(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	declared := regexp.MustCompile(`Namespace: Namespace, Name: "([a-z0-9_]+)"`)
+	declared := regexp.MustCompile(`\b(?:counter|gauge|histogram)(?:Vec)?\("([a-z0-9_]+)"`)
 	for _, f := range sources {
 		src, err := os.ReadFile(f)
 		if err != nil {

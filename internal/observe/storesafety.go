@@ -13,22 +13,14 @@ type storeSafety struct {
 
 func newStoreSafety(reg prometheus.Registerer) *storeSafety {
 	s := &storeSafety{
-		evicting: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: Namespace, Name: "store_node_evicting",
-			Help: "1 when the Redis node's maxmemory-policy may evict records (anything but noeviction), else 0; primaries and their replicas.",
-		}, []string{"node"}),
-		persistent: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: Namespace, Name: "store_node_persistent",
-			Help: "1 when the Redis primary persists (append-only file or RDB save points), 0 when it does not, -1 when it cannot be told (CONFIG refused, no snapshot seen).",
-		}, []string{"node"}),
-		replicas: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: Namespace, Name: "store_node_replicas",
-			Help: "Replicas connected to the Redis primary (INFO connected_slaves).",
-		}, []string{"node"}),
-		lost: prometheus.NewCounter(prometheus.CounterOpts{
-			Namespace: Namespace, Name: "store_dataset_lost_total",
-			Help: "Times a Redis shard's marker record was found gone or replaced: the records stored with it vanished, so their retries run again.",
-		}),
+		evicting: gaugeVec("store_node_evicting", []string{"node"},
+			"1 when the Redis node's maxmemory-policy may evict records (anything but noeviction), else 0; primaries and their replicas."),
+		persistent: gaugeVec("store_node_persistent", []string{"node"},
+			"1 when the Redis primary persists (append-only file or RDB save points), 0 when it does not, -1 when it cannot be told (CONFIG refused, no snapshot seen)."),
+		replicas: gaugeVec("store_node_replicas", []string{"node"},
+			"Replicas connected to the Redis primary (INFO connected_slaves)."),
+		lost: counter("store_dataset_lost_total",
+			"Times a Redis shard's marker record was found gone or replaced: the records stored with it vanished, so their retries run again."),
 	}
 	reg.MustRegister(s.evicting, s.persistent, s.replicas, s.lost)
 	return s

@@ -9,6 +9,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/idem-extproc/idem-extproc/internal/fingerprint"
+	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/jsonpointer"
 )
 
@@ -36,17 +37,7 @@ const (
 	KeyFromMCPParam
 )
 
-func (s KeySource) String() string {
-	switch s {
-	case KeyFromBody:
-		return "body"
-	case KeyFromDerived:
-		return "derived"
-	case KeyFromMCPParam:
-		return "mcp_param"
-	}
-	return "header"
-}
+func (s KeySource) String() string { return idem.EnumName(s, "header", "body", "derived", "mcp_param") }
 
 // DerivedNamespaceSuffix is appended to a policy's record namespace for
 // derived keys, so a derived key never names the record of a key a client
@@ -96,12 +87,7 @@ const (
 	AnswersJSONRPC
 )
 
-func (a Answers) String() string {
-	if a == AnswersJSONRPC {
-		return "jsonrpc"
-	}
-	return "http"
-}
+func (a Answers) String() string { return idem.EnumName(a, "http", "jsonrpc") }
 
 // JSONCriterion is one body criterion of a match (match.json): the string
 // member at Pointer must equal one of OneOf (equals is a list of one).

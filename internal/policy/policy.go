@@ -85,12 +85,7 @@ const (
 	DurabilityReplicated
 )
 
-func (d Durability) String() string {
-	if d == DurabilityReplicated {
-		return "replicated"
-	}
-	return "async"
-}
+func (d Durability) String() string { return idem.EnumName(d, "async", "replicated") }
 
 // Enforcement says how far a policy acts on its decisions, so that
 // idempotency can be rolled out to APIs whose clients never sent keys:
@@ -110,15 +105,7 @@ const (
 	EnforcementOff
 )
 
-func (e Enforcement) String() string {
-	switch e {
-	case EnforcementShadow:
-		return "shadow"
-	case EnforcementOff:
-		return "off"
-	}
-	return "enforce"
-}
+func (e Enforcement) String() string { return idem.EnumName(e, "enforce", "shadow", "off") }
 
 // ShadowNamespaceSuffix is appended to a policy's name to derive the record
 // ids of its shadow phase. Policy names cannot contain '#', so the two key

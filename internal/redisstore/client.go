@@ -45,58 +45,40 @@ func NewRemoteClient(rawURL string, callTimeout time.Duration, sec Security, min
 }
 
 func newClient(rawURL string, callTimeout time.Duration, sec Security, minIdle int) (redis.UniversalClient, error) {
-	_, simple, multi, err := parseURL(rawURL)
+	_, o, err := parseURL(rawURL)
 	if err != nil {
 		return nil, err
 	}
 	if callTimeout <= 0 {
 		callTimeout = idem.DefaultStoreTimeout
 	}
-	if err := sec.apply(simple, multi); err != nil {
+	if err := sec.apply(o); err != nil {
 		return nil, err
 	}
 	// One budget for every connection of the client, whatever the
 	// topology (guard.go).
-	budget := newReplyBudget(DefaultMaxReply)
-	if simple != nil {
-		simple.Dialer = guardedDialer(callTimeout, simple.TLSConfig, budget)
-		simple.ContextTimeoutEnabled = true
-		simple.DialTimeout = callTimeout
-		simple.ReadTimeout = callTimeout
-		simple.WriteTimeout = callTimeout
-		simple.DialerRetries = 1
-		simple.MaxRetries = maxRetries
-		simple.MinRetryBackoff = minRetryBackoff
-		simple.MaxRetryBackoff = maxRetryBackoff
-		simple.PoolTimeout = callTimeout
-		// Each open stream makes at most one call at a time; a pool
-		// smaller than the concurrent streams makes them queue for a
-		// connection inside their budget.
-		simple.PoolSize = max(simple.PoolSize, minPoolSize())
-		simple.MinIdleConns = max(simple.MinIdleConns, minIdle)
-		// CLIENT SETINFO on every new connection is noise in INFO
-		// commandstats and buys nothing here.
-		simple.DisableIdentity = true
-		simple.MaintNotificationsConfig = noMaintNotifications()
-		return redis.NewClient(simple), nil
-	}
-	multi.Dialer = guardedDialer(callTimeout, multi.TLSConfig, budget)
-	multi.ContextTimeoutEnabled = true
-	multi.DialTimeout = callTimeout
-	multi.ReadTimeout = callTimeout
-	multi.WriteTimeout = callTimeout
-	multi.DialerRetries = 1
-	multi.MaxRetries = maxRetries
-	multi.MinRetryBackoff = minRetryBackoff
-	multi.MaxRetryBackoff = maxRetryBackoff
-	multi.MaxRedirects = 3
-	multi.PoolTimeout = callTimeout
-	multi.PoolSize = max(multi.PoolSize, minPoolSize())
-	multi.MinIdleConns = max(multi.MinIdleConns, minIdle)
-	multi.DisableIdentity = true
-	multi.MaintNotificationsConfig = noMaintNotifications()
-	if multi.IsClusterMode {
-		co := multi.Cluster()
+	o.Dialer = guardedDialer(callTimeout, o.TLSConfig, newReplyBudget(DefaultMaxReply))
+	o.ContextTimeoutEnabled = true
+	o.DialTimeout = callTimeout
+	o.ReadTimeout = callTimeout
+	o.WriteTimeout = callTimeout
+	o.DialerRetries = 1
+	o.MaxRetries = maxRetries
+	o.MinRetryBackoff = minRetryBackoff
+	o.MaxRetryBackoff = maxRetryBackoff
+	o.MaxRedirects = 3
+	o.PoolTimeout = callTimeout
+	// Each open stream makes at most one call at a time; a pool smaller
+	// than the concurrent streams makes them queue for a connection inside
+	// their budget.
+	o.PoolSize = max(o.PoolSize, minPoolSize())
+	o.MinIdleConns = max(o.MinIdleConns, minIdle)
+	// CLIENT SETINFO on every new connection is noise in INFO commandstats
+	// and buys nothing here.
+	o.DisableIdentity = true
+	o.MaintNotificationsConfig = noMaintNotifications()
+	if o.IsClusterMode {
+		co := o.Cluster()
 		// go-redis's routing policies need the server's COMMAND table,
 		// which it fetches on a client's first command with a five-second
 		// context of its own, ignoring the caller's budget, and with every
@@ -107,7 +89,7 @@ func newClient(rawURL string, callTimeout time.Duration, sec Security, minIdle i
 		co.DisableRoutingPolicies = true
 		return redis.NewClusterClient(co), nil
 	}
-	return redis.NewUniversalClient(multi), nil
+	return redis.NewUniversalClient(o), nil
 }
 
 // noMaintNotifications turns off go-redis's maintenance notifications (a
@@ -131,32 +113,21 @@ const (
 // streams a busy server has open at once.
 func minPoolSize() int { return max(64, 10*runtime.GOMAXPROCS(0)) }
 
-// apply puts the password file and the TLS material of sec into the
-// options of one topology (simple for a standalone server, multi for the
-// others), checked against the URL's scheme.
-func (sec Security) apply(simple *redis.Options, multi *redis.UniversalOptions) error {
+// apply puts the password file and the TLS material of sec into o,
+// checked against the URL's scheme.
+func (sec Security) apply(o *redis.UniversalOptions) error {
 	if !sec.any() {
 		return nil
 	}
-	tlsURL := (simple != nil && simple.TLSConfig != nil) || (multi != nil && multi.TLSConfig != nil)
-	if err := sec.check(tlsURL); err != nil {
+	if err := sec.check(o.TLSConfig != nil); err != nil {
 		return fmt.Errorf("redis: %w", err)
 	}
-	var err error
-	if simple != nil {
-		if sec.PasswordFile != "" {
-			simple.CredentialsProviderContext = sec.credentials(simple.Username)
-		}
-		if simple.TLSConfig != nil {
-			simple.TLSConfig, err = sec.tlsConfig(simple.TLSConfig)
-		}
-		return err
-	}
 	if sec.PasswordFile != "" {
-		multi.CredentialsProviderContext = sec.credentials(multi.Username)
+		o.CredentialsProviderContext = sec.credentials(o.Username)
 	}
-	if multi.TLSConfig != nil {
-		multi.TLSConfig, err = sec.tlsConfig(multi.TLSConfig)
+	var err error
+	if o.TLSConfig != nil {
+		o.TLSConfig, err = sec.tlsConfig(o.TLSConfig)
 	}
 	return err
 }

@@ -35,11 +35,11 @@ func (s Security) any() bool {
 
 // Validate checks the settings against the URL they go with.
 func (s Security) Validate(rawURL string) error {
-	_, simple, multi, err := parseURL(rawURL)
+	_, o, err := parseURL(rawURL)
 	if err != nil {
 		return err
 	}
-	return s.check((simple != nil && simple.TLSConfig != nil) || (multi != nil && multi.TLSConfig != nil))
+	return s.check(o.TLSConfig != nil)
 }
 
 // check reports mistakes, naming the setting.

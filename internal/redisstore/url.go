@@ -12,6 +12,8 @@ import (
 	"strings"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/idem-extproc/idem-extproc/internal/idem"
 )
 
 // Topology names how Redis is deployed.
@@ -28,15 +30,7 @@ const (
 )
 
 func (t Topology) String() string {
-	switch t {
-	case Standalone:
-		return "standalone"
-	case Sentinel:
-		return "sentinel"
-	case Cluster:
-		return "cluster"
-	}
-	return "invalid"
+	return idem.EnumName(t, "invalid", "standalone", "sentinel", "cluster")
 }
 
 // URLForms lists the accepted URL forms, for error messages and help.
@@ -55,41 +49,42 @@ const (
 // reports its topology. Every error starts with "redis url:" and names the
 // problem; none repeats a password.
 func ParseURL(raw string) (Topology, error) {
-	top, _, _, err := parseURL(raw)
+	top, _, err := parseURL(raw)
 	return top, err
 }
 
-// parseURL reads a URL into the options of one go-redis client: standalone
-// URLs are go-redis's own (redis.ParseURL, its query options included),
-// returned as *redis.Options; the Sentinel and Cluster forms are this
-// package's, returned as *redis.UniversalOptions, because go-redis's
+// parseURL reads a URL into the options of one go-redis client, whatever
+// its topology. Standalone URLs are go-redis's own (redis.ParseURL, its
+// query options included), copied into UniversalOptions with one address,
+// from which go-redis's NewUniversalClient makes a single-node client
+// (universal.go NewUniversalClient, UniversalOptions.Simple). The Sentinel
+// and Cluster forms are this package's, because go-redis's
 // ParseFailoverURL and ParseClusterURL share the redis:// scheme with a
 // standalone URL and cannot be told apart from one.
-func parseURL(raw string) (Topology, *redis.Options, *redis.UniversalOptions, error) {
+func parseURL(raw string) (Topology, *redis.UniversalOptions, error) {
 	scheme, rest, ok := strings.Cut(raw, "://")
 	if !ok {
-		return 0, nil, nil, fmt.Errorf("redis url: no scheme; want one of %s", URLForms)
+		return 0, nil, fmt.Errorf("redis url: no scheme; want one of %s", URLForms)
 	}
 	switch scheme {
 	case "redis", "rediss":
 		o, err := redis.ParseURL(raw)
 		if err != nil {
-			return 0, nil, nil, fmt.Errorf("redis url: %w", redactErr(err, raw))
+			return 0, nil, fmt.Errorf("redis url: %w", redactErr(err, raw))
 		}
 		// go-redis leaves the address to the dialer, which would refuse a
 		// port out of range only at the first call, long after start.
 		if _, err := hostPort(o.Addr, defaultRedisPort); err != nil {
-			return 0, nil, nil, err
+			return 0, nil, err
 		}
-		return Standalone, o, nil, nil
+		u := &redis.UniversalOptions{Addrs: []string{o.Addr}, TLSConfig: o.TLSConfig}
+		return Standalone, u, copyOptions(u, o)
 	case "redis+sentinel", "rediss+sentinel":
-		top, o, err := parseMulti(Sentinel, scheme, rest)
-		return top, nil, o, err
+		return parseMulti(Sentinel, scheme, rest)
 	case "redis+cluster", "rediss+cluster":
-		top, o, err := parseMulti(Cluster, scheme, rest)
-		return top, nil, o, err
+		return parseMulti(Cluster, scheme, rest)
 	}
-	return 0, nil, nil, fmt.Errorf("redis url: scheme %q is not one of redis, rediss, redis+sentinel, rediss+sentinel, redis+cluster, rediss+cluster; want one of %s", scheme, URLForms)
+	return 0, nil, fmt.Errorf("redis url: scheme %q is not one of redis, rediss, redis+sentinel, rediss+sentinel, redis+cluster, rediss+cluster; want one of %s", scheme, URLForms)
 }
 
 // redactErr drops a URL's password from a go-redis error, which may quote
@@ -288,15 +283,18 @@ func applyQueryOptions(o *redis.UniversalOptions, top Topology, scheme string, q
 	return skip, copyOptions(o, parsed)
 }
 
-// copyOptions copies every field go-redis set from a query (non-zero) into
-// the field of the same name and type of o; one o lacks is refused.
+// copyOptions copies every field go-redis set from a URL (non-zero) into
+// the field of the same name and type of o; one o lacks is refused. The
+// addresses and TLS configuration are the caller's to set, and Network is
+// always tcp for the redis and rediss schemes, go-redis's default for a
+// host:port address (options.go setupTCPConn, Options.init).
 func copyOptions(o *redis.UniversalOptions, parsed any) error {
 	src := reflect.ValueOf(parsed).Elem()
 	dst := reflect.ValueOf(o).Elem()
 	for i := 0; i < src.NumField(); i++ {
 		f := src.Type().Field(i)
 		v := src.Field(i)
-		if !f.IsExported() || v.IsZero() || f.Name == "SentinelAddrs" || f.Name == "Addrs" || f.Name == "TLSConfig" {
+		if !f.IsExported() || v.IsZero() || slices.Contains([]string{"SentinelAddrs", "Addrs", "Addr", "Network", "TLSConfig"}, f.Name) {
 			continue
 		}
 		d := dst.FieldByName(f.Name)

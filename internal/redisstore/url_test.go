@@ -15,33 +15,33 @@ func TestParseURLForms(t *testing.T) {
 		{raw: "redis://localhost:6379/0", top: Standalone},
 		{raw: "rediss://user:pw@cache.example:6380/2", top: Standalone},
 		{raw: "redis+sentinel://s1:26379,s2:26380,s3/mymaster", top: Sentinel, want: func(t *testing.T, raw string) {
-			_, _, o, _ := parseURL(raw)
+			_, o, _ := parseURL(raw)
 			if o.MasterName != "mymaster" || o.DB != 0 || strings.Join(o.Addrs, " ") != "s1:26379 s2:26380 s3:26379" {
 				t.Fatalf("options %+v", o)
 			}
 		}},
 		{raw: "redis+sentinel://app:se%40cret@10.0.0.1:26379,[::1]:26379/main/3?sentinel_username=sen&sentinel_password=spw", top: Sentinel,
 			want: func(t *testing.T, raw string) {
-				_, _, o, _ := parseURL(raw)
+				_, o, _ := parseURL(raw)
 				if o.Username != "app" || o.Password != "se@cret" || o.DB != 3 || o.MasterName != "main" ||
 					o.SentinelUsername != "sen" || o.SentinelPassword != "spw" || o.Addrs[1] != "[::1]:26379" {
 					t.Fatalf("options %+v", o)
 				}
 			}},
 		{raw: "rediss+sentinel://s1/m", top: Sentinel, want: func(t *testing.T, raw string) {
-			if _, _, o, _ := parseURL(raw); o.TLSConfig == nil {
+			if _, o, _ := parseURL(raw); o.TLSConfig == nil {
 				t.Fatal("rediss+sentinel without TLS")
 			}
 		}},
 		{raw: "redis+cluster://n1:7000,n2:7001,n3", top: Cluster, want: func(t *testing.T, raw string) {
-			_, _, o, _ := parseURL(raw)
+			_, o, _ := parseURL(raw)
 			if !o.IsClusterMode || strings.Join(o.Addrs, " ") != "n1:7000 n2:7001 n3:6379" {
 				t.Fatalf("options %+v", o)
 			}
 		}},
 		{raw: "redis+cluster://n1:7000", top: Cluster, want: func(t *testing.T, raw string) {
 			// One seed address is still a cluster.
-			if _, _, o, _ := parseURL(raw); !o.IsClusterMode {
+			if _, o, _ := parseURL(raw); !o.IsClusterMode {
 				t.Fatal("not cluster mode")
 			}
 		}},
@@ -71,14 +71,12 @@ func TestParseURLForms(t *testing.T) {
 func TestSentinelAndClusterTakeTheStandaloneQueryOptions(t *testing.T) {
 	const query = "pool_size=50&protocol=2&client_name=orders&dial_timeout=3&read_timeout=250ms&write_timeout=1s" +
 		"&max_retries=4&min_idle_conns=2&max_idle_conns=8&max_active_conns=90&conn_max_idle_time=5m&pool_timeout=2s"
-	if _, err := ParseURL("redis://r:6379/0?" + query); err != nil {
-		t.Fatalf("standalone: %v", err)
-	}
 	for _, raw := range []string{
+		"redis://r:6379/0?" + query,
 		"redis+sentinel://s1:26379,s2/mymaster/1?sentinel_password=spw&" + query,
 		"redis+cluster://n1:7000,n2:7001?" + query,
 	} {
-		_, _, o, err := parseURL(raw)
+		_, o, err := parseURL(raw)
 		if err != nil {
 			t.Fatalf("%s: %v", raw, err)
 		}
@@ -87,19 +85,19 @@ func TestSentinelAndClusterTakeTheStandaloneQueryOptions(t *testing.T) {
 			o.MaxIdleConns != 8 || o.MaxActiveConns != 90 || o.ConnMaxIdleTime != 5*time.Minute || o.PoolTimeout != 2*time.Second {
 			t.Errorf("%s: options %+v", raw, o)
 		}
-		if len(o.Addrs) != 2 {
+		if len(o.Addrs) != strings.Count(raw, ",")+1 {
 			t.Errorf("%s: the query's parse changed the addresses: %v", raw, o.Addrs)
 		}
 	}
-	_, _, o, err := parseURL("redis+sentinel://s1/m?sentinel_password=spw&sentinel_username=sen&pool_size=7")
+	_, o, err := parseURL("redis+sentinel://s1/m?sentinel_password=spw&sentinel_username=sen&pool_size=7")
 	if err != nil || o.SentinelPassword != "spw" || o.SentinelUsername != "sen" || o.PoolSize != 7 {
 		t.Fatalf("sentinel credentials beside options: %+v, %v", o, err)
 	}
-	_, _, o, err = parseURL("rediss+sentinel://s1/m?skip_verify=true")
+	_, o, err = parseURL("rediss+sentinel://s1/m?skip_verify=true")
 	if err != nil || o.TLSConfig == nil || !o.TLSConfig.InsecureSkipVerify {
 		t.Fatalf("rediss+sentinel skip_verify: %+v, %v", o, err)
 	}
-	if _, _, o, _ = parseURL("rediss+sentinel://s1/m"); o.TLSConfig.InsecureSkipVerify {
+	if _, o, _ = parseURL("rediss+sentinel://s1/m"); o.TLSConfig.InsecureSkipVerify {
 		t.Fatal("verification off without skip_verify")
 	}
 	// The client built from such a URL keeps the larger pool.
@@ -178,32 +176,26 @@ func FuzzParseURL(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, raw string) {
-		top, simple, multi, err := parseURL(raw)
+		top, o, err := parseURL(raw)
 		if err != nil {
 			if !strings.HasPrefix(err.Error(), "redis url:") {
 				t.Fatalf("error %q lacks the prefix", err)
 			}
 			return
 		}
-		switch top {
-		case Standalone:
-			if simple == nil || simple.Addr == "" {
-				t.Fatalf("standalone without an address: %+v", simple)
-			}
-		case Sentinel, Cluster:
-			if multi == nil || len(multi.Addrs) == 0 {
-				t.Fatalf("%v without addresses", top)
-			}
-			if top == Sentinel && multi.MasterName == "" {
-				t.Fatal("sentinel without a master name")
-			}
-			for _, a := range multi.Addrs {
-				if _, err := hostPort(a, "1"); err != nil {
-					t.Fatalf("accepted address %q does not re-parse: %v", a, err)
-				}
-			}
-		default:
+		if top != Standalone && top != Sentinel && top != Cluster {
 			t.Fatalf("topology %v", top)
+		}
+		if len(o.Addrs) == 0 || top == Standalone && len(o.Addrs) != 1 {
+			t.Fatalf("%v with addresses %q", top, o.Addrs)
+		}
+		if (top == Sentinel) != (o.MasterName != "") {
+			t.Fatalf("%v with master name %q", top, o.MasterName)
+		}
+		for _, a := range o.Addrs {
+			if _, err := hostPort(a, "1"); err != nil {
+				t.Fatalf("accepted address %q does not re-parse: %v", a, err)
+			}
 		}
 	})
 }

@@ -18,6 +18,7 @@ import (
 	"os"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -41,7 +42,14 @@ type Value[T any] struct {
 	cur       T
 	stats     []fs.FileInfo
 	lastCheck time.Time
+	// told is OnReload's listener.
+	told atomic.Pointer[func(error)]
 }
+
+// OnReload has f told the outcome of every reload from now on, before
+// Options.OnReload: for a listener that comes after the first load (the
+// daemon counts the reloads of the files it configured).
+func (v *Value[T]) OnReload(f func(err error)) { v.told.Store(&f) }
 
 // Load loads the value once; its error is load's. Empty paths are skipped
 // (an optional file not configured).
@@ -103,6 +111,9 @@ func (v *Value[T]) Current() T {
 	cur, err := v.load()
 	if err == nil {
 		v.cur = cur
+	}
+	if f := v.told.Load(); f != nil {
+		(*f)(err)
 	}
 	if v.opts.OnReload != nil {
 		v.opts.OnReload(cur, err)

@@ -48,7 +48,6 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"golang.org/x/crypto/chacha20poly1305"
@@ -92,13 +91,12 @@ const maxPlaintext = 1<<38 - 64
 // all of them open. Key ids are 1 to 64 characters without spaces. Make a
 // key with: head -c 32 /dev/urandom | base64
 type Ring struct {
-	keys     *rotated.Value[keySet]
-	onReload atomic.Pointer[func(error)]
+	keys *rotated.Value[keySet]
 }
 
 // OnReload has f told the outcome of every reload of the file from now on
 // (the daemon counts them).
-func (r *Ring) OnReload(f func(err error)) { r.onReload.Store(&f) }
+func (r *Ring) OnReload(f func(err error)) { r.keys.OnReload(f) }
 
 // keySet is what the ring file holds.
 type keySet struct {
@@ -124,13 +122,9 @@ func LoadRing(path string, log *slog.Logger) (*Ring, error) {
 // loadRing is LoadRing looking at the file every interval (tests: 0, each
 // use).
 func loadRing(path string, log *slog.Logger, every time.Duration) (*Ring, error) {
-	r := &Ring{}
 	v, err := rotated.Load([]string{path}, func() (keySet, error) { return readRing(path) }, rotated.Options[keySet]{
 		Every: every,
 		OnReload: func(ks keySet, err error) {
-			if f := r.onReload.Load(); f != nil {
-				(*f)(err)
-			}
 			if err != nil {
 				log.Error("key ring changed but does not load; keeping the previous keys", slog.String("error", err.Error()))
 				return
@@ -141,8 +135,7 @@ func loadRing(path string, log *slog.Logger, every time.Duration) (*Ring, error)
 	if err != nil {
 		return nil, err
 	}
-	r.keys = v
-	return r, nil
+	return &Ring{keys: v}, nil
 }
 
 // maxRingFile caps the key ring file: a key is a line of about 100 bytes,

@@ -12,7 +12,6 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
-	"sync/atomic"
 	"time"
 
 	"github.com/idem-extproc/idem-extproc/internal/rotated"
@@ -39,12 +38,11 @@ const checkEvery = time.Second
 type Server struct {
 	files    Files
 	material *rotated.Value[material]
-	onReload atomic.Pointer[func(error)]
 }
 
 // OnReload has f told the outcome of every reload of the files from now
 // on (the daemon counts them).
-func (s *Server) OnReload(f func(err error)) { s.onReload.Store(&f) }
+func (s *Server) OnReload(f func(err error)) { s.material.OnReload(f) }
 
 // material is what the files hold.
 type material struct {
@@ -65,9 +63,6 @@ func NewServer(f Files, log *slog.Logger) (*Server, error) {
 	s.material, err = rotated.Load([]string{f.Cert, f.Key, f.ClientCA}, s.load, rotated.Options[material]{
 		Every: checkEvery,
 		OnReload: func(_ material, err error) {
-			if f := s.onReload.Load(); f != nil {
-				(*f)(err)
-			}
 			if err != nil {
 				log.Error("TLS files changed but do not load; keeping the previous ones", slog.String("error", err.Error()))
 				return

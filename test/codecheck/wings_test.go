@@ -3,14 +3,13 @@ package codecheck
 import (
 	"go/parser"
 	"go/token"
-	"io/fs"
-	"os"
-	"path"
 	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/idem-extproc/idem-extproc/internal/testing/wings"
 )
 
 // The repository has two wings (docs/layout.md): the product (everything the
@@ -21,20 +20,11 @@ import (
 // otherwise end up in the server.
 const module = "github.com/idem-extproc/idem-extproc"
 
-// supportPrefixes are the import-path prefixes of the test-support wing.
-var supportPrefixes = []string{
-	module + "/internal/testing/",
-	module + "/test/",
-	module + "/tools/",
-}
-
-func isSupport(path string) bool {
-	for _, p := range supportPrefixes {
-		if strings.HasPrefix(path+"/", p) {
-			return true
-		}
-	}
-	return false
+// isSupport reports whether the import path is a package of the
+// test-support wing.
+func isSupport(importPath string) bool {
+	rel, ok := strings.CutPrefix(importPath, module+"/")
+	return ok && wings.InSupport(rel, wings.Support)
 }
 
 // allowedSupportImports is the one exception, file by file: the demo command
@@ -45,34 +35,15 @@ var allowedSupportImports = map[string][]string{
 	"cmd/idem-extproc/demo.go": {module + "/internal/testing/envoysim"},
 }
 
-// goFiles lists the repository's Go files, test files and files build
-// constraints leave out included, by their path relative to the
-// repository's root, as go list would find them in every module (go list
-// itself sees only the workspace's modules, not one nested in another);
-// root is the repository's root as an absolute path.
+// goFiles lists the repository's Go files (wings.GoFiles); root is the
+// repository's root as an absolute path.
 func goFiles(t *testing.T) (files []string, root string) {
 	t.Helper()
 	root, err := filepath.Abs("../..")
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = fs.WalkDir(os.DirFS(root), ".", func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		// As the go command does (go help packages): names that begin with . or
-		// _ are ignored, and so are directories named testdata.
-		name := d.Name()
-		ignored := p != "." && (strings.HasPrefix(name, ".") || strings.HasPrefix(name, "_") || d.IsDir() && name == "testdata")
-		switch {
-		case ignored && d.IsDir():
-			return fs.SkipDir
-		case !ignored && !d.IsDir() && strings.HasSuffix(name, ".go"):
-			files = append(files, p)
-		}
-		return nil
-	})
-	if err != nil {
+	if files, err = wings.GoFiles(root); err != nil {
 		t.Fatal(err)
 	}
 	return files, root
@@ -82,12 +53,17 @@ func goFiles(t *testing.T) (files []string, root string) {
 // its path relative to the repository's root.
 func productFiles(t *testing.T) map[string]string {
 	t.Helper()
-	all, root := goFiles(t)
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rels, err := wings.ProductFiles(root, wings.Support)
+	if err != nil {
+		t.Fatal(err)
+	}
 	files := map[string]string{}
-	for _, rel := range all {
-		if !strings.HasSuffix(rel, "_test.go") && !isSupport(module+"/"+path.Dir(rel)) {
-			files[rel] = filepath.Join(root, rel)
-		}
+	for _, rel := range rels {
+		files[rel] = filepath.Join(root, rel)
 	}
 	if len(files) == 0 {
 		t.Fatal("found no product file")

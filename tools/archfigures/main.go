@@ -46,25 +46,17 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sort"
 	"strconv"
 	"strings"
+
+	"github.com/idem-extproc/idem-extproc/internal/testing/wings"
 )
 
 const module = "github.com/idem-extproc/idem-extproc"
 
 // supportDirs are the test-support wing (docs/layout.md); -support
 // replaces them, to count a checkout from before the wings had their paths.
-var supportDirs = []string{"internal/testing/", "test/", "tools/"}
-
-func isSupportDir(rel string) bool {
-	for _, d := range supportDirs {
-		if strings.HasPrefix(rel+"/", d) {
-			return true
-		}
-	}
-	return false
-}
+var supportDirs = wings.Support
 
 // The walk's limits hold for the default walk only: a wider scope, or
 // every call followed, enters more files by design.
@@ -92,7 +84,7 @@ func main() {
 }
 
 func run(root, scope, follow string, verbose, walk bool) error {
-	files, err := productFiles(root)
+	files, err := wings.ProductFiles(root, supportDirs)
 	if err != nil {
 		return err
 	}
@@ -136,36 +128,6 @@ func (e exceeded) err() error {
 	return fmt.Errorf("figures past their limits:\n\t%s", strings.Join(e, "\n\t"))
 }
 
-// productFiles lists the root module's non-test Go files outside the
-// test-support wing, relative to root, sorted.
-func productFiles(root string) ([]string, error) {
-	var out []string
-	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(root, path)
-		rel = filepath.ToSlash(rel)
-		if d.IsDir() {
-			if rel != "." && (strings.HasPrefix(d.Name(), ".") || d.Name() == "testdata" || isSupportDir(rel)) {
-				return filepath.SkipDir
-			}
-			if rel != "." {
-				if _, err := os.Stat(filepath.Join(path, "go.mod")); err == nil {
-					return filepath.SkipDir // another module
-				}
-			}
-			return nil
-		}
-		if strings.HasSuffix(rel, ".go") && !strings.HasSuffix(rel, "_test.go") {
-			out = append(out, rel)
-		}
-		return nil
-	})
-	sort.Strings(out)
-	return out, err
-}
-
 type staticFigures struct {
 	processorMethods            []string
 	wholeMessage                []string
@@ -205,7 +167,7 @@ func static(root string, files []string) (*staticFigures, error) {
 		extprocName := ""
 		for _, imp := range f.Imports {
 			path, _ := strconv.Unquote(imp.Path.Value)
-			if strings.HasPrefix(path, module+"/") && isSupportDir(strings.TrimPrefix(path, module+"/")) {
+			if strings.HasPrefix(path, module+"/") && wings.InSupport(strings.TrimPrefix(path, module+"/"), supportDirs) {
 				st.supportImports = append(st.supportImports, rel+" imports "+path)
 			}
 			if path == "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3" {

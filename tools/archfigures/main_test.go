@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/idem-extproc/idem-extproc/internal/testing/wings"
 )
 
 // TestStaticFigures counts a small tree whose every figure is known.
@@ -41,7 +43,7 @@ func helper(req *extprocv3.ProcessingRequest)            {}
 	write("internal/other/long.go", "package other\n\nfunc long() {\n"+strings.Repeat("\t_ = 1\n", 80)+"}\n")
 	write("internal/other/imports.go", "package other\n\nimport _ \""+module+"/internal/testing/envoysim\"\n")
 	write("internal/testing/envoysim/sim.go", "package envoysim\n\nfunc notCounted() {\n"+strings.Repeat("\t_ = 1\n", 90)+"}\n")
-	files, err := productFiles(root)
+	files, err := wings.ProductFiles(root, supportDirs)
 	if err != nil {
 		t.Fatal(err)
 	}
