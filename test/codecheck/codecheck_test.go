@@ -7,7 +7,6 @@ package codecheck
 import (
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -31,16 +30,9 @@ func run(t *testing.T, args ...string) {
 	}
 }
 
-// The analysers read the packages as the suite's own test binaries build
-// them, with the race detector for the server's module (the command in
-// README.md) and without it for the deploy tests' (it runs them so), so
-// that they reuse those compilations instead of compiling every
-// dependency once more. What they miss is only what a -race build leaves
-// out: files under //go:build !race, which the suite does not build either.
 func TestGoVet(t *testing.T) {
 	t.Parallel()
-	run(t, "vet", "-race", "./...")
-	run(t, "vet", "./test/deploytest/...")
+	run(t, "vet", "./...", "./test/deploytest/...")
 }
 
 // TestVTProtobufComparison vets and runs once the comparison of the
@@ -55,22 +47,9 @@ func TestVTProtobufComparison(t *testing.T) {
 		"./internal/extprocwire/")
 }
 
-// TestStaticcheck builds staticcheck itself without the race detector (it
-// is a program the suite runs, not a part of it) and then points its
-// package loader (go list, which reads GOFLAGS) at the same builds as
-// TestGoVet.
 func TestStaticcheck(t *testing.T) {
 	t.Parallel()
-	bin := filepath.Join(t.TempDir(), "staticcheck")
-	run(t, "build", "-o", bin, "honnef.co/go/tools/cmd/staticcheck")
-	for _, c := range []struct{ goflags, pkgs string }{{"-race", "./..."}, {"", "./test/deploytest/..."}} {
-		cmd := exec.Command(bin, c.pkgs)
-		cmd.Dir = "../.."
-		cmd.Env = append(os.Environ(), "GOFLAGS="+strings.TrimSpace(os.Getenv("GOFLAGS")+" "+c.goflags))
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("GOFLAGS=%s staticcheck %s: %v\n%s", c.goflags, c.pkgs, err, out)
-		}
-	}
+	run(t, "tool", "staticcheck", "./...", "./test/deploytest/...")
 }
 
 // TestModulesVerify: every dependency in the module cache is the one
