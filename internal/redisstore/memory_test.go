@@ -3,7 +3,6 @@ package redisstore_test
 import (
 	"context"
 	"math"
-	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
@@ -15,6 +14,7 @@ import (
 	"github.com/idem-extproc/idem-extproc/internal/redisstore"
 	"github.com/idem-extproc/idem-extproc/internal/sizing"
 	"github.com/idem-extproc/idem-extproc/internal/testing/corpus"
+	"github.com/idem-extproc/idem-extproc/internal/testing/norace"
 	"github.com/idem-extproc/idem-extproc/internal/testing/redistest"
 )
 
@@ -220,14 +220,14 @@ func measureRecords(t *testing.T, srv *redistest.Server, st *redisstore.Store, a
 // seven times the CPU (about 130 CPU-seconds instead of 19 on 2 vCPUs,
 // nearly all of it the detector's shadow accesses in the corpus's JSON,
 // the compressors and the dictionary training), so a race-built binary
-// runs this test in one built without it (measureWithoutRace): the test
+// runs this test in one built without it (norace.Run): the test
 // command's -race run still measures and checks every figure.
 func TestMemoryPerRecord(t *testing.T) {
 	if testing.Short() {
 		t.Skip("writes 50,000 records")
 	}
 	if underRace {
-		measureWithoutRace(t)
+		norace.Run(t, "TestMemoryPerRecord")
 		return
 	}
 	srv := redistest.Start(t, redistest.Options{})
@@ -276,35 +276,4 @@ func TestMemoryPerRecord(t *testing.T) {
 			check("trained", 0.4)
 		}
 	}
-}
-
-// measureWithoutRace runs TestMemoryPerRecord in this package's test
-// binary built without the race detector (go test -race=false, which also
-// overrides a -race in GOFLAGS), and fails with its output when it fails.
-// Its figures are in the log (go test -v).
-func measureWithoutRace(t *testing.T) {
-	t.Helper()
-	goCmd, err := exec.LookPath("go")
-	if err != nil {
-		t.Fatalf("the go command must be in PATH to measure without the race detector: %v", err)
-	}
-	// The measuring binary gets what is left of this test's deadline, not
-	// go test's default of 10 minutes, which three suites at once on two
-	// busy vCPUs ran past; without a deadline, none.
-	ctx, timeout := context.Background(), time.Duration(0)
-	if d, ok := t.Deadline(); ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithDeadline(ctx, d)
-		defer cancel()
-		timeout = time.Until(d)
-	}
-	cmd := exec.CommandContext(ctx, goCmd, "test", "-race=false", "-count=1", "-timeout="+timeout.String(), "-v", "-run", "^TestMemoryPerRecord$", ".")
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("go test -race=false -run '^TestMemoryPerRecord$': %v\n%s", err, out)
-	}
-	if !strings.Contains(string(out), "--- PASS: TestMemoryPerRecord") {
-		t.Fatalf("go test -race=false -run '^TestMemoryPerRecord$' ran no TestMemoryPerRecord:\n%s", out)
-	}
-	t.Logf("measured without the race detector:\n%s", out)
 }

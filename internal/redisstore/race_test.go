@@ -3,5 +3,5 @@
 package redisstore_test
 
 // underRace is true in a test binary built with -race. TestMemoryPerRecord
-// then measures in a test binary built without it (measureWithoutRace).
+// then measures in a test binary built without it (norace.Run).
 const underRace = true
