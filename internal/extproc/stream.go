@@ -47,7 +47,9 @@ const (
 )
 
 // phase is the kind of message being answered: its reply must be of the
-// matching kind (Envoy rejects any other as spurious).
+// matching kind (Envoy rejects any other as spurious). The request's three
+// come first, then the response's: sequence.next tells the direction by
+// dividing by phaseResponseHeaders.
 type phase uint8
 
 const (
