@@ -328,9 +328,10 @@ func keepsBody(m procmodev3.ProcessingMode_BodySendMode) bool {
 // headerCarrier reads W3C trace context from Envoy's request headers.
 type headerCarrier struct{ m *corev3.HeaderMap }
 
+// Get stops at the first line of key, as the propagator reads one value.
 func (c headerCarrier) Get(key string) string {
-	v, _ := headerLines(c.m, key)
-	return v
+	v, _ := headerBytes(c.m, key)
+	return string(v)
 }
 
 func (c headerCarrier) Set(string, string) {}
