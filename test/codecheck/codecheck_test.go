@@ -7,6 +7,7 @@ package codecheck
 import (
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -30,9 +31,15 @@ func run(t *testing.T, args ...string) {
 	}
 }
 
+// The analysers read the packages as the suite's own test binaries are
+// built (README.md's command: both modules with the race detector), so
+// they reuse those compilations instead of compiling every package and
+// dependency once more without it. A -race build leaves out only files
+// under //go:build !race, which are test files that the suite runs
+// through internal/testing/norace.
 func TestGoVet(t *testing.T) {
 	t.Parallel()
-	run(t, "vet", "./...", "./test/deploytest/...")
+	run(t, "vet", "-race", "./...", "./test/deploytest/...")
 }
 
 // TestVTProtobufComparison vets and runs once the comparison of the
@@ -47,9 +54,19 @@ func TestVTProtobufComparison(t *testing.T) {
 		"./internal/extprocwire/")
 }
 
+// TestStaticcheck builds staticcheck itself without the race detector (it
+// is a program the suite runs, not a part of it), then points its package
+// loader (go list, which reads GOFLAGS) at the same builds as TestGoVet.
 func TestStaticcheck(t *testing.T) {
 	t.Parallel()
-	run(t, "tool", "staticcheck", "./...", "./test/deploytest/...")
+	bin := filepath.Join(t.TempDir(), "staticcheck")
+	run(t, "build", "-o", bin, "honnef.co/go/tools/cmd/staticcheck")
+	cmd := exec.Command(bin, "./...", "./test/deploytest/...")
+	cmd.Dir = "../.."
+	cmd.Env = append(os.Environ(), "GOFLAGS="+strings.TrimSpace(os.Getenv("GOFLAGS")+" -race"))
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("GOFLAGS=-race staticcheck: %v\n%s", err, out)
+	}
 }
 
 // TestModulesVerify: every dependency in the module cache is the one
