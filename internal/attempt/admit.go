@@ -147,13 +147,6 @@ func (a *Attempt) admit(scope string, required bool, key string) *problem.Proble
 		ns += policy.DerivedNamespaceSuffix // never a key a client sent
 	}
 	a.ID = idem.RecordIDFor(ns, scope, key)
-	if a.srv.Homes != nil && a.Policy.Homes != nil {
-		// A request sent to its home asks no store here, not even to
-		// find out that its calls would not fit (StoreFor).
-		if a.sendTo, a.astray = a.route(scope); a.sendTo == "" && a.astray == nil {
-			a.home = &home{store: a.srv.Homes.StoreFor(a.Policy, scope, key)}
-		}
-	}
 	return nil
 }
 
@@ -209,15 +202,23 @@ func (a *Attempt) named(ctx context.Context, scope string, required bool, key st
 	if prob := a.admit(scope, required, key); prob != nil {
 		return a.refuse(ctx, prob)
 	}
+	if a.srv.Homes == nil || a.Policy.Homes == nil {
+		return verdictContinue
+	}
+	sendTo, astray := a.route(scope)
 	switch {
-	case a.astray != nil:
-		return a.unavailable(ctx, a.astray)
-	case a.sendTo == "":
+	case astray != nil:
+		return a.unavailable(ctx, astray)
+	case sendTo == "":
+		// Only a request decided here asks for its store: one sent to
+		// its home asks no store here, not even to find out that its
+		// calls would not fit (StoreFor).
+		a.home = &home{store: a.srv.Homes.StoreFor(a.Policy, scope, key)}
 		return verdictContinue
 	}
 	a.conv.Decided(a.Policy.Name, idem.DecisionSentHome)
-	a.LogAt(ctx, slog.LevelInfo, "decision", slog.String("decision", string(idem.DecisionSentHome)), slog.String("home", a.sendTo))
-	return Verdict{Kind: SendHome, Home: a.sendTo}
+	a.LogAt(ctx, slog.LevelInfo, "decision", slog.String("decision", string(idem.DecisionSentHome)), slog.String("home", sendTo))
+	return Verdict{Kind: SendHome, Home: sendTo}
 }
 
 // grace lets a request without a required key on during the policy's

@@ -170,13 +170,8 @@ type Attempt struct {
 
 	// home is where a homes map placed the record (Server.Homes); nil
 	// when it lives in Server.Store (recordStore, storeBudget), or when
-	// the request goes to another region (sendTo).
+	// the request goes to another region (SendHome, named).
 	home *home
-	// sendTo is the home region admit found the request is to be sent to
-	// (SendHome); astray refuses a request another region's server sent
-	// here that this server's map homes elsewhere (route, admit.go).
-	sendTo string
-	astray error
 	// method and path are the request's, for its fingerprint; fpHeaders
 	// the policy's fingerprint headers, read at the headers (Request).
 	method, path string

@@ -48,8 +48,8 @@ func TestFarHome(t *testing.T) {
 
 	a := New(srv, &reporter{})
 	a.Policy = p
-	if prob := a.admit("scope", false, "k1"); prob != nil {
-		t.Fatal(prob)
+	if v := a.named(ctx, "scope", false, "k1"); v.Kind != Continue || a.home == nil {
+		t.Fatalf("named: %+v (home %v), want continue with the record's home", v, a.home)
 	}
 	v := a.request(ctx, idem.Fingerprint{1})
 	if v.Kind != Wait || v.Wait != 550*time.Millisecond {
@@ -79,8 +79,8 @@ func TestFarHome(t *testing.T) {
 	b := New(&Server{Store: local, Observer: idem.NopObserver{}, Log: slog.New(slog.DiscardHandler),
 		StoreTimeout: 100 * time.Millisecond, SettleAtEndTimeout: time.Second}, &reporter{})
 	b.Policy = policy.Default()
-	if prob := b.admit("scope", false, "k2"); prob != nil {
-		t.Fatal(prob)
+	if v := b.named(ctx, "scope", false, "k2"); v.Kind != Continue {
+		t.Fatalf("named: %+v", v)
 	}
 	if v := b.request(ctx, idem.Fingerprint{1}); v.Kind != answered || v.Problem == nil || v.Problem.Status != 503 {
 		t.Fatalf("a moved key without a finder: %+v, want 503", v)
@@ -115,8 +115,8 @@ func TestAskFitsWhatEnvoyGrants(t *testing.T) {
 			p.WaitForInFlight = 2 * time.Second
 			first := New(srv, &reporter{})
 			first.Policy = p
-			if prob := first.admit("scope", false, "k"); prob != nil {
-				t.Fatal(prob)
+			if v := first.named(ctx, "scope", false, "k"); v.Kind != Continue {
+				t.Fatalf("named: %+v", v)
 			}
 			if v := first.request(ctx, idem.Fingerprint{1}); v.Kind != Wait || v.Wait > srv.MaxMessageTimeout {
 				t.Fatalf("first ask %+v", v)
@@ -127,8 +127,8 @@ func TestAskFitsWhatEnvoyGrants(t *testing.T) {
 			defer stopRenewing(&first)
 			dup := New(srv, &reporter{})
 			dup.Policy = p
-			if prob := dup.admit("scope", false, "k"); prob != nil {
-				t.Fatal(prob)
+			if v := dup.named(ctx, "scope", false, "k"); v.Kind != Continue {
+				t.Fatalf("named: %+v", v)
 			}
 			v := dup.request(ctx, idem.Fingerprint{1})
 			if v.Kind != Wait || v.Wait != c.ask {
