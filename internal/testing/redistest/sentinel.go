@@ -2,12 +2,15 @@ package redistest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/url"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // SentinelOptions configures a SentinelGroup.
@@ -331,11 +334,30 @@ func (g *SentinelGroup) Rejoin(ctx context.Context, s *Server) {
 		g.t.Fatal("redistest: no other primary to rejoin")
 	}
 	s.Restart()
-	if err := s.Do(ctx, "REPLICAOF", "127.0.0.1", m.Port()).Err(); err != nil {
-		g.t.Fatalf("redistest: REPLICAOF: %v", err)
-	}
+	g.replicaOf(ctx, s, m)
 	if err := g.waitSynced(ctx); err != nil {
 		g.t.Fatal(err)
+	}
+}
+
+// replicaOf makes s a replica of m. When Sentinel converts s at the same
+// moment, it closes every client connection of s in the same transaction
+// (sentinel.c, sentinelSendSlaveOf: MULTI, SLAVEOF, CONFIG REWRITE, CLIENT
+// KILL TYPE normal, EXEC): on a busy machine this command once ended so,
+// with io.EOF. It is then sent again until ctx ends, since REPLICAOF of the
+// same primary twice does what once does; a reply from Redis is final.
+func (g *SentinelGroup) replicaOf(ctx context.Context, s, m *Server) {
+	g.t.Helper()
+	for {
+		err := s.Do(ctx, "REPLICAOF", "127.0.0.1", m.Port()).Err()
+		var refused redis.Error
+		if err == nil {
+			return
+		}
+		if errors.As(err, &refused) || ctx.Err() != nil {
+			g.t.Fatalf("redistest: REPLICAOF: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
 
@@ -347,9 +369,7 @@ func (g *SentinelGroup) WaitSynced(ctx context.Context) {
 	g.t.Helper()
 	if m := g.Master(ctx); m != nil {
 		if o := g.Other(m); o.Running() && o.Info(ctx, "replication", "role") == "master" {
-			if err := o.Do(ctx, "REPLICAOF", "127.0.0.1", m.Port()).Err(); err != nil {
-				g.t.Fatalf("redistest: REPLICAOF: %v", err)
-			}
+			g.replicaOf(ctx, o, m)
 		}
 	}
 	if err := g.waitSynced(ctx); err != nil {
