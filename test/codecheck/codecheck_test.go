@@ -35,8 +35,9 @@ func run(t *testing.T, args ...string) {
 // built (README.md's command: both modules with the race detector), so
 // they reuse those compilations instead of compiling every package and
 // dependency once more without it. A -race build leaves out only files
-// under //go:build !race, which are test files that the suite runs
-// through internal/testing/norace.
+// under //go:build !race: here test files only (an allocation test and
+// two constants), which go test vets with its default checks when
+// internal/testing/norace builds them.
 func TestGoVet(t *testing.T) {
 	t.Parallel()
 	run(t, "vet", "-race", "./...", "./test/deploytest/...")
