@@ -32,10 +32,10 @@ var (
 type mode struct {
 	name string
 	env  *harness.Env
-	// requests and unavailable count the stream's requests and its 503s.
-	requests, unavailable atomic.Int64
-	mu                    sync.Mutex
-	keys                  []string
+	// requests counts the stream's requests.
+	requests atomic.Int64
+	mu       sync.Mutex
+	keys     []string
 	// settled is each key's last settling answer: "replay",
 	// "outcome-unknown" or "first"; refused counts each key's 503s.
 	settled map[string]string
@@ -72,7 +72,6 @@ func (m *mode) send(key string) bool {
 	case r.Err != nil:
 		return false
 	case r.Status == http.StatusServiceUnavailable:
-		m.unavailable.Add(1)
 		m.mu.Lock()
 		m.refused[key]++
 		m.mu.Unlock()
@@ -126,13 +125,23 @@ type figures struct {
 	keys, requests, executed, duplicates, unavailable int
 }
 
-func (m *mode) figures() figures {
+// runs counts, from the upstream's effect log, each key's executions.
+func (m *mode) runs() map[string]int {
 	per := map[string]int{}
 	for _, e := range m.env.Upstream.Effects() {
 		per[e.Key]++
 	}
-	f := figures{keys: len(m.keys), requests: int(m.requests.Load()), unavailable: int(m.unavailable.Load())}
-	for _, n := range per {
+	return per
+}
+
+func (m *mode) figures() figures {
+	f := figures{keys: len(m.keys), requests: int(m.requests.Load())}
+	m.mu.Lock()
+	for _, n := range m.refused {
+		f.unavailable += n
+	}
+	m.mu.Unlock()
+	for _, n := range m.runs() {
 		f.executed += n
 		if n > 1 {
 			f.duplicates += n - 1
@@ -346,10 +355,7 @@ func gap(t *testing.T, topology string, modes []*mode, proxy *redistest.LinkProx
 	// (attempt.giveUp) failed too while the new primary was still being
 	// found: then, once the lease ends, the record the retry left answers
 	// outcome-unknown, the documented residual (docs/design.md §7.7).
-	runs := map[string]int{}
-	for _, e := range async.env.Upstream.Effects() {
-		runs[e.Key]++
-	}
+	runs := async.runs()
 	var replays, unknown int
 	for _, k := range async.keys {
 		switch {
