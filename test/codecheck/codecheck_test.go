@@ -21,13 +21,18 @@ func goTool(t *testing.T) string {
 	return p
 }
 
+// run runs the go command with args at the repository's root.
 func run(t *testing.T, args ...string) {
 	t.Helper()
-	cmd := exec.Command(goTool(t), args...)
+	check(t, exec.Command(goTool(t), args...))
+}
+
+// check runs cmd at the repository's root and fails t with its output.
+func check(t *testing.T, cmd *exec.Cmd) {
+	t.Helper()
 	cmd.Dir = "../.."
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("go %v: %v\n%s", args, err, out)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("%s: %v\n%s", strings.Join(cmd.Args, " "), err, out)
 	}
 }
 
@@ -63,11 +68,8 @@ func TestStaticcheck(t *testing.T) {
 	bin := filepath.Join(t.TempDir(), "staticcheck")
 	run(t, "build", "-o", bin, "honnef.co/go/tools/cmd/staticcheck")
 	cmd := exec.Command(bin, "./...", "./test/deploytest/...")
-	cmd.Dir = "../.."
 	cmd.Env = append(os.Environ(), "GOFLAGS="+strings.TrimSpace(os.Getenv("GOFLAGS")+" -race"))
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("GOFLAGS=-race staticcheck: %v\n%s", err, out)
-	}
+	check(t, cmd)
 }
 
 // TestModulesVerify: every dependency in the module cache is the one
