@@ -350,11 +350,10 @@ func (g *SentinelGroup) replicaOf(ctx context.Context, s, m *Server) {
 	g.t.Helper()
 	for {
 		err := s.Do(ctx, "REPLICAOF", "127.0.0.1", m.Port()).Err()
-		var refused redis.Error
 		if err == nil {
 			return
 		}
-		if errors.As(err, &refused) || ctx.Err() != nil {
+		if refused := redis.Error(nil); errors.As(err, &refused) || ctx.Err() != nil {
 			g.t.Fatalf("redistest: REPLICAOF: %v", err)
 		}
 		time.Sleep(100 * time.Millisecond)
