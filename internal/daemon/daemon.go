@@ -350,7 +350,9 @@ func Main(ctx context.Context, args []string, getenv func(string) string, stderr
 		return 1
 	}
 	if percent > 0 {
-		defer startBodyPacer(percent, d.ext.BufferedBytes).stop()
+		pacer := startBodyPacer(percent, d.ext.BufferedBytes)
+		defer pacer.stop()
+		d.ext.OnSmallBody(func() { pacer.pace() })
 	}
 	if err := d.Wait(ctx); err != nil {
 		log.Error("server failed", slog.String("error", err.Error()))

@@ -145,10 +145,22 @@ func (p *bodyPacer) arm() { runtime.AddCleanup(new(gcCycle), (*bodyPacer).collec
 
 // collected runs after each collection.
 func (p *bodyPacer) collected() {
+	if p.pace() {
+		p.arm()
+	}
+}
+
+// pace sets the percent for the bodies held now and the live heap the
+// last collection found; false once stopped. Called between collections
+// too (a body that came to count as small): the runtime recomputes the
+// goal of the cycle in progress, and a heap already past it starts a
+// collection at its next allocation that checks the trigger
+// (runtime/mgcpacer.go setGCPercent; runtime/malloc.go, gcTriggerHeap).
+func (p *bodyPacer) pace() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.stopped {
-		return
+		return false
 	}
 	metrics.Read(p.live[:])
 	if p.live[0].Value.Kind() == metrics.KindUint64 {
@@ -158,7 +170,7 @@ func (p *bodyPacer) collected() {
 			p.set = pc
 		}
 	}
-	p.arm()
+	return true
 }
 
 // stop ends the pacing and puts back the daemon's percent.

@@ -6,6 +6,7 @@ import (
 	"runtime/debug"
 	"runtime/metrics"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -152,4 +153,37 @@ func TestBodyPacerFollowsCollections(t *testing.T) {
 	if metrics.Read(gogc); gogc[0].Value.Uint64() != 400 {
 		t.Errorf("after stop the percent is %d, want 400", gogc[0].Value.Uint64())
 	}
+}
+
+// TestBodyPacerPacesBetweenCollections: pace, as called when a body comes
+// to count as small, sets the paced percent at once, with no collection
+// between (a collection in between would pace too, so the test retries
+// until none came).
+func TestBodyPacerPacesBetweenCollections(t *testing.T) {
+	old := debug.SetGCPercent(400)
+	defer debug.SetGCPercent(old)
+	var small atomic.Int64
+	p := startBodyPacer(400, func() (int64, int64) { return small.Load(), small.Load() })
+	defer p.stop()
+	samples := []metrics.Sample{{Name: "/gc/gogc:percent"}, {Name: "/gc/cycles/total:gc-cycles"}}
+	for range 100 {
+		small.Store(0)
+		runtime.GC()                      // with no body held the percent goes back to 400
+		time.Sleep(10 * time.Millisecond) // the cleanup runs on its own goroutine
+		if metrics.Read(samples); samples[0].Value.Uint64() != 400 {
+			continue
+		}
+		cycles := samples[1].Value.Uint64()
+		small.Store(64)
+		p.pace()
+		metrics.Read(samples)
+		if samples[1].Value.Uint64() != cycles {
+			continue // a collection paced it; try again
+		}
+		if got := samples[0].Value.Uint64(); got >= 400 {
+			t.Fatalf("after pace with a small body held the percent is %d, want below 400", got)
+		}
+		return
+	}
+	t.Fatal("in every try the percent was not back at 400, or a collection came between")
 }

@@ -3,19 +3,24 @@ package extproc
 import "testing"
 
 // TestBudgetTellsSmallMessageBodies: a body kept in many small messages
-// counts, whole, as small once it has come in smallBodyMessages of them,
-// and stops counting when released; a body in messages of Envoy's usual
-// size, or one in a few small messages, never counts.
+// counts, whole, as small once it has come in smallBodyMessages of them
+// (and OnSmallBody's function is called then, once), and stops counting
+// when released; a body in messages of Envoy's usual size, or one in a few
+// small messages, never counts.
 func TestBudgetTellsSmallMessageBodies(t *testing.T) {
-	b := &bodyBudget{limit: 1 << 30}
+	s := New(Config{MaxBufferedBytes: 1 << 30})
+	var told int
+	s.OnSmallBody(func() { told++ })
+	b := s.budget
 	var trickled, sized, short holding
 	for i := range smallBodyMessages - 1 {
 		if !b.hold(&trickled, 1) || !b.hold(&sized, 16<<10) || (i < 8 && !b.hold(&short, 1)) {
 			t.Fatal("the budget refused a byte it had room for")
 		}
 	}
-	if got := b.small.Load(); got != 0 {
-		t.Fatalf("after %d messages the budget counts %d small bytes, want 0", smallBodyMessages-1, got)
+	if got := b.small.Load(); got != 0 || told != 0 {
+		t.Fatalf("after %d messages the budget counts %d small bytes and told of %d small bodies, want 0 and 0",
+			smallBodyMessages-1, got, told)
 	}
 	b.hold(&trickled, 0) // a message that fits the buffer's capacity adds no bytes, but is one more
 	b.hold(&sized, 16<<10)
@@ -23,8 +28,8 @@ func TestBudgetTellsSmallMessageBodies(t *testing.T) {
 		t.Fatalf("small bytes %d, want the trickled body's %d (%d messages)", got, want, trickled.messages)
 	}
 	b.hold(&trickled, 5)
-	if got := b.small.Load(); got != smallBodyMessages-1+5 {
-		t.Fatalf("small bytes %d after 5 more, want %d", got, smallBodyMessages-1+5)
+	if got := b.small.Load(); got != smallBodyMessages-1+5 || told != 1 {
+		t.Fatalf("small bytes %d after 5 more, want %d; told of %d small bodies, want 1", got, smallBodyMessages-1+5, told)
 	}
 	b.release(&trickled)
 	if got := b.small.Load(); got != 0 || trickled != (holding{}) {
