@@ -1,7 +1,6 @@
 package attempt
 
 import (
-	"context"
 	"fmt"
 	"log/slog"
 	"net/textproto"
@@ -54,7 +53,7 @@ type Facts interface {
 	Metadata(namespace string, path []string) string
 	// Peer is the peer's identity of the kind named, "" when there is
 	// none; a proxy that does not send it is reported under policyName.
-	Peer(ctx context.Context, policyName string, id policy.PeerIdentity) string
+	Peer(policyName string, id policy.PeerIdentity) string
 }
 
 // AtHeaders is the admission of a request at its headers (docs/design.md
@@ -65,7 +64,7 @@ type Facts interface {
 // it needs of the headers, and the verdict is ReadBody with AtBody (Request
 // picks the policy). ReadBody alone: the body is awaited, then Request
 // decides.
-func (a *Attempt) AtHeaders(ctx context.Context, set *policy.Set, f Facts, now time.Time) Verdict {
+func (a *Attempt) AtHeaders(set *policy.Set, f Facts, now time.Time) Verdict {
 	r := f.Target()
 	a.method, a.path = r.Method, r.Path
 	if a.Policy = set.Match(r); a.Policy == nil {
@@ -73,15 +72,15 @@ func (a *Attempt) AtHeaders(ctx context.Context, set *policy.Set, f Facts, now t
 		return verdictPass
 	}
 	if a.Policy.NeedsBody() {
-		return a.readBody(ctx, set, r, f)
+		return a.readBody(set, r, f)
 	}
 	raw, lines := f.Header(a.Policy.KeyHeader)
 	adm, key, prob := a.admitKey(raw, lines, now)
 	if adm != admitKeyed {
-		return a.admitted(ctx, adm, prob)
+		return a.admitted(adm, prob)
 	}
-	scope, required := a.scopeOf(ctx, a.Policy, f)
-	v := a.named(ctx, scope, required, key)
+	scope, required := a.scopeOf(a.Policy, f)
+	v := a.named(scope, required, key)
 	if v.Kind == Continue {
 		a.fpHeaders = f.Headers(a.Policy.FingerprintHeaders)
 		v.Kind = ReadBody
@@ -92,7 +91,7 @@ func (a *Attempt) AtHeaders(ctx context.Context, set *policy.Set, f Facts, now t
 // scopeOf reads the owner of the request's key space where pol says, and
 // whether pol requires one (admit). It is the one reading of a scope
 // source: a new source is a case here.
-func (a *Attempt) scopeOf(ctx context.Context, pol *policy.Policy, f Facts) (scope string, required bool) {
+func (a *Attempt) scopeOf(pol *policy.Policy, f Facts) (scope string, required bool) {
 	switch sc := pol.Scope; sc.Source {
 	case policy.ScopeAuthority:
 		return f.Target().Authority, false
@@ -102,7 +101,7 @@ func (a *Attempt) scopeOf(ctx context.Context, pol *policy.Policy, f Facts) (sco
 	case policy.ScopeMetadata:
 		return f.Metadata(sc.Namespace, sc.Path), true
 	case policy.ScopePrincipal:
-		return f.Peer(ctx, pol.Name, sc.PeerIdentity), true
+		return f.Peer(pol.Name, sc.PeerIdentity), true
 	}
 	return "", false // ScopeNone
 }
@@ -169,26 +168,26 @@ func (a *Attempt) headerKey(raw string, lines int) (admission, string, *problem.
 // call (key missing or invalid, no principal, a body too large or
 // unreadable, the server's buffers full). A shadow policy only counts what
 // it would have refused, and lets the request on.
-func (a *Attempt) refuse(ctx context.Context, prob *problem.Problem) Verdict {
+func (a *Attempt) refuse(prob *problem.Problem) Verdict {
 	if a.Policy.Enforcement == policy.EnforcementShadow {
-		return a.shadowed(ctx, idem.ShadowWouldReject, verdictPass, slog.String("problem", prob.Slug))
+		return a.shadowed(idem.ShadowWouldReject, verdictPass, slog.String("problem", prob.Slug))
 	}
 	a.conv.Decided(a.Policy.Name, idem.DecisionRejected)
-	a.LogAt(ctx, slog.LevelInfo, "rejected", slog.String("problem", prob.Slug))
+	a.LogAt(slog.LevelInfo, "rejected", slog.String("problem", prob.Slug))
 	return Verdict{Kind: answered, Problem: prob}
 }
 
 // admitted is the verdict on an admission that did not name a record
 // (admitKey, admitKeyFrom): a pass, a pass in the key's grace period, or a
 // refusal. It is Continue for admitKeyed.
-func (a *Attempt) admitted(ctx context.Context, adm admission, prob *problem.Problem) Verdict {
+func (a *Attempt) admitted(adm admission, prob *problem.Problem) Verdict {
 	switch adm {
 	case admitBypass:
 		return verdictPass
 	case admitGrace:
-		return a.grace(ctx)
+		return a.grace()
 	case admitRefused:
-		return a.refuse(ctx, prob)
+		return a.refuse(prob)
 	}
 	return verdictContinue
 }
@@ -198,9 +197,9 @@ func (a *Attempt) admitted(ctx context.Context, adm admission, prob *problem.Pro
 // the scope its policy requires, SendHome where a homes map sends the
 // request, or the refusal of a request sent here astray (503
 // idempotency-homes-disagree, nothing reserved anywhere).
-func (a *Attempt) named(ctx context.Context, scope string, required bool, key string) Verdict {
+func (a *Attempt) named(scope string, required bool, key string) Verdict {
 	if prob := a.admit(scope, required, key); prob != nil {
-		return a.refuse(ctx, prob)
+		return a.refuse(prob)
 	}
 	if a.srv.Homes == nil || a.Policy.Homes == nil {
 		return verdictContinue
@@ -208,7 +207,7 @@ func (a *Attempt) named(ctx context.Context, scope string, required bool, key st
 	sendTo, astray := a.route(scope)
 	switch {
 	case astray != nil:
-		return a.unavailable(ctx, astray)
+		return a.unavailable(astray)
 	case sendTo == "":
 		// Only a request decided here asks for its store: one sent to
 		// its home asks no store here, not even to find out that its
@@ -217,7 +216,7 @@ func (a *Attempt) named(ctx context.Context, scope string, required bool, key st
 		return verdictContinue
 	}
 	a.conv.Decided(a.Policy.Name, idem.DecisionSentHome)
-	a.LogAt(ctx, slog.LevelInfo, "decision", slog.String("decision", string(idem.DecisionSentHome)), slog.String("home", sendTo))
+	a.LogAt(slog.LevelInfo, "decision", slog.String("decision", string(idem.DecisionSentHome)), slog.String("home", sendTo))
 	return Verdict{Kind: SendHome, Home: sendTo}
 }
 
@@ -229,13 +228,13 @@ func (a *Attempt) named(ctx context.Context, scope string, required bool, key st
 // need every client taught about it. A shadow policy, which refuses
 // nothing anyway, measures what enforcement would do now: it passes the
 // request as a keyless one.
-func (a *Attempt) grace(ctx context.Context) Verdict {
+func (a *Attempt) grace() Verdict {
 	a.conv.Decided(a.Policy.Name, idem.DecisionBypassed)
 	if a.Policy.Enforcement == policy.EnforcementShadow {
 		return verdictPass
 	}
 	a.srv.Observer.KeyWarned(a.Policy.Name)
-	a.LogAt(ctx, slog.LevelInfo, "key missing; passed in its grace period", slog.Time("warn_until", a.Policy.KeyWarnUntil))
+	a.LogAt(slog.LevelInfo, "key missing; passed in its grace period", slog.Time("warn_until", a.Policy.KeyWarnUntil))
 	return Verdict{Kind: Pass, Add: []ResponseHeader{{
 		Name: "warning", Value: GraceWarning(a.Policy.KeyHeader, a.Policy.KeyWarnUntil), Append: true,
 	}}}
@@ -251,14 +250,14 @@ func GraceWarning(keyHeader string, until time.Time) string {
 // shadowed records a shadow policy's decision (counted, logged, put on the
 // request's trace by the protocol side) and returns v with it, and with
 // the policy's shadow header when it names one ("would-replay").
-func (a *Attempt) shadowed(ctx context.Context, d idem.ShadowDecision, v Verdict, attrs ...slog.Attr) Verdict {
+func (a *Attempt) shadowed(d idem.ShadowDecision, v Verdict, attrs ...slog.Attr) Verdict {
 	a.conv.Decided(a.Policy.Name, idem.DecisionShadowed)
 	a.srv.Observer.ShadowDecided(a.Policy.Name, d)
 	level := slog.LevelInfo
 	if d == idem.ShadowStoreError {
 		level = slog.LevelWarn
 	}
-	a.LogAt(ctx, level, "shadow decision", append(attrs, slog.String("shadow_decision", string(d)))...)
+	a.LogAt(level, "shadow decision", append(attrs, slog.String("shadow_decision", string(d)))...)
 	v.Shadow = d
 	if a.Policy.ShadowHeader != "" {
 		v.Add = []ResponseHeader{{Name: a.Policy.ShadowHeader, Value: strings.ReplaceAll(string(d), "_", "-")}}

@@ -1,7 +1,6 @@
 package attempt
 
 import (
-	"context"
 	"testing"
 	"time"
 
@@ -113,7 +112,7 @@ func TestAdmitScopeTable(t *testing.T) {
 		a := New(&Server{}, &reporter{})
 		a.Policy = policy.Default()
 		a.Policy.Scope = policy.Scope{Source: tc.source}
-		_, required := a.scopeOf(context.Background(), a.Policy, facts{})
+		_, required := a.scopeOf(a.Policy, facts{})
 		prob := a.admit(tc.scope, required, "k")
 		if (prob != nil) != tc.refused || (prob != nil && prob.Slug != problem.PrincipalMissing.Slug) {
 			t.Errorf("source %v scope %q: problem %v, want refused %v", tc.source, tc.scope, prob, tc.refused)
@@ -151,6 +150,6 @@ func (f facts) Headers(names []string) []idem.Header {
 	return hs
 }
 
-func (facts) HeadersPrefixed(string) []idem.Header                     { return nil }
-func (facts) Metadata(string, []string) string                         { return "" }
-func (facts) Peer(context.Context, string, policy.PeerIdentity) string { return "" }
+func (facts) HeadersPrefixed(string) []idem.Header    { return nil }
+func (facts) Metadata(string, []string) string        { return "" }
+func (facts) Peer(string, policy.PeerIdentity) string { return "" }

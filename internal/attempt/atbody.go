@@ -1,7 +1,6 @@
 package attempt
 
 import (
-	"context"
 	"log/slog"
 	"slices"
 	"strconv"
@@ -46,14 +45,14 @@ type candidate struct {
 // policy's limits (its max_request_body) and answers hold. A JSON-RPC
 // request whose MCP headers rule out every candidate passes here
 // (ruledOut).
-func (a *Attempt) readBody(ctx context.Context, set *policy.Set, r policy.Request, f Facts) Verdict {
+func (a *Attempt) readBody(set *policy.Set, r policy.Request, f Facts) Verdict {
 	first := a.Policy
 	pols := set.BodyCandidates(r, first)
 	jsonRPC := first.Answers == policy.AnswersJSONRPC
 	var mcp policy.MCPHeaders
 	if jsonRPC {
 		mcp = mcpHeaders(f)
-		if v, ok := a.ruledOut(ctx, pols, mcp); ok {
+		if v, ok := a.ruledOut(pols, mcp); ok {
 			return v
 		}
 		if slices.ContainsFunc(pols, func(p *policy.Policy) bool { return p.KeyFrom(policy.KeyFromMCPParam) }) {
@@ -65,7 +64,7 @@ func (a *Attempt) readBody(ctx context.Context, set *policy.Set, r policy.Reques
 	a.cands = make([]candidate, 0, len(pols))
 	for _, pol := range pols {
 		c := candidate{pol: pol, fpHeaders: f.Headers(pol.FingerprintHeaders), mcp: mcp}
-		c.scope, c.scopeRequired = a.scopeOf(ctx, pol, f)
+		c.scope, c.scopeRequired = a.scopeOf(pol, f)
 		if pol.LearnsTools() {
 			c.upstream = policy.ToolsUpstream(r.Authority, r.Path)
 		}
@@ -83,10 +82,10 @@ func (a *Attempt) readBody(ctx context.Context, set *policy.Set, r policy.Reques
 // request is admitted (the attempt's policy is the chosen one), a Pass when
 // no candidate takes the body or one passes it without a key, and a
 // refusal otherwise. A request no candidate takes costs no store call.
-func (a *Attempt) pickAtBody(ctx context.Context, body []byte, now time.Time) Verdict {
+func (a *Attempt) pickAtBody(body []byte, now time.Time) Verdict {
 	cands := a.cands
 	a.cands = nil
-	bv := a.pick(ctx, cands, body, now)
+	bv := a.pick(cands, body, now)
 	if bv.Kind == Pass {
 		for i := range cands {
 			if c := &cands[i]; c.pol.LearnsTools() {
@@ -101,7 +100,7 @@ func (a *Attempt) pickAtBody(ctx context.Context, body []byte, now time.Time) Ve
 }
 
 // pick is pickAtBody's verdict, before what a pass learns.
-func (a *Attempt) pick(ctx context.Context, cands []candidate, body []byte, now time.Time) Verdict {
+func (a *Attempt) pick(cands []candidate, body []byte, now time.Time) Verdict {
 	first := a.Policy
 	miss := policy.BodyMatched
 	var shadow *candidate
@@ -124,7 +123,7 @@ func (a *Attempt) pick(ctx context.Context, cands []candidate, body []byte, now 
 				miss = m
 				continue
 			}
-			if v, refused := a.unreadable(ctx, c, why, body, now); refused {
+			if v, refused := a.unreadable(c, why, body, now); refused {
 				return v
 			}
 		}
@@ -137,13 +136,13 @@ func (a *Attempt) pick(ctx context.Context, cands []candidate, body []byte, now 
 			miss = m
 			continue
 		}
-		v := a.took(ctx, c, id, body, now)
+		v := a.took(c, id, body, now)
 		v.JSONRPC, v.ID = c.pol.Answers == policy.AnswersJSONRPC, id
 		return v
 	}
 	if shadow != nil {
 		a.Policy = shadow.pol
-		if v, refused := a.unreadable(ctx, shadow, shadowWhy, body, now); refused {
+		if v, refused := a.unreadable(shadow, shadowWhy, body, now); refused {
 			return v
 		}
 	}
@@ -151,7 +150,7 @@ func (a *Attempt) pick(ctx context.Context, cands []candidate, body []byte, now 
 	// that an MCP route's reads, notifications and batches show there.
 	a.Policy = first
 	a.conv.Decided(a.Policy.Name, idem.DecisionBypassed)
-	a.LogAt(ctx, slog.LevelDebug, "no policy's body criteria hold; passes unprotected", slog.String("body", miss.String()))
+	a.LogAt(slog.LevelDebug, "no policy's body criteria hold; passes unprotected", slog.String("body", miss.String()))
 	a.Policy = nil
 	return verdictPass
 }
@@ -160,7 +159,7 @@ func (a *Attempt) pick(ctx context.Context, cands []candidate, body []byte, now 
 // took (id: the JSON-RPC call's): its MCP headers checked against the
 // body, then its key admitted (admitKeyFrom), its record named (named)
 // and its body held to c's limit.
-func (a *Attempt) took(ctx context.Context, c *candidate, id, body []byte, now time.Time) Verdict {
+func (a *Attempt) took(c *candidate, id, body []byte, now time.Time) Verdict {
 	if c.pol.Answers == policy.AnswersJSONRPC {
 		a.callID = id // a replay answers this call (answer)
 		// A call whose MCP headers disagree with its body is refused as a
@@ -171,14 +170,14 @@ func (a *Attempt) took(ctx context.Context, c *candidate, id, body []byte, now t
 			why = c.pol.MCPParamMismatch(c.mcp, c.upstream, body, now)
 		}
 		if why != "" {
-			return a.refuse(ctx, problem.New(problem.HeaderMismatch, why))
+			return a.refuse(problem.New(problem.HeaderMismatch, why))
 		}
 	}
 	adm, key, prob := a.admitKeyFrom(keyInput{headerRaw: c.rawKey, headerLines: c.keyLines, body: body}, now)
-	if v := a.admitted(ctx, adm, prob); v.Kind != Continue {
+	if v := a.admitted(adm, prob); v.Kind != Continue {
 		return v
 	}
-	if v := a.named(ctx, c.scope, c.scopeRequired, key); v.Kind != Continue {
+	if v := a.named(c.scope, c.scopeRequired, key); v.Kind != Continue {
 		return v
 	}
 	// The body was read under the limit of the policy that deferred it;
@@ -186,7 +185,7 @@ func (a *Attempt) took(ctx context.Context, c *candidate, id, body []byte, now t
 	// headers path keeps: a request it would pass or refuse for its key
 	// never gets this far there either.
 	if limit := c.pol.MaxRequestBody; len(body) > limit {
-		return a.refuse(ctx, BodyTooLarge(limit))
+		return a.refuse(BodyTooLarge(limit))
 	}
 	a.fpHeaders = c.fpHeaders
 	return verdictContinue
@@ -196,12 +195,12 @@ func (a *Attempt) took(ctx context.Context, c *candidate, id, body []byte, now t
 // the refusal, in c's answers (counted and passed on a shadow policy), or
 // false when c would pass the request whatever its body said, and the
 // next candidate is tried.
-func (a *Attempt) unreadable(ctx context.Context, c *candidate, why error, body []byte, now time.Time) (Verdict, bool) {
+func (a *Attempt) unreadable(c *candidate, why error, body []byte, now time.Time) (Verdict, bool) {
 	adm, prob := a.admitUnreadable(why, c.keyLines, now)
 	if adm != admitRefused {
 		return Verdict{}, false
 	}
-	v := a.refuse(ctx, prob)
+	v := a.refuse(prob)
 	if v.JSONRPC = c.pol.Answers == policy.AnswersJSONRPC; v.JSONRPC {
 		v.ID = jsonrpc.ScanID(body, nil) // the id the body's first bytes carry, if any
 	}
@@ -218,14 +217,14 @@ func BodyTooLarge(limit int) *problem.Problem {
 // mcp_headers: trust): it passes at its headers, its body never read, no
 // store command made, counted as bypassed under the policy that matched.
 // It is false when any candidate may still take the request.
-func (a *Attempt) ruledOut(ctx context.Context, cands []*policy.Policy, h policy.MCPHeaders) (Verdict, bool) {
+func (a *Attempt) ruledOut(cands []*policy.Policy, h policy.MCPHeaders) (Verdict, bool) {
 	for _, p := range cands {
 		if !p.RuledOutByMCPHeaders(h) {
 			return Verdict{}, false
 		}
 	}
 	a.conv.Decided(a.Policy.Name, idem.DecisionBypassed)
-	a.LogAt(ctx, slog.LevelDebug, "MCP headers rule out every policy; passes at its headers",
+	a.LogAt(slog.LevelDebug, "MCP headers rule out every policy; passes at its headers",
 		slog.String("mcp_method", h.Method))
 	a.Policy = nil
 	return verdictPass, true

@@ -244,9 +244,13 @@ const maxLogAttrs = 12
 // Logger.LogAttrs would also walk the stack for a source position the
 // handler never prints. The attributes are added in one call: a record
 // holds five inline and grows its overflow slice at each call past them,
-// so adding them piecemeal allocated twice per line.
-func (a *Attempt) LogAt(ctx context.Context, level slog.Level, msg string, extra ...slog.Attr) {
+// so adding them piecemeal allocated twice per line. It takes no context:
+// the server's handlers (internal/asynclog over slog's JSON and text
+// handlers) read nothing from one, and these fields are what tie a line
+// to its operation and attempt.
+func (a *Attempt) LogAt(level slog.Level, msg string, extra ...slog.Attr) {
 	h := a.srv.Log.Handler()
+	ctx := context.Background()
 	if !h.Enabled(ctx, level) {
 		return
 	}

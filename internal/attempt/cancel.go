@@ -71,7 +71,7 @@ func (a *Attempt) giveUp(ctx context.Context, err error) {
 	if s.cancelling.Add(1) > maxCancelling {
 		s.cancelling.Add(-1)
 		s.Observer.ReservationCancelled(snap.Policy.Name, idem.CancelOutcomeDropped)
-		snap.LogAt(ctx, slog.LevelError, "reservation given up on not cancelled: too many cancels running; "+
+		snap.LogAt(slog.LevelError, "reservation given up on not cancelled: too many cancels running; "+
 			"if it reached the store, the key answers request-in-progress, then outcome-unknown",
 			slog.String("reserve_error", err.Error()))
 		return
@@ -93,14 +93,14 @@ func (a *Attempt) giveUp(ctx context.Context, err error) {
 		})
 		if cerr != nil {
 			s.Observer.ReservationCancelled(snap.Policy.Name, idem.CancelOutcomeFailed)
-			snap.LogAt(cctx, slog.LevelError, "reservation given up on not cancelled; "+
+			snap.LogAt(slog.LevelError, "reservation given up on not cancelled; "+
 				"if it reached the store, the key answers request-in-progress, then outcome-unknown",
 				slog.String("reserve_error", err.Error()), slog.String("error", cerr.Error()))
 			return
 		}
 		o := idem.CancelOutcomeOf(res)
 		s.Observer.ReservationCancelled(snap.Policy.Name, o)
-		snap.LogAt(cctx, slog.LevelInfo, "reservation given up on cancelled", slog.String("outcome", string(o)),
+		snap.LogAt(slog.LevelInfo, "reservation given up on cancelled", slog.String("outcome", string(o)),
 			slog.String("reserve_error", err.Error()))
 	}()
 }

@@ -270,12 +270,12 @@ type Body struct {
 // headers read at the headers, and the body), then request.
 func (a *Attempt) Request(ctx context.Context, b Body, now time.Time) Verdict {
 	if b.Unread != nil {
-		return a.refuse(ctx, b.Unread)
+		return a.refuse(b.Unread)
 	}
 	body := b.Bytes
 	var picked Verdict
 	if a.cands != nil {
-		if picked = a.pickAtBody(ctx, body, now); picked.Kind != Continue {
+		if picked = a.pickAtBody(body, now); picked.Kind != Continue {
 			return picked
 		}
 	}
@@ -314,12 +314,12 @@ func (a *Attempt) request(ctx context.Context, fp idem.Fingerprint) Verdict {
 			return a.askForHome(fp)
 		}
 		if err != nil {
-			return a.shadowed(ctx, d, verdictPass, slog.String("error", err.Error()))
+			return a.shadowed(d, verdictPass, slog.String("error", err.Error()))
 		}
 		if d == idem.ShadowWouldReserve {
-			return a.shadowed(ctx, d, a.reserved())
+			return a.shadowed(d, a.reserved())
 		}
-		return a.shadowed(ctx, d, verdictPass)
+		return a.shadowed(d, verdictPass)
 	}
 	res, err := a.decide(ctx, fp)
 	if errors.Is(err, errMoved) {
@@ -331,13 +331,13 @@ func (a *Attempt) request(ctx context.Context, fp idem.Fingerprint) Verdict {
 		err = fmt.Errorf("%w: its store sent it on to a home this message has no time left for", ErrHomeOutOfReach)
 	}
 	if err != nil {
-		return a.unavailable(ctx, err)
+		return a.unavailable(err)
 	}
 	if d, ok := a.waits(res); ok {
 		a.wait = &waiting{fp: fp, first: res}
 		return Verdict{Kind: Wait, Wait: d}
 	}
-	return a.answer(ctx, res)
+	return a.answer(res)
 }
 
 // askForHome is the verdict that asks the proxy for the time of the home's
@@ -361,22 +361,22 @@ func (a *Attempt) Await(ctx context.Context) Verdict {
 	}
 	res, err := a.awaitFirst(ctx, w.fp, w.first)
 	if err != nil {
-		return a.unavailable(ctx, err)
+		return a.unavailable(err)
 	}
-	return a.answer(ctx, res)
+	return a.answer(res)
 }
 
 // replay is the answer that replays rs: as stored, or for a JSON-RPC call
 // as the call's own response (jsonrpcReplay). A stored response that is
 // no JSON-RPC response to replay answers outcome-unknown: the call ran,
 // and what it returned cannot be told.
-func (a *Attempt) replay(ctx context.Context, rs *idem.Response) Verdict {
+func (a *Attempt) replay(rs *idem.Response) Verdict {
 	if a.callID == nil {
 		return Verdict{Kind: answered, Replay: rs}
 	}
 	out, err := jsonrpcReplay(*rs, a.callID)
 	if err != nil {
-		a.LogAt(ctx, slog.LevelWarn, "stored response cannot be replayed as a JSON-RPC response; answering outcome-unknown",
+		a.LogAt(slog.LevelWarn, "stored response cannot be replayed as a JSON-RPC response; answering outcome-unknown",
 			slog.String("error", err.Error()))
 		return Verdict{Kind: answered, Problem: problem.New(problem.OutcomeUnknown,
 			"an earlier call with this key completed, but its response cannot be replayed as a JSON-RPC response; "+
@@ -388,14 +388,14 @@ func (a *Attempt) replay(ctx context.Context, rs *idem.Response) Verdict {
 // answer turns a reservation's outcome into the verdict. The decision's
 // name is the metric's (decisions_total): "replayed", "conflict", not the
 // record's state.
-func (a *Attempt) answer(ctx context.Context, res idem.ReserveResult) Verdict {
+func (a *Attempt) answer(res idem.ReserveResult) Verdict {
 	d := idem.DecisionFor(res.Outcome)
 	if a.atBody {
 		// Decided at the body: say where the key came from (the record id
 		// stands for it; a derived key is a hash, never body text).
-		a.LogAt(ctx, slog.LevelInfo, "decision", slog.String("decision", string(d)), slog.String("key_source", a.keySource.String()))
+		a.LogAt(slog.LevelInfo, "decision", slog.String("decision", string(d)), slog.String("key_source", a.keySource.String()))
 	} else {
-		a.LogAt(ctx, slog.LevelInfo, "decision", slog.String("decision", string(d)))
+		a.LogAt(slog.LevelInfo, "decision", slog.String("decision", string(d)))
 	}
 	a.conv.Decided(a.Policy.Name, d)
 	switch res.Outcome {
@@ -405,7 +405,7 @@ func (a *Attempt) answer(ctx context.Context, res idem.ReserveResult) Verdict {
 		if !res.CreatedAt.IsZero() {
 			a.srv.Observer.Replayed(a.Policy.Name, time.Since(res.CreatedAt))
 		}
-		return a.replay(ctx, res.Response)
+		return a.replay(res.Response)
 	case idem.InFlight:
 		prob := problem.New(problem.InProgress, "an earlier request with this Idempotency-Key is still being processed; retry later")
 		prob.RetryAfter = a.Policy.RetryAfter

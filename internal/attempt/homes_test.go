@@ -48,7 +48,7 @@ func TestFarHome(t *testing.T) {
 
 	a := New(srv, &reporter{})
 	a.Policy = p
-	if v := a.named(ctx, "scope", false, "k1"); v.Kind != Continue || a.home == nil {
+	if v := a.named("scope", false, "k1"); v.Kind != Continue || a.home == nil {
 		t.Fatalf("named: %+v (home %v), want continue with the record's home", v, a.home)
 	}
 	v := a.request(ctx, idem.Fingerprint{1})
@@ -79,7 +79,7 @@ func TestFarHome(t *testing.T) {
 	b := New(&Server{Store: local, Observer: idem.NopObserver{}, Log: slog.New(slog.DiscardHandler),
 		StoreTimeout: 100 * time.Millisecond, SettleAtEndTimeout: time.Second}, &reporter{})
 	b.Policy = policy.Default()
-	if v := b.named(ctx, "scope", false, "k2"); v.Kind != Continue {
+	if v := b.named("scope", false, "k2"); v.Kind != Continue {
 		t.Fatalf("named: %+v", v)
 	}
 	if v := b.request(ctx, idem.Fingerprint{1}); v.Kind != answered || v.Problem == nil || v.Problem.Status != 503 {
@@ -115,7 +115,7 @@ func TestAskFitsWhatEnvoyGrants(t *testing.T) {
 			p.WaitForInFlight = 2 * time.Second
 			first := New(srv, &reporter{})
 			first.Policy = p
-			if v := first.named(ctx, "scope", false, "k"); v.Kind != Continue {
+			if v := first.named("scope", false, "k"); v.Kind != Continue {
 				t.Fatalf("named: %+v", v)
 			}
 			if v := first.request(ctx, idem.Fingerprint{1}); v.Kind != Wait || v.Wait > srv.MaxMessageTimeout {
@@ -127,7 +127,7 @@ func TestAskFitsWhatEnvoyGrants(t *testing.T) {
 			defer stopRenewing(&first)
 			dup := New(srv, &reporter{})
 			dup.Policy = p
-			if v := dup.named(ctx, "scope", false, "k"); v.Kind != Continue {
+			if v := dup.named("scope", false, "k"); v.Kind != Continue {
 				t.Fatalf("named: %+v", v)
 			}
 			v := dup.request(ctx, idem.Fingerprint{1})

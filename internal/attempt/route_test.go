@@ -67,7 +67,7 @@ func TestSendHome(t *testing.T) {
 			rep := &reporter{}
 			a := New(srv, rep)
 			a.Policy, a.Routing = p, c.routing
-			v := a.named(context.Background(), "scope", false, "k1")
+			v := a.named("scope", false, "k1")
 			if v.Kind != c.want || (c.slug != "" && (v.Problem == nil || v.Problem.Slug != c.slug)) {
 				t.Fatalf("verdict %+v, want kind %d %s", v, c.want, c.slug)
 			}
@@ -114,7 +114,7 @@ func TestRouteLooksUpNothingToSend(t *testing.T) {
 	p.Homes = &policy.Homes{Epoch: 1, Default: "far"}
 	a := New(srv, &reporter{})
 	a.Policy, a.Routing = p, Routing{CanSend: true}
-	if v := a.named(context.Background(), "scope", false, "k1"); v.Kind != Continue || a.home == nil {
+	if v := a.named("scope", false, "k1"); v.Kind != Continue || a.home == nil {
 		t.Fatalf("verdict %+v, home store %v; want Continue decided here", v, a.home)
 	}
 	if lookups != 0 {

@@ -43,7 +43,7 @@ func (a *Attempt) AtResponse(ctx context.Context, r Response, attrs ...slog.Attr
 	case !a.storing:
 		action := a.actionFor(r.Origin, r.Status, r.Retried)
 		var buf [4]slog.Attr
-		a.LogAt(ctx, slog.LevelDebug, "response", append(append(buf[:0], attrs...),
+		a.LogAt(slog.LevelDebug, "response", append(append(buf[:0], attrs...),
 			slog.String("origin", r.Origin.String()), slog.String("action", action.String()))...)
 		if action != idem.ActionStore {
 			a.settle(ctx, action)
@@ -102,7 +102,7 @@ func (a *Attempt) settleStored(ctx context.Context, resp idem.Response) {
 		sealed, err := a.srv.Sealer.Seal(a.ID, resp)
 		if err != nil {
 			// Never store in the clear what the policy says to seal.
-			a.LogAt(ctx, slog.LevelError, "response not sealed; marking the outcome unknown", slog.String("error", err.Error()))
+			a.LogAt(slog.LevelError, "response not sealed; marking the outcome unknown", slog.String("error", err.Error()))
 			a.settle(ctx, idem.ActionUnknown)
 			return
 		}
@@ -146,13 +146,13 @@ func (a *Attempt) settleWith(ctx context.Context, code decisionCode, apply func(
 	extra := append(append(buf[:0], attrs...), slog.String("outcome", string(d)), errAttr(err))
 	if err != nil && !definite(err) {
 		a.retry, a.retryDecision = apply, code
-		a.LogAt(ctx, slog.LevelWarn, "record not settled; will retry when the stream ends", extra...)
+		a.LogAt(slog.LevelWarn, "record not settled; will retry when the stream ends", extra...)
 		return
 	}
 	if err == nil {
 		a.conv.Decided(a.Policy.Name, d)
 	}
-	a.LogAt(ctx, slog.LevelInfo, "settled", extra...)
+	a.LogAt(slog.LevelInfo, "settled", extra...)
 }
 
 // definite reports a store answer that says the record moved on without
@@ -194,7 +194,7 @@ func (a *Attempt) SettleAtEnd(base context.Context, partial *idem.Response) {
 			level, msg = slog.LevelError, "record not settled; it turns unknown when its lease ends"
 			a.srv.Observer.SettleFailed(a.Policy.Name, string(d))
 		}
-		a.LogAt(ctx, level, msg, slog.String("outcome", string(d)), errAttr(err))
+		a.LogAt(level, msg, slog.String("outcome", string(d)), errAttr(err))
 		return
 	}
 	if partial != nil {

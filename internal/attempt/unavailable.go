@@ -1,7 +1,6 @@
 package attempt
 
 import (
-	"context"
 	"errors"
 	"log/slog"
 
@@ -44,10 +43,10 @@ var (
 // unavailable is the verdict when the store cannot be asked or used: the
 // request passes unprotected under fail_open when the store could not be
 // asked at all, and is refused 503 otherwise.
-func (a *Attempt) unavailable(ctx context.Context, err error) Verdict {
+func (a *Attempt) unavailable(err error) Verdict {
 	if unreachable(err) && a.Policy.FailureMode == policy.FailOpen {
 		a.conv.Decided(a.Policy.Name, idem.DecisionFailOpen)
-		a.LogAt(ctx, slog.LevelWarn, "store unavailable; request passes unprotected (fail_open)", slog.String("error", err.Error()))
+		a.LogAt(slog.LevelWarn, "store unavailable; request passes unprotected (fail_open)", slog.String("error", err.Error()))
 		return verdictPass
 	}
 	d, line := idem.DecisionStoreUnavailable, "store unavailable; request refused (fail_closed)"
@@ -65,7 +64,7 @@ func (a *Attempt) unavailable(ctx context.Context, err error) Verdict {
 		d, line = idem.DecisionRecordUnusable, "stored record cannot be used; request refused"
 	}
 	a.conv.Decided(a.Policy.Name, d)
-	a.LogAt(ctx, slog.LevelError, line, slog.String("error", err.Error()))
+	a.LogAt(slog.LevelError, line, slog.String("error", err.Error()))
 	if prob == nil {
 		prob = problem.New(problem.StoreUnavailable, "the idempotency store cannot be used; retry later")
 		prob.RetryAfter = a.Policy.RetryAfter

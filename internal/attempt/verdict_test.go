@@ -57,7 +57,6 @@ func checkVerdict(t *testing.T, v Verdict, w want) {
 // renders, under enforce and under shadow (§9: a shadow policy never
 // answers in the upstream's place; it counts would_reject and passes).
 func TestAdmissionVerdictTable(t *testing.T) {
-	ctx := context.Background()
 	now := time.Date(2026, 6, 1, 0, 0, 0, 0, time.UTC)
 	pol := func(change func(p *policy.Policy)) *policy.Policy {
 		p := policy.Default()
@@ -111,10 +110,10 @@ func TestAdmissionVerdictTable(t *testing.T) {
 				a := New(&Server{Observer: obs, Log: slog.New(slog.DiscardHandler)}, &reporter{})
 				a.Policy = p
 				adm, key, prob := a.admitKey(tc.raw, tc.lines, now)
-				v := a.admitted(ctx, adm, prob)
+				v := a.admitted(adm, prob)
 				if v.Kind == Continue {
-					_, required := a.scopeOf(ctx, p, facts{})
-					v = a.named(ctx, tc.scope, required, key)
+					_, required := a.scopeOf(p, facts{})
+					v = a.named(tc.scope, required, key)
 				}
 				checkVerdict(t, v, mode.want)
 				if got := obs.warned == 1; got != (tc.graceWarned && mode.name == "enforce") {
@@ -132,16 +131,15 @@ func TestAdmissionVerdictTable(t *testing.T) {
 // large, cut at the proxy's buffer, the server's buffers full) go through
 // the same rule: answered under enforce, counted and passed under shadow.
 func TestRefusalVerdicts(t *testing.T) {
-	ctx := context.Background()
 	for _, prob := range []*problem.Problem{
 		BodyTooLarge(10), problem.New(problem.BodyIncomplete, "cut"), problem.New(problem.CapacityExceeded, "full"),
 	} {
 		p := policy.Default()
 		a := New(&Server{Observer: idem.NopObserver{}, Log: slog.New(slog.DiscardHandler)}, &reporter{})
 		a.Policy = p
-		checkVerdict(t, a.refuse(ctx, prob), want{kind: answered, slug: prob.Slug})
+		checkVerdict(t, a.refuse(prob), want{kind: answered, slug: prob.Slug})
 		p.Enforcement = policy.EnforcementShadow
-		checkVerdict(t, a.refuse(ctx, prob), want{kind: Pass, shadow: idem.ShadowWouldReject})
+		checkVerdict(t, a.refuse(prob), want{kind: Pass, shadow: idem.ShadowWouldReject})
 	}
 }
 

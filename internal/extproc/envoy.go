@@ -1,7 +1,6 @@
 package extproc
 
 import (
-	"context"
 	"log/slog"
 	"slices"
 	"strings"
@@ -70,10 +69,10 @@ func (f *envoyFacts) Metadata(ns string, path []string) string {
 }
 
 // Peer reads the peer's identity from its attribute.
-func (f *envoyFacts) Peer(ctx context.Context, policyName string, id policy.PeerIdentity) string {
+func (f *envoyFacts) Peer(policyName string, id policy.PeerIdentity) string {
 	name := envoyorigin.PeerAttr(id)
 	if !hasAttr(f.attrs, name) {
-		f.p.srv.missingAttribute(ctx, &f.p.att, policyName, name, "every request of the policy is refused 401 principal-missing")
+		f.p.srv.missingAttribute(&f.p.att, policyName, name, "every request of the policy is refused 401 principal-missing")
 	}
 	return attrString(f.attrs, name)
 }
@@ -137,12 +136,12 @@ const MissingAttributeMessage = "Envoy did not send an attribute the policy need
 
 // missingAttribute counts a request whose policy needed an attribute that
 // never arrived, and logs it the first time for the policy.
-func (s *Server) missingAttribute(ctx context.Context, a *attempt.Attempt, policyName, name, why string) {
+func (s *Server) missingAttribute(a *attempt.Attempt, policyName, name, why string) {
 	s.cfg.EnvoyObserver.MissingAttribute(policyName, name)
 	if _, loaded := s.missing.LoadOrStore(policyName+"\x00"+name, true); loaded {
 		return
 	}
-	a.LogAt(ctx, slog.LevelWarn, MissingAttributeMessage,
+	a.LogAt(slog.LevelWarn, MissingAttributeMessage,
 		slog.String("policy", policyName), slog.String("attribute", name),
 		slog.String("fix", "add "+name+" to the ext_proc filter's "+envoyorigin.MissingAttributes[name]),
 		slog.String("consequence", why))

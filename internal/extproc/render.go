@@ -59,12 +59,12 @@ func (p *processor) onRequestHeaders(ctx context.Context, hh *extprocv3.HttpHead
 		p.rpc.flow, p.rpc.reqWindow = true, fc.GetInitialWindowDownstreamToSidestream()
 	}
 	f.p, f.headers, f.target = p, hs, t
-	v := p.att.AtHeaders(ctx, p.policies, f, p.srv.cfg.Now())
+	v := p.att.AtHeaders(p.policies, f, p.srv.cfg.Now())
 	if !hasAttr(f.attrs, envoyorigin.AttrRouteName) {
 		// A policy that matches on route names can never match.
 		for _, pol := range p.policies.Policies {
 			if len(pol.Match.RouteNames) > 0 {
-				p.srv.missingAttribute(ctx, &p.att, pol.Name, envoyorigin.AttrRouteName, "the policy matches on route names and protects nothing")
+				p.srv.missingAttribute(&p.att, pol.Name, envoyorigin.AttrRouteName, "the policy matches on route names and protects nothing")
 			}
 		}
 	}
@@ -216,7 +216,7 @@ func (p *processor) render(ctx context.Context, v attempt.Verdict) *extprocv3.Pr
 	}
 	p.rpc.drop() // the request never goes on
 	if v.Replay != nil {
-		return p.replayReply(ctx, v.Replay)
+		return p.replayReply(v.Replay)
 	}
 	return p.problemReply(v.Problem)
 }
@@ -372,7 +372,7 @@ func (p *processor) problemReply(prob *problem.Problem) *extprocv3.ProcessingRes
 // gRPC. A stored body that is no JSON-RPC response is never replayed to a
 // wrong id: the answer is the outcome-unknown error, since the call did
 // run and what it returned cannot be told.
-func (p *processor) replayReply(ctx context.Context, r *idem.Response) *extprocv3.ProcessingResponse {
+func (p *processor) replayReply(r *idem.Response) *extprocv3.ProcessingResponse {
 	if p.rpc.call {
 		return grpcReplay(r, p.rpc.proxyless)
 	}
@@ -381,7 +381,7 @@ func (p *processor) replayReply(ctx context.Context, r *idem.Response) *extprocv
 		// Envoy would have refused the whole mutation, the replay marker
 		// with it: the answer goes out without these headers.
 		p.srv.cfg.EnvoyObserver.ReplayHeadersDropped(p.att.Policy.Name, dropped)
-		p.att.LogAt(ctx, slog.LevelWarn, "stored headers left out of a replay: Envoy would refuse them",
+		p.att.LogAt(slog.LevelWarn, "stored headers left out of a replay: Envoy would refuse them",
 			slog.Int("dropped", dropped))
 	}
 	return resp

@@ -47,7 +47,7 @@ func (p *processor) onResponse(ctx context.Context, m *message) *extprocv3.Proce
 			return p.onResponseBody(ctx, m.body)
 		}
 		if l := p.body.learning(); l != nil && l.reading {
-			return p.learnBody(ctx, m.body)
+			return p.learnBody(m.body)
 		}
 		return p.cont()
 	}
@@ -64,7 +64,7 @@ func (p *processor) atResponseHeaders(ctx context.Context, hh *extprocv3.HttpHea
 	hs := hh.GetHeaders()
 	ct, _ := headerBytes(hs, "content-type")
 	p.rpc.response = p.rpc.proxyless || (p.rpc.call && isGRPCContentType(string(ct)))
-	origin, retried := p.srv.responseOrigin(ctx, &p.att, f.attrs, p.rpc.proxyless)
+	origin, retried := p.srv.responseOrigin(&p.att, f.attrs, p.rpc.proxyless)
 	// Only the status is read here; the headers are copied further down,
 	// and only those the record will keep, once the response is to be
 	// stored at all.
@@ -225,7 +225,7 @@ func (p *processor) storeResponseBytes(body *extprocv3.HttpBody) {
 // makes no local replies of Envoy's kind and no router retries: there is
 // nothing for the attributes to tell apart, and its client makes one
 // attempt per call.
-func (s *Server) responseOrigin(ctx context.Context, a *attempt.Attempt, attrs *structpb.Struct, proxyless bool) (origin idem.Origin, retried bool) {
+func (s *Server) responseOrigin(a *attempt.Attempt, attrs *structpb.Struct, proxyless bool) (origin idem.Origin, retried bool) {
 	fields := attrs.GetFields()
 	dv, hasDetails := fields[envoyorigin.AttrCodeDetails]
 	// Envoy sends a CEL uint as a number (matching_utils.cc
@@ -233,11 +233,11 @@ func (s *Server) responseOrigin(ctx context.Context, a *attempt.Attempt, attrs *
 	_, hasAttempts := fields[envoyorigin.AttrAttemptCount].GetKind().(*structpb.Value_NumberValue)
 	if !proxyless { // called only while a record is held
 		if !hasDetails {
-			s.missingAttribute(ctx, a, a.Policy.Name, envoyorigin.AttrCodeDetails,
+			s.missingAttribute(a, a.Policy.Name, envoyorigin.AttrCodeDetails,
 				"Envoy's own error replies cannot be told from the upstream's and are stored as its answer")
 		}
 		if !hasAttempts {
-			s.missingAttribute(ctx, a, a.Policy.Name, envoyorigin.AttrAttemptCount,
+			s.missingAttribute(a, a.Policy.Name, envoyorigin.AttrAttemptCount,
 				"a response after a router retry cannot be told from a first attempt's; what would be released (a connection failure, an overflow, the upstream's 408/425/429) is kept as outcome unknown instead")
 		}
 	}

@@ -268,7 +268,7 @@ func (s *Server) serve(ctx context.Context, stream extprocv3.ExternalProcessor_P
 		}
 		span.End()
 		if _, bad := err.(protocolError); bad {
-			p.att.LogAt(ctx, slog.LevelWarn, "ext_proc protocol error", slog.String("error", err.Error()))
+			p.att.LogAt(slog.LevelWarn, "ext_proc protocol error", slog.String("error", err.Error()))
 			return status.Error(codes.InvalidArgument, err.Error())
 		}
 		if err != nil {

@@ -1,7 +1,6 @@
 package extproc
 
 import (
-	"context"
 	"log/slog"
 	"mime"
 	"strings"
@@ -91,7 +90,7 @@ func startLearning(l *toolsLearning, hh *extprocv3.HttpHeaders, mode procmodev3.
 // from, and once the body is whole, learns what it lists. A body over
 // the limit, or one the server's body budget has no room for, is not
 // learned: its tools stay protected.
-func (p *processor) learnBody(ctx context.Context, body *extprocv3.HttpBody) *extprocv3.ProcessingResponse {
+func (p *processor) learnBody(body *extprocv3.HttpBody) *extprocv3.ProcessingResponse {
 	l := p.body.tools
 	msg := body.GetBody()
 	if len(l.body)+len(msg) > l.limit || !p.srv.budget.hold(&p.held, len(msg)) {
@@ -112,7 +111,7 @@ func (p *processor) learnBody(ctx context.Context, body *extprocv3.HttpBody) *ex
 	p.srv.budget.release(&p.held)
 	listing, ok := toolhints.ParseResponse(l.body, l.eventStream)
 	if !ok {
-		p.att.LogAt(ctx, slog.LevelDebug, "a tools/list answer lists no tools; nothing learned")
+		p.att.LogAt(slog.LevelDebug, "a tools/list answer lists no tools; nothing learned")
 		return p.cont()
 	}
 	now := p.srv.cfg.Now()
@@ -123,7 +122,7 @@ func (p *processor) learnBody(ctx context.Context, body *extprocv3.HttpBody) *ex
 		}
 		pol.Tools.Hints.Learn(l.upstream, listing.Tools, ttl, now)
 	}
-	p.att.LogAt(ctx, slog.LevelDebug, "tools' annotations learned",
+	p.att.LogAt(slog.LevelDebug, "tools' annotations learned",
 		slog.Int("tools", len(listing.Tools)), slog.String("upstream", strings.TrimSpace(l.upstream)))
 	if out := advertised(l, now); out != nil {
 		p.rpc.release = releaseAll
