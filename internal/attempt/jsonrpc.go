@@ -131,10 +131,12 @@ func transportRefused(rs idem.Response, id []byte) bool {
 	if err != nil {
 		return true
 	}
-	if code, ok := jsonrpc.ErrorTo(body, id); ok {
-		return refusalCodes[rs.Status] == code || (rs.Status == 400 && code == codeUnsupportedProtocolVersion)
+	r, ok := jsonrpc.ReplyTo(body, id)
+	if !ok {
+		return true
 	}
-	return !jsonrpc.ResponseTo(body, id)
+	code := r.Code
+	return r.HasCode && (refusalCodes[rs.Status] == code || (rs.Status == 400 && code == codeUnsupportedProtocolVersion))
 }
 
 // The MCP 2026-07-28 refusals of the transport (transportRefused), by the
@@ -150,7 +152,7 @@ var refusalCodes = map[int]int{400: codeHeaderMismatch, 404: codeMethodNotFound}
 
 // isInterim reports whether rs, the upstream's answer to the JSON-RPC call
 // whose id is id, is an MCP multi round-trip request's interim result
-// (jsonrpc.InputRequired): the server asks the client for input, and the
+// (jsonrpc.Reply's InputRequired): the server asks the client for input, and the
 // client will retry the call with it under a new id
 // (modelcontextprotocol, docs/specification/2026-07-28/basic/patterns/
 // mrtr.mdx). It is not the call's outcome: the record is released
@@ -163,7 +165,11 @@ func isInterim(rs idem.Response, id []byte) bool {
 		return false
 	}
 	body, err := finalBody(rs, id)
-	return err == nil && jsonrpc.InputRequired(body, id)
+	if err != nil {
+		return false
+	}
+	r, ok := jsonrpc.ReplyTo(body, id)
+	return ok && r.InputRequired
 }
 
 // finalBody is rs's body as the response to the call whose id is id: of

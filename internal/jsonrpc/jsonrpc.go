@@ -185,37 +185,39 @@ func ErrorResponse(id json.RawMessage, p *problem.Problem) ([]byte, error) {
 	}}})
 }
 
-// ResponseTo reports whether msg is one JSON-RPC response (with a result
-// or an error) to the request whose id is id.
-func ResponseTo(msg []byte, id json.RawMessage) bool {
-	v, ok := isResponse(msg)
-	return ok && sameID(v, id)
+// Reply is what a JSON-RPC response says to the call it answers (ReplyTo).
+type Reply struct {
+	// Error: an error response; Code, its code when it is an integer
+	// (HasCode).
+	Error   bool
+	Code    int
+	HasCode bool
+	// InputRequired: a result that asks the client for input before the
+	// call can complete: MCP 2026-07-28's multi round-trip requests, a
+	// result with "resultType": "input_required" (modelcontextprotocol,
+	// docs/specification/2026-07-28/basic/patterns/mrtr.mdx; a result
+	// without resultType is complete).
+	InputRequired bool
 }
 
-// ErrorTo returns the code of msg, when msg is one JSON-RPC error response
-// to the request whose id is id.
-func ErrorTo(msg []byte, id json.RawMessage) (int, bool) {
-	vs, err := jsonpointer.Find(msg, idPtr, methodPtr, errorCodePtr)
-	if err != nil || !vs[0].Found() || vs[1].Found() || vs[2].Kind != jsonpointer.KindNumber || !sameID(vs[0], id) {
-		return 0, false
+// ReplyTo reads msg, in one pass, as the response to the request whose id
+// is id: false when msg is no JSON-RPC response (isResponse) or answers
+// another request.
+func ReplyTo(msg []byte, id json.RawMessage) (Reply, bool) {
+	vs, err := jsonpointer.Find(msg, idPtr, methodPtr, resultPtr, errorPtr, errorCodePtr, resultTypePtr)
+	if err != nil || !response(vs) || !sameID(vs[0], id) {
+		return Reply{}, false
 	}
-	code, err := strconv.Atoi(string(vs[2].Raw))
-	return code, err == nil
-}
-
-// InputRequired reports whether msg is a JSON-RPC response to the request
-// whose id is id whose result asks the client for input before the call
-// can complete: MCP 2026-07-28's multi round-trip requests, a result with
-// "resultType": "input_required" (modelcontextprotocol,
-// docs/specification/2026-07-28/basic/patterns/mrtr.mdx; a result without
-// resultType is complete).
-func InputRequired(msg []byte, id json.RawMessage) bool {
-	vs, err := jsonpointer.Find(msg, idPtr, methodPtr, resultTypePtr)
-	if err != nil || !vs[0].Found() || vs[1].Found() || vs[2].Kind != jsonpointer.KindString || !sameID(vs[0], id) {
-		return false
+	r := Reply{Error: vs[3].Found()}
+	if vs[4].Kind == jsonpointer.KindNumber {
+		code, err := strconv.Atoi(string(vs[4].Raw))
+		r.Code, r.HasCode = code, err == nil
 	}
-	t, err := vs[2].Text()
-	return err == nil && t == "input_required"
+	if vs[5].Kind == jsonpointer.KindString {
+		t, err := vs[5].Text()
+		r.InputRequired = err == nil && t == "input_required"
+	}
+	return r, true
 }
 
 // isResponse reports whether msg is a JSON-RPC response: an object with
@@ -223,10 +225,16 @@ func InputRequired(msg []byte, id json.RawMessage) bool {
 // a request or notification carries a method).
 func isResponse(msg []byte) (jsonpointer.Value, bool) {
 	vs, err := jsonpointer.Find(msg, idPtr, methodPtr, resultPtr, errorPtr)
-	if err != nil || !vs[0].Found() || vs[1].Found() || (!vs[2].Found() && !vs[3].Found()) {
+	if err != nil || !response(vs) {
 		return jsonpointer.Value{}, false
 	}
 	return vs[0], true
+}
+
+// response reports whether vs, the values at idPtr, methodPtr, resultPtr
+// and errorPtr, are a response's (isResponse).
+func response(vs []jsonpointer.Value) bool {
+	return vs[0].Found() && !vs[1].Found() && (vs[2].Found() || vs[3].Found())
 }
 
 var (

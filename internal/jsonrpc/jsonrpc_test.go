@@ -256,28 +256,30 @@ func TestCodesAvoidPeersOwn(t *testing.T) {
 	}
 }
 
-func TestErrorToAndInputRequired(t *testing.T) {
+// TestReplyTo: one reading of a response gives what each caller asks of
+// it, and nothing for a message that is no response to the call.
+func TestReplyTo(t *testing.T) {
 	id := json.RawMessage(`"c-1"`)
 	for _, tc := range []struct {
-		msg      string
-		code     int
-		isErr    bool
-		required bool
+		msg   string
+		ok    bool
+		reply Reply
 	}{
-		{`{"jsonrpc":"2.0","id":"c-1","error":{"code":-32020,"message":"HeaderMismatch"}}`, -32020, true, false},
-		{`{"jsonrpc":"2.0","id":"c-2","error":{"code":-32020,"message":"x"}}`, 0, false, false},
-		{`{"jsonrpc":"2.0","id":"c-1","method":"x","error":{"code":-32020}}`, 0, false, false},
-		{`{"jsonrpc":"2.0","id":"c-1","result":{"resultType":"input_required","inputRequests":{}}}`, 0, false, true},
-		{`{"jsonrpc":"2.0","id":"c-1","result":{"resultType":"complete","content":[]}}`, 0, false, false},
-		{`{"jsonrpc":"2.0","id":"c-1","result":{"content":[]}}`, 0, false, false},
-		{`not json`, 0, false, false},
+		{`{"jsonrpc":"2.0","id":"c-1","error":{"code":-32020,"message":"HeaderMismatch"}}`, true, Reply{Error: true, Code: -32020, HasCode: true}},
+		{`{"jsonrpc":"2.0","id":"c-1","error":{"code":1.5,"message":"x"}}`, true, Reply{Error: true}},
+		{`{"jsonrpc":"2.0","id":"c-1","error":{"message":"x"}}`, true, Reply{Error: true}},
+		{`{"jsonrpc":"2.0","id":"c-2","error":{"code":-32020,"message":"x"}}`, false, Reply{}},
+		{`{"jsonrpc":"2.0","id":"c-1","method":"x","error":{"code":-32020}}`, false, Reply{}},
+		{`{"jsonrpc":"2.0","id":"c-1","result":{"resultType":"input_required","inputRequests":{}}}`, true, Reply{InputRequired: true}},
+		{`{"jsonrpc":"2.0","id":"c-1","result":{"resultType":"complete","content":[]}}`, true, Reply{}},
+		{`{"jsonrpc":"2.0","id":"c-1","result":{"content":[]}}`, true, Reply{}},
+		{`{"jsonrpc":"2.0","id":"c-1"}`, false, Reply{}},
+		{`{"jsonrpc":"2.0","id":"c-2","result":{"resultType":"input_required"}}`, false, Reply{}},
+		{`not json`, false, Reply{}},
 	} {
-		code, isErr := ErrorTo([]byte(tc.msg), id)
-		if code != tc.code || isErr != tc.isErr {
-			t.Errorf("ErrorTo(%s) = %d, %v", tc.msg, code, isErr)
-		}
-		if got := InputRequired([]byte(tc.msg), id); got != tc.required {
-			t.Errorf("InputRequired(%s) = %v", tc.msg, got)
+		r, ok := ReplyTo([]byte(tc.msg), id)
+		if ok != tc.ok || r != tc.reply {
+			t.Errorf("ReplyTo(%s) = %+v, %v; want %+v, %v", tc.msg, r, ok, tc.reply, tc.ok)
 		}
 	}
 }
