@@ -62,17 +62,17 @@ type Server struct {
 	// above it and a wait is shortened to fit. Zero means no limit is known.
 	MaxMessageTimeout time.Duration
 	// SettleAtEndTimeout bounds the settling done once the stream ended,
-	// and the cancel of a reservation given up on (cancel.go).
+	// and the cancel of a reservation given up on (settle.go, giveUp).
 	SettleAtEndTimeout time.Duration
 
-	// cancelling counts the cancels running (cancel.go); background
+	// cancelling counts the cancels running (settle.go, giveUp); background
 	// tracks them for Wait.
 	cancelling atomic.Int32
 	background sync.WaitGroup
 }
 
 // Wait waits, until ctx ends, for the work attempts left running after
-// their answers: the cancels of reservations given up on (cancel.go). A
+// their answers: the cancels of reservations given up on (settle.go, giveUp). A
 // shutdown waits for them before it closes the store, so that a cancel
 // under way is finished, or fails and says so, rather than vanishing with
 // the process.

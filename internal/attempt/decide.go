@@ -24,7 +24,7 @@ import (
 // After an error the request goes on only under a policy that fails open
 // (and only when unreachable): otherwise the caller refuses it (503), and
 // decide has already started undoing the reservation the failed call may
-// still make (cancel.go). Under fail_open the request runs unprotected, so
+// still make (settle.go, giveUp). Under fail_open the request runs unprotected, so
 // such a reservation is left to turn unknown: the effect may have
 // happened.
 func (a *Attempt) decide(ctx context.Context, fp idem.Fingerprint) (idem.ReserveResult, error) {
@@ -240,7 +240,7 @@ func (a *Attempt) reread(ctx context.Context, fp idem.Fingerprint, first idem.Re
 // adds no latency beyond the reservation. A store that cannot be asked or
 // used is ShadowStoreError, with the error; the request goes on all the
 // same, so a reservation the failed call may still make is not cancelled
-// (cancel.go): the upstream ran.
+// (settle.go, giveUp): the upstream ran.
 func (a *Attempt) decideShadow(ctx context.Context, fp idem.Fingerprint) (idem.ShadowDecision, error) {
 	a.token = idem.NewToken()
 	if a.Policy.Encrypt && a.srv.Sealer == nil {
