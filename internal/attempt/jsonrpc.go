@@ -1,9 +1,7 @@
 package attempt
 
 import (
-	"context"
 	"errors"
-	"log/slog"
 	"mime"
 	"slices"
 
@@ -180,28 +178,4 @@ func finalBody(rs idem.Response, id []byte) ([]byte, error) {
 		return jsonrpc.FinalResponse(rs.Body, id)
 	}
 	return rs.Body, nil
-}
-
-// settledCall settles the record when rs, the response to the JSON-RPC
-// call the attempt took (answers: jsonrpc; its id callID), that the
-// response rules said to store, is not to be stored: the upstream's
-// transport refusing the call (transportRefused), which never ran it, is
-// released (unknown when an earlier attempt may have run it:
-// unlessRetried); an interim result that asks for input (isInterim) is
-// released for the continuation. It is false when rs is to be stored.
-func (a *Attempt) settledCall(ctx context.Context, rs idem.Response, attrs []slog.Attr) bool {
-	switch {
-	case a.origin != idem.OriginUpstream:
-		return false
-	case transportRefused(rs, a.callID):
-		a.settle(ctx, a.unlessRetried(idem.ActionRelease), append(attrs, slog.String("reason", "transport refused the call"))...)
-	case isInterim(rs, a.callID):
-		// The server asks for input; an interim round is taken to have no
-		// effect of its own (docs/design.md §4, MCP multi round-trip
-		// requests): the record goes, the continuation runs.
-		a.settle(ctx, idem.ActionRelease, append(attrs, slog.String("reason", "interim result: input required"))...)
-	default:
-		return false
-	}
-	return true
 }
