@@ -21,46 +21,50 @@ import (
 // verdict (pass, store, skip the body, settled) is rendered as the
 // message's reply (render.go).
 
-// onResponse answers a message of the response's direction.
+// onResponse answers a message of the response's direction: the
+// attempt's verdict on it, rendered once, or, for a body message that does
+// not end a response to be stored, the reply that takes the next.
 func (p *processor) onResponse(ctx context.Context, m *message) *extprocv3.ProcessingResponse {
-	switch m.phase {
-	case phaseResponseHeaders:
-		var v attempt.Verdict
-		if p.stage == stageUpstream {
-			v = p.atResponseHeaders(ctx, m.headers, &m.facts)
-		} else {
-			// Nothing is held: the upstream answered before the request
-			// body was complete (possible only in STREAMED mode), Envoy
-			// skipped the request path (mode SKIP), or the request was
-			// passed or answered already.
-			v = p.att.AtResponse(ctx, attempt.Response{})
-			if l := p.body.learning(); l != nil && !startLearning(l, m.headers, p.responseBodyMode) {
-				p.body.tools = nil
-			}
-		}
-		resp := p.render(ctx, v)
-		withAddedHeaders(resp, p.respAdd)
-		p.respAdd = nil
-		return resp
-	case phaseResponseBody:
-		if p.stage == stageResponseBody {
-			return p.onResponseBody(ctx, m.body)
-		}
-		if l := p.body.learning(); l != nil && l.reading {
+	var v attempt.Verdict
+	switch {
+	case m.phase == phaseResponseHeaders:
+		v = p.atResponseHeaders(ctx, m.headers, &m.facts)
+	case p.stage != stageResponseBody:
+		if l := p.body.learning(); m.phase == phaseResponseBody && l != nil && l.reading {
 			return p.learnBody(m.body)
 		}
 		return p.cont()
+	case m.phase == phaseResponseBody:
+		resp, end := p.onResponseBody(m.body)
+		if !end {
+			return resp
+		}
+		v = p.responseEnd(ctx, nil)
+	default: // phaseResponseTrailers: a gRPC call's status is here.
+		v = p.responseEnd(ctx, headerList(m.trailers.GetTrailers()))
 	}
-	// phaseResponseTrailers: a gRPC call's status is here.
-	if p.stage == stageResponseBody {
-		return p.render(ctx, p.responseEnd(ctx, headerList(m.trailers.GetTrailers())))
+	resp := p.render(ctx, v)
+	if m.phase == phaseResponseHeaders {
+		withAddedHeaders(resp, p.respAdd)
+		p.respAdd = nil
 	}
-	return p.cont()
+	return resp
 }
 
 // atResponseHeaders reads a response's headers for the attempt's verdict:
 // an HTTP response is judged by its status here, a gRPC call's at its end.
 func (p *processor) atResponseHeaders(ctx context.Context, hh *extprocv3.HttpHeaders, f *envoyFacts) attempt.Verdict {
+	if p.stage != stageUpstream {
+		// Nothing is held: the upstream answered before the request body
+		// was complete (possible only in STREAMED mode), Envoy skipped the
+		// request path (mode SKIP), or the request was passed or answered
+		// already.
+		v := p.att.AtResponse(ctx, attempt.Response{})
+		if l := p.body.learning(); l != nil && !startLearning(l, hh, p.responseBodyMode) {
+			p.body.tools = nil
+		}
+		return v
+	}
 	hs := hh.GetHeaders()
 	ct, _ := headerBytes(hs, "content-type")
 	p.rpc.response = p.rpc.proxyless || (p.rpc.call && isGRPCContentType(string(ct)))
@@ -111,8 +115,9 @@ func (p *processor) atResponseHeaders(ctx context.Context, hh *extprocv3.HttpHea
 // client never holds an answer the record does not have yet; the held
 // bytes are acknowledged to grpc-go's flow control at once. A response
 // larger than the policy's max_stored_body is not held: it passes on as it
-// comes and is recorded without its body.
-func (p *processor) onResponseBody(ctx context.Context, body *extprocv3.HttpBody) *extprocv3.ProcessingResponse {
+// comes and is recorded without its body. end reports the message that
+// ends the response: its reply is the attempt's verdict (onResponse).
+func (p *processor) onResponseBody(body *extprocv3.HttpBody) (resp *extprocv3.ProcessingResponse, end bool) {
 	p.storeResponseBytes(body)
 	echo := echoes(p.responseBodyMode)
 	// In BUFFERED mode an HTTP response's body is whole even when trailers
@@ -121,21 +126,21 @@ func (p *processor) onResponseBody(ctx context.Context, body *extprocv3.HttpBody
 	// them): the record settles before the last echo lets the client have
 	// the answer, also when it is recorded without its body.
 	if body.GetEndOfStream() || (!echo && !p.rpc.response && p.responseBodyMode == procmodev3.ProcessingMode_BUFFERED) {
-		return p.render(ctx, p.responseEnd(ctx, nil))
+		return nil, true
 	}
 	switch {
 	case !echo:
-		return continueWith(p.phase, nil)
+		return continueWith(p.phase, nil), false
 	case p.respTooLarge:
-		return p.cont()
+		return p.cont(), false
 	}
 	p.rpc.echo = heldEcho{body: p.respBody, phase: p.phase, framed: p.responseBodyMode == procmodev3.ProcessingMode_GRPC}
 	if !p.rpc.flow || len(body.GetBody()) == 0 {
-		return nil
+		return nil, false
 	}
 	return &extprocv3.ProcessingResponse{ServerWindowUpdate: &extprocv3.ProcessingResponse_ServerWindowUpdate{
 		WindowIncrementUpstreamToSidestream: int64(len(body.GetBody())),
-	}}
+	}}, false
 }
 
 // responseEnd is the attempt's verdict on a response whose end has
