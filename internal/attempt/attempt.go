@@ -234,7 +234,7 @@ func (c decisionCode) decision() idem.Decision { return settleDecisions[c] }
 
 // maxLogAttrs is room for an attempt's fields and a line's own, gathered
 // on the stack before they reach the record.
-const maxLogAttrs = 12
+const maxLogAttrs = 16
 
 // LogAt writes one line about this attempt at level: the fields that
 // trace it (the hashed key, that is the record id, never the raw key;

@@ -33,7 +33,9 @@ type Response struct {
 // stored, so that its body is read; SkipBody when the policy's response
 // rules settled the record at the headers without it; Settled at the end,
 // the record completed with what was read, or settled by the status that
-// came there. attrs start the debug line that says how it was judged.
+// came there. attrs, with the response's origin, go on the settlement's
+// line, so that one line says how the response was judged and what it
+// settled.
 func (a *Attempt) AtResponse(ctx context.Context, r Response, attrs ...slog.Attr) Verdict {
 	switch {
 	case a.renew == nil:
@@ -41,12 +43,9 @@ func (a *Attempt) AtResponse(ctx context.Context, r Response, attrs ...slog.Attr
 	case r.Later:
 		return Verdict{Kind: Store}
 	case !a.storing:
-		action := a.actionFor(r.Origin, r.Status, r.Retried)
-		var buf [4]slog.Attr
-		a.LogAt(slog.LevelDebug, "response", append(append(buf[:0], attrs...),
-			slog.String("origin", r.Origin.String()), slog.String("action", action.String()))...)
-		if action != idem.ActionStore {
-			a.settle(ctx, action)
+		if action := a.actionFor(r.Origin, r.Status, r.Retried); action != idem.ActionStore {
+			var buf [4]slog.Attr
+			a.settle(ctx, action, append(append(buf[:0], attrs...), slog.String("origin", r.Origin.String()))...)
 			if r.End {
 				return Verdict{Kind: Settled, Unsettled: a.retry != nil}
 			}
@@ -57,7 +56,8 @@ func (a *Attempt) AtResponse(ctx context.Context, r Response, attrs ...slog.Attr
 	if !r.End {
 		return Verdict{Kind: Store}
 	}
-	a.settleStored(ctx, r.Read)
+	var buf [4]slog.Attr
+	a.settleStored(ctx, r.Read, append(append(buf[:0], attrs...), slog.String("origin", a.origin.String()))...)
 	return Verdict{Kind: Settled, Unsettled: a.retry != nil}
 }
 
@@ -89,8 +89,11 @@ func (a *Attempt) unlessRetried(act idem.Action) idem.Action {
 // unless resp answers a JSON-RPC call in a way that proves nothing ran
 // (settledCall). It runs before the reply that lets the response go on,
 // so a client that sees the response and retries at once finds it stored.
-func (a *Attempt) settleStored(ctx context.Context, resp idem.Response) {
-	attrs := []slog.Attr{slog.Int("status", resp.Status), slog.Bool("body_omitted", resp.BodyOmitted)}
+// judged, how the response was judged (AtResponse), goes on the settled
+// line.
+func (a *Attempt) settleStored(ctx context.Context, resp idem.Response, judged ...slog.Attr) {
+	var buf [6]slog.Attr
+	attrs := append(append(buf[:0], slog.Int("status", resp.Status), slog.Bool("body_omitted", resp.BodyOmitted)), judged...)
 	if a.renew == nil || a.Policy.Answers == policy.AnswersJSONRPC && a.settledCall(ctx, resp, attrs) {
 		return
 	}
@@ -166,7 +169,7 @@ func (a *Attempt) settleWith(ctx context.Context, code decisionCode, apply func(
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.budget)
 	err := apply(sctx)
 	cancel()
-	var buf [4]slog.Attr
+	var buf [8]slog.Attr
 	extra := append(append(buf[:0], attrs...), slog.String("outcome", string(d)), errAttr(err))
 	if err != nil && !definite(err) {
 		a.retry, a.retryDecision = apply, code

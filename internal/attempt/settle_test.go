@@ -2,8 +2,10 @@ package attempt
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -280,5 +282,45 @@ func stopRenewing(a *Attempt) {
 	if a.renew != nil {
 		a.renew.stop()
 		a.renew = nil
+	}
+}
+
+// TestSettlementIsOneLine: a response's settlement is one log line that
+// also says how the response was judged (its origin and what the protocol
+// side read), whether the response settles at its headers or is stored at
+// its end; no other line is written for it.
+func TestSettlementIsOneLine(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		status  int
+		outcome idem.Decision
+	}{
+		{"stored at its end", 201, idem.DecisionStored},
+		{"released at its headers", 429, idem.DecisionReleased},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var logs strings.Builder
+			d := newDecider(t, policy.Default())
+			d.srv.Log = slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+			a := d.first(t, fp1)
+			logs.Reset()
+			ctx := context.Background()
+			r := Response{Origin: idem.OriginUpstream, Status: tc.status}
+			if v := a.AtResponse(ctx, r, slog.Int("status", tc.status)); v.Kind == Store {
+				r.End, r.Read = true, idem.Response{Status: tc.status}
+				a.AtResponse(ctx, r, slog.String("read", "end"))
+			}
+			lines := strings.Split(strings.TrimSpace(logs.String()), "\n")
+			if len(lines) != 1 {
+				t.Fatalf("%d lines, want 1:\n%s", len(lines), logs.String())
+			}
+			var m map[string]any
+			if err := json.Unmarshal([]byte(lines[0]), &m); err != nil {
+				t.Fatal(err)
+			}
+			if m["msg"] != "settled" || m["outcome"] != string(tc.outcome) || m["origin"] != "upstream" || m["status"] != float64(tc.status) {
+				t.Fatalf("line %s", lines[0])
+			}
+		})
 	}
 }
