@@ -187,8 +187,8 @@ func (h *headerSet) has(name string) bool {
 
 // immediate builds an immediate response in one allocation: the response,
 // its oneof wrapper, the immediate response, its status and header
-// mutation are fields of one value (never copied; the pointers lead into
-// it).
+// mutation (none without headers) are fields of one value (never copied;
+// the pointers lead into it).
 func immediate(status int, headers []*corev3.HeaderValueOption, body []byte, details string) *extprocv3.ProcessingResponse {
 	r := new(struct {
 		resp    extprocv3.ProcessingResponse
@@ -199,7 +199,10 @@ func immediate(status int, headers []*corev3.HeaderValueOption, body []byte, det
 	})
 	r.status.Code = typev3.StatusCode(status)
 	r.headers.SetHeaders = headers
-	r.ir.Status, r.ir.Headers, r.ir.Body, r.ir.Details = &r.status, &r.headers, body, details
+	r.ir.Status, r.ir.Body, r.ir.Details = &r.status, body, details
+	if len(headers) > 0 {
+		r.ir.Headers = &r.headers
+	}
 	r.oneof.ImmediateResponse = &r.ir
 	r.resp.Response = &r.oneof
 	return &r.resp
