@@ -174,31 +174,13 @@ func grpcStatusOf(hs []idem.Header) (codes.Code, string, bool) {
 	return codes.Unknown, "", false
 }
 
-// httpStatusFor is google.rpc.Code's HTTP mapping (google/rpc/code.proto).
+// httpStatuses is google.rpc.Code's HTTP mapping (google/rpc/code.proto),
+// indexed by code.
+var httpStatuses = [...]int{200, 499, 500, 400, 504, 404, 409, 403, 429, 400, 409, 400, 501, 500, 503, 500, 401}
+
 func httpStatusFor(c codes.Code) int {
-	switch c {
-	case codes.OK:
-		return 200
-	case codes.Canceled:
-		return 499
-	case codes.InvalidArgument, codes.FailedPrecondition, codes.OutOfRange:
-		return 400
-	case codes.DeadlineExceeded:
-		return 504
-	case codes.NotFound:
-		return 404
-	case codes.AlreadyExists, codes.Aborted:
-		return 409
-	case codes.PermissionDenied:
-		return 403
-	case codes.Unauthenticated:
-		return 401
-	case codes.ResourceExhausted:
-		return 429
-	case codes.Unimplemented:
-		return 501
-	case codes.Unavailable:
-		return 503
+	if int(c) < len(httpStatuses) {
+		return httpStatuses[c]
 	}
-	return 500 // UNKNOWN, INTERNAL, DATA_LOSS and codes beyond 16
+	return 500 // codes beyond 16
 }
