@@ -67,25 +67,18 @@ func reply[O, M any](mode *procmodev3.ProcessingMode, link func(*extprocv3.Proce
 // always copied from an override, so leaving them unset means NONE
 // (ext_proc.cc effectiveModeOverride; the mode_override row of
 // internal/testing/envoysim/FIDELITY.md).
-var skipEverything = &procmodev3.ProcessingMode{
-	RequestHeaderMode:   procmodev3.ProcessingMode_SKIP,
-	ResponseHeaderMode:  procmodev3.ProcessingMode_SKIP,
-	RequestBodyMode:     procmodev3.ProcessingMode_NONE,
-	ResponseBodyMode:    procmodev3.ProcessingMode_NONE,
-	RequestTrailerMode:  procmodev3.ProcessingMode_SKIP,
-	ResponseTrailerMode: procmodev3.ProcessingMode_SKIP,
-}
+var skipEverything = skipAllBut(procmodev3.ProcessingMode_SKIP)
 
 // onlyResponseHeaders is the override for a request the server lets go on
 // at its headers but whose response gets a header (a shadow decision, a
 // key grace period's warning): only the response headers are sent.
-var onlyResponseHeaders = &procmodev3.ProcessingMode{
-	RequestHeaderMode:   procmodev3.ProcessingMode_SKIP,
-	ResponseHeaderMode:  procmodev3.ProcessingMode_SEND,
-	RequestBodyMode:     procmodev3.ProcessingMode_NONE,
-	ResponseBodyMode:    procmodev3.ProcessingMode_NONE,
-	RequestTrailerMode:  procmodev3.ProcessingMode_SKIP,
-	ResponseTrailerMode: procmodev3.ProcessingMode_SKIP,
+var onlyResponseHeaders = skipAllBut(procmodev3.ProcessingMode_SEND)
+
+// skipAllBut skips every phase, the response headers as respHeaders says.
+func skipAllBut(respHeaders procmodev3.ProcessingMode_HeaderSendMode) *procmodev3.ProcessingMode {
+	const skip, none = procmodev3.ProcessingMode_SKIP, procmodev3.ProcessingMode_NONE
+	return &procmodev3.ProcessingMode{RequestHeaderMode: skip, ResponseHeaderMode: respHeaders,
+		RequestBodyMode: none, ResponseBodyMode: none, RequestTrailerMode: skip, ResponseTrailerMode: skip}
 }
 
 // skipResponseBody is the override, at response headers, for a response
