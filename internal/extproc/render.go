@@ -173,7 +173,7 @@ func (p *processor) takeRequestBody(body *extprocv3.HttpBody) *problem.Problem {
 //     readResponseBody); SkipBody and Settled end what the record needs.
 //
 // Headers a verdict adds to the response are kept for the response
-// headers reply (withAddedHeaders); gRPC answers carry none.
+// headers reply (onResponse); gRPC answers carry none.
 func (p *processor) render(ctx context.Context, v attempt.Verdict) *extprocv3.ProcessingResponse {
 	if v.Shadow != "" {
 		p.trace.shadowed(v.Shadow)
