@@ -5,7 +5,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/idem-extproc/idem-extproc/internal/attempt"
 	"github.com/idem-extproc/idem-extproc/internal/problem"
 )
 
@@ -88,21 +87,6 @@ func (b *bodyBudget) hold(h *holding, n int) bool {
 		}
 	}
 	return true
-}
-
-// holdRequestBody charges cost more bytes for a request body that will be
-// size bytes long with its next chunk, or returns the problem to answer:
-// 413 when the body alone would pass the whole budget (it could never be
-// taken; a retry would not help), 503 with Retry-After when the budget is
-// only full for now.
-func (b *bodyBudget) holdRequestBody(held *holding, size, cost int, retryAfter time.Duration) *problem.Problem {
-	if b != nil && int64(size) > b.limit {
-		return attempt.BodyTooLarge(int(b.limit))
-	}
-	if !b.hold(held, cost) {
-		return b.capacityProblem(retryAfter)
-	}
-	return nil
 }
 
 // BufferedBytes is what all streams' bodies hold of the budget now, and

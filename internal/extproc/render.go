@@ -130,8 +130,9 @@ func (p *processor) releaseRequestBody() {
 
 // takeRequestBody keeps a request body chunk for the fingerprint, or
 // returns the problem to refuse the request with: 413 past the policy's
-// max_request_body, or what the server's body budget says
-// (bodyBudget.holdRequestBody).
+// max_request_body, or past the server's whole body budget (it could
+// never be taken; a retry would not help), 503 with Retry-After when the
+// budget is only full for now.
 // In GRPC mode each message is framed as gRPC does on the wire, so that
 // message boundaries are part of the fingerprint; the half-close grpc-go
 // sends as end_of_stream_without_message adds nothing. The budget is
@@ -150,8 +151,11 @@ func (p *processor) takeRequestBody(body *extprocv3.HttpBody) *problem.Problem {
 		n += frameHeaderLen
 	}
 	capacity := chunkCapacity(p.reqBody, n, framed, p.reqLength, p.att.Policy.MaxRequestBody)
-	if prob := p.srv.budget.holdRequestBody(&p.held, len(p.reqBody)+n, capacity-cap(p.reqBody), p.att.Policy.RetryAfter); prob != nil {
-		return prob
+	if b := p.srv.budget; b != nil && int64(len(p.reqBody)+n) > b.limit {
+		return attempt.BodyTooLarge(int(b.limit))
+	}
+	if !p.srv.budget.hold(&p.held, capacity-cap(p.reqBody)) {
+		return p.srv.budget.capacityProblem(p.att.Policy.RetryAfter)
 	}
 	p.reqBody = keepChunk(p.reqBody, msg, framed, body.GetGrpcMessageCompressed(), capacity)
 	return nil
