@@ -185,12 +185,20 @@ func (p *processor) render(ctx context.Context, v attempt.Verdict) *extprocv3.Pr
 	if len(v.Add) > 0 && !p.rpc.call {
 		p.respAdd = append(p.respAdd, v.Add...)
 	}
-	p.stage = stageAfter(p.stage, v)
+	if v.Kind != attempt.Wait { // through a wait the stage stays
+		// Nothing more is recorded here, but what the cases below read or
+		// wait for; stageUnsettled when a settlement is still to be retried.
+		p.stage = stagePassThrough
+		if v.Unsettled {
+			p.stage = stageUnsettled
+		}
+	}
 	switch v.Kind {
 	case attempt.ReadBody:
+		p.stage = stageRequestBody
 		return p.awaitBody(ctx)
 	case attempt.Continue:
-		p.settleAsk = v.Wait
+		p.stage, p.settleAsk = stageUpstream, v.Wait
 		return p.cont()
 	case attempt.Wait:
 		// Envoy times each message out (message_timeout, 200 ms by
@@ -204,6 +212,7 @@ func (p *processor) render(ctx context.Context, v attempt.Verdict) *extprocv3.Pr
 		}
 		return &extprocv3.ProcessingResponse{OverrideMessageTimeout: durationpb.New(v.Wait)}
 	case attempt.Store:
+		p.stage = stageResponseBody
 		return p.readResponseBody()
 	case attempt.Pass:
 		return p.passThrough()
@@ -223,26 +232,6 @@ func (p *processor) render(ctx context.Context, v attempt.Verdict) *extprocv3.Pr
 		return p.replayReply(v.Replay)
 	}
 	return p.problemReply(v.Problem)
-}
-
-// stageAfter is where a stream at stage s is once verdict v is rendered:
-// reading the body, waiting on the upstream, or reading the response to
-// store; the same stage through a wait; otherwise nothing more is recorded
-// here, and stageUnsettled when a settlement is still to be retried.
-func stageAfter(s stage, v attempt.Verdict) stage {
-	switch {
-	case v.Kind == attempt.ReadBody:
-		return stageRequestBody
-	case v.Kind == attempt.Continue:
-		return stageUpstream
-	case v.Kind == attempt.Store:
-		return stageResponseBody
-	case v.Kind == attempt.Wait:
-		return s
-	case v.Unsettled:
-		return stageUnsettled
-	}
-	return stagePassThrough
 }
 
 // refuseUnread refuses a request whose body is refused before it was read
