@@ -264,13 +264,9 @@ func (p *processor) awaitBody(ctx context.Context) *extprocv3.ProcessingResponse
 	case echoes(p.requestBodyMode):
 		p.rpc.headersHeld = true
 		return nil
-	}
-	if !p.modesKnown {
+	case !p.modesKnown:
 		p.requestBodyMode, p.responseBodyMode = procmodev3.ProcessingMode_BUFFERED, procmodev3.ProcessingMode_BUFFERED
-		return continueWith(p.phase, nil)
-	}
-	switch p.requestBodyMode {
-	case procmodev3.ProcessingMode_NONE, procmodev3.ProcessingMode_STREAMED:
+	case p.requestBodyMode == procmodev3.ProcessingMode_NONE, p.requestBodyMode == procmodev3.ProcessingMode_STREAMED:
 		// The fingerprint needs the whole body, and the upstream must see
 		// no part of the request before the reservation: in STREAMED mode
 		// Envoy would forward the headers and every answered chunk at once
