@@ -3,6 +3,7 @@ package extproc
 import (
 	"log/slog"
 	"mime"
+	"slices"
 	"strings"
 	"time"
 
@@ -155,12 +156,7 @@ func advertised(l *toolsLearning, now time.Time) *extprocv3.ProcessingResponse {
 		return nil
 	}
 	out, ok := toolhints.Advertise(l.body, func(name string) bool {
-		for _, pol := range adv {
-			if pol.ProtectsTool(l.upstream, name, now) {
-				return true
-			}
-		}
-		return false
+		return slices.ContainsFunc(adv, func(pol *policy.Policy) bool { return pol.ProtectsTool(l.upstream, name, now) })
 	})
 	if !ok {
 		return nil
