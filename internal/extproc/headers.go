@@ -66,34 +66,17 @@ func headerBytes(m *corev3.HeaderMap, name string) ([]byte, bool) {
 }
 
 // copyHeaders sets vals[i] to the first value of names[i] in m, all
-// copied out of the message into one string (one allocation for all the
-// values a request's headers phase keeps, instead of one each), and
-// returns which were present, bit i for names[i]. At most 8 names.
+// copied out of the message into one string (keptHeaders: one allocation
+// for all the values a request's headers phase keeps, instead of one
+// each), and returns which were present, bit i for names[i]. At most 8
+// names, and 8 lines of them before a second allocation.
 func copyHeaders(m *corev3.HeaderMap, names []string, vals []string) (present uint8) {
-	var at [8]*corev3.HeaderValue
-	total := 0
-	for _, h := range m.GetHeaders() {
-		for i, n := range names {
-			if present&(1<<i) == 0 && h.GetKey() == n {
-				present |= 1 << i
-				at[i] = h
-				total += len(h.GetRawValue()) + len(h.GetValue())
-				break
-			}
+	var few [8]idem.Header
+	for _, h := range keptHeaders(m, func(n string) bool { return slices.Contains(names, n) }, few[:0]) {
+		if i := slices.Index(names, h.Name); present&(1<<i) == 0 {
+			present |= 1 << i
+			vals[i] = h.Value
 		}
-	}
-	var b strings.Builder
-	b.Grow(total)
-	ends := [8]int{}
-	for i := range names {
-		if at[i] != nil {
-			writeHeaderValue(&b, at[i])
-		}
-		ends[i] = b.Len()
-	}
-	all, start := b.String(), 0
-	for i := range names {
-		vals[i], start = all[start:ends[i]], ends[i]
 	}
 	return present
 }
