@@ -51,19 +51,6 @@ type holding struct {
 	small    bool  // bytes are counted in the budget's small too
 }
 
-// take charges n bytes, or reports false when they would pass the limit.
-func (b *bodyBudget) take(n int64) bool {
-	for {
-		u := b.used.Load()
-		if u+n > b.limit {
-			return false
-		}
-		if b.used.CompareAndSwap(u, u+n) {
-			return true
-		}
-	}
-}
-
 // hold charges a body message's n more buffered bytes to a stream that
 // holds *h; false when the budget has no room for them. Without a budget
 // (nil) it always holds.
@@ -71,8 +58,13 @@ func (b *bodyBudget) hold(h *holding, n int) bool {
 	if b == nil {
 		return true
 	}
-	if n > 0 && !b.take(int64(n)) {
-		return false
+	for u := b.used.Load(); n > 0; u = b.used.Load() {
+		if u+int64(n) > b.limit {
+			return false
+		}
+		if b.used.CompareAndSwap(u, u+int64(n)) {
+			break
+		}
 	}
 	h.bytes += int64(n)
 	h.messages++
