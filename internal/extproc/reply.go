@@ -40,11 +40,10 @@ func continueWith(ph phase, mode *procmodev3.ProcessingMode) *extprocv3.Processi
 	case phaseRequestTrailers:
 		return &resp{ModeOverride: mode,
 			Response: &extprocv3.ProcessingResponse_RequestTrailers{RequestTrailers: &extprocv3.TrailersResponse{}}}
-	case phaseResponseTrailers:
-		return &resp{ModeOverride: mode,
-			Response: &extprocv3.ProcessingResponse_ResponseTrailers{ResponseTrailers: &extprocv3.TrailersResponse{}}}
 	}
-	return &resp{ModeOverride: mode}
+	// phaseResponseTrailers: a phase is only ever one of the six.
+	return &resp{ModeOverride: mode,
+		Response: &extprocv3.ProcessingResponse_ResponseTrailers{ResponseTrailers: &extprocv3.TrailersResponse{}}}
 }
 
 // reply makes a reply in one allocation: every message of every request
