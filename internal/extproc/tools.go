@@ -146,17 +146,12 @@ func advertised(l *toolsLearning, now time.Time) *extprocv3.ProcessingResponse {
 	if l.eventStream || l.messages != 1 {
 		return nil
 	}
-	var adv []*policy.Policy
-	for _, pol := range l.pols {
-		if pol.Tools.AdvertiseIdempotent {
-			adv = append(adv, pol)
-		}
-	}
-	if len(adv) == 0 {
+	advertises := func(pol *policy.Policy) bool { return pol.Tools.AdvertiseIdempotent }
+	if !slices.ContainsFunc(l.pols, advertises) {
 		return nil
 	}
 	out, ok := toolhints.Advertise(l.body, func(name string) bool {
-		return slices.ContainsFunc(adv, func(pol *policy.Policy) bool { return pol.ProtectsTool(l.upstream, name, now) })
+		return slices.ContainsFunc(l.pols, func(pol *policy.Policy) bool { return advertises(pol) && pol.ProtectsTool(l.upstream, name, now) })
 	})
 	if !ok {
 		return nil
