@@ -5,7 +5,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/idem-extproc/idem-extproc/internal/attempt"
 	"github.com/idem-extproc/idem-extproc/internal/problem"
 )
 
@@ -52,19 +51,6 @@ type holding struct {
 	small    bool  // bytes are counted in the budget's small too
 }
 
-// take charges n bytes, or reports false when they would pass the limit.
-func (b *bodyBudget) take(n int64) bool {
-	for {
-		u := b.used.Load()
-		if u+n > b.limit {
-			return false
-		}
-		if b.used.CompareAndSwap(u, u+n) {
-			return true
-		}
-	}
-}
-
 // hold charges a body message's n more buffered bytes to a stream that
 // holds *h; false when the budget has no room for them. Without a budget
 // (nil) it always holds.
@@ -72,8 +58,13 @@ func (b *bodyBudget) hold(h *holding, n int) bool {
 	if b == nil {
 		return true
 	}
-	if n > 0 && !b.take(int64(n)) {
-		return false
+	for u := b.used.Load(); n > 0; u = b.used.Load() {
+		if u+int64(n) > b.limit {
+			return false
+		}
+		if b.used.CompareAndSwap(u, u+int64(n)) {
+			break
+		}
 	}
 	h.bytes += int64(n)
 	h.messages++
@@ -88,21 +79,6 @@ func (b *bodyBudget) hold(h *holding, n int) bool {
 		}
 	}
 	return true
-}
-
-// holdRequestBody charges cost more bytes for a request body that will be
-// size bytes long with its next chunk, or returns the problem to answer:
-// 413 when the body alone would pass the whole budget (it could never be
-// taken; a retry would not help), 503 with Retry-After when the budget is
-// only full for now.
-func (b *bodyBudget) holdRequestBody(held *holding, size, cost int, retryAfter time.Duration) *problem.Problem {
-	if b != nil && int64(size) > b.limit {
-		return attempt.BodyTooLarge(int(b.limit))
-	}
-	if !b.hold(held, cost) {
-		return b.capacityProblem(retryAfter)
-	}
-	return nil
 }
 
 // BufferedBytes is what all streams' bodies hold of the budget now, and

@@ -8,7 +8,6 @@ import (
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
-	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
@@ -82,18 +81,15 @@ func grpcReplay(r *idem.Response, proxyless bool) *extprocv3.ProcessingResponse 
 // grpc-status and the body as grpc-message (http/utility.cc
 // sendLocalReply), and records details as the response code details.
 func grpcAnswer(code codes.Code, msg string, httpStatus int, hs []*corev3.HeaderValueOption, envoyDetails string, proxyless bool) *extprocv3.ProcessingResponse {
-	ir := &extprocv3.ImmediateResponse{
-		Status:     &typev3.HttpStatus{Code: typev3.StatusCode(httpStatus)},
-		GrpcStatus: &extprocv3.GrpcStatus{Status: uint32(code)},
-		Details:    msg,
+	var body []byte
+	if proxyless {
+		hs, envoyDetails = nil, msg
+	} else {
+		body = []byte(msg)
 	}
-	if !proxyless {
-		ir.Body, ir.Details = []byte(msg), envoyDetails
-		if len(hs) > 0 {
-			ir.Headers = &extprocv3.HeaderMutation{SetHeaders: hs}
-		}
-	}
-	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ImmediateResponse{ImmediateResponse: ir}}
+	resp := immediate(httpStatus, hs, body, envoyDetails)
+	resp.GetImmediateResponse().GrpcStatus = &extprocv3.GrpcStatus{Status: uint32(code)}
+	return resp
 }
 
 // codeNames are the canonical gRPC code names (google/rpc/code.proto).
@@ -178,31 +174,13 @@ func grpcStatusOf(hs []idem.Header) (codes.Code, string, bool) {
 	return codes.Unknown, "", false
 }
 
-// httpStatusFor is google.rpc.Code's HTTP mapping (google/rpc/code.proto).
+// httpStatuses is google.rpc.Code's HTTP mapping (google/rpc/code.proto),
+// indexed by code.
+var httpStatuses = [...]int{200, 499, 500, 400, 504, 404, 409, 403, 429, 400, 409, 400, 501, 500, 503, 500, 401}
+
 func httpStatusFor(c codes.Code) int {
-	switch c {
-	case codes.OK:
-		return 200
-	case codes.Canceled:
-		return 499
-	case codes.InvalidArgument, codes.FailedPrecondition, codes.OutOfRange:
-		return 400
-	case codes.DeadlineExceeded:
-		return 504
-	case codes.NotFound:
-		return 404
-	case codes.AlreadyExists, codes.Aborted:
-		return 409
-	case codes.PermissionDenied:
-		return 403
-	case codes.Unauthenticated:
-		return 401
-	case codes.ResourceExhausted:
-		return 429
-	case codes.Unimplemented:
-		return 501
-	case codes.Unavailable:
-		return 503
+	if int(c) < len(httpStatuses) {
+		return httpStatuses[c]
 	}
-	return 500 // UNKNOWN, INTERNAL, DATA_LOSS and codes beyond 16
+	return 500 // codes beyond 16
 }

@@ -15,15 +15,6 @@ import (
 // attributes it was asked to send (ext_proc.cc, the filter's name).
 const attributesKey = "envoy.filters.http.ext_proc"
 
-// headerValue returns a header's value. Current Envoy sends raw_value bytes
-// and leaves value empty; older versions and other clients send value.
-func headerValue(h *corev3.HeaderValue) string {
-	if len(h.GetRawValue()) > 0 {
-		return string(h.GetRawValue())
-	}
-	return h.GetValue()
-}
-
 // headerList converts a HeaderMap, keeping order and repeated names. Envoy
 // already sends names in lower case.
 func headerList(m *corev3.HeaderMap) []idem.Header {
@@ -31,9 +22,11 @@ func headerList(m *corev3.HeaderMap) []idem.Header {
 }
 
 // headerLines returns the first value of name in m and how many field
-// lines carry it, copying only that value out of the message. Envoy sends
-// each line of a repeated header as its own HeaderValue: its header map
-// joins repeated lines only for the inline headers it knows
+// lines carry it, copying only that value out of the message. Current
+// Envoy sends raw_value bytes and leaves value empty; older versions and
+// other clients send value. Envoy sends each line of a repeated header
+// as its own HeaderValue: its header map joins repeated lines only for
+// the inline headers it knows
 // (source/common/http/header_map_impl.cc HeaderMapImpl::insertByKey, which
 // appends to an existing entry only after a static lookup hit), and
 // MutationUtils::headersToProto (ext_proc/mutation_utils.cc) adds one
@@ -42,7 +35,9 @@ func headerLines(m *corev3.HeaderMap, name string) (v string, n int) {
 	for _, h := range m.GetHeaders() {
 		if h.GetKey() == name {
 			if n == 0 {
-				v = headerValue(h)
+				if v = string(h.GetRawValue()); v == "" {
+					v = h.GetValue()
+				}
 			}
 			n++
 		}
@@ -59,41 +54,24 @@ func headerBytes(m *corev3.HeaderMap, name string) ([]byte, bool) {
 			if raw := h.GetRawValue(); len(raw) > 0 {
 				return raw, true
 			}
-			return []byte(h.GetValue()), true // not sent by current Envoy (headerValue)
+			return []byte(h.GetValue()), true // not sent by current Envoy (headerLines)
 		}
 	}
 	return nil, false
 }
 
 // copyHeaders sets vals[i] to the first value of names[i] in m, all
-// copied out of the message into one string (one allocation for all the
-// values a request's headers phase keeps, instead of one each), and
-// returns which were present, bit i for names[i]. At most 8 names.
+// copied out of the message into one string (keptHeaders: one allocation
+// for all the values a request's headers phase keeps, instead of one
+// each), and returns which were present, bit i for names[i]. At most 8
+// names, and 8 lines of them before a second allocation.
 func copyHeaders(m *corev3.HeaderMap, names []string, vals []string) (present uint8) {
-	var at [8]*corev3.HeaderValue
-	total := 0
-	for _, h := range m.GetHeaders() {
-		for i, n := range names {
-			if present&(1<<i) == 0 && h.GetKey() == n {
-				present |= 1 << i
-				at[i] = h
-				total += len(h.GetRawValue()) + len(h.GetValue())
-				break
-			}
+	var few [8]idem.Header
+	for _, h := range keptHeaders(m, func(n string) bool { return slices.Contains(names, n) }, few[:0]) {
+		if i := slices.Index(names, h.Name); present&(1<<i) == 0 {
+			present |= 1 << i
+			vals[i] = h.Value
 		}
-	}
-	var b strings.Builder
-	b.Grow(total)
-	ends := [8]int{}
-	for i := range names {
-		if at[i] != nil {
-			writeHeaderValue(&b, at[i])
-		}
-		ends[i] = b.Len()
-	}
-	all, start := b.String(), 0
-	for i := range names {
-		vals[i], start = all[start:ends[i]], ends[i]
 	}
 	return present
 }
@@ -133,7 +111,8 @@ func keptHeaders(m *corev3.HeaderMap, keep func(name string) bool, into []idem.H
 	return into
 }
 
-// writeHeaderValue writes h's value (headerValue) to b.
+// writeHeaderValue writes h's value (raw_value, else value: headerLines)
+// to b.
 func writeHeaderValue(b *strings.Builder, h *corev3.HeaderValue) {
 	if raw := h.GetRawValue(); len(raw) > 0 {
 		b.Write(raw)

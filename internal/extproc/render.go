@@ -130,8 +130,9 @@ func (p *processor) releaseRequestBody() {
 
 // takeRequestBody keeps a request body chunk for the fingerprint, or
 // returns the problem to refuse the request with: 413 past the policy's
-// max_request_body, or what the server's body budget says
-// (bodyBudget.holdRequestBody).
+// max_request_body, or past the server's whole body budget (it could
+// never be taken; a retry would not help), 503 with Retry-After when the
+// budget is only full for now.
 // In GRPC mode each message is framed as gRPC does on the wire, so that
 // message boundaries are part of the fingerprint; the half-close grpc-go
 // sends as end_of_stream_without_message adds nothing. The budget is
@@ -150,8 +151,11 @@ func (p *processor) takeRequestBody(body *extprocv3.HttpBody) *problem.Problem {
 		n += frameHeaderLen
 	}
 	capacity := chunkCapacity(p.reqBody, n, framed, p.reqLength, p.att.Policy.MaxRequestBody)
-	if prob := p.srv.budget.holdRequestBody(&p.held, len(p.reqBody)+n, capacity-cap(p.reqBody), p.att.Policy.RetryAfter); prob != nil {
-		return prob
+	if b := p.srv.budget; b != nil && int64(len(p.reqBody)+n) > b.limit {
+		return attempt.BodyTooLarge(int(b.limit))
+	}
+	if !p.srv.budget.hold(&p.held, capacity-cap(p.reqBody)) {
+		return p.srv.budget.capacityProblem(p.att.Policy.RetryAfter)
 	}
 	p.reqBody = keepChunk(p.reqBody, msg, framed, body.GetGrpcMessageCompressed(), capacity)
 	return nil
@@ -173,7 +177,7 @@ func (p *processor) takeRequestBody(body *extprocv3.HttpBody) *problem.Problem {
 //     readResponseBody); SkipBody and Settled end what the record needs.
 //
 // Headers a verdict adds to the response are kept for the response
-// headers reply (withAddedHeaders); gRPC answers carry none.
+// headers reply (onResponse); gRPC answers carry none.
 func (p *processor) render(ctx context.Context, v attempt.Verdict) *extprocv3.ProcessingResponse {
 	if v.Shadow != "" {
 		p.trace.shadowed(v.Shadow)
@@ -181,12 +185,20 @@ func (p *processor) render(ctx context.Context, v attempt.Verdict) *extprocv3.Pr
 	if len(v.Add) > 0 && !p.rpc.call {
 		p.respAdd = append(p.respAdd, v.Add...)
 	}
-	p.stage = stageAfter(p.stage, v)
+	if v.Kind != attempt.Wait { // through a wait the stage stays
+		// Nothing more is recorded here, but what the cases below read or
+		// wait for; stageUnsettled when a settlement is still to be retried.
+		p.stage = stagePassThrough
+		if v.Unsettled {
+			p.stage = stageUnsettled
+		}
+	}
 	switch v.Kind {
 	case attempt.ReadBody:
+		p.stage = stageRequestBody
 		return p.awaitBody(ctx)
 	case attempt.Continue:
-		p.settleAsk = v.Wait
+		p.stage, p.settleAsk = stageUpstream, v.Wait
 		return p.cont()
 	case attempt.Wait:
 		// Envoy times each message out (message_timeout, 200 ms by
@@ -200,6 +212,7 @@ func (p *processor) render(ctx context.Context, v attempt.Verdict) *extprocv3.Pr
 		}
 		return &extprocv3.ProcessingResponse{OverrideMessageTimeout: durationpb.New(v.Wait)}
 	case attempt.Store:
+		p.stage = stageResponseBody
 		return p.readResponseBody()
 	case attempt.Pass:
 		return p.passThrough()
@@ -219,26 +232,6 @@ func (p *processor) render(ctx context.Context, v attempt.Verdict) *extprocv3.Pr
 		return p.replayReply(v.Replay)
 	}
 	return p.problemReply(v.Problem)
-}
-
-// stageAfter is where a stream at stage s is once verdict v is rendered:
-// reading the body, waiting on the upstream, or reading the response to
-// store; the same stage through a wait; otherwise nothing more is recorded
-// here, and stageUnsettled when a settlement is still to be retried.
-func stageAfter(s stage, v attempt.Verdict) stage {
-	switch {
-	case v.Kind == attempt.ReadBody:
-		return stageRequestBody
-	case v.Kind == attempt.Continue:
-		return stageUpstream
-	case v.Kind == attempt.Store:
-		return stageResponseBody
-	case v.Kind == attempt.Wait:
-		return s
-	case v.Unsettled:
-		return stageUnsettled
-	}
-	return stagePassThrough
 }
 
 // refuseUnread refuses a request whose body is refused before it was read
@@ -271,13 +264,9 @@ func (p *processor) awaitBody(ctx context.Context) *extprocv3.ProcessingResponse
 	case echoes(p.requestBodyMode):
 		p.rpc.headersHeld = true
 		return nil
-	}
-	if !p.modesKnown {
+	case !p.modesKnown:
 		p.requestBodyMode, p.responseBodyMode = procmodev3.ProcessingMode_BUFFERED, procmodev3.ProcessingMode_BUFFERED
-		return continueWith(p.phase, nil)
-	}
-	switch p.requestBodyMode {
-	case procmodev3.ProcessingMode_NONE, procmodev3.ProcessingMode_STREAMED:
+	case p.requestBodyMode == procmodev3.ProcessingMode_NONE, p.requestBodyMode == procmodev3.ProcessingMode_STREAMED:
 		// The fingerprint needs the whole body, and the upstream must see
 		// no part of the request before the reservation: in STREAMED mode
 		// Envoy would forward the headers and every answered chunk at once

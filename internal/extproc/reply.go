@@ -40,11 +40,10 @@ func continueWith(ph phase, mode *procmodev3.ProcessingMode) *extprocv3.Processi
 	case phaseRequestTrailers:
 		return &resp{ModeOverride: mode,
 			Response: &extprocv3.ProcessingResponse_RequestTrailers{RequestTrailers: &extprocv3.TrailersResponse{}}}
-	case phaseResponseTrailers:
-		return &resp{ModeOverride: mode,
-			Response: &extprocv3.ProcessingResponse_ResponseTrailers{ResponseTrailers: &extprocv3.TrailersResponse{}}}
 	}
-	return &resp{ModeOverride: mode}
+	// phaseResponseTrailers: a phase is only ever one of the six.
+	return &resp{ModeOverride: mode,
+		Response: &extprocv3.ProcessingResponse_ResponseTrailers{ResponseTrailers: &extprocv3.TrailersResponse{}}}
 }
 
 // reply makes a reply in one allocation: every message of every request
@@ -67,25 +66,18 @@ func reply[O, M any](mode *procmodev3.ProcessingMode, link func(*extprocv3.Proce
 // always copied from an override, so leaving them unset means NONE
 // (ext_proc.cc effectiveModeOverride; the mode_override row of
 // internal/testing/envoysim/FIDELITY.md).
-var skipEverything = &procmodev3.ProcessingMode{
-	RequestHeaderMode:   procmodev3.ProcessingMode_SKIP,
-	ResponseHeaderMode:  procmodev3.ProcessingMode_SKIP,
-	RequestBodyMode:     procmodev3.ProcessingMode_NONE,
-	ResponseBodyMode:    procmodev3.ProcessingMode_NONE,
-	RequestTrailerMode:  procmodev3.ProcessingMode_SKIP,
-	ResponseTrailerMode: procmodev3.ProcessingMode_SKIP,
-}
+var skipEverything = skipAllBut(procmodev3.ProcessingMode_SKIP)
 
 // onlyResponseHeaders is the override for a request the server lets go on
 // at its headers but whose response gets a header (a shadow decision, a
 // key grace period's warning): only the response headers are sent.
-var onlyResponseHeaders = &procmodev3.ProcessingMode{
-	RequestHeaderMode:   procmodev3.ProcessingMode_SKIP,
-	ResponseHeaderMode:  procmodev3.ProcessingMode_SEND,
-	RequestBodyMode:     procmodev3.ProcessingMode_NONE,
-	ResponseBodyMode:    procmodev3.ProcessingMode_NONE,
-	RequestTrailerMode:  procmodev3.ProcessingMode_SKIP,
-	ResponseTrailerMode: procmodev3.ProcessingMode_SKIP,
+var onlyResponseHeaders = skipAllBut(procmodev3.ProcessingMode_SEND)
+
+// skipAllBut skips every phase, the response headers as respHeaders says.
+func skipAllBut(respHeaders procmodev3.ProcessingMode_HeaderSendMode) *procmodev3.ProcessingMode {
+	const skip, none = procmodev3.ProcessingMode_SKIP, procmodev3.ProcessingMode_NONE
+	return &procmodev3.ProcessingMode{RequestHeaderMode: skip, ResponseHeaderMode: respHeaders,
+		RequestBodyMode: none, ResponseBodyMode: none, RequestTrailerMode: skip, ResponseTrailerMode: skip}
 }
 
 // skipResponseBody is the override, at response headers, for a response
@@ -187,8 +179,8 @@ func (h *headerSet) has(name string) bool {
 
 // immediate builds an immediate response in one allocation: the response,
 // its oneof wrapper, the immediate response, its status and header
-// mutation are fields of one value (never copied; the pointers lead into
-// it).
+// mutation (none without headers) are fields of one value (never copied;
+// the pointers lead into it).
 func immediate(status int, headers []*corev3.HeaderValueOption, body []byte, details string) *extprocv3.ProcessingResponse {
 	r := new(struct {
 		resp    extprocv3.ProcessingResponse
@@ -199,7 +191,10 @@ func immediate(status int, headers []*corev3.HeaderValueOption, body []byte, det
 	})
 	r.status.Code = typev3.StatusCode(status)
 	r.headers.SetHeaders = headers
-	r.ir.Status, r.ir.Headers, r.ir.Body, r.ir.Details = &r.status, &r.headers, body, details
+	r.ir.Status, r.ir.Body, r.ir.Details = &r.status, body, details
+	if len(headers) > 0 {
+		r.ir.Headers = &r.headers
+	}
 	r.oneof.ImmediateResponse = &r.ir
 	r.resp.Response = &r.oneof
 	return &r.resp

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"strconv"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	procmodev3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc/codes"
@@ -44,10 +45,19 @@ func (p *processor) onResponse(ctx context.Context, m *message) *extprocv3.Proce
 		v = p.responseEnd(ctx, headerList(m.trailers.GetTrailers()))
 	}
 	resp := p.render(ctx, v)
-	if m.phase == phaseResponseHeaders {
-		withAddedHeaders(resp, p.respAdd)
-		p.respAdd = nil
+	if m.phase != phaseResponseHeaders {
+		return resp
 	}
+	// The headers verdicts added (respAdd) go on the reply, if it lets the
+	// response go on: only continueWith makes one, without a mutation yet.
+	if hr := resp.GetResponseHeaders(); hr != nil && len(p.respAdd) > 0 {
+		set := make([]*corev3.HeaderValueOption, len(p.respAdd))
+		for i, h := range p.respAdd {
+			set[i] = setHeader(h.Name, h.Value, h.Append)
+		}
+		hr.Response = &extprocv3.CommonResponse{HeaderMutation: &extprocv3.HeaderMutation{SetHeaders: set}}
+	}
+	p.respAdd = nil
 	return resp
 }
 
@@ -252,24 +262,6 @@ func (s *Server) responseOrigin(a *attempt.Attempt, attrs *structpb.Struct, prox
 		Attempts: attrUint(attrs, envoyorigin.AttrAttemptCount), HasAttempts: hasAttempts,
 	}
 	return envoyorigin.Classify(sig), sig.MayHaveRetried() && !proxyless
-}
-
-// withAddedHeaders adds the headers verdicts added (processor.respAdd) to
-// a response headers reply.
-func withAddedHeaders(resp *extprocv3.ProcessingResponse, add []attempt.ResponseHeader) {
-	hr := resp.GetResponseHeaders()
-	if len(add) == 0 || hr == nil {
-		return
-	}
-	if hr.Response == nil {
-		hr.Response = &extprocv3.CommonResponse{}
-	}
-	if hr.Response.HeaderMutation == nil {
-		hr.Response.HeaderMutation = &extprocv3.HeaderMutation{}
-	}
-	for _, h := range add {
-		hr.Response.HeaderMutation.SetHeaders = append(hr.Response.HeaderMutation.SetHeaders, setHeader(h.Name, h.Value, h.Append))
-	}
 }
 
 // maySettle reports whether answering m may settle the record: the

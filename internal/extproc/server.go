@@ -111,9 +111,8 @@ func New(cfg Config) *Server {
 	if cfg.EnvoyObserver == nil {
 		cfg.EnvoyObserver = nopEnvoyObserver{}
 	}
-	s := &Server{cfg: cfg}
-	s.att = attempt.Server{Store: cfg.Store, Homes: cfg.Homes, SendHome: cfg.SendHome, Sealer: cfg.Sealer, Observer: cfg.Observer, Log: cfg.Logger,
-		StoreTimeout: cfg.StoreTimeout, SettleAtEndTimeout: cfg.SettleAtEndTimeout, MaxMessageTimeout: cfg.MaxMessageTimeout}
+	s := &Server{cfg: cfg, att: attempt.Server{Store: cfg.Store, Homes: cfg.Homes, SendHome: cfg.SendHome, Sealer: cfg.Sealer, Observer: cfg.Observer, Log: cfg.Logger,
+		StoreTimeout: cfg.StoreTimeout, SettleAtEndTimeout: cfg.SettleAtEndTimeout, MaxMessageTimeout: cfg.MaxMessageTimeout}}
 	if cfg.MaxBufferedBytes > 0 {
 		s.budget = &bodyBudget{limit: cfg.MaxBufferedBytes}
 	}

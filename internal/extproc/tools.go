@@ -3,6 +3,7 @@ package extproc
 import (
 	"log/slog"
 	"mime"
+	"slices"
 	"strings"
 	"time"
 
@@ -145,22 +146,12 @@ func advertised(l *toolsLearning, now time.Time) *extprocv3.ProcessingResponse {
 	if l.eventStream || l.messages != 1 {
 		return nil
 	}
-	var adv []*policy.Policy
-	for _, pol := range l.pols {
-		if pol.Tools.AdvertiseIdempotent {
-			adv = append(adv, pol)
-		}
-	}
-	if len(adv) == 0 {
+	advertises := func(pol *policy.Policy) bool { return pol.Tools.AdvertiseIdempotent }
+	if !slices.ContainsFunc(l.pols, advertises) {
 		return nil
 	}
 	out, ok := toolhints.Advertise(l.body, func(name string) bool {
-		for _, pol := range adv {
-			if pol.ProtectsTool(l.upstream, name, now) {
-				return true
-			}
-		}
-		return false
+		return slices.ContainsFunc(l.pols, func(pol *policy.Policy) bool { return advertises(pol) && pol.ProtectsTool(l.upstream, name, now) })
 	})
 	if !ok {
 		return nil
