@@ -119,22 +119,13 @@ func eventStream(rs idem.Response) bool {
 func transportRefused(rs idem.Response, id []byte) bool {
 	switch rs.Status {
 	case 400, 401, 403, 404, 405, 406, 415:
-	default:
-		return false
+		if rs.BodyOmitted || id == nil {
+			return false
+		}
+		r, ok := replyTo(rs, id)
+		return !ok || r.HasCode && (refusalCodes[rs.Status] == r.Code || rs.Status == 400 && r.Code == codeUnsupportedProtocolVersion)
 	}
-	if rs.BodyOmitted || id == nil {
-		return false
-	}
-	body, err := finalBody(rs, id)
-	if err != nil {
-		return true
-	}
-	r, ok := jsonrpc.ReplyTo(body, id)
-	if !ok {
-		return true
-	}
-	code := r.Code
-	return r.HasCode && (refusalCodes[rs.Status] == code || (rs.Status == 400 && code == codeUnsupportedProtocolVersion))
+	return false
 }
 
 // The MCP 2026-07-28 refusals of the transport (transportRefused), by the
@@ -162,20 +153,20 @@ func isInterim(rs idem.Response, id []byte) bool {
 	if rs.Status < 200 || rs.Status > 299 || rs.BodyOmitted || id == nil {
 		return false
 	}
-	body, err := finalBody(rs, id)
-	if err != nil {
-		return false
-	}
-	r, ok := jsonrpc.ReplyTo(body, id)
+	r, ok := replyTo(rs, id)
 	return ok && r.InputRequired
 }
 
-// finalBody is rs's body as the response to the call whose id is id: of
-// a text/event-stream answer, its final JSON-RPC response
-// (jsonrpc.FinalResponse).
-func finalBody(rs idem.Response, id []byte) ([]byte, error) {
+// replyTo is rs's response to the call whose id is id: of a
+// text/event-stream answer, its final JSON-RPC response
+// (jsonrpc.FinalResponse); false when rs holds none.
+func replyTo(rs idem.Response, id []byte) (jsonrpc.Reply, bool) {
+	body := rs.Body
 	if eventStream(rs) {
-		return jsonrpc.FinalResponse(rs.Body, id)
+		var err error
+		if body, err = jsonrpc.FinalResponse(rs.Body, id); err != nil {
+			return jsonrpc.Reply{}, false
+		}
 	}
-	return rs.Body, nil
+	return jsonrpc.ReplyTo(body, id)
 }
