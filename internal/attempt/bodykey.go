@@ -99,20 +99,13 @@ func (a *Attempt) keyFrom(src policy.KeySource, in keyInput) (string, keyMiss, *
 		// parameter, was checked against it (policy.MCPParamMismatch).
 		return bodyKey(p.KeyParam, p.MaxKeyLength, in.body)
 	case policy.KeyFromDerived:
-		key, miss, err := derivedKey(p.KeyDerive, in.body)
-		if err != nil {
-			return "", keyMiss{}, unreadableProblem(err)
-		}
-		return key, miss, nil
+		return derivedKey(p.KeyDerive, in.body)
 	}
 	if in.headerLines == 0 {
 		return "", keyMiss{problem.KeyMissing, "no " + p.KeyHeader + " header"}, nil
 	}
-	adm, key, prob := a.headerKey(in.headerRaw, in.headerLines)
-	if adm == admitRefused {
-		return "", keyMiss{}, prob
-	}
-	return key, keyMiss{}, nil
+	_, key, prob := a.headerKey(in.headerRaw, in.headerLines) // "" for a refusal
+	return key, keyMiss{}, prob
 }
 
 // bodyKey reads the key at ptr in body: a string of 1 to maxLen bytes.
@@ -151,11 +144,11 @@ func bodyMiss(ptr jsonpointer.Pointer, err error) keyMiss {
 // left out, so absent differs from null), in hex. It is never the raw
 // body text, so logs and metrics show no member's value. A body that is
 // not a JSON object, or has none of the members, yields no key; one that
-// cannot be read is the error (policy.ErrBodyUnreadable).
-func derivedKey(members []jsonpointer.Pointer, body []byte) (string, keyMiss, error) {
+// cannot be read is refused (policy.ErrBodyUnreadable, unreadableProblem).
+func derivedKey(members []jsonpointer.Pointer, body []byte) (string, keyMiss, *problem.Problem) {
 	vs, err := policy.FindInBody(body, members...)
 	if errors.Is(err, policy.ErrBodyUnreadable) {
-		return "", keyMiss{}, err
+		return "", keyMiss{}, unreadableProblem(err)
 	}
 	if err != nil {
 		return "", bodyMiss(members[0], err), nil
