@@ -42,9 +42,7 @@ type candidate struct {
 // readBody defers a request to its body: it reads, for every policy the
 // request may end with, the key header, the scope and the fingerprint
 // headers, and says ReadBody at the body (AtBody); until the body says otherwise, the first
-// policy's limits (its max_request_body) and answers hold. A JSON-RPC
-// request whose MCP headers rule out every candidate passes here
-// (ruledOut).
+// policy's limits (its max_request_body) and answers hold.
 func (a *Attempt) readBody(set *policy.Set, r policy.Request, f Facts) Verdict {
 	first := a.Policy
 	pols := set.BodyCandidates(r, first)
@@ -52,8 +50,16 @@ func (a *Attempt) readBody(set *policy.Set, r policy.Request, f Facts) Verdict {
 	var mcp policy.MCPHeaders
 	if jsonRPC {
 		mcp = mcpHeaders(f)
-		if v, ok := a.ruledOut(pols, mcp); ok {
-			return v
+		if !slices.ContainsFunc(pols, func(p *policy.Policy) bool { return !p.RuledOutByMCPHeaders(mcp) }) {
+			// The MCP headers rule out every policy the request may end
+			// with (policy.RuledOutByMCPHeaders, mcp_headers: trust): it
+			// passes at its headers, its body never read, no store command
+			// made, counted as bypassed under the policy that matched.
+			a.conv.Decided(first.Name, idem.DecisionBypassed)
+			a.LogAt(slog.LevelDebug, "MCP headers rule out every policy; passes at its headers",
+				slog.String("mcp_method", mcp.Method))
+			a.Policy = nil
+			return verdictPass
 		}
 		if slices.ContainsFunc(pols, func(p *policy.Policy) bool { return p.KeyFrom(policy.KeyFromMCPParam) }) {
 			// Which of them mirrors a tool parameter is known only once
@@ -210,24 +216,6 @@ func (a *Attempt) unreadable(c *candidate, why error, body []byte, now time.Time
 // BodyTooLarge is the refusal of a request body over limit bytes.
 func BodyTooLarge(limit int) *problem.Problem {
 	return problem.New(problem.BodyTooLarge, "the request body exceeds "+strconv.Itoa(limit)+" bytes")
-}
-
-// ruledOut is the verdict on a JSON-RPC request whose MCP headers rule
-// out every policy it may end with (policy.RuledOutByMCPHeaders,
-// mcp_headers: trust): it passes at its headers, its body never read, no
-// store command made, counted as bypassed under the policy that matched.
-// It is false when any candidate may still take the request.
-func (a *Attempt) ruledOut(cands []*policy.Policy, h policy.MCPHeaders) (Verdict, bool) {
-	for _, p := range cands {
-		if !p.RuledOutByMCPHeaders(h) {
-			return Verdict{}, false
-		}
-	}
-	a.conv.Decided(a.Policy.Name, idem.DecisionBypassed)
-	a.LogAt(slog.LevelDebug, "MCP headers rule out every policy; passes at its headers",
-		slog.String("mcp_method", h.Method))
-	a.Policy = nil
-	return verdictPass, true
 }
 
 // mcpHeaders reads the headers MCP 2026-07-28 mirrors a call's method and
