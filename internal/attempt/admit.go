@@ -112,22 +112,18 @@ func (a *Attempt) scopeOf(pol *policy.Policy, f Facts) (scope string, required b
 // admitKeyed it returns the parsed key, for admitRefused the problem.
 func (a *Attempt) admitKey(raw string, lines int, now time.Time) (admission, string, *problem.Problem) {
 	a.srv.Observer.Requested(a.Policy.Name, lines > 0)
-	if a.Policy.Enforcement == policy.EnforcementOff {
+	switch {
+	case a.Policy.Enforcement == policy.EnforcementOff:
 		// Matched for the adoption counts only: no store call.
-		a.conv.Decided(a.Policy.Name, idem.DecisionBypassed)
-		return admitBypass, "", nil
+	case lines > 0:
+		return a.headerKey(raw, lines)
+	case a.Policy.KeyRequired && a.Policy.KeyGrace(now):
+		return admitGrace, "", nil
+	case a.Policy.KeyRequired:
+		return admitRefused, "", problem.New(problem.KeyMissing, "this endpoint requires an Idempotency-Key header")
 	}
-	if lines == 0 {
-		switch {
-		case a.Policy.KeyRequired && a.Policy.KeyGrace(now):
-			return admitGrace, "", nil
-		case a.Policy.KeyRequired:
-			return admitRefused, "", problem.New(problem.KeyMissing, "this endpoint requires an Idempotency-Key header")
-		}
-		a.conv.Decided(a.Policy.Name, idem.DecisionBypassed)
-		return admitBypass, "", nil
-	}
-	return a.headerKey(raw, lines)
+	a.conv.Decided(a.Policy.Name, idem.DecisionBypassed)
+	return admitBypass, "", nil
 }
 
 // admit names the record of an admitKeyed request's key in scope, the owner of
