@@ -70,7 +70,7 @@ func eventStream(rs idem.Response) bool {
 // HTTP transport refusing the call before dispatching it, rather than the
 // call's outcome: a status the transport sends for a request it does not
 // take, and a body that holds no JSON-RPC response to the call. The tool
-// then never ran, and the record is released (settledCall), so that the
+// then never ran, and the record is released (settleStored), so that the
 // agent's retry (in a new session, with a fresh token) runs it; storing it
 // would answer every retry with -33063 for the whole retention.
 //
@@ -145,7 +145,7 @@ var refusalCodes = map[int]int{400: codeHeaderMismatch, 404: codeMethodNotFound}
 // client will retry the call with it under a new id
 // (modelcontextprotocol, docs/specification/2026-07-28/basic/patterns/
 // mrtr.mdx). It is not the call's outcome: the record is released
-// (settledCall), so that the continuation, the same operation by its
+// (settleStored), so that the continuation, the same operation by its
 // fingerprint (policy.ContinuationMembers), runs the final step and
 // stores its result, which a retry of the call from its first round then
 // gets. A stored text/event-stream answer is judged by its final response.

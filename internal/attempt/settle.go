@@ -69,7 +69,7 @@ func (a *Attempt) AtResponse(ctx context.Context, r Response, attrs ...slog.Attr
 // nothing about the earlier ones, so what the rules would release (an
 // upstream 429, a reply that proves the last attempt never left) is
 // unknown instead: releasing could run an operation that already ran. The
-// origin and retried are kept for settleStored (settledCall).
+// origin and retried are kept for settleStored.
 func (a *Attempt) actionFor(origin idem.Origin, status int, retried bool) idem.Action {
 	a.origin, a.retried = origin, retried
 	return a.unlessRetried(idem.DecideResponse(a.Policy.ResponseRules, origin, status))
@@ -86,16 +86,36 @@ func (a *Attempt) unlessRetried(act idem.Action) idem.Action {
 }
 
 // settleStored completes the record with resp as the operation's result,
-// unless resp answers a JSON-RPC call in a way that proves nothing ran
-// (settledCall). It runs before the reply that lets the response go on,
-// so a client that sees the response and retries at once finds it stored.
-// judged, how the response was judged (AtResponse), goes on the settled
-// line.
+// unless resp answers a JSON-RPC call in a way that proves nothing ran. It
+// runs before the reply that lets the response go on, so a client that
+// sees the response and retries at once finds it stored. judged, how the
+// response was judged (AtResponse), goes on the settled line.
+//
+// The upstream's answer to the JSON-RPC call the attempt took (answers:
+// jsonrpc; its id callID), that the response rules said to store, is not
+// stored when it is the upstream's transport refusing the call
+// (transportRefused), which never ran it: the record is released (unknown
+// when an earlier attempt may have run it: unlessRetried); nor when it is
+// an interim result that asks for input (isInterim): the record is
+// released for the continuation.
 func (a *Attempt) settleStored(ctx context.Context, resp idem.Response, judged ...slog.Attr) {
+	if a.renew == nil {
+		return
+	}
 	var buf [6]slog.Attr
 	attrs := append(append(buf[:0], slog.Int("status", resp.Status), slog.Bool("body_omitted", resp.BodyOmitted)), judged...)
-	if a.renew == nil || a.Policy.Answers == policy.AnswersJSONRPC && a.settledCall(ctx, resp, attrs) {
-		return
+	if a.Policy.Answers == policy.AnswersJSONRPC && a.origin == idem.OriginUpstream {
+		switch {
+		case transportRefused(resp, a.callID):
+			a.settle(ctx, a.unlessRetried(idem.ActionRelease), append(attrs, slog.String("reason", "transport refused the call"))...)
+			return
+		case isInterim(resp, a.callID):
+			// The server asks for input; an interim round is taken to have no
+			// effect of its own (docs/design.md §4, MCP multi round-trip
+			// requests): the record goes, the continuation runs.
+			a.settle(ctx, idem.ActionRelease, append(attrs, slog.String("reason", "interim result: input required"))...)
+			return
+		}
 	}
 	if c := a.Policy.Compression.Codec; c != nil {
 		// Before sealing: an envelope's bytes do not compress.
@@ -115,30 +135,6 @@ func (a *Attempt) settleStored(ctx context.Context, resp idem.Response, judged .
 	a.settleWith(ctx, codeStored, func(ctx context.Context) error {
 		return st.Complete(ctx, a.ID, a.token, resp, a.Policy.Retention)
 	}, attrs...)
-}
-
-// settledCall settles the record when rs, the response to the JSON-RPC
-// call the attempt took (answers: jsonrpc; its id callID), that the
-// response rules said to store, is not to be stored: the upstream's
-// transport refusing the call (transportRefused), which never ran it, is
-// released (unknown when an earlier attempt may have run it:
-// unlessRetried); an interim result that asks for input (isInterim) is
-// released for the continuation. It is false when rs is to be stored.
-func (a *Attempt) settledCall(ctx context.Context, rs idem.Response, attrs []slog.Attr) bool {
-	switch {
-	case a.origin != idem.OriginUpstream:
-		return false
-	case transportRefused(rs, a.callID):
-		a.settle(ctx, a.unlessRetried(idem.ActionRelease), append(attrs, slog.String("reason", "transport refused the call"))...)
-	case isInterim(rs, a.callID):
-		// The server asks for input; an interim round is taken to have no
-		// effect of its own (docs/design.md §4, MCP multi round-trip
-		// requests): the record goes, the continuation runs.
-		a.settle(ctx, idem.ActionRelease, append(attrs, slog.String("reason", "interim result: input required"))...)
-	default:
-		return false
-	}
-	return true
 }
 
 // settle releases the record (ActionRelease) or marks it unknown (any
