@@ -4,6 +4,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -153,11 +154,7 @@ func derivedKey(members []jsonpointer.Pointer, body []byte) (string, keyMiss, *p
 	if err != nil {
 		return "", bodyMiss(members[0], err), nil
 	}
-	found := false
-	for _, v := range vs {
-		found = found || v.Found()
-	}
-	if !found {
+	if !slices.ContainsFunc(vs, jsonpointer.Value.Found) {
 		names := make([]string, len(members))
 		for i, m := range members {
 			names[i] = m.String()
