@@ -37,12 +37,7 @@ func jsonrpcReplay(rs idem.Response, id []byte) (idem.Response, error) {
 			return rs, err
 		}
 		body = final
-		headers = make([]idem.Header, 0, len(rs.Headers))
-		for _, h := range rs.Headers {
-			if h.Name != "content-type" {
-				headers = append(headers, h)
-			}
-		}
+		headers = slices.DeleteFunc(slices.Clone(rs.Headers), func(h idem.Header) bool { return h.Name == "content-type" })
 		headers = append(headers, idem.Header{Name: "content-type", Value: "application/json"})
 	}
 	out, err := jsonrpc.RewriteID(body, id)
