@@ -41,9 +41,7 @@ func (a *Attempt) admitKeyFrom(in keyInput, now time.Time) (admission, string, *
 	p := a.Policy
 	a.keySource, a.atBody = policy.KeyFromHeader, true
 	if p.Enforcement == policy.EnforcementOff {
-		a.srv.Observer.Requested(p.Name, in.headerLines > 0)
-		a.conv.Decided(a.Policy.Name, idem.DecisionBypassed)
-		return admitBypass, "", nil
+		return a.admitKey(in.headerRaw, in.headerLines, now) // counted, then bypassed
 	}
 	sources := p.KeySources
 	if len(sources) == 0 {
@@ -66,22 +64,18 @@ func (a *Attempt) admitKeyFrom(in keyInput, now time.Time) (admission, string, *
 		a.keySource = src
 		return admitKeyed, key, nil
 	}
-	a.srv.Observer.Requested(p.Name, false)
-	switch {
-	case p.KeyRequired && p.KeyGrace(now):
-		return admitGrace, "", nil
-	case p.KeyRequired:
-		kind, details := problem.KeyMissing, make([]string, 0, len(misses))
-		for _, m := range misses {
-			if m.kind == problem.KeyInvalid {
-				kind = problem.KeyInvalid
-			}
-			details = append(details, m.detail)
-		}
-		return admitRefused, "", problem.New(kind, "this endpoint requires an idempotency key: "+strings.Join(details, "; "))
+	if !p.KeyRequired || p.KeyGrace(now) {
+		return a.admitKey("", 0, now) // no key: the grace period or a pass, as at the headers
 	}
-	a.conv.Decided(a.Policy.Name, idem.DecisionBypassed)
-	return admitBypass, "", nil
+	a.srv.Observer.Requested(p.Name, false)
+	kind, details := problem.KeyMissing, make([]string, 0, len(misses))
+	for _, m := range misses {
+		if m.kind == problem.KeyInvalid {
+			kind = problem.KeyInvalid
+		}
+		details = append(details, m.detail)
+	}
+	return admitRefused, "", problem.New(kind, "this endpoint requires an idempotency key: "+strings.Join(details, "; "))
 }
 
 // keyFrom reads one source: a key, or why there is none (miss), or the
