@@ -54,10 +54,7 @@ func (a *Attempt) decide(ctx context.Context, fp idem.Fingerprint) (idem.Reserve
 // proxy must then give the request's message (extension). A far home's
 // ask was made before its reservation, wait included.
 func (a *Attempt) waits(res idem.ReserveResult) (time.Duration, bool) {
-	if res.Outcome != idem.InFlight || a.Policy.WaitForInFlight <= 0 {
-		return 0, false
-	}
-	if _, ok := a.recordStore().(idem.Watcher); !ok {
+	if _, ok := a.recordStore().(idem.Watcher); !ok || res.Outcome != idem.InFlight || a.Policy.WaitForInFlight <= 0 {
 		return 0, false
 	}
 	d := a.asked
@@ -272,10 +269,9 @@ func (a *Attempt) Request(ctx context.Context, b Body, now time.Time) Verdict {
 	if b.Unread != nil {
 		return a.refuse(b.Unread)
 	}
-	body := b.Bytes
 	var picked Verdict
 	if a.cands != nil {
-		if picked = a.pickAtBody(body, now); picked.Kind != Continue {
+		if picked = a.pickAtBody(b.Bytes, now); picked.Kind != Continue {
 			return picked
 		}
 	}
@@ -283,7 +279,7 @@ func (a *Attempt) Request(ctx context.Context, b Body, now time.Time) Verdict {
 		Method:      a.method,
 		Path:        a.path,
 		Headers:     a.fpHeaders,
-		Body:        body,
+		Body:        b.Bytes,
 		JSON:        a.Policy.FingerprintJSON,
 		JSONOptions: a.Policy.FingerprintOptions(),
 	}, a.Policy.FingerprintHeaders)
