@@ -339,10 +339,9 @@ func (a *Attempt) request(ctx context.Context, fp idem.Fingerprint) Verdict {
 // askForHome is the verdict that asks the proxy for the time of the home's
 // calls (HomeStore.Budget) before they are made; Await then decides.
 func (a *Attempt) askForHome(fp idem.Fingerprint) Verdict {
-	h := a.home
-	h.asked = true
+	a.home.asked = true
 	a.wait = &waiting{fp: fp, far: true}
-	b := h.store.Budget()
+	b := a.home.store.Budget()
 	a.asked = a.extension(b, b)
 	return Verdict{Kind: Wait, Wait: a.asked}
 }

@@ -48,8 +48,7 @@ func jsonrpcReplay(rs idem.Response, id []byte) (idem.Response, error) {
 	return rs, nil
 }
 
-// eventStream reports whether a response's content-type is
-// text/event-stream.
+// eventStream reports whether rs's content-type is text/event-stream.
 func eventStream(rs idem.Response) bool {
 	for _, h := range rs.Headers {
 		if h.Name == "content-type" {
