@@ -402,9 +402,8 @@ func (a *Attempt) answer(res idem.ReserveResult) Verdict {
 		}
 		return a.replay(res.Response)
 	case idem.InFlight:
-		prob := problem.New(problem.InProgress, "an earlier request with this Idempotency-Key is still being processed; retry later")
-		prob.RetryAfter = a.Policy.RetryAfter
-		return Verdict{Kind: answered, Problem: prob}
+		return Verdict{Kind: answered, Problem: &problem.Problem{Kind: problem.InProgress, RetryAfter: a.Policy.RetryAfter,
+			Detail: "an earlier request with this Idempotency-Key is still being processed; retry later"}}
 	case idem.Unknown:
 		return Verdict{Kind: answered, Problem: problem.New(problem.OutcomeUnknown,
 			"an earlier request with this Idempotency-Key ended without a known outcome; "+

@@ -50,7 +50,8 @@ func (a *Attempt) unavailable(err error) Verdict {
 		return verdictPass
 	}
 	d, line := idem.DecisionStoreUnavailable, "store unavailable; request refused (fail_closed)"
-	var prob *problem.Problem // nil: StoreUnavailable, with Retry-After
+	prob := &problem.Problem{Kind: problem.StoreUnavailable, Detail: "the idempotency store cannot be used; retry later",
+		RetryAfter: a.Policy.RetryAfter}
 	switch {
 	case errors.Is(err, ErrHomeOutOfReach):
 		// A retry would take as long: no Retry-After.
@@ -65,9 +66,5 @@ func (a *Attempt) unavailable(err error) Verdict {
 	}
 	a.conv.Decided(a.Policy.Name, d)
 	a.LogAt(slog.LevelError, line, slog.String("error", err.Error()))
-	if prob == nil {
-		prob = problem.New(problem.StoreUnavailable, "the idempotency store cannot be used; retry later")
-		prob.RetryAfter = a.Policy.RetryAfter
-	}
 	return Verdict{Kind: answered, Problem: prob}
 }
