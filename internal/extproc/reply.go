@@ -179,8 +179,10 @@ func (h *headerSet) has(name string) bool {
 
 // immediate builds an immediate response in one allocation: the response,
 // its oneof wrapper, the immediate response, its status and header
-// mutation (none without headers) are fields of one value (never copied;
-// the pointers lead into it).
+// mutation are fields of one value (never copied; the pointers lead into
+// it). Without headers the mutation is left out: Envoy applies one only
+// when present (ext_proc.cc Filter::sendImmediateResponse, has_headers()),
+// so an empty one would change nothing.
 func immediate(status int, headers []*corev3.HeaderValueOption, body []byte, details string) *extprocv3.ProcessingResponse {
 	r := new(struct {
 		resp    extprocv3.ProcessingResponse
