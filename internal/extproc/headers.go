@@ -81,32 +81,29 @@ func copyHeaders(m *corev3.HeaderMap, names []string, vals []string) (present ui
 // keep them, and their values into one string (one allocation, not one
 // per header).
 func keptHeaders(m *corev3.HeaderMap, keep func(name string) bool, into []idem.Header) []idem.Header {
-	n, total := 0, 0
-	for _, h := range m.GetHeaders() {
+	hs := m.GetHeaders()
+	// at holds the kept lines' indexes, then where each value ends in the
+	// one string they are copied into: keep is asked once per line.
+	var few [16]int
+	at, total := few[:0], 0
+	for i, h := range hs {
 		if keep(h.GetKey()) {
-			n++
+			at = append(at, i)
 			total += len(h.GetRawValue()) + len(h.GetValue())
 		}
 	}
-	into = slices.Grow(into, n)
-	var few [16]int
-	ends := few[:]
-	if n > len(few) { // rare
-		ends = make([]int, n)
-	}
+	into = slices.Grow(into, len(at))
 	var b strings.Builder
 	b.Grow(total)
 	first := len(into)
-	for _, h := range m.GetHeaders() {
-		if keep(h.GetKey()) {
-			writeHeaderValue(&b, h)
-			ends[len(into)-first] = b.Len()
-			into = append(into, idem.Header{Name: h.GetKey()})
-		}
+	for j, i := range at {
+		writeHeaderValue(&b, hs[i])
+		at[j] = b.Len()
+		into = append(into, idem.Header{Name: hs[i].GetKey()})
 	}
 	all, start := b.String(), 0
-	for i := range into[first:] {
-		into[first+i].Value, start = all[start:ends[i]], ends[i]
+	for j, end := range at {
+		into[first+j].Value, start = all[start:end], end
 	}
 	return into
 }
