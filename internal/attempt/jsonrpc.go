@@ -31,20 +31,19 @@ func jsonrpcReplay(rs idem.Response, id []byte) (idem.Response, error) {
 		return rs, errBodyOmitted
 	}
 	body, headers := rs.Body, rs.Headers
+	var err error
 	if eventStream(rs) {
-		final, err := jsonrpc.FinalResponse(body, nil)
-		if err != nil {
-			return rs, err
-		}
-		body = final
-		headers = slices.DeleteFunc(slices.Clone(rs.Headers), func(h idem.Header) bool { return h.Name == "content-type" })
-		headers = append(headers, idem.Header{Name: "content-type", Value: "application/json"})
+		body, err = jsonrpc.FinalResponse(body, nil)
+		headers = append(slices.DeleteFunc(slices.Clone(headers), func(h idem.Header) bool { return h.Name == "content-type" }),
+			idem.Header{Name: "content-type", Value: "application/json"})
 	}
-	out, err := jsonrpc.RewriteID(body, id)
+	if err == nil {
+		body, err = jsonrpc.RewriteID(body, id)
+	}
 	if err != nil {
 		return rs, err
 	}
-	rs.Body, rs.Headers = out, slices.Clip(headers)
+	rs.Body, rs.Headers = body, slices.Clip(headers)
 	return rs, nil
 }
 
@@ -157,10 +156,7 @@ func isInterim(rs idem.Response, id []byte) bool {
 func replyTo(rs idem.Response, id []byte) (jsonrpc.Reply, bool) {
 	body := rs.Body
 	if eventStream(rs) {
-		var err error
-		if body, err = jsonrpc.FinalResponse(rs.Body, id); err != nil {
-			return jsonrpc.Reply{}, false
-		}
+		body, _ = jsonrpc.FinalResponse(body, id) // nil, no response, when it holds none
 	}
 	return jsonrpc.ReplyTo(body, id)
 }
