@@ -141,11 +141,10 @@ func (a *Attempt) reserve(ctx context.Context, fp idem.Fingerprint) (idem.Reserv
 	})
 	switch {
 	case err != nil:
+	case a.home != nil && res.Outcome == idem.Moved:
+		err = errMoved
 	case a.home == nil && (res.Outcome == idem.Moved || res.Outcome == idem.HandedOver):
 		err = fmt.Errorf("the key is arbitrated in region %q, which this server's store does not reach", res.Home)
-	case a.home == nil:
-	case res.Outcome == idem.Moved:
-		err = errMoved
 	}
 	return res, err
 }
@@ -193,21 +192,20 @@ func (a *Attempt) reread(ctx context.Context, fp idem.Fingerprint, first idem.Re
 	sctx, scancel := context.WithTimeout(ctx, a.storeBudget())
 	rec, err := a.recordStore().Get(sctx, a.ID)
 	scancel()
-	switch {
-	case errors.Is(err, idem.ErrNotFound):
+	if errors.Is(err, idem.ErrNotFound) {
 		// Released (the upstream asked for a retry): this attempt may run
 		// the operation now.
-		res, err := a.reserve(ctx, fp)
-		if errors.Is(err, idem.ErrDamaged) {
-			return first, true, unusable{err}
+		var res idem.ReserveResult
+		if res, err = a.reserve(ctx, fp); err == nil {
+			return res, true, nil
 		}
-		if err != nil {
+		if !errors.Is(err, idem.ErrDamaged) {
 			// The duplicate is answered 409, as when the wait began; a
 			// reservation this call may still make is undone.
 			a.giveUp(ctx, err)
-			return first, true, nil
 		}
-		return res, true, nil
+	}
+	switch {
 	case errors.Is(err, idem.ErrDamaged):
 		return first, true, unusable{err}
 	case err != nil:
@@ -309,13 +307,11 @@ func (a *Attempt) request(ctx context.Context, fp idem.Fingerprint) Verdict {
 		if errors.Is(err, errMoved) && !a.home.asked {
 			return a.askForHome(fp)
 		}
-		if err != nil {
-			return a.shadowed(d, verdictPass, slog.String("error", err.Error()))
+		v := verdictPass
+		if d == idem.ShadowWouldReserve { // never after an error (ShadowStoreError)
+			v = a.reserved()
 		}
-		if d == idem.ShadowWouldReserve {
-			return a.shadowed(d, a.reserved())
-		}
-		return a.shadowed(d, verdictPass)
+		return a.shadowed(d, v, errAttr(err))
 	}
 	res, err := a.decide(ctx, fp)
 	if errors.Is(err, errMoved) {
