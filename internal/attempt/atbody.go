@@ -49,7 +49,17 @@ func (a *Attempt) readBody(set *policy.Set, r policy.Request, f Facts) Verdict {
 	jsonRPC := first.Answers == policy.AnswersJSONRPC
 	var mcp policy.MCPHeaders
 	if jsonRPC {
-		mcp = mcpHeaders(f)
+		// The headers MCP 2026-07-28 mirrors a call's method and name in;
+		// those of an earlier revision, which nothing here acts on
+		// (MCPHeaders.Validated), are not read.
+		if v, _ := f.Header(policy.MCPVersionHeader); (policy.MCPHeaders{Version: v}).Validated() {
+			var n int
+			mcp.Version = v
+			mcp.Method, n = f.Header(policy.MCPMethodHeader)
+			mcp.HasMethod = n > 0
+			mcp.Name, n = f.Header(policy.MCPNameHeader)
+			mcp.HasName = n > 0
+		}
 		if !slices.ContainsFunc(pols, func(p *policy.Policy) bool { return !p.RuledOutByMCPHeaders(mcp) }) {
 			// The MCP headers rule out every policy the request may end
 			// with (policy.RuledOutByMCPHeaders, mcp_headers: trust): it
@@ -115,23 +125,18 @@ func (a *Attempt) pick(cands []candidate, body []byte, now time.Time) Verdict {
 		c := &cands[i]
 		a.Policy = c.pol
 		id, m, why := c.pol.MatchBodyWhy(body)
-		if m == policy.BodyUnreadable {
-			// Whether this policy applies cannot be told, and a reader
-			// upstream may take the body for a call it protects: refused
-			// unless the policy would pass it whatever it said. A shadow
-			// policy protects nothing, so it does not end the search: a
-			// later enforced one may still refuse; its would-reject is
-			// counted below if none does.
-			if c.pol.Enforcement == policy.EnforcementShadow {
-				if shadow == nil {
-					shadow, shadowWhy = c, why
-				}
-				miss = m
-				continue
-			}
+		// Whether a policy whose body is unreadable applies cannot be told,
+		// and a reader upstream may take the body for a call it protects:
+		// refused unless the policy would pass it whatever it said. A
+		// shadow policy protects nothing, so it does not end the search: a
+		// later enforced one may still refuse; its would-reject is counted
+		// below if none does.
+		if m == policy.BodyUnreadable && c.pol.Enforcement != policy.EnforcementShadow {
 			if v, refused := a.unreadable(c, why, body, now); refused {
 				return v
 			}
+		} else if m == policy.BodyUnreadable && shadow == nil {
+			shadow, shadowWhy = c, why
 		}
 		if m == policy.BodyMatched && c.pol.ToolHinted(c.upstream, body, now) {
 			// The upstream listed the tool as read-only or idempotent,
@@ -216,21 +221,4 @@ func (a *Attempt) unreadable(c *candidate, why error, body []byte, now time.Time
 // BodyTooLarge is the refusal of a request body over limit bytes.
 func BodyTooLarge(limit int) *problem.Problem {
 	return problem.New(problem.BodyTooLarge, "the request body exceeds "+strconv.Itoa(limit)+" bytes")
-}
-
-// mcpHeaders reads the headers MCP 2026-07-28 mirrors a call's method and
-// name in (policy.MCPHeaders). Those of an earlier revision, which nothing
-// here acts on (MCPHeaders.Validated), are not read.
-func mcpHeaders(f Facts) policy.MCPHeaders {
-	v, _ := f.Header(policy.MCPVersionHeader)
-	h := policy.MCPHeaders{Version: v}
-	if !h.Validated() {
-		return policy.MCPHeaders{}
-	}
-	var n int
-	h.Method, n = f.Header(policy.MCPMethodHeader)
-	h.HasMethod = n > 0
-	h.Name, n = f.Header(policy.MCPNameHeader)
-	h.HasName = n > 0
-	return h
 }
