@@ -47,7 +47,7 @@ func (a *Attempt) admitKeyFrom(in keyInput, now time.Time) (admission, string, *
 	if len(sources) == 0 {
 		sources = []policy.KeySource{policy.KeyFromHeader}
 	}
-	var misses []keyMiss
+	kind, details := problem.KeyMissing, []string(nil)
 	for _, src := range sources {
 		key, miss, prob := a.keyFrom(src, in)
 		if prob != nil {
@@ -57,7 +57,10 @@ func (a *Attempt) admitKeyFrom(in keyInput, now time.Time) (admission, string, *
 			return admitRefused, "", prob
 		}
 		if miss.detail != "" {
-			misses = append(misses, miss)
+			if miss.kind == problem.KeyInvalid {
+				kind = problem.KeyInvalid
+			}
+			details = append(details, miss.detail)
 			continue
 		}
 		a.srv.Observer.Requested(p.Name, src != policy.KeyFromDerived)
@@ -68,13 +71,6 @@ func (a *Attempt) admitKeyFrom(in keyInput, now time.Time) (admission, string, *
 		return a.admitKey("", 0, now) // no key: the grace period or a pass, as at the headers
 	}
 	a.srv.Observer.Requested(p.Name, false)
-	kind, details := problem.KeyMissing, make([]string, 0, len(misses))
-	for _, m := range misses {
-		if m.kind == problem.KeyInvalid {
-			kind = problem.KeyInvalid
-		}
-		details = append(details, m.detail)
-	}
 	return admitRefused, "", problem.New(kind, "this endpoint requires an idempotency key: "+strings.Join(details, "; "))
 }
 
@@ -86,26 +82,23 @@ func (a *Attempt) admitKeyFrom(in keyInput, now time.Time) (admission, string, *
 // derived key, although the body would have yielded one).
 func (a *Attempt) keyFrom(src policy.KeySource, in keyInput) (string, keyMiss, *problem.Problem) {
 	p := a.Policy
+	ptr := p.KeyPointer // KeyFromBody's
 	switch src {
-	case policy.KeyFromBody:
-		return bodyKey(p.KeyPointer, p.MaxKeyLength, in.body)
+	case policy.KeyFromHeader:
+		if in.headerLines == 0 {
+			return "", keyMiss{problem.KeyMissing, "no " + p.KeyHeader + " header"}, nil
+		}
+		_, key, prob := a.headerKey(in.headerRaw, in.headerLines) // "" for a refusal
+		return key, keyMiss{}, prob
+	case policy.KeyFromDerived:
+		return derivedKey(p.KeyDerive, in.body)
 	case policy.KeyFromMCPParam:
 		// The body's value: its Mcp-Param header, if the tool marks the
 		// parameter, was checked against it (policy.MCPParamMismatch).
-		return bodyKey(p.KeyParam, p.MaxKeyLength, in.body)
-	case policy.KeyFromDerived:
-		return derivedKey(p.KeyDerive, in.body)
+		ptr = p.KeyParam
 	}
-	if in.headerLines == 0 {
-		return "", keyMiss{problem.KeyMissing, "no " + p.KeyHeader + " header"}, nil
-	}
-	_, key, prob := a.headerKey(in.headerRaw, in.headerLines) // "" for a refusal
-	return key, keyMiss{}, prob
-}
-
-// bodyKey reads the key at ptr in body: a string of 1 to maxLen bytes.
-func bodyKey(ptr jsonpointer.Pointer, maxLen int, body []byte) (string, keyMiss, *problem.Problem) {
-	vs, err := policy.FindInBody(body, ptr)
+	// The key at ptr in the body: a string of 1 to MaxKeyLength bytes.
+	vs, err := policy.FindInBody(in.body, ptr)
 	if errors.Is(err, policy.ErrBodyUnreadable) {
 		return "", keyMiss{}, unreadableProblem(err)
 	}
@@ -116,7 +109,7 @@ func bodyKey(ptr jsonpointer.Pointer, maxLen int, body []byte) (string, keyMiss,
 	if err != nil {
 		return "", bodyMiss(ptr, err), nil
 	}
-	if err := idem.CheckKey(s, maxLen); err != nil {
+	if err := idem.CheckKey(s, p.MaxKeyLength); err != nil {
 		return "", keyMiss{}, problem.New(problem.KeyInvalid, fmt.Sprintf("the key at %s: %v", ptr, err))
 	}
 	return s, keyMiss{}, nil
