@@ -116,21 +116,16 @@ func transportRefused(rs idem.Response, id []byte) bool {
 			return false
 		}
 		r, ok := replyTo(rs, id)
-		return !ok || r.HasCode && (refusalCodes[rs.Status] == r.Code || rs.Status == 400 && r.Code == codeUnsupportedProtocolVersion)
+		return !ok || r.HasCode && slices.Contains(refusalCodes[rs.Status], r.Code)
 	}
 	return false
 }
 
 // The MCP 2026-07-28 refusals of the transport (transportRefused), by the
 // status they come with (basic/index.mdx, "Error Codes"; Streamable HTTP,
-// "Protocol Version Header").
-const (
-	codeHeaderMismatch             = -32020
-	codeUnsupportedProtocolVersion = -32022
-	codeMethodNotFound             = -32601
-)
-
-var refusalCodes = map[int]int{400: codeHeaderMismatch, 404: codeMethodNotFound}
+// "Protocol Version Header"): HeaderMismatch and UnsupportedProtocolVersion
+// with 400, MethodNotFound with 404.
+var refusalCodes = map[int][]int{400: {jsonrpc.CodeHeaderMismatch, -32022}, 404: {-32601}}
 
 // isInterim reports whether rs, the upstream's answer to the JSON-RPC call
 // whose id is id, is an MCP multi round-trip request's interim result
