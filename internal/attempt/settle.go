@@ -191,10 +191,6 @@ func errAttr(err error) slog.Attr {
 	return slog.String("error", err.Error())
 }
 
-// pending reports whether SettleAtEnd has work: a record still held, or a
-// transition to retry.
-func (a *Attempt) pending() bool { return a.renew != nil || a.retry != nil }
-
 // SettleAtEnd runs when the stream ends, however it ends, with base
 // carrying the stream's span (not its deadline). It retries a refused
 // transition, or settles a record still held: partial, when not nil, is
@@ -202,7 +198,7 @@ func (a *Attempt) pending() bool { return a.renew != nil || a.retry != nil }
 // did answer: it completes without its body); without one the outcome is
 // the policy's on_stream_reset.
 func (a *Attempt) SettleAtEnd(base context.Context, partial *idem.Response) {
-	if !a.pending() {
+	if a.renew == nil && a.retry == nil {
 		return // settled already, or nothing was reserved: the usual end
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(base), a.srv.SettleAtEndTimeout)
@@ -313,18 +309,16 @@ func (a *Attempt) giveUp(ctx context.Context, err error) {
 			slog.String("reserve_error", err.Error()))
 		return
 	}
-	base := context.WithoutCancel(ctx) // the stream's span, not its end
 	s.background.Add(1)
 	go func() {
 		defer s.background.Done()
 		defer s.cancelling.Add(-1)
-		cctx, cancel := context.WithTimeout(base, s.SettleAtEndTimeout)
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.SettleAtEndTimeout) // the stream's span, not its end
 		defer cancel()
 		var res idem.CancelResult
-		cerr := retryUntil(cctx, func(ctx context.Context) error {
+		cerr := retryUntil(cctx, func(ctx context.Context) (err error) {
 			sctx, scancel := context.WithTimeout(ctx, snap.storeBudget())
 			defer scancel()
-			var err error
 			res, err = snap.recordStore().Cancel(sctx, snap.ID, snap.token, cancelHold)
 			return err
 		})

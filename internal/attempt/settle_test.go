@@ -152,7 +152,7 @@ func TestResponseDecisionTable(t *testing.T) {
 			if got := f.state(t); got != tc.want {
 				t.Fatalf("record state %v, want %v", got, tc.want)
 			}
-			if f.att.renew != nil || f.att.pending() {
+			if f.att.renew != nil || f.att.retry != nil {
 				t.Fatal("the attempt still holds the record")
 			}
 			if len(f.rep.decisions) != 1 || f.rep.decisions[0] != tc.decision {
@@ -202,8 +202,8 @@ func TestRefusedSettlementRetriedAtEnd(t *testing.T) {
 		fl := &flaky{n: 1}
 		f := held(t, policy.Default(), func(st idem.Store) idem.Store { fl.Store = st; return fl })
 		f.att.settleStored(context.Background(), idem.Response{Status: 201})
-		if f.state(t) != idem.StateInFlight || !f.att.pending() || len(f.rep.decisions) != 0 {
-			t.Fatalf("after a refused complete: state %v, pending %v, decisions %v", f.state(t), f.att.pending(), f.rep.decisions)
+		if f.state(t) != idem.StateInFlight || f.att.renew == nil && f.att.retry == nil || len(f.rep.decisions) != 0 {
+			t.Fatalf("after a refused complete: state %v, pending %v, decisions %v", f.state(t), f.att.renew != nil || f.att.retry != nil, f.rep.decisions)
 		}
 		f.att.SettleAtEnd(context.Background(), nil)
 		if f.state(t) != idem.StateCompleted || len(f.rep.decisions) != 1 || f.rep.decisions[0] != idem.DecisionStored {
