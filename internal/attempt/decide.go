@@ -155,10 +155,11 @@ var errMoved = fmt.Errorf("%w: the key's store sent it to a newer home", idem.Er
 
 // awaitFirst lets a duplicate wait, up to the policy's wait_for_in_flight,
 // for the attempt that holds the record to settle, woken by the store
-// rather than polling it. It returns what the duplicate should be told:
-// the replay once the first attempt completed (opened when sealed), a
-// fresh reservation if it was released, or the outcome found when the wait
-// ends.
+// rather than polling it. It returns what the duplicate should be told
+// once the record, reread, settled: the replay once the first attempt
+// completed (opened when sealed), a fresh reservation if it was released,
+// or the outcome found when the wait ends. A damaged record is an error,
+// as at the reservation.
 func (a *Attempt) awaitFirst(ctx context.Context, fp idem.Fingerprint, first idem.ReserveResult) (idem.ReserveResult, error) {
 	w := a.recordStore().(idem.Watcher) // waits checked it
 	wctx, cancel := context.WithTimeout(ctx, a.waitFor)
@@ -173,53 +174,42 @@ func (a *Attempt) awaitFirst(ctx context.Context, fp idem.Fingerprint, first ide
 		case <-wctx.Done():
 		}
 		stop()
-		if res, done, err := a.reread(ctx, fp, first); done {
+		sctx, scancel := context.WithTimeout(ctx, a.storeBudget())
+		rec, err := a.recordStore().Get(sctx, a.ID)
+		scancel()
+		if errors.Is(err, idem.ErrNotFound) {
+			// Released (the upstream asked for a retry): this attempt may
+			// run the operation now.
+			res, err := a.reserve(ctx, fp)
+			if errors.Is(err, idem.ErrDamaged) {
+				return first, unusable{err}
+			}
 			if err != nil {
-				return res, err
+				// The duplicate is answered 409, as when the wait began; a
+				// reservation this call may still make is undone.
+				a.giveUp(ctx, err)
+				return first, nil
 			}
 			return a.opened(res)
+		}
+		switch {
+		case errors.Is(err, idem.ErrDamaged):
+			return first, unusable{err}
+		case err != nil:
+			return first, nil
+		case rec.Fingerprint != fp:
+			return idem.ReserveResult{Outcome: idem.Mismatch}, nil
+		case rec.State == idem.StateCompleted:
+			return a.opened(idem.ReserveResult{Outcome: idem.Completed, Attempt: first.Attempt, Response: rec.Response, CreatedAt: rec.CreatedAt})
+		case rec.State == idem.StateMoved:
+			return first, nil // handed over meanwhile: the first answer stands
+		case rec.State == idem.StateUnknown:
+			return idem.ReserveResult{Outcome: idem.Unknown, Attempt: first.Attempt, CreatedAt: rec.CreatedAt}, nil
 		}
 		if wctx.Err() != nil {
 			return first, nil // still in flight when the wait ran out: 409
 		}
 	}
-}
-
-// reread reads the record a duplicate waits for once the store said it
-// may have settled, and reports what to answer if it did: a damaged
-// record is an error, as at the reservation.
-func (a *Attempt) reread(ctx context.Context, fp idem.Fingerprint, first idem.ReserveResult) (idem.ReserveResult, bool, error) {
-	sctx, scancel := context.WithTimeout(ctx, a.storeBudget())
-	rec, err := a.recordStore().Get(sctx, a.ID)
-	scancel()
-	if errors.Is(err, idem.ErrNotFound) {
-		// Released (the upstream asked for a retry): this attempt may run
-		// the operation now.
-		var res idem.ReserveResult
-		if res, err = a.reserve(ctx, fp); err == nil {
-			return res, true, nil
-		}
-		if !errors.Is(err, idem.ErrDamaged) {
-			// The duplicate is answered 409, as when the wait began; a
-			// reservation this call may still make is undone.
-			a.giveUp(ctx, err)
-		}
-	}
-	switch {
-	case errors.Is(err, idem.ErrDamaged):
-		return first, true, unusable{err}
-	case err != nil:
-		return first, true, nil
-	case rec.Fingerprint != fp:
-		return idem.ReserveResult{Outcome: idem.Mismatch}, true, nil
-	case rec.State == idem.StateCompleted:
-		return idem.ReserveResult{Outcome: idem.Completed, Attempt: first.Attempt, Response: rec.Response, CreatedAt: rec.CreatedAt}, true, nil
-	case rec.State == idem.StateMoved:
-		return first, true, nil // handed over meanwhile: the first answer stands
-	case rec.State == idem.StateUnknown:
-		return idem.ReserveResult{Outcome: idem.Unknown, Attempt: first.Attempt, CreatedAt: rec.CreatedAt}, true, nil
-	}
-	return first, false, nil
 }
 
 // decideShadow makes the decision an enforcing policy would make, against
@@ -357,25 +347,6 @@ func (a *Attempt) Await(ctx context.Context) Verdict {
 	return a.answer(res)
 }
 
-// replay is the answer that replays rs: as stored, or for a JSON-RPC call
-// as the call's own response (jsonrpcReplay). A stored response that is
-// no JSON-RPC response to replay answers outcome-unknown: the call ran,
-// and what it returned cannot be told.
-func (a *Attempt) replay(rs *idem.Response) Verdict {
-	if a.callID == nil {
-		return Verdict{Kind: answered, Replay: rs}
-	}
-	out, err := jsonrpcReplay(*rs, a.callID)
-	if err != nil {
-		a.LogAt(slog.LevelWarn, "stored response cannot be replayed as a JSON-RPC response; answering outcome-unknown",
-			slog.String("error", err.Error()))
-		return Verdict{Kind: answered, Problem: problem.New(problem.OutcomeUnknown,
-			"an earlier call with this key completed, but its response cannot be replayed as a JSON-RPC response; "+
-				"check the tool's effect before calling again with a new key")}
-	}
-	return Verdict{Kind: answered, Replay: &out}
-}
-
 // answer turns a reservation's outcome into the verdict. The decision's
 // name is the metric's (decisions_total): "replayed", "conflict", not the
 // record's state.
@@ -396,7 +367,21 @@ func (a *Attempt) answer(res idem.ReserveResult) Verdict {
 		if !res.CreatedAt.IsZero() {
 			a.srv.Observer.Replayed(a.Policy.Name, time.Since(res.CreatedAt))
 		}
-		return a.replay(res.Response)
+		if a.callID == nil {
+			return Verdict{Kind: answered, Replay: res.Response}
+		}
+		// A JSON-RPC call's replay is the call's own response (jsonrpcReplay).
+		// A stored response that is no JSON-RPC response to replay answers
+		// outcome-unknown: the call ran, and what it returned cannot be told.
+		out, err := jsonrpcReplay(*res.Response, a.callID)
+		if err != nil {
+			a.LogAt(slog.LevelWarn, "stored response cannot be replayed as a JSON-RPC response; answering outcome-unknown",
+				slog.String("error", err.Error()))
+			return Verdict{Kind: answered, Problem: problem.New(problem.OutcomeUnknown,
+				"an earlier call with this key completed, but its response cannot be replayed as a JSON-RPC response; "+
+					"check the tool's effect before calling again with a new key")}
+		}
+		return Verdict{Kind: answered, Replay: &out}
 	case idem.InFlight:
 		return Verdict{Kind: answered, Problem: &problem.Problem{Kind: problem.InProgress, RetryAfter: a.Policy.RetryAfter,
 			Detail: "an earlier request with this Idempotency-Key is still being processed; retry later"}}
