@@ -176,12 +176,29 @@ func (a *Attempt) refuse(prob *problem.Problem) Verdict {
 // admitted is the verdict on an admission that did not name a record
 // (admitKey, admitKeyFrom): a pass, a pass in the key's grace period, or a
 // refusal. It is Continue for admitKeyed.
+//
+// A request without a required key goes on during the policy's grace
+// period (key.warn_until): counted, and with a Warning header that says
+// from when the key is required. The header has RFC 7234 §5.5's form
+// (code 299, a persistent warning); RFC 9111 retired the field, but
+// clients, logs and tools still show it, and a header of its own would
+// need every client taught about it. A shadow policy, which refuses
+// nothing anyway, measures what enforcement would do now: it passes the
+// request as a keyless one.
 func (a *Attempt) admitted(adm admission, prob *problem.Problem) Verdict {
 	switch adm {
 	case admitBypass:
 		return verdictPass
 	case admitGrace:
-		return a.grace()
+		a.conv.Decided(a.Policy.Name, idem.DecisionBypassed)
+		if a.Policy.Enforcement == policy.EnforcementShadow {
+			return verdictPass
+		}
+		a.srv.Observer.KeyWarned(a.Policy.Name)
+		a.LogAt(slog.LevelInfo, "key missing; passed in its grace period", slog.Time("warn_until", a.Policy.KeyWarnUntil))
+		return Verdict{Kind: Pass, Add: []ResponseHeader{{
+			Name: "warning", Value: GraceWarning(a.Policy.KeyHeader, a.Policy.KeyWarnUntil), Append: true,
+		}}}
 	case admitRefused:
 		return a.refuse(prob)
 	}
@@ -214,26 +231,6 @@ func (a *Attempt) named(scope string, required bool, key string) Verdict {
 	a.conv.Decided(a.Policy.Name, idem.DecisionSentHome)
 	a.LogAt(slog.LevelInfo, "decision", slog.String("decision", string(idem.DecisionSentHome)), slog.String("home", sendTo))
 	return Verdict{Kind: SendHome, Home: sendTo}
-}
-
-// grace lets a request without a required key on during the policy's
-// grace period (key.warn_until): counted, and with a Warning header that
-// says from when the key is required. The header has RFC 7234 §5.5's form
-// (code 299, a persistent warning); RFC 9111 retired the field, but
-// clients, logs and tools still show it, and a header of its own would
-// need every client taught about it. A shadow policy, which refuses
-// nothing anyway, measures what enforcement would do now: it passes the
-// request as a keyless one.
-func (a *Attempt) grace() Verdict {
-	a.conv.Decided(a.Policy.Name, idem.DecisionBypassed)
-	if a.Policy.Enforcement == policy.EnforcementShadow {
-		return verdictPass
-	}
-	a.srv.Observer.KeyWarned(a.Policy.Name)
-	a.LogAt(slog.LevelInfo, "key missing; passed in its grace period", slog.Time("warn_until", a.Policy.KeyWarnUntil))
-	return Verdict{Kind: Pass, Add: []ResponseHeader{{
-		Name: "warning", Value: GraceWarning(a.Policy.KeyHeader, a.Policy.KeyWarnUntil), Append: true,
-	}}}
 }
 
 // GraceWarning is the Warning header value sent during a required key's
