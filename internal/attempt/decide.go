@@ -91,33 +91,29 @@ func (a *Attempt) extension(calls, after time.Duration) time.Duration {
 // left the ring), is not sealed under a policy that encrypts, or does not
 // expand is never replayed, and the key is not free.
 func (a *Attempt) opened(res idem.ReserveResult) (idem.ReserveResult, error) {
-	if res.Outcome != idem.Completed {
-		return res, nil
+	if res.Outcome != idem.Completed || !a.Policy.Encrypt && !res.Response.Sealed && !res.Response.Compressed {
+		return res, nil // nothing to open or expand: replayed as stored
 	}
-	if a.Policy.Encrypt && !res.Response.Sealed {
-		return res, unusable{errNotSealed}
+	r, err := *res.Response, error(nil)
+	switch {
+	case a.Policy.Encrypt && !r.Sealed:
+		err = errNotSealed
+	case r.Sealed && a.srv.Sealer == nil:
+		err = errors.New("a stored response is sealed and the server has no key ring")
+	case r.Sealed:
+		r, err = a.srv.Sealer.Open(a.ID, r)
 	}
-	if r := res.Response; r.Sealed {
-		if a.srv.Sealer == nil {
-			return res, unusable{errors.New("a stored response is sealed and the server has no key ring")}
-		}
-		opened, err := a.srv.Sealer.Open(a.ID, *r)
-		if err != nil {
-			return res, unusable{err}
-		}
-		res.Response = &opened
+	switch c := a.Policy.Compression.Codec; {
+	case err != nil || !r.Compressed:
+	case c == nil:
+		err = errors.New("a stored response is compressed and the policy has no compression codec")
+	default:
+		r, err = c.Expand(r, a.Policy.MaxExpanded())
 	}
-	if r := res.Response; r.Compressed {
-		c := a.Policy.Compression.Codec
-		if c == nil {
-			return res, unusable{errors.New("a stored response is compressed and the policy has no compression codec")}
-		}
-		expanded, err := c.Expand(*r, a.Policy.MaxExpanded())
-		if err != nil {
-			return res, unusable{err}
-		}
-		res.Response = &expanded
+	if err != nil {
+		return res, unusable{err}
 	}
+	res.Response = &r
 	return res, nil
 }
 
