@@ -110,15 +110,11 @@ func eventStream(rs idem.Response) bool {
 // record (larger than max_stored_body, or cut short) cannot be read, so
 // its response is stored too.
 func transportRefused(rs idem.Response, id []byte) bool {
-	switch rs.Status {
-	case 400, 401, 403, 404, 405, 406, 415:
-		if rs.BodyOmitted || id == nil {
-			return false
-		}
-		r, ok := replyTo(rs, id)
-		return !ok || r.HasCode && slices.Contains(refusalCodes[rs.Status], r.Code)
+	if !slices.Contains([]int{400, 401, 403, 404, 405, 406, 415}, rs.Status) || rs.BodyOmitted || id == nil {
+		return false
 	}
-	return false
+	r, ok := replyTo(rs, id)
+	return !ok || r.HasCode && slices.Contains(refusalCodes[rs.Status], r.Code)
 }
 
 // The MCP 2026-07-28 refusals of the transport (transportRefused), by the
