@@ -24,12 +24,6 @@ type keyInput struct {
 	body        []byte
 }
 
-// keyMiss is why one source yielded no key.
-type keyMiss struct {
-	kind   problem.Kind
-	detail string
-}
-
 // admitKeyFrom judges a request's key under a policy whose key may come
 // from the body (key.from): each source in order, the first
 // that yields a key wins. A key that is there but malformed is refused,
@@ -56,11 +50,11 @@ func (a *Attempt) admitKeyFrom(in keyInput, now time.Time) (admission, string, *
 			a.srv.Observer.Requested(p.Name, prob.Kind != problem.BodyUnreadable || in.headerLines > 0)
 			return admitRefused, "", prob
 		}
-		if miss.detail != "" {
-			if miss.kind == problem.KeyInvalid {
+		if miss != nil {
+			if miss.Kind == problem.KeyInvalid {
 				kind = problem.KeyInvalid
 			}
-			details = append(details, miss.detail)
+			details = append(details, miss.Detail)
 			continue
 		}
 		a.srv.Observer.Requested(p.Name, src != policy.KeyFromDerived)
@@ -80,16 +74,16 @@ func (a *Attempt) admitKeyFrom(in keyInput, now time.Time) (admission, string, *
 // key.required says: the key may be in it, as the upstream reads it, and
 // the request would pass unprotected although the client sent one (for a
 // derived key, although the body would have yielded one).
-func (a *Attempt) keyFrom(src policy.KeySource, in keyInput) (string, keyMiss, *problem.Problem) {
+func (a *Attempt) keyFrom(src policy.KeySource, in keyInput) (key string, miss, prob *problem.Problem) {
 	p := a.Policy
 	ptr := p.KeyPointer // KeyFromBody's
 	switch src {
 	case policy.KeyFromHeader:
 		if in.headerLines == 0 {
-			return "", keyMiss{problem.KeyMissing, "no " + p.KeyHeader + " header"}, nil
+			return "", problem.New(problem.KeyMissing, "no "+p.KeyHeader+" header"), nil
 		}
-		_, key, prob := a.headerKey(in.headerRaw, in.headerLines) // "" for a refusal
-		return key, keyMiss{}, prob
+		_, key, prob = a.headerKey(in.headerRaw, in.headerLines) // "" for a refusal
+		return key, nil, prob
 	case policy.KeyFromDerived:
 		return derivedKey(p.KeyDerive, in.body)
 	case policy.KeyFromMCPParam:
@@ -100,7 +94,7 @@ func (a *Attempt) keyFrom(src policy.KeySource, in keyInput) (string, keyMiss, *
 	// The key at ptr in the body: a string of 1 to MaxKeyLength bytes.
 	vs, err := policy.FindInBody(in.body, ptr)
 	if errors.Is(err, policy.ErrBodyUnreadable) {
-		return "", keyMiss{}, unreadableProblem(err)
+		return "", nil, unreadableProblem(err)
 	}
 	var s string
 	if err == nil {
@@ -110,20 +104,20 @@ func (a *Attempt) keyFrom(src policy.KeySource, in keyInput) (string, keyMiss, *
 		return "", bodyMiss(ptr, err), nil
 	}
 	if err := idem.CheckKey(s, p.MaxKeyLength); err != nil {
-		return "", keyMiss{}, problem.New(problem.KeyInvalid, fmt.Sprintf("the key at %s: %v", ptr, err))
+		return "", nil, problem.New(problem.KeyInvalid, fmt.Sprintf("the key at %s: %v", ptr, err))
 	}
-	return s, keyMiss{}, nil
+	return s, nil, nil
 }
 
 // bodyMiss words why the body has no key at ptr.
-func bodyMiss(ptr jsonpointer.Pointer, err error) keyMiss {
+func bodyMiss(ptr jsonpointer.Pointer, err error) *problem.Problem {
 	switch {
 	case errors.Is(err, jsonpointer.ErrMissing):
-		return keyMiss{problem.KeyMissing, fmt.Sprintf("the body has no member at %s", ptr)}
+		return problem.New(problem.KeyMissing, fmt.Sprintf("the body has no member at %s", ptr))
 	case errors.Is(err, jsonpointer.ErrNotString):
-		return keyMiss{problem.KeyInvalid, fmt.Sprintf("the member at %s is not a string", ptr)}
+		return problem.New(problem.KeyInvalid, fmt.Sprintf("the member at %s is not a string", ptr))
 	}
-	return keyMiss{problem.KeyMissing, fmt.Sprintf("the body is not a JSON object, so it has no key at %s", ptr)}
+	return problem.New(problem.KeyMissing, fmt.Sprintf("the body is not a JSON object, so it has no key at %s", ptr))
 }
 
 // derivedKey is the key of a client that sends none: the SHA-256 of the
@@ -133,10 +127,10 @@ func bodyMiss(ptr jsonpointer.Pointer, err error) keyMiss {
 // body text, so logs and metrics show no member's value. A body that is
 // not a JSON object, or has none of the members, yields no key; one that
 // cannot be read is refused (policy.ErrBodyUnreadable, unreadableProblem).
-func derivedKey(members []jsonpointer.Pointer, body []byte) (string, keyMiss, *problem.Problem) {
+func derivedKey(members []jsonpointer.Pointer, body []byte) (key string, miss, prob *problem.Problem) {
 	vs, err := policy.FindInBody(body, members...)
 	if errors.Is(err, policy.ErrBodyUnreadable) {
-		return "", keyMiss{}, unreadableProblem(err)
+		return "", nil, unreadableProblem(err)
 	}
 	if err != nil {
 		return "", bodyMiss(members[0], err), nil
@@ -146,10 +140,10 @@ func derivedKey(members []jsonpointer.Pointer, body []byte) (string, keyMiss, *p
 		for i, m := range members {
 			names[i] = m.String()
 		}
-		return "", keyMiss{problem.KeyMissing, "the body has none of the members the key is derived from (" + strings.Join(names, ", ") + ")"}, nil
+		return "", problem.New(problem.KeyMissing, "the body has none of the members the key is derived from ("+strings.Join(names, ", ")+")"), nil
 	}
 	sum := fingerprint.Compute(fingerprint.Request{Body: body, JSON: true, JSONOptions: fingerprint.JSONOptions{Include: members}}, nil)
-	return hex.EncodeToString(sum[:]), keyMiss{}, nil
+	return hex.EncodeToString(sum[:]), nil, nil
 }
 
 // admitUnreadable judges a request under a policy with body criteria

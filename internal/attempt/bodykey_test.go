@@ -120,8 +120,8 @@ func TestDerivedKeyReadsOnlyItsMembers(t *testing.T) {
 	key := func(body string) string {
 		t.Helper()
 		k, miss, err := derivedKey(members, []byte(body))
-		if miss.detail != "" || err != nil {
-			t.Fatalf("%s: %s %v", body, miss.detail, err)
+		if miss != nil || err != nil {
+			t.Fatalf("%s: %v %v", body, miss, err)
 		}
 		return k
 	}
