@@ -161,12 +161,9 @@ func derivedKey(members []jsonpointer.Pointer, body []byte) (key string, miss, p
 // counted, never made: the caller answers an admitRefused as any other.
 func (a *Attempt) admitUnreadable(cause error, headerLines int, now time.Time) (admission, *problem.Problem) {
 	p := a.Policy
-	if p.Enforcement == policy.EnforcementOff {
-		return admitBypass, nil
-	}
 	fromBody := p.KeyFrom(policy.KeyFromBody) || p.KeyFrom(policy.KeyFromDerived)
 	headerKey := p.KeyFrom(policy.KeyFromHeader) && headerLines > 0
-	if !fromBody && !headerKey && !(p.KeyRequired && !p.KeyGrace(now)) {
+	if p.Enforcement == policy.EnforcementOff || !fromBody && !headerKey && !(p.KeyRequired && !p.KeyGrace(now)) {
 		return admitBypass, nil
 	}
 	a.srv.Observer.Requested(p.Name, headerKey)
