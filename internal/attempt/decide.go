@@ -176,17 +176,15 @@ func (a *Attempt) awaitFirst(ctx context.Context, fp idem.Fingerprint, first ide
 		if errors.Is(err, idem.ErrNotFound) {
 			// Released (the upstream asked for a retry): this attempt may
 			// run the operation now.
-			res, err := a.reserve(ctx, fp)
-			if errors.Is(err, idem.ErrDamaged) {
-				return first, unusable{err}
+			var res idem.ReserveResult
+			if res, err = a.reserve(ctx, fp); err == nil {
+				return a.opened(res)
 			}
-			if err != nil {
-				// The duplicate is answered 409, as when the wait began; a
-				// reservation this call may still make is undone.
+			if !errors.Is(err, idem.ErrDamaged) {
+				// The duplicate is answered 409 below, as when the wait
+				// began; a reservation this call may still make is undone.
 				a.giveUp(ctx, err)
-				return first, nil
 			}
-			return a.opened(res)
 		}
 		switch {
 		case errors.Is(err, idem.ErrDamaged):
