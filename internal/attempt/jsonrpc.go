@@ -24,27 +24,24 @@ var errBodyOmitted = errors.New("the stored response kept no body")
 // client reads an application/json answer to a call as the one response
 // (go-sdk v1.8.0 mcp/streamable.go, streamableClientConn.Write: the
 // "application/json" case, handleJSON). An error means there is no
-// JSON-RPC response to replay (no body kept, or not JSON-RPC): the caller
-// answers outcome-unknown rather than a response to the wrong id.
+// JSON-RPC response to replay (no body kept, or not JSON-RPC), and the
+// response returned with it is not one: the caller answers outcome-unknown
+// rather than a response to the wrong id.
 func jsonrpcReplay(rs idem.Response, id []byte) (idem.Response, error) {
 	if rs.BodyOmitted {
 		return rs, errBodyOmitted
 	}
-	body, headers := rs.Body, rs.Headers
 	var err error
 	if eventStream(rs) {
-		body, err = jsonrpc.FinalResponse(body, nil)
-		headers = append(slices.DeleteFunc(slices.Clone(headers), func(h idem.Header) bool { return h.Name == "content-type" }),
+		rs.Body, err = jsonrpc.FinalResponse(rs.Body, nil)
+		rs.Headers = append(slices.DeleteFunc(slices.Clone(rs.Headers), func(h idem.Header) bool { return h.Name == "content-type" }),
 			idem.Header{Name: "content-type", Value: "application/json"})
 	}
 	if err == nil {
-		body, err = jsonrpc.RewriteID(body, id)
+		rs.Body, err = jsonrpc.RewriteID(rs.Body, id)
 	}
-	if err != nil {
-		return rs, err
-	}
-	rs.Body, rs.Headers = body, slices.Clip(headers)
-	return rs, nil
+	rs.Headers = slices.Clip(rs.Headers)
+	return rs, err
 }
 
 // eventStream reports whether rs's content-type is text/event-stream.
