@@ -242,50 +242,24 @@ func retryUntil(ctx context.Context, op func(context.Context) error) error {
 	}
 }
 
-// A reservation whose call failed may still reach the store: the call ran
-// past its budget with the command already written (the bytes are in
-// flight, or Redis is busy), or its reply was lost. The attempt has then
-// told the client "nothing reserved: retry the same key" and never let the
-// request through, so such a reservation must not stand: nobody would
-// settle it, and the key would answer request-in-progress until its lease
-// ended, then outcome-unknown for the whole retention, although nothing
-// ran. The attempt's own server undoes it (Store.Cancel): the token proves
-// the reservation is this attempt's and no other's, and the attempt knows
-// the upstream was never called. Whether the reservation arrives before
-// the cancel or after it, none remains.
+// A reservation whose call failed may still reach the store (the command
+// written past its budget, or its reply lost) after the client was told to
+// retry the same key. Nobody would settle it, so the attempt's own server
+// undoes it (giveUp, Store.Cancel): the token proves the reservation is
+// this attempt's, and the attempt knows the upstream was never called.
+// docs/design.md §7.7 gives the whole argument and the window that remains.
 
 // cancelHold is how long a cancelled token's reservation is refused if it
 // arrives after the cancel: how late a reservation may reach the store and
-// still be undone. A reservation later than that stands as before the
-// cancel existed.
-//
-// The lateness comes from the network and from Redis, not from the
-// server's budget (100 ms by default, after which the client gives up and
-// closes the connection):
-//
-//   - A closed connection's kernel keeps retransmitting what it had not
-//     got acknowledged: on Linux, for an orphaned socket, tcp_orphan_retries
-//     retries (8 when the sysctl is 0, its default), which "corresponds to
-//     >100 seconds with minimal RTO of 200msec" (net/ipv4/tcp_timer.c,
-//     tcp_orphan_retries; retransmits_timed_out models it as
-//     (2^9 - 1) × 200 ms ≈ 102 s). A partition that heals within that
-//     window delivers the command.
-//   - Redis runs what reached its socket once it is free again: after a
-//     long command or script, a fork's pause, a slow disk under
-//     appendfsync always: seconds, rarely more.
-//
-// Five minutes covers the first about three times over and the second
-// with room. What it costs is one small key per cancelled reservation
-// (docs/redis.md), only for reservations that ran past the budget. Proxies
-// between the server and Redis (TLS terminators, load balancers) may hold
-// bytes longer; that is left as the residual window (docs/design.md §7.7).
+// still be undone. The lateness comes from the network and from Redis, not
+// from the server's budget: a closed socket's retransmits (about 102 s on
+// Linux, net/ipv4/tcp_timer.c tcp_orphan_retries) and Redis's pauses
+// (seconds); five minutes covers both with room (docs/design.md §7.7).
 const cancelHold = 5 * time.Minute
 
-// maxCancelling bounds the cancels one server runs at once. In an outage
-// every request's reservation fails and each cancel keeps retrying for
-// SettleAtEndTimeout; the bound keeps their goroutines and their calls on
-// a recovering store in check. A cancel past it is not tried (counted as
-// dropped): its reservation, if one arrives, stands as before.
+// maxCancelling bounds the cancels one server runs at once, so that in an
+// outage their goroutines and calls on a recovering store stay in check; a
+// cancel past it is not tried (counted as dropped).
 const maxCancelling = 1024
 
 // giveUp undoes, in the background, the reservation this attempt asked
