@@ -183,7 +183,12 @@ func (p *processor) handle(ctx context.Context, m *message) (*extprocv3.Processi
 	if !m.known {
 		return nil, protocolError{fmt.Errorf("unsupported ext_proc message %T", m.other)}
 	}
-	if err := p.seq.next(m.phase, m.eos, requestBodyStreams(p.requestBodyMode, p.modesKnown)); err != nil {
+	// The response may come before the request ends when the request body
+	// streams (STREAMED, FULL_DUPLEX_STREAMED, GRPC), or when no mode is
+	// known at all (an Envoy before 1.30 sends no protocol_config) for a
+	// request the server did not assume BUFFERED for.
+	streams := !keepsBody(p.requestBodyMode) || !p.modesKnown && p.requestBodyMode == procmodev3.ProcessingMode_NONE
+	if err := p.seq.next(m.phase, m.eos, streams); err != nil {
 		return nil, protocolError{err}
 	}
 	if pc := m.facts.protocol; pc != nil {
@@ -202,20 +207,6 @@ func (p *processor) handle(ctx context.Context, m *message) (*extprocv3.Processi
 		return &extprocv3.ProcessingResponse{OverrideMessageTimeout: durationpb.New(d)}, nil
 	}
 	return p.onResponse(ctx, m), nil
-}
-
-// requestBodyStreams reports a request body mode in which the response may
-// come before the request ends: STREAMED, FULL_DUPLEX_STREAMED, GRPC; or no
-// mode known at all (an Envoy before 1.30 sends no protocol_config) for a
-// request the server did not assume BUFFERED for.
-func requestBodyStreams(m procmodev3.ProcessingMode_BodySendMode, known bool) bool {
-	switch m {
-	case procmodev3.ProcessingMode_STREAMED, procmodev3.ProcessingMode_FULL_DUPLEX_STREAMED, procmodev3.ProcessingMode_GRPC:
-		return true
-	case procmodev3.ProcessingMode_NONE:
-		return !known
-	}
-	return false
 }
 
 // Process serves one ext_proc stream, that is one HTTP request.
