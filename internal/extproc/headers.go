@@ -35,9 +35,7 @@ func headerLines(m *corev3.HeaderMap, name string) (v string, n int) {
 	for _, h := range m.GetHeaders() {
 		if h.GetKey() == name {
 			if n == 0 {
-				if v = string(h.GetRawValue()); v == "" {
-					v = h.GetValue()
-				}
+				v = string(headerValue(h))
 			}
 			n++
 		}
@@ -51,10 +49,7 @@ func headerLines(m *corev3.HeaderMap, name string) (v string, n int) {
 func headerBytes(m *corev3.HeaderMap, name string) ([]byte, bool) {
 	for _, h := range m.GetHeaders() {
 		if h.GetKey() == name {
-			if raw := h.GetRawValue(); len(raw) > 0 {
-				return raw, true
-			}
-			return []byte(h.GetValue()), true // not sent by current Envoy (headerLines)
+			return headerValue(h), true
 		}
 	}
 	return nil, false
@@ -97,7 +92,7 @@ func keptHeaders(m *corev3.HeaderMap, keep func(name string) bool, into []idem.H
 	b.Grow(total)
 	first := len(into)
 	for j, i := range at {
-		writeHeaderValue(&b, hs[i])
+		b.Write(headerValue(hs[i]))
 		at[j] = b.Len()
 		into = append(into, idem.Header{Name: hs[i].GetKey()})
 	}
@@ -108,14 +103,13 @@ func keptHeaders(m *corev3.HeaderMap, keep func(name string) bool, into []idem.H
 	return into
 }
 
-// writeHeaderValue writes h's value (raw_value, else value: headerLines)
-// to b.
-func writeHeaderValue(b *strings.Builder, h *corev3.HeaderValue) {
+// headerValue is h's value: raw_value, else value, which current Envoy
+// does not send (headerLines).
+func headerValue(h *corev3.HeaderValue) []byte {
 	if raw := h.GetRawValue(); len(raw) > 0 {
-		b.Write(raw)
-		return
+		return raw
 	}
-	b.WriteString(h.GetValue())
+	return []byte(h.GetValue())
 }
 
 // firstHeader returns the first value of name and whether it was present.
