@@ -37,14 +37,34 @@ type envoyFacts struct {
 	p       *processor
 }
 
-// Target, Header (headerLines), Headers, HeadersPrefixed, Metadata and
-// Peer are what the attempt reads of the request (attempt.Facts).
+// Target, Header, Headers, HeadersPrefixed, Metadata and Peer are what
+// the attempt reads of the request (attempt.Facts).
 func (f *envoyFacts) Target() policy.Request {
 	return policy.Request{Method: f.target.method, Authority: f.target.authority, Path: f.target.path,
 		RouteName: attrString(f.attrs, envoyorigin.AttrRouteName)}
 }
 
-func (f *envoyFacts) Header(name string) (string, int) { return headerLines(f.headers, name) }
+// Header returns the first value of name in the request headers and how
+// many field lines carry it, copying only that value out of the message.
+// Current Envoy sends raw_value bytes and leaves value empty; older
+// versions and other clients send value. Envoy sends each line of a
+// repeated header as its own HeaderValue: its header map joins repeated
+// lines only for the inline headers it knows
+// (source/common/http/header_map_impl.cc HeaderMapImpl::insertByKey, which
+// appends to an existing entry only after a static lookup hit), and
+// MutationUtils::headersToProto (ext_proc/mutation_utils.cc) adds one
+// HeaderValue per entry it iterates.
+func (f *envoyFacts) Header(name string) (v string, n int) {
+	for _, h := range f.headers.GetHeaders() {
+		if h.GetKey() == name {
+			if n == 0 {
+				v = string(headerValue(h))
+			}
+			n++
+		}
+	}
+	return v, n
+}
 
 // Headers keeps the order and repeats of the names (few: a policy's
 // fingerprint headers).

@@ -21,28 +21,6 @@ func headerList(m *corev3.HeaderMap) []idem.Header {
 	return keptHeaders(m, func(string) bool { return true }, nil)
 }
 
-// headerLines returns the first value of name in m and how many field
-// lines carry it, copying only that value out of the message. Current
-// Envoy sends raw_value bytes and leaves value empty; older versions and
-// other clients send value. Envoy sends each line of a repeated header
-// as its own HeaderValue: its header map joins repeated lines only for
-// the inline headers it knows
-// (source/common/http/header_map_impl.cc HeaderMapImpl::insertByKey, which
-// appends to an existing entry only after a static lookup hit), and
-// MutationUtils::headersToProto (ext_proc/mutation_utils.cc) adds one
-// HeaderValue per entry it iterates.
-func headerLines(m *corev3.HeaderMap, name string) (v string, n int) {
-	for _, h := range m.GetHeaders() {
-		if h.GetKey() == name {
-			if n == 0 {
-				v = string(headerValue(h))
-			}
-			n++
-		}
-	}
-	return v, n
-}
-
 // headerBytes returns the first value of name in m and whether it was
 // present, without copying it out of the message: for a value only read
 // (compared, parsed) while the message is at hand, never kept.
@@ -104,7 +82,7 @@ func keptHeaders(m *corev3.HeaderMap, keep func(name string) bool, into []idem.H
 }
 
 // headerValue is h's value: raw_value, else value, which current Envoy
-// does not send (headerLines).
+// does not send (envoyFacts.Header).
 func headerValue(h *corev3.HeaderValue) []byte {
 	if raw := h.GetRawValue(); len(raw) > 0 {
 		return raw
