@@ -97,18 +97,6 @@ func (f *envoyFacts) Peer(policyName string, id policy.PeerIdentity) string {
 	return attrString(f.attrs, name)
 }
 
-// attributesOf returns the attribute struct of a message: the one in
-// ProcessingRequest.attributes (current), passed here as current, or the
-// one in the deprecated HttpHeaders.attributes of its headers (older
-// versions).
-func attributesOf(current map[string]*structpb.Struct, hh *extprocv3.HttpHeaders) *structpb.Struct {
-	if a := current[attributesKey]; a != nil {
-		return a
-	}
-	//lint:ignore SA1019 older Envoys sent attributes here; still read for them.
-	return hh.GetAttributes()[attributesKey]
-}
-
 // target is what the request headers say of the request and its caller.
 type target struct {
 	method, path, authority, requestID string

@@ -170,7 +170,12 @@ func messageOf(req *extprocv3.ProcessingRequest) message {
 		m.windowUpdate = req.GetRequest() == nil && req.GetClientWindowUpdate() != nil
 	}
 	m.eos = m.eos || m.headers.GetEndOfStream() || m.body.GetEndOfStream()
-	m.facts.attrs = attributesOf(req.GetAttributes(), m.headers)
+	// The attributes are in ProcessingRequest.attributes (current), or in
+	// the deprecated HttpHeaders.attributes of the headers (older versions).
+	if m.facts.attrs = req.GetAttributes()[attributesKey]; m.facts.attrs == nil {
+		//lint:ignore SA1019 older Envoys sent attributes here; still read for them.
+		m.facts.attrs = m.headers.GetAttributes()[attributesKey]
+	}
 	return m
 }
 
