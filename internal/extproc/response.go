@@ -193,17 +193,6 @@ func (p *processor) readResponse() idem.Response {
 	return idem.Response{Status: p.respStatus, Headers: p.respHeaders, Body: p.respBody, BodyOmitted: p.respTooLarge}
 }
 
-// settleAtEnd runs when the stream ends, however it ends: the attempt settles
-// what it still holds (attempt.SettleAtEnd). With response headers in hand the
-// upstream did answer, so the record completes without its body.
-func (p *processor) settleAtEnd() {
-	var partial *idem.Response
-	if p.stage == stageResponseBody {
-		partial = &idem.Response{Status: p.respStatus, Headers: p.respHeaders, BodyOmitted: true}
-	}
-	p.att.SettleAtEnd(p.trace.Background(), partial)
-}
-
 // storeResponseBytes keeps a response body chunk for the record, up to the
 // policy's max_stored_body and within the server's body budget; past
 // either the response is recorded without its body. grpc-go sends bare

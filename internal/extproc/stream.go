@@ -221,7 +221,14 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 	defer s.cfg.Observer.StreamEnded()
 	p := newProcessor(s, s.cfg.Policies())
 	err := s.serve(ctx, stream, p)
-	p.settleAtEnd()
+	// However the stream ended, the attempt settles what it still holds
+	// (attempt.SettleAtEnd). With response headers in hand the upstream
+	// did answer, so the record completes without its body.
+	var partial *idem.Response
+	if p.stage == stageResponseBody {
+		partial = &idem.Response{Status: p.respStatus, Headers: p.respHeaders, BodyOmitted: true}
+	}
+	p.att.SettleAtEnd(p.trace.Background(), partial)
 	s.budget.release(&p.held)
 	p.trace.end(&p.att, err)
 	return err
