@@ -114,18 +114,19 @@ func (p *processor) decide(ctx context.Context) *extprocv3.ProcessingResponse {
 	if d := p.body; d != nil {
 		d.jsonrpc, d.id, d.tools = v.JSONRPC, v.ID, learnsFrom(v)
 	}
-	resp := p.render(ctx, v)
-	p.releaseRequestBody()
-	return resp
+	return p.renderDecided(ctx, v)
 }
 
-// releaseRequestBody gives the request body's bytes back to the budget
-// once nothing keeps them. Echoes withheld through a wait still do: they
-// are the body, kept until the wait's verdict sends or drops them.
-func (p *processor) releaseRequestBody() {
+// renderDecided renders the verdict on the whole request, then gives the
+// request body's bytes back to the budget once nothing keeps them.
+// Echoes withheld through a wait still do: they are the body, kept until
+// the wait's verdict sends or drops them.
+func (p *processor) renderDecided(ctx context.Context, v attempt.Verdict) *extprocv3.ProcessingResponse {
+	resp := p.render(ctx, v)
 	if p.then == nil || !p.rpc.withholds() {
 		p.srv.budget.release(&p.held)
 	}
+	return resp
 }
 
 // takeRequestBody keeps a request body chunk for the fingerprint, or
@@ -301,9 +302,7 @@ func (p *processor) readResponseBody() *extprocv3.ProcessingResponse {
 // resume ends a wait (render's Wait) once Envoy was told of it: the
 // attempt waits, and its verdict answers the message.
 func (p *processor) resume(ctx context.Context) *extprocv3.ProcessingResponse {
-	resp := p.render(ctx, p.att.Await(ctx))
-	p.releaseRequestBody()
-	return resp
+	return p.renderDecided(ctx, p.att.Await(ctx))
 }
 
 // passThrough lets an unprotected request go on and asks Envoy to skip
