@@ -109,11 +109,7 @@ func attrString(a *structpb.Struct, name string) string {
 
 // attrUint reads a numeric attribute such as response.flags; 0 if absent.
 func attrUint(a *structpb.Struct, name string) uint64 {
-	n := a.GetFields()[name].GetNumberValue()
-	if n <= 0 {
-		return 0
-	}
-	return uint64(n)
+	return uint64(max(a.GetFields()[name].GetNumberValue(), 0))
 }
 
 func valueString(v *structpb.Value) string {
