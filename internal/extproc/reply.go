@@ -258,14 +258,12 @@ func replayResponse(r *idem.Response, keep func(name string) bool) (resp *extpro
 		size += len(h.Value)
 	}
 	hs := newHeaderSet(len(r.Headers)+2, size)
+	// The markers take their share of the budget.
 	hs.add(idem.ReplayedHeader, "true", false)
+	bytes := len(idem.ReplayedHeader) + len("true")
 	if r.BodyOmitted {
 		hs.add(idem.BodyOmittedHeader, "true", false)
-	}
-	// The markers take their share of the budget.
-	count, bytes := len(hs.list), 0
-	for _, o := range hs.list {
-		bytes += len(o.GetHeader().GetKey()) + len(o.GetHeader().GetRawValue())
+		bytes += len(idem.BodyOmittedHeader) + len("true")
 	}
 	for _, h := range r.Headers {
 		if r.BodyOmitted && h.Name == "content-type" {
@@ -274,11 +272,11 @@ func replayResponse(r *idem.Response, keep func(name string) bool) (resp *extpro
 		if !keep(h.Name) || h.Name == idem.ReplayedHeader || h.Name == idem.BodyOmittedHeader {
 			continue
 		}
-		if !safeHeader(h.Name, h.Value) || count+1 > replayBudget.headers || bytes+len(h.Name)+len(h.Value) > replayBudget.bytes {
+		if !safeHeader(h.Name, h.Value) || len(hs.list) >= replayBudget.headers || bytes+len(h.Name)+len(h.Value) > replayBudget.bytes {
 			dropped++
 			continue
 		}
-		count, bytes = count+1, bytes+len(h.Name)+len(h.Value)
+		bytes += len(h.Name) + len(h.Value)
 		hs.add(h.Name, h.Value, hs.has(h.Name))
 	}
 	return immediate(r.Status, hs.list, r.Body, "idempotency_replay_"+strconv.Itoa(r.Status)), dropped
