@@ -14,6 +14,7 @@
 package extproc
 
 import (
+	"cmp"
 	"context"
 	"log/slog"
 	"sync"
@@ -102,15 +103,9 @@ func New(cfg Config) *Server {
 		set := policy.DefaultSet()
 		cfg.Policies = func() *policy.Set { return set }
 	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
-	}
-	if cfg.Observer == nil {
-		cfg.Observer = idem.NopObserver{}
-	}
-	if cfg.EnvoyObserver == nil {
-		cfg.EnvoyObserver = nopEnvoyObserver{}
-	}
+	cfg.Logger = cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler))
+	cfg.Observer = cmp.Or[idem.Observer](cfg.Observer, idem.NopObserver{})
+	cfg.EnvoyObserver = cmp.Or[EnvoyObserver](cfg.EnvoyObserver, nopEnvoyObserver{})
 	s := &Server{cfg: cfg, att: attempt.Server{Store: cfg.Store, Homes: cfg.Homes, SendHome: cfg.SendHome, Sealer: cfg.Sealer, Observer: cfg.Observer, Log: cfg.Logger,
 		StoreTimeout: cfg.StoreTimeout, SettleAtEndTimeout: cfg.SettleAtEndTimeout, MaxMessageTimeout: cfg.MaxMessageTimeout}}
 	if cfg.MaxBufferedBytes > 0 {
