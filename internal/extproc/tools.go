@@ -76,15 +76,9 @@ func startLearning(l *toolsLearning, hh *extprocv3.HttpHeaders, mode procmodev3.
 	if string(status) != "200" || err != nil || hh.GetEndOfStream() || echoes(mode) {
 		return false
 	}
-	switch mt {
-	case "application/json":
-	case "text/event-stream":
-		l.eventStream = true
-	default:
-		return false
-	}
-	l.reading = true
-	return true
+	l.eventStream = mt == "text/event-stream"
+	l.reading = l.eventStream || mt == "application/json"
+	return l.reading
 }
 
 // learnBody reads a response body message of a tools/list being learned
