@@ -102,13 +102,12 @@ var bufferResponseBody = &procmodev3.ProcessingMode{
 // APPEND_IF_EXISTS_OR_ADD, so an overwrite must name
 // OVERWRITE_IF_EXISTS_OR_ADD explicitly.
 func setHeader(name, value string, appendValue bool) *corev3.HeaderValueOption {
-	o := &corev3.HeaderValueOption{
+	return &corev3.HeaderValueOption{
 		Header: &corev3.HeaderValue{Key: name, RawValue: []byte(value)},
 		//lint:ignore SA1019 ext_proc still reads the deprecated field (see above).
-		Append: wrapperspb.Bool(appendValue),
+		Append:       wrapperspb.Bool(appendValue),
+		AppendAction: appendAction(appendValue),
 	}
-	o.AppendAction = appendAction(appendValue)
-	return o
 }
 
 func appendAction(appendValue bool) corev3.HeaderValueOption_HeaderAppendAction {
