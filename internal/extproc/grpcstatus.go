@@ -3,6 +3,7 @@ package extproc
 import (
 	"encoding/base64"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -139,12 +140,9 @@ func decodeGRPCMessage(s string) string {
 
 // withStatus sets grpc-status and grpc-message in the stored headers.
 func withStatus(hs []idem.Header, code codes.Code, msg string) []idem.Header {
-	out := hs[:0:0]
-	for _, h := range hs {
-		if h.Name != "grpc-status" && h.Name != "grpc-message" {
-			out = append(out, h)
-		}
-	}
+	out := slices.DeleteFunc(slices.Clone(hs), func(h idem.Header) bool {
+		return h.Name == "grpc-status" || h.Name == "grpc-message"
+	})
 	out = append(out, idem.Header{Name: "grpc-status", Value: strconv.Itoa(int(code))})
 	if msg != "" {
 		out = append(out, idem.Header{Name: "grpc-message", Value: encodeGRPCMessage(msg)})
