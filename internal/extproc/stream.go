@@ -1,6 +1,7 @@
 package extproc
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -216,11 +217,10 @@ func (p *processor) handle(ctx context.Context, m *message) (*extprocv3.Processi
 
 // Process serves one ext_proc stream, that is one HTTP request.
 func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
-	ctx := stream.Context()
 	s.cfg.Observer.StreamStarted()
 	defer s.cfg.Observer.StreamEnded()
 	p := newProcessor(s, s.cfg.Policies())
-	err := s.serve(ctx, stream, p)
+	err := s.serve(stream.Context(), stream, p)
 	// However the stream ended, the attempt settles what it still holds
 	// (attempt.SettleAtEnd). With response headers in hand the upstream
 	// did answer, so the record completes without its body.
@@ -397,10 +397,7 @@ func (t *streamTrace) startPhase(ctx context.Context, tracer trace.Tracer, m *me
 
 // Background returns a context carrying the stream's span.
 func (t *streamTrace) Background() context.Context {
-	if t.ctx != nil {
-		return t.ctx
-	}
-	return context.Background()
+	return cmp.Or(t.ctx, context.Background())
 }
 
 // Decided reports a decision to the observer and on the stream's span.
