@@ -60,6 +60,9 @@ const (
 	phaseResponseHeaders
 	phaseResponseBody
 	phaseResponseTrailers
+	// phaseUnknown: a message of no phase, a window update or one of a
+	// kind the server does not know.
+	phaseUnknown
 )
 
 // protocolError is a message that cannot follow the ones before it: the
@@ -135,7 +138,6 @@ func newProcessor(s *Server, set *policy.Set) *processor {
 // stream loop (messageOf); nothing past it sees the whole message.
 type message struct {
 	phase    phase
-	known    bool // a request or response phase (else: window update, or unknown)
 	eos      bool
 	headers  *extprocv3.HttpHeaders
 	body     *extprocv3.HttpBody
@@ -150,7 +152,7 @@ type message struct {
 
 // messageOf reads one message.
 func messageOf(req *extprocv3.ProcessingRequest) message {
-	m := message{known: true, facts: envoyFacts{
+	m := message{facts: envoyFacts{
 		metadata: req.GetMetadataContext(), protocol: req.GetProtocolConfig(), flow: req.GetFlowControlInit(),
 	}}
 	switch r := req.GetRequest().(type) {
@@ -167,7 +169,7 @@ func messageOf(req *extprocv3.ProcessingRequest) message {
 	case *extprocv3.ProcessingRequest_ResponseTrailers:
 		m.phase, m.trailers, m.eos = phaseResponseTrailers, r.ResponseTrailers, true
 	default:
-		m.known, m.other = false, req.GetRequest()
+		m.phase, m.other = phaseUnknown, req.GetRequest()
 		m.windowUpdate = req.GetRequest() == nil && req.GetClientWindowUpdate() != nil
 	}
 	m.eos = m.eos || m.headers.GetEndOfStream() || m.body.GetEndOfStream()
@@ -186,7 +188,7 @@ func (p *processor) handle(ctx context.Context, m *message) (*extprocv3.Processi
 	if m.windowUpdate {
 		return nil, nil // grpc-go's flow control acknowledging what it was sent back
 	}
-	if !m.known {
+	if m.phase == phaseUnknown {
 		return nil, protocolError{fmt.Errorf("unsupported ext_proc message %T", m.other)}
 	}
 	// The response may come before the request ends when the request body
@@ -358,6 +360,7 @@ var phaseSpanNames = [...]string{
 	phaseResponseHeaders:  "ext_proc response_headers",
 	phaseResponseBody:     "ext_proc response_body",
 	phaseResponseTrailers: "ext_proc response_trailers",
+	phaseUnknown:          "ext_proc unknown",
 }
 
 func (ph phase) String() string { return phaseSpanNames[ph][len("ext_proc "):] }
@@ -388,11 +391,7 @@ func (t *streamTrace) startPhase(ctx context.Context, tracer trace.Tracer, m *me
 		}
 		t.ctx, _ = tracer.Start(parent, "idem-extproc stream", trace.WithSpanKind(trace.SpanKindServer))
 	}
-	name := "ext_proc unknown"
-	if m.known {
-		name = phaseSpanNames[m.phase]
-	}
-	return tracer.Start(trace.ContextWithSpan(ctx, trace.SpanFromContext(t.ctx)), name)
+	return tracer.Start(trace.ContextWithSpan(ctx, trace.SpanFromContext(t.ctx)), phaseSpanNames[m.phase])
 }
 
 // Background returns a context carrying the stream's span.
