@@ -381,9 +381,7 @@ func (p *processor) replayReply(r *idem.Response) *extprocv3.ProcessingResponse 
 // fails the call in grpc-go and is spurious to Envoy).
 func (p *processor) cont() *extprocv3.ProcessingResponse {
 	p.rpc.release = releaseAll
-	switch {
-	case p.phase == phaseRequestBody && echoes(p.requestBodyMode), p.phase == phaseResponseBody && echoes(p.responseBodyMode):
-		body := p.msgBody
+	if body := p.msgBody; p.phase == phaseRequestBody && echoes(p.requestBodyMode) || p.phase == phaseResponseBody && echoes(p.responseBodyMode) {
 		return streamedReply(p.phase, &extprocv3.StreamedBodyResponse{
 			Body:                      body.GetBody(),
 			EndOfStream:               body.GetEndOfStream(),
