@@ -155,8 +155,7 @@ func withStatus(hs []idem.Header, code codes.Code, msg string) []idem.Header {
 // forwards it base64-encoded like every binary header).
 func grpcStatusOf(hs []idem.Header) (codes.Code, string, bool) {
 	if s, ok := firstHeader(hs, "grpc-status"); ok {
-		n, err := strconv.ParseUint(s, 10, 32)
-		if err == nil {
+		if n, err := strconv.ParseUint(s, 10, 32); err == nil {
 			msg, _ := firstHeader(hs, "grpc-message")
 			return codes.Code(n), decodeGRPCMessage(msg), true
 		}
