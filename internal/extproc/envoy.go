@@ -1,6 +1,7 @@
 package extproc
 
 import (
+	"cmp"
 	"log/slog"
 	"slices"
 	"strings"
@@ -124,10 +125,7 @@ func requestTarget(hs *corev3.HeaderMap, attrs *structpb.Struct, reqBodyMode pro
 	t := target{method: v[0], path: v[1], authority: v[2], requestID: v[3], sentTo: v[4], length: declaredLength(v[5])}
 	t.proxyless = found&0b11 == 0 // neither :method nor :path
 	if t.proxyless {
-		t.method, t.path, t.authority = attrString(attrs, "request.method"), attrString(attrs, "request.path"), attrString(attrs, "request.host")
-		if t.method == "" {
-			t.method = "POST"
-		}
+		t.method, t.path, t.authority = cmp.Or(attrString(attrs, "request.method"), "POST"), attrString(attrs, "request.path"), attrString(attrs, "request.host")
 	}
 	ct, _ := headerBytes(hs, "content-type")
 	t.call = t.proxyless || isGRPCContentType(string(ct)) || reqBodyMode == procmodev3.ProcessingMode_GRPC
