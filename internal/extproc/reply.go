@@ -287,21 +287,11 @@ func replayResponse(r *idem.Response, keep func(name string) bool) (resp *extpro
 // nghttp2's nghttp2_check_header_value: DEL is refused too). CR, LF and NUL
 // could also split or smuggle a response.
 func safeHeader(name, value string) bool {
-	if name == "" {
-		return false
+	badName := func(c rune) bool {
+		return !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || strings.ContainsRune("!#$%&'*+-.^_`|~", c))
 	}
-	for i := 0; i < len(name); i++ {
-		c := name[i]
-		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
-			return false
-		}
-	}
-	for i := 0; i < len(value); i++ {
-		if c := value[i]; c != '\t' && (c < 0x20 || c == 0x7f) {
-			return false
-		}
-	}
-	return true
+	badValue := func(c rune) bool { return c != '\t' && (c < 0x20 || c == 0x7f) }
+	return name != "" && !strings.ContainsFunc(name, badName) && !strings.ContainsFunc(value, badValue)
 }
 
 // wantedResponseBodyMode is the response body mode to restate in an
