@@ -57,23 +57,8 @@ var grpcCodes = map[string]codes.Code{
 // original response message (grpc-go turns an immediate response into a
 // status; Envoy turns a local reply to a gRPC request into a trailers-only
 // response), so the status message says the operation completed and with
-// which status.
+// which status (processor.replayReply).
 const ReplayCode = codes.AlreadyExists
-
-// grpcReplay answers a gRPC call's retry of a completed operation with
-// ALREADY_EXISTS naming the original status (ReplayCode).
-func grpcReplay(r *idem.Response, proxyless bool) *extprocv3.ProcessingResponse {
-	outcome := "HTTP status " + strconv.Itoa(r.Status)
-	if code, msg, ok := grpcStatusOf(r.Headers); ok {
-		outcome = "status " + codeName(code)
-		if code != codes.OK && msg != "" {
-			outcome += ": " + msg
-		}
-	}
-	hs := []*corev3.HeaderValueOption{setHeader(idem.ReplayedHeader, "true", false)}
-	return grpcAnswer(ReplayCode, "idempotent-replay: operation already completed with "+outcome, 200, hs,
-		"idempotency_replay", proxyless)
-}
 
 // grpcAnswer builds the immediate response that ends a gRPC call with a
 // status. grpc-go uses grpc_status and takes details as the status

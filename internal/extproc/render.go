@@ -357,12 +357,21 @@ func (p *processor) problemReply(prob *problem.Problem) *extprocv3.ProcessingRes
 // replayReply answers a retry of a completed operation: the stored
 // response for HTTP, rewritten to the retry's id for JSON-RPC
 // (attempt.jsonrpcReplay), ALREADY_EXISTS naming the original status for
-// gRPC. A stored body that is no JSON-RPC response is never replayed to a
+// gRPC (ReplayCode). A stored body that is no JSON-RPC response is never replayed to a
 // wrong id: the answer is the outcome-unknown error, since the call did
 // run and what it returned cannot be told.
 func (p *processor) replayReply(r *idem.Response) *extprocv3.ProcessingResponse {
 	if p.rpc.call {
-		return grpcReplay(r, p.rpc.proxyless)
+		outcome := "HTTP status " + strconv.Itoa(r.Status)
+		if code, msg, ok := grpcStatusOf(r.Headers); ok {
+			outcome = "status " + codeName(code)
+			if code != codes.OK && msg != "" {
+				outcome += ": " + msg
+			}
+		}
+		hs := []*corev3.HeaderValueOption{setHeader(idem.ReplayedHeader, "true", false)}
+		return grpcAnswer(ReplayCode, "idempotent-replay: operation already completed with "+outcome, 200, hs,
+			"idempotency_replay", p.rpc.proxyless)
 	}
 	resp, dropped := replayResponse(r, p.att.Policy.StoresHeader)
 	if dropped > 0 {
