@@ -163,9 +163,7 @@ func (p *processor) holdRequestEcho(body *extprocv3.HttpBody) *extprocv3.Process
 	if p.rpc.reqUnack < p.rpc.reqWindow {
 		return nil
 	}
-	if p.rpc.headersHeld {
-		p.rpc.release = releaseFirst
-	}
+	p.rpc.release = releaseFirst // the headers reply, if still held
 	n := p.rpc.reqUnack
 	p.rpc.reqUnack = 0
 	return &extprocv3.ProcessingResponse{ServerWindowUpdate: &extprocv3.ProcessingResponse_ServerWindowUpdate{
