@@ -137,11 +137,8 @@ func (p *processor) learnBody(body *extprocv3.HttpBody) *extprocv3.ProcessingRes
 // applied first (processor_state.cc, ProcessorState::handleBodyResponse).
 // An event stream, or a body in several messages, goes on unchanged.
 func advertised(l *toolsLearning, now time.Time) *extprocv3.ProcessingResponse {
-	if l.eventStream || l.messages != 1 {
-		return nil
-	}
 	advertises := func(pol *policy.Policy) bool { return pol.Tools.AdvertiseIdempotent }
-	if !slices.ContainsFunc(l.pols, advertises) {
+	if l.eventStream || l.messages != 1 || !slices.ContainsFunc(l.pols, advertises) {
 		return nil
 	}
 	out, ok := toolhints.Advertise(l.body, func(name string) bool {
