@@ -20,13 +20,16 @@ import (
 // overrides only from replies to headers messages.
 func continueWith(ph phase, mode *procmodev3.ProcessingMode) *extprocv3.ProcessingResponse {
 	type (
-		resp        = extprocv3.ProcessingResponse
-		reqHeaders  = extprocv3.ProcessingResponse_RequestHeaders
-		respHeaders = extprocv3.ProcessingResponse_ResponseHeaders
-		reqBody     = extprocv3.ProcessingResponse_RequestBody
-		respBody    = extprocv3.ProcessingResponse_ResponseBody
-		headers     = extprocv3.HeadersResponse
-		body        = extprocv3.BodyResponse
+		resp         = extprocv3.ProcessingResponse
+		reqHeaders   = extprocv3.ProcessingResponse_RequestHeaders
+		respHeaders  = extprocv3.ProcessingResponse_ResponseHeaders
+		reqBody      = extprocv3.ProcessingResponse_RequestBody
+		respBody     = extprocv3.ProcessingResponse_ResponseBody
+		reqTrailers  = extprocv3.ProcessingResponse_RequestTrailers
+		respTrailers = extprocv3.ProcessingResponse_ResponseTrailers
+		headers      = extprocv3.HeadersResponse
+		body         = extprocv3.BodyResponse
+		trailers     = extprocv3.TrailersResponse
 	)
 	switch ph {
 	case phaseRequestHeaders:
@@ -38,12 +41,10 @@ func continueWith(ph phase, mode *procmodev3.ProcessingMode) *extprocv3.Processi
 	case phaseResponseBody:
 		return reply(mode, func(r *resp, o *respBody, m *body) { r.Response, o.ResponseBody = o, m })
 	case phaseRequestTrailers:
-		return &resp{ModeOverride: mode,
-			Response: &extprocv3.ProcessingResponse_RequestTrailers{RequestTrailers: &extprocv3.TrailersResponse{}}}
+		return reply(mode, func(r *resp, o *reqTrailers, m *trailers) { r.Response, o.RequestTrailers = o, m })
 	}
 	// phaseResponseTrailers: a phase is only ever one of the six.
-	return &resp{ModeOverride: mode,
-		Response: &extprocv3.ProcessingResponse_ResponseTrailers{ResponseTrailers: &extprocv3.TrailersResponse{}}}
+	return reply(mode, func(r *resp, o *respTrailers, m *trailers) { r.Response, o.ResponseTrailers = o, m })
 }
 
 // reply makes a reply in one allocation: every message of every request
