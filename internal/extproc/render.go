@@ -143,12 +143,12 @@ func (p *processor) takeRequestBody(body *extprocv3.HttpBody) *problem.Problem {
 	if len(p.reqBody)+len(msg) > p.att.Policy.MaxRequestBody {
 		return attempt.BodyTooLarge(p.att.Policy.MaxRequestBody)
 	}
-	framed := p.requestBodyMode == procmodev3.ProcessingMode_GRPC
-	if framed && body.GetEndOfStream() && body.GetEndOfStreamWithoutMessage() {
-		return nil
-	}
 	n := len(msg)
+	framed := p.requestBodyMode == procmodev3.ProcessingMode_GRPC
 	if framed {
+		if body.GetEndOfStream() && body.GetEndOfStreamWithoutMessage() {
+			return nil
+		}
 		n += frameHeaderLen
 	}
 	capacity := chunkCapacity(p.reqBody, n, framed, p.reqLength, p.att.Policy.MaxRequestBody)
