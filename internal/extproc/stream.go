@@ -138,7 +138,6 @@ func newProcessor(s *Server, set *policy.Set) *processor {
 // stream loop (messageOf); nothing past it sees the whole message.
 type message struct {
 	phase    phase
-	eos      bool
 	headers  *extprocv3.HttpHeaders
 	body     *extprocv3.HttpBody
 	trailers *extprocv3.HttpTrailers
@@ -165,14 +164,13 @@ func messageOf(req *extprocv3.ProcessingRequest) message {
 	case *extprocv3.ProcessingRequest_ResponseBody:
 		m.phase, m.body = phaseResponseBody, r.ResponseBody
 	case *extprocv3.ProcessingRequest_RequestTrailers:
-		m.phase, m.trailers, m.eos = phaseRequestTrailers, r.RequestTrailers, true
+		m.phase, m.trailers = phaseRequestTrailers, r.RequestTrailers
 	case *extprocv3.ProcessingRequest_ResponseTrailers:
-		m.phase, m.trailers, m.eos = phaseResponseTrailers, r.ResponseTrailers, true
+		m.phase, m.trailers = phaseResponseTrailers, r.ResponseTrailers
 	default:
 		m.phase, m.other = phaseUnknown, req.GetRequest()
 		m.windowUpdate = req.GetRequest() == nil && req.GetClientWindowUpdate() != nil
 	}
-	m.eos = m.eos || m.headers.GetEndOfStream() || m.body.GetEndOfStream()
 	// The attributes are in ProcessingRequest.attributes (current), or in
 	// the deprecated HttpHeaders.attributes of the headers (older versions).
 	if m.facts.attrs = req.GetAttributes()[attributesKey]; m.facts.attrs == nil {
@@ -196,7 +194,7 @@ func (p *processor) handle(ctx context.Context, m *message) (*extprocv3.Processi
 	// known at all (an Envoy before 1.30 sends no protocol_config) for a
 	// request the server did not assume BUFFERED for.
 	streams := !keepsBody(p.requestBodyMode) || !p.modesKnown && p.requestBodyMode == procmodev3.ProcessingMode_NONE
-	if err := p.seq.next(m.phase, m.eos, streams); err != nil {
+	if err := p.seq.next(m.phase, m.headers.GetEndOfStream() || m.body.GetEndOfStream(), streams); err != nil {
 		return nil, protocolError{err}
 	}
 	if pc := m.facts.protocol; pc != nil {
