@@ -50,13 +50,12 @@ type rpcState struct {
 	// sit together: a processor is allocated per request.)
 	headersHeld bool
 	release     release
-	// Flow control (grpc-go only, from flow_control_init): the client
-	// stops sending body messages once it has sent a window's worth the
-	// server has not acknowledged with a server_window_update.
-	flow bool
 	// messages counts response messages.
-	messages  int
-	echo      heldEcho
+	messages int
+	echo     heldEcho
+	// Flow control (grpc-go only, from flow_control_init; 0 without): the
+	// client stops sending body messages once it has sent a window's worth
+	// the server has not acknowledged with a server_window_update.
 	reqWindow int64
 	reqUnack  int64
 }
@@ -151,7 +150,7 @@ func (e *heldEcho) next() *extprocv3.ProcessingResponse {
 // in an echo mode, until the decision.
 func (p *processor) holdRequestEcho(body *extprocv3.HttpBody) *extprocv3.ProcessingResponse {
 	p.rpc.echo = heldEcho{body: p.reqBody, phase: p.phase, framed: p.requestBodyMode == procmodev3.ProcessingMode_GRPC}
-	if !p.rpc.flow {
+	if p.rpc.reqWindow == 0 {
 		return nil
 	}
 	// grpc-go sends no more request messages once a window's worth is

@@ -55,9 +55,7 @@ func (p *processor) onRequestHeaders(ctx context.Context, hh *extprocv3.HttpHead
 	// be chosen: neither can send the request to another region.
 	p.att.Routing = attempt.Routing{SentTo: t.sentTo, CanSend: !t.proxyless && !echoes(p.requestBodyMode)}
 	p.rpc.proxyless, p.rpc.call = t.proxyless, t.call
-	if fc := f.flow; fc != nil && fc.GetInitialWindowDownstreamToSidestream() > 0 {
-		p.rpc.flow, p.rpc.reqWindow = true, fc.GetInitialWindowDownstreamToSidestream()
-	}
+	p.rpc.reqWindow = max(f.flow.GetInitialWindowDownstreamToSidestream(), 0)
 	f.p, f.headers, f.target = p, hs, t
 	v := p.att.AtHeaders(p.policies, f, p.srv.cfg.Now())
 	if !hasAttr(f.attrs, envoyorigin.AttrRouteName) {

@@ -145,7 +145,7 @@ func (p *processor) onResponseBody(body *extprocv3.HttpBody) (resp *extprocv3.Pr
 		return p.cont(), false
 	}
 	p.rpc.echo = heldEcho{body: p.respBody, phase: p.phase, framed: p.responseBodyMode == procmodev3.ProcessingMode_GRPC}
-	if !p.rpc.flow || len(body.GetBody()) == 0 {
+	if p.rpc.reqWindow == 0 || len(body.GetBody()) == 0 {
 		return nil, false
 	}
 	return &extprocv3.ProcessingResponse{ServerWindowUpdate: &extprocv3.ProcessingResponse_ServerWindowUpdate{
