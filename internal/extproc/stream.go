@@ -142,11 +142,9 @@ type message struct {
 	body     *extprocv3.HttpBody
 	trailers *extprocv3.HttpTrailers
 	facts    envoyFacts
-	// windowUpdate: a message with no phase that only acknowledges what
-	// the server sent (grpc-go's flow control).
-	windowUpdate bool
-	// other is the member of an unknown kind, for the error.
-	other any
+	// err refuses a message of phaseUnknown: nil for one that only
+	// acknowledges what the server sent (grpc-go's flow control).
+	err error
 }
 
 // messageOf reads one message.
@@ -168,8 +166,10 @@ func messageOf(req *extprocv3.ProcessingRequest) message {
 	case *extprocv3.ProcessingRequest_ResponseTrailers:
 		m.phase, m.trailers = phaseResponseTrailers, r.ResponseTrailers
 	default:
-		m.phase, m.other = phaseUnknown, req.GetRequest()
-		m.windowUpdate = req.GetRequest() == nil && req.GetClientWindowUpdate() != nil
+		m.phase = phaseUnknown
+		if req.GetRequest() != nil || req.GetClientWindowUpdate() == nil {
+			m.err = protocolError{fmt.Errorf("unsupported ext_proc message %T", req.GetRequest())}
+		}
 	}
 	// The attributes are in ProcessingRequest.attributes (current), or in
 	// the deprecated HttpHeaders.attributes of the headers (older versions).
@@ -183,11 +183,8 @@ func messageOf(req *extprocv3.ProcessingRequest) message {
 // handle answers one message. An error is a protocol violation
 // (protocolError). A nil reply means none is due yet (see rpcState).
 func (p *processor) handle(ctx context.Context, m *message) (*extprocv3.ProcessingResponse, error) {
-	if m.windowUpdate {
-		return nil, nil // grpc-go's flow control acknowledging what it was sent back
-	}
 	if m.phase == phaseUnknown {
-		return nil, protocolError{fmt.Errorf("unsupported ext_proc message %T", m.other)}
+		return nil, m.err // nil for grpc-go's flow control acknowledging what it was sent back
 	}
 	// The response may come before the request ends when the request body
 	// streams (STREAMED, FULL_DUPLEX_STREAMED, GRPC), or when no mode is
