@@ -178,9 +178,7 @@ func (p *processor) takeRequestBody(body *extprocv3.HttpBody) *problem.Problem {
 // Headers a verdict adds to the response are kept for the response
 // headers reply (onResponse); gRPC answers carry none.
 func (p *processor) render(ctx context.Context, v attempt.Verdict) *extprocv3.ProcessingResponse {
-	if v.Shadow != "" {
-		p.trace.shadowed(v.Shadow)
-	}
+	p.trace.shadowed(v.Shadow)
 	if len(v.Add) > 0 && !p.rpc.call {
 		p.respAdd = append(p.respAdd, v.Add...)
 	}

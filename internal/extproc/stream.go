@@ -404,9 +404,9 @@ func (t *streamTrace) Decided(policy string, d idem.Decision) {
 	}
 }
 
-// shadowed puts a shadow policy's decision on the stream's span.
+// shadowed puts a shadow policy's decision, if any, on the stream's span.
 func (t *streamTrace) shadowed(d idem.ShadowDecision) {
-	if t.ctx != nil {
+	if t.ctx != nil && d != "" {
 		trace.SpanFromContext(t.ctx).SetAttributes(attribute.String("idem.shadow_decision", string(d)))
 	}
 }
