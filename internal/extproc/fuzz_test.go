@@ -256,3 +256,13 @@ func FuzzMessageSequence(f *testing.F) {
 		}
 	})
 }
+
+// firstHeader returns the first value of name and whether it was present.
+func firstHeader(hs []idem.Header, name string) (string, bool) {
+	for _, h := range hs {
+		if h.Name == name {
+			return h.Value, true
+		}
+	}
+	return "", false
+}

@@ -90,16 +90,6 @@ func headerValue(h *corev3.HeaderValue) []byte {
 	return []byte(h.GetValue())
 }
 
-// firstHeader returns the first value of name and whether it was present.
-func firstHeader(hs []idem.Header, name string) (string, bool) {
-	for _, h := range hs {
-		if h.Name == name {
-			return h.Value, true
-		}
-	}
-	return "", false
-}
-
 // attrString reads one attribute as a string. Envoy encodes CEL values as
 // protobuf Values: strings as strings, integers (response.flags is a bit
 // vector) as numbers.

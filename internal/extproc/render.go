@@ -13,6 +13,7 @@ import (
 
 	"github.com/idem-extproc/idem-extproc/internal/attempt"
 	"github.com/idem-extproc/idem-extproc/internal/envoyorigin"
+	"github.com/idem-extproc/idem-extproc/internal/grpcstatus"
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 	"github.com/idem-extproc/idem-extproc/internal/jsonrpc"
 	"github.com/idem-extproc/idem-extproc/internal/problem"
@@ -359,8 +360,8 @@ func (p *processor) problemReply(prob *problem.Problem) *extprocv3.ProcessingRes
 func (p *processor) replayReply(r *idem.Response) *extprocv3.ProcessingResponse {
 	if p.rpc.call {
 		outcome := "HTTP status " + strconv.Itoa(r.Status)
-		if code, msg, ok := grpcStatusOf(r.Headers); ok {
-			outcome = "status " + codeName(code)
+		if code, msg, ok := grpcstatus.Of(r.Headers); ok {
+			outcome = "status " + grpcstatus.Name(code)
 			if code != codes.OK && msg != "" {
 				outcome += ": " + msg
 			}

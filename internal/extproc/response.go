@@ -13,6 +13,7 @@ import (
 
 	"github.com/idem-extproc/idem-extproc/internal/attempt"
 	"github.com/idem-extproc/idem-extproc/internal/envoyorigin"
+	"github.com/idem-extproc/idem-extproc/internal/grpcstatus"
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 )
 
@@ -173,7 +174,7 @@ func (p *processor) responseEnd(ctx context.Context, carrier []idem.Header) atte
 		r.Read = p.readResponse()
 		return p.att.AtResponse(ctx, r)
 	}
-	code, msg, known := grpcStatusOf(carrier)
+	code, msg, known := grpcstatus.Of(carrier)
 	if !known && p.rpc.proxyless && p.rpc.origin == idem.OriginUpstream {
 		code, known = codes.OK, true
 		if p.rpc.messages == 0 {
@@ -181,11 +182,11 @@ func (p *processor) responseEnd(ctx context.Context, carrier []idem.Header) atte
 		}
 	}
 	if known {
-		r.Status = httpStatusFor(code)
-		p.respHeaders = withStatus(p.respHeaders, code, msg)
+		r.Status = grpcstatus.HTTPStatus(code)
+		p.respHeaders = grpcstatus.With(p.respHeaders, code, msg)
 	}
 	r.Read = p.readResponse()
-	return p.att.AtResponse(ctx, r, slog.String("grpc_status", codeName(code)), slog.Bool("status_known", known))
+	return p.att.AtResponse(ctx, r, slog.String("grpc_status", grpcstatus.Name(code)), slog.Bool("status_known", known))
 }
 
 // readResponse is the response read so far, for the record.

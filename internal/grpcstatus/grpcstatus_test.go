@@ -1,4 +1,4 @@
-package extproc
+package grpcstatus
 
 import (
 	"encoding/base64"
@@ -11,7 +11,7 @@ import (
 	"github.com/idem-extproc/idem-extproc/internal/idem"
 )
 
-func TestGRPCStatusOf(t *testing.T) {
+func TestOf(t *testing.T) {
 	details, _ := proto.Marshal(&spb.Status{Code: int32(codes.NotFound), Message: "gone"})
 	for name, tc := range map[string]struct {
 		hs    []idem.Header
@@ -28,7 +28,7 @@ func TestGRPCStatusOf(t *testing.T) {
 		"malformed status":  {[]idem.Header{{Name: "grpc-status", Value: "x"}}, codes.Unknown, "", false},
 	} {
 		t.Run(name, func(t *testing.T) {
-			code, msg, known := grpcStatusOf(tc.hs)
+			code, msg, known := Of(tc.hs)
 			if code != tc.code || msg != tc.msg || known != tc.known {
 				t.Fatalf("got %v %q %v, want %v %q %v", code, msg, known, tc.code, tc.msg, tc.known)
 			}
@@ -38,24 +38,24 @@ func TestGRPCStatusOf(t *testing.T) {
 
 func TestGRPCMessageRoundTrip(t *testing.T) {
 	for _, s := range []string{"plain", "100% sure", "naïve\n", ""} {
-		if got := decodeGRPCMessage(encodeGRPCMessage(s)); got != s {
+		if got := decodeMessage(encodeMessage(s)); got != s {
 			t.Fatalf("%q came back as %q", s, got)
 		}
 	}
 }
 
-// TestHTTPStatusFor: the codes whose HTTP equivalent the default response
+// TestHTTPStatus: the codes whose HTTP equivalent the default response
 // rules single out.
-func TestHTTPStatusFor(t *testing.T) {
+func TestHTTPStatus(t *testing.T) {
 	for code, want := range map[codes.Code]int{
 		codes.OK: 200, codes.ResourceExhausted: 429, codes.Unavailable: 503, codes.DeadlineExceeded: 504,
 		codes.InvalidArgument: 400, codes.Unknown: 500, codes.Code(42): 500,
 	} {
-		if got := httpStatusFor(code); got != want {
+		if got := HTTPStatus(code); got != want {
 			t.Errorf("%v: %d, want %d", code, got, want)
 		}
 	}
-	if a := idem.DecideResponse(idem.DefaultResponseRules(), idem.OriginUpstream, httpStatusFor(codes.ResourceExhausted)); a != idem.ActionRelease {
+	if a := idem.DecideResponse(idem.DefaultResponseRules(), idem.OriginUpstream, HTTPStatus(codes.ResourceExhausted)); a != idem.ActionRelease {
 		t.Fatalf("RESOURCE_EXHAUSTED: %v, want release", a)
 	}
 }
