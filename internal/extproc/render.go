@@ -236,12 +236,14 @@ func (p *processor) render(ctx context.Context, v attempt.Verdict) *extprocv3.Pr
 // whole: over a limit or the server's budget (chunk is the message that
 // did not fit), or cut at Envoy's buffer. A JSON-RPC answer made before
 // the body decided the policy still goes to the request's id when the
-// bytes at hand carry it (jsonrpc.ScanID).
+// bytes at hand carry it (jsonrpc.ScanID). As after decide, the bytes
+// read so far go back to the budget unless a withheld echo keeps them.
 func (p *processor) refuseUnread(ctx context.Context, prob *problem.Problem, chunk []byte) *extprocv3.ProcessingResponse {
 	if d := p.body; d != nil && d.jsonrpc && d.id == nil {
 		d.id = jsonrpc.ScanID(p.reqBody, chunk)
 	}
-	return p.render(ctx, p.att.Request(ctx, attempt.Body{Unread: prob}, p.srv.cfg.Now()))
+	p.reqBody = nil
+	return p.renderDecided(ctx, p.att.Request(ctx, attempt.Body{Unread: prob}, p.srv.cfg.Now()))
 }
 
 // awaitBody asks for a protected request's body, whole, before anything
