@@ -234,10 +234,10 @@ func FuzzMessageSequence(f *testing.F) {
 			if !decisive || !headersSeen {
 				continue
 			}
-			method, _ := firstHeader(hs, ":method")
-			path, _ := firstHeader(hs, ":path")
-			authority, _ := firstHeader(hs, ":authority")
-			raw, _ := firstHeader(hs, "idempotency-key")
+			method, _ := idem.FirstHeader(hs, ":method")
+			path, _ := idem.FirstHeader(hs, ":path")
+			authority, _ := idem.FirstHeader(hs, ":authority")
+			raw, _ := idem.FirstHeader(hs, "idempotency-key")
 			key, err := idem.ParseKey(raw, 0)
 			if err != nil || !strings.EqualFold(method, "POST") || idem.RecordIDFor(pol.Name, authority, key) != id {
 				continue
@@ -255,14 +255,4 @@ func FuzzMessageSequence(f *testing.F) {
 			t.Fatalf("the completed record changed: %+v, %v", rec, err)
 		}
 	})
-}
-
-// firstHeader returns the first value of name and whether it was present.
-func firstHeader(hs []idem.Header, name string) (string, bool) {
-	for _, h := range hs {
-		if h.Name == name {
-			return h.Value, true
-		}
-	}
-	return "", false
 }

@@ -84,13 +84,13 @@ func With(hs []idem.Header, code codes.Code, msg string) []idem.Header {
 // grpc-status-details-bin (a google.rpc.Status; grpc-go forwards it
 // base64-encoded like every binary header); false when they hold none.
 func Of(hs []idem.Header) (codes.Code, string, bool) {
-	if s, ok := first(hs, "grpc-status"); ok {
+	if s, ok := idem.FirstHeader(hs, "grpc-status"); ok {
 		if n, err := strconv.ParseUint(s, 10, 32); err == nil {
-			msg, _ := first(hs, "grpc-message")
+			msg, _ := idem.FirstHeader(hs, "grpc-message")
 			return codes.Code(n), decodeMessage(msg), true
 		}
 	}
-	if b, ok := first(hs, "grpc-status-details-bin"); ok {
+	if b, ok := idem.FirstHeader(hs, "grpc-status-details-bin"); ok {
 		// Base64, padded or not (gRPC over HTTP/2 allows both).
 		raw, err := base64.RawStdEncoding.DecodeString(strings.TrimRight(b, "="))
 		st := &spb.Status{}
@@ -111,14 +111,4 @@ func HTTPStatus(c codes.Code) int {
 		return httpStatuses[c]
 	}
 	return 500 // codes beyond 16
-}
-
-// first returns the first value of name and whether it was present.
-func first(hs []idem.Header, name string) (string, bool) {
-	for _, h := range hs {
-		if h.Name == name {
-			return h.Value, true
-		}
-	}
-	return "", false
 }

@@ -79,6 +79,17 @@ type Header struct {
 	Value string
 }
 
+// FirstHeader returns the value of the first of hs named name, and whether
+// there is one.
+func FirstHeader(hs []Header, name string) (string, bool) {
+	for _, h := range hs {
+		if h.Name == name {
+			return h.Value, true
+		}
+	}
+	return "", false
+}
+
 // Response is what a completed record stores.
 type Response struct {
 	Status  int
