@@ -42,22 +42,25 @@ func (a *Attempt) AtResponse(ctx context.Context, r Response, attrs ...slog.Attr
 		return verdictPass
 	case r.Later:
 		return Verdict{Kind: Store}
-	case !a.storing:
-		if action := a.actionFor(r.Origin, r.Status, r.Retried); action != idem.ActionStore {
-			var buf [4]slog.Attr
-			a.settle(ctx, action, append(append(buf[:0], attrs...), slog.String("origin", r.Origin.String()))...)
-			if r.End {
-				return Verdict{Kind: Settled, Unsettled: a.retry != nil}
-			}
-			return Verdict{Kind: SkipBody, Unsettled: a.retry != nil}
-		}
-		a.storing = true
 	}
-	if !r.End {
+	action := idem.ActionStore
+	if !a.storing {
+		action = a.actionFor(r.Origin, r.Status, r.Retried) // the origin it keeps goes on the line
+		a.storing = action == idem.ActionStore
+	}
+	if action == idem.ActionStore && !r.End {
 		return Verdict{Kind: Store}
 	}
 	var buf [4]slog.Attr
-	a.settleStored(ctx, r.Read, append(append(buf[:0], attrs...), slog.String("origin", a.origin.String()))...)
+	judged := append(append(buf[:0], attrs...), slog.String("origin", a.origin.String()))
+	if action == idem.ActionStore {
+		a.settleStored(ctx, r.Read, judged...)
+	} else {
+		a.settle(ctx, action, judged...)
+	}
+	if !r.End {
+		return Verdict{Kind: SkipBody, Unsettled: a.retry != nil}
+	}
 	return Verdict{Kind: Settled, Unsettled: a.retry != nil}
 }
 
