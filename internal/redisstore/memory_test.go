@@ -226,8 +226,7 @@ func TestMemoryPerRecord(t *testing.T) {
 	if testing.Short() {
 		t.Skip("writes 50,000 records")
 	}
-	if underRace {
-		norace.Run(t, "TestMemoryPerRecord")
+	if norace.Run(t, "TestMemoryPerRecord") {
 		return
 	}
 	srv := redistest.Start(t, redistest.Options{})

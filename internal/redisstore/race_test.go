@@ -2,6 +2,6 @@
 
 package redisstore_test
 
-// underRace is true in a test binary built with -race. TestMemoryPerRecord
-// then measures in a test binary built without it (norace.Run).
+// underRace is true in a test binary built with -race: the benchmarks then
+// train their dictionaries on fewer answers.
 const underRace = true

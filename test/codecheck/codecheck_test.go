@@ -40,9 +40,10 @@ func check(t *testing.T, cmd *exec.Cmd) {
 // built (README.md's command: both modules with the race detector), so
 // they reuse those compilations instead of compiling every package and
 // dependency once more without it. A -race build leaves out only files
-// under //go:build !race: here test files only (an allocation test and
-// two constants), which go test vets with its default checks when
-// internal/testing/norace builds them.
+// under //go:build !race: here two test files that each declare one
+// constant. This is the suite's one vet pass: README.md's command turns
+// off go test's own (-vet=off), a subset of these checks that would
+// compute its facts for every dependency once more.
 func TestGoVet(t *testing.T) {
 	t.Parallel()
 	run(t, "vet", "-race", "./...", "./test/deploytest/...")

@@ -1,24 +1,52 @@
 // Package norace runs one test of the current package in a test binary
 // built without the race detector, for the tests whose figures the
 // detector changes (allocation counts, resident memory): the suite's
-// command builds with -race, and a test kept out of that build by
-// //go:build !race would otherwise never run in it.
+// command builds with -race, and such a test would otherwise never measure
+// in it.
 package norace
 
 import (
 	"context"
 	"os/exec"
+	"runtime/debug"
 	"strings"
 	"testing"
 	"time"
 )
 
-// Run runs the test named name of the package in the working directory
-// (go test's, the package's own) with go test -race=false, which also
-// overrides a -race in GOFLAGS, and fails t with its output when it fails
-// or does not run. The output is in t's log (go test -v).
-func Run(t *testing.T, name string) {
+// raceBuilt reports whether this binary was built with -race: the go
+// command records it among the binary's build settings
+// (cmd/go/internal/load/pkg.go, setBuildInfo: appendSetting("-race", "true")).
+func raceBuilt() bool {
+	info, ok := debug.ReadBuildInfo()
+	if !ok {
+		return false
+	}
+	for _, s := range info.Settings {
+		if s.Key == "-race" {
+			return s.Value == "true"
+		}
+	}
+	return false
+}
+
+// Run, in a binary built with the race detector, runs the test named name
+// of the package in the working directory (go test's, the package's own)
+// with go test -race=false, which also overrides a -race in GOFLAGS, fails
+// t with its output when it fails or does not run, and returns true: the
+// caller returns at once. In a binary built without the detector it
+// returns false, and the caller measures. The output is in t's log (go
+// test -v).
+//
+// The inner build has the release binary's tag (-tags grpcnotrace, as
+// cmd/idem-extproc's tests build it), so that the suite compiles one
+// configuration without the race detector, not two; and no vet pass,
+// because test/codecheck vets these very files in the race build.
+func Run(t *testing.T, name string) bool {
 	t.Helper()
+	if !raceBuilt() {
+		return false
+	}
 	goCmd, err := exec.LookPath("go")
 	if err != nil {
 		t.Fatalf("the go command must be in PATH to run %s without the race detector: %v", name, err)
@@ -34,7 +62,7 @@ func Run(t *testing.T, name string) {
 		timeout = time.Until(d)
 	}
 	run := "^" + name + "$"
-	out, err := exec.CommandContext(ctx, goCmd, "test", "-race=false", "-count=1", "-timeout="+timeout.String(), "-v", "-run", run, ".").CombinedOutput()
+	out, err := exec.CommandContext(ctx, goCmd, "test", "-race=false", "-vet=off", "-tags=grpcnotrace", "-count=1", "-timeout="+timeout.String(), "-v", "-run", run, ".").CombinedOutput()
 	if err != nil {
 		t.Fatalf("go test -race=false -run '%s': %v\n%s", run, err, out)
 	}
@@ -42,4 +70,5 @@ func Run(t *testing.T, name string) {
 		t.Fatalf("go test -race=false -run '%s' ran no %s:\n%s", run, name, out)
 	}
 	t.Logf("run without the race detector:\n%s", out)
+	return true
 }
