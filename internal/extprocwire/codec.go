@@ -9,8 +9,7 @@
 // tag, and a module cannot set a build tag for those who build it (go
 // install module@version takes -tags from its caller only), so this package
 // neither needs nor uses that code, with or without the tag.
-// docs/performance.md ("gRPC codec") compares the two
-// (vtprotobuf_bench_test.go).
+// docs/performance.md ("gRPC codec") compares the two.
 //
 // Exactness is held by differential fuzz tests against proto.Unmarshal and
 // proto.Marshal (codec_fuzz_test.go, their seeds in testdata run by go test):

@@ -49,18 +49,6 @@ func TestGoVet(t *testing.T) {
 	run(t, "vet", "-race", "./...", "./test/deploytest/...")
 }
 
-// TestVTProtobufComparison vets and runs once the comparison of the
-// codec's encoder with go-control-plane's vtprotobuf marshalers
-// (internal/extprocwire/vtprotobuf_bench_test.go), which compiles only
-// under the vtprotobuf build tag that the test command does not set:
-// without this it would rot unseen (docs/performance.md, "gRPC codec").
-func TestVTProtobufComparison(t *testing.T) {
-	t.Parallel()
-	run(t, "vet", "-tags", "vtprotobuf", "./internal/extprocwire/")
-	run(t, "test", "-count=1", "-tags", "vtprotobuf", "-run", "^$", "-bench", "MarshalVT", "-benchtime", "1x",
-		"./internal/extprocwire/")
-}
-
 // TestStaticcheck builds staticcheck itself without the race detector (it
 // is a program the suite runs, not a part of it), then points its package
 // loader (go list, which reads GOFLAGS) at the same builds as TestGoVet.
