@@ -22,12 +22,6 @@ func BatchedCalls(s *Store) int64 { return s.batch.one.sent.Load() }
 // MaxBatches is DefaultBatchSlots, for tests that fill every slot.
 const MaxBatches = DefaultBatchSlots
 
-// ReserveArgs and CompleteArgs are the ARGV the store sends.
-var (
-	ReserveArgs  = reserveArgs
-	CompleteArgs = completeArgs
-)
-
 // EncodeHead is the response head as the store writes it.
 func EncodeHead(r *idem.Response) []byte { return encodeResponseHead(r) }
 
