@@ -14,9 +14,10 @@ import (
 
 	egv1a1 "github.com/envoyproxy/gateway/api/v1alpha1"
 	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
-	"helm.sh/helm/v3/pkg/action"
+	"helm.sh/helm/v3/pkg/chart"
 	"helm.sh/helm/v3/pkg/chart/loader"
 	"helm.sh/helm/v3/pkg/chartutil"
+	"helm.sh/helm/v3/pkg/engine"
 	"helm.sh/helm/v3/pkg/lint"
 	"helm.sh/helm/v3/pkg/lint/support"
 	"helm.sh/helm/v3/pkg/releaseutil"
@@ -64,9 +65,9 @@ func init() {
 var chartKubeVersion = &chartutil.KubeVersion{Version: "v1.30.0", Major: "1", Minor: "30"}
 
 // renderChart renders the chart as `helm template idem-extproc charts/idem-extproc
-// --namespace idem-extproc -f valuesFile --set …` does, with Helm's own
-// packages (action.Install, dry run, client only), and decodes every
-// object strictly. overrides are merged over the file, as --set would.
+// --namespace idem-extproc -f valuesFile --set …` does (helmTemplate), and
+// decodes every object strictly. overrides are merged over the file, as
+// --set would.
 func renderChart(t testing.TB, valuesFile string, overrides map[string]any) ([]k8sObject, error) {
 	t.Helper()
 	ch, err := loader.Load(filepath.Join(repoRoot, chartDir))
@@ -79,16 +80,59 @@ func renderChart(t testing.TB, valuesFile string, overrides map[string]any) ([]k
 			t.Fatal(err)
 		}
 	}
-	vals = chartutil.CoalesceTables(overrides, vals)
-	inst := action.NewInstall(&action.Configuration{Log: func(string, ...any) {}})
-	inst.DryRun, inst.ClientOnly, inst.Replace = true, true, true
-	inst.ReleaseName, inst.Namespace = serverName, serverNamespace
-	inst.KubeVersion = chartKubeVersion
-	rel, err := inst.Run(ch, vals)
+	manifest, err := helmTemplate(ch, chartutil.CoalesceTables(overrides, vals), chartKubeVersion)
 	if err != nil {
 		return nil, err
 	}
-	return decodeManifests(rel.Manifest)
+	return decodeManifests(manifest)
+}
+
+// helmTemplate renders ch with vals into one manifest as `helm template`
+// does, for Kubernetes kubeVersion (nil: Helm's default capabilities). It
+// takes the steps of Helm v3.22.0's client-only dry-run install, in
+// pkg/action/install.go (Install.RunWithContext: dependencies, default
+// capabilities, release options, values validated against the chart's
+// schema) and pkg/action/action.go (Configuration.renderResources: the
+// chart's kubeVersion constraint, engine.Engine's Render, NOTES.txt left
+// out, releaseutil.SortManifests in install order, hooks apart, each
+// manifest under "# Source:"), calling the same packages, but not
+// pkg/action itself: it links Kubernetes' typed clients, which a client-only
+// render never calls, and the suite compiled 330 packages for them.
+func helmTemplate(ch *chart.Chart, vals map[string]any, kubeVersion *chartutil.KubeVersion) (string, error) {
+	if err := chartutil.ProcessDependenciesWithMerge(ch, vals); err != nil {
+		return "", err
+	}
+	caps := chartutil.DefaultCapabilities.Copy()
+	if kubeVersion != nil {
+		caps.KubeVersion = *kubeVersion
+	}
+	opts := chartutil.ReleaseOptions{Name: serverName, Namespace: serverNamespace, Revision: 1, IsInstall: true}
+	top, err := chartutil.ToRenderValuesWithSchemaValidation(ch, vals, opts, caps, false)
+	if err != nil {
+		return "", err
+	}
+	if c := ch.Metadata.KubeVersion; c != "" && !chartutil.IsCompatibleRange(c, caps.KubeVersion.String()) {
+		return "", fmt.Errorf("chart requires kubeVersion: %s which is incompatible with Kubernetes %s", c, caps.KubeVersion.String())
+	}
+	var e engine.Engine
+	files, err := e.Render(ch, top)
+	if err != nil {
+		return "", err
+	}
+	for name := range files {
+		if strings.HasSuffix(name, "NOTES.txt") {
+			delete(files, name)
+		}
+	}
+	_, manifests, err := releaseutil.SortManifests(files, nil, releaseutil.InstallOrder)
+	if err != nil {
+		return "", err
+	}
+	var b strings.Builder
+	for _, m := range manifests {
+		fmt.Fprintf(&b, "---\n# Source: %s\n%s\n", m.Name, m.Content)
+	}
+	return b.String(), nil
 }
 
 // decodeManifests decodes a multi-document manifest strictly: duplicate
@@ -645,16 +689,7 @@ func TestHelmTemplateWithHelmsDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	render := func(vals map[string]any) (string, error) {
-		inst := action.NewInstall(&action.Configuration{Log: func(string, ...any) {}})
-		inst.DryRun, inst.ClientOnly, inst.Replace = true, true, true
-		inst.ReleaseName, inst.Namespace = serverName, serverNamespace
-		rel, err := inst.Run(ch, vals)
-		if err != nil {
-			return "", err
-		}
-		return rel.Manifest, nil
-	}
+	render := func(vals map[string]any) (string, error) { return helmTemplate(ch, vals, nil) }
 	if _, err := render(map[string]any{}); err == nil || !strings.Contains(err.Error(), "image.repository is required") {
 		t.Errorf("without values: got %v, want the image.repository message", err)
 	}
