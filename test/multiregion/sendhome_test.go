@@ -74,15 +74,26 @@ func TestSendHomeCostsOneCrossing(t *testing.T) {
 				messageTimeout: 300 * time.Millisecond, maxMessageTimeout: 2500 * time.Millisecond})
 			l := newLedger()
 			keys := make([]string, n)
+			// A store call that ran past the shipped 100 ms (a busy machine's
+			// stall, not a WAN's) is answered 503 before any effect, and the
+			// test retries it as a client would; the medians are of the
+			// answered attempts, and the retries are counted and logged.
+			retries := 0
 			timed := func(key string) time.Duration {
-				start := time.Now()
-				r := bed.post("eu", key, "t-us-1", `{"n":1}`, 10*time.Second)
-				d := time.Since(start)
-				l.add(key, answerOf(r, "eu"))
-				if r.Status != 201 {
-					t.Errorf("key %s: %d %v %.200s", key, r.Status, r.Err, r.Body)
+				for {
+					start := time.Now()
+					r := bed.post("eu", key, "t-us-1", `{"n":1}`, 10*time.Second)
+					d := time.Since(start)
+					l.add(key, answerOf(r, "eu"))
+					if r.Status == 503 && strings.Contains(string(r.Body), "idempotency-store-unavailable") && retries < n {
+						retries++
+						continue
+					}
+					if r.Status != 201 {
+						t.Errorf("key %s: %d %v %.200s", key, r.Status, r.Err, r.Body)
+					}
+					return d
 				}
-				return d
 			}
 			var first, replay []time.Duration
 			for i := range keys {
@@ -98,11 +109,12 @@ func TestSendHomeCostsOneCrossing(t *testing.T) {
 			}
 			calls := bed.counter("eu", "idem_extproc_region_store_call_duration_seconds", map[string]string{"region": "us"})
 			sent := bed.counter("eu", "idem_extproc_decisions_total", map[string]string{"decision": "sent_home"})
-			if sendHome && (calls != 0 || sent != 2*n) {
-				t.Errorf("sent home: eu made %v calls to us's store and sent %v requests home; want 0 and %d", calls, sent, 2*n)
+			// Every attempt is sent home, a retried one too.
+			if sendHome && (calls != 0 || sent < float64(2*n) || sent > float64(2*n+retries)) {
+				t.Errorf("sent home: eu made %v calls to us's store and sent %v requests home; want 0 and %d to %d", calls, sent, 2*n, 2*n+retries)
 			}
-			t.Logf("%v between regions, %s: first write p50 %v, replay p50 %v (%d each, entering eu, homed in us; eu's calls to us's store: %v)",
-				rtt, name, median(first), median(replay), n, calls)
+			t.Logf("%v between regions, %s: first write p50 %v, replay p50 %v (%d each, entering eu, homed in us; eu's calls to us's store: %v; retried after a 503: %d)",
+				rtt, name, median(first), median(replay), n, calls, retries)
 		})
 	}
 }
