@@ -31,6 +31,7 @@ import (
 	"github.com/idem-extproc/idem-extproc/internal/memstore"
 	"github.com/idem-extproc/idem-extproc/internal/testing/envoysim"
 	"github.com/idem-extproc/idem-extproc/internal/testing/harness"
+	"github.com/idem-extproc/idem-extproc/internal/testing/norace"
 	"github.com/idem-extproc/idem-extproc/internal/testing/redistest"
 	"github.com/idem-extproc/idem-extproc/internal/testing/testwait"
 	"github.com/idem-extproc/idem-extproc/test/grpcxds"
@@ -64,7 +65,9 @@ func binary(t *testing.T) string {
 		// Stamped and tagged as a release build is (Dockerfile,
 		// CHANGELOG.md), so that TestBinaryVersion sees the stamp arrive
 		// and TestBinaryLinksOnlyWhatItCalls sees what the image links.
+		unlock := norace.Lock(t)
 		out, err := exec.Command("go", "build", "-tags", "grpcnotrace", "-ldflags", "-X "+versionVar+"="+testVersion, "-o", binPath, ".").CombinedOutput()
+		unlock()
 		if err != nil {
 			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
 		}

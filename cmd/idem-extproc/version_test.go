@@ -11,6 +11,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/idem-extproc/idem-extproc/internal/testing/norace"
 )
 
 // TestBinaryVersionUnstamped builds the binary from a fresh git clone of
@@ -61,11 +63,13 @@ func TestBinaryVersionUnstamped(t *testing.T) {
 		// The module cache has every dependency (this test's binary needs
 		// them too): never reach for the network.
 		cmd.Env = append(os.Environ(), "GOPROXY=off", "GOWORK=off")
-		if out, err := cmd.CombinedOutput(); err != nil {
+		unlock := norace.Lock(t)
+		out, err := cmd.CombinedOutput()
+		unlock()
+		if err != nil {
 			t.Fatalf("go build %s: %v\n%s", buildvcs, err, out)
 		}
-		out, err := exec.Command(bin, "version").Output()
-		if err != nil {
+		if out, err = exec.Command(bin, "version").Output(); err != nil {
 			t.Fatal(err)
 		}
 		return strings.TrimSpace(string(out))

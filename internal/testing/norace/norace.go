@@ -7,9 +7,12 @@ package norace
 
 import (
 	"context"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime/debug"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -62,6 +65,7 @@ func Run(t *testing.T, name string) bool {
 		timeout = time.Until(d)
 	}
 	run := "^" + name + "$"
+	defer Lock(t)()
 	out, err := exec.CommandContext(ctx, goCmd, "test", "-race=false", "-vet=off", "-tags=grpcnotrace", "-count=1", "-timeout="+timeout.String(), "-v", "-run", run, ".").CombinedOutput()
 	if err != nil {
 		t.Fatalf("go test -race=false -run '%s': %v\n%s", run, err, out)
@@ -71,4 +75,35 @@ func Run(t *testing.T, name string) bool {
 	}
 	t.Logf("run without the race detector:\n%s", out)
 	return true
+}
+
+// Lock takes the lock that every go command the suite runs to build
+// without the race detector holds while it runs (Run's, and
+// cmd/idem-extproc's builds of the binary), and returns its release. The
+// go command does not share work in progress between processes: two that
+// start compiling the same packages into one build cache each compile
+// them all, which from empty caches cost a package's whole dependency
+// graph once per test binary that builds at the same time. One after the
+// other, the second links what the first compiled. The lock is an flock
+// on a file in the user's cache directory (released when the process
+// ends, however it ends), shared by every checkout on the machine.
+func Lock(t testing.TB) (unlock func()) {
+	t.Helper()
+	dir, err := os.UserCacheDir()
+	if err != nil {
+		dir = os.TempDir()
+	}
+	path := filepath.Join(dir, "idem-extproc-test", "build-without-race.lock")
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		f.Close()
+		t.Fatal(err)
+	}
+	return func() { f.Close() }
 }
