@@ -44,7 +44,8 @@ func raceBuilt() bool {
 // The inner build has the release binary's tag (-tags grpcnotrace, as
 // cmd/idem-extproc's tests build it), so that the suite compiles one
 // configuration without the race detector, not two; and no vet pass,
-// because test/codecheck vets these very files in the race build.
+// because the test command's go vet reads these very files in the race
+// build.
 func Run(t *testing.T, name string) bool {
 	t.Helper()
 	if !raceBuilt() {
