@@ -183,7 +183,29 @@ func redisDownFailsClosed(t *testing.T, start backend, down, up func()) {
 	cfg := envoysim.RecommendedConfig()
 	cfg.MessageTimeout = durationpb.New(time.Second)
 	env := start(t, harness.Options{Filter: cfg, StoreTimeout: idem.DefaultStoreTimeout})
-	wantStatus(t, env.Post("/orders", "before-kill", `{}`), http.StatusCreated)
+	// created makes a first write with a fresh key (prefix-1, prefix-2, ...)
+	// until one is answered other than 503, and requires that answer to be
+	// 201. On a loaded machine a store call may outlast its 100 ms, and
+	// after the outage a connection or topology view from before it may
+	// still be in use (and Cluster's keys live on different nodes, so one
+	// key's success does not show that the next key's node is back): a 503
+	// then is correct, before any effect, and the client retries, as it
+	// would. Each attempt has a key of its own: one answered 503 because its
+	// reservation's reply came too late has reserved its key all the same,
+	// so a retry with that key is rightly answered 409 while the lease runs.
+	created := func(prefix string) (key string, r harness.Reply) {
+		t.Helper()
+		attempts := 0
+		testwait.For(t, func() bool {
+			attempts++
+			key = fmt.Sprintf("%s-%d", prefix, attempts)
+			r = env.Post("/orders", key, `{"r":1}`)
+			return r.Status != http.StatusServiceUnavailable
+		})
+		wantStatus(t, r, http.StatusCreated)
+		return key, r
+	}
+	created("before-kill")
 
 	down()
 	for i := range 3 { // fresh connections and the pool's broken ones alike
@@ -200,25 +222,9 @@ func redisDownFailsClosed(t *testing.T, start backend, down, up func()) {
 
 	up()
 	testwait.For(t, func() bool { return env.Store.Ping(context.Background()) == nil })
-	// The first requests after the outage may still meet a connection or
-	// a topology view from before it, and on a loaded machine a store call
-	// may outlast its 100 ms: a 503 then is correct, before any effect,
-	// and the client retries, as it would. Each first write has a key of
-	// its own: one answered 503 because its reservation's reply came too
-	// late has reserved its key all the same, so a retry with that key is
-	// rightly answered 409 while the lease runs. A replay answered 503 is
-	// retried with its key. (Cluster's keys live on different nodes, so
-	// one key's success does not show that the next key's node is back.)
-	var key string
-	var first, again harness.Reply
-	attempts := 0
-	testwait.For(t, func() bool {
-		attempts++
-		key = fmt.Sprintf("after-restart-%d", attempts)
-		first = env.Post("/orders", key, `{"r":1}`)
-		return first.Status != http.StatusServiceUnavailable
-	})
-	wantStatus(t, first, http.StatusCreated)
+	key, first := created("after-restart")
+	// A replay answered 503 is retried with its key.
+	var again harness.Reply
 	testwait.For(t, func() bool {
 		again = env.Post("/orders", key, `{"r":1}`)
 		return again.Status != http.StatusServiceUnavailable
