@@ -81,7 +81,38 @@ func freeAddr() (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return net.JoinHostPort("127.0.0.1", strconv.Itoa(p)), nil
+	return loopback(p), nil
+}
+
+func loopback(port int) string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(port)) }
+
+// startOnFreePorts runs start, which starts a process on the n ports given
+// and waits until it serves, on ports freePort picks. A picked port is free
+// only until another process takes it (the tests of several packages run
+// side by side, and every outgoing connection takes a port from the same
+// range), so a process that exits during start saying its address is in
+// use is started again on new ports, up to three times.
+func startOnFreePorts(n int, start func(ports []int) (*server, error)) (*server, error) {
+	for try := 1; ; try++ {
+		ports := make([]int, n)
+		for i := range ports {
+			p, err := freePort()
+			if err != nil {
+				return nil, err
+			}
+			ports[i] = p
+		}
+		s, err := start(ports)
+		if err == nil || s == nil || try == 3 {
+			return s, err
+		}
+		s.stop() // its whole log is in the file once it has stopped
+		// Go's net says "address already in use", redis-server
+		// "Address already in use" (both strerror(EADDRINUSE)).
+		if !strings.Contains(strings.ToLower(tail(s.log)), "address already in use") {
+			return s, err
+		}
+	}
 }
 
 // startProcess runs argv with its output in logPath; it dies with the tool.
@@ -292,45 +323,40 @@ func startServer(ctx context.Context, name, kind, bin string, spec serverSpec) (
 }
 
 func startServerProcess(name, kind, bin string, spec serverSpec) (*server, error) {
-	addr, err := freeAddr()
-	if err != nil {
-		return nil, err
-	}
 	logPath := filepath.Join(spec.dir, name+".log")
-	switch kind {
-	case serverNoop:
-		s, err := spec.start(name, append([]string{spec.self, "serve-noop", "--listen", addr}, spec.profileArgs(name)...), logPath)
+	return startOnFreePorts(2, func(ports []int) (*server, error) {
+		addr, admin := loopback(ports[0]), loopback(ports[1])
+		switch kind {
+		case serverNoop:
+			s, err := spec.start(name, append([]string{spec.self, "serve-noop", "--listen", addr}, spec.profileArgs(name)...), logPath)
+			if err != nil {
+				return nil, err
+			}
+			s.addr = addr
+			return s, s.waitUntil(tcpReady(addr))
+		case serverFloor, serverMinimal, serverLean:
+			s, err := spec.start(name, append([]string{spec.self, "serve-" + kind, "--listen", addr, "--redis-url", spec.redisURL,
+				"--store-timeout", spec.storeTimeout.String()}, spec.profileArgs(name)...), logPath)
+			if err != nil {
+				return nil, err
+			}
+			s.addr = addr
+			return s, s.waitUntil(tcpReady(addr))
+		}
+		// The operator's default configuration: Redis, the default policy,
+		// metrics on (always), logs at info level as JSON lines, no tracing.
+		args := append([]string{"--listen", addr, "--admin-listen", admin, "--redis-url", spec.redisURL}, spec.extraArgs...)
+		argv := append([]string{bin}, args...)
+		if bin == "" {
+			argv = append(append(append([]string{spec.self, "serve-idem"}, spec.profileArgs(name)...), "--"), args...)
+		}
+		s, err := spec.start(name, argv, logPath)
 		if err != nil {
 			return nil, err
 		}
-		s.addr = addr
-		return s, s.waitUntil(tcpReady(addr))
-	case serverFloor, serverMinimal, serverLean:
-		s, err := spec.start(name, append([]string{spec.self, "serve-" + kind, "--listen", addr, "--redis-url", spec.redisURL,
-			"--store-timeout", spec.storeTimeout.String()}, spec.profileArgs(name)...), logPath)
-		if err != nil {
-			return nil, err
-		}
-		s.addr = addr
-		return s, s.waitUntil(tcpReady(addr))
-	}
-	admin, err := freeAddr()
-	if err != nil {
-		return nil, err
-	}
-	// The operator's default configuration: Redis, the default policy,
-	// metrics on (always), logs at info level as JSON lines, no tracing.
-	args := append([]string{"--listen", addr, "--admin-listen", admin, "--redis-url", spec.redisURL}, spec.extraArgs...)
-	argv := append([]string{bin}, args...)
-	if bin == "" {
-		argv = append(append(append([]string{spec.self, "serve-idem"}, spec.profileArgs(name)...), "--"), args...)
-	}
-	s, err := spec.start(name, argv, logPath)
-	if err != nil {
-		return nil, err
-	}
-	s.addr, s.admin = addr, admin
-	return s, s.waitUntil(httpReady("http://" + admin + "/readyz"))
+		s.addr, s.admin = addr, admin
+		return s, s.waitUntil(httpReady("http://" + admin + "/readyz"))
+	})
 }
 
 // scrapeMetrics reads the Prometheus text exposition at url into a map from

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -35,24 +37,27 @@ func startRedis(dir string) (*redisServer, error) {
 	if err != nil {
 		return nil, err
 	}
-	port, err := freePort()
+	var addr string
+	s, err := startOnFreePorts(1, func(ports []int) (*server, error) {
+		addr = loopback(ports[0])
+		s, err := startRedisProcess(bin, ports[0], filepath.Join(dir, "redis"), filepath.Join(dir, "redis.log"))
+		if err != nil {
+			return nil, err
+		}
+		return s, s.waitUntil(redisReady(addr))
+	})
 	if err != nil {
+		if s != nil {
+			s.stop()
+		}
 		return nil, err
 	}
-	s, err := startRedisProcess(bin, port, filepath.Join(dir, "redis"), filepath.Join(dir, "redis.log"))
-	if err != nil {
-		return nil, err
-	}
-	r, err := openRedis(fmt.Sprintf("redis://127.0.0.1:%d/0", port))
+	r, err := openRedis("redis://" + addr + "/0")
 	if err != nil {
 		s.stop()
 		return nil, err
 	}
 	r.proc = s
-	if err := s.waitUntil(func() error { return r.rdb.Ping(context.Background()).Err() }); err != nil {
-		r.close()
-		return nil, err
-	}
 	return r, nil
 }
 
@@ -103,29 +108,28 @@ func startCluster(dir string, n int) (rs *redisServer, err error) {
 	var addrs []string
 	var busPorts []int
 	for i := range n {
-		port, err := freePort()
+		var port, bus int
+		s, err := startOnFreePorts(2, func(ports []int) (*server, error) {
+			port, bus = ports[0], ports[1]
+			ndir := filepath.Join(dir, fmt.Sprintf("redis-node%d", i))
+			s, err := startRedisProcess(bin, port, ndir, filepath.Join(dir, fmt.Sprintf("redis-node%d.log", i)),
+				"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-port", strconv.Itoa(bus))
+			if err != nil {
+				return nil, err
+			}
+			return s, s.waitUntil(redisReady(loopback(port)))
+		})
+		if s != nil {
+			rs.nodes = append(rs.nodes, s)
+		}
 		if err != nil {
 			return nil, err
 		}
-		bus, err := freePort()
-		if err != nil {
-			return nil, err
-		}
-		ndir := filepath.Join(dir, fmt.Sprintf("redis-node%d", i))
-		s, err := startRedisProcess(bin, port, ndir, filepath.Join(dir, fmt.Sprintf("redis-node%d.log", i)),
-			"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-port", strconv.Itoa(bus))
-		if err != nil {
-			return nil, err
-		}
-		rs.nodes = append(rs.nodes, s)
 		c, err := openRedis(fmt.Sprintf("redis://127.0.0.1:%d/0", port))
 		if err != nil {
 			return nil, err
 		}
 		rs.clients = append(rs.clients, c.rdb)
-		if err := s.waitUntil(func() error { return c.rdb.Ping(context.Background()).Err() }); err != nil {
-			return nil, err
-		}
 		addrs = append(addrs, fmt.Sprintf("127.0.0.1:%d", port))
 		busPorts = append(busPorts, bus)
 	}
@@ -168,6 +172,30 @@ func startCluster(dir string, n int) (rs *redisServer, err error) {
 			return nil, fmt.Errorf("cluster: not healthy within 60s: %w", ctx.Err())
 		case <-time.After(20 * time.Millisecond):
 		}
+	}
+}
+
+// redisReady says whether a redis-server answers PING at addr: a port
+// that only accepts connections may be another process's.
+func redisReady(addr string) func() error {
+	return func() error {
+		c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(time.Second))
+		if _, err := c.Write([]byte("PING\r\n")); err != nil {
+			return err
+		}
+		reply := make([]byte, len("+PONG\r\n"))
+		if _, err := io.ReadFull(c, reply); err != nil {
+			return err
+		}
+		if string(reply) != "+PONG\r\n" {
+			return fmt.Errorf("%s answered PING with %q", addr, reply)
+		}
+		return nil
 	}
 }
 
