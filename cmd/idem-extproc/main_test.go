@@ -66,7 +66,7 @@ func binary(t *testing.T) string {
 		// CHANGELOG.md), so that TestBinaryVersion sees the stamp arrive
 		// and TestBinaryLinksOnlyWhatItCalls sees what the image links.
 		unlock := norace.Lock(t)
-		out, err := exec.Command("go", "build", "-tags", "grpcnotrace", "-ldflags", "-X "+versionVar+"="+testVersion, "-o", binPath, ".").CombinedOutput()
+		out, err := exec.Command("go", "build", "-trimpath", "-tags", "grpcnotrace", "-ldflags", "-X "+versionVar+"="+testVersion, "-o", binPath, ".").CombinedOutput()
 		unlock()
 		if err != nil {
 			buildErr = fmt.Errorf("go build: %v\n%s", err, out)

@@ -58,7 +58,7 @@ func TestBinaryVersionUnstamped(t *testing.T) {
 		// Tagged as binary() builds it, so that the dependencies' compilations
 		// are that build's, not a second configuration's: the tag changes
 		// grpc-go's files, and so every package that imports it.
-		cmd := exec.Command("go", "build", "-tags", "grpcnotrace", buildvcs, "-o", bin, "./cmd/idem-extproc")
+		cmd := exec.Command("go", "build", "-trimpath", "-tags", "grpcnotrace", buildvcs, "-o", bin, "./cmd/idem-extproc")
 		cmd.Dir = src
 		// The module cache has every dependency (this test's binary needs
 		// them too): never reach for the network.

@@ -43,9 +43,10 @@ func raceBuilt() bool {
 //
 // The inner build has the release binary's tag (-tags grpcnotrace, as
 // cmd/idem-extproc's tests build it), so that the suite compiles one
-// configuration without the race detector, not two; and no vet pass,
-// because the test command's go vet reads these very files in the race
-// build.
+// configuration without the race detector, not two; -trimpath, as the
+// test command and the Dockerfile build, so that its compilations are
+// reused by another clone of the repository; and no vet pass, because the
+// test command's go vet reads these very files in the race build.
 func Run(t *testing.T, name string) bool {
 	t.Helper()
 	if !raceBuilt() {
@@ -67,7 +68,7 @@ func Run(t *testing.T, name string) bool {
 	}
 	run := "^" + name + "$"
 	defer Lock(t)()
-	out, err := exec.CommandContext(ctx, goCmd, "test", "-race=false", "-vet=off", "-tags=grpcnotrace", "-count=1", "-timeout="+timeout.String(), "-v", "-run", run, ".").CombinedOutput()
+	out, err := exec.CommandContext(ctx, goCmd, "test", "-race=false", "-trimpath", "-vet=off", "-tags=grpcnotrace", "-count=1", "-timeout="+timeout.String(), "-v", "-run", run, ".").CombinedOutput()
 	if err != nil {
 		t.Fatalf("go test -race=false -run '%s': %v\n%s", run, err, out)
 	}
