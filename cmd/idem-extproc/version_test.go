@@ -2,14 +2,11 @@ package main
 
 import (
 	"bytes"
-	"crypto/sha256"
-	"encoding/hex"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
-	"syscall"
 	"testing"
 
 	"github.com/idem-extproc/idem-extproc/internal/testing/norace"
@@ -43,7 +40,9 @@ func TestBinaryVersionUnstamped(t *testing.T) {
 	if err != nil {
 		t.Skipf("not in a git checkout (%v): nothing to clone", err)
 	}
-	src := cloneDir(t, strings.TrimSpace(string(top)))
+	// A new directory each run costs no compilation: the build's
+	// -trimpath keeps the directory out of the build cache's keys.
+	src := filepath.Join(t.TempDir(), "src")
 	if out, err := exec.Command("git", "clone", "-q", strings.TrimSpace(string(top)), src).CombinedOutput(); err != nil {
 		t.Skipf("git clone of this checkout: %v\n%s", err, out)
 	}
@@ -95,43 +94,6 @@ func TestBinaryVersionUnstamped(t *testing.T) {
 	if got := version("-buildvcs=false"); !strings.HasPrefix(got, "idem-extproc (devel) (revision unknown, go") {
 		t.Errorf("a build with -buildvcs=false reports %q, want (devel) and no revision", got)
 	}
-}
-
-// cloneDir returns an empty directory to clone the checkout at top into,
-// the same path on every run from that checkout: go build's cache keys a
-// package's compilation by its directory (the file names in its debug
-// information), so a clone at a new temporary path compiled every package
-// of the module again, about 30 CPU-seconds a run, where the same path
-// links what the last run compiled. It lies under the user's cache
-// directory, named by a hash of top so that two checkouts never share it,
-// and is held with an exclusive lock (released when the test ends or its
-// process dies) while a run clones and builds in it.
-func cloneDir(t *testing.T, top string) string {
-	t.Helper()
-	cache, err := os.UserCacheDir()
-	if err != nil {
-		return filepath.Join(t.TempDir(), "src")
-	}
-	sum := sha256.Sum256([]byte(top))
-	dir := filepath.Join(cache, "idem-extproc-test", "clone-"+hex.EncodeToString(sum[:6]))
-	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	lock, err := os.OpenFile(dir+".lock", os.O_CREATE|os.O_RDWR, 0o644)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		os.RemoveAll(dir)
-		lock.Close() // releases the lock
-	})
-	if err := os.RemoveAll(dir); err != nil {
-		t.Fatal(err)
-	}
-	return dir
 }
 
 // TestBinaryLinksOnlyWhatItCalls: the release build keeps the linker's

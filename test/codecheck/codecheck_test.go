@@ -40,7 +40,7 @@ func check(t *testing.T, cmd *exec.Cmd) {
 // TestStaticcheck builds staticcheck itself without the race detector (it
 // is a program the suite runs, not a part of it), then points its package
 // loader (go list, which reads GOFLAGS) at the builds README.md's command
-// makes (with the race detector), so that it reuses those compilations
+// makes (with the race detector and -trimpath), so that it reuses those compilations
 // instead of compiling every package once more without it. It reads the
 // server's module, not the deploy tests' (test code, which go vet reads):
 // there, computing its facts for Kubernetes, Helm, Istio and the rest cost
@@ -50,7 +50,7 @@ func TestStaticcheck(t *testing.T) {
 	bin := filepath.Join(t.TempDir(), "staticcheck")
 	run(t, "build", "-o", bin, "honnef.co/go/tools/cmd/staticcheck")
 	cmd := exec.Command(bin, "./...")
-	cmd.Env = append(os.Environ(), "GOFLAGS="+strings.TrimSpace(os.Getenv("GOFLAGS")+" -race"))
+	cmd.Env = append(os.Environ(), "GOFLAGS="+strings.TrimSpace(os.Getenv("GOFLAGS")+" -race -trimpath"))
 	check(t, cmd)
 }
 

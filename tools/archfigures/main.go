@@ -390,7 +390,10 @@ func measureWalk(root string, files []string, loopFile, loopFunc, scope, follow 
 		return nil, err
 	}
 	out := filepath.Join(tmp, "events.json")
-	cmd := exec.Command("go", "test", "-count=1", "-run", "TestWalk", "./internal/archtrace/")
+	// -trimpath: the copy is at a new path each run, and without it the
+	// build cache keys every package by its directory; -vet=off: the copy
+	// is instrumented, and the repository's own vet reads the real files.
+	cmd := exec.Command("go", "test", "-trimpath", "-vet=off", "-count=1", "-run", "TestWalk", "./internal/archtrace/")
 	cmd.Dir = tmp
 	cmd.Env = append(os.Environ(), "GOWORK=off", "GOFLAGS=-mod=mod", "ARCHTRACE_OUT="+out)
 	if b, err := cmd.CombinedOutput(); err != nil {
