@@ -220,8 +220,13 @@ func (s *Server) start() error {
 	return fmt.Errorf("redis-server did not answer PING within 10s: %s", s.logTail())
 }
 
-func (s *Server) ping() error {
-	c, err := net.DialTimeout("tcp", s.Addr(), 200*time.Millisecond)
+func (s *Server) ping() error { return Ping(s.Addr()) }
+
+// Ping says whether a redis-server answers PING at addr (host:port), the
+// deadline of the whole exchange a second: readiness checked on the port
+// alone would take another process's listener for the server's.
+func Ping(addr string) error {
+	c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
 	if err != nil {
 		return err
 	}

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,6 +12,7 @@ import (
 	"time"
 
 	"github.com/idem-extproc/idem-extproc/internal/redisspec"
+	"github.com/idem-extproc/idem-extproc/internal/testing/redistest"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -177,27 +176,7 @@ func startCluster(dir string, n int) (rs *redisServer, err error) {
 
 // redisReady says whether a redis-server answers PING at addr: a port
 // that only accepts connections may be another process's.
-func redisReady(addr string) func() error {
-	return func() error {
-		c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
-		if err != nil {
-			return err
-		}
-		defer c.Close()
-		_ = c.SetDeadline(time.Now().Add(time.Second))
-		if _, err := c.Write([]byte("PING\r\n")); err != nil {
-			return err
-		}
-		reply := make([]byte, len("+PONG\r\n"))
-		if _, err := io.ReadFull(c, reply); err != nil {
-			return err
-		}
-		if string(reply) != "+PONG\r\n" {
-			return fmt.Errorf("%s answered PING with %q", addr, reply)
-		}
-		return nil
-	}
-}
+func redisReady(addr string) func() error { return func() error { return redistest.Ping(addr) } }
 
 func openRedis(url string) (*redisServer, error) {
 	opt, err := redis.ParseURL(url)
