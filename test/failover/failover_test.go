@@ -296,6 +296,9 @@ func TestReplicationGap(t *testing.T) {
 		modes := newModes(t, g.URL())
 		gap(t, "sentinel", modes, g.Proxy, func(*mode, string) bool { return true }, func() {
 			old := g.Master(ctx)
+			if old != g.Data[0] {
+				t.Fatalf("the Sentinels failed the proxied primary over before the kill: the lag the test needs never existed")
+			}
 			g.KillMaster(ctx)
 			g.Rejoin(ctx, old)
 		})

@@ -63,12 +63,23 @@ func StartSentinel(t testing.TB, opts SentinelOptions) *SentinelGroup {
 		Args: append(noDelay, "--replicaof", "127.0.0.1", strconv.Itoa(upstream))})
 	g.Data = []*Server{master, replica}
 
+	// A primary that has not answered the Sentinels' pings for
+	// down-after-milliseconds is down (redis/redis src/sentinel.c,
+	// sentinelCheckSubjectivelyDown). With replication through the proxy,
+	// the test needs the proxied primary to stay primary until it kills
+	// it: one failed over because a busy machine stalled it for a second
+	// comes back replicating from the new primary directly, and the lag
+	// the proxy models is gone. Such a group waits 5 s instead of 1.
+	downAfter := 1000
+	if opts.ProxyReplication {
+		downAfter = 5000
+	}
 	conf := fmt.Sprintf("sentinel monitor %[1]s 127.0.0.1 %[2]d 2\n"+
-		"sentinel down-after-milliseconds %[1]s 1000\n"+
+		"sentinel down-after-milliseconds %[1]s %[3]d\n"+
 		// Long enough that Sentinel never "fixes" a proxied replica's
 		// primary address during a test, short enough not to matter.
 		"sentinel failover-timeout %[1]s 60000\n"+
-		"sentinel parallel-syncs %[1]s 1\n", opts.MasterName, master.Port())
+		"sentinel parallel-syncs %[1]s 1\n", opts.MasterName, master.Port(), downAfter)
 	if opts.Password != "" {
 		conf += fmt.Sprintf("sentinel auth-pass %s %s\n", opts.MasterName, opts.Password)
 	}
@@ -199,8 +210,8 @@ func (g *SentinelGroup) waitSynced(ctx context.Context) error {
 // s_down, o_down or disconnected, must have answered a ping within
 // 5 × sentinel_ping_period (5 s), had its INFO read within 3 ×
 // sentinel_info_period (30 s) and report its link to the primary down no
-// longer than 10 × down-after-milliseconds (10 s here), with a non-zero
-// priority. On a busy machine both happen after a test hung the primary:
+// longer than 10 × down-after-milliseconds (10 s here, 50 s through the
+// proxy), with a non-zero priority. On a busy machine both happen after a test hung the primary:
 // the Sentinels may have started a failover of their own (the primary
 // looked down for down-after-milliseconds, 1 s here), which keeps the flag
 // until it ends or is aborted (an unelected Sentinel gives up after
