@@ -27,6 +27,11 @@ var (
 	storeBudg = 200 * time.Millisecond
 )
 
+// failoverBudget bounds one subtest's failover and rejoin, which only a
+// broken topology should exhaust: two minutes were once used up on a
+// machine at load 15 running two suites.
+const failoverBudget = 5 * time.Minute
+
 // mode is one durability setting under test, with its own ext_proc server
 // and upstream on the shared Redis topology.
 type mode struct {
@@ -219,7 +224,7 @@ func TestFailoverCluster(t *testing.T) {
 		t.Run(trigger, func(t *testing.T) {
 			c := redistest.StartCluster(t, redistest.ClusterOptions{Masters: 3, ReplicasPerMaster: 1})
 			modes := newModes(t, c.URL())
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			ctx, cancel := context.WithTimeout(context.Background(), failoverBudget)
 			defer cancel()
 			m := c.Nodes[0]
 			duringFailover(t, modes, func() {
@@ -246,7 +251,7 @@ func TestFailoverSentinel(t *testing.T) {
 		t.Run(trigger, func(t *testing.T) {
 			g := redistest.StartSentinel(t, redistest.SentinelOptions{})
 			modes := newModes(t, g.URL())
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			ctx, cancel := context.WithTimeout(context.Background(), failoverBudget)
 			defer cancel()
 			duringFailover(t, modes, func() {
 				if trigger == "sentinel-failover" {
@@ -276,7 +281,7 @@ func TestReplicationGap(t *testing.T) {
 	t.Parallel()
 	t.Run("cluster", func(t *testing.T) {
 		c := redistest.StartCluster(t, redistest.ClusterOptions{Masters: 3, ReplicasPerMaster: 1, ProxyFirstMaster: true})
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		ctx, cancel := context.WithTimeout(context.Background(), failoverBudget)
 		defer cancel()
 		modes := newModes(t, c.URL())
 		first := c.Nodes[0]
@@ -291,7 +296,7 @@ func TestReplicationGap(t *testing.T) {
 	})
 	t.Run("sentinel", func(t *testing.T) {
 		g := redistest.StartSentinel(t, redistest.SentinelOptions{ProxyReplication: true})
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		ctx, cancel := context.WithTimeout(context.Background(), failoverBudget)
 		defer cancel()
 		modes := newModes(t, g.URL())
 		gap(t, "sentinel", modes, g.Proxy, func(*mode, string) bool { return true }, func() {

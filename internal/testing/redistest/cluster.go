@@ -61,6 +61,9 @@ func StartCluster(t testing.TB, opts ClusterOptions) *Cluster {
 		"--cluster-replica-validity-factor", "0",
 		"--repl-diskless-sync-delay", "0",
 	}
+	if opts.ProxyFirstMaster {
+		args = append(args, frozenLinkArgs...)
+	}
 	n := opts.Masters * (1 + opts.ReplicasPerMaster)
 	for range n {
 		c.Nodes = append(c.Nodes, Start(t, Options{Cluster: true, Persist: opts.Persist, Args: args}))
@@ -311,7 +314,7 @@ func (c *Cluster) ReplicaOf(ctx context.Context, master *Server) *Server {
 		return false
 	})
 	if err != nil {
-		c.t.Fatal(err)
+		c.t.Fatalf("%v; the primary's log ends:\n%s", err, master.logTail())
 	}
 	return replica
 }
@@ -389,7 +392,7 @@ func (c *Cluster) Rejoin(ctx context.Context, s *Server) {
 	if err := c.waitFor(ctx, "node rejoined as a replica", func() bool {
 		return s.Info(ctx, "replication", "role") == "slave" && s.Info(ctx, "replication", "master_link_status") == "up"
 	}); err != nil {
-		c.t.Fatal(err)
+		c.t.Fatalf("%v; the node's log ends:\n%s", err, s.logTail())
 	}
 	if err := c.WaitHealthy(ctx); err != nil {
 		c.t.Fatal(err)

@@ -29,6 +29,15 @@ type LinkProxy struct {
 	closed bool
 }
 
+// frozenLinkArgs are the arguments of every server whose replication a
+// LinkProxy may freeze. A replica that has heard nothing from its primary
+// for repl-timeout seconds (60 by default) drops the link ("MASTER timeout:
+// no data nor PING received", redis/redis src/replication.c,
+// replicationCron), and a test then waits in vain for a replica whose link
+// is up; on a busy machine a freeze has outlasted a minute. An hour
+// outlasts any test.
+var frozenLinkArgs = []string{"--repl-timeout", "3600"}
+
 type proxyConn struct {
 	client, server net.Conn
 	mu             sync.Mutex

@@ -52,6 +52,9 @@ func StartSentinel(t testing.TB, opts SentinelOptions) *SentinelGroup {
 	g := &SentinelGroup{t: t, opts: opts}
 	// A replica's first sync starts at once, not after the default 5 s.
 	noDelay := []string{"--repl-diskless-sync-delay", "0"}
+	if opts.ProxyReplication {
+		noDelay = append(noDelay, frozenLinkArgs...)
+	}
 	master := Start(t, Options{Persist: opts.Persist, Password: opts.Password, Args: noDelay})
 	upstream := master.Port()
 	if opts.ProxyReplication {
