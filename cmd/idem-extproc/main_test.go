@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -65,9 +66,7 @@ func binary(t *testing.T) string {
 		// Stamped and tagged as a release build is (Dockerfile,
 		// CHANGELOG.md), so that TestBinaryVersion sees the stamp arrive
 		// and TestBinaryLinksOnlyWhatItCalls sees what the image links.
-		unlock := norace.Lock(t)
-		out, err := exec.Command("go", "build", "-trimpath", "-tags", "grpcnotrace", "-ldflags", "-X "+versionVar+"="+testVersion, "-o", binPath, ".").CombinedOutput()
-		unlock()
+		out, err := exec.Command("go", append(buildFlags(), "-ldflags", "-X "+versionVar+"="+testVersion, "-o", binPath, ".")...).CombinedOutput()
 		if err != nil {
 			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
 		}
@@ -78,10 +77,29 @@ func binary(t *testing.T) string {
 	return binPath
 }
 
+// buildFlags are the go build flags of the binary the tests run: the
+// release build's (-trimpath -tags grpcnotrace, Dockerfile) and the race
+// detector when this test binary has it, as under README.md's test
+// command. So the build links what the suite compiled instead of
+// compiling the whole dependency graph once more without the detector,
+// and a race in a server that start runs fails the test. Whether methods
+// survive the linker's dead-code elimination
+// (TestBinaryLinksOnlyWhatItCalls) does not depend on the detector: its
+// test is whether a reachable call needs them (cmd/link/internal/ld/deadcode.go).
+func buildFlags() []string {
+	return []string{"build", "-race=" + strconv.FormatBool(norace.RaceBuilt()), "-trimpath", "-tags", "grpcnotrace"}
+}
+
 // TestMain runs the tests with grpc-go's ext_proc client filter enabled,
 // which TestBinaryBehindProxylessGRPC needs and grpc-go reads only from the
 // environment at process start.
+//
+// A binary built with the race detector sleeps a second before it exits
+// ("atexit_sleep_ms (default 1000)", https://go.dev/doc/articles/race_detector#Options);
+// the binaries these tests start (buildFlags) exit at once instead, which
+// halves this package's time: most of its runs last well under a second.
 func TestMain(m *testing.M) {
+	os.Setenv("GORACE", strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
 	code := grpcxds.EnableExtProcAndRun(m)
 	if binPath != "" {
 		os.RemoveAll(filepath.Dir(binPath))
@@ -95,7 +113,10 @@ type process struct {
 	stderr *harness.LogBuffer
 	listen string
 	admin  string
-	exited chan error
+	// done is closed when the process has exited and its output is
+	// all in stderr; exitErr is then cmd.Wait's error.
+	done    chan struct{}
+	exitErr error
 }
 
 func freeAddr(t *testing.T) string {
@@ -149,7 +170,7 @@ func startEnv(t *testing.T, env []string, listen, admin string, extra ...string)
 func launch(t *testing.T, env []string, listen, admin string, extra ...string) (*process, error) {
 	t.Helper()
 	args := append([]string{"--listen", listen, "--admin-listen", admin}, extra...)
-	p := &process{t: t, stderr: &harness.LogBuffer{}, listen: listen, admin: admin, exited: make(chan error, 1)}
+	p := &process{t: t, stderr: &harness.LogBuffer{}, listen: listen, admin: admin, done: make(chan struct{})}
 	p.cmd = exec.Command(binary(t), args...)
 	p.cmd.Stderr = p.stderr
 	// Of duplicate keys in Env the last is used (os/exec, Cmd.Env).
@@ -158,9 +179,15 @@ func launch(t *testing.T, env []string, listen, admin string, extra ...string) (
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	go func() { p.exited <- p.cmd.Wait() }()
+	go func() { p.exitErr = p.cmd.Wait(); close(p.done) }()
 	t.Cleanup(func() {
 		_ = p.cmd.Process.Kill()
+		<-p.done
+		// The detector reports each race on standard error as it finds
+		// it (runtime/race/output_test.go, "WARNING: DATA RACE").
+		if strings.Contains(p.stderr.String(), "WARNING: DATA RACE") {
+			t.Errorf("the server reported a data race")
+		}
 		if t.Failed() {
 			t.Logf("server stderr:\n%s", p.stderr.String())
 		}
@@ -168,7 +195,8 @@ func launch(t *testing.T, env []string, listen, admin string, extra ...string) (
 	deadline := time.Now().Add(10 * time.Second)
 	for p.get("/healthz") != http.StatusOK {
 		select {
-		case err := <-p.exited:
+		case <-p.done:
+			err := p.exitErr
 			if err == nil {
 				err = errors.New("exit status 0")
 			}
@@ -195,8 +223,8 @@ func (p *process) get(path string) int {
 
 func (p *process) wait(timeout time.Duration) (int, bool) {
 	select {
-	case err := <-p.exited:
-		if ee, ok := err.(*exec.ExitError); ok {
+	case <-p.done:
+		if ee, ok := p.exitErr.(*exec.ExitError); ok {
 			return ee.ExitCode(), true
 		}
 		return 0, true

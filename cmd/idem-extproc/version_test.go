@@ -8,8 +8,6 @@ import (
 	"regexp"
 	"strings"
 	"testing"
-
-	"github.com/idem-extproc/idem-extproc/internal/testing/norace"
 )
 
 // TestBinaryVersionUnstamped builds the binary from a fresh git clone of
@@ -54,17 +52,14 @@ func TestBinaryVersionUnstamped(t *testing.T) {
 	version := func(buildvcs string) string {
 		t.Helper()
 		bin := filepath.Join(t.TempDir(), "idem-extproc")
-		// Tagged as binary() builds it, so that the dependencies' compilations
-		// are that build's, not a second configuration's: the tag changes
-		// grpc-go's files, and so every package that imports it.
-		cmd := exec.Command("go", "build", "-trimpath", "-tags", "grpcnotrace", buildvcs, "-o", bin, "./cmd/idem-extproc")
+		// Built as binary() builds it, so that the dependencies'
+		// compilations are that build's, not a second configuration's.
+		cmd := exec.Command("go", append(buildFlags(), buildvcs, "-o", bin, "./cmd/idem-extproc")...)
 		cmd.Dir = src
 		// The module cache has every dependency (this test's binary needs
 		// them too): never reach for the network.
 		cmd.Env = append(os.Environ(), "GOPROXY=off", "GOWORK=off")
-		unlock := norace.Lock(t)
 		out, err := cmd.CombinedOutput()
-		unlock()
 		if err != nil {
 			t.Fatalf("go build %s: %v\n%s", buildvcs, err, out)
 		}

@@ -11,6 +11,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/idem-extproc/idem-extproc/internal/testing/norace"
 )
 
 func goTool(t *testing.T) string {
@@ -38,19 +40,24 @@ func check(t *testing.T, cmd *exec.Cmd) {
 }
 
 // TestStaticcheck builds staticcheck itself without the race detector (it
-// is a program the suite runs, not a part of it), then points its package
-// loader (go list, which reads GOFLAGS) at the builds README.md's command
-// makes (with the race detector and -trimpath), so that it reuses those compilations
-// instead of compiling every package once more without it. It reads the
-// server's module, not the deploy tests' (test code, which go vet reads):
-// there, computing its facts for Kubernetes, Helm, Istio and the rest cost
-// 141 of its 184 CPU-seconds with nothing cached.
+// is a program the suite runs, not a part of it), with -trimpath and under
+// norace.Lock as the suite's one test built without the detector is, so
+// that the two compile the standard library once between them. It then
+// points staticcheck's package loader (go list, which reads GOFLAGS) at
+// the builds README.md's command makes (the race detector, -trimpath, the
+// release tag), so that it reuses those compilations instead of compiling
+// every package once more. It reads the server's module, not the deploy
+// tests' (test code, which go vet reads): there, computing its facts for
+// Kubernetes, Helm, Istio and the rest cost 141 of its 184 CPU-seconds
+// with nothing cached.
 func TestStaticcheck(t *testing.T) {
 	t.Parallel()
 	bin := filepath.Join(t.TempDir(), "staticcheck")
-	run(t, "build", "-o", bin, "honnef.co/go/tools/cmd/staticcheck")
+	unlock := norace.Lock(t)
+	run(t, "build", "-trimpath", "-o", bin, "honnef.co/go/tools/cmd/staticcheck")
+	unlock()
 	cmd := exec.Command(bin, "./...")
-	cmd.Env = append(os.Environ(), "GOFLAGS="+strings.TrimSpace(os.Getenv("GOFLAGS")+" -race -trimpath"))
+	cmd.Env = append(os.Environ(), "GOFLAGS="+strings.TrimSpace(os.Getenv("GOFLAGS")+" -race -trimpath -tags=grpcnotrace"))
 	check(t, cmd)
 }
 

@@ -1,8 +1,7 @@
 // Package norace runs one test of the current package in a test binary
-// built without the race detector, for the tests whose figures the
-// detector changes (allocation counts, resident memory): the suite's
-// command builds with -race, and such a test would otherwise never measure
-// in it.
+// built without the race detector, for a measurement the detector would
+// make several times as costly, and says whether the running binary was
+// built with it.
 package norace
 
 import (
@@ -17,10 +16,10 @@ import (
 	"time"
 )
 
-// raceBuilt reports whether this binary was built with -race: the go
+// RaceBuilt reports whether this binary was built with -race: the go
 // command records it among the binary's build settings
 // (cmd/go/internal/load/pkg.go, setBuildInfo: appendSetting("-race", "true")).
-func raceBuilt() bool {
+func RaceBuilt() bool {
 	info, ok := debug.ReadBuildInfo()
 	if !ok {
 		return false
@@ -41,15 +40,14 @@ func raceBuilt() bool {
 // returns false, and the caller measures. The output is in t's log (go
 // test -v).
 //
-// The inner build has the release binary's tag (-tags grpcnotrace, as
-// cmd/idem-extproc's tests build it), so that the suite compiles one
-// configuration without the race detector, not two; -trimpath, as the
-// test command and the Dockerfile build, so that its compilations are
-// reused by another clone of the repository; and no vet pass, because the
-// test command's go vet reads these very files in the race build.
+// The inner build takes -trimpath, as the test command and staticcheck's
+// build in test/codecheck do, so that the three share the standard
+// library's compilations without the detector and another clone of the
+// repository reuses them; and no vet pass, because the test command's go
+// vet reads these very files in the race build.
 func Run(t *testing.T, name string) bool {
 	t.Helper()
-	if !raceBuilt() {
+	if !RaceBuilt() {
 		return false
 	}
 	goCmd, err := exec.LookPath("go")
@@ -68,7 +66,7 @@ func Run(t *testing.T, name string) bool {
 	}
 	run := "^" + name + "$"
 	defer Lock(t)()
-	out, err := exec.CommandContext(ctx, goCmd, "test", "-race=false", "-trimpath", "-vet=off", "-tags=grpcnotrace", "-count=1", "-timeout="+timeout.String(), "-v", "-run", run, ".").CombinedOutput()
+	out, err := exec.CommandContext(ctx, goCmd, "test", "-race=false", "-trimpath", "-vet=off", "-count=1", "-timeout="+timeout.String(), "-v", "-run", run, ".").CombinedOutput()
 	if err != nil {
 		t.Fatalf("go test -race=false -run '%s': %v\n%s", run, err, out)
 	}
@@ -79,16 +77,16 @@ func Run(t *testing.T, name string) bool {
 	return true
 }
 
-// Lock takes the lock that every go command the suite runs to build
-// without the race detector holds while it runs (Run's, and
-// cmd/idem-extproc's builds of the binary), and returns its release. The
-// go command does not share work in progress between processes: two that
-// start compiling the same packages into one build cache each compile
-// them all, which from empty caches cost a package's whole dependency
-// graph once per test binary that builds at the same time. One after the
-// other, the second links what the first compiled. The lock is an flock
-// on a file in the user's cache directory (released when the process
-// ends, however it ends), shared by every checkout on the machine.
+// Lock takes the lock that the suite's go commands building without the
+// race detector hold while they run (Run's, and test/codecheck's build of
+// staticcheck), and returns its release. The go command does not share work in progress
+// between processes: two that start compiling the same packages into one
+// build cache each compile them all, which from empty caches cost the
+// standard library's compilation once per command that builds at the
+// same time. One after the other, the second links what the first
+// compiled. The lock is an flock on a file in the user's cache directory
+// (released when the process ends, however it ends), shared by every
+// checkout on the machine.
 func Lock(t testing.TB) (unlock func()) {
 	t.Helper()
 	dir, err := os.UserCacheDir()
