@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/idem-extproc/idem-extproc/internal/testing/norace"
+
 	egv1a1 "github.com/envoyproxy/gateway/api/v1alpha1"
 	"google.golang.org/protobuf/encoding/protojson"
 	istioapi "istio.io/api/networking/v1alpha3"
@@ -118,7 +120,10 @@ func runEnvoy136(t *testing.T, docs []envoy136Doc) map[string]string {
 	if err != nil {
 		t.Fatalf("no go command in PATH to run %s with: %v", envoy136Dir, err)
 	}
-	cmd := exec.Command(goBin, "run", ".")
+	// -trimpath and the lock as the suite's other builds without the race
+	// detector (norace.Lock), so that from empty caches the standard
+	// library is compiled once for all of them, not once more here.
+	cmd := exec.Command(goBin, "run", "-trimpath", ".")
 	cmd.Dir = envoy136Dir
 	// Its own module, whatever the caller's workspace; no go.mod rewrites.
 	// After the first download it runs from the module cache.
@@ -126,7 +131,9 @@ func runEnvoy136(t *testing.T, docs []envoy136Doc) map[string]string {
 	cmd.Stdin = bytes.NewReader(in)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
+	unlock := norace.Lock(t)
 	out, err := cmd.Output()
+	unlock()
 	if err != nil {
 		t.Fatalf("go run ./%s: %v\n%s", envoy136Dir, err, stderr.String())
 	}

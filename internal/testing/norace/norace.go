@@ -78,8 +78,9 @@ func Run(t *testing.T, name string) bool {
 }
 
 // Lock takes the lock that the suite's go commands building without the
-// race detector hold while they run (Run's, and test/codecheck's build of
-// staticcheck), and returns its release. The go command does not share work in progress
+// race detector hold while they run (Run's, test/codecheck's build of
+// staticcheck, test/deploytest's run of its envoy136 command), and returns
+// its release. The go command does not share work in progress
 // between processes: two that start compiling the same packages into one
 // build cache each compile them all, which from empty caches cost the
 // standard library's compilation once per command that builds at the
