@@ -40,11 +40,11 @@ func RaceBuilt() bool {
 // returns false, and the caller measures. The output is in t's log (go
 // test -v).
 //
-// The inner build takes -trimpath, as the test command and staticcheck's
-// build in test/codecheck do, so that the three share the standard
-// library's compilations without the detector and another clone of the
-// repository reuses them; and no vet pass, because the test command's go
-// vet reads these very files in the race build.
+// The inner build takes -trimpath, as the suite's other builds without
+// the detector do (see Lock), so that they share the standard library's
+// compilations and another clone of the repository reuses them; and no
+// vet pass, because the test command's go vet reads these very files in
+// the race build.
 func Run(t *testing.T, name string) bool {
 	t.Helper()
 	if !RaceBuilt() {
@@ -80,14 +80,14 @@ func Run(t *testing.T, name string) bool {
 // Lock takes the lock that the suite's go commands building without the
 // race detector hold while they run (Run's, test/codecheck's build of
 // staticcheck, test/deploytest's run of its envoy136 command), and returns
-// its release. The go command does not share work in progress
-// between processes: two that start compiling the same packages into one
-// build cache each compile them all, which from empty caches cost the
-// standard library's compilation once per command that builds at the
-// same time. One after the other, the second links what the first
-// compiled. The lock is an flock on a file in the user's cache directory
-// (released when the process ends, however it ends), shared by every
-// checkout on the machine.
+// its release. The go command does not share work in progress between
+// processes: two that start compiling the same packages into one build
+// cache each compile them all, which from empty caches cost the standard
+// library's compilation once per command that builds at the same time.
+// One after the other, the second links what the first compiled. The
+// lock is an flock on a file in the user's cache directory (released when
+// the process ends, however it ends), shared by every checkout on the
+// machine.
 func Lock(t testing.TB) (unlock func()) {
 	t.Helper()
 	dir, err := os.UserCacheDir()
