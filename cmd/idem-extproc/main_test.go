@@ -65,7 +65,7 @@ func binary(t *testing.T) string {
 		binPath = filepath.Join(dir, "idem-extproc")
 		// Stamped and tagged as a release build is (Dockerfile,
 		// CHANGELOG.md), so that TestBinaryVersion sees the stamp arrive
-		// and TestBinaryLinksOnlyWhatItCalls sees what the image links.
+		// and TestBinaryLinksOnlyWhatItCalls sees what the tag leaves out.
 		out, err := exec.Command("go", append(buildFlags(), "-ldflags", "-X "+versionVar+"="+testVersion, "-o", binPath, ".")...).CombinedOutput()
 		if err != nil {
 			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
