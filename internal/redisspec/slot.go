@@ -1,6 +1,6 @@
 // Package redisspec holds what Redis itself defines and the server reads,
 // one spelling each for the store, the test environments and the tools:
-// Redis Cluster's key slot and the fields of INFO's text.
+// Redis Cluster's key slot, the fields of INFO's text, and PING's answer.
 package redisspec
 
 import "strings"

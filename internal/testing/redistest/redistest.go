@@ -8,7 +8,6 @@
 package redistest
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -220,31 +219,7 @@ func (s *Server) start() error {
 	return fmt.Errorf("redis-server did not answer PING within 10s: %s", s.logTail())
 }
 
-func (s *Server) ping() error { return Ping(s.Addr()) }
-
-// Ping says whether a redis-server answers PING at addr (host:port), the
-// deadline of the whole exchange a second: readiness checked on the port
-// alone would take another process's listener for the server's.
-func Ping(addr string) error {
-	c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(time.Second))
-	if _, err := c.Write([]byte("PING\r\n")); err != nil {
-		return err
-	}
-	line, err := bufio.NewReader(c).ReadString('\n')
-	if err != nil {
-		return err
-	}
-	// A password-protected server answers NOAUTH, which still proves it is up.
-	if !strings.HasPrefix(line, "+PONG") && !strings.HasPrefix(line, "-NOAUTH") {
-		return fmt.Errorf("unexpected PING reply %q", line)
-	}
-	return nil
-}
+func (s *Server) ping() error { return redisspec.Ping(s.Addr()) }
 
 func (s *Server) logTail() string {
 	b, _ := os.ReadFile(filepath.Join(s.dir, "redis.log"))

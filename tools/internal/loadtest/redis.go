@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/idem-extproc/idem-extproc/internal/redisspec"
-	"github.com/idem-extproc/idem-extproc/internal/testing/redistest"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -176,7 +175,7 @@ func startCluster(dir string, n int) (rs *redisServer, err error) {
 
 // redisReady says whether a redis-server answers PING at addr: a port
 // that only accepts connections may be another process's.
-func redisReady(addr string) func() error { return func() error { return redistest.Ping(addr) } }
+func redisReady(addr string) func() error { return func() error { return redisspec.Ping(addr) } }
 
 func openRedis(url string) (*redisServer, error) {
 	opt, err := redis.ParseURL(url)
