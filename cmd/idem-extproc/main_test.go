@@ -66,7 +66,7 @@ func binary(t *testing.T) string {
 		// Stamped and tagged as a release build is (Dockerfile,
 		// CHANGELOG.md), so that TestBinaryVersion sees the stamp arrive
 		// and TestBinaryLinksOnlyWhatItCalls sees what the tag leaves out.
-		out, err := exec.Command("go", append(buildFlags(), "-ldflags", "-X "+versionVar+"="+testVersion, "-o", binPath, ".")...).CombinedOutput()
+		out, err := exec.Command("go", append(buildArgs(), "-ldflags", "-X "+versionVar+"="+testVersion, "-o", binPath, ".")...).CombinedOutput()
 		if err != nil {
 			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
 		}
@@ -77,16 +77,17 @@ func binary(t *testing.T) string {
 	return binPath
 }
 
-// buildFlags are the go build flags of the binary the tests run: the
-// release build's (-trimpath -tags grpcnotrace, Dockerfile) and the race
-// detector when this test binary has it, as under README.md's test
-// command. So the build links what the suite compiled instead of
-// compiling the whole dependency graph once more without the detector,
-// and a race in a server that start runs fails the test. Whether methods
-// survive the linker's dead-code elimination
+// buildArgs are the go command's arguments that build the binary the
+// tests run: the release build's flags (-trimpath -tags grpcnotrace,
+// Dockerfile), and the race detector when this test binary has it, as
+// under README.md's test command. So the build links what the suite
+// compiled instead of compiling the whole dependency graph once more
+// without the detector, and a race in a server that start runs fails the
+// test. Whether methods survive the linker's dead-code elimination
 // (TestBinaryLinksOnlyWhatItCalls) does not depend on the detector: its
-// test is whether a reachable call needs them (cmd/link/internal/ld/deadcode.go).
-func buildFlags() []string {
+// test is whether a reachable call needs them
+// (cmd/link/internal/ld/deadcode.go).
+func buildArgs() []string {
 	return []string{"build", "-race=" + strconv.FormatBool(norace.RaceBuilt()), "-trimpath", "-tags", "grpcnotrace"}
 }
 
@@ -96,7 +97,7 @@ func buildFlags() []string {
 //
 // A binary built with the race detector sleeps a second before it exits
 // ("atexit_sleep_ms (default 1000)", https://go.dev/doc/articles/race_detector#Options);
-// the binaries these tests start (buildFlags) exit at once instead, which
+// the binaries these tests start (buildArgs) exit at once instead, which
 // halves this package's time: most of its runs last well under a second.
 func TestMain(m *testing.M) {
 	os.Setenv("GORACE", strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))

@@ -54,7 +54,7 @@ func TestBinaryVersionUnstamped(t *testing.T) {
 		bin := filepath.Join(t.TempDir(), "idem-extproc")
 		// Built as binary() builds it, so that the dependencies'
 		// compilations are that build's, not a second configuration's.
-		cmd := exec.Command("go", append(buildFlags(), buildvcs, "-o", bin, "./cmd/idem-extproc")...)
+		cmd := exec.Command("go", append(buildArgs(), buildvcs, "-o", bin, "./cmd/idem-extproc")...)
 		cmd.Dir = src
 		// The module cache has every dependency (this test's binary needs
 		// them too): never reach for the network.

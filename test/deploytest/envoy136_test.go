@@ -10,13 +10,13 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/idem-extproc/idem-extproc/internal/testing/norace"
-
 	egv1a1 "github.com/envoyproxy/gateway/api/v1alpha1"
 	"google.golang.org/protobuf/encoding/protojson"
 	istioapi "istio.io/api/networking/v1alpha3"
 	istionetv1a3 "istio.io/client-go/pkg/apis/networking/v1alpha3"
 	"sigs.k8s.io/yaml"
+
+	"github.com/idem-extproc/idem-extproc/internal/testing/norace"
 )
 
 // envoy136Dir holds the module that decodes against go-control-plane's

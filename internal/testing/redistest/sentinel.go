@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -51,11 +52,11 @@ func StartSentinel(t testing.TB, opts SentinelOptions) *SentinelGroup {
 	}
 	g := &SentinelGroup{t: t, opts: opts}
 	// A replica's first sync starts at once, not after the default 5 s.
-	noDelay := []string{"--repl-diskless-sync-delay", "0"}
+	args := []string{"--repl-diskless-sync-delay", "0"}
 	if opts.ProxyReplication {
-		noDelay = append(noDelay, frozenLinkArgs...)
+		args = append(args, frozenLinkArgs...)
 	}
-	master := Start(t, Options{Persist: opts.Persist, Password: opts.Password, Args: noDelay})
+	master := Start(t, Options{Persist: opts.Persist, Password: opts.Password, Args: args})
 	upstream := master.Port()
 	if opts.ProxyReplication {
 		g.Proxy = NewLinkProxy(t)
@@ -63,7 +64,7 @@ func StartSentinel(t testing.TB, opts SentinelOptions) *SentinelGroup {
 		upstream = g.Proxy.Port()
 	}
 	replica := Start(t, Options{Persist: opts.Persist, Password: opts.Password,
-		Args: append(noDelay, "--replicaof", "127.0.0.1", strconv.Itoa(upstream))})
+		Args: append(slices.Clip(args), "--replicaof", "127.0.0.1", strconv.Itoa(upstream))})
 	g.Data = []*Server{master, replica}
 
 	// A primary that has not answered the Sentinels' pings for
@@ -214,12 +215,12 @@ func (g *SentinelGroup) waitSynced(ctx context.Context) error {
 // 5 × sentinel_ping_period (5 s), had its INFO read within 3 ×
 // sentinel_info_period (30 s) and report its link to the primary down no
 // longer than 10 × down-after-milliseconds (10 s here, 50 s through the
-// proxy), with a non-zero priority. On a busy machine both happen after a test hung the primary:
-// the Sentinels may have started a failover of their own (the primary
-// looked down for down-after-milliseconds, 1 s here), which keeps the flag
-// until it ends or is aborted (an unelected Sentinel gives up after
-// SENTINEL_ELECTION_TIMEOUT, 10 s), and a replica just thawed from SIGSTOP
-// stays s_down until its next ping reply. So Failover waits until no
+// proxy), with a non-zero priority. On a busy machine both happen after a
+// test hung the primary: the Sentinels may have started a failover of
+// their own (the primary looked down for down-after-milliseconds), which
+// keeps the flag until it ends or is aborted (an unelected Sentinel gives
+// up after SENTINEL_ELECTION_TIMEOUT, 10 s), and a replica just thawed
+// from SIGSTOP stays s_down until its next ping reply. So Failover waits until no
 // Sentinel reports a failover in progress, all name one primary, and the
 // asked Sentinel's SENTINEL REPLICAS reply passes sentinelSelectSlave's
 // checks; it takes the primary they name then as the one to replace, and
