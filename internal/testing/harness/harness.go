@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -118,7 +119,9 @@ type Env struct {
 	mu         sync.Mutex
 	serverAddr string
 	grpcServer *grpc.Server
-	results    []*envoysim.Result
+	// held keeps serverAddr's port between CrashServer and StartServer.
+	held    *os.File
+	results []*envoysim.Result
 }
 
 // Start builds an Env and tears it down at cleanup.
@@ -128,6 +131,7 @@ func Start(t testing.TB, opts Options) *Env {
 		opts.StoreTimeout = TestStoreTimeout
 	}
 	e := &Env{t: t, opts: opts}
+	t.Cleanup(e.release)
 	e.Store, e.Redis = opts.storeOption()(t, opts.StoreTimeout)
 	if opts.ServerAddr != "" {
 		e.serverAddr = opts.ServerAddr
@@ -262,18 +266,37 @@ func (e *Env) policies() func() *policy.Set {
 func (e *Env) ServerAddr() string { return e.serverAddr }
 
 // CrashServer stops the ext_proc server at once, cutting every open
-// stream, as a crashed process would.
+// stream, as a crashed process would. Until StartServer its port is held
+// (holdPort): connections to it are refused, and no other test's port
+// picker or outgoing connection gets it in the meantime, as one once did,
+// failing the restart.
 func (e *Env) CrashServer() {
 	e.mu.Lock()
 	gs := e.grpcServer
 	e.mu.Unlock()
 	gs.Stop()
+	held := holdPort(e.serverAddr)
+	e.mu.Lock()
+	e.held = held
+	e.mu.Unlock()
+}
+
+// release closes the socket holding the server's port, if any.
+func (e *Env) release() {
+	e.mu.Lock()
+	held := e.held
+	e.held = nil
+	e.mu.Unlock()
+	if held != nil {
+		held.Close()
+	}
 }
 
 // StartServer starts a fresh ext_proc server on the same address, sharing
 // the store (for Redis: a new process would see the same records).
 func (e *Env) StartServer() {
 	e.t.Helper()
+	e.release()
 	var lis net.Listener
 	var err error
 	for range 50 {
