@@ -133,10 +133,18 @@ const bodyHeadroomPercent = 50
 type gcCycle [64]byte
 
 // startBodyPacer paces the collector from now on; held reports the body
-// bytes the server holds.
+// bytes the server holds. It collects once first: the pacer works from the
+// live heap, which the runtime measures only at a collection, and until
+// its first one the goal is its minimum heap, 4 MiB × percent/100
+// (runtime/mgcpacer.go: heapMarked is 0 until mark termination,
+// setGCPercent sets heapMinimum, commit takes the larger), 16 MiB at the
+// default 400. A server started without it let the first body that came
+// in small messages fill that much with garbage before any pacing,
+// whatever the body's size.
 func startBodyPacer(percent int, held func() (all, small int64)) *bodyPacer {
 	p := &bodyPacer{percent: percent, held: held, set: percent}
 	p.live[0].Name = "/gc/heap/live:bytes"
+	runtime.GC()
 	p.arm()
 	return p
 }
@@ -188,13 +196,14 @@ func (p *bodyPacer) stop() {
 // bytes bodyHeadroomPercent's (or percent's, when that is less). held is
 // capped at live: bytes counted as held may have become garbage.
 //
-// While small of the held bytes are bodies that came in small messages
-// (extproc's budget tells them apart), the whole heap gets at most their
-// size of headroom, and no less than smallHeadroomFloor: their messages
-// make garbage all through the body, which would otherwise fill the
-// percent's headroom on the rest of the heap, a constant tens of MiB at
-// 400 that a body of a few hundred KiB would cost in full. The price is
-// collections more often while such a body is held, for every stream.
+// While bodies that came in small messages are held (small > 0; extproc's
+// budget tells them apart), the whole heap gets at most smallHeadroom:
+// their messages make garbage all through the body, which would otherwise
+// fill the percent's headroom on the rest of the heap, a constant tens of
+// MiB at 400 that a body of a few hundred KiB would cost in full, and
+// headroom in proportion to the bodies would add as much again as they
+// hold. The price is collections more often while such a body is held,
+// for every stream.
 func pacedPercent(percent int, live, held, small int64) int {
 	if percent <= 0 || live <= 0 || held <= 0 {
 		return percent
@@ -203,12 +212,11 @@ func pacedPercent(percent int, live, held, small int64) int {
 	body := int64(min(percent, bodyHeadroomPercent))
 	goal := (live-held)*int64(100+percent) + held*(100+body) // × 100
 	if small > 0 {
-		goal = min(goal, (live+max(min(small, held), smallHeadroomFloor))*100)
+		goal = min(goal, (live+smallHeadroom)*100)
 	}
 	return max(1, int(goal/live)-100)
 }
 
-// smallHeadroomFloor is the least headroom the collector gets while a
-// body that came in small messages is held: below it the collector would
-// run every few hundred messages.
-const smallHeadroomFloor = 1 << 20
+// smallHeadroom is the headroom the collector gets while a body that came
+// in small messages is held: less would run it every few hundred messages.
+const smallHeadroom = 1 << 20

@@ -1,7 +1,10 @@
 package daemon
 
 import (
+	"fmt"
 	"io/fs"
+	"os"
+	"os/exec"
 	"runtime"
 	"runtime/debug"
 	"runtime/metrics"
@@ -100,8 +103,8 @@ func TestGCPercentFlagErrors(t *testing.T) {
 
 // TestPacedPercent: bodies get bodyHeadroomPercent of headroom, the rest
 // of the heap the daemon's percent; nothing held, no change. While bodies
-// that came in small messages are held, the whole heap gets their size of
-// headroom, at least smallHeadroomFloor.
+// that came in small messages are held, the whole heap gets smallHeadroom,
+// whatever their size.
 func TestPacedPercent(t *testing.T) {
 	const mib = 1 << 20
 	for _, c := range []struct {
@@ -109,19 +112,20 @@ func TestPacedPercent(t *testing.T) {
 		live, held, small, want int64
 	}{
 		{400, 100, 0, 0, 400},
-		{400, 100, 50, 0, 225},                 // 50 × 5 + 50 × 1.5 = 325: +225 %
-		{400, 100, 100, 0, 50},                 // all bodies
-		{400, 100, 500, 0, 50},                 // held bodies already garbage count no more than live
-		{100, 100, 50, 0, 75},                  // 50 × 2 + 50 × 1.5 = 175
-		{25, 100, 100, 0, 25},                  // never more headroom than the daemon's own
-		{-1, 100, 100, 0, -1},                  // collection off stays off
-		{400, 0, 100, 0, 400},                  // no collection yet
-		{1, 1000, 999, 0, 1},                   // never 0, which collects at every allocation
-		{400, 40 * mib, 1 * mib, 1 * mib, 2},   // a small-message body: 1 MiB of headroom in 40
-		{400, 40 * mib, 8 * mib, 8 * mib, 20},  // its size, 8 MiB in 40
-		{400, 40 * mib, 4 * mib, 64 << 10, 2},  // never less than 1 MiB
-		{10, 40 * mib, 40 * mib, 40 * mib, 10}, // never more than the percent's own
-		{50, 40 * mib, 0, 1 * mib, 50},         // nothing held: the daemon's percent
+		{400, 100, 50, 0, 225},                // 50 × 5 + 50 × 1.5 = 325: +225 %
+		{400, 100, 100, 0, 50},                // all bodies
+		{400, 100, 500, 0, 50},                // held bodies already garbage count no more than live
+		{100, 100, 50, 0, 75},                 // 50 × 2 + 50 × 1.5 = 175
+		{25, 100, 100, 0, 25},                 // never more headroom than the daemon's own
+		{-1, 100, 100, 0, -1},                 // collection off stays off
+		{400, 0, 100, 0, 400},                 // no collection yet
+		{1, 1000, 999, 0, 1},                  // never 0, which collects at every allocation
+		{400, 40 * mib, 1 * mib, 1 * mib, 2},  // a small-message body: 1 MiB of headroom in 40
+		{400, 40 * mib, 8 * mib, 8 * mib, 2},  // 1 MiB whatever its size
+		{400, 40 * mib, 4 * mib, 64 << 10, 2}, // or the share of it that came small
+		{10, 40 * mib, 40 * mib, 40 * mib, 2}, // 1 MiB in 40, though the percent's own is more
+		{1, 40 * mib, 40 * mib, 40 * mib, 1},  // never more than the percent's own
+		{50, 40 * mib, 0, 1 * mib, 50},        // nothing held: the daemon's percent
 	} {
 		if got := pacedPercent(c.percent, c.live, c.held, c.small); int64(got) != c.want {
 			t.Errorf("pacedPercent(%d, live %d, held %d, small %d) = %d, want %d", c.percent, c.live, c.held, c.small, got, c.want)
@@ -186,4 +190,48 @@ func TestBodyPacerPacesBetweenCollections(t *testing.T) {
 		return
 	}
 	t.Fatal("in every try the percent was not back at 400, or a collection came between")
+}
+
+// pacerChildEnv marks the process TestBodyPacerPacesTheFirstBody starts.
+const pacerChildEnv = "IDEM_EXTPROC_PACER_CHILD"
+
+// TestBodyPacerPacesTheFirstBody: in a process the runtime has not yet
+// collected in, as the daemon's is when it starts the pacer, the first
+// body that comes in small messages is paced at once. Without a collection
+// of its own the pacer would read a live heap of 0 and leave the percent
+// alone, and the heap would grow to the runtime's minimum goal (16 MiB at
+// 400) before anything was paced. The process is this test binary run
+// again with the collector off until the test sets the percent, so that
+// nothing collected before.
+func TestBodyPacerPacesTheFirstBody(t *testing.T) {
+	if os.Getenv(pacerChildEnv) != "" {
+		cycles := []metrics.Sample{{Name: "/gc/cycles/total:gc-cycles"}}
+		if metrics.Read(cycles); cycles[0].Value.Uint64() != 0 {
+			fmt.Printf("%d collections before the test\n", cycles[0].Value.Uint64())
+			os.Exit(3)
+		}
+		debug.SetGCPercent(400)
+		p := startBodyPacer(400, func() (int64, int64) { return 64, 64 })
+		p.pace()
+		fmt.Printf("percent %d\n", debug.SetGCPercent(-1))
+		os.Exit(0)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestBodyPacerPacesTheFirstBody$")
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "GOGC=") {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	cmd.Env = append(cmd.Env, pacerChildEnv+"=1", "GOGC=off")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("the child process: %v\n%s", err, out)
+	}
+	var percent int
+	if _, err := fmt.Sscanf(string(out), "percent %d", &percent); err != nil {
+		t.Fatalf("the child printed %q: %v", out, err)
+	}
+	if percent >= 400 {
+		t.Errorf("the first small body left the percent at %d, want it paced below 400", percent)
+	}
 }
