@@ -4,12 +4,15 @@ import (
 	"bytes"
 	"slices"
 	"testing"
+
+	"google.golang.org/protobuf/proto"
 )
 
 // TestHeldEchoSendsTheBodyBack: a withheld body comes back whole and in
 // order. In GRPC mode each message is one reply with its compressed flag,
 // an empty message included (grpc-go forwards each reply as one message);
-// otherwise the bytes are coalesced into replies of at most maxEchoBytes.
+// otherwise the bytes are coalesced into replies of at most maxEchoBytes,
+// each within the 32 KiB buffers of gRPC's pool (see maxEchoBytes).
 func TestHeldEchoSendsTheBodyBack(t *testing.T) {
 	var framed []byte
 	msgs := []struct {
@@ -42,6 +45,9 @@ func TestHeldEchoSendsTheBodyBack(t *testing.T) {
 	for r := e.next(); r != nil; r = e.next() {
 		b := r.GetRequestBody().GetResponse().GetBodyMutation().GetStreamedResponse().GetBody()
 		got, sizes = append(got, b...), append(sizes, len(b))
+		if n := proto.Size(r); n > 32<<10 {
+			t.Errorf("a reply of %d bytes, more than the pool's 32 KiB buffers", n)
+		}
 	}
 	if !bytes.Equal(got, body) || len(sizes) != 3 || sizes[0] != maxEchoBytes || sizes[1] != maxEchoBytes {
 		t.Fatalf("%d bytes back in replies of %v, want the %d bytes in two of %d and the rest", len(got), sizes, len(body), maxEchoBytes)

@@ -125,8 +125,15 @@ type heldEcho struct {
 // size (handleDuplexStreamedBodyResponse), but the largest reply its gRPC
 // client accepts was not read: replies stay far below the 4 MiB a grpc-go
 // client accepts by default (clientconn.go,
-// defaultClientMaxReceiveMessageSize).
-const maxEchoBytes = 64 << 10
+// defaultClientMaxReceiveMessageSize). The bound leaves a reply, encoded,
+// within 32 KiB, the largest of grpc-go's default buffer pool tiers below
+// its 1 MiB one (mem/buffer_pool.go, defaultBufferPoolSizeExponents),
+// which the codec takes a reply's buffer from (extprocwire.Codec.Marshal)
+// and which clears a buffer's whole capacity as it hands it out
+// (internal/mem/buffer_pool.go, sizedBufferPool.Get): replies of 64 KiB
+// each wrote 1 MiB, and each reply queued for the connection held one.
+// 256 bytes is room for the reply's other fields.
+const maxEchoBytes = 32<<10 - 256
 
 // next returns the reply that sends back the next part of the body, or
 // nil when all of it went.
