@@ -339,7 +339,12 @@ func Main(ctx context.Context, args []string, getenv func(string) string, stderr
 	percent, limit := gc.apply()
 	log.Info("garbage collector", slog.Int("gc_percent", percent), slog.String("gc_percent_from", gc.percentFrom),
 		slog.Int64("memory_limit", limit), slog.String("memory_limit_from", gc.limitFrom))
-	d, err := Start(cfg, log, getenv)
+	var pacer *bodyPacer
+	if percent > 0 {
+		pacer = startBodyPacer(percent)
+		defer pacer.stop()
+	}
+	d, err := start(cfg, log, getenv, pacer)
 	if errors.Is(err, ErrConfig) {
 		_ = logQueue.Close() // the lines logged so far first, and no write to stderr beside this one
 		fmt.Fprintf(stderr, "idem-extproc: %v\n", err)
@@ -348,11 +353,6 @@ func Main(ctx context.Context, args []string, getenv func(string) string, stderr
 	if err != nil {
 		log.Error("startup failed", slog.String("error", err.Error()))
 		return 1
-	}
-	if percent > 0 {
-		pacer := startBodyPacer(percent, d.ext.BufferedBytes)
-		defer pacer.stop()
-		d.ext.OnSmallBody(func() { pacer.pace() })
 	}
 	if err := d.Wait(ctx); err != nil {
 		log.Error("server failed", slog.String("error", err.Error()))

@@ -117,8 +117,8 @@ func (s gcSettings) apply() (percent int, limit int64) {
 // gcControllerCommit) without stopping the world.
 type bodyPacer struct {
 	percent int                       // the percent for everything but the bodies
-	held    func() (all, small int64) // the body bytes the server holds now
-	mu      sync.Mutex                // collected and stop
+	mu      sync.Mutex                // the fields below
+	held    func() (all, small int64) // the body bytes the server holds now; nil: none yet
 	set     int                       // the percent in force
 	stopped bool
 	live    [1]metrics.Sample
@@ -132,8 +132,8 @@ const bodyHeadroomPercent = 50
 // gcCycle is the object whose cleanup marks the end of a collection.
 type gcCycle [64]byte
 
-// startBodyPacer paces the collector from now on; held reports the body
-// bytes the server holds. It collects once first: the pacer works from the
+// startBodyPacer paces the collector from now on, for the bodies track
+// names. It collects once first: the pacer works from the
 // live heap, which the runtime measures only at a collection, and until
 // its first one the goal is its minimum heap, 4 MiB × percent/100
 // (runtime/mgcpacer.go: heapMarked is 0 until mark termination,
@@ -141,12 +141,22 @@ type gcCycle [64]byte
 // default 400. A server started without it let the first body that came
 // in small messages fill that much with garbage before any pacing,
 // whatever the body's size.
-func startBodyPacer(percent int, held func() (all, small int64)) *bodyPacer {
-	p := &bodyPacer{percent: percent, held: held, set: percent}
+func startBodyPacer(percent int) *bodyPacer {
+	p := &bodyPacer{percent: percent, set: percent}
 	p.live[0].Name = "/gc/heap/live:bytes"
 	runtime.GC()
 	p.arm()
 	return p
+}
+
+// track gives the pacer the body bytes the server holds. The daemon calls
+// it, and hands the server pace for its small bodies, before the server
+// serves: a body whose first messages came before would not be paced
+// until the next collection, at up to 16 MiB of heap.
+func (p *bodyPacer) track(held func() (all, small int64)) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.held = held
 }
 
 func (p *bodyPacer) arm() { runtime.AddCleanup(new(gcCycle), (*bodyPacer).collected, p) }
@@ -171,7 +181,7 @@ func (p *bodyPacer) pace() bool {
 		return false
 	}
 	metrics.Read(p.live[:])
-	if p.live[0].Value.Kind() == metrics.KindUint64 {
+	if p.held != nil && p.live[0].Value.Kind() == metrics.KindUint64 {
 		held, small := p.held()
 		if pc := pacedPercent(p.percent, int64(p.live[0].Value.Uint64()), held, small); pc != p.set {
 			debug.SetGCPercent(pc)
@@ -211,11 +221,24 @@ func pacedPercent(percent int, live, held, small int64) int {
 	held = min(held, live)
 	body := int64(min(percent, bodyHeadroomPercent))
 	goal := (live-held)*int64(100+percent) + held*(100+body) // × 100
+	percent = int(goal/live) - 100
 	if small > 0 {
 		goal = min(goal, (live+smallHeadroom)*100)
+		// The runtime's goal is never below its minimum heap, 4 MiB ×
+		// percent/100 (runtime/mgcpacer.go: setGCPercent sets heapMinimum
+		// from defaultHeapMinimum, commit takes the larger of the two), so
+		// with a live heap of a few MiB the percent that gives live +
+		// smallHeadroom would raise that minimum past it: the percent is
+		// also at most the one whose minimum heap is the goal.
+		percent = min(int(goal/live)-100, int(goal/runtimeHeapMinimum))
 	}
-	return max(1, int(goal/live)-100)
+	return max(1, percent)
 }
+
+// runtimeHeapMinimum is the runtime's minimum heap goal at a percent of
+// 100 (runtime/mgcpacer.go, defaultHeapMinimum, without the
+// heapminimum512kib experiment).
+const runtimeHeapMinimum = 4 << 20
 
 // smallHeadroom is the headroom the collector gets while a body that came
 // in small messages is held: less would run it every few hundred messages.

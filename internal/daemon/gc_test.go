@@ -2,7 +2,9 @@ package daemon
 
 import (
 	"fmt"
+	"io"
 	"io/fs"
+	"log/slog"
 	"os"
 	"os/exec"
 	"runtime"
@@ -12,6 +14,12 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+
+	"github.com/idem-extproc/idem-extproc/internal/memstore"
+	"github.com/idem-extproc/idem-extproc/internal/testing/envoysim"
+	"github.com/idem-extproc/idem-extproc/internal/testing/harness"
 )
 
 // TestPlanGC: the default percent with a soft limit from the cgroup or the
@@ -112,20 +120,22 @@ func TestPacedPercent(t *testing.T) {
 		live, held, small, want int64
 	}{
 		{400, 100, 0, 0, 400},
-		{400, 100, 50, 0, 225},                // 50 × 5 + 50 × 1.5 = 325: +225 %
-		{400, 100, 100, 0, 50},                // all bodies
-		{400, 100, 500, 0, 50},                // held bodies already garbage count no more than live
-		{100, 100, 50, 0, 75},                 // 50 × 2 + 50 × 1.5 = 175
-		{25, 100, 100, 0, 25},                 // never more headroom than the daemon's own
-		{-1, 100, 100, 0, -1},                 // collection off stays off
-		{400, 0, 100, 0, 400},                 // no collection yet
-		{1, 1000, 999, 0, 1},                  // never 0, which collects at every allocation
-		{400, 40 * mib, 1 * mib, 1 * mib, 2},  // a small-message body: 1 MiB of headroom in 40
-		{400, 40 * mib, 8 * mib, 8 * mib, 2},  // 1 MiB whatever its size
-		{400, 40 * mib, 4 * mib, 64 << 10, 2}, // or the share of it that came small
-		{10, 40 * mib, 40 * mib, 40 * mib, 2}, // 1 MiB in 40, though the percent's own is more
-		{1, 40 * mib, 40 * mib, 40 * mib, 1},  // never more than the percent's own
-		{50, 40 * mib, 0, 1 * mib, 50},        // nothing held: the daemon's percent
+		{400, 100, 50, 0, 225},                 // 50 × 5 + 50 × 1.5 = 325: +225 %
+		{400, 100, 100, 0, 50},                 // all bodies
+		{400, 100, 500, 0, 50},                 // held bodies already garbage count no more than live
+		{100, 100, 50, 0, 75},                  // 50 × 2 + 50 × 1.5 = 175
+		{25, 100, 100, 0, 25},                  // never more headroom than the daemon's own
+		{-1, 100, 100, 0, -1},                  // collection off stays off
+		{400, 0, 100, 0, 400},                  // no collection yet
+		{1, 1000, 999, 0, 1},                   // never 0, which collects at every allocation
+		{400, 40 * mib, 1 * mib, 1 * mib, 2},   // a small-message body: 1 MiB of headroom in 40
+		{400, 40 * mib, 8 * mib, 8 * mib, 2},   // 1 MiB whatever its size
+		{400, 40 * mib, 4 * mib, 64 << 10, 2},  // or the share of it that came small
+		{10, 40 * mib, 40 * mib, 40 * mib, 2},  // 1 MiB in 40, though the percent's own is more
+		{1, 40 * mib, 40 * mib, 40 * mib, 1},   // never more than the percent's own
+		{400, 1 * mib, 64 << 10, 64 << 10, 50}, // 2 MiB: 100 % would make the runtime's minimum heap 4 MiB
+		{400, mib / 2, 64 << 10, 64 << 10, 37}, // 1.5 MiB
+		{50, 40 * mib, 0, 1 * mib, 50},         // nothing held: the daemon's percent
 	} {
 		if got := pacedPercent(c.percent, c.live, c.held, c.small); int64(got) != c.want {
 			t.Errorf("pacedPercent(%d, live %d, held %d, small %d) = %d, want %d", c.percent, c.live, c.held, c.small, got, c.want)
@@ -140,7 +150,8 @@ func TestBodyPacerFollowsCollections(t *testing.T) {
 	old := debug.SetGCPercent(400)
 	defer debug.SetGCPercent(old)
 	body := make([]byte, 64<<20)
-	p := startBodyPacer(400, func() (all, small int64) { return int64(len(body)), 0 })
+	p := startBodyPacer(400)
+	p.track(func() (all, small int64) { return int64(len(body)), 0 })
 	gogc := []metrics.Sample{{Name: "/gc/gogc:percent"}}
 	for deadline := time.Now().Add(time.Minute); ; {
 		runtime.GC()
@@ -167,7 +178,8 @@ func TestBodyPacerPacesBetweenCollections(t *testing.T) {
 	old := debug.SetGCPercent(400)
 	defer debug.SetGCPercent(old)
 	var small atomic.Int64
-	p := startBodyPacer(400, func() (int64, int64) { return small.Load(), small.Load() })
+	p := startBodyPacer(400)
+	p.track(func() (int64, int64) { return small.Load(), small.Load() })
 	defer p.stop()
 	samples := []metrics.Sample{{Name: "/gc/gogc:percent"}, {Name: "/gc/cycles/total:gc-cycles"}}
 	for range 100 {
@@ -211,7 +223,8 @@ func TestBodyPacerPacesTheFirstBody(t *testing.T) {
 			os.Exit(3)
 		}
 		debug.SetGCPercent(400)
-		p := startBodyPacer(400, func() (int64, int64) { return 64, 64 })
+		p := startBodyPacer(400)
+		p.track(func() (int64, int64) { return 64, 64 })
 		p.pace()
 		fmt.Printf("percent %d\n", debug.SetGCPercent(-1))
 		os.Exit(0)
@@ -233,5 +246,46 @@ func TestBodyPacerPacesTheFirstBody(t *testing.T) {
 	}
 	if percent >= 400 {
 		t.Errorf("the first small body left the percent at %d, want it paced below 400", percent)
+	}
+}
+
+// TestStartPacesSmallBodies: the server start builds is wired to the
+// pacer it is given, so that a body that comes in 1-byte chunks (as
+// Envoy's STREAMED mode passes a trickled upload on) is paced while it is
+// held: the pacer reads a held small body. The pacer is given the server's
+// body bytes before it serves (track), and the server calls pace as the
+// body turns small (extproc.Config.OnSmallBody).
+func TestStartPacesSmallBodies(t *testing.T) {
+	old := debug.SetGCPercent(400)
+	defer debug.SetGCPercent(old)
+	cfg, err := ParseConfig([]string{"--listen", "127.0.0.1:0", "--admin-listen", ""}, func(string) string { return "" }, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pacer := startBodyPacer(400)
+	defer pacer.stop()
+	d, err := start(cfg, slog.New(slog.DiscardHandler), func(string) string { return "" }, pacer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Shutdown()
+	var sawSmall atomic.Bool
+	pacer.track(func() (all, small int64) {
+		all, small = d.ext.BufferedBytes()
+		if small > 0 {
+			sawSmall.Store(true)
+		}
+		return all, small
+	})
+	filter := envoysim.RecommendedConfig()
+	filter.ProcessingMode.RequestBodyMode = extprocfilterv3.ProcessingMode_STREAMED
+	filter.AllowModeOverride = false // else the server asks for it BUFFERED, one message (extproc, render.go)
+	env := harness.Start(t, harness.Options{ServerAddr: d.Addr(), Store: harness.Memory(memstore.Options{}),
+		Filter: filter, FilterOptions: envoysim.Options{ChunkSize: 1}})
+	if r := env.Post("/orders", "trickled", `{"note":"`+strings.Repeat("x", 200)+`"}`); r.Status != 201 {
+		t.Fatalf("the trickled request: %d %s", r.Status, r.Body)
+	}
+	if !sawSmall.Load() {
+		t.Fatal("the pacer never read a small body held, though one came in 1-byte chunks")
 	}
 }

@@ -35,7 +35,13 @@ import (
 // stack, newest first, so that a caller that retries, or a test, finds the
 // ports free and nothing running. getenv supplies the OTEL_* variables for
 // tracing (os.Getenv in production).
-func Start(cfg Config, log *slog.Logger, getenv func(string) string) (_ *Daemon, err error) {
+func Start(cfg Config, log *slog.Logger, getenv func(string) string) (*Daemon, error) {
+	return start(cfg, log, getenv, nil)
+}
+
+// start is Start with the collector's pacing for the server's bodies, when
+// pacer is not nil: Main's, one per process.
+func start(cfg Config, log *slog.Logger, getenv func(string) string, pacer *bodyPacer) (_ *Daemon, err error) {
 	metrics := observe.NewMetrics()
 	files, err := validate(cfg, log, metrics.ConfigReloaded)
 	if err != nil {
@@ -52,7 +58,7 @@ func Start(cfg Config, log *slog.Logger, getenv func(string) string) (_ *Daemon,
 	if err != nil {
 		return nil, err
 	}
-	d.serve(files, tp)
+	d.serve(files, tp, pacer)
 	return d, nil
 }
 
@@ -215,7 +221,7 @@ func (d *Daemon) openStore() error {
 
 // serve wires the server over what open opened and starts serving; it
 // cannot fail.
-func (d *Daemon) serve(files startFiles, tp trace.TracerProvider) {
+func (d *Daemon) serve(files startFiles, tp trace.TracerProvider, pacer *bodyPacer) {
 	d.metrics.KnowPolicies(policyNames(d.policies.Current()))
 	d.policies.OnReload = func(err error) {
 		d.metrics.ConfigReloaded(err)
@@ -232,14 +238,22 @@ func (d *Daemon) serve(files startFiles, tp trace.TracerProvider) {
 	if budget == 0 {
 		budget = defaultMaxBufferedBytes(os.ReadFile)
 	}
+	var onSmallBody func()
+	if pacer != nil {
+		onSmallBody = func() { pacer.pace() }
+	}
 	d.grpc, d.store, d.ext = server.New(server.Config{
 		Config: extproc.Config{
 			Store: d.store, TracerProvider: tp, Policies: d.policies.Current, Logger: d.log,
 			StoreTimeout: d.cfg.StoreTimeout, MaxBufferedBytes: budget, Sealer: files.sealer,
 			Homes: d.homes(), SendHome: d.cfg.RegionSendHome, MaxMessageTimeout: d.cfg.EnvoyMaxMessageTimeout,
+			OnSmallBody: onSmallBody,
 		},
 		Metrics: d.metrics, MaxMessageSize: d.cfg.MaxMessageSize, Creds: files.creds, Keepalive: d.cfg.Keepalive,
 	})
+	if pacer != nil {
+		pacer.track(d.ext.BufferedBytes)
+	}
 	if d.router != nil {
 		d.router.UseLocal(d.store) // instrumented now
 	}

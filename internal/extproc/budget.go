@@ -23,7 +23,7 @@ type bodyBudget struct {
 	used  atomic.Int64
 	small atomic.Int64 // of used, what bodies that came in small messages hold
 	// smallBody is called as a body comes to count as small; nil: none.
-	smallBody atomic.Pointer[func()]
+	smallBody func()
 }
 
 // A body that arrives in small messages (a client trickling it a byte at a
@@ -74,8 +74,8 @@ func (b *bodyBudget) hold(h *holding, n int) bool {
 	case h.messages >= smallBodyMessages && h.bytes < h.messages*smallBodyMessage:
 		h.small = true
 		b.small.Add(h.bytes)
-		if f := b.smallBody.Load(); f != nil {
-			(*f)()
+		if b.smallBody != nil {
+			b.smallBody()
 		}
 	}
 	return true
@@ -89,17 +89,6 @@ func (s *Server) BufferedBytes() (all, small int64) {
 		return 0, 0
 	}
 	return s.budget.used.Load(), s.budget.small.Load()
-}
-
-// OnSmallBody has f called each time a stream's body comes to count as
-// small (bodyBudget), so that the collector's pacing can tighten at once:
-// paced only after its next collection, such a body would first fill the
-// headroom the collector left the heap at the last one. Without a budget
-// f is never called.
-func (s *Server) OnSmallBody(f func()) {
-	if s.budget != nil {
-		s.budget.smallBody.Store(&f)
-	}
 }
 
 // release returns every byte a stream holds to the budget.

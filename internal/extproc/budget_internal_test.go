@@ -4,13 +4,12 @@ import "testing"
 
 // TestBudgetTellsSmallMessageBodies: a body kept in many small messages
 // counts, whole, as small once it has come in smallBodyMessages of them
-// (and OnSmallBody's function is called then, once), and stops counting
+// (and Config.OnSmallBody is called then, once), and stops counting
 // when released; a body in messages of Envoy's usual size, or one in a few
 // small messages, never counts.
 func TestBudgetTellsSmallMessageBodies(t *testing.T) {
-	s := New(Config{MaxBufferedBytes: 1 << 30})
 	var told int
-	s.OnSmallBody(func() { told++ })
+	s := New(Config{MaxBufferedBytes: 1 << 30, OnSmallBody: func() { told++ }})
 	b := s.budget
 	var trickled, sized, short holding
 	for i := range smallBodyMessages - 1 {

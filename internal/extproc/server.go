@@ -66,6 +66,12 @@ type Config struct {
 	// MaxBufferedBytes bounds the body bytes all streams buffer together
 	// (see bodyBudget); no bound when zero.
 	MaxBufferedBytes int64
+	// OnSmallBody, when set, is called each time a stream's body comes to
+	// count as small (bodyBudget), so that the collector's pacing can
+	// tighten at once: paced only after its next collection, such a body
+	// would first fill the headroom the collector left the heap at the
+	// last one. Without a budget it is never called.
+	OnSmallBody func()
 }
 
 // Server implements envoy.service.ext_proc.v3.ExternalProcessor.
@@ -109,7 +115,7 @@ func New(cfg Config) *Server {
 	s := &Server{cfg: cfg, att: attempt.Server{Store: cfg.Store, Homes: cfg.Homes, SendHome: cfg.SendHome, Sealer: cfg.Sealer, Observer: cfg.Observer, Log: cfg.Logger,
 		StoreTimeout: cfg.StoreTimeout, SettleAtEndTimeout: cfg.SettleAtEndTimeout, MaxMessageTimeout: cfg.MaxMessageTimeout}}
 	if cfg.MaxBufferedBytes > 0 {
-		s.budget = &bodyBudget{limit: cfg.MaxBufferedBytes}
+		s.budget = &bodyBudget{limit: cfg.MaxBufferedBytes, smallBody: cfg.OnSmallBody}
 	}
 	if tp := cfg.TracerProvider; tp != nil {
 		s.tracer = tp.Tracer("github.com/idem-extproc/idem-extproc/internal/extproc")
