@@ -133,14 +133,13 @@ const bodyHeadroomPercent = 50
 type gcCycle [64]byte
 
 // startBodyPacer paces the collector from now on, for the bodies track
-// names. It collects once first: the pacer works from the
-// live heap, which the runtime measures only at a collection, and until
-// its first one the goal is its minimum heap, 4 MiB × percent/100
-// (runtime/mgcpacer.go: heapMarked is 0 until mark termination,
-// setGCPercent sets heapMinimum, commit takes the larger), 16 MiB at the
-// default 400. A server started without it let the first body that came
-// in small messages fill that much with garbage before any pacing,
-// whatever the body's size.
+// names. It collects once first: the pacer works from the live heap, which
+// the runtime measures only at a collection, and until its first one the
+// goal is its minimum heap, 4 MiB × percent/100 (runtime/mgcpacer.go:
+// heapMarked is 0 until mark termination, setGCPercent sets heapMinimum,
+// commit takes the larger), 16 MiB at the default 400. A server started
+// without it let the first body that came in small messages fill that
+// much with garbage before any pacing, whatever the body's size.
 func startBodyPacer(percent int) *bodyPacer {
 	p := &bodyPacer{percent: percent, set: percent}
 	p.live[0].Name = "/gc/heap/live:bytes"
