@@ -14,6 +14,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/idem-extproc/idem-extproc/internal/daemon"
+	"github.com/idem-extproc/idem-extproc/internal/testing/ports"
 )
 
 // runBinary runs the built binary with args and env added to the test's
@@ -231,7 +232,7 @@ func TestBinaryProbe(t *testing.T) {
 			t.Errorf("%v %v: exit %d, stdout %q, stderr %q", tc.env, tc.args, code, out, errOut)
 		}
 	}
-	dead := freeAddr(t)
+	dead := ports.Hold(t)
 	for _, args := range [][]string{{"probe", "--http", dead}, {"probe", "--grpc", dead, "--timeout", "300ms"}} {
 		if _, errOut, code := runBinary(t, nil, args...); code != 1 || !strings.Contains(errOut, dead) {
 			t.Errorf("%v: exit %d, stderr %q; want 1", args, code, errOut)
@@ -325,7 +326,7 @@ func TestImageRunsTheProbeAndTheStamp(t *testing.T) {
 		if out, errOut, code := runBinary(t, env, argv[1:]...); code != 0 {
 			t.Errorf("%s against a ready server: exit %d\n%s%s", name, code, out, errOut)
 		}
-		if _, _, code := runBinary(t, []string{"IDEM_ADMIN_LISTEN=:" + port(freeAddr(t))}, argv[1:]...); code != 1 {
+		if _, _, code := runBinary(t, []string{"IDEM_ADMIN_LISTEN=:" + port(ports.Hold(t))}, argv[1:]...); code != 1 {
 			t.Errorf("%s with no server: exit %d, want 1", name, code)
 		}
 	}

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -33,6 +32,7 @@ import (
 	"github.com/idem-extproc/idem-extproc/internal/testing/envoysim"
 	"github.com/idem-extproc/idem-extproc/internal/testing/harness"
 	"github.com/idem-extproc/idem-extproc/internal/testing/norace"
+	"github.com/idem-extproc/idem-extproc/internal/testing/ports"
 	"github.com/idem-extproc/idem-extproc/internal/testing/redistest"
 	"github.com/idem-extproc/idem-extproc/internal/testing/testwait"
 	"github.com/idem-extproc/idem-extproc/test/grpcxds"
@@ -120,18 +120,8 @@ type process struct {
 	exitErr error
 }
 
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
 // start runs the binary on the given addresses with extra flags and waits
-// until /healthz answers. Empty addresses are picked free here (see
+// until /healthz answers. Empty addresses are picked and held here (see
 // startEnv). The binary gets the harness's generous store budget
 // (harness.TestStoreTimeout) through IDEM_STORE_TIMEOUT, so that a loaded
 // machine's slow Redis does not fail tests about something else; a test
@@ -142,28 +132,19 @@ func start(t *testing.T, listen, admin string, extra ...string) *process {
 	return startEnv(t, nil, listen, admin, extra...)
 }
 
-// startEnv is start with env added to the test's environment. A free port
-// found by freeAddr is free only until another process takes it (the
-// packages' tests run in parallel), so when the addresses were picked here
-// and the binary reports one taken at start, it is started again on new
-// ones, up to three times.
+// startEnv is start with env added to the test's environment. Addresses
+// picked here are held for the whole test (ports.Hold), so that no other
+// process takes one before the binary binds it.
 func startEnv(t *testing.T, env []string, listen, admin string, extra ...string) *process {
 	t.Helper()
-	pick := listen == "" && admin == ""
-	for try := 1; ; try++ {
-		if pick {
-			listen, admin = freeAddr(t), freeAddr(t)
-		}
-		p, exitErr := launch(t, env, listen, admin, extra...)
-		if exitErr == nil {
-			return p
-		}
-		if pick && try < 3 && strings.Contains(p.stderr.String(), "address already in use") {
-			t.Logf("a picked port was taken before the server bound it; starting again:\n%s", p.stderr.String())
-			continue
-		}
+	if listen == "" && admin == "" {
+		listen, admin = ports.Hold(t), ports.Hold(t)
+	}
+	p, exitErr := launch(t, env, listen, admin, extra...)
+	if exitErr != nil {
 		t.Fatalf("server exited at start (%v):\n%s", exitErr, p.stderr.String())
 	}
+	return p
 }
 
 // launch starts the binary and waits until /healthz answers; it returns
@@ -546,7 +527,7 @@ func TestBinaryDrainIsBounded(t *testing.T) {
 // process refuses the retry while the lease stands.
 func TestBinarySIGKILLKeepsTheReservation(t *testing.T) {
 	redis := redistest.Start(t, redistest.Options{})
-	listen, admin := freeAddr(t), freeAddr(t)
+	listen, admin := ports.Hold(t), ports.Hold(t)
 	p := start(t, listen, admin, "--redis-url", redis.URL())
 	env := harness.Start(t, harness.Options{ServerAddr: listen, Store: harness.OnRedis(redis), ExpectProcessingErrors: true})
 	done := make(chan harness.Reply, 1)
@@ -718,7 +699,7 @@ func TestBinaryCrashedReservationTurnsUnknown(t *testing.T) {
 	redis := redistest.Start(t, redistest.Options{})
 	path := filepath.Join(t.TempDir(), "policies.yaml")
 	writeFile(t, path, "defaults:\n  lease: 1s\n")
-	listen, admin := freeAddr(t), freeAddr(t)
+	listen, admin := ports.Hold(t), ports.Hold(t)
 	p := start(t, listen, admin, "--redis-url", redis.URL(), "--config", path)
 	env := harness.Start(t, harness.Options{ServerAddr: listen, Store: harness.OnRedis(redis), ExpectProcessingErrors: true})
 	done := make(chan harness.Reply, 1)

@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idem-extproc/idem-extproc/internal/observe"
+	"github.com/idem-extproc/idem-extproc/internal/testing/ports"
 	"github.com/idem-extproc/idem-extproc/internal/testing/redistest"
 	"github.com/idem-extproc/idem-extproc/internal/testing/testwait"
 )
@@ -36,18 +37,6 @@ func connectedClients(t *testing.T, r *redistest.Server) int {
 	return 0
 }
 
-// freePort returns an address on loopback that was free a moment ago.
-func freePort(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
-	return addr
-}
-
 // TestFailedStartClosesEverything drives each way Start can fail after it
 // has opened something, and shows that it closed all of it: both ports can
 // be bound again, tracing was shut down, and Redis sees no connection of
@@ -60,7 +49,7 @@ func TestFailedStartClosesEverything(t *testing.T) {
 	if err := os.WriteFile(empty, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	otlp := map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://" + freePort(t)}
+	otlp := map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://" + ports.Hold(t)}
 	for _, tc := range []struct {
 		name string
 		// args get --listen, --admin-listen and --redis-url first; taken
@@ -92,7 +81,7 @@ func TestFailedStartClosesEverything(t *testing.T) {
 				redis = tc.redis
 			}
 			before := connectedClients(t, redis)
-			listen, admin := freePort(t), freePort(t)
+			listen, admin := ports.Hold(t), ports.Hold(t)
 			if tc.taken != "" {
 				held := map[string]string{"listen": listen, "admin": admin}[tc.taken]
 				l, err := net.Listen("tcp", held)

@@ -33,6 +33,7 @@ import (
 	"github.com/idem-extproc/idem-extproc/internal/policy"
 	"github.com/idem-extproc/idem-extproc/internal/server"
 	"github.com/idem-extproc/idem-extproc/internal/testing/envoysim"
+	"github.com/idem-extproc/idem-extproc/internal/testing/ports"
 	"github.com/idem-extproc/idem-extproc/internal/testing/redistest"
 )
 
@@ -267,7 +268,7 @@ func (e *Env) ServerAddr() string { return e.serverAddr }
 
 // CrashServer stops the ext_proc server at once, cutting every open
 // stream, as a crashed process would. Until StartServer its port is held
-// (holdPort): connections to it are refused, and no other test's port
+// (ports.HoldAddr): connections to it are refused, and no other test's port
 // picker or outgoing connection gets it in the meantime, as one once did,
 // failing the restart.
 func (e *Env) CrashServer() {
@@ -275,7 +276,7 @@ func (e *Env) CrashServer() {
 	gs := e.grpcServer
 	e.mu.Unlock()
 	gs.Stop()
-	held := holdPort(e.serverAddr)
+	held := ports.HoldAddr(e.serverAddr)
 	e.mu.Lock()
 	e.held = held
 	e.mu.Unlock()

@@ -24,6 +24,7 @@ import (
 
 	"github.com/idem-extproc/idem-extproc/internal/redisspec"
 	"github.com/idem-extproc/idem-extproc/internal/redisstore"
+	"github.com/idem-extproc/idem-extproc/internal/testing/ports"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -95,23 +96,18 @@ func Start(t testing.TB, opts Options) *Server {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &Server{t: t, bin: bin, dir: t.TempDir(), opts: opts}
-	var lastErr error
-	for range 5 { // a free port can be taken between probe and bind
-		s.port, err = freePort()
-		if err == nil && opts.Cluster {
-			s.busPort, err = freePort()
-		}
-		if err != nil {
-			t.Fatalf("redistest: free port: %v", err)
-		}
-		if lastErr = s.start(); lastErr == nil {
-			t.Cleanup(s.Kill)
-			return s
-		}
+	// The ports are held for the whole test (ports.Hold), so that no
+	// other process takes one before the server binds it or while it is
+	// down between Kill and Restart.
+	s := &Server{t: t, bin: bin, dir: t.TempDir(), opts: opts, port: ports.HoldPort(t)}
+	if opts.Cluster {
+		s.busPort = ports.HoldPort(t)
 	}
-	t.Fatalf("redistest: %v", lastErr)
-	return nil
+	if err := s.start(); err != nil {
+		t.Fatalf("redistest: %v", err)
+	}
+	t.Cleanup(s.Kill)
+	return s
 }
 
 // Addr returns host:port.
@@ -168,11 +164,7 @@ func (s *Server) start() error {
 	}
 	if t := s.opts.TLS; t != nil {
 		if s.tlsPort == 0 {
-			p, err := freePort()
-			if err != nil {
-				return err
-			}
-			s.tlsPort = p
+			s.tlsPort = ports.HoldPort(s.t)
 		}
 		auth := "no"
 		if t.AuthClients {
@@ -352,15 +344,6 @@ func (s *Server) CommandCalls(ctx context.Context) (int64, error) {
 		}
 	}
 	return total, nil
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // OpenStore opens the Redis store on url (any --redis-url form) with the
