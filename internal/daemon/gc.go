@@ -220,18 +220,20 @@ func pacedPercent(percent int, live, held, small int64) int {
 	held = min(held, live)
 	body := int64(min(percent, bodyHeadroomPercent))
 	goal := (live-held)*int64(100+percent) + held*(100+body) // × 100
-	percent = int(goal/live) - 100
 	if small > 0 {
 		goal = min(goal, (live+smallHeadroom)*100)
+	}
+	paced := int(goal/live) - 100
+	if small > 0 {
 		// The runtime's goal is never below its minimum heap, 4 MiB ×
 		// percent/100 (runtime/mgcpacer.go: setGCPercent sets heapMinimum
 		// from defaultHeapMinimum, commit takes the larger of the two), so
 		// with a live heap of a few MiB the percent that gives live +
 		// smallHeadroom would raise that minimum past it: the percent is
 		// also at most the one whose minimum heap is the goal.
-		percent = min(int(goal/live)-100, int(goal/runtimeHeapMinimum))
+		paced = min(paced, int(goal/runtimeHeapMinimum))
 	}
-	return max(1, percent)
+	return max(1, paced)
 }
 
 // runtimeHeapMinimum is the runtime's minimum heap goal at a percent of
