@@ -14,7 +14,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
-	"os"
 	"sync"
 	"testing"
 	"time"
@@ -120,9 +119,7 @@ type Env struct {
 	mu         sync.Mutex
 	serverAddr string
 	grpcServer *grpc.Server
-	// held keeps serverAddr's port between CrashServer and StartServer.
-	held    *os.File
-	results []*envoysim.Result
+	results    []*envoysim.Result
 }
 
 // Start builds an Env and tears it down at cleanup.
@@ -132,7 +129,6 @@ func Start(t testing.TB, opts Options) *Env {
 		opts.StoreTimeout = TestStoreTimeout
 	}
 	e := &Env{t: t, opts: opts}
-	t.Cleanup(e.release)
 	e.Store, e.Redis = opts.storeOption()(t, opts.StoreTimeout)
 	if opts.ServerAddr != "" {
 		e.serverAddr = opts.ServerAddr
@@ -144,13 +140,16 @@ func Start(t testing.TB, opts Options) *Env {
 	return e
 }
 
-// startServer serves ext_proc in process on a loopback port.
+// startServer serves ext_proc in process on a loopback port, held for
+// the whole test (ports.Hold): while CrashServer has it down, connections
+// to it are refused, and no other test's port picker or outgoing
+// connection gets it, as one once did, failing the restart.
 func (e *Env) startServer() {
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	e.serverAddr = ports.Hold(e.t)
+	lis, err := net.Listen("tcp", e.serverAddr)
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	e.serverAddr = lis.Addr().String()
 	e.serve(lis)
 	e.t.Cleanup(func() {
 		e.mu.Lock()
@@ -267,37 +266,18 @@ func (e *Env) policies() func() *policy.Set {
 func (e *Env) ServerAddr() string { return e.serverAddr }
 
 // CrashServer stops the ext_proc server at once, cutting every open
-// stream, as a crashed process would. Until StartServer its port is held
-// (ports.HoldAddr): connections to it are refused, and no other test's port
-// picker or outgoing connection gets it in the meantime, as one once did,
-// failing the restart.
+// stream, as a crashed process would. Its port stays held (startServer).
 func (e *Env) CrashServer() {
 	e.mu.Lock()
 	gs := e.grpcServer
 	e.mu.Unlock()
 	gs.Stop()
-	held := ports.HoldAddr(e.serverAddr)
-	e.mu.Lock()
-	e.held = held
-	e.mu.Unlock()
-}
-
-// release closes the socket holding the server's port, if any.
-func (e *Env) release() {
-	e.mu.Lock()
-	held := e.held
-	e.held = nil
-	e.mu.Unlock()
-	if held != nil {
-		held.Close()
-	}
 }
 
 // StartServer starts a fresh ext_proc server on the same address, sharing
 // the store (for Redis: a new process would see the same records).
 func (e *Env) StartServer() {
 	e.t.Helper()
-	e.release()
 	var lis net.Listener
 	var err error
 	for range 50 {

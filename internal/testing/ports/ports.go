@@ -10,41 +10,14 @@
 package ports
 
 import (
-	"fmt"
-	"net/netip"
-	"os"
+	"net"
 	"strconv"
 	"syscall"
 	"testing"
 )
 
-// Hold returns "127.0.0.1:N" for a port bound for the rest of the test
-// (HoldAddr's socket on a port the kernel picks); it fails the test when
-// it cannot.
-func Hold(tb testing.TB) string {
-	tb.Helper()
-	f := HoldAddr("127.0.0.1:0")
-	if f == nil {
-		tb.Fatal("ports: no loopback port to hold")
-	}
-	tb.Cleanup(func() { f.Close() })
-	sa, err := syscall.Getsockname(int(f.Fd()))
-	if err != nil {
-		tb.Fatalf("ports: %v", err)
-	}
-	return "127.0.0.1:" + strconv.Itoa(sa.(*syscall.SockaddrInet4).Port)
-}
-
-// HoldPort is Hold's port number.
-func HoldPort(tb testing.TB) int {
-	tb.Helper()
-	ap := netip.MustParseAddrPort(Hold(tb))
-	return int(ap.Port())
-}
-
-// HoldAddr binds a TCP socket to addr (an IPv4 address and port, 0 for
-// one the kernel picks) without listening on it, and returns it; nil when
-// it cannot. The caller closes it.
+// Hold returns "127.0.0.1:N" for a port the kernel picks, bound without
+// listening for the rest of the test; it fails the test when it cannot.
 //
 // While it is held, no port picker hands the port out: an outgoing
 // connection's automatic port skips every port bound by bind()
@@ -59,19 +32,28 @@ func HoldPort(tb testing.TB) int {
 // refused while nothing listens, as to a dead server's port: a SYN that
 // finds no listening socket is answered with a reset (net/ipv4/tcp_ipv4.c,
 // tcp_v4_rcv, no_tcp_socket).
-func HoldAddr(addr string) *os.File {
-	ap, err := netip.ParseAddrPort(addr)
-	if err != nil || !ap.Addr().Is4() {
-		return nil
-	}
+func Hold(tb testing.TB) string {
+	tb.Helper()
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(HoldPort(tb)))
+}
+
+// HoldPort is Hold's port number.
+func HoldPort(tb testing.TB) int {
+	tb.Helper()
 	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
 	if err != nil {
-		return nil
+		tb.Fatalf("ports: %v", err)
 	}
-	if syscall.SetsockoptInt(fd, syscall.SOL_SOCKET, syscall.SO_REUSEADDR, 1) != nil ||
-		syscall.Bind(fd, &syscall.SockaddrInet4{Port: int(ap.Port()), Addr: ap.Addr().As4()}) != nil {
-		syscall.Close(fd)
-		return nil
+	tb.Cleanup(func() { syscall.Close(fd) })
+	if err := syscall.SetsockoptInt(fd, syscall.SOL_SOCKET, syscall.SO_REUSEADDR, 1); err != nil {
+		tb.Fatalf("ports: SO_REUSEADDR: %v", err)
 	}
-	return os.NewFile(uintptr(fd), fmt.Sprintf("held %s", addr))
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		tb.Fatalf("ports: bind: %v", err)
+	}
+	sa, err := syscall.Getsockname(fd)
+	if err != nil {
+		tb.Fatalf("ports: %v", err)
+	}
+	return sa.(*syscall.SockaddrInet4).Port
 }

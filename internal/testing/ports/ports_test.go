@@ -39,23 +39,3 @@ func wantErr(t *testing.T, what string, want error, open func() (io.Closer, erro
 		t.Fatalf("%s: %v, want %v", what, err, want)
 	}
 }
-
-// TestHoldAddrRebindsAClosedServersPort: HoldAddr takes a port a server
-// has just closed, and a server listens on it again after.
-func TestHoldAddrRebindsAClosedServersPort(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
-	held := HoldAddr(addr)
-	if held == nil {
-		t.Fatalf("HoldAddr(%s) failed", addr)
-	}
-	held.Close()
-	if l, err = net.Listen("tcp", addr); err != nil {
-		t.Fatalf("listen after the hold: %v", err)
-	}
-	l.Close()
-}
